@@ -1,0 +1,23 @@
+//! hostmesh benchmark suites. Run as
+//! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
+//! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
+
+mod report;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "hostmesh-bench")]
+struct Cli {
+    /// Suite to run: runtime, agent, operator, apiserver, e2e.
+    suite: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.suite.as_str() {
+        other => anyhow::bail!(
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
+        ),
+    }
+}

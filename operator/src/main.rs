@@ -1,0 +1,48 @@
+//! The `hostmesh` binary: one executable for the operator, the host agent,
+//! the cluster in a box and the user-facing commands. Each subcommand's
+//! arguments are owned by the crate that implements it (docs/architecture.md).
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Copy this executable to PATH (the host pods' init container uses it).
+    InstallAgent {
+        /// Where to put the agent binary.
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::InstallAgent { to } => install_agent(&to),
+    }
+}
+
+/// Copies the running executable to `to`, creating parent directories, and
+/// makes it executable.
+fn install_agent(to: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let me = std::env::current_exe().context("cannot find the running hostmesh executable")?;
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = to.with_extension("tmp");
+    std::fs::copy(&me, &tmp)
+        .with_context(|| format!("cannot copy {} to {}", me.display(), tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, to).with_context(|| format!("cannot install {}", to.display()))?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! hostmesh end-to-end test support.
