@@ -115,10 +115,12 @@ impl Agent {
     /// Runs until SIGTERM, SIGINT or [`Agent::request_exit`], then stops
     /// every proc (invariant 2).
     pub async fn run_until_stopped(self) -> Result<(), HostError> {
-        let mut term = signal(SignalKind::terminate())
-            .map_err(|e| HostError::io("cannot watch SIGTERM", e))?;
-        let mut int =
-            signal(SignalKind::interrupt()).map_err(|e| HostError::io("cannot watch SIGINT", e))?;
+        let signals = Signals::new()?;
+        self.run_with(signals).await
+    }
+
+    async fn run_with(self, signals: Signals) -> Result<(), HostError> {
+        let Signals { mut term, mut int } = signals;
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: stopping procs"),
             _ = int.recv() => tracing::info!("SIGINT: stopping procs"),
@@ -150,6 +152,25 @@ impl Agent {
 /// until it is told to stop.
 pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
     let config = args.validate()?;
+    // Watch signals before anything is spawned, so an early SIGTERM still
+    // stops procs gracefully.
+    let signals = Signals::new()?;
     let agent = Agent::start(config).await?;
-    agent.run_until_stopped().await
+    agent.run_with(signals).await
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, HostError> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())
+                .map_err(|e| HostError::io("cannot watch SIGTERM", e))?,
+            int: signal(SignalKind::interrupt())
+                .map_err(|e| HostError::io("cannot watch SIGINT", e))?,
+        })
+    }
 }
