@@ -156,7 +156,7 @@ impl ProcManager {
         let mut command = vec![req.spec.command.clone()];
         command.extend(req.spec.args.iter().cloned());
         let state = ProcState {
-            proc_id: format!("{},{}", self.inner.identity.addr, req.name),
+            proc_id: format!("tcp:{}/{}", self.inner.identity.addr, req.name),
             name: req.name.clone(),
             rank: req.rank,
             pid: None,

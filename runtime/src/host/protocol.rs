@@ -97,7 +97,8 @@ impl ProcSpec {
 /// Create the named proc if it does not exist (idempotent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateOrUpdate {
-    /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 253 bytes).
+    /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 128 bytes; it is
+    /// also the proc's runtime name).
     pub name: String,
     /// The proc's global rank in its mesh.
     pub rank: usize,
@@ -203,7 +204,7 @@ pub struct RankStatus {
 /// `GetState` answer, and the content of every push.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcState {
-    /// The proc's id: `<agent address>,<name>`.
+    /// The proc's runtime id: `tcp:<agent address>/<name>`.
     pub proc_id: String,
     /// The proc name.
     pub name: String,
