@@ -22,13 +22,24 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Print the CRDs (World, ProcMesh) as multi-document YAML.
+    Crds,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Crds => print_crds(),
     }
+}
+
+/// Prints both CRDs to stdout.
+fn print_crds() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = hostmesh_crds::crd_yaml()?;
+    std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
 }
 
 /// Copies the running executable to `to`, creating parent directories, and
