@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the host agent of one World host (docs/agent.md).
+    Agent(Box<hostmesh_runtime::host::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
@@ -31,6 +37,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
+        Command::Agent(args) => run_agent(*args),
     }
 }
 
@@ -39,6 +46,25 @@ fn print_crds() -> anyhow::Result<()> {
     use std::io::Write as _;
     let yaml = hostmesh_crds::crd_yaml()?;
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
+}
+
+/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
+/// then runs the agent until it is stopped.
+fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
     Ok(())
 }
 

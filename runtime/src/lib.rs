@@ -2,3 +2,4 @@
 //! ports and supervision (the host agent lives in `host`).
 
 pub mod mesh;
+pub mod host;
