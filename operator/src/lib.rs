@@ -1,1 +1,3 @@
-//! placeholder
+//! hostmesh operator: controllers, supervision hub, and the cluster-in-a-box glue.
+
+pub mod manifest;

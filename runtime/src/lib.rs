@@ -1,5 +1,5 @@
 //! hostmesh actor runtime: meshes, identities, transport, procs, actors,
 //! ports and supervision (the host agent lives in `host`).
 
-pub mod mesh;
 pub mod host;
+pub mod mesh;
