@@ -191,7 +191,7 @@ impl Env {
             .arg("operator")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .arg("--metrics-addr")
+            .arg("--http-addr")
             .arg("127.0.0.1:0")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
