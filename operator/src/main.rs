@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
