@@ -66,13 +66,13 @@ pub struct LeaderElectionArgs {
     #[arg(long, env = "POD_NAME")]
     pub leader_elect_identity: Option<String>,
     /// How long a lease is valid without renewal (`15s`, `1m`).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "HOSTMESH_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
     /// How long a leader keeps trying to renew before it steps down.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "HOSTMESH_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
     /// How often candidates and the leader try to acquire or renew.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "HOSTMESH_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
 }
 
