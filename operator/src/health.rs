@@ -106,6 +106,21 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HealthError> {
         .map_err(|source| HealthError::Bind { addr, source })
 }
 
+/// Binds `addr` and serves in a task until `shutdown` resolves; returns the
+/// bound address (useful with port 0) and the task.
+pub async fn spawn(
+    addr: SocketAddr,
+    state: Arc<HealthState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), HealthError> {
+    let listener = bind(addr).await?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| HealthError::Bind { addr, source })?;
+    tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+    Ok((bound, tokio::spawn(serve(listener, state, shutdown))))
+}
+
 /// Serves until `shutdown` resolves, then shuts down gracefully (invariant 3).
 pub async fn serve(
     listener: TcpListener,

@@ -29,6 +29,8 @@ use kube::api::PostParams;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::metrics::Metrics;
+
 /// Errors from configuring leader election.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -74,6 +76,31 @@ pub struct LeaderElectionArgs {
     /// How often candidates and the leader try to acquire or renew.
     #[arg(long, env = "HOSTMESH_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
+}
+
+impl LeaderElectionArgs {
+    /// Starts election as configured: with `--leader-elect`, spawns the
+    /// Lease loop (stopped by `shutdown`, releasing the lease) and returns
+    /// its handle and task; without, returns [`LeaderHandle::always_leader`].
+    pub fn start(
+        &self,
+        client: kube::Client,
+        metrics: std::sync::Arc<Metrics>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(LeaderHandle, Option<tokio::task::JoinHandle<()>>), LeaderError> {
+        match self.config()? {
+            None => {
+                metrics.set_leader(true);
+                Ok((LeaderHandle::always_leader(), None))
+            }
+            Some(config) => {
+                tracing::info!(lease = %config.name, namespace = %config.namespace, identity = %config.identity, "leader election enabled");
+                let (elector, handle) = LeaderElector::new(client, config);
+                let task = tokio::spawn(elector.with_metrics(metrics).run(shutdown));
+                Ok((handle, Some(task)))
+            }
+        }
+    }
 }
 
 /// Validated leader election settings.
@@ -355,6 +382,7 @@ pub struct LeaderElector {
     config: LeaseConfig,
     is_leader: watch::Sender<bool>,
     role: watch::Sender<Role>,
+    metrics: Option<std::sync::Arc<Metrics>>,
 }
 
 /// Internal loop state.
@@ -376,12 +404,20 @@ impl LeaderElector {
                 config,
                 is_leader,
                 role,
+                metrics: None,
             },
             LeaderHandle {
                 is_leader: is_leader_rx,
                 role: role_rx,
             },
         )
+    }
+
+    /// Also records leadership in `hostmesh_leader`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<Metrics>) -> Self {
+        metrics.set_leader(false);
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Runs until `shutdown` resolves, then releases the lease if held.
@@ -541,6 +577,9 @@ impl LeaderElector {
 
     fn set_role(&self, role: Role) {
         let leader = role == Role::Leader;
+        if let Some(m) = &self.metrics {
+            m.set_leader(leader);
+        }
         self.is_leader.send_if_modified(|v| {
             let changed = *v != leader;
             *v = leader;
@@ -556,6 +595,9 @@ impl LeaderElector {
     /// Gives the lease up (invariant 4). Publishes `is_leader = false` first.
     async fn release(&self) {
         let _ = self.is_leader.send(false);
+        if let Some(m) = &self.metrics {
+            m.set_leader(false);
+        }
         let timeout = self.config.retry_period.max(Duration::from_secs(1));
         let Ok(Ok(Some(mut lease))) =
             tokio::time::timeout(timeout, self.api.get_opt(&self.config.name)).await
