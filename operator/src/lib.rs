@@ -1,8 +1,10 @@
-//! hostmesh operator library: the controllers, the supervision hub, and the
-//! operability parts (metrics, health endpoint, leader election, logging,
-//! `hostmesh status`) used by the `hostmesh` binary.
+//! hostmesh operator library: the controllers, the supervision hub, the
+//! cluster-in-a-box glue, and the operability parts (metrics, health
+//! endpoint, leader election, logging, `hostmesh status`) used by the
+//! `hostmesh` binary.
 
 pub mod health;
 pub mod leader;
+pub mod manifest;
 pub mod metrics;
 pub mod telemetry;
