@@ -257,8 +257,10 @@ def check_crds():
     for crd in chart.crds:
         data = crd["data"] if isinstance(crd["data"], str) else bytes(crd["data"]).decode()
         for doc in re.split(r"(?m)^---\s*$", data):
-            if doc.strip():
-                names.add(helm.values_from_yaml(doc)["metadata"]["name"])
+            obj = helm.values_from_yaml(doc) if doc.strip() else None
+            if obj:
+                names.add(obj["metadata"]["name"])
+                check(obj.get("kind") == "CustomResourceDefinition", f"{crd['filename']}: not a CRD: {obj.get('kind')}")
     check(names == EXPECTED_CRDS, f"chart CRDs {sorted(names)} != {sorted(EXPECTED_CRDS)}")
 
 
@@ -272,7 +274,7 @@ def check_bad_values():
 
 
 def main():
-    print(f"chart-check: Helm SDK {helm.helm_sdk_version()}, chart {CHART}")
+    print(f"chart-check: Helm SDK {helm.helm_sdk_version()}, chart {CHART}", flush=True)
     for label, values in VALUE_SETS.items():
         check_lint(label, values)
         check_render(label, values)

@@ -7,4 +7,5 @@ pub mod health;
 pub mod leader;
 pub mod manifest;
 pub mod metrics;
+pub mod status;
 pub mod telemetry;
