@@ -30,6 +30,9 @@ enum Command {
     },
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
         Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
     }
 }
 
