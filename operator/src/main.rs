@@ -28,14 +28,29 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Print the CRDs (World, ProcMesh) as multi-document YAML.
+    Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Crds => print_crds(),
         Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
     }
+}
+
+/// Prints both CRDs to stdout.
+fn print_crds() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = hostmesh_crds::crd_yaml()?;
+    std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
 }
 
 /// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
