@@ -13,6 +13,7 @@
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
 //! - `logs`: output forwarding and stderr tails.
+//! - `subscription`: snapshot, changes and heartbeats for one subscriber.
 //! - `health`: `/healthz`, `/readyz`.
 //! - `agent`: the process itself (`run_agent`).
 
@@ -26,6 +27,7 @@ mod logs;
 mod manager;
 pub mod protocol;
 mod spawn;
+mod subscription;
 
 pub use agent::{Agent, Secret, run_agent};
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret};
@@ -34,3 +36,4 @@ pub use error::HostError;
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE};
 pub use manager::{ProcManager, digest};
+pub use subscription::Subscription;

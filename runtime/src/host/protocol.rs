@@ -241,3 +241,34 @@ pub struct ProcStateChanged {
 pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// What the agent pushes to a subscriber.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentPush {
+    /// Every proc's state, sent first on (re)subscribe and whenever the
+    /// subscriber fell behind: it replaces the subscriber's picture.
+    Snapshot {
+        /// The host's rank.
+        host_rank: usize,
+        /// The agent's runtime address.
+        agent_addr: String,
+        /// Sequence number the snapshot is current at.
+        seq: u64,
+        /// All procs (running and ended) the agent holds.
+        procs: Vec<ProcState>,
+    },
+    /// One proc changed state (sent at once).
+    Changed(ProcStateChanged),
+    /// Sent every heartbeat interval: silence means the agent or the path
+    /// to it is gone.
+    Heartbeat {
+        /// The host's rank.
+        host_rank: usize,
+        /// Latest sequence number.
+        seq: u64,
+        /// [`digest`](crate::host::digest) of all proc states.
+        digest: u64,
+        /// Number of procs held.
+        procs: usize,
+    },
+}
