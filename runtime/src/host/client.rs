@@ -146,14 +146,21 @@ impl std::fmt::Debug for AgentClient {
 
 impl AgentClient {
     /// Starts a client proc authenticated with the World's `secret`;
-    /// events of every watched agent go to `events`.
+    /// events of every watched agent go to `events`. The proc is named
+    /// `<name>-<random>` when it does not listen, so a restarted client is a
+    /// new peer to the agents, never mistaken for its previous incarnation;
+    /// a listening client keeps `name` (agents dial it by address and name).
     pub async fn new(
         name: &str,
         secret: &[u8],
         config: ClientConfig,
         events: mpsc::Sender<AgentEvent>,
     ) -> Result<Self, ClientError> {
-        let mut builder = Proc::builder(name).secret(secret.to_vec());
+        let proc_name = match config.listen {
+            Some(_) => name.to_owned(),
+            None => format!("{name}-{:08x}", rand::random::<u32>()),
+        };
+        let mut builder = Proc::builder(proc_name).secret(secret.to_vec());
         if let Some(addr) = config.listen {
             builder = builder.listen(ChannelAddr::Tcp(addr));
         }
@@ -161,7 +168,7 @@ impl AgentClient {
         if config.listen.is_some() {
             proc.spawn(
                 SUPERVISOR_ACTOR,
-                Inbox {
+                SupervisorInbox {
                     events: events.clone(),
                     addrs: HashMap::new(),
                 },
@@ -223,7 +230,8 @@ impl AgentClient {
         addr: SocketAddr,
         req: CreateOrUpdate,
     ) -> Result<CreateOutcome, ClientError> {
-        self.call(addr, &req).await?
+        self.call(addr, &req)
+            .await?
             .map_err(|message| ClientError::Refused { addr, message })
     }
 
@@ -291,7 +299,11 @@ impl AgentClient {
         self.call(addr, &SetAddressBook { hosts }).await
     }
 
-    async fn call<M>(&self, addr: SocketAddr, m: &M) -> Result<<HostAgent as Handler<M>>::Reply, ClientError>
+    async fn call<M>(
+        &self,
+        addr: SocketAddr,
+        m: &M,
+    ) -> Result<<HostAgent as Handler<M>>::Reply, ClientError>
     where
         M: crate::Message,
         HostAgent: Handler<M>,
@@ -310,7 +322,12 @@ impl AgentClient {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for w in self.watches.get_mut().unwrap_or_else(|p| p.into_inner()).values() {
+        for w in self
+            .watches
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
             w.cancel.cancel();
         }
         self.proc.shutdown();
@@ -385,18 +402,18 @@ async fn subscribe(
 }
 
 /// Receives pushes from agents that dial in (invariant 3).
-pub struct Inbox {
+pub struct SupervisorInbox {
     events: mpsc::Sender<AgentEvent>,
     addrs: HashMap<usize, SocketAddr>,
 }
 
-impl Actor for Inbox {
+impl Actor for SupervisorInbox {
     fn register(h: &mut Handlers<Self>) {
         h.handle::<AgentPush>();
     }
 }
 
-impl Handler<AgentPush> for Inbox {
+impl Handler<AgentPush> for SupervisorInbox {
     type Reply = ();
     async fn handle(&mut self, _cx: &Context<Self>, push: AgentPush) -> Result<(), ActorError> {
         let rank = match &push {
@@ -414,7 +431,10 @@ impl Handler<AgentPush> for Inbox {
             AgentPush::Heartbeat { host_rank, .. } => *host_rank,
         };
         let Some(addr) = self.addrs.get(&rank).copied() else {
-            tracing::debug!(rank, "push before the first snapshot of a dialing agent; ignored");
+            tracing::debug!(
+                rank,
+                "push before the first snapshot of a dialing agent; ignored"
+            );
             return Ok(());
         };
         let _ = self

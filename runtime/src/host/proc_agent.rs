@@ -199,14 +199,24 @@ impl Handler<SpawnFor> for MeshAgent {
                 .get(&m.name)
                 .is_some_and(|t| t.state.status == ActorStatus::Running)
             {
-                return Ok(Err(format!("an actor named {:?} already runs here", m.name)));
+                return Ok(Err(format!(
+                    "an actor named {:?} already runs here",
+                    m.name
+                )));
             }
             b.clients.insert(
                 m.client.clone(),
                 (Instant::now(), Duration::from_millis(m.keepalive_ms)),
             );
         }
-        let id = match spawn(proc.clone(), m.name.clone(), m.params.into(), self.events.clone()).await {
+        let id = match spawn(
+            proc.clone(),
+            m.name.clone(),
+            m.params.into(),
+            self.events.clone(),
+        )
+        .await
+        {
             Ok(id) => id,
             Err(e) => return Ok(Err(e.to_string())),
         };
@@ -296,7 +306,10 @@ pub async fn join_host(
 ) -> Result<JoinedProc, HostError> {
     let name = env("HOSTMESH_PROC_NAME")?;
     let agent_addr: SocketAddr = env("HOSTMESH_AGENT_ADDR")?.parse().map_err(|e| {
-        HostError::config("HOSTMESH_AGENT_ADDR", format!("not an ip:port address ({e})"))
+        HostError::config(
+            "HOSTMESH_AGENT_ADDR",
+            format!("not an ip:port address ({e})"),
+        )
     })?;
     let secret = super::config::read_secret(std::path::Path::new(&env("HOSTMESH_SECRET_FILE")?))?;
     let listen = SocketAddr::new(agent_addr.ip(), 0);
@@ -325,8 +338,16 @@ pub async fn join_host(
     agent
         .call(&proc, &check_in, Duration::from_secs(30))
         .await
-        .map_err(|e| HostError::Runtime(format!("cannot check in with the agent at {agent_addr}: {e}")))?
-        .map_err(|e| HostError::Runtime(format!("the agent at {agent_addr} refused the check-in: {e}")))?;
+        .map_err(|e| {
+            HostError::Runtime(format!(
+                "cannot check in with the agent at {agent_addr}: {e}"
+            ))
+        })?
+        .map_err(|e| {
+            HostError::Runtime(format!(
+                "the agent at {agent_addr} refused the check-in: {e}"
+            ))
+        })?;
     tracing::info!(proc = %proc.id(), "joined the host");
     Ok(JoinedProc {
         proc,

@@ -272,3 +272,63 @@ pub enum AgentPush {
         procs: usize,
     },
 }
+
+/// `GetRankStatus {name}`: the proc's rank and status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetRankStatus {
+    /// The proc name.
+    pub name: String,
+}
+
+/// `GetState {name}`: the proc's full state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetState {
+    /// The proc name.
+    pub name: String,
+}
+
+/// `Stop {name, grace}`: TERM, grace, KILL. Answered at once; the final
+/// status arrives as a push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stop {
+    /// The proc name.
+    pub name: String,
+    /// Grace between TERM and KILL, in milliseconds.
+    pub grace_ms: u64,
+}
+
+/// `ShutdownHost {grace, max_concurrency}`: stop every proc, then the agent
+/// exits. Answered at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownHost {
+    /// Grace between TERM and KILL, in milliseconds.
+    pub grace_ms: u64,
+    /// Procs stopped at once (clamped to 1..=256).
+    pub max_concurrency: usize,
+}
+
+/// `SetAddressBook {hosts}`: every host's agent address, indexed by host
+/// rank (`ip:port`); host 0's IP is `MASTER_ADDR`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAddressBook {
+    /// Agent addresses by host rank.
+    pub hosts: Vec<String>,
+}
+
+/// `Subscribe {port}`: push a snapshot, then every change and a heartbeat
+/// every interval, to `port`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Subscribe {
+    /// Where the pushes go.
+    pub port: crate::PortRef<AgentPush>,
+}
+
+/// `CheckIn {name, addr}`: a runtime-aware proc reports that it runs and
+/// where it listens; it becomes Ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckIn {
+    /// The proc name (`HOSTMESH_PROC_NAME`).
+    pub name: String,
+    /// The proc's runtime address.
+    pub addr: String,
+}

@@ -25,7 +25,9 @@ use super::protocol::{
     RankStatus, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
-use crate::{Actor, ActorError, ActorRef, Context, Handler, Handlers, PortId, PortRef, Proc, Undeliverable};
+use crate::{
+    Actor, ActorError, ActorRef, Context, Handler, Handlers, PortId, PortRef, Proc, Undeliverable,
+};
 
 /// Name of the agent's proc; its actor is [`HOST_AGENT_ACTOR`]`[0]`.
 pub const AGENT_PROC_NAME: &str = "agent";
@@ -112,7 +114,11 @@ impl Handler<GetRankStatus> for HostAgent {
 
 impl Handler<GetState> for HostAgent {
     type Reply = Result<ProcState, String>;
-    async fn handle(&mut self, _cx: &Context<Self>, m: GetState) -> Result<Self::Reply, ActorError> {
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: GetState,
+    ) -> Result<Self::Reply, ActorError> {
         Ok(self.manager.state(&m.name).map_err(|e| e.to_string()))
     }
 }
@@ -141,7 +147,11 @@ impl Handler<ShutdownHost> for HostAgent {
         _cx: &Context<Self>,
         m: ShutdownHost,
     ) -> Result<Self::Reply, ActorError> {
-        tracing::info!(grace_ms = m.grace_ms, max_concurrency = m.max_concurrency, "ShutdownHost");
+        tracing::info!(
+            grace_ms = m.grace_ms,
+            max_concurrency = m.max_concurrency,
+            "ShutdownHost"
+        );
         let manager = self.manager.clone();
         let exit = self.exit.clone();
         tokio::spawn(async move {
@@ -170,14 +180,22 @@ impl Handler<CheckIn> for HostAgent {
     type Reply = Result<(), String>;
     async fn handle(&mut self, _cx: &Context<Self>, m: CheckIn) -> Result<Self::Reply, ActorError> {
         tracing::info!(proc = %m.name, addr = %m.addr, "runtime-aware proc checked in");
-        Ok(self.manager.check_in(&m.name, m.addr).map_err(|e| e.to_string()))
+        Ok(self
+            .manager
+            .check_in(&m.name, m.addr)
+            .map_err(|e| e.to_string()))
     }
 }
 
 impl Handler<Subscribe> for HostAgent {
     type Reply = Result<(), String>;
-    async fn handle(&mut self, cx: &Context<Self>, m: Subscribe) -> Result<Self::Reply, ActorError> {
-        self.subscribers.retain(|_, closed| !closed.load(Ordering::SeqCst));
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        m: Subscribe,
+    ) -> Result<Self::Reply, ActorError> {
+        self.subscribers
+            .retain(|_, closed| !closed.load(Ordering::SeqCst));
         // Invariant 3: a repeated subscription replaces the old one.
         if let Some(old) = self.subscribers.remove(m.port.id()) {
             old.store(true, Ordering::SeqCst);
@@ -205,7 +223,12 @@ impl Handler<Subscribe> for HostAgent {
 }
 
 /// Feeds one subscription to its pusher actor until it closes.
-pub(crate) fn pump(proc: Proc, pusher: ActorRef<Pusher>, mut sub: Subscription, closed: Arc<AtomicBool>) {
+pub(crate) fn pump(
+    proc: Proc,
+    pusher: ActorRef<Pusher>,
+    mut sub: Subscription,
+    closed: Arc<AtomicBool>,
+) {
     tokio::spawn(async move {
         while !closed.load(Ordering::SeqCst) {
             let push = sub.next().await;
@@ -260,4 +283,61 @@ impl Handler<Forward> for Pusher {
             .await
             .map_err(|e| ActorError::new(format!("cannot push to {}: {e}", self.port.id())))
     }
+}
+
+/// `--supervisor`: dials the supervisor at `target` (`host:port`, resolved
+/// on every attempt) and subscribes it to this agent's pushes; redials with
+/// backoff whenever the connection is lost, and each new subscription starts
+/// with a full snapshot, so the supervisor misses nothing.
+pub(crate) fn dial_supervisor(proc: Proc, agent: ActorRef<HostAgent>, target: String) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match dial_once(&proc, &target).await {
+                Ok(peer) => {
+                    let mut lost = proc.lost_watch(&peer);
+                    if let Some(l) = lost.as_mut() {
+                        l.borrow_and_update();
+                    }
+                    let inbox = match peer.actor(super::client::SUPERVISOR_ACTOR, 0) {
+                        Ok(id) => ActorRef::<super::client::SupervisorInbox>::attest(id),
+                        Err(e) => {
+                            tracing::error!(error = %e, "supervisor id");
+                            return;
+                        }
+                    };
+                    let port = inbox.port::<AgentPush>();
+                    if let Err(e) = agent.send(&proc, &Subscribe { port }).await {
+                        tracing::warn!(error = %e, "cannot subscribe the supervisor");
+                    } else {
+                        tracing::info!(supervisor = %peer, "pushing state to the supervisor");
+                        backoff = Duration::from_millis(100);
+                        match lost.as_mut() {
+                            Some(l) => {
+                                let _ = l.changed().await;
+                            }
+                            None => return,
+                        }
+                        tracing::warn!(supervisor = %peer, "connection to the supervisor lost; redialing");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(supervisor = %target, error = %e, ?backoff, "cannot reach the supervisor; retrying");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    });
+}
+
+async fn dial_once(proc: &Proc, target: &str) -> Result<crate::ProcId, String> {
+    let addr = tokio::net::lookup_host(target)
+        .await
+        .map_err(|e| format!("cannot resolve {target}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{target} resolves to no address"))?;
+    proc.connect(&crate::ChannelAddr::Tcp(addr))
+        .await
+        .map_err(|e| e.to_string())
 }
