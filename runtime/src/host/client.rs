@@ -308,7 +308,10 @@ impl AgentClient {
         M: crate::Message,
         HostAgent: Handler<M>,
     {
-        let agent = agent_ref(addr).map_err(|source| ClientError::Call { addr, source })?;
+        let agent = agent_ref(addr).map_err(|e| ClientError::Call {
+            addr,
+            source: e.into(),
+        })?;
         agent
             .call(&self.inner.proc, m, self.inner.config.call_timeout)
             .await
@@ -335,7 +338,7 @@ impl Drop for Inner {
 }
 
 /// The host agent actor at `addr`.
-pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, crate::Error> {
+pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, crate::id::IdError> {
     let proc = ProcId::new(ChannelAddr::Tcp(addr), AGENT_PROC_NAME)?;
     Ok(ActorRef::attest(proc.actor(HOST_AGENT_ACTOR, 0)?))
 }

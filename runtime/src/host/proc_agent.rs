@@ -284,7 +284,7 @@ impl std::fmt::Debug for JoinedProc {
 }
 
 /// The `mesh` actor of the proc at `proc`.
-pub fn mesh_ref(proc: &crate::ProcId) -> Result<ActorRef<MeshAgent>, crate::Error> {
+pub fn mesh_ref(proc: &crate::ProcId) -> Result<ActorRef<MeshAgent>, crate::id::IdError> {
     Ok(ActorRef::attest(proc.actor(MESH_ACTOR, 0)?))
 }
 
