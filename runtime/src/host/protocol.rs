@@ -332,3 +332,59 @@ pub struct CheckIn {
     /// The proc's runtime address.
     pub addr: String,
 }
+
+impl From<&ProcStatus> for crate::supervision::ProcStatus {
+    /// The runtime's view of a proc's status, for
+    /// [`actor_status_for_proc`](crate::supervision::actor_status_for_proc).
+    fn from(s: &ProcStatus) -> Self {
+        use crate::supervision::ProcStatus as R;
+        match s {
+            ProcStatus::Starting => R::Starting,
+            ProcStatus::Ready { .. } => R::Ready,
+            ProcStatus::Stopping { .. } => R::Stopping,
+            ProcStatus::Stopped {
+                exit_code,
+                stderr_tail,
+            } => R::Stopped {
+                exit_code: *exit_code,
+                stderr_tail: stderr_tail.clone(),
+            },
+            ProcStatus::Killed { signal, .. } => R::Killed { signal: *signal },
+            ProcStatus::Failed { reason } => R::Failed {
+                reason: reason.clone(),
+            },
+            ProcStatus::Timeout { .. } => R::Timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervision::{ActorStatus, actor_status_for_proc};
+
+    #[test]
+    fn agent_status_maps_to_actor_status() {
+        let status = |s: &ProcStatus| actor_status_for_proc(Some(&s.into()));
+        assert_eq!(
+            status(&ProcStatus::Ready { pid: 1, addr: None }),
+            ActorStatus::Running
+        );
+        assert!(matches!(
+            status(&ProcStatus::Stopped {
+                exit_code: 0,
+                stderr_tail: vec![]
+            }),
+            ActorStatus::Stopped(_)
+        ));
+        assert!(
+            status(&ProcStatus::Killed {
+                signal: 9,
+                core_dumped: false,
+                stderr_tail: vec![]
+            })
+            .is_failure()
+        );
+        assert!(status(&ProcStatus::Timeout { after_ms: 5 }).is_failure());
+    }
+}
