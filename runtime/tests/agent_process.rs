@@ -104,3 +104,14 @@ fn bad_configuration_fails_at_start_naming_the_setting() {
         agent.err_line(expect);
     }
 }
+
+#[test]
+fn agent_settings_do_not_leak_into_procs() {
+    let agent = ChildAgent::start(
+        &[],
+        &[
+            "echo \"leak=${HOSTMESH_HOST_RANK:-none}/${HOSTMESH_TEST_CHILD_AGENT:-none} world=$HOSTMESH_WORLD rank=$RANK\"",
+        ],
+    );
+    agent.line("[mesh/0] leak=none/none world=w rank=0");
+}

@@ -9,7 +9,8 @@
 //! - `config`: flags and environment, validated at start-up.
 //! - `protocol`: the messages and the status types.
 //! - `env`: the proc environment contract.
-//! - `spawn`: forking with a process group and a parent-death signal.
+//! - `spawn`: starting (see `clone`), signalling and reaping proc processes.
+//! - `clone`: the `clone(CLONE_VM|CLONE_VFORK)` + `execve` spawn itself.
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
 //! - `logs`: output forwarding and stderr tails.
@@ -22,6 +23,7 @@
 
 mod agent;
 mod client;
+mod clone;
 mod config;
 mod env;
 mod error;
