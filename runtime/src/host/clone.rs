@@ -10,7 +10,8 @@
 //!    stack or heap for the child's whole pre-exec life.
 //! 2. Between clone and exec the child makes only system calls, runs with
 //!    every signal blocked and every caught signal reset to its default, so
-//!    no handler of the agent ever runs in the child.
+//!    no handler of the agent ever runs in the child; SIGPIPE is reset too,
+//!    so procs see the default disposition although the agent ignores it.
 //! 3. A failure before exec is reported through shared memory (errno and
 //!    stage); the child is reaped before the error is returned.
 
@@ -160,12 +161,13 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             a.stage.store(stage, Ordering::SeqCst);
             libc::_exit(127)
         };
-        // Reset every caught signal to its default (ignored ones stay
-        // ignored, as exec keeps them).
+        // Reset every caught signal to its default. Ignored ones stay
+        // ignored (exec keeps them), except SIGPIPE, which the Rust runtime
+        // ignores for itself, not for the programs it starts (as std does).
         for sig in 1..libc::SIGRTMAX() {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_IGN
+                && (old.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
                 && old.sa_sigaction != libc::SIG_DFL
             {
                 let mut dfl: libc::sigaction = std::mem::zeroed();
