@@ -469,3 +469,54 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
         "{st:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_resubscribes_after_the_agent_restarts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let env = [
+        ("HOSTMESH_PORT", port.as_str()),
+        ("HOSTMESH_HEARTBEAT_INTERVAL", "100ms"),
+    ];
+    let mut first = ChildAgent::start(&env, &["exec sleep 60"]);
+    let addr = first.addr();
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    c.watch(0, addr);
+    assert!(matches!(
+        next(&mut rx).await.kind,
+        AgentEventKind::Connected
+    ));
+
+    first.signal(libc::SIGKILL);
+    first.wait();
+    let mut down = false;
+    for _ in 0..10_000 {
+        if let AgentEventKind::Disconnected { reason } = next(&mut rx).await.kind {
+            assert!(!reason.is_empty());
+            down = true;
+            break;
+        }
+    }
+    assert!(down, "the client reports the lost agent");
+
+    let second = ChildAgent::start(&env, &["exec sleep 61"]);
+    assert_eq!(second.addr(), addr);
+    second.pids();
+    // The client comes back by itself, and the snapshot shows the new
+    // agent's state.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let procs = snapshot(&mut rx).await;
+        if procs.len() == 1 && procs[0].command.last().is_some_and(|c| c.contains("61")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot of the new agent"
+        );
+    }
+}

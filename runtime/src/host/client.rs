@@ -10,7 +10,9 @@
 //!    Each (re)subscription starts with a full `Snapshot`, so nothing is
 //!    lost across an outage on either side.
 //! 2. Requests are calls with `call_timeout`; a call never waits forever.
-//! 3. In listening mode, agents that dial the supervisor themselves
+//! 3. Dropping the last clone of a client stops its watches and shuts its
+//!    proc down, so agents see the supervisor go.
+//! 4. In listening mode, agents that dial the supervisor themselves
 //!    (`--supervisor`) push to the `supervisor` actor; their pushes reach the
 //!    same channel.
 
@@ -134,6 +136,26 @@ struct Inner {
 #[derive(Clone)]
 pub struct AgentClient {
     inner: Arc<Inner>,
+    _guard: Arc<Guard>,
+}
+
+/// Shared by the clones of one client (not by its watch tasks): when the
+/// last clone goes, the watches stop and the proc shuts down.
+struct Guard(Arc<Inner>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for w in self
+            .0
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            w.cancel.cancel();
+        }
+        self.0.proc.shutdown();
+    }
 }
 
 impl std::fmt::Debug for AgentClient {
@@ -176,13 +198,15 @@ impl AgentClient {
             .await
             .map_err(ClientError::Start)?;
         }
+        let inner = Arc::new(Inner {
+            proc,
+            config,
+            events,
+            watches: Mutex::new(HashMap::new()),
+        });
         Ok(AgentClient {
-            inner: Arc::new(Inner {
-                proc,
-                config,
-                events,
-                watches: Mutex::new(HashMap::new()),
-            }),
+            _guard: Arc::new(Guard(inner.clone())),
+            inner,
         })
     }
 
@@ -323,20 +347,6 @@ impl AgentClient {
     }
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for w in self
-            .watches
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            w.cancel.cancel();
-        }
-        self.proc.shutdown();
-    }
-}
-
 /// The host agent actor at `addr`.
 pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, crate::id::IdError> {
     let proc = ProcId::new(ChannelAddr::Tcp(addr), AGENT_PROC_NAME)?;
@@ -404,7 +414,7 @@ async fn subscribe(
     }
 }
 
-/// Receives pushes from agents that dial in (invariant 3).
+/// Receives pushes from agents that dial in (invariant 4).
 pub struct SupervisorInbox {
     events: mpsc::Sender<AgentEvent>,
     addrs: HashMap<usize, SocketAddr>,
