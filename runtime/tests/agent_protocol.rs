@@ -520,3 +520,26 @@ async fn client_resubscribes_after_the_agent_restarts() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_book_gives_master_addr_off_host_zero() {
+    let agent = ChildAgent::start(&[("HOSTMESH_HOST_RANK", "1")], &[]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let mut req = sh(
+        "m",
+        17,
+        "echo master=$MASTER_ADDR:$MASTER_PORT group=$GROUP_RANK",
+    );
+    let e = c.create_or_update(addr, req.clone()).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { message, .. } if message.contains("SetAddressBook")),
+        "{e}"
+    );
+    c.set_address_book(addr, vec!["127.0.0.9:26600".into(), addr.to_string()])
+        .await
+        .unwrap();
+    req.spec.master_port = Some(1234);
+    c.create_or_update(addr, req).await.unwrap();
+    agent.line("[mesh/17] master=127.0.0.9:1234 group=1");
+}
