@@ -531,6 +531,7 @@ async fn address_book_gives_master_addr_off_host_zero() {
         17,
         "echo master=$MASTER_ADDR:$MASTER_PORT group=$GROUP_RANK",
     );
+    req.spec.extent = vec![Dim::new("host", 2), Dim::new("proc", 16)];
     let e = c.create_or_update(addr, req.clone()).await.unwrap_err();
     assert!(
         matches!(&e, ClientError::Refused { message, .. } if message.contains("SetAddressBook")),
