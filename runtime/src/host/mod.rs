@@ -46,7 +46,7 @@ pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, coordinates};
 pub use error::HostError;
 pub use health::Readiness;
-pub use logs::{LogHub, MAX_LINE};
+pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
 pub use manager::{ProcManager, digest};
 pub use proc_agent::{
     ActorState, GetActorState, JoinedProc, Keepalive, MESH_ACTOR, MeshAgent, SpawnFor, join_host,
