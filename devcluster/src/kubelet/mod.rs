@@ -1,0 +1,26 @@
+//! The process kubelet: a Kubernetes Node that runs each pod's containers as
+//! local processes, each pod on its own loopback IP.
+//!
+//! It owns, for its Node: registration and Lease heartbeats (`node`),
+//! binding unscheduled pods to itself (`binder`), and one worker per bound
+//! pod (`pod`) that prepares volumes, runs init containers then containers,
+//! restarts them per `restartPolicy`, probes readiness, reports status and
+//! finishes deletions. See `docs/kubelet.md`.
+//!
+//! Invariants:
+//! 1. Every process the kubelet starts belongs to a process group it tracks
+//!    until the group is gone; `KubeletHandle::shutdown` (and, as a last
+//!    resort, dropping the handle) ends them all.
+//! 2. A pod IP belongs to one live pod at a time (`ipam`).
+//! 3. Only the pod's worker writes the pod's status.
+
+mod config;
+mod env;
+mod error;
+mod expand;
+mod ipam;
+mod process;
+mod volumes;
+
+pub use config::{HOSTMESH_IMAGE_PATTERN, ImageEntry, ImageTable, KubeletArgs, KubeletConfig};
+pub use error::{KubeletError, Result};
