@@ -71,7 +71,9 @@ impl ImageTable {
         })?;
         for (i, entry) in file.images.iter().enumerate() {
             if entry.image.is_empty() {
-                return Err(KubeletError::Config(format!("image table: images[{i}].image is empty")));
+                return Err(KubeletError::Config(format!(
+                    "image table: images[{i}].image is empty"
+                )));
             }
             if entry.program.as_os_str().is_empty() {
                 return Err(KubeletError::Config(format!(
@@ -178,7 +180,9 @@ impl KubeletConfig {
             ));
         }
         if self.lease_duration < Duration::from_secs(4) {
-            return Err(KubeletError::Config("lease_duration must be at least 4s".into()));
+            return Err(KubeletError::Config(
+                "lease_duration must be at least 4s".into(),
+            ));
         }
         let hostmesh = match &self.hostmesh_binary {
             Some(path) => path.clone(),

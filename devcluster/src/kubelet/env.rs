@@ -64,7 +64,11 @@ pub(crate) fn referenced_objects(pod: &Pod) -> (BTreeSet<String>, BTreeSet<Strin
     let Some(spec) = &pod.spec else {
         return (secrets, cms);
     };
-    let containers = spec.init_containers.iter().flatten().chain(spec.containers.iter());
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter());
     for c in containers {
         for e in c.env.iter().flatten() {
             if let Some(from) = &e.value_from {
@@ -109,9 +113,10 @@ pub(crate) fn field_value(pod: &Pod, facts: &PodFacts, path: &str) -> Option<Str
         "metadata.namespace" => Some(meta.namespace.clone().unwrap_or_else(|| "default".into())),
         "metadata.uid" => meta.uid.clone(),
         "spec.nodeName" => Some(facts.node_name.clone()),
-        "spec.serviceAccountName" => {
-            Some(spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into()))
-        }
+        "spec.serviceAccountName" => Some(
+            spec.and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+        ),
         "status.podIP" | "status.podIPs" => Some(facts.pod_ip.to_string()),
         "status.hostIP" | "status.hostIPs" => Some(facts.host_ip.to_string()),
         _ => keyed("metadata.labels['", meta.labels.as_ref())
@@ -272,7 +277,10 @@ fn resource_value(container: &Container, resource: &str) -> Option<String> {
 /// Expands `$(VAR)` in a command or args with the container's environment.
 pub(crate) fn expand_all(words: &[String], env: &[(String, String)]) -> Vec<String> {
     let map: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    words.iter().map(|w| expand(w, |k| map.get(k).copied())).collect()
+    words
+        .iter()
+        .map(|w| expand(w, |k| map.get(k).copied()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -347,14 +355,21 @@ spec:
         let mut l = lookups();
         l.secrets.insert("s".into(), None);
         let err = resolve_env(&p, c, "spec.containers[0]", &facts(), &l).unwrap_err();
-        assert!(err.to_string().contains("spec.containers[0].env[3].valueFrom.secretKeyRef"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("spec.containers[0].env[3].valueFrom.secretKeyRef"),
+            "{err}"
+        );
     }
 
     #[test]
     fn unsupported_field_path_is_an_error() {
-        let p = pod("spec:\n  containers:\n  - name: c\n    env:\n    - {name: X, valueFrom: {fieldRef: {fieldPath: status.phase}}}\n");
+        let p = pod(
+            "spec:\n  containers:\n  - name: c\n    env:\n    - {name: X, valueFrom: {fieldRef: {fieldPath: status.phase}}}\n",
+        );
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let err = resolve_env(&p, c, "spec.containers[0]", &facts(), &Lookups::default()).unwrap_err();
+        let err =
+            resolve_env(&p, c, "spec.containers[0]", &facts(), &Lookups::default()).unwrap_err();
         assert!(err.to_string().contains("fieldPath"), "{err}");
     }
 

@@ -83,7 +83,11 @@ mod tests {
         let mut pool = IpPool::new(0);
         let first: Vec<Ipv4Addr> = (0..300).map(|_| pool.allocate().unwrap()).collect();
         assert_eq!(first[0], Ipv4Addr::new(127, 0, 0, 2));
-        assert!(first.iter().all(|ip| ip.octets()[3] != 0 && ip.octets()[3] != 255));
+        assert!(
+            first
+                .iter()
+                .all(|ip| ip.octets()[3] != 0 && ip.octets()[3] != 255)
+        );
         assert!(!first.contains(&Ipv4Addr::LOCALHOST));
         let unique: BTreeSet<_> = first.iter().collect();
         assert_eq!(unique.len(), first.len());
@@ -117,6 +121,9 @@ mod tests {
         for _ in 0..usable {
             pool.allocate().unwrap();
         }
-        assert!(matches!(pool.allocate(), Err(KubeletError::IpsExhausted(9))));
+        assert!(matches!(
+            pool.allocate(),
+            Err(KubeletError::IpsExhausted(9))
+        ));
     }
 }

@@ -18,9 +18,18 @@ mod config;
 mod env;
 mod error;
 mod expand;
+mod handle;
 mod ipam;
+mod launch;
+mod node;
+mod pod;
+mod pods;
+mod probe;
 mod process;
+mod shared;
+mod status;
 mod volumes;
 
 pub use config::{HOSTMESH_IMAGE_PATTERN, ImageEntry, ImageTable, KubeletArgs, KubeletConfig};
 pub use error::{KubeletError, Result};
+pub use handle::{Kubelet, KubeletHandle, run};

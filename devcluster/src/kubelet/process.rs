@@ -61,12 +61,20 @@ struct ChildSetup {
 }
 
 fn cstring(p: &Path) -> std::io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} contains a NUL byte", p.display())))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} contains a NUL byte", p.display()),
+        )
+    })
 }
 
 fn check(ret: libc::c_int) -> std::io::Result<()> {
-    if ret == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    if ret == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 impl ChildSetup {
@@ -76,7 +84,13 @@ impl ChildSetup {
         // of them allocates or takes a lock.
         unsafe {
             check(libc::setsid())?;
-            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+            check(libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
             if libc::getppid() != self.parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
@@ -120,9 +134,15 @@ impl ChildSetup {
 }
 
 /// Starts `launch`. The caller owns the child and must reap it.
-pub(crate) fn spawn(launch: &Launch, output: Output, ns: Namespace) -> std::io::Result<tokio::process::Child> {
+pub(crate) fn spawn(
+    launch: &Launch,
+    output: Output,
+    ns: Namespace,
+) -> std::io::Result<tokio::process::Child> {
     let mut cmd = tokio::process::Command::new(&launch.program);
-    cmd.args(&launch.args).env_clear().envs(launch.env.iter().map(|(k, v)| (k, v)));
+    cmd.args(&launch.args)
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)));
     cmd.stdin(Stdio::null());
     match output {
         Output::Log(path) => {
@@ -171,6 +191,7 @@ pub(crate) fn signal_group(pgid: i32, signal: i32) -> bool {
 }
 
 /// True while any process of group `pgid` exists (zombies included).
+#[cfg(test)]
 pub(crate) fn group_alive(pgid: i32) -> bool {
     signal_group(pgid, 0)
 }
@@ -183,7 +204,10 @@ mod tests {
         Launch {
             program: program.into(),
             args: args.iter().map(|s| s.to_string()).collect(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into()), ("X".into(), "42".into())],
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("X".into(), "42".into()),
+            ],
             working_dir: None,
             mounts: vec![],
         }
@@ -193,7 +217,13 @@ mod tests {
     async fn runs_in_own_group_with_only_the_given_env() {
         let tmp = tempfile::tempdir().unwrap();
         let log = tmp.path().join("log");
-        let mut l = launch("sh", &["-c", "echo X=$X HOME=${HOME:-unset}; cut -d' ' -f5 /proc/$$/stat; exit 7"]);
+        let mut l = launch(
+            "sh",
+            &[
+                "-c",
+                "echo X=$X HOME=${HOME:-unset}; cut -d' ' -f5 /proc/$$/stat; exit 7",
+            ],
+        );
         l.working_dir = Some(tmp.path().to_path_buf());
         let mut child = spawn(&l, Output::Log(log.clone()), Namespace::New).unwrap();
         let pid = child.id().unwrap();
@@ -201,7 +231,10 @@ mod tests {
         assert_eq!(status.code(), Some(7));
         let out = std::fs::read_to_string(&log).unwrap();
         assert!(out.contains("X=42 HOME=unset"), "{out}");
-        assert!(out.contains(&format!("\n{pid}\n")), "pgid should equal pid {pid}: {out}");
+        assert!(
+            out.contains(&format!("\n{pid}\n")),
+            "pgid should equal pid {pid}: {out}"
+        );
     }
 
     #[tokio::test]
@@ -217,9 +250,17 @@ mod tests {
         std::fs::write(vol.join("f"), "inside").unwrap();
         let mut l = launch("sh", &["-c", "cat f && ! touch g 2>/dev/null"]);
         l.working_dir = Some(target.clone());
-        l.mounts = vec![Mount { source: vol.clone(), target: target.clone(), read_only: true }];
+        l.mounts = vec![Mount {
+            source: vol.clone(),
+            target: target.clone(),
+            read_only: true,
+        }];
         let log = tmp.path().join("log");
-        let status = spawn(&l, Output::Log(log.clone()), Namespace::New).unwrap().wait().await.unwrap();
+        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         let out = std::fs::read_to_string(&log).unwrap();
         assert!(status.success(), "{out}");
         assert_eq!(out, "inside");
@@ -231,7 +272,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let pidfile = tmp.path().join("pid");
         let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
-        let mut child = spawn(&launch("sh", &["-c", &script]), Output::Piped, Namespace::New).unwrap();
+        let mut child = spawn(
+            &launch("sh", &["-c", &script]),
+            Output::Piped,
+            Namespace::New,
+        )
+        .unwrap();
         let pgid = child.id().unwrap() as i32;
         let mut grandchild = None;
         for _ in 0..500 {
@@ -249,7 +295,8 @@ mod tests {
         child.wait().await.unwrap();
         let mut gone = false;
         for _ in 0..500 {
-            let stat = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            let stat =
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
             if stat.is_empty() || stat.contains(") Z ") {
                 gone = true;
                 break;

@@ -44,11 +44,15 @@ fn write_file(dir: &Path, rel: &str, data: &[u8], mode: i32, field: &str) -> Res
     }
     let path = dir.join(rel);
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| KubeletError::io("cannot create", parent, e))?;
+        std::fs::create_dir_all(parent)
+            .map_err(|e| KubeletError::io("cannot create", parent, e))?;
     }
     std::fs::write(&path, data).map_err(|e| KubeletError::io("cannot write", &path, e))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode((mode & 0o7777) as u32))
-        .map_err(|e| KubeletError::io("cannot chmod", &path, e))?;
+    std::fs::set_permissions(
+        &path,
+        std::fs::Permissions::from_mode((mode & 0o7777) as u32),
+    )
+    .map_err(|e| KubeletError::io("cannot chmod", &path, e))?;
     Ok(())
 }
 
@@ -69,7 +73,13 @@ fn write_keys(
                     )));
                 };
                 let mode = item.mode.unwrap_or(default_mode);
-                write_file(dir, &item.path, value, mode, &format!("{field}.items[{i}].path"))?;
+                write_file(
+                    dir,
+                    &item.path,
+                    value,
+                    mode,
+                    &format!("{field}.items[{i}].path"),
+                )?;
             }
         }
         None => {
@@ -83,7 +93,11 @@ fn write_keys(
 
 /// Creates every volume of `pod` under `dir` and returns each volume's host
 /// directory by name.
-pub(crate) fn prepare_volumes(pod: &Pod, dir: &Path, lookups: &Lookups) -> Result<BTreeMap<String, PathBuf>> {
+pub(crate) fn prepare_volumes(
+    pod: &Pod,
+    dir: &Path,
+    lookups: &Lookups,
+) -> Result<BTreeMap<String, PathBuf>> {
     let mut out = BTreeMap::new();
     let Some(spec) = &pod.spec else {
         return Ok(out);
@@ -91,67 +105,98 @@ pub(crate) fn prepare_volumes(pod: &Pod, dir: &Path, lookups: &Lookups) -> Resul
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let field = format!("spec.volumes[{i}]");
         if !relative_ok(&v.name) || v.name.contains('/') {
-            return Err(KubeletError::PodSpec(format!("{field}.name: {:?} is not a valid volume name", v.name)));
+            return Err(KubeletError::PodSpec(format!(
+                "{field}.name: {:?} is not a valid volume name",
+                v.name
+            )));
         }
         let path = dir.join(&v.name);
         let fresh = |path: &Path| -> Result<()> {
             if path.exists() {
-                std::fs::remove_dir_all(path).map_err(|e| KubeletError::io("cannot clear", path, e))?;
+                std::fs::remove_dir_all(path)
+                    .map_err(|e| KubeletError::io("cannot clear", path, e))?;
             }
             std::fs::create_dir_all(path).map_err(|e| KubeletError::io("cannot create", path, e))
         };
         if v.empty_dir.is_some() {
-            std::fs::create_dir_all(&path).map_err(|e| KubeletError::io("cannot create", &path, e))?;
+            std::fs::create_dir_all(&path)
+                .map_err(|e| KubeletError::io("cannot create", &path, e))?;
             out.insert(v.name.clone(), path);
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
-            let data: BTreeMap<String, Vec<u8>> = match lookups.secrets.get(&name).and_then(Option::as_ref) {
-                Some(secret) => {
-                    let mut m: BTreeMap<String, Vec<u8>> =
-                        secret.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
-                    for (k, v) in secret.string_data.iter().flatten() {
-                        m.insert(k.clone(), v.clone().into_bytes());
+            let data: BTreeMap<String, Vec<u8>> =
+                match lookups.secrets.get(&name).and_then(Option::as_ref) {
+                    Some(secret) => {
+                        let mut m: BTreeMap<String, Vec<u8>> = secret
+                            .data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), v.0.clone()))
+                            .collect();
+                        for (k, v) in secret.string_data.iter().flatten() {
+                            m.insert(k.clone(), v.clone().into_bytes());
+                        }
+                        m
                     }
-                    m
-                }
-                None if s.optional == Some(true) => BTreeMap::new(),
-                None => {
-                    return Err(KubeletError::MissingReference(format!(
-                        "{field}.secret.secretName: secret {name:?} not found"
-                    )));
-                }
-            };
+                    None if s.optional == Some(true) => BTreeMap::new(),
+                    None => {
+                        return Err(KubeletError::MissingReference(format!(
+                            "{field}.secret.secretName: secret {name:?} not found"
+                        )));
+                    }
+                };
             fresh(&path)?;
-            write_keys(&path, &data, s.items.as_ref(), s.default_mode.unwrap_or(0o644), &format!("{field}.secret"))?;
+            write_keys(
+                &path,
+                &data,
+                s.items.as_ref(),
+                s.default_mode.unwrap_or(0o644),
+                &format!("{field}.secret"),
+            )?;
             out.insert(v.name.clone(), path);
         } else if let Some(c) = &v.config_map {
-            let data: BTreeMap<String, Vec<u8>> = match lookups.config_maps.get(&c.name).and_then(Option::as_ref) {
-                Some(cm) => {
-                    let mut m: BTreeMap<String, Vec<u8>> =
-                        cm.data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect();
-                    for (k, v) in cm.binary_data.iter().flatten() {
-                        m.insert(k.clone(), v.0.clone());
+            let data: BTreeMap<String, Vec<u8>> =
+                match lookups.config_maps.get(&c.name).and_then(Option::as_ref) {
+                    Some(cm) => {
+                        let mut m: BTreeMap<String, Vec<u8>> = cm
+                            .data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+                            .collect();
+                        for (k, v) in cm.binary_data.iter().flatten() {
+                            m.insert(k.clone(), v.0.clone());
+                        }
+                        m
                     }
-                    m
-                }
-                None if c.optional == Some(true) => BTreeMap::new(),
-                None => {
-                    return Err(KubeletError::MissingReference(format!(
-                        "{field}.configMap.name: config map {:?} not found",
-                        c.name
-                    )));
-                }
-            };
+                    None if c.optional == Some(true) => BTreeMap::new(),
+                    None => {
+                        return Err(KubeletError::MissingReference(format!(
+                            "{field}.configMap.name: config map {:?} not found",
+                            c.name
+                        )));
+                    }
+                };
             fresh(&path)?;
-            write_keys(&path, &data, c.items.as_ref(), c.default_mode.unwrap_or(0o644), &format!("{field}.configMap"))?;
+            write_keys(
+                &path,
+                &data,
+                c.items.as_ref(),
+                c.default_mode.unwrap_or(0o644),
+                &format!("{field}.configMap"),
+            )?;
             out.insert(v.name.clone(), path);
         } else if let Some(h) = &v.host_path {
             let host = PathBuf::from(&h.path);
             if !host.is_absolute() {
-                return Err(KubeletError::PodSpec(format!("{field}.hostPath.path: {:?} must be absolute", h.path)));
+                return Err(KubeletError::PodSpec(format!(
+                    "{field}.hostPath.path: {:?} must be absolute",
+                    h.path
+                )));
             }
             if h.type_.as_deref() == Some("DirectoryOrCreate") {
-                std::fs::create_dir_all(&host).map_err(|e| KubeletError::io("cannot create", &host, e))?;
+                std::fs::create_dir_all(&host)
+                    .map_err(|e| KubeletError::io("cannot create", &host, e))?;
             }
             out.insert(v.name.clone(), host);
         } else {
@@ -174,7 +219,10 @@ pub(crate) fn container_mounts(
     for (i, m) in container.volume_mounts.iter().flatten().enumerate() {
         let at = format!("{field}.volumeMounts[{i}]");
         let Some(source) = volumes.get(&m.name) else {
-            return Err(KubeletError::PodSpec(format!("{at}.name: no volume named {:?} in spec.volumes", m.name)));
+            return Err(KubeletError::PodSpec(format!(
+                "{at}.name: no volume named {:?} in spec.volumes",
+                m.name
+            )));
         };
         let target = PathBuf::from(&m.mount_path);
         if !target.is_absolute() || target.components().any(|c| c == Component::ParentDir) {
@@ -211,23 +259,29 @@ pub(crate) fn create_mount_targets(mounts: &[Mount]) -> Result<()> {
     for (i, m) in mounts.iter().enumerate() {
         if !m.source.exists() {
             // A subPath that does not exist yet is created as a directory, as Kubernetes does.
-            std::fs::create_dir_all(&m.source).map_err(|e| KubeletError::io("cannot create", &m.source, e))?;
+            std::fs::create_dir_all(&m.source)
+                .map_err(|e| KubeletError::io("cannot create", &m.source, e))?;
         }
         let parent = mounts[..i]
             .iter()
             .rev()
             .find(|p| m.target.starts_with(&p.target) && m.target != p.target);
         let host_target = match parent {
-            Some(p) => p.source.join(m.target.strip_prefix(&p.target).unwrap_or(&m.target)),
+            Some(p) => p
+                .source
+                .join(m.target.strip_prefix(&p.target).unwrap_or(&m.target)),
             None => m.target.clone(),
         };
         if m.source.is_dir() {
-            std::fs::create_dir_all(&host_target).map_err(|e| KubeletError::io("cannot create mount point", &host_target, e))?;
+            std::fs::create_dir_all(&host_target)
+                .map_err(|e| KubeletError::io("cannot create mount point", &host_target, e))?;
         } else if !host_target.exists() {
             if let Some(dir) = host_target.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| KubeletError::io("cannot create mount point", dir, e))?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| KubeletError::io("cannot create mount point", dir, e))?;
             }
-            std::fs::write(&host_target, b"").map_err(|e| KubeletError::io("cannot create mount point", &host_target, e))?;
+            std::fs::write(&host_target, b"")
+                .map_err(|e| KubeletError::io("cannot create mount point", &host_target, e))?;
         }
     }
     Ok(())
@@ -236,8 +290,8 @@ pub(crate) fn create_mount_targets(mounts: &[Mount]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
     #[test]
     fn writes_secret_items_with_modes_and_config_maps() {
@@ -266,10 +320,16 @@ spec:
         assert!(vols["scratch"].is_dir());
         let token = vols["tok"].join("sub/token");
         assert_eq!(std::fs::read(&token).unwrap(), b"abc");
-        assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o400);
+        assert_eq!(
+            std::fs::metadata(&token).unwrap().permissions().mode() & 0o777,
+            0o400
+        );
         let conf = vols["conf"].join("a.conf");
         assert_eq!(std::fs::read_to_string(&conf).unwrap(), "x=1");
-        assert_eq!(std::fs::metadata(&conf).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&conf).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]
@@ -284,7 +344,11 @@ spec:
         cm.data = Some([("k".to_string(), "v".to_string())].into());
         l.config_maps.insert("cm".into(), Some(cm));
         let err = prepare_volumes(&pod, tmp.path(), &l).unwrap_err();
-        assert!(err.to_string().contains("spec.volumes[0].configMap.items[0].path"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("spec.volumes[0].configMap.items[0].path"),
+            "{err}"
+        );
 
         let pod: Pod = serde_saphyr::from_str(
             "spec:\n  containers: [{name: c}]\n  volumes:\n  - {name: v, nfs: {server: s, path: /}}\n",
@@ -304,10 +368,17 @@ spec:
         let m = container_mounts(&c, "spec.containers[0]", &vols).unwrap();
         assert_eq!(m[0].target, PathBuf::from("/x"));
         assert!(m[0].read_only);
-        let c: Container = serde_saphyr::from_str("name: c\nvolumeMounts:\n- {name: b, mountPath: /x}\n").unwrap();
+        let c: Container =
+            serde_saphyr::from_str("name: c\nvolumeMounts:\n- {name: b, mountPath: /x}\n").unwrap();
         let err = container_mounts(&c, "spec.containers[0]", &vols).unwrap_err();
-        assert!(err.to_string().contains("spec.containers[0].volumeMounts[0].name"), "{err}");
-        let c: Container = serde_saphyr::from_str("name: c\nvolumeMounts:\n- {name: a, mountPath: rel}\n").unwrap();
+        assert!(
+            err.to_string()
+                .contains("spec.containers[0].volumeMounts[0].name"),
+            "{err}"
+        );
+        let c: Container =
+            serde_saphyr::from_str("name: c\nvolumeMounts:\n- {name: a, mountPath: rel}\n")
+                .unwrap();
         assert!(container_mounts(&c, "f", &vols).is_err());
     }
 
@@ -320,8 +391,16 @@ spec:
         std::fs::create_dir_all(&inner).unwrap();
         let root = tmp.path().join("root");
         let mounts = vec![
-            Mount { source: outer.clone(), target: root.join("a"), read_only: false },
-            Mount { source: inner, target: root.join("a/b"), read_only: false },
+            Mount {
+                source: outer.clone(),
+                target: root.join("a"),
+                read_only: false,
+            },
+            Mount {
+                source: inner,
+                target: root.join("a/b"),
+                read_only: false,
+            },
         ];
         create_mount_targets(&mounts).unwrap();
         assert!(root.join("a").is_dir());
