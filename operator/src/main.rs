@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,12 +26,28 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run the process kubelet: a Node that runs its pods as local processes.
+    Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Kubelet(args) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .try_init();
+            let runtime =
+                tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            runtime
+                .block_on(hostmesh_devcluster::kubelet::run(args))
+                .context("process kubelet failed")
+        }
     }
 }
 

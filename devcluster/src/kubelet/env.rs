@@ -321,12 +321,16 @@ spec:
 
     fn lookups() -> Lookups {
         let mut l = Lookups::default();
-        let mut s = Secret::default();
-        s.data = Some([("token".to_string(), ByteString(b"sekret".to_vec()))].into());
+        let s = Secret {
+            data: Some([("token".to_string(), ByteString(b"sekret".to_vec()))].into()),
+            ..Default::default()
+        };
         l.secrets.insert("s".into(), Some(s));
         l.secrets.insert("nope".into(), None);
-        let mut cm = ConfigMap::default();
-        cm.data = Some([("mode".to_string(), "fast".to_string())].into());
+        let cm = ConfigMap {
+            data: Some([("mode".to_string(), "fast".to_string())].into()),
+            ..Default::default()
+        };
         l.config_maps.insert("cm".into(), Some(cm));
         l
     }

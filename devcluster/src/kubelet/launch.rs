@@ -32,12 +32,11 @@ pub(crate) fn program(
     let entry = images.lookup(&image);
     if let Some((first, rest)) = command.split_first() {
         let mut program = first.clone();
-        if !program.contains('/') {
-            if let Some(e) = entry {
-                if e.program.file_name().is_some_and(|n| n == program.as_str()) {
-                    program = e.program.to_string_lossy().into_owned();
-                }
-            }
+        if !program.contains('/')
+            && let Some(e) = entry
+            && e.program.file_name().is_some_and(|n| n == program.as_str())
+        {
+            program = e.program.to_string_lossy().into_owned();
         }
         let mut all = rest.to_vec();
         all.extend(args);
@@ -105,13 +104,13 @@ pub(crate) fn build(
         .as_deref()
         .filter(|w| !w.is_empty())
         .map(PathBuf::from);
-    if let Some(w) = &working_dir {
-        if !w.is_absolute() {
-            return Err(KubeletError::PodSpec(format!(
-                "{field}.workingDir: {:?} must be absolute",
-                w
-            )));
-        }
+    if let Some(w) = &working_dir
+        && !w.is_absolute()
+    {
+        return Err(KubeletError::PodSpec(format!(
+            "{field}.workingDir: {:?} must be absolute",
+            w
+        )));
     }
     Ok(Launch {
         program,

@@ -487,10 +487,10 @@ impl Worker {
         let spawned = {
             let mut g = lock(&groups);
             let r = process::spawn(&launch, Output::Log(log), Namespace::New);
-            if let Ok(child) = &r {
-                if let Some(pid) = child.id() {
-                    g.insert(pid as i32);
-                }
+            if let Ok(child) = &r
+                && let Some(pid) = child.id()
+            {
+                g.insert(pid as i32);
             }
             r
         };
@@ -681,11 +681,9 @@ impl Worker {
                         }
                     }
                     ProbeKind::Liveness => {
-                        if failed {
-                            if let Some(pgid) = slot.pgid {
-                                tracing::info!(container = %slot.ctr.name, "liveness probe failed; killing container");
-                                process::signal_group(pgid, libc::SIGKILL);
-                            }
+                        if failed && let Some(pgid) = slot.pgid {
+                            tracing::info!(container = %slot.ctr.name, "liveness probe failed; killing container");
+                            process::signal_group(pgid, libc::SIGKILL);
                         }
                     }
                 }
@@ -895,12 +893,11 @@ impl Worker {
             pods.remove(&(self.ns.clone(), self.name.clone()));
         }
         drop(pods);
-        if !self.shared.shutdown.is_cancelled() {
-            if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove pod directory");
-                }
-            }
+        if !self.shared.shutdown.is_cancelled()
+            && let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove pod directory");
         }
     }
 }

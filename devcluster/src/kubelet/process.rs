@@ -281,11 +281,11 @@ mod tests {
         let pgid = child.id().unwrap() as i32;
         let mut grandchild = None;
         for _ in 0..500 {
-            if let Ok(text) = std::fs::read_to_string(&pidfile) {
-                if let Ok(pid) = text.trim().parse::<i32>() {
-                    grandchild = Some(pid);
-                    break;
-                }
+            if let Ok(text) = std::fs::read_to_string(&pidfile)
+                && let Ok(pid) = text.trim().parse::<i32>()
+            {
+                grandchild = Some(pid);
+                break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }

@@ -310,11 +310,15 @@ spec:
         )
         .unwrap();
         let mut l = Lookups::default();
-        let mut s = Secret::default();
-        s.data = Some([("token".to_string(), ByteString(b"abc".to_vec()))].into());
+        let s = Secret {
+            data: Some([("token".to_string(), ByteString(b"abc".to_vec()))].into()),
+            ..Default::default()
+        };
         l.secrets.insert("s".into(), Some(s));
-        let mut cm = ConfigMap::default();
-        cm.data = Some([("a.conf".to_string(), "x=1".to_string())].into());
+        let cm = ConfigMap {
+            data: Some([("a.conf".to_string(), "x=1".to_string())].into()),
+            ..Default::default()
+        };
         l.config_maps.insert("cm".into(), Some(cm));
         let vols = prepare_volumes(&pod, tmp.path(), &l).unwrap();
         assert!(vols["scratch"].is_dir());
@@ -340,8 +344,10 @@ spec:
         )
         .unwrap();
         let mut l = Lookups::default();
-        let mut cm = ConfigMap::default();
-        cm.data = Some([("k".to_string(), "v".to_string())].into());
+        let cm = ConfigMap {
+            data: Some([("k".to_string(), "v".to_string())].into()),
+            ..Default::default()
+        };
         l.config_maps.insert("cm".into(), Some(cm));
         let err = prepare_volumes(&pod, tmp.path(), &l).unwrap_err();
         assert!(
