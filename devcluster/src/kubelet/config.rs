@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Taint;
 use serde::Deserialize;
 
 use super::error::{KubeletError, Result};
@@ -136,6 +137,9 @@ pub struct KubeletConfig {
     /// Longest grace period given to containers when the kubelet itself
     /// shuts down (pod deletions honour the pod's full grace period).
     pub shutdown_grace: Duration,
+    /// Taints of the Node (a kubelet joining a real cluster taints itself so
+    /// only pods that tolerate it land there).
+    pub taints: Vec<Taint>,
 }
 
 impl KubeletConfig {
@@ -156,6 +160,7 @@ impl KubeletConfig {
             restart_backoff: Duration::from_secs(1),
             max_restart_backoff: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            taints: Vec::new(),
         }
     }
 
@@ -218,17 +223,67 @@ pub struct KubeletArgs {
     #[arg(long)]
     pub image_table: Option<PathBuf>,
     /// The hostmesh binary that the hostmesh agent image maps to (default: this executable).
-    #[arg(long)]
-    pub hostmesh_binary: Option<PathBuf>,
+    #[arg(long, alias = "hostmesh-binary")]
+    pub agent_binary: Option<PathBuf>,
     /// `nvidia.com/gpu` capacity to advertise (0: none).
     #[arg(long, default_value_t = 0)]
     pub gpu_capacity: u32,
     /// Bind unscheduled pods to this node (`--bind-unscheduled=false` on clusters with a scheduler).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub bind_unscheduled: bool,
-    /// Pod IPs come from 127.<BLOCK>.0.0/16; kubelets on one machine need different blocks.
-    #[arg(long, default_value_t = 0)]
-    pub pod_ip_block: u8,
+    /// Loopback /16 that pod IPs come from (`127.X.0.0/16`); kubelets on one machine need different ranges.
+    #[arg(long, default_value = "127.0.0.0/16")]
+    pub pod_ip_range: String,
+    /// Taint the Node (`key[=value][:effect]`, effect NoSchedule by default); repeatable.
+    #[arg(long = "taint")]
+    pub taints: Vec<String>,
+}
+
+/// Parses `127.X.0.0/16` into `X`.
+pub fn parse_pod_ip_range(range: &str) -> Result<u8> {
+    let bad = || {
+        KubeletError::Config(format!(
+            "--pod-ip-range {range:?}: expected a loopback /16 such as 127.16.0.0/16"
+        ))
+    };
+    let (addr, bits) = range.split_once('/').ok_or_else(bad)?;
+    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+    let [a, b, c, d] = addr.octets();
+    if bits != "16" || a != 127 || c != 0 || d != 0 {
+        return Err(bad());
+    }
+    Ok(b)
+}
+
+/// Parses a taint written `key[=value][:effect]`.
+pub fn parse_taint(text: &str) -> Result<Taint> {
+    let (kv, effect) = match text.rsplit_once(':') {
+        Some((kv, effect)) => (kv, effect.to_string()),
+        None => (text, "NoSchedule".to_string()),
+    };
+    if !matches!(
+        effect.as_str(),
+        "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+    ) {
+        return Err(KubeletError::Config(format!(
+            "--taint {text:?}: effect {effect:?} must be NoSchedule, PreferNoSchedule or NoExecute"
+        )));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return Err(KubeletError::Config(format!(
+            "--taint {text:?}: the key is empty"
+        )));
+    }
+    Ok(Taint {
+        key: key.into(),
+        value,
+        effect,
+        time_added: None,
+    })
 }
 
 impl KubeletArgs {
@@ -238,10 +293,15 @@ impl KubeletArgs {
         if let Some(path) = &self.image_table {
             config.images = ImageTable::load(path)?;
         }
-        config.hostmesh_binary = self.hostmesh_binary.clone();
+        config.hostmesh_binary = self.agent_binary.clone();
         config.gpu_capacity = self.gpu_capacity;
         config.bind_unscheduled = self.bind_unscheduled;
-        config.pod_ip_block = self.pod_ip_block;
+        config.pod_ip_block = parse_pod_ip_range(&self.pod_ip_range)?;
+        config.taints = self
+            .taints
+            .iter()
+            .map(|t| parse_taint(t))
+            .collect::<Result<_>>()?;
         Ok(config)
     }
 }
@@ -278,6 +338,26 @@ mod tests {
         let table = config.validate().unwrap();
         let e = table.lookup("ghcr.io/hostmesh/hostmesh:0.1.0").unwrap();
         assert_eq!(e.program, PathBuf::from("/opt/hostmesh"));
+    }
+
+    #[test]
+    fn pod_ip_ranges_and_taints_parse() {
+        assert_eq!(parse_pod_ip_range("127.16.0.0/16").unwrap(), 16);
+        for bad in ["10.0.0.0/16", "127.1.0.0/24", "127.1.2.0/16", "nope"] {
+            let err = parse_pod_ip_range(bad).unwrap_err();
+            assert!(err.to_string().contains("--pod-ip-range"), "{err}");
+        }
+        let t = parse_taint("hostmesh.dev/process-kubelet").unwrap();
+        assert_eq!(
+            (t.key.as_str(), t.value, t.effect.as_str()),
+            ("hostmesh.dev/process-kubelet", None, "NoSchedule")
+        );
+        let t = parse_taint("k=v:NoExecute").unwrap();
+        assert_eq!(
+            (t.value.as_deref(), t.effect.as_str()),
+            (Some("v"), "NoExecute")
+        );
+        assert!(parse_taint("k:Sometimes").is_err());
     }
 
     #[test]

@@ -170,7 +170,8 @@ pub(crate) fn tail(text: &str, n: usize) -> String {
     text[start..].to_string()
 }
 
-/// `hostmesh kubelet`: runs the kubelet described by `args` until Ctrl-C.
+/// `hostmesh kubelet`: runs the kubelet described by `args` until Ctrl-C or
+/// SIGTERM, then stops every pod's processes.
 pub async fn run(args: KubeletArgs) -> Result<()> {
     let config = args.to_config()?;
     let client = match &args.kubeconfig {
@@ -200,8 +201,13 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         }
     }
     .map_err(|e| KubeletError::api("build client", e))?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
     let handle = Kubelet::start(client, config).await?;
-    let _ = tokio::signal::ctrl_c().await;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: stopping"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+    }
     handle.shutdown().await
 }
 

@@ -30,6 +30,9 @@ mod shared;
 mod status;
 mod volumes;
 
-pub use config::{HOSTMESH_IMAGE_PATTERN, ImageEntry, ImageTable, KubeletArgs, KubeletConfig};
+pub use config::{
+    HOSTMESH_IMAGE_PATTERN, ImageEntry, ImageTable, KubeletArgs, KubeletConfig, parse_pod_ip_range,
+    parse_taint,
+};
 pub use error::{KubeletError, Result};
 pub use handle::{Kubelet, KubeletHandle, run};

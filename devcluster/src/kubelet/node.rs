@@ -58,7 +58,7 @@ pub(crate) fn labels(node: &str) -> serde_json::Value {
         "kubernetes.io/arch": arch(),
         "beta.kubernetes.io/os": "linux",
         "beta.kubernetes.io/arch": arch(),
-        "node.hostmesh.dev/process-kubelet": "true",
+        "hostmesh.dev/process-kubelet": "true",
     })
 }
 
@@ -138,7 +138,7 @@ pub(crate) async fn register(shared: &Shared) -> Result<()> {
         let node: Node = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels(name)},
-            "spec": {},
+            "spec": {"taints": shared.config.taints},
         }))
         .map_err(|e| KubeletError::Config(format!("node object: {e}")))?;
         match api.create(&PostParams::default(), &node).await {
@@ -147,7 +147,8 @@ pub(crate) async fn register(shared: &Shared) -> Result<()> {
             Err(e) => return Err(KubeletError::api(format!("create node {name}"), e)),
         }
     } else {
-        let patch = json!({"metadata": {"labels": labels(name)}});
+        let patch =
+            json!({"metadata": {"labels": labels(name)}, "spec": {"taints": shared.config.taints}});
         api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| KubeletError::api(format!("label node {name}"), e))?;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Binding, Pod};
+use k8s_openapi::api::core::v1::{Binding, Pod, Taint};
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::WatchStreamExt as _;
@@ -129,11 +129,44 @@ fn on_pod(
     if node_name.is_empty()
         && shared.config.bind_unscheduled
         && should_bind(&pod, node_labels)
+        && tolerates(&pod, &shared.config.taints)
         && binding.insert(uid)
     {
         let shared = shared.clone();
         tokio::spawn(async move { bind(&shared, &pod).await });
     }
+}
+
+/// Whether `pod` tolerates every NoSchedule/NoExecute taint in `taints`.
+pub(crate) fn tolerates(pod: &Pod, taints: &[Taint]) -> bool {
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    taints
+        .iter()
+        .filter(|t| t.effect != "PreferNoSchedule")
+        .all(|t| {
+            tolerations.iter().any(|tol| {
+                let effect_ok = tol
+                    .effect
+                    .as_deref()
+                    .is_none_or(|e| e.is_empty() || e == t.effect);
+                let key_ok = match tol.key.as_deref() {
+                    None | Some("") => tol.operator.as_deref() == Some("Exists"),
+                    Some(k) => k == t.key,
+                };
+                let value_ok = match tol.operator.as_deref() {
+                    Some("Exists") => true,
+                    _ => {
+                        tol.value.as_deref().unwrap_or_default()
+                            == t.value.as_deref().unwrap_or_default()
+                    }
+                };
+                effect_ok && key_ok && value_ok
+            })
+        })
 }
 
 /// Whether this kubelet should bind `pod` to itself (invariant 3).
