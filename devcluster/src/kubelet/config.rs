@@ -104,7 +104,7 @@ impl ImageTable {
 }
 
 /// How the process kubelet runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KubeletConfig {
     /// The Node's name.
     pub node_name: String,
@@ -140,6 +140,31 @@ pub struct KubeletConfig {
     /// Taints of the Node (a kubelet joining a real cluster taints itself so
     /// only pods that tolerate it land there).
     pub taints: Vec<Taint>,
+    /// Bearer token that `pods/log` requests from the API server must carry;
+    /// `None` turns the log endpoint off. `hostmesh kubelet` uses the token
+    /// of its kubeconfig (the embedded API server sends that same token).
+    pub log_token: Option<String>,
+    /// Port of the log endpoint on the node IP (0: any free port).
+    pub log_port: u16,
+}
+
+impl std::fmt::Debug for KubeletConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The log token stays out of logs.
+        f.debug_struct("KubeletConfig")
+            .field("node_name", &self.node_name)
+            .field("data_dir", &self.data_dir)
+            .field("images", &self.images)
+            .field("hostmesh_binary", &self.hostmesh_binary)
+            .field("gpu_capacity", &self.gpu_capacity)
+            .field("bind_unscheduled", &self.bind_unscheduled)
+            .field("pod_ip_block", &self.pod_ip_block)
+            .field("node_ip", &self.node_ip)
+            .field("taints", &self.taints)
+            .field("log_token", &self.log_token.as_ref().map(|_| "<redacted>"))
+            .field("log_port", &self.log_port)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KubeletConfig {
@@ -161,6 +186,8 @@ impl KubeletConfig {
             max_restart_backoff: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             taints: Vec::new(),
+            log_token: None,
+            log_port: 0,
         }
     }
 

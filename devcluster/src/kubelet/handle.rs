@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{KubeletArgs, KubeletConfig};
 use super::error::{KubeletError, Result};
 use super::ipam::IpPool;
+use super::logs;
 use super::node;
 use super::pods;
 use super::process;
@@ -43,8 +44,24 @@ impl Kubelet {
             groups: groups.clone(),
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
+            log_port: Mutex::new(0),
         });
+        let listener = logs::bind(&shared).await?;
+        let log_port = match &listener {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| {
+                        KubeletError::io("cannot read the log endpoint address", "socket", e)
+                    })?
+                    .port(),
+            ),
+            None => None,
+        };
+        *lock(&shared.log_port) = log_port.unwrap_or(0);
         node::register(&shared).await?;
+        if let Some(listener) = listener {
+            tokio::spawn(logs::serve(shared.clone(), listener));
+        }
         node::renew_lease(&shared)
             .await
             .unwrap_or_else(|e| tracing::warn!(error = %e, "first lease renewal failed"));
@@ -54,6 +71,7 @@ impl Kubelet {
         Ok(KubeletHandle {
             shared,
             groups,
+            log_port,
             tasks: Some((heartbeat, pod_loop)),
         })
     }
@@ -63,6 +81,7 @@ impl Kubelet {
 pub struct KubeletHandle {
     shared: Arc<Shared>,
     groups: Arc<Mutex<BTreeSet<i32>>>,
+    log_port: Option<u16>,
     tasks: Option<(JoinHandle<()>, JoinHandle<()>)>,
 }
 
@@ -85,8 +104,8 @@ impl KubeletHandle {
         self.shared.config.node_ip
     }
 
-    /// The last `tail_lines` lines (all with `None`) of a container's output
-    /// (stdout and stderr, across restarts).
+    /// The last `tail_lines` lines (all with `None`) of a container's
+    /// output (stdout and stderr) in its current run.
     pub fn logs(
         &self,
         namespace: &str,
@@ -94,32 +113,26 @@ impl KubeletHandle {
         container: &str,
         tail_lines: Option<usize>,
     ) -> Result<String> {
-        let entry = lock(&self.shared.pods)
-            .get(&(namespace.to_string(), pod.to_string()))
-            .cloned()
-            .ok_or_else(|| {
-                KubeletError::NotFound(format!("pod {namespace}/{pod} is not on this node"))
-            })?;
-        if container.is_empty() || container.contains('/') {
-            return Err(KubeletError::NotFound(format!(
-                "container {container:?} of pod {namespace}/{pod}"
-            )));
-        }
-        let path = entry.dir.join("logs").join(format!("{container}.log"));
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(KubeletError::NotFound(format!(
-                    "container {container:?} of pod {namespace}/{pod} has not started"
-                )));
-            }
-            Err(e) => return Err(KubeletError::io("cannot read log", path, e)),
-        };
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        Ok(match tail_lines {
-            None => text,
-            Some(n) => tail(&text, n),
-        })
+        logs::read_log(&self.shared, namespace, pod, container, false, tail_lines)
+            .map(|(_, text)| text)
+    }
+
+    /// Like [`KubeletHandle::logs`], for the run before the last restart.
+    pub fn previous_logs(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        tail_lines: Option<usize>,
+    ) -> Result<String> {
+        logs::read_log(&self.shared, namespace, pod, container, true, tail_lines)
+            .map(|(_, text)| text)
+    }
+
+    /// The port of the log endpoint the API server's `pods/log` proxy uses,
+    /// when a log token is configured.
+    pub fn log_port(&self) -> Option<u16> {
+        self.log_port
     }
 
     /// Stops every pod's processes (SIGTERM, grace, SIGKILL), marks the Node
@@ -156,25 +169,11 @@ impl Drop for KubeletHandle {
     }
 }
 
-/// The last `n` lines of `text`.
-pub(crate) fn tail(text: &str, n: usize) -> String {
-    if n == 0 {
-        return String::new();
-    }
-    let trimmed = text.strip_suffix('\n').unwrap_or(text);
-    let start = trimmed
-        .rmatch_indices('\n')
-        .nth(n - 1)
-        .map(|(i, _)| i + 1)
-        .unwrap_or(0);
-    text[start..].to_string()
-}
-
 /// `hostmesh kubelet`: runs the kubelet described by `args` until Ctrl-C or
 /// SIGTERM, then stops every pod's processes.
 pub async fn run(args: KubeletArgs) -> Result<()> {
-    let config = args.to_config()?;
-    let client = match &args.kubeconfig {
+    let mut config = args.to_config()?;
+    let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
                 KubeletError::Kubeconfig {
@@ -182,25 +181,29 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
                     message: e.to_string(),
                 }
             })?;
-            let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
                 .map_err(|e| KubeletError::Kubeconfig {
                     path: Some(path.clone()),
                     message: e.to_string(),
-                })?;
-            kube::Client::try_from(cfg)
+                })?
         }
-        None => {
-            let cfg = kube::Config::infer()
-                .await
-                .map_err(|e| KubeletError::Kubeconfig {
-                    path: None,
-                    message: e.to_string(),
-                })?;
-            kube::Client::try_from(cfg)
-        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeletError::Kubeconfig {
+                path: None,
+                message: e.to_string(),
+            })?,
+    };
+    // The API server proxies `pods/log` with its own bearer token; the
+    // embedded one uses the token it issued to us.
+    if config.log_token.is_none() {
+        config.log_token = serde_json::to_value(&kube_config.auth_info)
+            .ok()
+            .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
     }
-    .map_err(|e| KubeletError::api("build client", e))?;
+    let client =
+        kube::Client::try_from(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
     let handle = Kubelet::start(client, config).await?;
@@ -209,17 +212,4 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
     }
     handle.shutdown().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tail;
-
-    #[test]
-    fn tail_keeps_the_last_lines() {
-        assert_eq!(tail("a\nb\nc\n", 2), "b\nc\n");
-        assert_eq!(tail("a\nb\nc", 2), "b\nc");
-        assert_eq!(tail("a\nb\n", 5), "a\nb\n");
-        assert_eq!(tail("a\n", 0), "");
-    }
 }

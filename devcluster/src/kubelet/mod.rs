@@ -21,6 +21,7 @@ mod expand;
 mod handle;
 mod ipam;
 mod launch;
+mod logs;
 mod node;
 mod pod;
 mod pods;

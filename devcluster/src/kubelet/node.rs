@@ -20,7 +20,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::error::{KubeletError, Result};
-use super::shared::Shared;
+use super::shared::{Shared, lock};
 
 /// Namespace of node leases.
 pub(crate) const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -112,7 +112,7 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
             {"type": "InternalIP", "address": cfg.node_ip.to_string()},
             {"type": "Hostname", "address": cfg.node_name},
         ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": *lock(&shared.log_port)}},
         "nodeInfo": {
             "machineID": "", "systemUUID": "", "bootID": "",
             "kernelVersion": kernel_version(),

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use super::env::{Lookups, PodFacts, referenced_objects, resolve_env};
 use super::error::{KubeletError, Result};
 use super::launch;
+use super::logs;
 use super::probe::{self, ProbeSpec};
 use super::process::{self, Launch, Namespace, Output};
 use super::shared::{PodEntry, Shared, lock};
@@ -468,10 +469,13 @@ impl Worker {
                 return;
             }
         };
-        let log = self
-            .dir
-            .join("logs")
-            .join(format!("{}.log", self.slots[i].ctr.name));
+        let log = logs::log_path(&self.dir, &self.slots[i].ctr.name, false);
+        if self.slots[i].ever_started {
+            let previous = logs::log_path(&self.dir, &self.slots[i].ctr.name, true);
+            if let Err(e) = std::fs::rename(&log, &previous) {
+                tracing::debug!(error = %e, "no log to keep as previous");
+            }
+        }
         let pod_ip = IpAddr::V4(self.ip);
         let key = self.key();
         let slot = &mut self.slots[i];

@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) pods: Mutex<BTreeMap<(String, String), PodEntry>>,
     /// Cancelled when the kubelet shuts down.
     pub(crate) shutdown: CancellationToken,
+    /// Port of the log endpoint (0: not served), published in the Node.
+    pub(crate) log_port: Mutex<u16>,
 }
 
 /// Locks a mutex, recovering from poisoning (the data stays consistent:
