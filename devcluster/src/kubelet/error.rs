@@ -40,6 +40,10 @@ pub enum KubeletError {
     /// A pod's spec cannot be run as written; the message names the field.
     #[error("{0}")]
     PodSpec(String),
+    /// A container's image has no local program and the container gives no
+    /// command.
+    #[error("{0}")]
+    ImageNotMapped(String),
     /// A secret or config map a pod refers to is missing.
     #[error("{0}")]
     MissingReference(String),

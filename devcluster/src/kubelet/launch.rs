@@ -51,7 +51,7 @@ pub(crate) fn program(
             };
             Ok((e.program.to_string_lossy().into_owned(), args))
         }
-        None => Err(KubeletError::PodSpec(format!(
+        None => Err(KubeletError::ImageNotMapped(format!(
             "{field}.image: image {image:?} has no local program; give the container a command, or map the image in the kubelet's image table (--image-table)"
         ))),
     }

@@ -383,7 +383,8 @@ impl Worker {
         self.run_probes(now);
     }
 
-    async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
+    /// Fetches the secrets and config maps the pod refers to.
+    async fn fetch_lookups(&self) -> Result<Lookups> {
         let (secrets, cms) = referenced_objects(&self.pod);
         let client = self.shared.client.clone();
         let secret_api: Api<Secret> = Api::namespaced(client.clone(), &self.ns);
@@ -403,6 +404,11 @@ impl Worker {
                 .map_err(|e| KubeletError::api(format!("get configmap {}/{name}", self.ns), e))?;
             lookups.config_maps.insert(name, got);
         }
+        Ok(lookups)
+    }
+
+    async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
+        let lookups = self.fetch_lookups().await?;
         let vol_dir = self.dir.join("volumes");
         std::fs::create_dir_all(self.dir.join("logs"))
             .map_err(|e| KubeletError::io("cannot create", self.dir.join("logs"), e))?;
@@ -455,16 +461,31 @@ impl Worker {
 
     async fn start(&mut self, i: usize) {
         let now = Instant::now();
-        let (launch, container) = match self.build_launch(i) {
+        // Environment variables read secrets and config maps as they are now.
+        let built = match self.fetch_lookups().await {
+            Ok(lookups) => {
+                self.lookups = lookups;
+                self.build_launch(i)
+            }
+            Err(e) => Err(e),
+        };
+        let (launch, container) = match built {
             Ok(v) => v,
             Err(e) => {
                 let reason = match e {
-                    KubeletError::PodSpec(ref m) if m.contains(".image:") => "ErrImageNeverPull",
+                    KubeletError::ImageNotMapped(_) => "ErrImageNeverPull",
                     _ => "CreateContainerConfigError",
                 };
-                tracing::warn!(pod = %self.key(), container = %self.slots[i].ctr.name, error = %e, "cannot start container");
+                let message = e.to_string();
                 let slot = &mut self.slots[i];
-                slot.ctr.run = Run::waiting(reason, Some(e.to_string()));
+                let repeated =
+                    matches!(&slot.ctr.run, Run::Waiting { message: Some(m), .. } if *m == message);
+                if repeated {
+                    tracing::debug!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "still cannot start container");
+                } else {
+                    tracing::warn!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "cannot start container");
+                }
+                slot.ctr.run = Run::waiting(reason, Some(message));
                 slot.next_start = Some(now + RETRY);
                 return;
             }
