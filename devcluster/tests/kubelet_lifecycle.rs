@@ -106,15 +106,15 @@ spec:
   initContainers:
   - name: page
     image: busybox
-    command: [sh, -c, 'echo $(POD_NAME) > /www/name']
+    command: [sh, -c, 'echo $(POD_NAME) > /hostmesh-kubelet-test/www/name']
     env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
-    volumeMounts: [{{name: www, mountPath: /www}}]
+    volumeMounts: [{{name: www, mountPath: /hostmesh-kubelet-test/www}}]
   containers:
   - name: web
     image: python
-    command: [{python}, -m, http.server, --bind, $(POD_IP), --directory, /www, "26600"]
+    command: [{python}, -m, http.server, --bind, $(POD_IP), --directory, /hostmesh-kubelet-test/www, "26600"]
     env: [{{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]
-    volumeMounts: [{{name: www, mountPath: /www}}]
+    volumeMounts: [{{name: www, mountPath: /hostmesh-kubelet-test/www}}]
     readinessProbe: {{tcpSocket: {{port: 26600}}, periodSeconds: 1}}
 "#
         ))
@@ -191,7 +191,7 @@ spec:
   containers:
   - name: polite
     image: busybox
-    command: [sh, -c, 'trap "echo got TERM; exit 0" TERM; sleep 600 & echo $! > {pids_dir}/polite-child; wait']
+    command: [sh, -c, 'trap "echo got TERM > {pids_dir}/polite-term; exit 0" TERM; sleep 600 & echo $! > {pids_dir}/polite-child; wait']
   - name: stubborn
     image: busybox
     command: [sh, -c, 'trap "" TERM; sleep 600 & echo $! > {pids_dir}/stubborn-child; while true; do sleep 1; done']
@@ -217,6 +217,11 @@ spec:
         .unwrap();
     c.wait_pod_gone("doomed").await;
     wait_pids_gone(&all).await;
+    let term = std::fs::read_to_string(pids.join("polite-term")).unwrap_or_default();
+    assert_eq!(
+        term, "got TERM\n",
+        "the polite container must have been sent SIGTERM first"
+    );
     c.stop().await;
 }
 

@@ -82,7 +82,7 @@ spec:
       echo "token=$TOKEN mode=$MODE cfg_level=$CFG_level url=$URL"
       echo 'arg=$(POD_NAME) escaped=$$(POD_NAME)'
       echo "file=$(cat token) pwd=$(pwd)"
-      echo "conf=$(cat /etc/hostmesh-test/etc/app.conf) mode=$(stat -c %a /etc/hostmesh-test/etc/app.conf)"
+      echo "conf=$(cat /hostmesh-kubelet-test/etc/etc/app.conf) mode=$(stat -c %a /hostmesh-kubelet-test/etc/etc/app.conf)"
       touch /var/run/hostmesh/secret/x 2>/dev/null && echo writable || echo readonly
     env:
     - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
@@ -96,7 +96,7 @@ spec:
     envFrom: [{configMapRef: {name: settings}, prefix: CFG_}]
     volumeMounts:
     - {name: secret, mountPath: /var/run/hostmesh/secret, readOnly: true}
-    - {name: conf, mountPath: /etc/hostmesh-test}
+    - {name: conf, mountPath: /hostmesh-kubelet-test/etc}
 "#,
     )
     .await;
@@ -196,8 +196,8 @@ spec:
   containers:
   - name: main
     image: busybox
-    command: [sh, -c, 'n=$(cat /state/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /state/n; echo run $n; [ $n -ge 3 ] && exit 0; exit 1']
-    volumeMounts: [{name: state, mountPath: /state}]
+    command: [sh, -c, 'n=$(cat /hostmesh-kubelet-test/state/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /hostmesh-kubelet-test/state/n; echo run $n; [ $n -ge 3 ] && exit 0; exit 1']
+    volumeMounts: [{name: state, mountPath: /hostmesh-kubelet-test/state}]
 "#,
     )
     .await;

@@ -19,9 +19,9 @@ spec:
   containers:
   - name: web
     image: python
-    command: [{python}, -m, http.server, --bind, $(POD_IP), --directory, /srv/www, "18080"]
+    command: [{python}, -m, http.server, --bind, $(POD_IP), --directory, /hostmesh-kubelet-test/srv/www, "18080"]
     env: [{{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]
-    volumeMounts: [{{name: www, mountPath: /srv/www}}]
+    volumeMounts: [{{name: www, mountPath: /hostmesh-kubelet-test/srv/www}}]
     readinessProbe:
       httpGet: {{path: /ready, port: 18080}}
       periodSeconds: 1
@@ -29,9 +29,9 @@ spec:
   - name: worker
     image: busybox
     command: [sleep, "600"]
-    volumeMounts: [{{name: flags, mountPath: /srv/flags}}]
+    volumeMounts: [{{name: flags, mountPath: /hostmesh-kubelet-test/srv/flags}}]
     readinessProbe:
-      exec: {{command: [test, -f, /srv/flags/ok]}}
+      exec: {{command: [test, -f, /hostmesh-kubelet-test/srv/flags/ok]}}
       periodSeconds: 1
       failureThreshold: 1
 "#
