@@ -51,6 +51,15 @@ async fn the_node_is_registered_ready_with_a_lease() {
         Some(c.node.as_str())
     );
 
+    // A second kubelet cannot take the same data directory.
+    let err = hostmesh_devcluster::kubelet::Kubelet::start(
+        c.client.clone(),
+        test_config(c.dir.path(), "other-node", 250),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("another kubelet"), "{err}");
+
     let client = c.client.clone();
     let name = c.node.clone();
     let api = c.stop_kubelet_only().await;

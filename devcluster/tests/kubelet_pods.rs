@@ -7,6 +7,7 @@ mod kubelet_common;
 
 use hostmesh_devcluster::kubelet::ImageEntry;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
 use kubelet_common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,6 +258,23 @@ spec:
         (last.exit_code, last.reason.as_deref()),
         (0, Some("Completed"))
     );
+
+    // Restarts are recorded as Events, as `kubectl describe pod` shows them.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    let mut backoff = false;
+    for _ in 0..600 {
+        let list = events.list(&Default::default()).await.unwrap();
+        backoff = list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("BackOff")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("always")
+        });
+        if backoff {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(backoff, "no BackOff event for pod always");
     c.stop().await;
 }
 

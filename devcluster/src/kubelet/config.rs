@@ -243,9 +243,9 @@ pub struct KubeletArgs {
     /// Kubeconfig of the cluster to join (default: $KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// Directory for pod volumes and container logs.
-    #[arg(long, default_value = "/tmp/hostmesh-kubelet")]
-    pub data_dir: PathBuf,
+    /// Directory for pod volumes and container logs (default: /tmp/hostmesh-kubelet/<node name>).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// YAML file mapping images to local programs (`images: [{image, program, args}]`).
     #[arg(long)]
     pub image_table: Option<PathBuf>,
@@ -316,7 +316,11 @@ pub fn parse_taint(text: &str) -> Result<Taint> {
 impl KubeletArgs {
     /// The library configuration these arguments describe.
     pub fn to_config(&self) -> Result<KubeletConfig> {
-        let mut config = KubeletConfig::new(&self.node_name, &self.data_dir);
+        let data_dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/tmp/hostmesh-kubelet").join(&self.node_name));
+        let mut config = KubeletConfig::new(&self.node_name, data_dir);
         if let Some(path) = &self.image_table {
             config.images = ImageTable::load(path)?;
         }

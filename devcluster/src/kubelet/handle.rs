@@ -28,6 +28,7 @@ impl Kubelet {
     /// Leftovers of an earlier run in `data_dir/pods` are removed.
     pub async fn start(client: kube::Client, config: KubeletConfig) -> Result<KubeletHandle> {
         let images = config.validate()?;
+        let lock_file = lock_data_dir(&config.data_dir)?;
         let pods_dir = config.data_dir.join("pods");
         if pods_dir.exists() {
             std::fs::remove_dir_all(&pods_dir)
@@ -36,7 +37,15 @@ impl Kubelet {
         std::fs::create_dir_all(&pods_dir)
             .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
+        let recorder = kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "kubelet".into(),
+                instance: Some(config.node_name.clone()),
+            },
+        );
         let shared = Arc::new(Shared {
+            recorder,
             client,
             ips: Mutex::new(IpPool::new(config.pod_ip_block)),
             config,
@@ -72,6 +81,7 @@ impl Kubelet {
             shared,
             groups,
             log_port,
+            _lock_file: lock_file,
             tasks: Some((heartbeat, pod_loop)),
         })
     }
@@ -82,6 +92,7 @@ pub struct KubeletHandle {
     shared: Arc<Shared>,
     groups: Arc<Mutex<BTreeSet<i32>>>,
     log_port: Option<u16>,
+    _lock_file: std::fs::File,
     tasks: Option<(JoinHandle<()>, JoinHandle<()>)>,
 }
 
@@ -149,6 +160,27 @@ impl KubeletHandle {
         }
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
+    }
+}
+
+/// Takes an exclusive lock on `data_dir/kubelet.lock` for the kubelet's
+/// lifetime, so two kubelets never share (and clear) one data directory.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir).map_err(|e| KubeletError::io("cannot create", dir, e))?;
+    let path = dir.join("kubelet.lock");
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| KubeletError::io("cannot open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(KubeletError::Config(format!(
+            "data directory {} is used by another kubelet; give each kubelet its own --data-dir",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(KubeletError::io("cannot lock", &path, e)),
     }
 }
 

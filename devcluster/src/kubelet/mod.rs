@@ -17,6 +17,7 @@
 mod config;
 mod env;
 mod error;
+mod events;
 mod expand;
 mod handle;
 mod ipam;

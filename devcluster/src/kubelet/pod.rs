@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::env::{Lookups, PodFacts, referenced_objects, resolve_env};
 use super::error::{KubeletError, Result};
+use super::events;
 use super::launch;
 use super::logs;
 use super::probe::{self, ProbeSpec};
@@ -484,6 +485,14 @@ impl Worker {
                     tracing::debug!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "still cannot start container");
                 } else {
                     tracing::warn!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "cannot start container");
+                    events::emit(
+                        &self.shared.recorder,
+                        &self.pod,
+                        true,
+                        "Failed",
+                        "Start",
+                        message.clone(),
+                    );
                 }
                 slot.ctr.run = Run::waiting(reason, Some(message));
                 slot.next_start = Some(now + RETRY);
@@ -523,6 +532,14 @@ impl Worker {
             Ok(mut child) => {
                 let pid = child.id().map(|p| p as i32).unwrap_or_default();
                 tracing::info!(pod = %key, container = %slot.ctr.name, pid, program = %launch.program, "started container");
+                events::emit(
+                    &self.shared.recorder,
+                    &self.pod,
+                    false,
+                    "Started",
+                    "Start",
+                    format!("Started container {} (pid {pid})", slot.ctr.name),
+                );
                 slot.pgid = Some(pid);
                 slot.started = Some(now);
                 slot.ctr.run = Run::Running { pid, started_at };
@@ -574,6 +591,14 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(pod = %key, container = %slot.ctr.name, error = %e, "container failed to start");
+                events::emit(
+                    &self.shared.recorder,
+                    &self.pod,
+                    true,
+                    "Failed",
+                    "Start",
+                    format!("Error: cannot start container {}: {e}", slot.ctr.name),
+                );
                 let run = Run::Terminated {
                     pid: None,
                     exit_code: 128,
@@ -690,6 +715,23 @@ impl Worker {
                     Err(message) => {
                         state.failures += 1;
                         state.successes = 0;
+                        if state.failures == state.spec.failure_threshold {
+                            let what = match kind {
+                                ProbeKind::Readiness => "Readiness",
+                                ProbeKind::Liveness => "Liveness",
+                            };
+                            events::emit(
+                                &self.shared.recorder,
+                                &self.pod,
+                                true,
+                                "Unhealthy",
+                                "Probe",
+                                format!(
+                                    "{what} probe of container {} failed: {message}",
+                                    slot.ctr.name
+                                ),
+                            );
+                        }
                         tracing::debug!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, ?kind, %message, "probe failed");
                     }
                 }
@@ -764,6 +806,17 @@ impl Worker {
         slot.backoff = (slot.backoff * 2).min(cfg.max_restart_backoff);
         slot.next_start = Some(Instant::now() + delay);
         slot.ctr.last = Some(run);
+        events::emit(
+            &self.shared.recorder,
+            &self.pod,
+            true,
+            "BackOff",
+            "Restart",
+            format!(
+                "Back-off {delay:?} restarting failed container {}",
+                slot.ctr.name
+            ),
+        );
         slot.ctr.run = Run::waiting(
             "CrashLoopBackOff",
             Some(format!(
@@ -854,6 +907,16 @@ impl Worker {
             return;
         }
         tracing::info!(pod = %self.key(), ?grace, "stopping containers");
+        for s in self.slots.iter().filter(|s| s.pgid.is_some()) {
+            events::emit(
+                &self.shared.recorder,
+                &self.pod,
+                false,
+                "Killing",
+                "Kill",
+                format!("Stopping container {} (grace period {grace:?})", s.ctr.name),
+            );
+        }
         for pgid in &running {
             process::signal_group(*pgid, libc::SIGTERM);
         }
