@@ -22,13 +22,38 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Serve the embedded Kubernetes API server until Ctrl-C.
+    Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Apiserver(args) => run_apiserver(args),
     }
+}
+
+/// Serves the embedded API server until Ctrl-C, then shuts it down
+/// gracefully (persisting state when a data directory is given).
+fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
+    use hostmesh_devcluster::apiserver::ApiServer;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let server = ApiServer::start(args.into()).await?;
+        tracing::info!(
+            url = server.url(),
+            kubeconfig = %server.kubeconfig_path().map(|p| p.display().to_string()).unwrap_or_default(),
+            "API server ready; export KUBECONFIG to use it"
+        );
+        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        server.shutdown().await;
+        Ok(())
+    })
 }
 
 /// Copies the running executable to `to`, creating parent directories, and
