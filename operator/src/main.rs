@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,7 +43,9 @@ fn main() -> anyhow::Result<()> {
 fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
     use hostmesh_devcluster::apiserver::ApiServer;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

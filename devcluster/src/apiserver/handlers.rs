@@ -335,8 +335,8 @@ pub(crate) fn update(
         let Some(mut new) = lifecycle::prepare_update(&t.info, &t.version, old, obj, part)? else {
             return Ok(None);
         };
-        ssa::record_update(
-            Some(old),
+        track_update(
+            old,
             &mut new,
             &manager,
             &t.info.api_version(&t.version),
@@ -527,16 +527,34 @@ pub(crate) fn patch(
         let Some(mut new) = lifecycle::prepare_update(&info, &t.version, old, target, part)? else {
             return Ok(None);
         };
-        ssa::record_update(
-            Some(old),
-            &mut new,
-            &manager,
-            &av,
-            sub,
-            shape(&info, &t.version),
-        );
+        track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));
         Ok(Some(new))
     })
+}
+
+/// Records field ownership of a non-apply write, unless the client set
+/// `managedFields` itself (then they are taken as given, as the real
+/// server does; kubectl migrates client-side apply ownership this way).
+fn track_update(
+    old: &Value,
+    new: &mut Value,
+    manager: &str,
+    api_version: &str,
+    sub: &str,
+    shape: Shape<'_>,
+) {
+    let before = old.pointer("/metadata/managedFields");
+    let after = new.pointer("/metadata/managedFields");
+    if after.is_some() && after != before {
+        if after
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.is_empty())
+        {
+            meta_mut(new).remove("managedFields");
+        }
+        return;
+    }
+    ssa::record_update(Some(old), new, manager, api_version, sub, shape);
 }
 
 /// Delete options from the query and the body.

@@ -214,6 +214,16 @@ async fn dispatch(ctx: &Arc<Ctx>, method: &Method, path: &str, req: &Request) ->
         Route::Apis => get_only(discovery::apis(&registry)),
         Route::Group(g) => get_only(discovery::group(&registry, &g)),
         Route::ResourceList(g, v) => get_only(discovery::resources(&registry, &g, &v)),
+        Route::OpenApiV2 if req.accept.contains("protobuf") => {
+            // client-go only parses the protobuf form; a document without
+            // definitions makes kubectl skip client-side validation (the
+            // server validates instead).
+            full(
+                200,
+                "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                openapi::v2_protobuf(),
+            )
+        }
         Route::OpenApiV2 => get_only(openapi::v2(&registry)),
         Route::OpenApiV3 => get_only(openapi::v3_index(&registry)),
         Route::OpenApiV3Doc(g, v) => get_only(openapi::v3_doc(&registry, &g, &v)),

@@ -160,3 +160,14 @@ pub(crate) fn v3_doc(reg: &Registry, group: &str, version: &str) -> Value {
         "components": {"schemas": schemas},
     })
 }
+
+/// `/openapi/v2` in protobuf form: a document with only `swagger: "2.0"`
+/// (field 1).
+pub(crate) fn v2_protobuf() -> bytes::Bytes {
+    fn field(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag, body.len() as u8];
+        out.extend_from_slice(body);
+        out
+    }
+    bytes::Bytes::from(field(0x0a, b"2.0"))
+}

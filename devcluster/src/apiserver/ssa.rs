@@ -369,13 +369,13 @@ pub(crate) fn apply(
     for e in entries.iter_mut().filter(|e| !is_me(e)) {
         let mut taken = Vec::new();
         for p in &new_set {
-            let Some(owned) = e.fields.iter().find(|o| covers(o, p) || covers(p, o)) else {
+            // Keyed items are co-owned; only their leaves can conflict.
+            if p.last().is_some_and(|el| el.starts_with("k:")) || !e.fields.contains(p) {
                 continue;
-            };
-            let differs = get_path(&live_v, p) != get_path(applied, p);
-            if differs {
+            }
+            if get_path(&live_v, p) != get_path(applied, p) {
                 if force {
-                    taken.push(owned.clone());
+                    taken.push(p.clone());
                 } else {
                     conflicts.push(format!(
                         "conflict with \"{}\" using {}: {}",
