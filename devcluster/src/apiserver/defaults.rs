@@ -126,15 +126,14 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
 pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
     if is(info, "", "services") {
         // The cluster IP is allocated once and immutable.
-        if let Some(ip) = old.pointer("/spec/clusterIP") {
-            if new
+        if let Some(ip) = old.pointer("/spec/clusterIP")
+            && new
                 .pointer("/spec/clusterIP")
                 .and_then(Value::as_str)
                 .is_none_or(str::is_empty)
             {
                 new["spec"]["clusterIP"] = ip.clone();
             }
-        }
     } else if is(info, "", "pods") {
         if let Some(spec) = new.get_mut("spec") {
             default_pod_spec(spec);

@@ -187,8 +187,8 @@ pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
         if !labels.matches(obj) || !fields.matches(obj) {
             continue;
         }
-        if let Some(l) = limit {
-            if items.len() == l {
+        if let Some(l) = limit
+            && items.len() == l {
                 if next.is_none() {
                     let (ns, name) = items_last_key(&items, k);
                     next = Some(Continue { ns, name });
@@ -196,7 +196,6 @@ pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
                 remaining += 1;
                 continue;
             }
-        }
         items.push((k.clone(), obj.clone()));
     }
     drop(st);
@@ -429,11 +428,10 @@ pub(crate) fn patch(
                 a
             } else {
                 let mut a = applied.clone();
-                if info.status {
-                    if let Some(o) = a.as_object_mut() {
+                if info.status
+                    && let Some(o) = a.as_object_mut() {
                         o.remove("status");
                     }
-                }
                 a
             };
             match old {

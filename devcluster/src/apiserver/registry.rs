@@ -378,7 +378,7 @@ impl Registry {
             }
         }
         for (_, versions) in &mut out {
-            versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
         out
     }

@@ -62,11 +62,10 @@ pub(crate) fn validate_and_default(
 fn apply_defaults(schema: &Value, m: &mut Map<String, Value>) {
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         for (k, s) in props {
-            if !m.contains_key(k) {
-                if let Some(d) = s.get("default") {
+            if !m.contains_key(k)
+                && let Some(d) = s.get("default") {
                     m.insert(k.clone(), d.clone());
                 }
-            }
         }
     }
 }
@@ -145,8 +144,8 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
             return;
         }
     }
-    if let Some(en) = schema.get("enum").and_then(Value::as_array) {
-        if !en.contains(v) {
+    if let Some(en) = schema.get("enum").and_then(Value::as_array)
+        && !en.contains(v) {
             let allowed: Vec<String> = en.iter().map(|e| e.to_string()).collect();
             errors.push((
                 path.to_string(),
@@ -156,7 +155,6 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
                 ),
             ));
         }
-    }
     let num = |k: &str| schema.get(k).and_then(Value::as_f64);
     if let Some(x) = v.as_f64() {
         if let Some(min) = num("minimum") {

@@ -62,6 +62,9 @@ impl ResourceState {
     }
 }
 
+/// Past events after a resourceVersion and a receiver for later ones.
+pub(crate) type Subscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>);
+
 /// The locked state.
 pub(crate) struct State {
     rv: u64,
@@ -148,11 +151,10 @@ impl State {
                 .pointer("/spec/finalizers")
                 .and_then(Value::as_array)
                 .is_some_and(|f| !f.is_empty());
-        if deleting && no_finalizers && no_grace && !ns_pending {
-            if let Some(gone) = self.remove(key, ns, name) {
+        if deleting && no_finalizers && no_grace && !ns_pending
+            && let Some(gone) = self.remove(key, ns, name) {
                 return gone;
             }
-        }
         self.rv += 1;
         let rv = self.rv;
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
@@ -239,7 +241,7 @@ impl State {
         &mut self,
         key: &str,
         since: u64,
-    ) -> Result<(Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>), ApiError> {
+    ) -> Result<Subscription, ApiError> {
         let r = self.res(key);
         if since < r.compacted {
             return Err(too_old(since));

@@ -467,7 +467,7 @@ pub(crate) fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
                             .iter()
                             .filter(|x| {
                                 x.get(field.trim()).is_some_and(|v| {
-                                    v.as_str().map_or(v.to_string() == want, |s| s == want)
+                                    v.as_str().map_or(*v == want, |s| s == want)
                                 })
                             })
                             .cloned(),

@@ -224,11 +224,10 @@ async fn run(
             return;
         }
     }
-    if p.send_initial && p.bookmarks {
-        if tx.send(enc.bookmark(last, true)).await.is_err() {
+    if p.send_initial && p.bookmarks
+        && tx.send(enc.bookmark(last, true)).await.is_err() {
             return;
         }
-    }
     for ev in past {
         if !deliver(&tx, &mut enc, &filter, &ev, &mut last).await {
             return;
