@@ -20,12 +20,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the host agent of one World host (docs/agent.md).
+    Agent(Box<hostmesh_runtime::host::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
         #[arg(long)]
         to: PathBuf,
     },
+    /// Print the CRDs (World, ProcMesh) as multi-document YAML.
+    Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
+    /// Serve the embedded Kubernetes API server until Ctrl-C.
+    Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
     /// Run the process kubelet: a Node that runs its pods as local processes.
     Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
 }
@@ -34,6 +43,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Crds => print_crds(),
+        Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
+        Command::Apiserver(args) => run_apiserver(args),
         Command::Kubelet(args) => {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(
@@ -49,6 +62,57 @@ fn main() -> anyhow::Result<()> {
                 .context("process kubelet failed")
         }
     }
+}
+
+/// Prints both CRDs to stdout.
+fn print_crds() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = hostmesh_crds::crd_yaml()?;
+    std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
+}
+
+/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
+/// then runs the agent until it is stopped.
+fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
+    Ok(())
+}
+
+/// Serves the embedded API server until Ctrl-C, then shuts it down
+/// gracefully (persisting state when a data directory is given).
+fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
+    use hostmesh_devcluster::apiserver::ApiServer;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let server = ApiServer::start(args.into()).await?;
+        tracing::info!(
+            url = server.url(),
+            kubeconfig = %server.kubeconfig_path().map(|p| p.display().to_string()).unwrap_or_default(),
+            "API server ready; export KUBECONFIG to use it"
+        );
+        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        server.shutdown().await;
+        Ok(())
+    })
 }
 
 /// Copies the running executable to `to`, creating parent directories, and
