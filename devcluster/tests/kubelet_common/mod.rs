@@ -219,10 +219,10 @@ pub async fn wait_pids_gone(pids: &[i32]) {
 pub async fn read_pid_file(path: &std::path::Path) -> i32 {
     let start = Instant::now();
     while start.elapsed() < WAIT {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if let Ok(pid) = text.trim().parse() {
-                return pid;
-            }
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
