@@ -260,14 +260,15 @@ spec:
     );
 
     // Restarts are recorded as Events, as `kubectl describe pod` shows them.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
+    let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(c.client.clone(), "default");
     let mut backoff = false;
     for _ in 0..600 {
         let list = events.list(&Default::default()).await.unwrap();
         backoff = list.items.iter().any(|e| {
             e.reason.as_deref() == Some("BackOff")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("always")
+                && e.involved_object.name.as_deref() == Some("always")
+                && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("kubelet")
         });
         if backoff {
             break;

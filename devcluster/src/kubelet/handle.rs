@@ -37,15 +37,7 @@ impl Kubelet {
         std::fs::create_dir_all(&pods_dir)
             .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
-        let recorder = kube::runtime::events::Recorder::new(
-            client.clone(),
-            kube::runtime::events::Reporter {
-                controller: "kubelet".into(),
-                instance: Some(config.node_name.clone()),
-            },
-        );
         let shared = Arc::new(Shared {
-            recorder,
             client,
             ips: Mutex::new(IpPool::new(config.pod_ip_block)),
             config,

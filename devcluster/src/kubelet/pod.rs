@@ -485,14 +485,7 @@ impl Worker {
                     tracing::debug!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "still cannot start container");
                 } else {
                     tracing::warn!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "cannot start container");
-                    events::emit(
-                        &self.shared.recorder,
-                        &self.pod,
-                        true,
-                        "Failed",
-                        "Start",
-                        message.clone(),
-                    );
+                    events::emit(&self.shared, &self.pod, true, "Failed", message.clone());
                 }
                 slot.ctr.run = Run::waiting(reason, Some(message));
                 slot.next_start = Some(now + RETRY);
@@ -533,11 +526,10 @@ impl Worker {
                 let pid = child.id().map(|p| p as i32).unwrap_or_default();
                 tracing::info!(pod = %key, container = %slot.ctr.name, pid, program = %launch.program, "started container");
                 events::emit(
-                    &self.shared.recorder,
+                    &self.shared,
                     &self.pod,
                     false,
                     "Started",
-                    "Start",
                     format!("Started container {} (pid {pid})", slot.ctr.name),
                 );
                 slot.pgid = Some(pid);
@@ -592,11 +584,10 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(pod = %key, container = %slot.ctr.name, error = %e, "container failed to start");
                 events::emit(
-                    &self.shared.recorder,
+                    &self.shared,
                     &self.pod,
                     true,
                     "Failed",
-                    "Start",
                     format!("Error: cannot start container {}: {e}", slot.ctr.name),
                 );
                 let run = Run::Terminated {
@@ -721,11 +712,10 @@ impl Worker {
                                 ProbeKind::Liveness => "Liveness",
                             };
                             events::emit(
-                                &self.shared.recorder,
+                                &self.shared,
                                 &self.pod,
                                 true,
                                 "Unhealthy",
-                                "Probe",
                                 format!(
                                     "{what} probe of container {} failed: {message}",
                                     slot.ctr.name
@@ -807,11 +797,10 @@ impl Worker {
         slot.next_start = Some(Instant::now() + delay);
         slot.ctr.last = Some(run);
         events::emit(
-            &self.shared.recorder,
+            &self.shared,
             &self.pod,
             true,
             "BackOff",
-            "Restart",
             format!(
                 "Back-off {delay:?} restarting failed container {}",
                 slot.ctr.name
@@ -909,11 +898,10 @@ impl Worker {
         tracing::info!(pod = %self.key(), ?grace, "stopping containers");
         for s in self.slots.iter().filter(|s| s.pgid.is_some()) {
             events::emit(
-                &self.shared.recorder,
+                &self.shared,
                 &self.pod,
                 false,
                 "Killing",
-                "Kill",
                 format!("Stopping container {} (grace period {grace:?})", s.ctr.name),
             );
         }

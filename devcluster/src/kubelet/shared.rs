@@ -36,8 +36,6 @@ pub(crate) struct Shared {
     pub(crate) pods: Mutex<BTreeMap<(String, String), PodEntry>>,
     /// Cancelled when the kubelet shuts down.
     pub(crate) shutdown: CancellationToken,
-    /// Records Events about pods.
-    pub(crate) recorder: kube::runtime::events::Recorder,
     /// Port of the log endpoint (0: not served), published in the Node.
     pub(crate) log_port: Mutex<u16>,
 }
