@@ -126,6 +126,7 @@ struct Worker {
     lookups: Lookups,
     problem: Option<(String, String)>,
     retry_at: Option<Instant>,
+    write_retry_at: Option<Instant>,
     stopping: bool,
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
@@ -231,6 +232,7 @@ impl Worker {
             lookups: Lookups::default(),
             problem: None,
             retry_at: None,
+            write_retry_at: None,
             stopping: false,
             tx,
             rx,
@@ -320,6 +322,7 @@ impl Worker {
             }
         };
         consider(self.retry_at);
+        consider(self.write_retry_at);
         for s in &self.slots {
             if s.pgid.is_none() {
                 consider(s.next_start);
@@ -869,6 +872,7 @@ impl Worker {
             obj.entry("message").or_insert(serde_json::Value::Null);
         }
         if self.written.as_ref() == Some(&value) {
+            self.write_retry_at = None;
             return;
         }
         let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.ns);
@@ -880,10 +884,11 @@ impl Worker {
             Ok(_) => {
                 self.conditions = status.conditions.clone().unwrap_or_default();
                 self.written = Some(value);
+                self.write_retry_at = None;
             }
             Err(e) => {
                 tracing::warn!(pod = %self.key(), error = %e, "cannot write pod status; will retry");
-                self.retry_at.get_or_insert(Instant::now() + RETRY);
+                self.write_retry_at = Some(Instant::now() + RETRY);
             }
         }
     }
