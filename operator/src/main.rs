@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +26,8 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run the World and ProcMesh controllers and the supervision hub.
+    Operator(hostmesh_operator::OperatorArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
 }
@@ -31,7 +37,16 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
+        Command::Operator(args) => run_operator(args),
     }
+}
+
+/// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
+fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(hostmesh_operator::run(args))
+        .context("operator failed")
 }
 
 /// Prints both CRDs to stdout.
