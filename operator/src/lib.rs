@@ -5,10 +5,12 @@
 //! those hosts), [`hub`] (agent connections, heartbeats, coalesced status
 //! triggers), [`context`] (what reconciles share). `run` is composed of
 //! small steps ([`connect`], [`controllers`]) so metrics, leader election and
-//! health endpoints can wrap it.
+//! health endpoints can wrap it. [`manifest`] applies user manifests
+//! (`hostmesh up`).
 
 pub mod context;
 pub mod hub;
+pub mod manifest;
 pub mod procmesh;
 pub mod world;
 

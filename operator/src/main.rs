@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the host agent of one World host (docs/agent.md).
+    Agent(Box<hostmesh_runtime::host::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
@@ -38,11 +40,19 @@ fn main() -> anyhow::Result<()> {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
         Command::Operator(args) => run_operator(args),
+        Command::Agent(args) => run_agent(*args),
     }
 }
 
 /// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
 fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
     tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")?
         .block_on(hostmesh_operator::run(args))
@@ -54,6 +64,25 @@ fn print_crds() -> anyhow::Result<()> {
     use std::io::Write as _;
     let yaml = hostmesh_crds::crd_yaml()?;
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
+}
+
+/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
+/// then runs the agent until it is stopped.
+fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
     Ok(())
 }
 
