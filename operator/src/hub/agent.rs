@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use hostmesh_crds::procmesh::ProcState;
+pub use hostmesh_runtime::host::protocol::{self, CreateOrUpdate};
 use tokio::sync::mpsc;
 
 /// A World, by namespace and name.
@@ -53,35 +54,11 @@ impl std::fmt::Debug for AgentTarget {
     }
 }
 
-/// What a proc runs (the operator's half of `CreateOrUpdate`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcSpec {
-    /// Program and arguments.
-    pub argv: Vec<String>,
-    /// Environment (the rank contract included).
-    pub env: Vec<(String, String)>,
-    /// Working directory.
-    pub working_dir: Option<String>,
-    /// Bumped to restart the proc in place (a changed spec replaces it).
-    pub incarnation: u32,
-}
-
-/// One proc to create on one host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcRequest {
-    /// ProcMesh name.
-    pub proc_mesh: String,
-    /// Rank within the host.
-    pub local_rank: u64,
-    /// Global rank in the ProcMesh.
-    pub rank: u64,
-    /// What to run.
-    pub spec: ProcSpec,
-}
-
-/// A proc's state as an agent reports it.
+/// A proc's state as the hub summarizes an agent's report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcObs {
+    /// Host rank that reported it.
+    pub host: u64,
     /// State.
     pub state: ProcState,
     /// Exit code, when it exited.
@@ -90,10 +67,66 @@ pub struct ProcObs {
     pub signal: Option<i32>,
     /// Reason, when given.
     pub reason: Option<String>,
-    /// Last bytes of stderr.
+    /// Last lines of stderr.
     pub stderr_tail: Option<String>,
-    /// Incarnation of the spec this state belongs to.
+    /// Incarnation the state belongs to.
     pub incarnation: u32,
+}
+
+impl ProcObs {
+    /// Summarizes an agent's proc state reported by host `host`.
+    pub fn from_agent(host: u64, s: &protocol::ProcState) -> Self {
+        use protocol::ProcStatus as S;
+        let tail = |lines: &Vec<String>| (!lines.is_empty()).then(|| lines.join("\n"));
+        let mut o = ProcObs {
+            host,
+            state: ProcState::Starting,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            stderr_tail: None,
+            incarnation: s.restarts,
+        };
+        match &s.status {
+            S::Starting => {}
+            S::Ready { .. } => o.state = ProcState::Running,
+            S::Stopping { .. } => o.state = ProcState::Stopping,
+            S::Stopped {
+                exit_code,
+                stderr_tail,
+            } => {
+                o.exit_code = Some(*exit_code);
+                o.stderr_tail = tail(stderr_tail);
+                o.state = match (*exit_code, s.stop_requested) {
+                    (0, _) => ProcState::Succeeded,
+                    (_, true) => ProcState::Stopped,
+                    _ => ProcState::Failed,
+                };
+            }
+            S::Killed {
+                signal,
+                stderr_tail,
+                ..
+            } => {
+                o.signal = Some(*signal);
+                o.stderr_tail = tail(stderr_tail);
+                o.state = if s.stop_requested {
+                    ProcState::Stopped
+                } else {
+                    ProcState::Killed
+                };
+            }
+            S::Failed { reason } => {
+                o.state = ProcState::Failed;
+                o.reason = Some(reason.clone());
+            }
+            S::Timeout { after_ms } => {
+                o.state = ProcState::Timeout;
+                o.reason = Some(format!("did not check in within {after_ms} ms"));
+            }
+        }
+        o
+    }
 }
 
 /// What agents push to the hub.
@@ -110,12 +143,8 @@ pub enum AgentPush {
     ProcState {
         /// From.
         host: HostKey,
-        /// ProcMesh name.
-        proc_mesh: String,
-        /// Local rank.
-        local_rank: u64,
-        /// New state.
-        obs: ProcObs,
+        /// Its full new state.
+        state: protocol::ProcState,
     },
     /// Every proc the agent has, sent when (re)subscribing.
     Snapshot {
@@ -123,8 +152,8 @@ pub enum AgentPush {
         host: HostKey,
         /// Pod UID of the agent.
         pod_uid: String,
-        /// `(proc mesh, local rank, state)`.
-        procs: Vec<(String, u64, ProcObs)>,
+        /// Every proc's state.
+        procs: Vec<protocol::ProcState>,
     },
     /// The connection dropped.
     Disconnected {
@@ -135,10 +164,11 @@ pub enum AgentPush {
 
 /// A connected agent.
 pub trait AgentLink: Send + Sync {
-    /// Creates or updates a proc (idempotent; a changed spec restarts it).
-    fn create_or_update(&self, req: ProcRequest) -> BoxFuture<'_, Result<(), String>>;
-    /// Stops every proc of `proc_mesh` on this host, SIGKILL after `grace`.
-    fn stop(&self, proc_mesh: String, grace: Duration) -> BoxFuture<'_, Result<(), String>>;
+    /// Creates a proc, or restarts an ended one under a higher incarnation
+    /// (idempotent).
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>>;
+    /// Stops the proc `name`: TERM, then KILL after `grace`.
+    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), String>>;
     /// Sends the World's address book (host rank to agent address).
     fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>>;
 }

@@ -19,7 +19,10 @@
 pub mod agent;
 pub mod coalesce;
 pub mod heartbeat;
+mod procs;
 pub mod sim;
+
+pub use procs::{mesh_name, parse_proc_name, proc_name};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -30,8 +33,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use agent::{
-    AgentConnector, AgentLink, AgentPush, AgentTarget, HostKey, ProcObs, ProcRequest, ProcSpec,
-    WorldKey,
+    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, ProcObs, WorldKey,
+    protocol,
 };
 use coalesce::Coalescer;
 use heartbeat::HeartbeatIndex;
@@ -61,16 +64,18 @@ struct HostEntry {
     addr: SocketAddr,
     link: Option<Arc<dyn AgentLink>>,
     connecting: bool,
-    /// Requests sent over the current link, by (proc mesh, local rank).
-    sent: HashMap<(String, u64), ProcSpec>,
+    /// Requests sent over the current link, by proc name.
+    sent: HashMap<String, CreateOrUpdate>,
+    /// Stops sent over the current link, by proc name.
+    stopping: HashSet<String>,
     book_sent: bool,
 }
 
 struct WorldEntry {
     agents: WorldAgents,
     hosts: BTreeMap<u64, HostEntry>,
-    /// Proc states by proc mesh, then (host rank, local rank).
-    procs: HashMap<String, BTreeMap<(u64, u64), ProcObs>>,
+    /// Proc states by mesh id, then rank.
+    procs: HashMap<String, BTreeMap<u64, ProcObs>>,
 }
 
 struct State {
@@ -246,52 +251,50 @@ impl Hub {
                 let mut touched = HashSet::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
-                    states.retain(|(h, _), _| *h != host.rank);
+                    states.retain(|_, o| o.host != host.rank);
                     if states.len() != before {
                         touched.insert(mesh.clone());
                     }
                 }
-                for (mesh, local, obs) in procs {
-                    touched.insert(mesh.clone());
+                for p in procs {
+                    let Some((mesh, rank)) = parse_proc_name(&p.name) else {
+                        continue;
+                    };
+                    touched.insert(mesh.to_string());
+                    let obs = ProcObs::from_agent(host.rank, &p);
                     w.procs
-                        .entry(mesh)
+                        .entry(mesh.to_string())
                         .or_default()
-                        .insert((host.rank, local), obs);
+                        .insert(rank, obs);
                 }
                 for mesh in touched {
-                    st.mesh_triggers.mark(
-                        WorldKey {
-                            namespace: host.world.namespace.clone(),
-                            name: mesh,
-                        },
-                        false,
-                        now,
-                    );
+                    let key = MeshKey {
+                        namespace: host.world.namespace.clone(),
+                        name: mesh_name(&mesh).to_string(),
+                    };
+                    st.mesh_triggers.mark(key, false, now);
                 }
             }
-            AgentPush::ProcState {
-                host,
-                proc_mesh,
-                local_rank,
-                obs,
-            } => {
+            AgentPush::ProcState { host, state } => {
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
+                let Some((mesh, rank)) = parse_proc_name(&state.name) else {
+                    debug!(name = %state.name, "ignoring a proc the operator did not name");
+                    return;
+                };
+                let obs = ProcObs::from_agent(host.rank, &state);
                 let urgent = obs.state.is_failure();
-                let states = w.procs.entry(proc_mesh.clone()).or_default();
-                if states.get(&(host.rank, local_rank)) == Some(&obs) {
+                let states = w.procs.entry(mesh.to_string()).or_default();
+                if states.get(&rank) == Some(&obs) {
                     return;
                 }
-                states.insert((host.rank, local_rank), obs);
-                st.mesh_triggers.mark(
-                    WorldKey {
-                        namespace: host.world.namespace.clone(),
-                        name: proc_mesh,
-                    },
-                    urgent,
-                    now,
-                );
+                states.insert(rank, obs);
+                let key = MeshKey {
+                    namespace: host.world.namespace.clone(),
+                    name: mesh_name(mesh).to_string(),
+                };
+                st.mesh_triggers.mark(key, urgent, now);
             }
             AgentPush::Disconnected { host } => {
                 if let Some(h) = st
@@ -302,6 +305,7 @@ impl Hub {
                     debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
                     h.link = None;
                     h.sent.clear();
+                    h.stopping.clear();
                     h.book_sent = false;
                 }
                 st.world_triggers.mark(host.world, false, now);
@@ -382,7 +386,7 @@ impl Hub {
                     st.heartbeats.remove(&key);
                     st.expired.remove(&key);
                     for states in entry.procs.values_mut() {
-                        states.retain(|(h, _), _| h != rank);
+                        states.retain(|_, o| o.host != *rank);
                     }
                 }
                 let h = entry.hosts.entry(*rank).or_insert_with(|| HostEntry {
@@ -391,6 +395,7 @@ impl Hub {
                     link: None,
                     connecting: false,
                     sent: HashMap::new(),
+                    stopping: HashSet::new(),
                     book_sent: false,
                 });
                 if book_changed {
@@ -446,6 +451,7 @@ impl Hub {
                 Ok(link) => {
                     h.link = Some(link.clone());
                     h.sent.clear();
+                    h.stopping.clear();
                     h.book_sent = true;
                     link
                 }
@@ -482,108 +488,6 @@ impl Hub {
         st.worlds
             .get(world)
             .is_some_and(|w| (0..ranks).all(|r| w.hosts.get(&r).is_some_and(|h| h.link.is_some())))
-    }
-
-    /// Sends the requests whose spec differs from what the current
-    /// connection already carried (invariant 3). Returns how many were sent
-    /// and the first error.
-    pub async fn ensure_procs(
-        &self,
-        world: &WorldKey,
-        host_rank: u64,
-        reqs: Vec<ProcRequest>,
-    ) -> Result<usize, String> {
-        let (link, todo) = {
-            let mut st = self.lock();
-            let Some(h) = st
-                .worlds
-                .get_mut(world)
-                .and_then(|w| w.hosts.get_mut(&host_rank))
-            else {
-                return Err(format!("host {host_rank} has no agent connection yet"));
-            };
-            let Some(link) = h.link.clone() else {
-                return Err(format!("host {host_rank} has no agent connection yet"));
-            };
-            let todo: Vec<ProcRequest> = reqs
-                .into_iter()
-                .filter(|r| h.sent.get(&(r.proc_mesh.clone(), r.local_rank)) != Some(&r.spec))
-                .collect();
-            (link, todo)
-        };
-        let n = todo.len();
-        for req in todo {
-            let key = (req.proc_mesh.clone(), req.local_rank);
-            let spec = req.spec.clone();
-            link.create_or_update(req).await?;
-            let mut st = self.lock();
-            if let Some(h) = st
-                .worlds
-                .get_mut(world)
-                .and_then(|w| w.hosts.get_mut(&host_rank))
-            {
-                h.sent.insert(key, spec);
-            }
-        }
-        Ok(n)
-    }
-
-    /// Asks every connected host of `world` to stop `proc_mesh`'s procs.
-    pub async fn stop_procs(
-        &self,
-        world: &WorldKey,
-        proc_mesh: &str,
-        grace: Duration,
-    ) -> Result<(), String> {
-        let links: Vec<(u64, Arc<dyn AgentLink>)> = {
-            let mut st = self.lock();
-            let Some(w) = st.worlds.get_mut(world) else {
-                return Ok(());
-            };
-            w.hosts
-                .iter_mut()
-                .filter_map(|(r, h)| {
-                    h.sent.retain(|(m, _), _| m != proc_mesh);
-                    Some((*r, h.link.clone()?))
-                })
-                .collect()
-        };
-        let stops = links
-            .iter()
-            .map(|(_, l)| l.stop(proc_mesh.to_string(), grace));
-        let mut first_err = None;
-        for (res, (rank, _)) in futures::future::join_all(stops)
-            .await
-            .into_iter()
-            .zip(&links)
-        {
-            if let Err(e) = res {
-                first_err.get_or_insert(format!("host {rank}: {e}"));
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// Forgets what the hub knew of `proc_mesh`'s procs (after a stop).
-    pub fn forget_procs(&self, world: &WorldKey, proc_mesh: &str) {
-        let mut st = self.lock();
-        if let Some(w) = st.worlds.get_mut(world) {
-            w.procs.remove(proc_mesh);
-        }
-        st.mesh_triggers.remove(&WorldKey {
-            namespace: world.namespace.clone(),
-            name: proc_mesh.to_string(),
-        });
-    }
-
-    /// Proc states of `proc_mesh`, by (host rank, local rank).
-    pub fn proc_states(&self, world: &WorldKey, proc_mesh: &str) -> BTreeMap<(u64, u64), ProcObs> {
-        let st = self.lock();
-        st.worlds
-            .get(world)
-            .and_then(|w| w.procs.get(proc_mesh))
-            .cloned()
-            .unwrap_or_default()
     }
 
     /// Ends the urgent episode of a ProcMesh (all healthy again).

@@ -1,6 +1,7 @@
 //! Simulated agents for tests and benchmarks: an in-memory connector whose
-//! agents record every request and answer `CreateOrUpdate` by pushing a
-//! Running state, as a real agent would after spawning.
+//! agents keep procs the way the real agent does (idempotent CreateOrUpdate,
+//! restart of an ended proc under a higher incarnation, stop) and push every
+//! state change, without running processes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,26 +9,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use hostmesh_crds::procmesh::ProcState;
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentPush, AgentTarget, HostKey, ProcObs, ProcRequest,
+    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, protocol,
 };
 
 /// A request a simulated agent received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SimRequest {
     /// CreateOrUpdate.
-    Create(ProcRequest),
+    Create(CreateOrUpdate),
     /// Stop.
     Stop(String),
     /// SetAddressBook.
     Book(Vec<(u64, SocketAddr)>),
 }
-
-/// Procs an agent runs: `(proc mesh, local rank, state)`.
-pub type SimProcs = Vec<(String, u64, ProcObs)>;
 
 /// Connector to simulated agents.
 #[derive(Default)]
@@ -36,8 +33,8 @@ pub struct SimConnector {
     pub requests: Mutex<HashMap<HostKey, Vec<SimRequest>>>,
     /// Addresses that refuse connections.
     pub refuse: Mutex<Vec<SocketAddr>>,
-    /// Procs each agent already runs (for the Snapshot), by host.
-    pub running: Mutex<HashMap<HostKey, SimProcs>>,
+    /// Procs each agent holds, by host then name.
+    pub procs: Mutex<HashMap<HostKey, HashMap<String, protocol::ProcState>>>,
 }
 
 impl SimConnector {
@@ -50,71 +47,111 @@ impl SimConnector {
             .cloned()
             .unwrap_or_default()
     }
+
+    /// Sets proc `name` on `host` to `status` and returns the push to send.
+    pub fn set_status(
+        &self,
+        host: &HostKey,
+        name: &str,
+        status: protocol::ProcStatus,
+    ) -> Option<AgentPush> {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let p = procs.get_mut(host)?.get_mut(name)?;
+        p.status = status;
+        p.seq += 1;
+        Some(AgentPush::ProcState {
+            host: host.clone(),
+            state: p.clone(),
+        })
+    }
+}
+
+fn new_state(req: &CreateOrUpdate) -> protocol::ProcState {
+    protocol::ProcState {
+        proc_id: format!("sim,{}", req.name),
+        name: req.name.clone(),
+        rank: req.rank,
+        pid: Some(1),
+        command: vec![req.spec.command.clone()],
+        status: protocol::ProcStatus::Ready { pid: 1, addr: None },
+        started_at_ms: 0,
+        restarts: req.incarnation,
+        stop_requested: false,
+        seq: 0,
+    }
 }
 
 struct SimLink {
-    connector: Arc<SimConnector>,
+    sim: Arc<SimConnector>,
     host: HostKey,
     pushes: mpsc::Sender<AgentPush>,
 }
 
 impl SimLink {
     fn record(&self, r: SimRequest) {
-        self.connector
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(self.host.clone())
-            .or_default()
-            .push(r);
+        let mut reqs = self.sim.requests.lock().unwrap_or_else(|e| e.into_inner());
+        reqs.entry(self.host.clone()).or_default().push(r);
+    }
+
+    async fn push(&self, state: protocol::ProcState) -> Result<(), String> {
+        let push = AgentPush::ProcState {
+            host: self.host.clone(),
+            state,
+        };
+        self.pushes
+            .send(push)
+            .await
+            .map_err(|_| "hub gone".to_string())
     }
 }
 
 impl AgentLink for SimLink {
-    fn create_or_update(&self, req: ProcRequest) -> BoxFuture<'_, Result<(), String>> {
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             self.record(SimRequest::Create(req.clone()));
-            let obs = ProcObs {
-                state: ProcState::Running,
-                exit_code: None,
-                signal: None,
-                reason: None,
-                stderr_tail: None,
-                incarnation: req.spec.incarnation,
+            let changed = {
+                let mut procs = self.sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                let host = procs.entry(self.host.clone()).or_default();
+                match host.get(&req.name) {
+                    Some(p) if p.restarts >= req.incarnation => None,
+                    Some(p) if !p.status.is_terminal() => return Err("StillRunning".to_string()),
+                    _ => {
+                        let s = new_state(&req);
+                        host.insert(req.name.clone(), s.clone());
+                        Some(s)
+                    }
+                }
             };
-            self.connector
-                .running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(self.host.clone())
-                .or_default()
-                .push((req.proc_mesh.clone(), req.local_rank, obs.clone()));
-            let push = AgentPush::ProcState {
-                host: self.host.clone(),
-                proc_mesh: req.proc_mesh,
-                local_rank: req.local_rank,
-                obs,
-            };
-            self.pushes
-                .send(push)
-                .await
-                .map_err(|_| "hub gone".to_string())
+            match changed {
+                Some(s) => self.push(s).await,
+                None => Ok(()),
+            }
         })
     }
 
-    fn stop(&self, proc_mesh: String, _grace: Duration) -> BoxFuture<'_, Result<(), String>> {
+    fn stop(&self, name: String, _grace: Duration) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
-            self.record(SimRequest::Stop(proc_mesh.clone()));
-            if let Some(procs) = self
-                .connector
-                .running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&self.host)
-            {
-                procs.retain(|(m, _, _)| *m != proc_mesh);
+            self.record(SimRequest::Stop(name.clone()));
+            let stopped = {
+                let mut procs = self.sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                procs
+                    .get_mut(&self.host)
+                    .and_then(|h| h.get_mut(&name))
+                    .filter(|p| !p.status.is_terminal())
+                    .map(|p| {
+                        p.status = protocol::ProcStatus::Killed {
+                            signal: 15,
+                            core_dumped: false,
+                            stderr_tail: vec![],
+                        };
+                        p.stop_requested = true;
+                        p.clone()
+                    })
+            };
+            match stopped {
+                Some(s) => self.push(s).await,
+                None => Ok(()),
             }
-            Ok(())
         })
     }
 
@@ -149,13 +186,12 @@ impl AgentConnector for SimHandle {
             {
                 return Err(format!("connection refused by {}", target.addr));
             }
-            let procs = sim
-                .running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&target.host)
-                .cloned()
-                .unwrap_or_default();
+            let procs: Vec<protocol::ProcState> = {
+                let all = sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                all.get(&target.host)
+                    .map(|h| h.values().cloned().collect())
+                    .unwrap_or_default()
+            };
             let snap = AgentPush::Snapshot {
                 host: target.host.clone(),
                 pod_uid: target.pod_uid.clone(),
@@ -166,7 +202,7 @@ impl AgentConnector for SimHandle {
                 .await
                 .map_err(|_| "hub gone".to_string())?;
             let link: Arc<dyn AgentLink> = Arc::new(SimLink {
-                connector: sim,
+                sim,
                 host: target.host,
                 pushes,
             });

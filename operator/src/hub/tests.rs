@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use hostmesh_crds::procmesh::ProcState;
+use hostmesh_runtime::host::protocol::{ProcSpec, ProcStatus};
 
 use super::sim::{SimConnector, SimRequest, connector};
 use super::*;
@@ -12,6 +13,10 @@ fn wk() -> WorldKey {
         namespace: "ns".into(),
         name: "w".into(),
     }
+}
+
+fn host(rank: u64) -> HostKey {
+    HostKey { world: wk(), rank }
 }
 
 fn agents(n: u64, uid: &str) -> WorldAgents {
@@ -32,38 +37,40 @@ fn agents(n: u64, uid: &str) -> WorldAgents {
     }
 }
 
-fn req(mesh: &str, local: u64, incarnation: u32) -> ProcRequest {
-    ProcRequest {
-        proc_mesh: mesh.into(),
-        local_rank: local,
-        rank: local,
-        spec: ProcSpec {
-            argv: vec!["sh".into()],
-            env: vec![],
-            working_dir: None,
-            incarnation,
-        },
+fn req(rank: u64, incarnation: u32) -> CreateOrUpdate {
+    CreateOrUpdate {
+        name: proc_name("pm.abc", rank),
+        rank: rank as usize,
+        spec: ProcSpec::command("sh", &[]),
+        incarnation,
     }
 }
 
-async fn drain(hub: &Hub, rx: &mut mpsc::Receiver<AgentPush>) {
+fn drain(hub: &Hub, rx: &mut mpsc::Receiver<AgentPush>) {
     while let Ok(p) = rx.try_recv() {
         hub.handle_push(p, Instant::now());
     }
 }
 
+fn mk_on(sim: &Arc<SimConnector>) -> (Arc<Hub>, mpsc::Receiver<AgentPush>) {
+    let hub = Hub::new(connector(sim));
+    let rx = hub.push_rx.lock().unwrap().take().unwrap();
+    (hub, rx)
+}
+
 fn mk() -> (Arc<SimConnector>, Arc<Hub>, mpsc::Receiver<AgentPush>) {
     let sim = Arc::new(SimConnector::default());
-    let hub = Hub::new(connector(&sim));
-    let rx = hub.push_rx.lock().unwrap().take().unwrap();
+    let (hub, rx) = mk_on(&sim);
     (sim, hub, rx)
 }
+
+const GRACE: Duration = Duration::from_secs(1);
 
 #[tokio::test]
 async fn liveness_follows_heartbeats_and_expiry() {
     let (_sim, hub, mut rx) = mk();
     hub.sync_world(&wk(), agents(2, "a")).await;
-    drain(&hub, &mut rx).await; // snapshots count as heartbeats
+    drain(&hub, &mut rx); // snapshots count as heartbeats
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
     assert_eq!(hub.liveness(&wk(), 0, "other-pod"), Liveness::Unknown);
     let (tw, mut rw) = mpsc::unbounded_channel();
@@ -78,10 +85,7 @@ async fn liveness_follows_heartbeats_and_expiry() {
     );
     hub.handle_push(
         AgentPush::Heartbeat {
-            host: HostKey {
-                world: wk(),
-                rank: 1,
-            },
+            host: host(1),
             pod_uid: "a-1".into(),
         },
         later,
@@ -93,58 +97,91 @@ async fn liveness_follows_heartbeats_and_expiry() {
 async fn address_book_and_no_duplicate_creates() {
     let (sim, hub, mut rx) = mk();
     hub.sync_world(&wk(), agents(2, "a")).await;
-    let h0 = HostKey {
-        world: wk(),
-        rank: 0,
-    };
-    assert!(matches!(&sim.requests_of(&h0)[..], [SimRequest::Book(b)] if b.len() == 2));
+    assert!(matches!(&sim.requests_of(&host(0))[..], [SimRequest::Book(b)] if b.len() == 2));
     assert!(hub.connected(&wk(), 2));
     assert_eq!(
-        hub.ensure_procs(&wk(), 0, vec![req("pm", 0, 0), req("pm", 1, 0)])
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
             .await,
         Ok(2)
     );
     assert_eq!(
-        hub.ensure_procs(&wk(), 0, vec![req("pm", 0, 0), req("pm", 1, 0)])
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
             .await,
         Ok(0)
     );
-    assert_eq!(
-        hub.ensure_procs(&wk(), 0, vec![req("pm", 0, 1)]).await,
-        Ok(1),
-        "restart bumps incarnation"
-    );
-    drain(&hub, &mut rx).await;
-    let states = hub.proc_states(&wk(), "pm");
-    assert_eq!(states[&(0, 1)].state, ProcState::Running);
+    drain(&hub, &mut rx);
+    let states = hub.proc_states(&wk(), "pm.abc");
+    assert_eq!(states[&1].state, ProcState::Running);
     // Re-sync with the same pods: no new dial, no resend.
     hub.sync_world(&wk(), agents(2, "a")).await;
-    assert_eq!(sim.requests_of(&h0).len(), 4);
-    hub.stop_procs(&wk(), "pm", Duration::from_secs(1))
-        .await
-        .unwrap();
+    assert_eq!(sim.requests_of(&host(0)).len(), 3);
+    hub.stop_procs(&wk(), "pm.abc", GRACE).await.unwrap();
+    let stops = sim
+        .requests_of(&host(0))
+        .into_iter()
+        .filter(|r| matches!(r, SimRequest::Stop(_)))
+        .count();
+    assert_eq!(stops, 2);
+    drain(&hub, &mut rx);
+    assert!(!hub.procs_running(&wk(), "pm.abc"));
     assert_eq!(
-        sim.requests_of(&h0).last(),
-        Some(&SimRequest::Stop("pm".into()))
+        hub.proc_states(&wk(), "pm.abc")[&0].state,
+        ProcState::Stopped
     );
 }
 
 #[tokio::test]
-async fn restarted_operator_rebuilds_from_snapshots() {
+async fn restart_of_a_running_proc_stops_it_first() {
     let (sim, hub, mut rx) = mk();
     hub.sync_world(&wk(), agents(1, "a")).await;
-    hub.ensure_procs(&wk(), 0, vec![req("pm", 0, 0)])
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
         .await
         .unwrap();
-    drain(&hub, &mut rx).await;
-    // A new hub (operator restart) against the same agents.
-    let hub2 = Hub::new(connector(&sim));
-    let mut rx2 = hub2.push_rx.lock().unwrap().take().unwrap();
-    hub2.sync_world(&wk(), agents(1, "a")).await;
-    drain(&hub2, &mut rx2).await;
+    drain(&hub, &mut rx);
+    // Gang restart: incarnation 1 while incarnation 0 still runs.
     assert_eq!(
-        hub2.proc_states(&wk(), "pm")[&(0, 0)].state,
+        hub.ensure_procs(&wk(), 0, vec![req(0, 1)], GRACE).await,
+        Ok(0)
+    );
+    assert_eq!(
+        sim.requests_of(&host(0)).last(),
+        Some(&SimRequest::Stop(proc_name("pm.abc", 0)))
+    );
+    drain(&hub, &mut rx);
+    assert_eq!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 1)], GRACE).await,
+        Ok(1)
+    );
+    drain(&hub, &mut rx);
+    let s = &hub.proc_states(&wk(), "pm.abc")[&0];
+    assert_eq!((s.state, s.incarnation), (ProcState::Running, 1));
+}
+
+#[tokio::test]
+async fn restarted_operator_rebuilds_from_snapshots_without_duplicates() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    drop(hub);
+    // A new hub (operator restart) against the same agents.
+    let (hub2, mut rx2) = mk_on(&sim);
+    hub2.sync_world(&wk(), agents(1, "a")).await;
+    drain(&hub2, &mut rx2);
+    assert_eq!(
+        hub2.proc_states(&wk(), "pm.abc")[&0].state,
         ProcState::Running
+    );
+    hub2.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    let procs = sim.procs.lock().unwrap();
+    assert_eq!(
+        procs[&host(0)].len(),
+        1,
+        "the agent still has exactly one proc"
     );
 }
 
@@ -157,65 +194,61 @@ async fn replaced_pod_is_a_new_agent_and_refusals_retry() {
         .push(SocketAddr::from(([127, 0, 1, 0], 26600)));
     hub.sync_world(&wk(), agents(1, "a")).await;
     assert!(!hub.connected(&wk(), 1));
+    assert!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+            .await
+            .unwrap_err()
+            .contains("no agent connection")
+    );
     sim.refuse.lock().unwrap().clear();
     hub.sync_world(&wk(), agents(1, "a")).await;
     assert!(hub.connected(&wk(), 1));
-    drain(&hub, &mut rx).await;
+    drain(&hub, &mut rx);
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
     hub.sync_world(&wk(), agents(1, "b")).await;
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Unknown);
-    drain(&hub, &mut rx).await;
+    drain(&hub, &mut rx);
     assert_eq!(hub.liveness(&wk(), 0, "b-0"), Liveness::Alive);
 }
 
 #[tokio::test]
 async fn proc_failures_trigger_at_once_and_storms_coalesce() {
-    let (_sim, hub, mut rx) = mk();
+    let (sim, hub, mut rx) = mk();
     hub.sync_world(&wk(), agents(4, "a")).await;
-    drain(&hub, &mut rx).await;
+    for h in 0..4 {
+        hub.ensure_procs(&wk(), h, vec![req(h, 0)], GRACE)
+            .await
+            .unwrap();
+    }
+    drain(&hub, &mut rx);
     let (tw, _rw) = mpsc::unbounded_channel();
     let (tm, mut rm) = mpsc::unbounded_channel();
     let t0 = Instant::now();
     hub.tick(t0, &tw, &tm);
     while rm.try_recv().is_ok() {}
-    let obs = |state| ProcObs {
-        state,
-        exit_code: Some(1),
-        signal: None,
-        reason: None,
-        stderr_tail: None,
-        incarnation: 0,
+    let failed = ProcStatus::Stopped {
+        exit_code: 1,
+        stderr_tail: vec!["boom".into()],
     };
-    for r in 0..4 {
-        hub.handle_push(
-            AgentPush::ProcState {
-                host: HostKey {
-                    world: wk(),
-                    rank: r,
-                },
-                proc_mesh: "pm".into(),
-                local_rank: 0,
-                obs: obs(ProcState::Failed),
-            },
-            t0,
-        );
+    for h in 0..4 {
+        let push = sim
+            .set_status(&host(h), &proc_name("pm.abc", h), failed.clone())
+            .unwrap();
+        hub.handle_push(push, t0);
     }
     hub.tick(t0, &tw, &tm);
     assert_eq!(rm.try_recv().unwrap().name, "pm");
     assert!(rm.try_recv().is_err(), "one write for the burst");
-    let t1 = t0 + Duration::from_millis(100);
-    hub.handle_push(
-        AgentPush::ProcState {
-            host: HostKey {
-                world: wk(),
-                rank: 0,
-            },
-            proc_mesh: "pm".into(),
-            local_rank: 0,
-            obs: obs(ProcState::Running),
-        },
-        t1,
+    let s = &hub.proc_states(&wk(), "pm.abc")[&2];
+    assert_eq!(
+        (s.state, s.exit_code, s.stderr_tail.as_deref()),
+        (ProcState::Failed, Some(1), Some("boom"))
     );
+    let t1 = t0 + Duration::from_millis(100);
+    let push = sim
+        .set_status(&host(0), &proc_name("pm.abc", 0), ProcStatus::Starting)
+        .unwrap();
+    hub.handle_push(push, t1);
     hub.tick(t1, &tw, &tm);
     assert!(
         rm.try_recv().is_err(),

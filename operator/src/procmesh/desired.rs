@@ -1,104 +1,108 @@
-//! The procs a ProcMesh asks of each host, with the environment contract
-//! (docs/architecture.md, "Proc environment"), built as plain data.
+//! The procs a ProcMesh asks of each host, as the agent protocol's
+//! `CreateOrUpdate` requests, built as plain data.
 //!
 //! Invariants:
 //! 1. proc rank = host_rank * perHostSize + local rank; the extent is the
-//!    World's shape followed by `perHost`.
-//! 2. Contract variables win over user `env` entries of the same name.
-//! 3. Addresses come from the operator's address book (pod IPs), never DNS.
-
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+//!    World's shape followed by `perHost` (the agent derives the environment
+//!    contract, `RANK` .. `HOSTMESH_*`, from it and its address book).
+//! 2. User `env` entries named like a contract variable are dropped, so the
+//!    contract always holds (docs/api.md).
+//! 3. Proc names carry the ProcMesh's uid ([`mesh_id`]).
 
 use hostmesh_crds::{ProcMesh, World};
+use hostmesh_runtime::host::protocol::{Dim, ProcSpec};
 use kube::ResourceExt as _;
 
-use crate::hub::{ProcRequest, ProcSpec};
-use crate::world::desired::SECRET_FILE;
+use crate::hub::{CreateOrUpdate, proc_name};
 
-/// Default `MASTER_PORT`.
-pub const DEFAULT_MASTER_PORT: u16 = 29500;
+/// Variables of the environment contract (besides every `HOSTMESH_*`).
+pub const CONTRACT_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
 
 /// Global rank of `local` on host `host_rank`.
 pub fn proc_rank(host_rank: u64, per_host: u64, local: u64) -> u64 {
     host_rank * per_host + local
 }
 
-/// Name of the env variable holding the coordinate along `dim`.
-pub fn coord_var(dim: &str) -> String {
+/// `<name>.<first 8 characters of the uid>`: the prefix of the ProcMesh's
+/// proc names.
+pub fn mesh_id(pm: &ProcMesh) -> String {
+    let uid = pm.uid().unwrap_or_default();
+    let short: String = uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
     format!(
-        "HOSTMESH_COORD_{}",
-        dim.to_ascii_uppercase().replace('-', "_")
+        "{}.{}",
+        pm.name_any(),
+        if short.is_empty() { "0" } else { &short }
     )
 }
 
-/// The procs of `pm` on host `host_rank`; `book` maps host ranks to agent
-/// addresses; `incarnation(rank)` is the spec incarnation of each rank.
+/// The agent's spec for every proc of `pm` on `world`.
+pub fn proc_spec(pm: &ProcMesh, world: &World) -> ProcSpec {
+    let mut extent: Vec<Dim> = world
+        .spec
+        .extent()
+        .dims()
+        .iter()
+        .map(|d| Dim::new(d.name.clone(), d.size as usize))
+        .collect();
+    extent.extend(
+        pm.spec
+            .per_host
+            .iter()
+            .map(|d| Dim::new(d.name.clone(), d.size as usize)),
+    );
+    let mut argv = pm.spec.command.iter().chain(&pm.spec.args).cloned();
+    ProcSpec {
+        command: argv.next().unwrap_or_default(),
+        args: argv.collect(),
+        env: pm
+            .spec
+            .env
+            .iter()
+            .filter(|e| {
+                !CONTRACT_VARS.contains(&e.name.as_str()) && !e.name.starts_with("HOSTMESH_")
+            })
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect(),
+        working_dir: pm.spec.working_dir.clone(),
+        proc_mesh: pm.name_any(),
+        extent,
+        per_host_dims: pm.spec.per_host.len(),
+        master_port: pm.spec.master_port,
+        runtime_aware: false,
+        spawn_timeout_ms: None,
+    }
+}
+
+/// The requests for host `host_rank`; `incarnation(rank)` is each rank's.
 pub fn host_procs(
     pm: &ProcMesh,
     world: &World,
     host_rank: u64,
-    book: &BTreeMap<u64, SocketAddr>,
     incarnation: &dyn Fn(u64) -> u32,
-) -> Vec<ProcRequest> {
-    let world_extent = world.spec.extent();
-    let per_host_extent = pm.spec.per_host_extent();
-    let extent = world_extent.concat(&per_host_extent);
-    let per_host = per_host_extent.num_ranks();
-    let world_size = extent.num_ranks();
-    let pm_name = pm.name_any();
-    let master = book.get(&0).map(|a| a.ip().to_string()).unwrap_or_default();
-    let master_port = pm.spec.master_port.unwrap_or(DEFAULT_MASTER_PORT);
-    let agent = book
-        .get(&host_rank)
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let mut argv = pm.spec.command.clone();
-    argv.extend(pm.spec.args.iter().cloned());
+) -> Vec<CreateOrUpdate> {
+    let per_host = pm.spec.per_host_extent().num_ranks();
+    let spec = proc_spec(pm, world);
+    let id = mesh_id(pm);
     (0..per_host)
         .map(|local| {
             let rank = proc_rank(host_rank, per_host, local);
-            let mut contract = vec![
-                ("RANK".to_string(), rank.to_string()),
-                ("WORLD_SIZE".to_string(), world_size.to_string()),
-                ("LOCAL_RANK".to_string(), local.to_string()),
-                ("LOCAL_WORLD_SIZE".to_string(), per_host.to_string()),
-                ("GROUP_RANK".to_string(), host_rank.to_string()),
-                ("MASTER_ADDR".to_string(), master.clone()),
-                ("MASTER_PORT".to_string(), master_port.to_string()),
-                ("HOSTMESH_WORLD".to_string(), world.name_any()),
-                ("HOSTMESH_PROC_MESH".to_string(), pm_name.clone()),
-                ("HOSTMESH_EXTENT".to_string(), extent.to_string()),
-                ("HOSTMESH_AGENT_ADDR".to_string(), agent.clone()),
-                ("HOSTMESH_SECRET_FILE".to_string(), SECRET_FILE.to_string()),
-                (
-                    "HOSTMESH_PROC_NAME".to_string(),
-                    format!("{pm_name}-{rank}"),
-                ),
-            ];
-            if let Some(coords) = extent.coords(rank) {
-                for (d, c) in extent.dims().iter().zip(coords) {
-                    contract.push((coord_var(&d.name), c.to_string()));
-                }
-            }
-            let mut env: Vec<(String, String)> = pm
-                .spec
-                .env
-                .iter()
-                .filter(|e| !contract.iter().any(|(k, _)| *k == e.name))
-                .map(|e| (e.name.clone(), e.value.clone()))
-                .collect();
-            env.extend(contract);
-            ProcRequest {
-                proc_mesh: pm_name.clone(),
-                local_rank: local,
-                rank,
-                spec: ProcSpec {
-                    argv: argv.clone(),
-                    env,
-                    working_dir: pm.spec.working_dir.clone(),
-                    incarnation: incarnation(rank),
-                },
+            CreateOrUpdate {
+                name: proc_name(&id, rank),
+                rank: rank as usize,
+                spec: spec.clone(),
+                incarnation: incarnation(rank),
             }
         })
         .collect()
@@ -118,56 +122,45 @@ pub(crate) mod tests {
 
     pub(crate) fn mk_pm(extra: &str) -> ProcMesh {
         serde_saphyr::from_str(&format!(
-            "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: train, namespace: ns}}\n\
+            "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: train, namespace: ns, uid: 0f1e2d3c-aaaa}}\n\
              spec: {{world: trainer, perHost: [{{name: gpu, size: 8}}], command: [python, train.py], args: [--lr, '1'], env: [{{name: RANK, value: spoof}}, {{name: X, value: y}}]{extra}}}\n"
         ))
         .unwrap()
     }
 
-    fn book() -> BTreeMap<u64, SocketAddr> {
-        (0..8)
-            .map(|r| (r, SocketAddr::from(([127, 0, 1, r as u8 + 1], 26600))))
-            .collect()
-    }
-
     #[test]
-    fn ranks_and_environment_contract() {
-        let reqs = host_procs(&mk_pm(""), &mk_world(), 5, &book(), &|_| 0);
+    fn ranks_names_and_spec() {
+        let reqs = host_procs(&mk_pm(""), &mk_world(), 5, &|r| (r % 2) as u32);
         assert_eq!(reqs.len(), 8);
         let r = &reqs[3];
-        assert_eq!((r.rank, r.local_rank), (43, 3));
-        assert_eq!(r.spec.argv, ["python", "train.py", "--lr", "1"]);
-        let env: BTreeMap<_, _> = r.spec.env.iter().cloned().collect();
-        assert_eq!(env["RANK"], "43");
-        assert_eq!(env["WORLD_SIZE"], "64");
-        assert_eq!(env["LOCAL_RANK"], "3");
-        assert_eq!(env["LOCAL_WORLD_SIZE"], "8");
-        assert_eq!(env["GROUP_RANK"], "5");
-        assert_eq!(env["MASTER_ADDR"], "127.0.1.1");
-        assert_eq!(env["MASTER_PORT"], "29500");
-        assert_eq!(env["HOSTMESH_EXTENT"], "replica=2,host=4,gpu=8");
-        assert_eq!(env["HOSTMESH_COORD_REPLICA"], "1");
-        assert_eq!(env["HOSTMESH_COORD_HOST"], "1");
-        assert_eq!(env["HOSTMESH_COORD_GPU"], "3");
-        assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.1.6:26600");
-        assert_eq!(env["HOSTMESH_PROC_NAME"], "train-43");
-        assert_eq!(env["HOSTMESH_WORLD"], "trainer");
-        assert_eq!(env["X"], "y");
+        assert_eq!(r.rank, 43);
+        assert_eq!(r.name, "train.0f1e2d3c.43");
+        assert_eq!(r.incarnation, 1);
+        assert_eq!(r.spec.command, "python");
+        assert_eq!(r.spec.args, ["train.py", "--lr", "1"]);
         assert_eq!(
-            r.spec.env.iter().filter(|(k, _)| k == "RANK").count(),
-            1,
-            "contract wins"
+            r.spec.env,
+            [("X".to_string(), "y".to_string())],
+            "contract names are dropped"
         );
+        assert_eq!(r.spec.world_size(), 64);
+        assert_eq!(r.spec.local_world_size(), 8);
+        assert_eq!(r.spec.per_host_dims, 1);
+        assert_eq!(r.spec.proc_mesh, "train");
+        assert_eq!(
+            crate::hub::parse_proc_name(&r.name),
+            Some(("train.0f1e2d3c", 43))
+        );
+        assert_eq!(crate::hub::mesh_name("train.0f1e2d3c"), "train");
     }
 
     #[test]
     fn no_per_host_means_one_proc_per_host() {
         let mut pm = mk_pm("");
         pm.spec.per_host.clear();
-        let reqs = host_procs(&pm, &mk_world(), 7, &book(), &|r| r as u32);
+        let reqs = host_procs(&pm, &mk_world(), 7, &|_| 0);
         assert_eq!(reqs.len(), 1);
         assert_eq!(reqs[0].rank, 7);
-        assert_eq!(reqs[0].spec.incarnation, 7);
-        assert_eq!(coord_var("my-dim"), "HOSTMESH_COORD_MY_DIM");
+        assert_eq!(reqs[0].spec.local_world_size(), 1);
     }
 }

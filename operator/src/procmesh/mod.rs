@@ -15,8 +15,6 @@
 pub mod desired;
 pub mod plan;
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,10 +23,9 @@ use hostmesh_crds::conditions::{self, FAILED, PROGRESSING, READY};
 use hostmesh_crds::procmesh::{ProcMeshPhase, ProcMeshStatus};
 use hostmesh_crds::validate;
 use hostmesh_crds::{ProcMesh, World};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -38,7 +35,6 @@ use tracing::{debug, info, warn};
 
 use crate::context::{Context, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
-use crate::world::{desired as world_desired, observe};
 use crate::{Error, FIELD_MANAGER};
 
 /// Finalizer on ProcMeshes.
@@ -136,7 +132,8 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let key = world_key(pm);
     let world_extent = world.spec.extent();
     let hosts = world_extent.num_ranks();
-    let states = ctx.hub.proc_states(&key, &pm.name_any());
+    let id = desired::mesh_id(pm);
+    let states = ctx.hub.proc_states(&key, &id);
     let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
     let plan = plan::plan(&plan::PlanInput {
         pm,
@@ -149,11 +146,14 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     });
 
     if let Some(inc) = &plan.spawn {
-        let book = address_book(&world, ctx, &ns).await?;
         let mut errors = Vec::new();
         for host in 0..hosts {
-            let reqs = desired::host_procs(pm, &world, host, &book, &|r| inc.get(r));
-            if let Err(e) = ctx.hub.ensure_procs(&key, host, reqs).await {
+            let reqs = desired::host_procs(pm, &world, host, &|r| inc.get(r));
+            if let Err(e) = ctx
+                .hub
+                .ensure_procs(&key, host, reqs, timings.stop_timeout)
+                .await
+            {
                 errors.push(e);
             }
         }
@@ -196,26 +196,6 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(
         plan.requeue_after.map_or(default, |d| d.min(default)),
     ))
-}
-
-async fn address_book(
-    world: &World,
-    ctx: &Context,
-    ns: &str,
-) -> Result<BTreeMap<u64, SocketAddr>, Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let name = world.name_any();
-    let lp = ListParams::default().labels(&format!("{}={name}", world_desired::LABEL_WORLD));
-    Ok(pods
-        .list(&lp)
-        .await?
-        .items
-        .iter()
-        .filter_map(|p| {
-            let rank = p.labels().get(world_desired::LABEL_RANK)?.parse().ok()?;
-            Some((rank, SocketAddr::new(observe::pod_ip(p)?, world.spec.port)))
-        })
-        .collect())
 }
 
 async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result<Action, Error> {
@@ -289,6 +269,7 @@ pub async fn write_status(
 
 async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let name = pm.name_any();
+    let id = desired::mesh_id(pm);
     let key = world_key(pm);
     let ns = pm.namespace().unwrap_or_default();
     let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
@@ -298,7 +279,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .map(|t| t.stop_timeout)
         .unwrap_or(Duration::from_secs(30));
     if world.is_none() {
-        ctx.hub.forget_procs(&key, &name);
+        ctx.hub.forget_procs(&key, &id);
         return Ok(Action::await_change());
     }
     let mut status = pm.status.clone().unwrap_or_default();
@@ -326,7 +307,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
-    let stop = ctx.hub.stop_procs(&key, &name, stop_timeout).await;
+    let stop = ctx.hub.stop_procs(&key, &id, stop_timeout).await;
     let started = status.spawn_time.as_ref().map_or(now, |t| t.0);
     let deadline = started
         + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
@@ -338,6 +319,6 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     if (stop.is_err() || still_running) && now < deadline {
         return Err(Error::Waiting(format!("procs of {name} still stopping")));
     }
-    ctx.hub.forget_procs(&key, &name);
+    ctx.hub.forget_procs(&key, &id);
     Ok(Action::await_change())
 }

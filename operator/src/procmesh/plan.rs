@@ -46,8 +46,8 @@ pub struct PlanInput<'a> {
     pub hosts: u64,
     /// The full extent (World shape then perHost), for display.
     pub extent: String,
-    /// Agents' reports by (host rank, local rank).
-    pub states: &'a BTreeMap<(u64, u64), ProcObs>,
+    /// Agents' reports by rank.
+    pub states: &'a BTreeMap<u64, ProcObs>,
     /// Now.
     pub now: Timestamp,
 }
@@ -159,9 +159,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         base,
         per_rank: HashMap::new(),
     };
-    for ((h, l), obs) in input.states {
+    for (rank, obs) in input.states {
         if obs.incarnation > base {
-            inc.per_rank.insert(h * per_host + l, obs.incarnation);
+            inc.per_rank.insert(*rank, obs.incarnation);
         }
     }
 
@@ -174,9 +174,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 
     let mut ranks: Vec<RankStatus> = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     for rank in 0..total {
-        let (h, l) = (rank / per_host, rank % per_host);
         let want = inc.get(rank);
-        let s = match input.states.get(&(h, l)) {
+        let s = match input.states.get(&rank) {
             Some(o) if o.incarnation >= want => RankStatus {
                 state: o.state,
                 exit_code: o.exit_code,

@@ -10,6 +10,7 @@ fn timings(pm: &ProcMesh) -> ProcMeshTimings {
 
 fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
     ProcObs {
+        host: 0,
         state,
         exit_code: code,
         signal: None,
@@ -19,16 +20,16 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
     }
 }
 
-fn all(hosts: u64, per: u64, state: ProcState, inc: u32) -> BTreeMap<(u64, u64), ProcObs> {
-    (0..hosts)
-        .flat_map(|h| (0..per).map(move |l| ((h, l), obs(state, None, inc))))
+fn all(hosts: u64, per: u64, state: ProcState, inc: u32) -> BTreeMap<u64, ProcObs> {
+    (0..hosts * per)
+        .map(|r| (r, obs(state, None, inc)))
         .collect()
 }
 
 fn run(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
-    states: &BTreeMap<(u64, u64), ProcObs>,
+    states: &BTreeMap<u64, ProcObs>,
     now: i64,
 ) -> Plan {
     plan(&PlanInput {
@@ -77,7 +78,7 @@ fn waits_for_world_then_spawns_then_runs() {
 fn never_policy_fails_with_root_cause_kept() {
     let mut pm = small("");
     let mut states = all(2, 2, ProcState::Running, 0);
-    states.insert((1, 0), obs(ProcState::Failed, Some(3), 0));
+    states.insert(2, obs(ProcState::Failed, Some(3), 0));
     let p = run(&pm, RUNNING, &states, 100);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
     assert!(p.stop);
@@ -92,7 +93,7 @@ fn never_policy_fails_with_root_cause_kept() {
     assert_eq!(p.status.failed, 1);
     // A later failure of another rank keeps the root cause.
     pm.status = Some(p.status);
-    states.insert((0, 0), obs(ProcState::Killed, None, 0));
+    states.insert(0, obs(ProcState::Killed, None, 0));
     let p = run(&pm, RUNNING, &states, 105);
     assert_eq!(p.status.first_failure.unwrap().rank, 2);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
@@ -103,7 +104,7 @@ fn never_policy_fails_with_root_cause_kept() {
 fn on_failure_restarts_the_rank_in_place_with_backoff_and_limit() {
     let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 2, backoff: 10s}");
     let mut states = all(2, 2, ProcState::Running, 0);
-    states.insert((0, 1), obs(ProcState::Failed, Some(1), 0));
+    states.insert(1, obs(ProcState::Failed, Some(1), 0));
     let p = run(&pm, RUNNING, &states, 100);
     let inc = p.spawn.clone().unwrap();
     assert_eq!((inc.get(1), inc.get(0)), (1, 0));
@@ -115,14 +116,14 @@ fn on_failure_restarts_the_rank_in_place_with_backoff_and_limit() {
     );
     // The restarted rank fails again: backoff 10s before restart 2.
     pm.status = Some(p.status);
-    states.insert((0, 1), obs(ProcState::Failed, Some(1), 1));
+    states.insert(1, obs(ProcState::Failed, Some(1), 1));
     let p = run(&pm, RUNNING, &states, 103);
     assert_eq!(p.spawn.unwrap().get(1), 1, "not yet");
     assert_eq!(p.requeue_after, Some(Duration::from_secs(7)));
     let p = run(&pm, RUNNING, &states, 111);
     assert_eq!(p.spawn.unwrap().get(1), 2);
     pm.status = Some(p.status);
-    states.insert((0, 1), obs(ProcState::Failed, Some(1), 2));
+    states.insert(1, obs(ProcState::Failed, Some(1), 2));
     let p = run(&pm, RUNNING, &states, 200);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
     let msg = &conditions::get(&p.status.conditions, FAILED)
@@ -137,12 +138,12 @@ fn permanent_exit_codes_and_rules() {
         ", restartPolicy: {policy: OnFailure, rules: [{action: Fail, exitCodes: [42]}, {action: Retry, exitCodes: [127]}]}",
     );
     let mut states = all(2, 2, ProcState::Running, 0);
-    states.insert((0, 0), obs(ProcState::Failed, Some(42), 0));
+    states.insert(0, obs(ProcState::Failed, Some(42), 0));
     assert_eq!(
         run(&pm, RUNNING, &states, 1).status.phase,
         Some(ProcMeshPhase::Failed)
     );
-    states.insert((0, 0), obs(ProcState::Failed, Some(127), 0));
+    states.insert(0, obs(ProcState::Failed, Some(127), 0));
     assert_eq!(
         run(&pm, RUNNING, &states, 1).status.phase,
         Some(ProcMeshPhase::Spawning),
@@ -163,7 +164,7 @@ fn permanent_exit_codes_and_rules() {
 fn gang_restarts_every_rank_and_survives_operator_restart() {
     let mut pm = small(", restartPolicy: {policy: Gang, maxRestarts: 3}");
     let mut states = all(2, 2, ProcState::Running, 0);
-    states.insert((1, 1), obs(ProcState::Failed, Some(1), 0));
+    states.insert(3, obs(ProcState::Failed, Some(1), 0));
     let p = run(&pm, RUNNING, &states, 100);
     let inc = p.spawn.clone().unwrap();
     assert!((0..4).all(|r| inc.get(r) == 1));
@@ -184,7 +185,7 @@ fn spawn_timeout_marks_silent_ranks() {
     let p = run(&pm, RUNNING, &BTreeMap::new(), 100);
     pm.status = Some(p.status);
     let mut states = BTreeMap::new();
-    states.insert((0, 0), obs(ProcState::Running, None, 0));
+    states.insert(0, obs(ProcState::Running, None, 0));
     let p = run(&pm, RUNNING, &states, 106);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
     assert_eq!(p.status.failed, 3);
