@@ -5,13 +5,19 @@
 //! those hosts), [`hub`] (agent connections, heartbeats, coalesced status
 //! triggers), [`context`] (what reconciles share). `run` is composed of
 //! small steps ([`connect`], [`controllers`]) so metrics, leader election and
-//! health endpoints can wrap it. [`manifest`] applies user manifests
-//! (`hostmesh up`).
+//! health endpoints can wrap it. The operability parts: [`metrics`],
+//! [`health`], [`leader`] (election), [`telemetry`] (logging), [`status`]
+//! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
 
 pub mod context;
+pub mod health;
 pub mod hub;
+pub mod leader;
 pub mod manifest;
+pub mod metrics;
 pub mod procmesh;
+pub mod status;
+pub mod telemetry;
 pub mod world;
 
 use std::sync::Arc;

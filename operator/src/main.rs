@@ -32,6 +32,9 @@ enum Command {
     Operator(hostmesh_operator::OperatorArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => print_crds(),
         Command::Operator(args) => run_operator(args),
         Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
     }
 }
 
