@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use futures::FutureExt as _;
 use kube::Client;
+use tokio::sync::mpsc;
 use tracing::info;
 
 pub use context::Context;
@@ -38,15 +39,34 @@ pub struct OperatorArgs {
     /// container.
     #[arg(long, env = "HOSTMESH_AGENT_IMAGE", default_value = concat!("ghcr.io/hostmesh/hostmesh:", env!("CARGO_PKG_VERSION")))]
     pub agent_image: String,
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "HOSTMESH_WATCH_NAMESPACE")]
-    pub namespace: Option<String>,
+    /// Watch only these namespaces, comma-separated (default: all).
+    #[arg(long, env = "HOSTMESH_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
     /// Reconciles running at once per controller.
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
     /// Name reported on Events (the operator pod's name).
     #[arg(long, env = "POD_NAME", default_value = "hostmesh-operator")]
     pub instance: String,
+}
+
+impl OperatorArgs {
+    /// The namespaces to watch: `[None]` for all, else one entry each.
+    pub fn namespaces(&self) -> Vec<Option<String>> {
+        let mut list: Vec<String> = self
+            .watch_namespaces
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        list.sort();
+        list.dedup();
+        if list.is_empty() {
+            vec![None]
+        } else {
+            list.into_iter().map(Some).collect()
+        }
+    }
 }
 
 /// Errors of the operator library. Each has a short [`Error::label`] shared
@@ -92,21 +112,54 @@ pub async fn connect() -> Result<Client, Error> {
     Ok(Client::try_default().await?)
 }
 
-/// Runs both controllers and the hub until `shutdown` resolves.
+/// Runs both controllers (one pair per watched namespace) and the hub
+/// until `shutdown` resolves.
 pub async fn controllers(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let shutdown = shutdown.shared();
-    let (tw, rw) = tokio::sync::mpsc::unbounded_channel();
-    let (tm, rm) = tokio::sync::mpsc::unbounded_channel();
+    let (tw, rw) = mpsc::unbounded_channel();
+    let (tm, rm) = mpsc::unbounded_channel();
     let hub = tokio::spawn(ctx.hub.clone().run(tw, tm, shutdown.clone()));
-    let worlds = world::controller(ctx.clone(), rw, shutdown.clone());
-    let meshes = procmesh::controller(ctx.clone(), rm, shutdown.clone());
-    futures::join!(worlds, meshes);
+    let namespaces = ctx.args.namespaces();
+    let (world_routes, world_rx) = routes(&namespaces);
+    let (mesh_routes, mesh_rx) = routes(&namespaces);
+    tokio::spawn(route(rw, world_routes));
+    tokio::spawn(route(rm, mesh_routes));
+    let mut runs = Vec::new();
+    for ((ns, wrx), mrx) in namespaces.into_iter().zip(world_rx).zip(mesh_rx) {
+        runs.push(world::controller(ctx.clone(), ns.clone(), wrx, shutdown.clone()).boxed());
+        runs.push(procmesh::controller(ctx.clone(), ns, mrx, shutdown.clone()).boxed());
+    }
+    futures::future::join_all(runs).await;
     hub.abort();
     info!("controllers stopped");
     Ok(())
+}
+
+type Routes = Vec<(Option<String>, mpsc::UnboundedSender<hub::WorldKey>)>;
+
+fn routes(namespaces: &[Option<String>]) -> (Routes, Vec<mpsc::UnboundedReceiver<hub::WorldKey>>) {
+    namespaces
+        .iter()
+        .map(|ns| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            ((ns.clone(), tx), rx)
+        })
+        .unzip()
+}
+
+/// Forwards hub triggers to the controller watching the object's namespace.
+async fn route(mut rx: mpsc::UnboundedReceiver<hub::WorldKey>, routes: Routes) {
+    while let Some(key) = rx.recv().await {
+        let target = routes
+            .iter()
+            .find(|(ns, _)| ns.as_deref().is_none_or(|n| n == key.namespace));
+        if let Some((_, tx)) = target {
+            let _ = tx.send(key);
+        }
+    }
 }
 
 /// `hostmesh operator`: connects, then runs the controllers and the hub
@@ -137,4 +190,29 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    #[test]
+    fn watch_namespaces_parse_from_the_chart_value() {
+        let all = Cli::parse_from(["x", "--watch-namespaces", ""]).args;
+        assert_eq!(all.namespaces(), [None]);
+        let some = Cli::parse_from(["x", "--watch-namespaces", "b,a, b"]).args;
+        assert_eq!(
+            some.namespaces(),
+            [Some("a".to_string()), Some("b".to_string())]
+        );
+        assert!(some.agent_image.starts_with("ghcr.io/hostmesh/hostmesh:"));
+    }
 }

@@ -43,11 +43,12 @@ pub const FINALIZER: &str = "hostmesh.dev/procmesh";
 /// Runs the ProcMesh controller until `shutdown`.
 pub async fn controller(
     ctx: Arc<Context>,
+    namespace: Option<String>,
     triggers: mpsc::UnboundedReceiver<MeshKey>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (meshes, worlds) = match &ctx.args.namespace {
+    let (meshes, worlds) = match &namespace {
         Some(ns) => (
             Api::<ProcMesh>::namespaced(client.clone(), ns),
             Api::<World>::namespaced(client.clone(), ns),

@@ -48,11 +48,12 @@ pub const FINALIZER: &str = "hostmesh.dev/world";
 /// Runs the World controller until `shutdown`.
 pub async fn controller(
     ctx: Arc<Context>,
+    namespace: Option<String>,
     triggers: mpsc::UnboundedReceiver<WorldKey>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (worlds, pods, meshes) = match &ctx.args.namespace {
+    let (worlds, pods, meshes) = match &namespace {
         Some(ns) => (
             Api::<World>::namespaced(client.clone(), ns),
             Api::<Pod>::namespaced(client.clone(), ns),
