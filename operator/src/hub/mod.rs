@@ -44,6 +44,7 @@ use crate::world::observe::Liveness;
 /// Interval between non-urgent status triggers per object.
 pub const COALESCE_INTERVAL: Duration = Duration::from_secs(1);
 const PUSH_QUEUE: usize = 4096;
+const DRAIN_BATCH: usize = 1024;
 
 /// A ProcMesh, by namespace and name.
 pub type MeshKey = WorldKey;
@@ -181,9 +182,13 @@ impl Hub {
                 push = rx.recv() => match push {
                     Some(p) => {
                         self.handle_push(p, Instant::now());
-                        // Drain what is queued before the next tick.
-                        while let Ok(p) = rx.try_recv() {
-                            self.handle_push(p, Instant::now());
+                        // Drain a bounded batch, so a storm of pushes cannot
+                        // starve expiry and triggers.
+                        for _ in 0..DRAIN_BATCH {
+                            match rx.try_recv() {
+                                Ok(p) => self.handle_push(p, Instant::now()),
+                                Err(_) => break,
+                            }
                         }
                     }
                     None => return,
