@@ -111,8 +111,8 @@ async fn status_writes() -> anyhow::Result<()> {
             .await?;
             pushes += 1;
             // Proc churn on a tenth of the hosts each round (not failures).
-            if (h + round) % 10 == 0 {
-                let status = if (round / 10) % 2 == 0 {
+            if (h + round).is_multiple_of(10) {
+                let status = if (round / 10).is_multiple_of(2) {
                     ProcStatus::Starting
                 } else {
                     ProcStatus::Ready { pid: 1, addr: None }
