@@ -15,6 +15,7 @@
 pub mod desired;
 pub mod plan;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use futures::StreamExt as _;
 use hostmesh_crds::conditions::{self, FAILED, PROGRESSING, READY};
 use hostmesh_crds::procmesh::{ProcMeshPhase, ProcMeshStatus};
 use hostmesh_crds::validate;
+use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -136,6 +138,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let id = desired::mesh_id(pm);
     let states = ctx.hub.proc_states(&key, &id);
     let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
+    let lost_hosts = lost_hosts(&world);
     let plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
@@ -143,6 +146,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         hosts,
         extent,
         states: &states,
+        lost_hosts: &lost_hosts,
         now: Timestamp::now(),
     });
 
@@ -197,6 +201,22 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(
         plan.requeue_after.map_or(default, |d| d.min(default)),
     ))
+}
+
+/// Hosts of `world` that are gone, from its status runs.
+fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    for run in world.status.iter().flat_map(|s| &s.hosts) {
+        if matches!(
+            run.value.state,
+            HostState::Expired | HostState::Failed | HostState::Terminating
+        ) {
+            for r in run.start..run.end().min(run.start + 100_000) {
+                out.insert(r, format!("{:?}", run.value.state));
+            }
+        }
+    }
+    out
 }
 
 async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result<Action, Error> {
@@ -287,8 +307,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let now = Timestamp::now();
     if status.phase != Some(ProcMeshPhase::Stopping) {
         status.phase = Some(ProcMeshPhase::Stopping);
-        // Reuse lastRestartTime's sibling: the stop starts now.
-        status.spawn_time = Some(Time(now));
+        status.stopping_since = Some(Time(now));
         conditions::set(
             &mut status.conditions,
             READY,
@@ -309,7 +328,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .await;
     }
     let stop = ctx.hub.stop_procs(&key, &id, stop_timeout).await;
-    let started = status.spawn_time.as_ref().map_or(now, |t| t.0);
+    let started = status.stopping_since.as_ref().map_or(now, |t| t.0);
     let deadline = started
         + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
             .unwrap_or(SignedDuration::MAX);
