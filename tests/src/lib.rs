@@ -88,8 +88,6 @@ impl Env {
                 .arg("127.0.0.1:0")
                 .arg("--kubeconfig")
                 .arg(&path)
-                .arg("--data-dir")
-                .arg(dir.path().join("apiserver"))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
@@ -189,8 +187,7 @@ impl Env {
             .open(self.dir.path().join("operator.log"))?;
         let child = Command::new(hostmesh_bin())
             .arg("operator")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+            .env("KUBECONFIG", &self.kubeconfig)
             .arg("--http-addr")
             .arg("127.0.0.1:0")
             .stdin(Stdio::null())
