@@ -27,7 +27,7 @@ use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -35,9 +35,9 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::Error;
 use crate::context::{Context, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
-use crate::{Error, FIELD_MANAGER};
 
 /// Finalizer on ProcMeshes.
 pub const FINALIZER: &str = "hostmesh.dev/procmesh";
@@ -87,13 +87,12 @@ pub async fn controller(
 }
 
 fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
-    match err {
-        Error::Waiting(_) => Action::requeue(Duration::from_secs(1)),
-        _ => {
-            warn!(procmesh = %pm.name_any(), error = %err, label = err.label(), "procmesh reconcile failed");
-            Action::requeue(Duration::from_secs(5))
-        }
+    if err.is_transient() {
+        debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
     }
+    warn!(procmesh = %pm.name_any(), error = %err, label = err.root().label(), "procmesh reconcile failed");
+    Action::requeue(Duration::from_secs(5))
 }
 
 /// Reconciles one ProcMesh.
@@ -102,6 +101,7 @@ pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, E
         .namespace()
         .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;
     let api: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), &ns);
+    let pm = crate::context::ensure_finalizer(&api, pm, FINALIZER).await?;
     finalizer(&api, FINALIZER, pm, |event| async {
         match event {
             Finalizer::Apply(pm) => apply(&pm, &ctx).await,
@@ -274,17 +274,13 @@ pub async fn write_status(
     }
     let api: Api<ProcMesh> =
         Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": "hostmesh.dev/v1alpha1",
-        "kind": "ProcMesh",
-        "status": status,
-    });
-    api.patch_status(
-        &pm.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    // Replaced whole, guarded by the resourceVersion the status was
+    // computed from: a write based on a stale read fails with 409 and the
+    // reconcile recomputes from the fresh object.
+    let mut obj = pm.clone();
+    obj.status = Some(status.clone());
+    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
+        .await?;
     Ok(())
 }
 
