@@ -88,8 +88,6 @@ impl Env {
                 .arg("127.0.0.1:0")
                 .arg("--kubeconfig")
                 .arg(&path)
-                .arg("--data-dir")
-                .arg(dir.path().join("apiserver"))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
@@ -189,9 +187,8 @@ impl Env {
             .open(self.dir.path().join("operator.log"))?;
         let child = Command::new(hostmesh_bin())
             .arg("operator")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--metrics-addr")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .arg("--http-addr")
             .arg("127.0.0.1:0")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -390,4 +387,100 @@ pub fn condition_true(status: &serde_json::Value, kind: &str) -> bool {
         cs.iter()
             .any(|c| c["type"] == kind && c["status"] == "True")
     })
+}
+
+/// PIDs of live processes whose environment satisfies `pred` (reads
+/// `/proc/<pid>/environ`; processes that vanish mid-scan are skipped).
+pub fn find_pids(pred: impl Fn(&std::collections::HashMap<String, String>) -> bool) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if is_zombie(pid) {
+            continue;
+        }
+        let env: std::collections::HashMap<String, String> = raw
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        if pred(&env) {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    pids
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// PIDs of the procs of ProcMesh `mesh` in World `world`.
+pub fn proc_pids(world: &str, mesh: &str) -> Vec<i32> {
+    find_pids(|e| {
+        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(mesh)
+    })
+}
+
+/// PID of the agent of host `rank` of World `world`.
+pub fn agent_pids(world: &str, rank: u32) -> Vec<i32> {
+    let rank = rank.to_string();
+    find_pids(|e| {
+        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
+            && e.get("HOSTMESH_HOST_RANK") == Some(&rank)
+            && !e.contains_key("HOSTMESH_PROC_MESH")
+    })
+}
+
+/// Sends `signal` to `pid`.
+pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
+/// Polls `f` until it returns true, failing after [`WAIT`] with `what`.
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if f() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{what}: not true after {WAIT:?}")
+}
+
+/// A World manifest of `shape` (e.g. `[("replica", 2), ("host", 2)]`) with
+/// extra spec fields merged in.
+pub fn world_yaml(name: &str, shape: &[(&str, u32)], extra_spec: &str) -> String {
+    let dims: Vec<String> = shape
+        .iter()
+        .map(|(n, s)| format!("{{name: {n}, size: {s}}}"))
+        .collect();
+    format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata:\n  name: {name}\nspec:\n  shape: [{}]\n  template:\n    metadata:\n      labels: {{team: e2e}}\n    spec:\n      containers:\n      - name: host\n        image: busybox\n{extra_spec}",
+        dims.join(", ")
+    )
 }
