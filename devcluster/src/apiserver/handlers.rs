@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::convert;
 use super::lifecycle::{self, DeleteOpts, DeleteStep, Part, Propagation};
 use super::meta::{self, meta_mut};
 use super::patch;
@@ -107,7 +108,7 @@ pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> Shape<'a> {
 /// storage; only `apiVersion` differs).
 pub(crate) fn present(info: &ResourceInfo, version: &str, obj: &Value) -> Value {
     let av = info.api_version(version);
-    let mut o = obj.clone();
+    let mut o = convert::to_view(info, obj);
     if o.get("apiVersion").and_then(Value::as_str) != Some(av.as_str()) {
         o["apiVersion"] = json!(av);
     }
@@ -263,6 +264,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
             "",
             shape(&t.info, &t.version),
         );
+        let o = convert::to_storage(&t.info, o);
         match insert_new(store, &t.info, &ns, o, req.dry_run()) {
             Err(e) if e.code == 409 && generated => continue,
             r => return r.map(|v| (201, present(&t.info, &t.version, &v))),
@@ -360,7 +362,8 @@ fn write_existing(
     let mut st = store.lock();
     let old = st.get(&key, ns, name);
     let created = old.is_none();
-    let new = f(old.as_deref())?;
+    let view = old.as_deref().map(|o| convert::to_view(&t.info, o));
+    let new = f(view.as_ref())?.map(|n| convert::to_storage(&t.info, n));
     let Some(new) = new else {
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
         return Ok((200, present(&t.info, &t.version, &old)));

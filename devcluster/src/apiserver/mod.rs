@@ -8,9 +8,10 @@
 //! (objects, resourceVersions, watch history), `handlers` (verbs),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
-//! validation), `defaults` (built-in defaults), `watch`, `table`,
+//! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
 //! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`.
 
+mod convert;
 mod defaults;
 mod discovery;
 mod gc;
