@@ -12,7 +12,10 @@ use kube::{Client, ResourceExt as _};
 use serde_json::json;
 
 fn cm(name: &str) -> ConfigMap {
-    serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})).expect("cm")
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}),
+    )
+    .expect("cm")
 }
 
 fn owned_secret(name: &str, owner: &ConfigMap) -> Secret {
@@ -41,7 +44,9 @@ where
 }
 
 async fn start() -> (hostmesh_devcluster::apiserver::ApiServerHandle, Client) {
-    let s = ApiServer::start(ApiServerConfig::default()).await.expect("start");
+    let s = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
     let c = s.client().expect("client");
     (s, c)
 }
@@ -52,17 +57,35 @@ async fn finalizers_hold_deletion_until_removed() {
     let cms: Api<ConfigMap> = Api::default_namespaced(client);
     let mut c = cm("f");
     c.metadata.finalizers = Some(vec!["example.dev/cleanup".into()]);
-    cms.create(&PostParams::default(), &c).await.expect("create");
-    let d = cms.delete("f", &DeleteParams::default()).await.expect("delete");
+    cms.create(&PostParams::default(), &c)
+        .await
+        .expect("create");
+    let d = cms
+        .delete("f", &DeleteParams::default())
+        .await
+        .expect("delete");
     let marked = d.left().expect("still there");
     assert!(marked.metadata.deletion_timestamp.is_some());
     // No new finalizers while deleting.
     let err = cms
-        .patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.dev/cleanup", "x/y"]}})))
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.dev/cleanup", "x/y"]}})),
+        )
         .await
         .expect_err("forbidden");
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err:?}");
-    cms.patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.expect("clear");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
+    cms.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("clear");
     assert!(gone(&cms, "f").await);
     server.shutdown().await;
 }
@@ -74,17 +97,36 @@ async fn garbage_collection_background_foreground_orphan() {
     let secrets: Api<Secret> = Api::default_namespaced(client.clone());
 
     // Background: the owner goes at once, the dependent follows.
-    let o = cms.create(&PostParams::default(), &cm("bg")).await.expect("owner");
-    secrets.create(&PostParams::default(), &owned_secret("bg-dep", &o)).await.expect("dep");
-    cms.delete("bg", &DeleteParams::background()).await.expect("delete");
-    assert!(gone(&secrets, "bg-dep").await, "background GC deletes the dependent");
+    let o = cms
+        .create(&PostParams::default(), &cm("bg"))
+        .await
+        .expect("owner");
+    secrets
+        .create(&PostParams::default(), &owned_secret("bg-dep", &o))
+        .await
+        .expect("dep");
+    cms.delete("bg", &DeleteParams::background())
+        .await
+        .expect("delete");
+    assert!(
+        gone(&secrets, "bg-dep").await,
+        "background GC deletes the dependent"
+    );
 
     // Foreground: the dependent goes first; the owner waits for it.
-    let o = cms.create(&PostParams::default(), &cm("fg")).await.expect("owner");
+    let o = cms
+        .create(&PostParams::default(), &cm("fg"))
+        .await
+        .expect("owner");
     let mut dep = owned_secret("fg-dep", &o);
     dep.metadata.finalizers = Some(vec!["example.dev/hold".into()]);
-    secrets.create(&PostParams::default(), &dep).await.expect("dep");
-    cms.delete("fg", &DeleteParams::foreground()).await.expect("delete");
+    secrets
+        .create(&PostParams::default(), &dep)
+        .await
+        .expect("dep");
+    cms.delete("fg", &DeleteParams::foreground())
+        .await
+        .expect("delete");
     let mut held = None;
     for _ in 0..200 {
         let d = secrets.get("fg-dep").await.expect("dep");
@@ -97,14 +139,32 @@ async fn garbage_collection_background_foreground_orphan() {
     assert!(held.is_some(), "the dependent is being deleted");
     let owner = cms.get("fg").await.expect("owner still there");
     assert!(owner.finalizers().iter().any(|f| f == "foregroundDeletion"));
-    secrets.patch("fg-dep", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.expect("release");
+    secrets
+        .patch(
+            "fg-dep",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release");
     assert!(gone(&secrets, "fg-dep").await);
-    assert!(gone(&cms, "fg").await, "the owner goes once its dependents are gone");
+    assert!(
+        gone(&cms, "fg").await,
+        "the owner goes once its dependents are gone"
+    );
 
     // Orphan: the dependent stays, without the owner reference.
-    let o = cms.create(&PostParams::default(), &cm("or")).await.expect("owner");
-    secrets.create(&PostParams::default(), &owned_secret("or-dep", &o)).await.expect("dep");
-    cms.delete("or", &DeleteParams::orphan()).await.expect("delete");
+    let o = cms
+        .create(&PostParams::default(), &cm("or"))
+        .await
+        .expect("owner");
+    secrets
+        .create(&PostParams::default(), &owned_secret("or-dep", &o))
+        .await
+        .expect("dep");
+    cms.delete("or", &DeleteParams::orphan())
+        .await
+        .expect("delete");
     assert!(gone(&cms, "or").await);
     let d = secrets.get("or-dep").await.expect("orphan survives");
     assert!(d.metadata.owner_references.unwrap_or_default().is_empty());
@@ -115,23 +175,45 @@ async fn garbage_collection_background_foreground_orphan() {
 async fn namespace_deletion_removes_contents() {
     let (server, client) = start().await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})).expect("ns");
-    nss.create(&PostParams::default(), &ns).await.expect("create ns");
+    let ns: Namespace = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}),
+    )
+    .expect("ns");
+    nss.create(&PostParams::default(), &ns)
+        .await
+        .expect("create ns");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team");
-    cms.create(&PostParams::default(), &cm("x")).await.expect("cm");
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "team");
-    assert!(sas.get_opt("default").await.expect("sa").is_some(), "default ServiceAccount");
-    nss.delete("team", &DeleteParams::default()).await.expect("delete ns");
+    cms.create(&PostParams::default(), &cm("x"))
+        .await
+        .expect("cm");
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), "team");
+    assert!(
+        sas.get_opt("default").await.expect("sa").is_some(),
+        "default ServiceAccount"
+    );
+    nss.delete("team", &DeleteParams::default())
+        .await
+        .expect("delete ns");
     let t = nss.get_opt("team").await.expect("get");
     if let Some(t) = t {
-        assert_eq!(t.status.and_then(|s| s.phase).as_deref(), Some("Terminating"));
+        assert_eq!(
+            t.status.and_then(|s| s.phase).as_deref(),
+            Some("Terminating")
+        );
         // Creating in a terminating namespace is refused.
         if let Err(kube::Error::Api(s)) = cms.create(&PostParams::default(), &cm("late")).await {
             assert!(s.code == 403 || s.code == 404, "{s:?}");
         }
     }
     assert!(gone(&nss, "team").await);
-    assert!(cms.list(&ListParams::default()).await.expect("list").items.is_empty());
+    assert!(
+        cms.list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
     server.shutdown().await;
 }
 
@@ -144,7 +226,10 @@ async fn pod_binding_and_graceful_deletion() {
         "spec": {"containers": [{"name": "c", "image": "img:1"}], "terminationGracePeriodSeconds": 5},
     }))
     .expect("pod");
-    let p = pods.create(&PostParams::default(), &pod).await.expect("create");
+    let p = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
     assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
     let binding: Binding = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "node-1"},
@@ -157,28 +242,53 @@ async fn pod_binding_and_graceful_deletion() {
         .expect("request");
     client.request_text(req).await.expect("bind");
     let p = pods.get("p").await.expect("get");
-    assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-1"));
+    assert_eq!(
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("node-1")
+    );
     let scheduled = p.status.and_then(|s| s.conditions).unwrap_or_default();
-    assert!(scheduled.iter().any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+    assert!(
+        scheduled
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+    );
     let req = http::Request::post("/api/v1/namespaces/default/pods/p/binding")
         .header("content-type", "application/json")
         .body(raw)
         .expect("request");
     let err = client.request_text(req).await.expect_err("second binding");
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 409), "{err:?}");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err:?}"
+    );
 
     // A bound pod stays with a grace period until the kubelet deletes it
     // with grace 0.
-    let d = pods.delete("p", &DeleteParams::default()).await.expect("delete");
+    let d = pods
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete");
     let marked = d.left().expect("still there");
     assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(5));
     assert!(pods.get_opt("p").await.expect("get").is_some());
-    pods.delete("p", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await.expect("force");
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("force");
     assert!(gone(&pods, "p").await);
 
     // Unbound pods go at once.
-    pods.create(&PostParams::default(), &pod).await.expect("create");
-    pods.delete("p", &DeleteParams::default()).await.expect("delete");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    pods.delete("p", &DeleteParams::default())
+        .await
+        .expect("delete");
     assert!(pods.get_opt("p").await.expect("get").is_none());
     server.shutdown().await;
 }
@@ -186,13 +296,24 @@ async fn pod_binding_and_graceful_deletion() {
 #[tokio::test]
 async fn persistence_keeps_objects_and_credentials_across_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = ApiServerConfig { data_dir: Some(dir.path().to_path_buf()), ..ApiServerConfig::default() };
+    let cfg = ApiServerConfig {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..ApiServerConfig::default()
+    };
     let server = ApiServer::start(cfg.clone()).await.expect("start");
     let token = server.token().to_string();
     let client = server.client().expect("client");
     let cms: Api<ConfigMap> = Api::default_namespaced(client);
-    let c = cms.create(&PostParams::default(), &cm("keep")).await.expect("create");
-    let rv: u64 = c.metadata.resource_version.expect("rv").parse().expect("num");
+    let c = cms
+        .create(&PostParams::default(), &cm("keep"))
+        .await
+        .expect("create");
+    let rv: u64 = c
+        .metadata
+        .resource_version
+        .expect("rv")
+        .parse()
+        .expect("num");
     server.shutdown().await;
 
     let server = ApiServer::start(cfg).await.expect("restart");
@@ -200,8 +321,16 @@ async fn persistence_keeps_objects_and_credentials_across_restart() {
     let cms: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
     let got = cms.get("keep").await.expect("kept");
     assert_eq!(got.metadata.uid, c.metadata.uid);
-    let next = cms.create(&PostParams::default(), &cm("after")).await.expect("create");
-    let rv2: u64 = next.metadata.resource_version.expect("rv").parse().expect("num");
+    let next = cms
+        .create(&PostParams::default(), &cm("after"))
+        .await
+        .expect("create");
+    let rv2: u64 = next
+        .metadata
+        .resource_version
+        .expect("rv")
+        .parse()
+        .expect("num");
     assert!(rv2 > rv, "resourceVersions keep growing");
     server.shutdown().await;
 }

@@ -23,7 +23,9 @@ fn is_new_events(info: &ResourceInfo) -> bool {
 }
 
 fn rename(obj: &Value, api_version: &str, to_new: bool) -> Value {
-    let Some(m) = obj.as_object() else { return obj.clone() };
+    let Some(m) = obj.as_object() else {
+        return obj.clone();
+    };
     let mut out = Map::new();
     for (k, v) in m {
         let renamed = RENAMES.iter().find_map(|(core, new)| {
@@ -37,10 +39,11 @@ fn rename(obj: &Value, api_version: &str, to_new: bool) -> Value {
         });
         out.insert(renamed.unwrap_or(k).to_string(), v.clone());
     }
-    if !to_new && !out.contains_key("source") {
-        if let Some(c) = out.get("reportingComponent").cloned() {
-            out.insert("source".into(), serde_json::json!({"component": c}));
-        }
+    if !to_new
+        && !out.contains_key("source")
+        && let Some(c) = out.get("reportingComponent").cloned()
+    {
+        out.insert("source".into(), serde_json::json!({"component": c}));
     }
     out.insert("apiVersion".into(), Value::String(api_version.into()));
     Value::Object(out)

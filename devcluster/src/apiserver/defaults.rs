@@ -131,9 +131,9 @@ pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
                 .pointer("/spec/clusterIP")
                 .and_then(Value::as_str)
                 .is_none_or(str::is_empty)
-            {
-                new["spec"]["clusterIP"] = ip.clone();
-            }
+        {
+            new["spec"]["clusterIP"] = ip.clone();
+        }
     } else if is(info, "", "pods") {
         if let Some(spec) = new.get_mut("spec") {
             default_pod_spec(spec);

@@ -189,14 +189,15 @@ pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
             continue;
         }
         if let Some(l) = limit
-            && items.len() == l {
-                if next.is_none() {
-                    let (ns, name) = items_last_key(&items, k);
-                    next = Some(Continue { ns, name });
-                }
-                remaining += 1;
-                continue;
+            && items.len() == l
+        {
+            if next.is_none() {
+                let (ns, name) = items_last_key(&items, k);
+                next = Some(Continue { ns, name });
             }
+            remaining += 1;
+            continue;
+        }
         items.push((k.clone(), obj.clone()));
     }
     drop(st);
@@ -432,9 +433,10 @@ pub(crate) fn patch(
             } else {
                 let mut a = applied.clone();
                 if info.status
-                    && let Some(o) = a.as_object_mut() {
-                        o.remove("status");
-                    }
+                    && let Some(o) = a.as_object_mut()
+                {
+                    o.remove("status");
+                }
                 a
             };
             match old {

@@ -244,9 +244,10 @@ async fn resource(
     let watching = req.q("watch").is_some_and(|w| w == "true" || w == "1");
     let sub = t.sub.as_deref();
     if let Some(s) = sub
-        && !t.info.subresources().contains(&s) {
-            return Err(ApiError::no_route(&format!("{}/{s}", t.info.plural)));
-        }
+        && !t.info.subresources().contains(&s)
+    {
+        return Err(ApiError::no_route(&format!("{}/{s}", t.info.plural)));
+    }
     let reply = match (method, sub) {
         (&Method::GET, None) if watching => {
             let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;

@@ -145,10 +145,12 @@ pub(crate) fn prepare_create(
     m.insert("uid".into(), json!(meta::new_uid()));
     m.insert("creationTimestamp".into(), json!(meta::now()));
     m.insert("generation".into(), json!(1));
-    if info.status && !(info.builtin && info.group.is_empty() && info.plural == "nodes")
-        && let Some(o) = obj.as_object_mut() {
-            o.remove("status");
-        }
+    if info.status
+        && !(info.builtin && info.group.is_empty() && info.plural == "nodes")
+        && let Some(o) = obj.as_object_mut()
+    {
+        o.remove("status");
+    }
     defaults::on_create(info, obj);
     admit(info, version, obj)
 }
@@ -180,12 +182,13 @@ fn check_metadata(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
                         }
                         if f == "labels"
                             && let Some(s) = val.as_str()
-                                && s.len() > 63 {
-                                    causes.push((
-                                        format!("metadata.labels.{k}"),
-                                        "Invalid value: must be no more than 63 characters".into(),
-                                    ));
-                                }
+                            && s.len() > 63
+                        {
+                            causes.push((
+                                format!("metadata.labels.{k}"),
+                                "Invalid value: must be no more than 63 characters".into(),
+                            ));
+                        }
                     }
                 }
                 None if v.is_null() => {}
@@ -197,12 +200,14 @@ fn check_metadata(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
         }
     }
     if let Some(v) = obj.pointer("/metadata/finalizers")
-        && !v.is_null() && !v.as_array().is_some_and(|a| a.iter().all(Value::is_string)) {
-            causes.push((
-                "metadata.finalizers".into(),
-                "Invalid value: must be a list of strings".into(),
-            ));
-        }
+        && !v.is_null()
+        && !v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    {
+        causes.push((
+            "metadata.finalizers".into(),
+            "Invalid value: must be a list of strings".into(),
+        ));
+    }
     if let Some(v) = obj
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
@@ -242,16 +247,20 @@ pub(crate) fn prepare_update(
     if let Some(rv) = new
         .pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
-        && !rv.is_empty() && Some(rv) != meta::meta_str(old, "resourceVersion") {
-            return Err(conflict(info, &name));
-        }
+        && !rv.is_empty()
+        && Some(rv) != meta::meta_str(old, "resourceVersion")
+    {
+        return Err(conflict(info, &name));
+    }
     if let Some(uid) = new.pointer("/metadata/uid").and_then(Value::as_str)
-        && !uid.is_empty() && Some(uid) != meta::meta_str(old, "uid") {
-            return Err(ApiError::conflict(format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta::meta_str(old, "uid").unwrap_or("")
-            )));
-        }
+        && !uid.is_empty()
+        && Some(uid) != meta::meta_str(old, "uid")
+    {
+        return Err(ApiError::conflict(format!(
+            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+            meta::meta_str(old, "uid").unwrap_or("")
+        )));
+    }
     match part {
         Part::Status => {
             // Only status changes; metadata and spec stay as stored.
@@ -425,16 +434,18 @@ pub(crate) fn delete_step(
 ) -> Result<DeleteStep, ApiError> {
     let name = meta::name(obj).to_string();
     if let Some(uid) = &opts.uid
-        && Some(uid.as_str()) != meta::meta_str(obj, "uid") {
-            return Err(ApiError::conflict(format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta::meta_str(obj, "uid").unwrap_or("")
-            )));
-        }
+        && Some(uid.as_str()) != meta::meta_str(obj, "uid")
+    {
+        return Err(ApiError::conflict(format!(
+            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+            meta::meta_str(obj, "uid").unwrap_or("")
+        )));
+    }
     if let Some(rv) = &opts.resource_version
-        && Some(rv.as_str()) != meta::meta_str(obj, "resourceVersion") {
-            return Err(conflict(info, &name));
-        }
+        && Some(rv.as_str()) != meta::meta_str(obj, "resourceVersion")
+    {
+        return Err(conflict(info, &name));
+    }
     let is_pod = info.builtin && info.group.is_empty() && info.plural == "pods";
     let is_ns = info.builtin && info.group.is_empty() && info.plural == "namespaces";
     let mut grace = 0;

@@ -174,9 +174,10 @@ pub(crate) async fn proxy(
             match frame {
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data()
-                        && tx.send(data).await.is_err() {
-                            return;
-                        }
+                        && tx.send(data).await.is_err()
+                    {
+                        return;
+                    }
                 }
                 _ => return,
             }

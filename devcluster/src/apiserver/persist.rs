@@ -66,7 +66,8 @@ pub(crate) async fn run(dir: PathBuf, store: Arc<Store>, shutdown: CancellationT
 /// Writes the store now if it changed.
 pub(crate) fn flush(dir: &Path, store: &Store) {
     if let Some(snap) = store.snapshot_if_dirty()
-        && let Err(e) = write(dir, &snap) {
-            warn!(error = %e, "cannot persist the store on shutdown");
-        }
+        && let Err(e) = write(dir, &snap)
+    {
+        warn!(error = %e, "cannot persist the store on shutdown");
+    }
 }

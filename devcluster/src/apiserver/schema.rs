@@ -63,9 +63,10 @@ fn apply_defaults(schema: &Value, m: &mut Map<String, Value>) {
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         for (k, s) in props {
             if !m.contains_key(k)
-                && let Some(d) = s.get("default") {
-                    m.insert(k.clone(), d.clone());
-                }
+                && let Some(d) = s.get("default")
+            {
+                m.insert(k.clone(), d.clone());
+            }
         }
     }
 }
@@ -145,16 +146,17 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         }
     }
     if let Some(en) = schema.get("enum").and_then(Value::as_array)
-        && !en.contains(v) {
-            let allowed: Vec<String> = en.iter().map(|e| e.to_string()).collect();
-            errors.push((
-                path.to_string(),
-                format!(
-                    "Unsupported value: {v}: supported values: {}",
-                    allowed.join(", ")
-                ),
-            ));
-        }
+        && !en.contains(v)
+    {
+        let allowed: Vec<String> = en.iter().map(|e| e.to_string()).collect();
+        errors.push((
+            path.to_string(),
+            format!(
+                "Unsupported value: {v}: supported values: {}",
+                allowed.join(", ")
+            ),
+        ));
+    }
     let num = |k: &str| schema.get(k).and_then(Value::as_f64);
     if let Some(x) = v.as_f64() {
         if let Some(min) = num("minimum") {

@@ -215,9 +215,10 @@ pub(crate) fn remove_path(v: &mut Value, path: &[String]) {
             a.retain(|i| !has_key(i, &key));
         }
     } else if let Some(x) = last.strip_prefix("v:")
-        && let (Ok(x), Some(a)) = (serde_json::from_str::<Value>(x), cur.as_array_mut()) {
-            a.retain(|i| *i != x);
-        }
+        && let (Ok(x), Some(a)) = (serde_json::from_str::<Value>(x), cur.as_array_mut())
+    {
+        a.retain(|i| *i != x);
+    }
 }
 
 /// Merges an applied configuration into the live object (maps deep, keyed

@@ -151,10 +151,14 @@ impl State {
                 .pointer("/spec/finalizers")
                 .and_then(Value::as_array)
                 .is_some_and(|f| !f.is_empty());
-        if deleting && no_finalizers && no_grace && !ns_pending
-            && let Some(gone) = self.remove(key, ns, name) {
-                return gone;
-            }
+        if deleting
+            && no_finalizers
+            && no_grace
+            && !ns_pending
+            && let Some(gone) = self.remove(key, ns, name)
+        {
+            return gone;
+        }
         self.rv += 1;
         let rv = self.rv;
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
@@ -237,11 +241,7 @@ impl State {
 
     /// Events of a resource after `since`, and a receiver for later ones;
     /// 410 when the history no longer reaches back to `since`.
-    pub(crate) fn subscribe(
-        &mut self,
-        key: &str,
-        since: u64,
-    ) -> Result<Subscription, ApiError> {
+    pub(crate) fn subscribe(&mut self, key: &str, since: u64) -> Result<Subscription, ApiError> {
         let r = self.res(key);
         if since < r.compacted {
             return Err(too_old(since));

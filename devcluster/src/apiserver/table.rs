@@ -466,9 +466,8 @@ pub(crate) fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
                         items
                             .iter()
                             .filter(|x| {
-                                x.get(field.trim()).is_some_and(|v| {
-                                    v.as_str().map_or(*v == want, |s| s == want)
-                                })
+                                x.get(field.trim())
+                                    .is_some_and(|v| v.as_str().map_or(*v == want, |s| s == want))
                             })
                             .cloned(),
                     );

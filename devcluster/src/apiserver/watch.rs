@@ -224,10 +224,9 @@ async fn run(
             return;
         }
     }
-    if p.send_initial && p.bookmarks
-        && tx.send(enc.bookmark(last, true)).await.is_err() {
-            return;
-        }
+    if p.send_initial && p.bookmarks && tx.send(enc.bookmark(last, true)).await.is_err() {
+        return;
+    }
     for ev in past {
         if !deliver(&tx, &mut enc, &filter, &ev, &mut last).await {
             return;
