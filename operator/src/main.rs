@@ -20,12 +20,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the host agent of one World host (docs/agent.md).
+    Agent(Box<hostmesh_runtime::host::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
         #[arg(long)]
         to: PathBuf,
     },
+    /// Print the CRDs (World, ProcMesh) as multi-document YAML.
+    Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
     /// Serve the embedded Kubernetes API server until Ctrl-C.
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
 }
@@ -34,8 +41,38 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Crds => print_crds(),
+        Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
     }
+}
+
+/// Prints both CRDs to stdout.
+fn print_crds() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = hostmesh_crds::crd_yaml()?;
+    std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
+}
+
+/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
+/// then runs the agent until it is stopped.
+fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
+    Ok(())
 }
 
 /// Serves the embedded API server until Ctrl-C, then shuts it down
