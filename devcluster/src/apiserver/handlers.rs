@@ -12,6 +12,7 @@ use super::convert;
 use super::lifecycle::{self, DeleteOpts, DeleteStep, Part, Propagation};
 use super::meta::{self, meta_mut};
 use super::patch;
+use super::proto;
 use super::registry::ResourceInfo;
 use super::route::Target;
 use super::selector::{FieldSelector, LabelSelector};
@@ -70,8 +71,10 @@ impl Request {
                 "the request body is empty: send the object as JSON",
             ));
         }
-        if self.content_type.contains("protobuf") || self.content_type.contains("cbor") {
-            // Clients (client-go) retry with JSON on 415.
+        if self.content_type.contains("protobuf") {
+            return proto::decode_object(&self.body);
+        }
+        if self.content_type.contains("cbor") {
             return Err(ApiError::unsupported_media(format!(
                 "the body content type {:?} is not supported: send application/json",
                 self.content_type
@@ -564,6 +567,8 @@ fn track_update(
 fn delete_opts(req: &Request) -> Result<DeleteOpts, ApiError> {
     let body: Value = if req.body.is_empty() {
         Value::Null
+    } else if req.content_type.contains("protobuf") {
+        proto::decode_delete_options(&req.body)?
     } else {
         serde_json::from_slice(&req.body).map_err(|e| {
             ApiError::bad_request(format!("DeleteOptions body is not valid JSON: {e}"))
