@@ -56,6 +56,11 @@ impl Request {
         }
     }
 
+    /// Whether unknown fields are an error (`fieldValidation=Strict`).
+    fn strict(&self) -> bool {
+        self.q("fieldValidation") == Some("Strict")
+    }
+
     /// Whether the client asked for a Table.
     pub(crate) fn wants_table(&self) -> bool {
         self.accept
@@ -259,7 +264,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
     let generated = meta::meta_str(&obj, "name").is_none_or(str::is_empty);
     for _ in 0..8 {
         let mut o = obj.clone();
-        lifecycle::prepare_create(&t.info, &t.version, &mut o)?;
+        lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
         ssa::record_update(
             None,
             &mut o,
@@ -337,7 +342,7 @@ pub(crate) fn update(
         let Some(old) = old else {
             return Err(ApiError::not_found(&t.info.group, &t.info.plural, &name));
         };
-        let Some(mut new) = lifecycle::prepare_update(&t.info, &t.version, old, obj, part)? else {
+        let Some(mut new) = lifecycle::prepare_update(&t.info, &t.version, old, obj, part, req.strict())? else {
             return Ok(None);
         };
         track_update(
@@ -466,7 +471,7 @@ pub(crate) fn patch(
                         meta_mut(&mut o).remove("namespace");
                     }
                     let mf = o.pointer("/metadata/managedFields").cloned();
-                    lifecycle::prepare_create(&info, &t.version, &mut o)?;
+                    lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
                     if let Some(mf) = mf {
                         meta_mut(&mut o).insert("managedFields".into(), mf);
                     }
@@ -486,7 +491,7 @@ pub(crate) fn patch(
                     // without a resourceVersion precondition.
                     meta_mut(&mut merged).remove("resourceVersion");
                     let mf = merged.pointer("/metadata/managedFields").cloned();
-                    let new = lifecycle::prepare_update(&info, &t.version, old, merged, part)?;
+                    let new = lifecycle::prepare_update(&info, &t.version, old, merged, part, req.strict())?;
                     Ok(new.map(|mut n| {
                         if let Some(mf) = mf {
                             meta_mut(&mut n).insert("managedFields".into(), mf);
@@ -530,7 +535,7 @@ pub(crate) fn patch(
             None => meta_mut(&mut target).remove("resourceVersion"),
         };
         lifecycle::check_identity(&info, &t.version, &mut target, &ns, Some(&name))?;
-        let Some(mut new) = lifecycle::prepare_update(&info, &t.version, old, target, part)? else {
+        let Some(mut new) = lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())? else {
             return Ok(None);
         };
         track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));

@@ -97,12 +97,14 @@ pub(crate) fn check_identity(
     Ok(())
 }
 
-/// Prepares a new object (after `check_identity`). The name is final
+/// Prepares a new object (after `check_identity`); `strict` makes unknown
+/// fields of a custom resource an error instead of pruning them. The name is final
 /// unless it is generated; the caller retries generated names on clash.
 pub(crate) fn prepare_create(
     info: &ResourceInfo,
     version: &str,
     obj: &mut Value,
+    strict: bool,
 ) -> Result<(), ApiError> {
     let kind = info.kind.clone();
     let m = meta_mut(obj);
@@ -152,14 +154,14 @@ pub(crate) fn prepare_create(
         o.remove("status");
     }
     defaults::on_create(info, obj);
-    admit(info, version, obj)
+    admit(info, version, obj, strict)
 }
 
 /// Validation and defaulting common to create and update.
-fn admit(info: &ResourceInfo, version: &str, obj: &mut Value) -> Result<(), ApiError> {
+fn admit(info: &ResourceInfo, version: &str, obj: &mut Value, strict: bool) -> Result<(), ApiError> {
     check_metadata(info, obj)?;
     if !info.builtin {
-        schema::validate_and_default(info, version, obj)?;
+        schema::validate_and_default(info, version, obj, strict)?;
     } else {
         defaults::validate_builtin(info, obj)?;
     }
@@ -242,6 +244,7 @@ pub(crate) fn prepare_update(
     old: &Value,
     mut new: Value,
     part: Part,
+    strict: bool,
 ) -> Result<Option<Value>, ApiError> {
     let name = meta::name(old).to_string();
     if let Some(rv) = new
@@ -319,7 +322,7 @@ pub(crate) fn prepare_update(
             defaults::on_update(info, old, &mut new);
         }
     }
-    admit(info, version, &mut new)?;
+    admit(info, version, &mut new, strict)?;
     // The resourceVersion is assigned by the store.
     meta_mut(&mut new).insert(
         "resourceVersion".into(),
