@@ -517,5 +517,8 @@ async fn crd_removal_stops_serving() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(gone, "the custom resource is no longer served");
+    // Its objects went with it: a re-installed CRD starts empty.
+    let widgets = install_widgets(&client).await;
+    assert!(widgets.list(&ListParams::default()).await.expect("list").items.is_empty());
     server.shutdown().await;
 }
