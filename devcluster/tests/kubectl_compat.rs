@@ -282,11 +282,21 @@ async fn server_side_apply_conflicts_and_force() {
 
     // kubectl validates on the server (fieldValidation=Strict): unknown
     // fields are refused, and pruned when validation is off.
-    let extra = env.write("extra.yaml", &GADGET.replace("size: 3", "size: 3\n  bogus: 1").replace("g1", "g3"));
+    let extra = env.write(
+        "extra.yaml",
+        &GADGET
+            .replace("size: 3", "size: 3\n  bogus: 1")
+            .replace("g1", "g3"),
+    );
     let (ok, _, err) = env.run(&["apply", "-f", p(&extra)]).await;
     assert!(!ok && err.contains("unknown field \"spec.bogus\""), "{err}");
-    env.ok(&["apply", "--validate=false", "-f", p(&extra)]).await;
-    assert_eq!(env.ok(&["get", "gadget", "g3", "-o", "jsonpath={.spec}"]).await, r#"{"color":"blue","size":3}"#);
+    env.ok(&["apply", "--validate=false", "-f", p(&extra)])
+        .await;
+    assert_eq!(
+        env.ok(&["get", "gadget", "g3", "-o", "jsonpath={.spec}"])
+            .await,
+        r#"{"color":"blue","size":3}"#
+    );
     env.server.shutdown().await;
 }
 

@@ -24,10 +24,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::defaults::CRD_CLEANUP;
 use super::handlers::delete_one;
 use super::lifecycle::{DeleteOpts, Propagation};
 use super::meta;
-use super::defaults::CRD_CLEANUP;
 use super::store::{CRD_KEY, Store};
 
 enum Action {
@@ -150,7 +150,11 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
         }
         if key == CRD_KEY && fins.iter().any(|f| f == CRD_CLEANUP) {
             // Invariant 5: the CRD's objects go first.
-            let served = st.registry.all().find(|r| !r.builtin && format!("{}.{}", r.plural, r.group) == name).map(|r| r.key());
+            let served = st
+                .registry
+                .all()
+                .find(|r| !r.builtin && format!("{}.{}", r.plural, r.group) == name)
+                .map(|r| r.key());
             let mut left = false;
             if let Some(rkey) = served {
                 for (_, o) in st.scan(&rkey, None, None) {
@@ -168,7 +172,12 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
             if left {
                 pending = true;
             } else {
-                actions.push(Action::DropFinalizer { key: key.clone(), ns: ns.clone(), name: name.clone(), finalizer: CRD_CLEANUP });
+                actions.push(Action::DropFinalizer {
+                    key: key.clone(),
+                    ns: ns.clone(),
+                    name: name.clone(),
+                    finalizer: CRD_CLEANUP,
+                });
             }
         }
     }
@@ -244,7 +253,7 @@ fn act(store: &Store, a: Action) {
             }
         }),
         Action::FinishNamespace { name } => edit(store, "/namespaces", "", &name, |o| {
-            o["spec"]["finalizers"] = json!([]);
+            meta::set_path(o, &["spec", "finalizers"], json!([]));
         }),
     }
 }

@@ -342,7 +342,9 @@ pub(crate) fn update(
         let Some(old) = old else {
             return Err(ApiError::not_found(&t.info.group, &t.info.plural, &name));
         };
-        let Some(mut new) = lifecycle::prepare_update(&t.info, &t.version, old, obj, part, req.strict())? else {
+        let Some(mut new) =
+            lifecycle::prepare_update(&t.info, &t.version, old, obj, part, req.strict())?
+        else {
             return Ok(None);
         };
         track_update(
@@ -491,7 +493,14 @@ pub(crate) fn patch(
                     // without a resourceVersion precondition.
                     meta_mut(&mut merged).remove("resourceVersion");
                     let mf = merged.pointer("/metadata/managedFields").cloned();
-                    let new = lifecycle::prepare_update(&info, &t.version, old, merged, part, req.strict())?;
+                    let new = lifecycle::prepare_update(
+                        &info,
+                        &t.version,
+                        old,
+                        merged,
+                        part,
+                        req.strict(),
+                    )?;
                     Ok(new.map(|mut n| {
                         if let Some(mf) = mf {
                             meta_mut(&mut n).insert("managedFields".into(), mf);
@@ -535,7 +544,9 @@ pub(crate) fn patch(
             None => meta_mut(&mut target).remove("resourceVersion"),
         };
         lifecycle::check_identity(&info, &t.version, &mut target, &ns, Some(&name))?;
-        let Some(mut new) = lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())? else {
+        let Some(mut new) =
+            lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())?
+        else {
             return Ok(None);
         };
         track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));
@@ -724,11 +735,11 @@ pub(crate) fn bind(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
             return Err(ApiError::conflict(format!("pod {name} is already assigned to node \"{cur}\"")));
         }
         let mut new = old.clone();
-        new["spec"]["nodeName"] = json!(node);
-        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        meta::set_path(&mut new, &["spec", "nodeName"], json!(node));
+        let conds = new.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
         conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now()}));
-        new["status"]["conditions"] = json!(conds);
+        meta::set_path(&mut new, &["status", "conditions"], json!(conds));
         ssa::record_update(Some(old), &mut new, &manager, "v1", "binding", shape(&t.info, &t.version));
         Ok(Some(new))
     })
@@ -762,7 +773,7 @@ pub(crate) fn finalize_namespace(
             return Err(ApiError::not_found("", "namespaces", &name));
         };
         let mut new = old.clone();
-        new["spec"]["finalizers"] = fins;
+        meta::set_path(&mut new, &["spec", "finalizers"], fins);
         Ok(if new == *old { None } else { Some(new) })
     });
     store.wrote(true);

@@ -158,7 +158,12 @@ pub(crate) fn prepare_create(
 }
 
 /// Validation and defaulting common to create and update.
-fn admit(info: &ResourceInfo, version: &str, obj: &mut Value, strict: bool) -> Result<(), ApiError> {
+fn admit(
+    info: &ResourceInfo,
+    version: &str,
+    obj: &mut Value,
+    strict: bool,
+) -> Result<(), ApiError> {
     check_metadata(info, obj)?;
     if !info.builtin {
         schema::validate_and_default(info, version, obj, strict)?;
@@ -233,7 +238,10 @@ fn check_metadata(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
 }
 
 fn truncate(s: &str, n: usize) -> &str {
-    if s.len() <= n { s } else { &s[..n] }
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
 }
 
 /// Builds the object an update stores from the live object and the
@@ -468,7 +476,8 @@ pub(crate) fn delete_step(
                     .and_then(Value::as_i64)
             })
             .unwrap_or(30)
-            .max(0);
+            // Ten years is "forever"; larger values would overflow time math.
+            .clamp(0, 315_360_000);
         if terminal || !scheduled {
             grace = 0;
         }

@@ -60,7 +60,11 @@ pub(crate) fn validate_and_default(
     }
     check_required(schema, root, "", &mut f);
     if strict && !f.unknown.is_empty() {
-        let list: Vec<String> = f.unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+        let list: Vec<String> = f
+            .unknown
+            .iter()
+            .map(|u| format!("unknown field \"{u}\""))
+            .collect();
         return Err(ApiError::bad_request(format!(
             "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
             list.join(", "),
@@ -92,12 +96,7 @@ fn apply_defaults(schema: &Value, m: &mut Map<String, Value>) {
     }
 }
 
-fn check_required(
-    schema: &Value,
-    m: &Map<String, Value>,
-    path: &str,
-    f: &mut Findings,
-) {
+fn check_required(schema: &Value, m: &Map<String, Value>, path: &str, f: &mut Findings) {
     if let Some(req) = schema.get("required").and_then(Value::as_array) {
         for r in req.iter().filter_map(Value::as_str) {
             if !m.contains_key(r) {

@@ -135,7 +135,8 @@ pub(crate) fn start(
             ))
         })?),
         _ => cfg.default_timeout,
-    };
+    }
+    .min(Duration::from_secs(86_400));
     let bookmarks = req
         .q("allowWatchBookmarks")
         .is_some_and(|b| b == "true" || b == "1");
