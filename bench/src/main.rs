@@ -3,6 +3,7 @@
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod apiserver;
+mod operator;
 mod report;
 
 use clap::Parser;
@@ -18,6 +19,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
         "apiserver" => apiserver::run(),
+        "operator" => operator::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

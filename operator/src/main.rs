@@ -28,6 +28,8 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run the World and ProcMesh controllers and the supervision hub.
+    Operator(hostmesh_operator::OperatorArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
@@ -35,6 +37,8 @@ enum Command {
     Status(hostmesh_operator::status::StatusArgs),
     /// Serve the embedded Kubernetes API server until Ctrl-C.
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
+    /// Run the process kubelet: a Node that runs its pods as local processes.
+    Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,10 +46,40 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
+        Command::Operator(args) => run_operator(args),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
+        Command::Kubelet(args) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .try_init();
+            let runtime =
+                tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            runtime
+                .block_on(hostmesh_devcluster::kubelet::run(args))
+                .context("process kubelet failed")
+        }
     }
+}
+
+/// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
+fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(hostmesh_operator::run(args))
+        .context("operator failed")
 }
 
 /// Prints both CRDs to stdout.
