@@ -55,6 +55,7 @@ pub fn widget_crd() -> serde_json::Value {
                                 "size": {"type": "integer", "minimum": 1},
                                 "port": {"type": "integer", "default": 26600},
                                 "mode": {"type": "string", "enum": ["Fast", "Slow"]},
+                                "label": {"type": "string", "pattern": "^[a-z]+$"},
                             },
                         },
                         "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
@@ -429,7 +430,7 @@ async fn crd_serves_resource_with_status_generation_and_validation() {
     // Invalid objects get one 422 naming every bad field.
     let bad: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "example.dev/v1", "kind": "Widget", "metadata": {"name": "bad"},
-        "spec": {"size": 0, "mode": "Turbo"},
+        "spec": {"size": 0, "mode": "Turbo", "label": "Not-Lower"},
     }))
     .expect("bad");
     let (code, msg) = api_status(

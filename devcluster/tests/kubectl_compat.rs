@@ -218,6 +218,19 @@ async fn client_side_apply_get_describe_delete() {
     let (ok, _, err) = env.run(&["get", "gadget", "g1"]).await;
     assert!(!ok && err.contains("NotFound"), "{err}");
     env.ok(&["delete", "pod", "p1"]).await;
+
+    // Events show in `get events` and in `describe`.
+    let ev = "apiVersion: v1\nkind: Event\nmetadata: {name: e1}\ninvolvedObject: {kind: Pod, name: p2, namespace: default}\nreason: Started\nmessage: container started\ntype: Normal\nlastTimestamp: \"2026-01-01T00:00:00Z\"\n";
+    let ef = env.write("ev.yaml", ev);
+    env.ok(&["create", "-f", p(&ef)]).await;
+    let out = env.ok(&["get", "events"]).await;
+    assert!(
+        out.contains("REASON")
+            && out.contains("Started")
+            && out.contains("pod/p2")
+            && out.contains("container started"),
+        "{out}"
+    );
     env.server.shutdown().await;
 }
 

@@ -283,7 +283,10 @@ pub(crate) async fn run(store: Arc<Store>, shutdown: CancellationToken) {
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = store.gc.notified() => {}
+            _ = store.gc.notified() => {
+                // Coalesce a burst of deletions into one pass.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             _ = tokio::time::sleep(wait) => {}
         }
         // Bounded: each round either acts or waits for the next wake-up.

@@ -4,7 +4,7 @@
 //!
 //! Supported: `type`, `properties`, `additionalProperties`, `items`,
 //! `required`, `enum`, `minimum`/`maximum` (and exclusive forms),
-//! `minLength`/`maxLength`, `minItems`/`maxItems`, `nullable`, `default`,
+//! `minLength`/`maxLength`, `pattern`, `minItems`/`maxItems`, `nullable`, `default`,
 //! `x-kubernetes-preserve-unknown-fields`,
 //! `x-kubernetes-int-or-string`, `x-kubernetes-embedded-resource`.
 
@@ -106,6 +106,23 @@ fn check_required(schema: &Value, m: &Map<String, Value>, path: &str, f: &mut Fi
     }
 }
 
+/// A compiled `pattern` (cached: schemas are checked on every write).
+fn pattern(p: &str) -> Option<regex::Regex> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<regex::Regex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() > 1024 {
+        c.clear();
+    }
+    // A pattern the regex engine cannot compile is not enforced (the CRD
+    // was accepted; refusing every object would be worse).
+    c.entry(p.to_string())
+        .or_insert_with(|| regex::Regex::new(p).ok())
+        .clone()
+}
+
 fn join(path: &str, k: &str) -> String {
     if path.is_empty() {
         k.to_string()
@@ -198,6 +215,15 @@ fn check(schema: &Value, v: &mut Value, path: &str, f: &mut Findings) {
         }
     }
     if let Some(s) = v.as_str() {
+        if let Some(pat) = schema.get("pattern").and_then(Value::as_str) {
+            match pattern(pat) {
+                Some(re) if !re.is_match(s) => f.errors.push((
+                    path.to_string(),
+                    format!("Invalid value: \"{s}\": {path} in body should match '{pat}'"),
+                )),
+                _ => {}
+            }
+        }
         let n = s.chars().count() as f64;
         if num("minLength").is_some_and(|m| n < m) {
             f.errors.push((
