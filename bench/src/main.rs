@@ -2,6 +2,7 @@
 //! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
+mod apiserver;
 mod e2e;
 mod operator;
 mod report;
@@ -18,6 +19,7 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
+        "apiserver" => apiserver::run(),
         "operator" => operator::run(),
         "e2e" => e2e::run(),
         other => anyhow::bail!(
