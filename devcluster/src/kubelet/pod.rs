@@ -323,9 +323,19 @@ impl Worker {
         };
         consider(self.retry_at);
         consider(self.write_retry_at);
-        for s in &self.slots {
+        let initialized = self.next_init >= self.n_init;
+        let blocked = self.init_failed || self.terminal();
+        for (i, s) in self.slots.iter().enumerate() {
             if s.pgid.is_none() {
-                consider(s.next_start);
+                // Only a container that may start now has a start time worth waking for.
+                let eligible = if i < self.n_init {
+                    i == self.next_init
+                } else {
+                    initialized
+                };
+                if eligible && !blocked {
+                    consider(s.next_start);
+                }
             } else {
                 for p in [&s.readiness, &s.liveness].into_iter().flatten() {
                     if !p.in_flight {
