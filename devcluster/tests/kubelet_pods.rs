@@ -85,6 +85,7 @@ spec:
       echo "file=$(cat token) pwd=$(pwd)"
       echo "conf=$(cat /hostmesh-kubelet-test/etc/etc/app.conf) mode=$(stat -c %a /hostmesh-kubelet-test/etc/etc/app.conf)"
       touch /var/run/hostmesh/secret/x 2>/dev/null && echo writable || echo readonly
+      echo "api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
     env:
     - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
     - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
@@ -119,8 +120,10 @@ spec:
          arg=env-demo escaped=$(POD_NAME)\n\
          file=s3cret pwd={run}/hostmesh/secret\n\
          conf=x=1 mode=600\n\
-         readonly\n",
+         readonly\n\
+         api=127.0.0.1:{api_port}\n",
         node = c.node,
+        api_port = c.api.as_ref().unwrap().addr().port(),
         // /var/run is often a symlink to /run.
         run = std::fs::canonicalize("/var/run").unwrap().display(),
     );

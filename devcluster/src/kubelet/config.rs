@@ -146,6 +146,10 @@ pub struct KubeletConfig {
     pub log_token: Option<String>,
     /// Port of the log endpoint on the node IP (0: any free port).
     pub log_port: u16,
+    /// Host and port of the API server, given to every container as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT` (as kubelets do) so in-cluster
+    /// clients find it. `hostmesh kubelet` takes them from its kubeconfig.
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -188,6 +192,7 @@ impl KubeletConfig {
             taints: Vec::new(),
             log_token: None,
             log_port: 0,
+            kubernetes_service: None,
         }
     }
 

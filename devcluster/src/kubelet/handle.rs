@@ -226,6 +226,19 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
             .ok()
             .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
     }
+    if config.kubernetes_service.is_none() {
+        let url = &kube_config.cluster_url;
+        if let Some(host) = url.host() {
+            let port = url
+                .port_u16()
+                .unwrap_or(if url.scheme_str() == Some("http") {
+                    80
+                } else {
+                    443
+                });
+            config.kubernetes_service = Some((host.trim_matches(['[', ']']).to_string(), port));
+        }
+    }
     let client =
         kube::Client::try_from(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -21,14 +21,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodCondition, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodCondition, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::env::{Lookups, PodFacts, referenced_objects, resolve_env};
+use super::env::{
+    Lookups, PodFacts, TokenSpec, referenced_objects, resolve_env, token_key, token_specs,
+};
 use super::error::{KubeletError, Result};
 use super::events;
 use super::launch;
@@ -241,6 +244,14 @@ impl Worker {
         })
     }
 
+    fn facts(&self) -> PodFacts {
+        PodFacts {
+            pod_ip: self.ip,
+            host_ip: self.shared.config.node_ip,
+            node_name: self.shared.config.node_name.clone(),
+        }
+    }
+
     fn key(&self) -> String {
         format!("{}/{}", self.ns, self.name)
     }
@@ -397,8 +408,9 @@ impl Worker {
         self.run_probes(now);
     }
 
-    /// Fetches the secrets and config maps the pod refers to.
-    async fn fetch_lookups(&self) -> Result<Lookups> {
+    /// Fetches the secrets and config maps the pod refers to, and with
+    /// `tokens` the service account tokens its projected volumes ask for.
+    async fn fetch_lookups(&self, tokens: bool) -> Result<Lookups> {
         let (secrets, cms) = referenced_objects(&self.pod);
         let client = self.shared.client.clone();
         let secret_api: Api<Secret> = Api::namespaced(client.clone(), &self.ns);
@@ -418,15 +430,52 @@ impl Worker {
                 .map_err(|e| KubeletError::api(format!("get configmap {}/{name}", self.ns), e))?;
             lookups.config_maps.insert(name, got);
         }
+        for spec in token_specs(&self.pod).into_iter().filter(|_| tokens) {
+            let token = self.request_token(&spec).await;
+            lookups.tokens.insert(token_key(&spec), token);
+        }
         Ok(lookups)
     }
 
+    /// Asks the API server for a token of the pod's service account (what
+    /// a projected `serviceAccountToken` source holds); `None` when it will
+    /// not issue one.
+    async fn request_token(&self, spec: &TokenSpec) -> Option<String> {
+        let sa = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let request: TokenRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": if spec.audience.is_empty() { vec![] } else { vec![spec.audience.clone()] },
+                "expirationSeconds": spec.expiration_seconds.unwrap_or(3600),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
+            },
+        }))
+        .ok()?;
+        let api: Api<ServiceAccount> = Api::namespaced(self.shared.client.clone(), &self.ns);
+        match api
+            .create_token_request(&sa, &PostParams::default(), &request)
+            .await
+        {
+            Ok(r) => r.status.map(|s| s.token),
+            Err(e) => {
+                tracing::warn!(pod = %self.key(), serviceaccount = %sa, error = %e, "no service account token; the projected token file stays empty");
+                None
+            }
+        }
+    }
+
     async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
-        let lookups = self.fetch_lookups().await?;
+        let lookups = self.fetch_lookups(true).await?;
         let vol_dir = self.dir.join("volumes");
         std::fs::create_dir_all(self.dir.join("logs"))
             .map_err(|e| KubeletError::io("cannot create", self.dir.join("logs"), e))?;
-        let volumes = prepare_volumes(&self.pod, &vol_dir, &lookups)?;
+        let volumes = prepare_volumes(&self.pod, &vol_dir, &lookups, &self.facts())?;
         self.lookups = lookups;
         Ok(volumes)
     }
@@ -448,12 +497,16 @@ impl Worker {
                 slot.field
             ))
         })?;
-        let facts = PodFacts {
-            pod_ip: self.ip,
-            host_ip: self.shared.config.node_ip,
-            node_name: self.shared.config.node_name.clone(),
-        };
-        let env = resolve_env(&self.pod, &container, &slot.field, &facts, &self.lookups)?;
+        let env = resolve_env(
+            &self.pod,
+            &container,
+            &slot.field,
+            &self.facts(),
+            &self.lookups,
+        )?;
+        let mut all = launch::service_env(self.shared.config.kubernetes_service.as_ref());
+        all.extend(env);
+        let env = all;
         let volumes = self.volumes.clone().unwrap_or_default();
         let launch = launch::build(
             &self.pod,
@@ -476,7 +529,7 @@ impl Worker {
     async fn start(&mut self, i: usize) {
         let now = Instant::now();
         // Environment variables read secrets and config maps as they are now.
-        let built = match self.fetch_lookups().await {
+        let built = match self.fetch_lookups(false).await {
             Ok(lookups) => {
                 self.lookups = lookups;
                 self.build_launch(i)

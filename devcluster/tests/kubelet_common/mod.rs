@@ -64,6 +64,7 @@ impl Cluster {
         let node = format!("node-{block}");
         let mut config = test_config(dir.path(), &node, block);
         config.log_token = Some(api.token().to_string());
+        config.kubernetes_service = Some((api.addr().ip().to_string(), api.addr().port()));
         tweak(&mut config);
         let kubelet = Kubelet::start(client.clone(), config)
             .await
