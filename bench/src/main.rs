@@ -2,6 +2,7 @@
 //! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
+mod operator;
 mod report;
 
 use clap::Parser;
@@ -16,6 +17,7 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
+        "operator" => operator::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

@@ -115,6 +115,40 @@ mod tests {
     }
 
     #[test]
+    fn examples_parse_and_validate() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+            let mut worlds = std::collections::HashMap::new();
+            for d in &docs {
+                if d["kind"] == "World" {
+                    let w: World = serde_json::from_value(d.clone()).unwrap();
+                    let name = w.metadata.name.clone().unwrap();
+                    validate::world(&name, &w.spec)
+                        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+                    worlds.insert(name, w.spec);
+                }
+            }
+            for d in &docs {
+                if d["kind"] == "ProcMesh" {
+                    let pm: ProcMesh = serde_json::from_value(d.clone()).unwrap();
+                    let w = worlds.get(&pm.spec.world);
+                    validate::proc_mesh(&pm.spec, w)
+                        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 1, "examples/quickstart.yaml has a ProcMesh");
+    }
+
+    #[test]
     fn schema_carries_bounds_and_dns_pattern() {
         let crd = serde_json::to_value(World::crd()).unwrap();
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];

@@ -23,6 +23,8 @@ pub const DEFAULT_SPAWN_TIMEOUT: &str = "60s";
 pub const DEFAULT_STOP_TIMEOUT: &str = "30s";
 /// Largest number of procs on one host.
 pub const MAX_PROCS_PER_HOST: u64 = 1024;
+/// Largest number of procs in one ProcMesh.
+pub const MAX_PROCS: u64 = 200_000;
 /// Most bytes of stderr kept per failed rank in status.
 pub const MAX_STDERR_TAIL: usize = 1024;
 
@@ -265,7 +267,7 @@ impl ProcMeshPhase {
 pub struct RankStatus {
     /// Proc state.
     pub state: ProcState,
-    /// Exit code, for Stopped and Failed procs.
+    /// Exit code, for procs that exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// Signal number, for Killed procs.
@@ -291,6 +293,9 @@ pub enum ProcState {
     Running,
     /// Being stopped.
     Stopping,
+    /// Ended because a stop was asked for (deletion, a failed mesh, a gang
+    /// restart): not a failure.
+    Stopped,
     /// Exited with code 0.
     Succeeded,
     /// Exited with a non-zero code, or the agent could not start it.

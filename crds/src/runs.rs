@@ -8,8 +8,11 @@
 //!    `2 * changes + 1` for a mesh with `changes` ranks that differ from
 //!    their neighbourhood.
 
+use hostmesh_runtime::mesh::{Extent as RtExtent, MeshError, Region, Run as RtRun, ValueMesh};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::shape::Extent;
 
 /// A range of consecutive ranks holding the same value.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -84,6 +87,47 @@ pub fn tail(s: &str, max: usize) -> String {
     s[cut..].to_string()
 }
 
+/// Status runs from a runtime [`ValueMesh`] (the one conversion point
+/// between the runtime's mesh type and the API's runs).
+pub fn from_value_mesh<T: Clone>(mesh: &ValueMesh<T>) -> Vec<Run<T>> {
+    mesh.runs()
+        .iter()
+        .map(|r| Run {
+            start: r.start as u64,
+            count: (r.end - r.start) as u64,
+            value: r.value.clone(),
+        })
+        .collect()
+}
+
+/// A runtime [`ValueMesh`] over `extent` from status runs; fails when the
+/// runs do not tile the extent exactly (a truncated or hand-edited status).
+pub fn to_value_mesh<T: PartialEq>(
+    extent: &Extent,
+    runs: Vec<Run<T>>,
+) -> Result<ValueMesh<T>, MeshError> {
+    let region: Region = to_runtime_extent(extent)?.into();
+    let runs = runs
+        .into_iter()
+        .map(|r| RtRun {
+            start: r.start as usize,
+            end: r.end() as usize,
+            value: r.value,
+        })
+        .collect();
+    ValueMesh::from_runs(region, runs)
+}
+
+/// The runtime's [`RtExtent`] for an API shape.
+pub fn to_runtime_extent(extent: &Extent) -> Result<RtExtent, MeshError> {
+    RtExtent::new(
+        extent
+            .dims()
+            .iter()
+            .map(|d| (d.name.clone(), d.size as usize)),
+    )
+}
+
 /// Expands runs back to one value per rank. Gaps or overlaps (from a
 /// hand-edited status) are tolerated: later runs win, gaps are skipped.
 pub fn decode<T: Clone>(runs: &[Run<T>]) -> Vec<T> {
@@ -132,6 +176,23 @@ mod tests {
         assert_eq!(runs.len(), 10);
         assert_eq!(tail("héllo", 4), "llo");
         assert_eq!(tail("abc", 4), "abc");
+    }
+
+    #[test]
+    fn value_mesh_round_trip() {
+        let extent = Extent::new(vec![crate::Dim::new("host", 4), crate::Dim::new("gpu", 8)]);
+        let mut values = vec!["ok"; 32];
+        values[9] = "bad";
+        let runs = encode(values.clone());
+        let mesh = to_value_mesh(&extent, runs.clone()).unwrap();
+        assert_eq!(mesh.to_vec(), values);
+        assert_eq!(from_value_mesh(&mesh), runs);
+        let short = vec![Run {
+            start: 0,
+            count: 3,
+            value: "ok",
+        }];
+        assert!(to_value_mesh(&extent, short).is_err());
     }
 
     #[test]

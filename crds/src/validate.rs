@@ -255,6 +255,15 @@ pub fn proc_mesh(
             ),
         ));
     }
+    if let Some(w) = world {
+        let total = w.extent().num_ranks().saturating_mul(per_host);
+        if total > procmesh::MAX_PROCS {
+            errs.push(FieldError::new(
+                "spec.perHost",
+                format!("makes {total} procs in all; a ProcMesh has at most {}, use fewer procs per host", procmesh::MAX_PROCS),
+            ));
+        }
+    }
     if spec.command.first().is_none_or(|c| c.is_empty()) {
         errs.push(FieldError::new(
             "spec.command",

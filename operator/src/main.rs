@@ -28,6 +28,8 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run the World and ProcMesh controllers and the supervision hub.
+    Operator(hostmesh_operator::OperatorArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
@@ -44,6 +46,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
+        Command::Operator(args) => run_operator(args),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
@@ -62,6 +65,21 @@ fn main() -> anyhow::Result<()> {
                 .context("process kubelet failed")
         }
     }
+}
+
+/// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
+fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(hostmesh_operator::run(args))
+        .context("operator failed")
 }
 
 /// Prints both CRDs to stdout.

@@ -1,0 +1,74 @@
+//! What every reconcile shares: the client, the hub, the Event recorder and
+//! the operator's settings.
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
+
+use crate::OperatorArgs;
+use crate::hub::{AgentConnector, Hub};
+
+/// Shared reconcile context.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// The supervision hub.
+    pub hub: Arc<Hub>,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Operator settings.
+    pub args: OperatorArgs,
+}
+
+impl Context {
+    /// A context for `client` dialing agents through `connector`.
+    pub fn new(
+        client: Client,
+        args: OperatorArgs,
+        connector: Arc<dyn AgentConnector>,
+    ) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: "hostmesh-operator".into(),
+            instance: Some(args.instance.clone()),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            hub: Hub::new(connector),
+            args,
+        })
+    }
+
+    /// Publishes an Event on `obj`; failures are logged, never fatal.
+    pub async fn event<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        let reference = obj.object_ref(&());
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(reason, error = %e, "cannot publish Event");
+        }
+    }
+}
+
+/// An object reference from namespace and name.
+pub fn obj_ref<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {
+    ObjectRef::new(name).within(namespace)
+}
