@@ -196,6 +196,15 @@ impl KubeletConfig {
         }
     }
 
+    /// Points the kubelet at an embedded API server: `pods/log` requests
+    /// from it are accepted (its token) and containers get its address as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT`.
+    pub fn for_api_server(mut self, api: &crate::apiserver::ApiServerHandle) -> Self {
+        self.log_token = Some(api.token().to_string());
+        self.kubernetes_service = Some((api.addr().ip().to_string(), api.addr().port()));
+        self
+    }
+
     /// Checks the configuration and returns the full image table (the
     /// user's rows, then the hostmesh agent image).
     pub(crate) fn validate(&self) -> Result<ImageTable> {
