@@ -6,6 +6,8 @@
 mod kubelet_common;
 
 use std::io::{Read as _, Write as _};
+
+use futures::AsyncBufReadExt as _;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -182,6 +184,41 @@ async fn logs_are_served_through_the_api_server() {
         .await
         .unwrap();
     assert_eq!(tail, "line 3\nline 4\n");
+
+    // `kubectl logs -f`: output arrives as it is written, and the stream
+    // ends when the container exits.
+    let go = c.dir.path().join("go");
+    c.create_pod(&format!(
+        "metadata: {{name: follower}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: main, image: busybox, command: [sh, -c, 'echo first; while [ ! -f {} ]; do sleep 0.1; done; echo second']}}\n",
+        go.display()
+    ))
+    .await;
+    c.wait_pod("follower", "running", |p| {
+        container_pid(p, "main").is_some()
+    })
+    .await;
+    let params = LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut lines = c
+        .pods()
+        .log_stream("follower", &params)
+        .await
+        .unwrap()
+        .lines();
+    async fn next<S: futures::Stream + Unpin>(lines: &mut S) -> Option<S::Item> {
+        tokio::time::timeout(WAIT, futures::StreamExt::next(lines))
+            .await
+            .expect("log line in time")
+    }
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "first");
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "second");
+    assert!(
+        next(&mut lines).await.is_none(),
+        "the stream must end with the container"
+    );
     c.stop().await;
 }
 

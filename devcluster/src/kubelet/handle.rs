@@ -46,6 +46,7 @@ impl Kubelet {
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
+            started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = logs::bind(&shared).await?;
         let log_port = match &listener {

@@ -15,10 +15,10 @@
 //! 5. A pod that was already Succeeded or Failed when the worker took it is
 //!    left untouched (no processes, no status writes) until it is deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -135,6 +135,7 @@ struct Worker {
     rx: mpsc::UnboundedReceiver<Event>,
     written: Option<serde_json::Value>,
     conditions: Vec<PodCondition>,
+    running: Arc<Mutex<BTreeSet<String>>>,
 }
 
 fn restart_policy(pod: &Pod) -> String {
@@ -202,11 +203,13 @@ impl Worker {
                 s.ctr.run = Run::waiting("ContainerCreating", None);
             }
         }
+        let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
             PodEntry {
                 uid: uid.clone(),
                 dir: dir.clone(),
+                running: running.clone(),
             },
         );
         let (tx, rx) = mpsc::unbounded_channel();
@@ -241,6 +244,7 @@ impl Worker {
             rx,
             written: None,
             conditions,
+            running,
         })
     }
 
@@ -598,6 +602,7 @@ impl Worker {
                     "Started",
                     format!("Started container {} (pid {pid})", slot.ctr.name),
                 );
+                lock(&self.running).insert(slot.ctr.name.clone());
                 slot.pgid = Some(pid);
                 slot.started = Some(now);
                 slot.ctr.run = Run::Running { pid, started_at };
@@ -720,6 +725,7 @@ impl Worker {
                 let signal = status.signal();
                 let code = status.code().unwrap_or_else(|| 128 + signal.unwrap_or(0));
                 let pid = slot.pgid.take();
+                lock(&self.running).remove(&slot.ctr.name);
                 if let Some(pgid) = pid {
                     // The leader is gone: end the rest of the container, as a runtime would.
                     process::signal_group(pgid, libc::SIGKILL);
