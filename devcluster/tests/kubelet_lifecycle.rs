@@ -295,3 +295,39 @@ async fn kubelet_shutdown_leaves_no_process_behind() {
     c.stop().await;
     wait_pids_gone(&all).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_pods_get_distinct_ips_and_all_stop_on_deletion() {
+    let c = Cluster::start(244).await;
+    const N: usize = 16;
+    for i in 0..N {
+        c.create_pod(&format!(
+            "metadata: {{name: many-{i}, labels: {{batch: many}}}}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - {{name: main, image: busybox, command: [sleep, '600']}}\n"
+        ))
+        .await;
+    }
+    let mut pids = Vec::new();
+    let mut ips = std::collections::BTreeSet::new();
+    for i in 0..N {
+        let pod = c
+            .wait_pod(&format!("many-{i}"), "running", |p| {
+                container_pid(p, "main").is_some()
+            })
+            .await;
+        pids.push(container_pid(&pod, "main").unwrap());
+        ips.insert(pod.status.unwrap().pod_ip.unwrap());
+    }
+    assert_eq!(ips.len(), N, "pod IPs must be distinct: {ips:?}");
+    c.pods()
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels("batch=many"),
+        )
+        .await
+        .unwrap();
+    for i in 0..N {
+        c.wait_pod_gone(&format!("many-{i}")).await;
+    }
+    wait_pids_gone(&pids).await;
+    c.stop().await;
+}

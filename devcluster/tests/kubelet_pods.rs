@@ -209,6 +209,10 @@ spec:
         "metadata: {name: always}\nspec:\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'exit 0']}\n",
     )
     .await;
+    c.create_pod(
+        "metadata: {name: bad-init}\nspec:\n  restartPolicy: Never\n  initContainers:\n  - {name: setup, image: busybox, command: [sh, -c, 'exit 5']}\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'echo must not run']}\n",
+    )
+    .await;
 
     let never = c
         .wait_pod("never", "phase Failed", |p| phase(p) == "Failed")
@@ -223,6 +227,21 @@ spec:
         c.kubelet().logs("default", "never", "main", None).unwrap(),
         "bye\n"
     );
+
+    let bad = c
+        .wait_pod("bad-init", "phase Failed", |p| phase(p) == "Failed")
+        .await;
+    let setup = container(&bad, "setup")
+        .unwrap()
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(setup.exit_code, 5);
+    assert_eq!(condition(&bad, "Initialized").as_deref(), Some("False"));
+    let main = container(&bad, "main").unwrap().state.clone().unwrap();
+    assert!(main.waiting.is_some(), "main must never start: {main:?}");
 
     let of = c
         .wait_pod("on-failure", "phase Succeeded", |p| phase(p) == "Succeeded")
