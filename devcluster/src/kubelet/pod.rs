@@ -520,7 +520,7 @@ impl Worker {
             env,
             &volumes,
         )?;
-        if !launch.mounts.is_empty() && unsafe { libc::geteuid() } != 0 {
+        if !launch.mounts.is_empty() && !process::is_root() {
             return Err(KubeletError::PodSpec(format!(
                 "{}.volumeMounts: mounting volumes needs a kubelet running as root (mount namespaces)",
                 slot.field

@@ -181,6 +181,12 @@ pub(crate) fn spawn(
     cmd.spawn()
 }
 
+/// True when the kubelet runs as root (it can then make mount namespaces).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Sends `signal` to the process group `pgid`; false when the group is gone.
 pub(crate) fn signal_group(pgid: i32, signal: i32) -> bool {
     if pgid <= 1 {
@@ -239,7 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn bind_mounts_are_private_to_the_container() {
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
