@@ -156,7 +156,11 @@ pub(crate) fn spawn(
         }
     }
     let join = match ns {
-        Namespace::JoinOf(pid) => Some(OwnedFd::from(File::open(format!("/proc/{pid}/ns/mnt"))?)),
+        // Without root there are no container mount namespaces to join.
+        Namespace::JoinOf(pid) if is_root() => {
+            Some(OwnedFd::from(File::open(format!("/proc/{pid}/ns/mnt"))?))
+        }
+        Namespace::JoinOf(_) => None,
         Namespace::New => None,
     };
     let unshare = matches!(ns, Namespace::New) && !launch.mounts.is_empty();
