@@ -3,6 +3,8 @@
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod agent;
+mod apiserver;
+mod e2e;
 mod operator;
 mod report;
 
@@ -19,7 +21,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
         "agent" => agent::run(),
+        "apiserver" => apiserver::run(),
         "operator" => operator::run(),
+        "e2e" => e2e::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

@@ -50,13 +50,16 @@ impl DevEnv {
     /// Starts everything with its files under `data_dir`.
     pub async fn start(data_dir: &Path) -> Result<DevEnv, DevEnvError> {
         let kubeconfig = data_dir.join("kubeconfig");
-        let mut config = ApiServerConfig::default();
-        config.kubeconfig = Some(kubeconfig.clone());
-        config.data_dir = None;
+        let config = ApiServerConfig {
+            kubeconfig: Some(kubeconfig.clone()),
+            data_dir: None,
+            ..ApiServerConfig::default()
+        };
         let apiserver = ApiServer::start(config).await?;
         let client = apiserver.client()?;
         install_crds(&client).await?;
-        let mut kconfig = KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet"));
+        let mut kconfig = KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet"))
+            .for_api_server(&apiserver);
         kconfig.hostmesh_binary = std::env::current_exe().ok();
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let (operator_stop, stop_rx) = oneshot::channel();
