@@ -4,6 +4,7 @@ use std::io::Write as _;
 
 /// Prints one result line: `{"bench", "value", "unit", "baseline", "ratio"}`.
 /// `ratio` is `value / baseline` when there is a baseline.
+#[allow(dead_code)] // used by the suites as they land
 pub(crate) fn emit(bench: &str, value: f64, unit: &str, baseline: Option<f64>) {
     let ratio = baseline.filter(|b| *b != 0.0).map(|b| value / b);
     let line = serde_json::json!({

@@ -8,7 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hostmesh", version, about = "Monarch-style host meshes on Kubernetes")]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Monarch-style host meshes on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,19 +20,140 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the host agent of one World host (docs/agent.md).
+    Agent(Box<hostmesh_runtime::host::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run the World and ProcMesh controllers and the supervision hub.
+    Operator(Box<hostmesh_operator::ops::OperatorCommand>),
+    /// Run a World and ProcMesh manifest on an embedded cluster (API server,
+    /// process kubelet and operator in this process) until Ctrl-C.
+    Up(hostmesh_operator::up::UpArgs),
+    /// Print the CRDs (World, ProcMesh) as multi-document YAML.
+    Crds,
+    /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
+    /// failure, conditions (`hostmesh status world/NAME`).
+    Status(hostmesh_operator::status::StatusArgs),
+    /// Serve the embedded Kubernetes API server until Ctrl-C.
+    Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
+    /// Run the process kubelet: a Node that runs its pods as local processes.
+    Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole cause chain; no backtrace for users.
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {e:#}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
+        Command::Crds => print_crds(),
+        Command::Up(args) => run_up(args),
+        Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
+        Command::Agent(args) => run_agent(*args),
+        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
+        Command::Apiserver(args) => run_apiserver(args),
+        Command::Kubelet(args) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .try_init();
+            let runtime =
+                tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            runtime
+                .block_on(hostmesh_devcluster::kubelet::run(args))
+                .context("process kubelet failed")
+        }
     }
+}
+
+/// `hostmesh up`: logs go to a file in the data directory so the terminal
+/// shows only the live view.
+fn run_up(args: hostmesh_operator::up::UpArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let log_path = args.data_dir.join("hostmesh.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let _ = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(log))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(hostmesh_operator::up::run(args))?;
+    Ok(())
+}
+
+/// Prints both CRDs to stdout.
+fn print_crds() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = hostmesh_crds::crd_yaml()?;
+    std::io::stdout().lock().write_all(yaml.as_bytes())?;
+    Ok(())
+}
+
+/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
+/// then runs the agent until it is stopped.
+fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
+    Ok(())
+}
+
+/// Serves the embedded API server until Ctrl-C, then shuts it down
+/// gracefully (persisting state when a data directory is given).
+fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
+    use hostmesh_devcluster::apiserver::ApiServer;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let server = ApiServer::start(args.into()).await?;
+        tracing::info!(
+            url = server.url(),
+            kubeconfig = %server.kubeconfig_path().map(|p| p.display().to_string()).unwrap_or_default(),
+            "API server ready; export KUBECONFIG to use it"
+        );
+        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        server.shutdown().await;
+        Ok(())
+    })
 }
 
 /// Copies the running executable to `to`, creating parent directories, and

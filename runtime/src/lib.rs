@@ -53,6 +53,7 @@ pub mod actor;
 pub mod actor_mesh;
 pub mod channel;
 mod error;
+pub mod host;
 pub mod id;
 pub mod mesh;
 pub mod port;

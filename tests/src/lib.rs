@@ -1,1 +1,502 @@
-//! hostmesh end-to-end test support.
+//! The end-to-end harness. A test gets an [`Env`]: a cluster, a fresh
+//! namespace, and a `hostmesh operator` process it can kill and restart.
+//!
+//! - With no `KUBECONFIG` in the environment, the cluster is the embedded one:
+//!   `hostmesh apiserver` and `hostmesh kubelet` run as child processes.
+//! - With `KUBECONFIG` set, the tests run unchanged against that cluster: the
+//!   process kubelet joins it as a tainted Node and the operator runs locally;
+//!   the Worlds the tests create select that Node ([`Env::pin_to_node`]).
+//!
+//! Every child process is killed when the [`Env`] drops (the kubelet first
+//! stops the pods' processes), so a failing test leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+
+/// How long any single wait in the suite may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(120);
+
+/// The taint and node label a process kubelet joining a real cluster carries.
+pub const NODE_TAINT: &str = "hostmesh.dev/process-kubelet";
+
+/// A cluster, a namespace and an operator for one test.
+pub struct Env {
+    /// Client for the cluster.
+    pub client: kube::Client,
+    /// The test's own namespace.
+    pub namespace: String,
+    /// Kubeconfig path (for kubectl).
+    pub kubeconfig: PathBuf,
+    /// The node the process kubelet registered.
+    pub node: String,
+    /// Whether this is a real cluster (KUBECONFIG was set).
+    pub real_cluster: bool,
+    dir: tempfile::TempDir,
+    apiserver: Option<Child>,
+    kubelet: Option<Child>,
+    operator: Option<Child>,
+}
+
+/// The `hostmesh` binary under test: `HOSTMESH_BIN`, or the one cargo built
+/// next to this test executable.
+pub fn hostmesh_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HOSTMESH_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/hostmesh
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    profile_dir.join("hostmesh")
+}
+
+/// A per-process /16 of loopback addresses for pod IPs, so tests running in
+/// parallel (one process each) never hand out the same pod IP.
+fn pod_ip_block() -> String {
+    let second = 16 + (std::process::id() % 200);
+    format!("127.{second}.0.0/16")
+}
+
+impl Env {
+    /// Starts (or joins) a cluster and creates a namespace named after `test`.
+    pub async fn start(test: &str) -> anyhow::Result<Env> {
+        let dir = tempfile::Builder::new().prefix("hostmesh-e2e-").tempdir()?;
+        let bin = hostmesh_bin();
+        if !bin.exists() {
+            bail!(
+                "{} does not exist: build it first (cargo build --bin hostmesh) or set HOSTMESH_BIN",
+                bin.display()
+            );
+        }
+        let real_cluster = std::env::var_os("KUBECONFIG").is_some();
+        let node = format!("hostmesh-e2e-{}", std::process::id());
+        let (kubeconfig, apiserver, client) = if real_cluster {
+            let path = PathBuf::from(std::env::var_os("KUBECONFIG").unwrap_or_default());
+            (path, None, kube::Client::try_default().await?)
+        } else {
+            let path = dir.path().join("kubeconfig");
+            let log = log_file(dir.path(), "apiserver")?;
+            let child = Command::new(&bin)
+                .arg("apiserver")
+                .arg("--listen")
+                .arg("127.0.0.1:0")
+                .arg("--kubeconfig")
+                .arg(&path)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting hostmesh apiserver")?;
+            wait_until("the API server's kubeconfig", || path.exists()).await?;
+            let client = client_for(&path).await?;
+            (path, Some(child), client)
+        };
+        let mut env = Env {
+            client,
+            namespace: format!("e2e-{}-{}", sanitize(test), std::process::id()),
+            kubeconfig,
+            node: node.clone(),
+            real_cluster,
+            dir,
+            apiserver,
+            kubelet: None,
+            operator: None,
+        };
+        env.install_crds(&bin)?;
+        let log = log_file(env.dir.path(), "kubelet")?;
+        let mut kubelet = Command::new(&bin);
+        kubelet
+            .arg("kubelet")
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .arg("--node-name")
+            .arg(&node)
+            .arg("--data-dir")
+            .arg(env.dir.path().join("kubelet"))
+            .arg("--pod-ip-range")
+            .arg(pod_ip_block())
+            .arg("--agent-binary")
+            .arg(&bin);
+        if real_cluster {
+            kubelet
+                .arg("--bind-unscheduled=false")
+                .arg("--taint")
+                .arg(NODE_TAINT);
+        }
+        env.kubelet = Some(
+            kubelet
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting hostmesh kubelet")?,
+        );
+        env.start_operator()?;
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": env.namespace}}))?;
+        Api::all(env.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .context("creating the test namespace")?;
+        Ok(env)
+    }
+
+    /// The log a component wrote (`apiserver`, `kubelet`, `operator`), for
+    /// failure messages.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    fn install_crds(&self, bin: &Path) -> anyhow::Result<()> {
+        let out = Command::new(bin).arg("crds").output()?;
+        if !out.status.success() {
+            bail!(
+                "hostmesh crds failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let path = self.dir.path().join("crds.yaml");
+        std::fs::write(&path, &out.stdout)?;
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            path.to_str().unwrap_or_default(),
+        ])?;
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/worlds.hostmesh.dev",
+            "crd/procmeshes.hostmesh.dev",
+            "--timeout=60s",
+        ])?;
+        Ok(())
+    }
+
+    /// Starts the operator process (again, after [`Env::kill_operator`]).
+    pub fn start_operator(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("operator.log"))?;
+        let child = Command::new(hostmesh_bin())
+            .arg("operator")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .arg("--http-addr")
+            .arg("127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting hostmesh operator")?;
+        self.operator = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs the operator process.
+    pub fn kill_operator(&mut self) {
+        if let Some(mut c) = self.operator.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs kubectl against the cluster, failing with its output on error.
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("kubectl")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Applies a YAML manifest into the test namespace; on a real cluster,
+    /// pins Worlds to the process kubelet's node.
+    pub async fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        let mut objects = hostmesh_operator::manifest::parse("test manifest", yaml)?;
+        if self.real_cluster {
+            for o in &mut objects {
+                self.pin_to_node(o);
+            }
+        }
+        hostmesh_operator::manifest::apply_all(&self.client, &objects, &self.namespace, "e2e")
+            .await?;
+        Ok(())
+    }
+
+    /// Adds a node selector and toleration for the process kubelet's node to a
+    /// World's pod template.
+    pub fn pin_to_node(&self, obj: &mut DynamicObject) {
+        if obj.types.as_ref().map(|t| t.kind.as_str()) != Some("World") {
+            return;
+        }
+        let spec = &mut obj.data["spec"]["template"]["spec"];
+        spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": self.node});
+        spec["tolerations"] =
+            serde_json::json!([{"key": NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+
+    /// A dynamic API for a hostmesh kind in the test namespace.
+    pub fn hostmesh_api(&self, kind: &str) -> Api<DynamicObject> {
+        let gvk = kube::core::GroupVersionKind::gvk("hostmesh.dev", "v1alpha1", kind);
+        let plural = match kind {
+            "World" => "worlds",
+            _ => "procmeshes",
+        };
+        let ar = kube::discovery::ApiResource::from_gvk_with_plural(&gvk, plural);
+        Api::namespaced_with(self.client.clone(), &self.namespace, &ar)
+    }
+
+    /// Polls `kind/name` until `pred` holds on it, failing after [`WAIT`] with
+    /// the last status seen.
+    pub async fn wait_for(
+        &self,
+        kind: &str,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> anyhow::Result<serde_json::Value> {
+        let api = self.hostmesh_api(kind);
+        let start = Instant::now();
+        let mut last = serde_json::Value::Null;
+        while start.elapsed() < WAIT {
+            if let Some(o) = api.get_opt(name).await? {
+                last = o.data.get("status").cloned().unwrap_or_default();
+                if pred(&last) {
+                    return Ok(last);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bail!(
+            "{kind} {name}: {what} not reached in {WAIT:?}; last status: {last:#}\n--- operator log (tail) ---\n{}",
+            tail(&self.log("operator"), 40)
+        )
+    }
+
+    /// Deletes a hostmesh object.
+    pub async fn delete(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+        self.hostmesh_api(kind)
+            .delete(name, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.kill_operator();
+        // The kubelet stops every pod's processes on SIGTERM.
+        if let Some(mut k) = self.kubelet.take() {
+            let _ = nix_terminate(&k);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = k.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        if let Some(mut a) = self.apiserver.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+}
+
+fn nix_terminate(child: &Child) -> std::io::Result<()> {
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("kill -TERM failed"))
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> anyhow::Result<std::fs::File> {
+    Ok(std::fs::File::create(dir.join(format!("{name}.log")))?)
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn wait_until(what: &str, f: impl Fn() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if f() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what} did not appear in {WAIT:?}")
+}
+
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn sanitize(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.chars()
+        .take(30)
+        .collect::<String>()
+        .trim_matches('-')
+        .to_owned()
+}
+
+/// The `type=Ready` condition is True in a status object.
+pub fn condition_true(status: &serde_json::Value, kind: &str) -> bool {
+    status["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    })
+}
+
+/// PIDs of live processes whose environment satisfies `pred` (reads
+/// `/proc/<pid>/environ`; processes that vanish mid-scan are skipped).
+pub fn find_pids(pred: impl Fn(&std::collections::HashMap<String, String>) -> bool) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if is_zombie(pid) {
+            continue;
+        }
+        let env: std::collections::HashMap<String, String> = raw
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        if pred(&env) {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    pids
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// PIDs of the procs of ProcMesh `mesh` in World `world`: the processes the
+/// agents started, not their children (a `sh -c` proc's `sleep`).
+pub fn proc_pids(world: &str, mesh: &str) -> Vec<i32> {
+    let all = find_pids(|e| {
+        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(mesh)
+    });
+    all.iter()
+        .copied()
+        .filter(|p| parent_of(*p).is_none_or(|pp| !all.contains(&pp)))
+        .collect()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// PID of the agent of host `rank` of World `world`.
+pub fn agent_pids(world: &str, rank: u32) -> Vec<i32> {
+    let rank = rank.to_string();
+    find_pids(|e| {
+        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
+            && e.get("HOSTMESH_HOST_RANK") == Some(&rank)
+            && !e.contains_key("HOSTMESH_PROC_MESH")
+    })
+}
+
+/// Sends `signal` to `pid`.
+pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
+/// Polls `f` until it returns true, failing after [`WAIT`] with `what`.
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if f() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{what}: not true after {WAIT:?}")
+}
+
+/// A World manifest of `shape` (e.g. `[("replica", 2), ("host", 2)]`) with
+/// extra spec fields merged in.
+pub fn world_yaml(name: &str, shape: &[(&str, u32)], extra_spec: &str) -> String {
+    let dims: Vec<String> = shape
+        .iter()
+        .map(|(n, s)| format!("{{name: {n}, size: {s}}}"))
+        .collect();
+    format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata:\n  name: {name}\nspec:\n  shape: [{}]\n  template:\n    metadata:\n      labels: {{team: e2e}}\n    spec:\n      containers:\n      - name: host\n        image: busybox\n{extra_spec}",
+        dims.join(", ")
+    )
+}

@@ -1,0 +1,102 @@
+{{/* Names, labels and the operator's RBAC rules, shared by the templates. */}}
+
+{{- define "hostmesh.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hostmesh.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "hostmesh.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hostmesh.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hostmesh.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "hostmesh.labels" -}}
+helm.sh/chart: {{ include "hostmesh.chart" . }}
+{{ include "hostmesh.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hostmesh
+{{- end }}
+
+{{- define "hostmesh.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hostmesh.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "hostmesh.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+{{- end }}
+
+{{/*
+The rules the controllers need on the objects they manage, in every watched
+namespace. Granted by a ClusterRole when watchNamespaces is empty, else by a
+Role in each watched namespace. Every rule says why it is needed.
+*/}}
+{{- define "hostmesh.managerRules" -}}
+# Worlds and ProcMeshes are the operator's input: the controllers watch them
+# (get, list, watch) and add or remove their finalizers (JSON patch).
+- apiGroups: ["hostmesh.dev"]
+  resources: ["worlds", "procmeshes"]
+  verbs: ["get", "list", "watch", "patch"]
+# A World being deleted deletes its ProcMeshes first, so their procs stop
+# gracefully before the host pods go.
+- apiGroups: ["hostmesh.dev"]
+  resources: ["procmeshes"]
+  verbs: ["delete"]
+# Status is computed by the controllers and written whole through the status
+# subresource by server-side apply (a patch).
+- apiGroups: ["hostmesh.dev"]
+  resources: ["worlds/status", "procmeshes/status"]
+  verbs: ["patch"]
+# Host pods, the Service and the Secret carry an owner reference to their
+# World with blockOwnerDeletion, which needs update on the World's finalizers
+# subresource (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["hostmesh.dev"]
+  resources: ["worlds/finalizers"]
+  verbs: ["update"]
+# One pod per host rank: server-side applied (create, patch), watched for
+# readiness and failure reasons (list, watch), and deleted to replace a failed
+# host, recreate the gang, or roll a changed template.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# The headless Service per World that gives host pods their DNS names,
+# server-side applied (create, patch); garbage collection deletes it.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create", "patch"]
+# The per-World agent Secret: created once, then read by name to authenticate
+# to the agents. No list or watch: the operator never enumerates Secrets.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# Events tell users what happened (host failed, proc failed, restarting, gave
+# up); patch updates the count of a repeated Event.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

@@ -1,0 +1,125 @@
+//! Conditions in the `metav1.Condition` shape, keyed by `type`.
+//!
+//! Invariants:
+//! 1. At most one condition per type; [`set`] replaces in place and keeps the
+//!    order of first appearance.
+//! 2. `lastTransitionTime` changes only when `status` changes, so writing a
+//!    recomputed status whole does not churn it.
+//! 3. Messages are truncated to the API's 32 KiB limit; reasons are the
+//!    CamelCase words the API accepts.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// The whole gang (World) or every proc (ProcMesh) is up.
+pub const READY: &str = "Ready";
+/// The controller is creating, restarting or rolling something.
+pub const PROGRESSING: &str = "Progressing";
+/// Something failed and is being handled (or waits on its backoff).
+pub const DEGRADED: &str = "Degraded";
+/// Terminal failure; the message says why.
+pub const FAILED: &str = "Failed";
+
+const MAX_MESSAGE: usize = 32 * 1024;
+
+/// Sets condition `type_` to `status` with `reason`/`message`, keeping the
+/// last transition time when the status is unchanged (invariant 2).
+pub fn set(
+    conds: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let mut message = message.to_string();
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    let new = |ltt: Time| Condition {
+        type_: type_.to_string(),
+        status: status.clone(),
+        reason: reason.to_string(),
+        message: message.clone(),
+        observed_generation: generation,
+        last_transition_time: ltt,
+    };
+    match conds.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            let ltt = if c.status == status {
+                c.last_transition_time.clone()
+            } else {
+                now.clone()
+            };
+            *c = new(ltt);
+        }
+        None => conds.push(new(now.clone())),
+    }
+}
+
+/// The condition of type `type_`.
+pub fn get<'a>(conds: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conds.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether condition `type_` is present and True.
+pub fn is_true(conds: &[Condition], type_: &str) -> bool {
+    get(conds, type_).is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn t(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_kept_when_status_unchanged() {
+        let mut c = Vec::new();
+        set(
+            &mut c,
+            READY,
+            false,
+            "Creating",
+            "0/2 hosts ready",
+            Some(1),
+            &t(10),
+        );
+        set(
+            &mut c,
+            READY,
+            false,
+            "Creating",
+            "1/2 hosts ready",
+            Some(1),
+            &t(20),
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].last_transition_time, t(10));
+        assert_eq!(c[0].message, "1/2 hosts ready");
+        set(&mut c, READY, true, "AllHostsReady", "2/2", Some(2), &t(30));
+        assert_eq!(c[0].last_transition_time, t(30));
+        assert_eq!(c[0].observed_generation, Some(2));
+        assert!(is_true(&c, READY));
+        set(&mut c, FAILED, false, "NoFailure", "", Some(2), &t(30));
+        assert_eq!(c.len(), 2);
+        assert!(!is_true(&c, FAILED));
+        assert!(!is_true(&c, DEGRADED));
+    }
+
+    #[test]
+    fn long_messages_are_truncated_on_char_boundary() {
+        let mut c = Vec::new();
+        let msg = "é".repeat(MAX_MESSAGE);
+        set(&mut c, FAILED, true, "X", &msg, None, &t(1));
+        assert!(c[0].message.len() <= MAX_MESSAGE);
+    }
+}

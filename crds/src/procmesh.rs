@@ -1,0 +1,443 @@
+//! The `ProcMesh` resource: P procs on every host of a World, each a process
+//! started by the host's agent, with its rank and coordinates in its
+//! environment.
+//!
+//! Invariants:
+//! 1. The extent is the World's shape followed by `perHost`; proc rank =
+//!    host_rank * perHostSize + local rank.
+//! 2. `firstFailure`, once set, is kept until the ProcMesh is restarted as a
+//!    whole (the root cause survives later failures).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::DURATION_PATTERN;
+use crate::runs::Run;
+use crate::shape::{Dim, Extent, MAX_DIMS};
+
+/// Default `spawnTimeout`.
+pub const DEFAULT_SPAWN_TIMEOUT: &str = "60s";
+/// Default `stopTimeout`.
+pub const DEFAULT_STOP_TIMEOUT: &str = "30s";
+/// Largest number of procs on one host.
+pub const MAX_PROCS_PER_HOST: u64 = 1024;
+/// Largest number of procs in one ProcMesh.
+pub const MAX_PROCS: u64 = 200_000;
+/// Most bytes of stderr kept per failed rank in status.
+pub const MAX_STDERR_TAIL: usize = 1024;
+
+/// Desired state of a ProcMesh.
+// kube's printcolumn(...) lists trip clippy's duplicated-attribute check.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "hostmesh.dev",
+    version = "v1alpha1",
+    kind = "ProcMesh",
+    namespaced,
+    status = "ProcMeshStatus",
+    shortname = "pm",
+    category = "hostmesh",
+    doc = "Procs spawned by the agents of a World: perHost procs on every host.",
+    printcolumn(name = "WORLD", type_ = "string", json_path = ".spec.world"),
+    printcolumn(name = "EXTENT", type_ = "string", json_path = ".status.extent"),
+    printcolumn(name = "RUNNING", type_ = "integer", json_path = ".status.running"),
+    printcolumn(name = "FAILED", type_ = "integer", json_path = ".status.failed"),
+    printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "AGE",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcMeshSpec {
+    /// Name of the World (same namespace) whose hosts run the procs.
+    #[schemars(length(min = 1, max = 63))]
+    pub world: String,
+    /// Per-host dimensions, e.g. `[{name: gpu, size: 8}]`; empty means one
+    /// proc per host. Names must differ from the World's dimensions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_DIMS))]
+    pub per_host: Vec<Dim>,
+    /// Program and its leading arguments.
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+    /// Further arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment for every proc (the rank contract variables win).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Working directory of every proc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// What happens when procs fail.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Ranks that have not started this long after the spawn are Timeout.
+    /// Default `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub spawn_timeout: Option<String>,
+    /// Grace period between SIGTERM and SIGKILL when procs stop. Default `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub stop_timeout: Option<String>,
+    /// When this ProcMesh fails, its World fails too.
+    #[serde(default)]
+    pub critical: bool,
+    /// `MASTER_PORT` given to procs. Default 29500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub master_port: Option<u16>,
+}
+
+impl ProcMeshSpec {
+    /// The per-host extent.
+    pub fn per_host_extent(&self) -> Extent {
+        Extent::new(self.per_host.clone())
+    }
+}
+
+/// One environment variable.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EnvVar {
+    /// Variable name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Its value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// What happens when procs fail.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartPolicy {
+    /// Never, OnFailure (per rank) or Gang (every rank).
+    #[serde(default)]
+    pub policy: RestartMode,
+    /// Restarts allowed before the ProcMesh is Failed.
+    #[serde(default = "default_max_restarts")]
+    #[schemars(range(max = 1000))]
+    pub max_restarts: u32,
+    /// Delay before the first restart; doubles each restart. Default `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub backoff: Option<String>,
+    /// Rules, first match wins, deciding whether a failure is retried. With
+    /// no match: exit codes 126, 127 (cannot execute / not found) and 1-2
+    /// for usage errors are permanent; others and signals are retried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<ExitRule>,
+}
+
+fn default_max_restarts() -> u32 {
+    3
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            policy: RestartMode::default(),
+            max_restarts: default_max_restarts(),
+            backoff: None,
+            rules: Vec::new(),
+        }
+    }
+}
+
+/// Restart mode.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum RestartMode {
+    /// A failed proc stays failed; the ProcMesh fails.
+    #[default]
+    Never,
+    /// A failed rank restarts alone, in place.
+    OnFailure,
+    /// Any failure restarts every rank.
+    Gang,
+}
+
+/// A rule on exit codes or signals.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitRule {
+    /// `Retry` or `Fail`.
+    pub action: ExitAction,
+    /// Exit codes this rule matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exit_codes: Vec<i32>,
+    /// Signal numbers this rule matches (e.g. 9 for SIGKILL).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<i32>,
+}
+
+/// Action of an [`ExitRule`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ExitAction {
+    /// Retry per the restart policy.
+    Retry,
+    /// Permanent: fail without retrying.
+    Fail,
+}
+
+/// Observed state of a ProcMesh.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcMeshStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ProcMeshPhase>,
+    /// The full extent, e.g. `replica=2,host=4,gpu=8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extent: Option<String>,
+    /// Procs running.
+    #[serde(default)]
+    pub running: u64,
+    /// Procs that exited 0.
+    #[serde(default)]
+    pub succeeded: u64,
+    /// Procs that failed (exit code, signal, timeout, lost host).
+    #[serde(default)]
+    pub failed: u64,
+    /// Per-rank proc state as runs of equal state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<Run<RankStatus>>,
+    /// True when `ranks` was cut at its bound and covers a prefix only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ranks_truncated: bool,
+    /// The first failure: the root cause, kept when later ranks fail too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<FirstFailure>,
+    /// Ready, Progressing, Degraded, Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Restarts performed so far.
+    #[serde(default)]
+    pub restarts: u32,
+    /// When the last restart happened (drives the backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Time>,
+    /// Per-rank incarnation the operator asked for (bumped by each restart
+    /// of the rank), as runs; empty while every rank is at 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incarnations: Vec<Run<Incarnation>>,
+    /// When deletion started stopping the procs (drives `stopTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping_since: Option<Time>,
+    /// When the current spawn started (drives `spawnTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn_time: Option<Time>,
+}
+
+/// Phase of a ProcMesh.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ProcMeshPhase {
+    /// Waiting for its World (or the spec is invalid).
+    Pending,
+    /// Procs are being created.
+    Spawning,
+    /// Every proc is running.
+    Running,
+    /// Every proc exited 0.
+    Succeeded,
+    /// Failed beyond its restart policy.
+    Failed,
+    /// Procs are being stopped (deletion).
+    Stopping,
+}
+
+impl ProcMeshPhase {
+    /// The phase as written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcMeshPhase::Pending => "Pending",
+            ProcMeshPhase::Spawning => "Spawning",
+            ProcMeshPhase::Running => "Running",
+            ProcMeshPhase::Succeeded => "Succeeded",
+            ProcMeshPhase::Failed => "Failed",
+            ProcMeshPhase::Stopping => "Stopping",
+        }
+    }
+}
+
+/// A rank's requested incarnation (in status runs).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct Incarnation {
+    /// Restarts asked for this rank so far.
+    pub incarnation: u32,
+}
+
+/// State of one proc (one run of procs) in status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RankStatus {
+    /// Proc state.
+    pub state: ProcState,
+    /// Exit code, for procs that exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal number, for Killed procs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why, when the agent or operator said so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Last bytes of stderr (bounded), for failed ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+}
+
+/// State of one proc.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum ProcState {
+    /// Not asked for yet.
+    #[default]
+    Pending,
+    /// Spawned, not ready yet.
+    Starting,
+    /// Running.
+    Running,
+    /// Being stopped.
+    Stopping,
+    /// Ended because a stop was asked for (deletion, a failed mesh, a gang
+    /// restart): not a failure.
+    Stopped,
+    /// Exited with code 0.
+    Succeeded,
+    /// Exited with a non-zero code, or the agent could not start it.
+    Failed,
+    /// Killed by a signal.
+    Killed,
+    /// Did not start within `spawnTimeout`.
+    Timeout,
+    /// Its host is gone or expired.
+    Lost,
+}
+
+impl ProcState {
+    /// Whether this state counts as a failure.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            ProcState::Failed | ProcState::Killed | ProcState::Timeout | ProcState::Lost
+        )
+    }
+}
+
+/// Most failed ranks that keep their stderr tail in status.
+pub const MAX_STDERR_RANKS: usize = 16;
+/// Most bytes of a reason kept in status.
+pub const MAX_REASON: usize = 256;
+
+/// Encodes per-rank proc states (rank order) as bounded runs: stderr tails
+/// cut to [`MAX_STDERR_TAIL`] bytes and kept for the first
+/// [`MAX_STDERR_RANKS`] failed ranks only, reasons cut to [`MAX_REASON`],
+/// at most [`crate::runs::MAX_RUNS`] runs. Returns the runs and whether they
+/// were truncated.
+pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankStatus>>, bool) {
+    let mut with_stderr = 0usize;
+    let bounded = values.into_iter().map(|mut v| {
+        if let Some(s) = v.stderr_tail.take()
+            && with_stderr < MAX_STDERR_RANKS
+        {
+            with_stderr += 1;
+            v.stderr_tail = Some(crate::runs::tail(&s, MAX_STDERR_TAIL));
+        }
+        if let Some(r) = v.reason.as_mut()
+            && r.len() > MAX_REASON
+        {
+            *r = crate::runs::tail(r, MAX_REASON);
+        }
+        v
+    });
+    crate::runs::encode_bounded(bounded, crate::runs::MAX_RUNS)
+}
+
+/// The root cause of a ProcMesh failure.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FirstFailure {
+    /// Proc rank.
+    pub rank: u64,
+    /// Host rank (pod `<world>-host-<host>`).
+    pub host: u64,
+    /// When it was observed.
+    pub time: Time,
+    /// State it failed with.
+    pub state: ProcState,
+    /// Human-readable reason (exit code, signal, timeout, ...).
+    pub reason: String,
+    /// Exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal, when killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Last bytes of its stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running() -> RankStatus {
+        RankStatus {
+            state: ProcState::Running,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ten_thousand_ranks_one_failure_is_a_handful_of_runs() {
+        let mut v = vec![running(); 10_000];
+        v[7777] = RankStatus {
+            state: ProcState::Failed,
+            exit_code: Some(3),
+            reason: Some("exit code 3".into()),
+            stderr_tail: Some("x".repeat(100_000)),
+            ..Default::default()
+        };
+        let (runs, truncated) = rank_runs(v);
+        assert!(!truncated);
+        assert_eq!(runs.len(), 3);
+        assert_eq!(
+            runs[1].value.stderr_tail.as_ref().unwrap().len(),
+            MAX_STDERR_TAIL
+        );
+        let bytes = serde_json::to_vec(&runs).unwrap().len();
+        assert!(bytes < 2 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
+    fn worst_case_status_stays_far_below_the_object_limit() {
+        // Every rank fails differently, with long stderr and reasons.
+        let v = (0..10_000).map(|i| RankStatus {
+            state: ProcState::Failed,
+            exit_code: Some(i),
+            signal: None,
+            reason: Some("r".repeat(10_000)),
+            stderr_tail: Some("e".repeat(10_000)),
+        });
+        let (runs, truncated) = rank_runs(v);
+        assert!(truncated);
+        assert_eq!(runs.len(), crate::runs::MAX_RUNS);
+        let status = ProcMeshStatus {
+            ranks: runs,
+            ranks_truncated: truncated,
+            ..Default::default()
+        };
+        let bytes = serde_json::to_vec(&status).unwrap().len();
+        // etcd's default request limit is 1.5 MiB; stay well under half.
+        assert!(bytes < 512 * 1024, "{bytes} bytes");
+    }
+}

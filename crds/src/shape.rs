@@ -1,0 +1,153 @@
+//! Mesh shapes: ordered named dimensions (`replica=2,host=4`) and the
+//! row-major mapping between a rank and its coordinates.
+//!
+//! Invariants:
+//! 1. A shape is an ordered list (the API server does not keep map order);
+//!    the last dimension varies fastest.
+//! 2. `rank = sum(coord[i] * stride[i])` with `stride[last] = 1`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Largest size of one dimension.
+pub const MAX_DIM_SIZE: u32 = 16_384;
+/// Largest number of dimensions in a shape.
+pub const MAX_DIMS: usize = 8;
+/// The DNS-label pattern dimension names must match.
+pub const DNS_LABEL_PATTERN: &str = "^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$";
+
+/// One named dimension of a mesh.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct Dim {
+    /// Dimension name: a DNS label (lower-case letters, digits and `-`,
+    /// starting with a letter), e.g. `host` or `gpu`.
+    #[schemars(regex(pattern = DNS_LABEL_PATTERN), length(min = 1, max = 63))]
+    pub name: String,
+    /// Number of positions along this dimension (at least 1).
+    #[schemars(range(min = 1, max = MAX_DIM_SIZE))]
+    pub size: u32,
+}
+
+impl Dim {
+    /// A dimension named `name` of size `size`.
+    pub fn new(name: impl Into<String>, size: u32) -> Self {
+        Dim {
+            name: name.into(),
+            size,
+        }
+    }
+}
+
+/// An ordered shape: a list of dimensions.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Extent {
+    dims: Vec<Dim>,
+}
+
+impl Extent {
+    /// A shape from its dimensions, in order.
+    pub fn new(dims: Vec<Dim>) -> Self {
+        Extent { dims }
+    }
+
+    /// The dimensions, outermost first.
+    pub fn dims(&self) -> &[Dim] {
+        &self.dims
+    }
+
+    /// Number of ranks (product of sizes; 1 for an empty shape). Saturates
+    /// instead of overflowing, so hostile sizes cannot panic.
+    pub fn num_ranks(&self) -> u64 {
+        self.dims
+            .iter()
+            .fold(1u64, |acc, d| acc.saturating_mul(u64::from(d.size)))
+    }
+
+    /// This shape followed by `inner`'s dimensions.
+    pub fn concat(&self, inner: &Extent) -> Extent {
+        let mut dims = self.dims.clone();
+        dims.extend(inner.dims.iter().cloned());
+        Extent { dims }
+    }
+
+    /// Coordinates of `rank`, outermost first; `None` when out of range.
+    pub fn coords(&self, rank: u64) -> Option<Vec<u32>> {
+        if rank >= self.num_ranks() {
+            return None;
+        }
+        let mut rest = rank;
+        let mut out = vec![0u32; self.dims.len()];
+        for (i, d) in self.dims.iter().enumerate().rev() {
+            let size = u64::from(d.size);
+            out[i] = (rest % size) as u32;
+            rest /= size;
+        }
+        Some(out)
+    }
+
+    /// Rank of `coords`; `None` when their number or a value is out of range.
+    pub fn rank_of(&self, coords: &[u32]) -> Option<u64> {
+        if coords.len() != self.dims.len() {
+            return None;
+        }
+        let mut rank = 0u64;
+        for (c, d) in coords.iter().zip(&self.dims) {
+            if *c >= d.size {
+                return None;
+            }
+            rank = rank * u64::from(d.size) + u64::from(*c);
+        }
+        Some(rank)
+    }
+}
+
+impl std::fmt::Display for Extent {
+    /// `replica=2,host=4,gpu=8`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, d) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}={}", d.name, d.size)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk(dims: &[(&str, u32)]) -> Extent {
+        Extent::new(dims.iter().map(|(n, s)| Dim::new(*n, *s)).collect())
+    }
+
+    #[test]
+    fn coords_round_trip_row_major() {
+        let e = mk(&[("replica", 2), ("host", 4), ("gpu", 8)]);
+        assert_eq!(e.num_ranks(), 64);
+        assert_eq!(e.coords(0), Some(vec![0, 0, 0]));
+        assert_eq!(e.coords(9), Some(vec![0, 1, 1]));
+        assert_eq!(e.coords(63), Some(vec![1, 3, 7]));
+        assert_eq!(e.coords(64), None);
+        for r in 0..64 {
+            assert_eq!(e.rank_of(&e.coords(r).unwrap()), Some(r));
+        }
+        assert_eq!(e.rank_of(&[2, 0, 0]), None);
+        assert_eq!(e.rank_of(&[0, 0]), None);
+    }
+
+    #[test]
+    fn display_and_concat() {
+        let w = mk(&[("replica", 2), ("host", 4)]);
+        let p = mk(&[("gpu", 8)]);
+        assert_eq!(w.concat(&p).to_string(), "replica=2,host=4,gpu=8");
+        assert_eq!(Extent::default().num_ranks(), 1);
+    }
+
+    #[test]
+    fn huge_sizes_saturate() {
+        let e = mk(&[("a", u32::MAX), ("b", u32::MAX), ("c", u32::MAX)]);
+        assert_eq!(e.num_ranks(), u64::MAX);
+    }
+}

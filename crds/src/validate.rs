@@ -1,0 +1,421 @@
+//! Validation the schema cannot express, as pure functions over specs.
+//! Every [`FieldError`] names the field (`spec.shape[1].name`) and says how
+//! to fix it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::duration;
+use crate::procmesh::{self, ProcMeshSpec};
+use crate::shape::{Dim, MAX_DIM_SIZE, MAX_DIMS};
+use crate::world::{self, WorldSpec};
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// JSON path of the field, e.g. `spec.perHost[0].name`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl FieldError {
+    /// An error on `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Joins errors into one message (for conditions and Events).
+pub fn join(errs: &[FieldError]) -> String {
+    errs.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Whether `s` is a DNS label (RFC 1123, lower case, starts with a letter).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+fn check_dims(path: &str, dims: &[Dim], errs: &mut Vec<FieldError>) {
+    if dims.len() > MAX_DIMS {
+        errs.push(FieldError::new(
+            path,
+            format!("has {} dimensions; use at most {MAX_DIMS}", dims.len()),
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (i, d) in dims.iter().enumerate() {
+        if !is_dns_label(&d.name) {
+            errs.push(FieldError::new(
+                format!("{path}[{i}].name"),
+                format!("{:?} is not a DNS label; use lower-case letters, digits and '-', starting with a letter (e.g. \"host\")", d.name),
+            ));
+        }
+        if !seen.insert(d.name.as_str()) {
+            errs.push(FieldError::new(
+                format!("{path}[{i}].name"),
+                format!(
+                    "dimension {:?} appears twice; give each dimension its own name",
+                    d.name
+                ),
+            ));
+        }
+        if d.size == 0 || d.size > MAX_DIM_SIZE {
+            errs.push(FieldError::new(
+                format!("{path}[{i}].size"),
+                format!(
+                    "{} is out of range; use a size from 1 to {MAX_DIM_SIZE}",
+                    d.size
+                ),
+            ));
+        }
+    }
+}
+
+/// Parsed timing settings of a World.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorldTimings {
+    /// `spec.healthTimeout`.
+    pub health_timeout: Duration,
+    /// `spec.evictionTimeout`.
+    pub eviction_timeout: Duration,
+    /// `spec.failurePolicy.backoff`.
+    pub backoff: Duration,
+    /// `spec.failurePolicy.maxBackoff`.
+    pub max_backoff: Duration,
+}
+
+/// Validates a World named `name`; returns its parsed timings when valid.
+pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldError>> {
+    let mut errs = Vec::new();
+    match (spec.shape.is_empty(), spec.hosts) {
+        (true, None) => errs.push(FieldError::new(
+            "spec.shape",
+            "is empty; give the World's dimensions, e.g. [{name: host, size: 4}], or set spec.hosts",
+        )),
+        (false, Some(_)) => errs.push(FieldError::new(
+            "spec.hosts",
+            "is set together with spec.shape; keep only one of them",
+        )),
+        _ => {}
+    }
+    check_dims("spec.shape", &spec.shape, &mut errs);
+    if spec.hosts == Some(0) {
+        errs.push(FieldError::new(
+            "spec.hosts",
+            "is 0; a World needs at least 1 host",
+        ));
+    }
+    let n = spec.extent().num_ranks();
+    if n > world::MAX_HOSTS {
+        errs.push(FieldError::new(
+            "spec.shape",
+            format!(
+                "asks for {n} hosts; a World has at most {}, split it into several Worlds",
+                world::MAX_HOSTS
+            ),
+        ));
+    }
+    // Pod names `<world>-host-<rank>` are hostnames: DNS labels of <= 63.
+    let longest = format!("{name}-host-{}", n.saturating_sub(1));
+    if longest.len() > 63 || !is_dns_label(name) {
+        errs.push(FieldError::new(
+            "metadata.name",
+            format!("{name:?} makes host pod names like {longest:?} that are not DNS labels of at most 63 characters; use a shorter lower-case name"),
+        ));
+    }
+    let pod = spec.template.spec.as_ref();
+    let containers = pod.map(|p| p.containers.as_slice()).unwrap_or_default();
+    if containers.is_empty() {
+        errs.push(FieldError::new(
+            "spec.template.spec.containers",
+            "is empty; give the host container, e.g. [{name: host, image: ...}]",
+        ));
+    }
+    for (i, c) in containers.iter().enumerate() {
+        if c.image.as_deref().unwrap_or("").is_empty() {
+            errs.push(FieldError::new(
+                format!("spec.template.spec.containers[{i}].image"),
+                "is missing; set the container image",
+            ));
+        }
+    }
+    if spec.port == 0 || spec.port == 26601 {
+        errs.push(FieldError::new(
+            "spec.port",
+            format!("{} cannot be used (26601 is the agent's health port); pick another port such as 26600", spec.port),
+        ));
+    }
+    let fp = &spec.failure_policy;
+    let timings = (|| {
+        Ok::<_, FieldError>(WorldTimings {
+            health_timeout: duration::parse_or(
+                "spec.healthTimeout",
+                spec.health_timeout.as_deref(),
+                Duration::from_secs(10),
+            )?,
+            eviction_timeout: duration::parse_or(
+                "spec.evictionTimeout",
+                spec.eviction_timeout.as_deref(),
+                Duration::from_secs(60),
+            )?,
+            backoff: duration::parse_or(
+                "spec.failurePolicy.backoff",
+                fp.backoff.as_deref(),
+                Duration::from_secs(1),
+            )?,
+            max_backoff: duration::parse_or(
+                "spec.failurePolicy.maxBackoff",
+                fp.max_backoff.as_deref(),
+                Duration::from_secs(300),
+            )?,
+        })
+    })();
+    match timings {
+        Ok(t) if errs.is_empty() => {
+            if t.health_timeout < Duration::from_secs(1) {
+                return Err(vec![FieldError::new(
+                    "spec.healthTimeout",
+                    "is shorter than 1s, below the agents' heartbeat interval; use at least \"1s\" (default \"10s\")",
+                )]);
+            }
+            Ok(t)
+        }
+        Ok(_) => Err(errs),
+        Err(e) => {
+            errs.push(e);
+            Err(errs)
+        }
+    }
+}
+
+/// Parsed timing settings of a ProcMesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcMeshTimings {
+    /// `spec.spawnTimeout`.
+    pub spawn_timeout: Duration,
+    /// `spec.stopTimeout`.
+    pub stop_timeout: Duration,
+    /// `spec.restartPolicy.backoff`.
+    pub backoff: Duration,
+}
+
+/// Validates a ProcMesh against its World's spec (`None`: not found).
+pub fn proc_mesh(
+    spec: &ProcMeshSpec,
+    world: Option<&WorldSpec>,
+) -> Result<ProcMeshTimings, Vec<FieldError>> {
+    let mut errs = Vec::new();
+    match world {
+        None => errs.push(FieldError::new(
+            "spec.world",
+            format!(
+                "World {:?} does not exist in this namespace; create it or fix the name",
+                spec.world
+            ),
+        )),
+        Some(w) => {
+            let world_dims = w.extent();
+            for (i, d) in spec.per_host.iter().enumerate() {
+                if world_dims.dims().iter().any(|wd| wd.name == d.name) {
+                    errs.push(FieldError::new(
+                        format!("spec.perHost[{i}].name"),
+                        format!("{:?} is also a dimension of World {:?}; rename the per-host dimension (e.g. \"gpu\")", d.name, spec.world),
+                    ));
+                }
+            }
+        }
+    }
+    check_dims("spec.perHost", &spec.per_host, &mut errs);
+    let per_host = spec.per_host_extent().num_ranks();
+    if per_host > procmesh::MAX_PROCS_PER_HOST {
+        errs.push(FieldError::new(
+            "spec.perHost",
+            format!(
+                "asks for {per_host} procs per host; use at most {}",
+                procmesh::MAX_PROCS_PER_HOST
+            ),
+        ));
+    }
+    if let Some(w) = world {
+        let total = w.extent().num_ranks().saturating_mul(per_host);
+        if total > procmesh::MAX_PROCS {
+            errs.push(FieldError::new(
+                "spec.perHost",
+                format!("makes {total} procs in all; a ProcMesh has at most {}, use fewer procs per host", procmesh::MAX_PROCS),
+            ));
+        }
+    }
+    if spec.command.first().is_none_or(|c| c.is_empty()) {
+        errs.push(FieldError::new(
+            "spec.command",
+            "is empty; give the program to run, e.g. [python, train.py]",
+        ));
+    }
+    for (i, e) in spec.env.iter().enumerate() {
+        if e.name.is_empty() || e.name.contains('=') || e.name.contains('\0') {
+            errs.push(FieldError::new(
+                format!("spec.env[{i}].name"),
+                format!(
+                    "{:?} is not a valid variable name; use letters, digits and '_'",
+                    e.name
+                ),
+            ));
+        }
+    }
+    for (i, r) in spec.restart_policy.rules.iter().enumerate() {
+        if r.exit_codes.is_empty() && r.signals.is_empty() {
+            errs.push(FieldError::new(
+                format!("spec.restartPolicy.rules[{i}]"),
+                "matches nothing; give exitCodes or signals",
+            ));
+        }
+    }
+    let timings = (|| {
+        Ok::<_, FieldError>(ProcMeshTimings {
+            spawn_timeout: duration::parse_or(
+                "spec.spawnTimeout",
+                spec.spawn_timeout.as_deref(),
+                Duration::from_secs(60),
+            )?,
+            stop_timeout: duration::parse_or(
+                "spec.stopTimeout",
+                spec.stop_timeout.as_deref(),
+                Duration::from_secs(30),
+            )?,
+            backoff: duration::parse_or(
+                "spec.restartPolicy.backoff",
+                spec.restart_policy.backoff.as_deref(),
+                Duration::from_secs(1),
+            )?,
+        })
+    })();
+    match timings {
+        Ok(t) if errs.is_empty() => Ok(t),
+        Ok(_) => Err(errs),
+        Err(e) => {
+            errs.push(e);
+            Err(errs)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world_spec(yaml: &str) -> WorldSpec {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    const OK_WORLD: &str = "shape: [{name: replica, size: 2}, {name: host, size: 2}]\n\
+        template: {spec: {containers: [{name: host, image: busybox}]}}\n";
+
+    #[test]
+    fn good_world_passes_with_defaults() {
+        let t = world("trainer", &world_spec(OK_WORLD)).unwrap();
+        assert_eq!(t.health_timeout, Duration::from_secs(10));
+        assert_eq!(t.eviction_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn world_errors_name_field_and_fix() {
+        let cases = [
+            (
+                "template: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.shape",
+                "spec.hosts",
+            ),
+            (
+                "shape: [{name: Host, size: 2}]\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.shape[0].name",
+                "DNS label",
+            ),
+            (
+                "shape: [{name: a, size: 2}, {name: a, size: 2}]\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.shape[1].name",
+                "own name",
+            ),
+            (
+                "shape: [{name: a, size: 200}, {name: b, size: 200}]\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.shape",
+                "at most",
+            ),
+            (
+                "hosts: 2\ntemplate: {spec: {containers: []}}\n",
+                "spec.template.spec.containers",
+                "host container",
+            ),
+            (
+                "hosts: 2\ntemplate: {spec: {containers: [{name: h}]}}\n",
+                "spec.template.spec.containers[0].image",
+                "image",
+            ),
+            (
+                "hosts: 2\nhealthTimeout: soon\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.healthTimeout",
+                "e.g.",
+            ),
+            (
+                "hosts: 2\nport: 26601\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.port",
+                "26600",
+            ),
+        ];
+        for (yaml, field, fix) in cases {
+            let errs = world("w", &world_spec(yaml)).unwrap_err();
+            let e = errs
+                .iter()
+                .find(|e| e.field == field)
+                .unwrap_or_else(|| panic!("{field}: {errs:?}"));
+            assert!(e.message.contains(fix), "{field}: {}", e.message);
+        }
+        let errs = world(&"x".repeat(60), &world_spec(OK_WORLD)).unwrap_err();
+        assert_eq!(errs[0].field, "metadata.name");
+    }
+
+    #[test]
+    fn proc_mesh_errors() {
+        let w = world_spec(OK_WORLD);
+        let pm: ProcMeshSpec = serde_saphyr::from_str(
+            "world: trainer\nperHost: [{name: host, size: 2}]\ncommand: [sh]\n",
+        )
+        .unwrap();
+        let errs = proc_mesh(&pm, Some(&w)).unwrap_err();
+        assert_eq!(errs[0].field, "spec.perHost[0].name");
+        assert!(errs[0].message.contains("also a dimension"));
+        let errs = proc_mesh(&pm, None).unwrap_err();
+        assert_eq!(errs[0].field, "spec.world");
+        assert!(errs[0].message.contains("does not exist"));
+        let pm: ProcMeshSpec = serde_saphyr::from_str(
+            "world: t\nperHost: [{name: gpu, size: 2}]\ncommand: ['']\nrestartPolicy: {rules: [{action: Retry}]}\n",
+        )
+        .unwrap();
+        let errs = proc_mesh(&pm, Some(&w)).unwrap_err();
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.command", "spec.restartPolicy.rules[0]"]);
+        let pm: ProcMeshSpec =
+            serde_saphyr::from_str("world: t\nperHost: [{name: gpu, size: 8}]\ncommand: [sh]\n")
+                .unwrap();
+        let t = proc_mesh(&pm, Some(&w)).unwrap();
+        assert_eq!(t.stop_timeout, Duration::from_secs(30));
+    }
+}

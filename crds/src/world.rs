@@ -1,0 +1,279 @@
+//! The `World` resource: a mesh of host pods shaped by named dimensions, each
+//! running the hostmesh agent.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::DURATION_PATTERN;
+use crate::runs::Run;
+use crate::shape::{Dim, Extent, MAX_DIMS};
+
+/// Default agent port.
+pub const DEFAULT_PORT: u16 = 26600;
+/// Default `healthTimeout`.
+pub const DEFAULT_HEALTH_TIMEOUT: &str = "10s";
+/// Default `evictionTimeout`.
+pub const DEFAULT_EVICTION_TIMEOUT: &str = "60s";
+/// Largest number of hosts in one World.
+pub const MAX_HOSTS: u64 = 10_000;
+
+/// Desired state of a World.
+// kube's printcolumn(...) lists trip clippy's duplicated-attribute check.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "hostmesh.dev",
+    version = "v1alpha1",
+    kind = "World",
+    namespaced,
+    status = "WorldStatus",
+    shortname = "world",
+    category = "hostmesh",
+    doc = "A mesh of host pods shaped by named dimensions, each running the hostmesh agent.",
+    printcolumn(
+        name = "READY",
+        type_ = "string",
+        json_path = ".status.ready",
+        description = "ready/desired hosts"
+    ),
+    printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "RESTARTS", type_ = "integer", json_path = ".status.restarts"),
+    printcolumn(
+        name = "AGE",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorldSpec {
+    /// Ordered dimensions of the mesh, e.g. `[{name: replica, size: 2},
+    /// {name: host, size: 4}]`. Give either `shape` or `hosts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_DIMS))]
+    pub shape: Vec<Dim>,
+    /// Shorthand for a one-dimensional shape `[{name: host, size: hosts}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_HOSTS))]
+    pub hosts: Option<u32>,
+    /// Pod template for host pods (image, resources, node selectors,
+    /// tolerations). The operator adds the agent; user labels and annotations
+    /// are kept.
+    #[schemars(schema_with = "crate::preserve_unknown_object")]
+    pub template: PodTemplateSpec,
+    /// Agent (runtime protocol) port on every host pod.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// What a failed host does.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// No agent heartbeat for this long: the host is Expired and the World
+    /// Degraded. Default `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub health_timeout: Option<String>,
+    /// Degraded for this long: the failure policy acts (or the World fails).
+    /// Default `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub eviction_timeout: Option<String>,
+    /// How the agent gets into the host pods.
+    #[serde(default)]
+    pub agent: AgentSpec,
+}
+
+fn default_port() -> u16 {
+    DEFAULT_PORT
+}
+
+impl WorldSpec {
+    /// The World's shape (`shape`, or `host=<hosts>` for the shorthand).
+    pub fn extent(&self) -> Extent {
+        match (self.shape.is_empty(), self.hosts) {
+            (true, Some(n)) => Extent::new(vec![Dim::new("host", n)]),
+            _ => Extent::new(self.shape.clone()),
+        }
+    }
+}
+
+/// How the agent binary reaches host pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// The host image already contains `hostmesh` on its PATH; no init
+    /// container is added.
+    #[serde(default)]
+    pub image_has_agent: bool,
+}
+
+/// What the operator does when a host fails.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicy {
+    /// `ReplaceHost` recreates only the failed host's pod; `RecreateGang`
+    /// recreates every host pod of the World.
+    #[serde(default)]
+    pub action: FailureAction,
+    /// Restarts allowed before the World is Failed.
+    #[serde(default = "default_max_restarts")]
+    #[schemars(range(max = 1000))]
+    pub max_restarts: u32,
+    /// Delay before the first restart; doubles each restart. Default `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub backoff: Option<String>,
+    /// Upper bound of the restart delay. Default `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_backoff: Option<String>,
+}
+
+fn default_max_restarts() -> u32 {
+    3
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        FailurePolicy {
+            action: FailureAction::default(),
+            max_restarts: default_max_restarts(),
+            backoff: None,
+            max_backoff: None,
+        }
+    }
+}
+
+/// The action of a [`FailurePolicy`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum FailureAction {
+    /// Recreate the failed host only.
+    #[default]
+    ReplaceHost,
+    /// Recreate every host of the World.
+    RecreateGang,
+}
+
+/// Observed state of a World.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorldStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<WorldPhase>,
+    /// `ready/desired` for display, e.g. `3/4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Hosts whose pod is Ready and whose agent heartbeats.
+    #[serde(default)]
+    pub ready_hosts: u32,
+    /// Hosts the World asks for.
+    #[serde(default)]
+    pub desired_hosts: u32,
+    /// Per-rank host state as runs of equal state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Run<HostStatus>>,
+    /// True when `hosts` was cut at its bound and covers a prefix only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hosts_truncated: bool,
+    /// Ready, Progressing, Degraded, Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Host restarts performed so far (a gang recreation counts once).
+    #[serde(default)]
+    pub restarts: u32,
+    /// When the last restart happened (drives the backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Time>,
+    /// Since when the World has been Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_since: Option<Time>,
+}
+
+/// Phase of a World.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum WorldPhase {
+    /// Accepted, nothing created yet (or the spec is invalid).
+    Pending,
+    /// Host pods are being created or are starting.
+    Creating,
+    /// Every host is ready.
+    Running,
+    /// Some host failed or expired; the failure policy is acting.
+    Degraded,
+    /// Beyond the restart limit, or a critical ProcMesh failed.
+    Failed,
+    /// Being deleted.
+    Terminating,
+}
+
+impl WorldPhase {
+    /// The phase as written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorldPhase::Pending => "Pending",
+            WorldPhase::Creating => "Creating",
+            WorldPhase::Running => "Running",
+            WorldPhase::Degraded => "Degraded",
+            WorldPhase::Failed => "Failed",
+            WorldPhase::Terminating => "Terminating",
+        }
+    }
+}
+
+/// State of one host (one run of hosts) in status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    /// Host state.
+    pub state: HostState,
+    /// Pod-level reason when there is one (Unschedulable, ImagePullBackOff,
+    /// OOMKilled, Evicted, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// State of one host.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum HostState {
+    /// No pod yet.
+    Pending,
+    /// Pod exists and is starting (scheduling, pulling, agent not ready).
+    Starting,
+    /// Pod Ready and agent heartbeating.
+    Ready,
+    /// Pod was Ready but its readiness probe now fails.
+    NotReady,
+    /// No agent heartbeat for `healthTimeout`.
+    Expired,
+    /// The pod failed (container exited, evicted, OOM-killed, deleted).
+    Failed,
+    /// The pod is being deleted.
+    Terminating,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quickstart_yaml_parses_with_defaults() {
+        let w: WorldSpec = serde_saphyr::from_str(
+            "shape: [{name: replica, size: 2}, {name: host, size: 2}]\n\
+             template:\n  spec:\n    containers:\n    - name: host\n      image: busybox\n",
+        )
+        .unwrap();
+        assert_eq!(w.port, DEFAULT_PORT);
+        assert_eq!(w.failure_policy.max_restarts, 3);
+        assert_eq!(w.failure_policy.action, FailureAction::ReplaceHost);
+        assert_eq!(w.extent().to_string(), "replica=2,host=2");
+        let short: WorldSpec =
+            serde_saphyr::from_str("hosts: 3\ntemplate: {spec: {containers: []}}\n").unwrap();
+        assert_eq!(short.extent().to_string(), "host=3");
+    }
+}

@@ -1,0 +1,286 @@
+//! Owns the built-in types' server-side defaults and checks that clients
+//! rely on: namespace phase, pod defaults and initial status, service
+//! cluster IPs, CRD status (Established), and the few validations that
+//! keep the process kubelet and the operator out of trouble.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::{Value, json};
+
+use super::registry::ResourceInfo;
+use super::status::ApiError;
+
+static NEXT_CLUSTER_IP: AtomicU32 = AtomicU32::new(10);
+
+fn is(info: &ResourceInfo, group: &str, plural: &str) -> bool {
+    info.builtin && info.group == group && info.plural == plural
+}
+
+fn set_default(obj: &mut Value, path: &[&str], v: Value) {
+    let mut cur = obj;
+    for (i, p) in path.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let m = cur.as_object_mut().expect("made an object above");
+        if i == path.len() - 1 {
+            m.entry(p.to_string()).or_insert(v);
+            return;
+        }
+        cur = m.entry(p.to_string()).or_insert_with(|| json!({}));
+    }
+}
+
+fn default_pod_spec(spec: &mut Value) {
+    set_default(spec, &["restartPolicy"], json!("Always"));
+    set_default(spec, &["terminationGracePeriodSeconds"], json!(30));
+    set_default(spec, &["dnsPolicy"], json!("ClusterFirst"));
+    set_default(spec, &["schedulerName"], json!("default-scheduler"));
+    set_default(spec, &["securityContext"], json!({}));
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs {
+                set_default(
+                    c,
+                    &["terminationMessagePath"],
+                    json!("/dev/termination-log"),
+                );
+                set_default(c, &["terminationMessagePolicy"], json!("File"));
+                let latest = c
+                    .get("image")
+                    .and_then(Value::as_str)
+                    .is_some_and(|i| i.ends_with(":latest") || !i.contains(':'));
+                set_default(
+                    c,
+                    &["imagePullPolicy"],
+                    json!(if latest { "Always" } else { "IfNotPresent" }),
+                );
+                set_default(c, &["resources"], json!({}));
+                if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+                    for p in ports {
+                        set_default(p, &["protocol"], json!("TCP"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Defaults applied when an object is created.
+pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
+    if is(info, "", "namespaces") {
+        set_default(obj, &["spec", "finalizers"], json!(["kubernetes"]));
+        obj["status"] = json!({"phase": "Active"});
+    } else if is(info, "", "pods") {
+        if let Some(spec) = obj.get_mut("spec") {
+            default_pod_spec(spec);
+        }
+        let sa = obj
+            .pointer("/spec/serviceAccountName")
+            .cloned()
+            .unwrap_or(json!("default"));
+        set_default(obj, &["spec", "serviceAccountName"], sa.clone());
+        set_default(obj, &["spec", "serviceAccount"], sa);
+        obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+        if obj
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty())
+        {
+            obj["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": super::meta::now()}]);
+        }
+    } else if is(info, "", "services") {
+        set_default(obj, &["spec", "type"], json!("ClusterIP"));
+        set_default(obj, &["spec", "sessionAffinity"], json!("None"));
+        if obj
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            let n = NEXT_CLUSTER_IP.fetch_add(1, Ordering::Relaxed);
+            obj["spec"]["clusterIP"] = json!(format!("10.96.{}.{}", (n >> 8) & 0xff, n & 0xff));
+        }
+        let ip = obj["spec"]["clusterIP"].clone();
+        set_default(obj, &["spec", "clusterIPs"], json!([ip]));
+        if let Some(ports) = obj.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
+            for p in ports {
+                set_default(p, &["protocol"], json!("TCP"));
+                let port = p.get("port").cloned().unwrap_or(json!(0));
+                set_default(p, &["targetPort"], port);
+            }
+        }
+        obj["status"] = json!({"loadBalancer": {}});
+    } else if is(info, "", "secrets") {
+        set_default(obj, &["type"], json!("Opaque"));
+    } else if is(info, "apps", "deployments") {
+        set_default(obj, &["spec", "replicas"], json!(1));
+        if let Some(spec) = obj.pointer_mut("/spec/template/spec") {
+            default_pod_spec(spec);
+        }
+    } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
+        crd_status(obj);
+        // Deleting a CRD first deletes its objects (see `gc`).
+        let mut f = super::meta::finalizers(obj);
+        if !f.iter().any(|x| x == CRD_CLEANUP) {
+            f.push(CRD_CLEANUP.into());
+            super::meta::set_finalizers(obj, &f);
+        }
+    }
+}
+
+/// The finalizer that holds a CRD until its custom resources are gone.
+pub(crate) const CRD_CLEANUP: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// Defaults applied on update of the main resource.
+pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
+    if is(info, "", "services") {
+        // The cluster IP is allocated once and immutable.
+        if let Some(ip) = old.pointer("/spec/clusterIP")
+            && new
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        {
+            new["spec"]["clusterIP"] = ip.clone();
+        }
+    } else if is(info, "", "pods") {
+        if let Some(spec) = new.get_mut("spec") {
+            default_pod_spec(spec);
+        }
+    } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
+        crd_status(new);
+    }
+}
+
+fn crd_status(obj: &mut Value) {
+    let now = super::meta::now();
+    let names = obj.pointer("/spec/names").cloned().unwrap_or(json!({}));
+    let stored: Vec<Value> = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .map(|vs| {
+            vs.iter()
+                .filter(|v| v.get("storage") == Some(&json!(true)))
+                .filter_map(|v| v.get("name").cloned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let keep_time = |t: &str| {
+        obj.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+            .and_then(|c| c.get("lastTransitionTime").cloned())
+            .unwrap_or(json!(now))
+    };
+    let status = json!({
+        "acceptedNames": names,
+        "storedVersions": stored,
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": keep_time("NamesAccepted")},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": keep_time("Established")},
+        ],
+    });
+    obj["status"] = status;
+}
+
+/// The built-in checks whose absence would let a client store something
+/// no real server accepts.
+pub(crate) fn validate_builtin(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    let name = super::meta::name(obj).to_string();
+    let mut causes: Vec<(String, String)> = Vec::new();
+    if is(info, "", "pods") {
+        match obj.pointer("/spec/containers").and_then(Value::as_array) {
+            Some(cs) if !cs.is_empty() => {
+                for (i, c) in cs.iter().enumerate() {
+                    if c.get("name")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        causes.push((
+                            format!("spec.containers[{i}].name"),
+                            "Required value".into(),
+                        ));
+                    }
+                    if c.get("image")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        causes.push((
+                            format!("spec.containers[{i}].image"),
+                            "Required value".into(),
+                        ));
+                    }
+                }
+            }
+            _ => causes.push((
+                "spec.containers".into(),
+                "Required value: a pod needs at least one container".into(),
+            )),
+        }
+    } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
+        let group = obj
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let plural = obj
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if group.is_empty() {
+            causes.push(("spec.group".into(), "Required value".into()));
+        }
+        if plural.is_empty() {
+            causes.push(("spec.names.plural".into(), "Required value".into()));
+        }
+        if obj
+            .pointer("/spec/names/kind")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            causes.push(("spec.names.kind".into(), "Required value".into()));
+        }
+        if name != format!("{plural}.{group}") {
+            causes.push((
+                "metadata.name".into(),
+                format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"),
+            ));
+        }
+        let versions = obj
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let storage = versions
+            .iter()
+            .filter(|v| v.get("storage") == Some(&json!(true)))
+            .count();
+        if versions.is_empty() {
+            causes.push((
+                "spec.versions".into(),
+                "Required value: list at least one version".into(),
+            ));
+        } else if storage != 1 {
+            causes.push((
+                "spec.versions".into(),
+                "Invalid value: exactly one version must be storage=true".into(),
+            ));
+        }
+        let scope = obj
+            .pointer("/spec/scope")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if scope != "Namespaced" && scope != "Cluster" {
+            causes.push((
+                "spec.scope".into(),
+                format!(
+                    "Unsupported value: \"{scope}\": supported values: \"Cluster\", \"Namespaced\""
+                ),
+            ));
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(&info.kind, &name, causes))
+    }
+}

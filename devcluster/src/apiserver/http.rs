@@ -1,0 +1,277 @@
+//! Owns the wire: TLS accept loop, HTTP/1.1 and HTTP/2 via hyper, bearer
+//! token authentication, and dispatch of routed requests to the verbs.
+//!
+//! Invariants:
+//! 1. Every request except `/healthz`, `/livez`, `/readyz` and `/version`
+//!    carries the bearer token; others get 401 before any routing.
+//! 2. Every error is a `Status` object with the matching HTTP code.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::handlers::{self, Request};
+use super::lifecycle::Part;
+use super::route::{self, Route, Target};
+use super::status::ApiError;
+use super::store::Store;
+use super::tls::constant_time_eq;
+use super::watch::{self, WatchConfig};
+use super::{discovery, logs, openapi};
+
+/// The response body: a whole JSON document or a stream.
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Everything a request handler needs.
+pub(crate) struct Ctx {
+    pub(crate) store: Arc<Store>,
+    pub(crate) token: String,
+    pub(crate) server_addr: String,
+    pub(crate) watch: WatchConfig,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) max_body: usize,
+}
+
+/// Accepts connections until shutdown.
+pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc<Ctx>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let ctx = ctx.clone();
+        conns.spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            let shutdown = ctx.shutdown.clone();
+            let svc = hyper::service::service_fn(move |req| {
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(handle(ctx, req).await) }
+            });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                _ = shutdown.cancelled() => {}
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    conns.abort_all();
+}
+
+fn full(code: u16, content_type: &str, body: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(body).boxed_unsync())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
+}
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    full(
+        code,
+        "application/json",
+        Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+    )
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    json_response(e.code, &e.to_status())
+}
+
+/// A streaming response fed by `rx`.
+pub(crate) fn stream_response(rx: mpsc::Receiver<Bytes>, content_type: &str) -> Response<Body> {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(StreamBody::new(stream).boxed_unsync())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
+}
+
+fn authorized(ctx: &Ctx, req: &http::Request<Incoming>) -> bool {
+    let Some(h) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some(tok) = h
+        .strip_prefix("Bearer ")
+        .or_else(|| h.strip_prefix("bearer "))
+    else {
+        return false;
+    };
+    constant_time_eq(tok.trim().as_bytes(), ctx.token.as_bytes())
+}
+
+async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let public = matches!(
+        path.as_str(),
+        "/healthz" | "/livez" | "/readyz" | "/version"
+    );
+    if !public && !authorized(&ctx, &req) {
+        return error_response(&ApiError::unauthorized());
+    }
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    let hdr = |h: header::HeaderName| {
+        req.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (content_type, accept, user_agent) = (
+        hdr(header::CONTENT_TYPE),
+        hdr(header::ACCEPT),
+        hdr(header::USER_AGENT),
+    );
+    let body = match http_body_util::Limited::new(req.into_body(), ctx.max_body)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(&ApiError::bad_request(format!(
+                "cannot read the request body: {e}"
+            )));
+        }
+    };
+    let request = Request {
+        query,
+        content_type,
+        accept,
+        user_agent,
+        body,
+    };
+    let resp = dispatch(&ctx, &method, &path, &request).await;
+    debug!(%method, %path, status = resp.status().as_u16(), "request");
+    resp
+}
+
+async fn dispatch(ctx: &Arc<Ctx>, method: &Method, path: &str, req: &Request) -> Response<Body> {
+    let registry = ctx.store.registry();
+    let route = match route::route(path, &registry) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let get_only = |v: Value| {
+        if method == Method::GET {
+            json_response(200, &v)
+        } else {
+            error_response(&ApiError::method_not_allowed("only GET is served here"))
+        }
+    };
+    match route {
+        Route::Version => get_only(discovery::version()),
+        Route::Healthz => full(200, "text/plain", Bytes::from_static(b"ok")),
+        Route::Api => get_only(discovery::api(&ctx.server_addr)),
+        Route::Apis => get_only(discovery::apis(&registry)),
+        Route::Group(g) => get_only(discovery::group(&registry, &g)),
+        Route::ResourceList(g, v) => get_only(discovery::resources(&registry, &g, &v)),
+        Route::OpenApiV2 if req.accept.contains("protobuf") => {
+            // client-go only parses the protobuf form; a document without
+            // definitions makes kubectl skip client-side validation (the
+            // server validates instead).
+            full(
+                200,
+                "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                openapi::v2_protobuf(),
+            )
+        }
+        Route::OpenApiV2 => get_only(openapi::v2(&registry)),
+        Route::OpenApiV3 => get_only(openapi::v3_index(&registry)),
+        Route::OpenApiV3Doc(g, v) => get_only(openapi::v3_doc(&registry, &g, &v)),
+        Route::Resource(t) => match resource(ctx, method, &t, req).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        },
+    }
+}
+
+async fn resource(
+    ctx: &Arc<Ctx>,
+    method: &Method,
+    t: &Target,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
+    let store = &ctx.store;
+    let watching = req.q("watch").is_some_and(|w| w == "true" || w == "1");
+    let sub = t.sub.as_deref();
+    if let Some(s) = sub
+        && !t.info.subresources().contains(&s)
+    {
+        return Err(ApiError::no_route(&format!("{}/{s}", t.info.plural)));
+    }
+    let reply = match (method, sub) {
+        (&Method::GET, None) if watching => {
+            let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;
+            return Ok(stream_response(rx, "application/json"));
+        }
+        (&Method::GET, Some("log")) => return logs::proxy(ctx, t, req).await,
+        (&Method::GET, None) if t.name.is_none() => handlers::list(store, t, req)?,
+        (&Method::GET, _) => handlers::get(store, t, req)?,
+        (&Method::POST, None) => handlers::create(store, t, req)?,
+        (&Method::POST, Some("binding")) => handlers::bind(store, t, req)?,
+        (&Method::PUT, None) => handlers::update(store, t, req, Part::Main)?,
+        (&Method::PUT, Some("status")) => handlers::update(store, t, req, Part::Status)?,
+        (&Method::PUT, Some("finalize")) => handlers::finalize_namespace(store, t, req)?,
+        (&Method::PATCH, None) => handlers::patch(store, t, req, Part::Main)?,
+        (&Method::PATCH, Some("status")) => handlers::patch(store, t, req, Part::Status)?,
+        (&Method::DELETE, None) if t.name.is_none() => handlers::delete_collection(store, t, req)?,
+        (&Method::DELETE, None) => handlers::delete(store, t, req)?,
+        (m, s) => {
+            return Err(ApiError::method_not_allowed(format!(
+                "{m} is not supported on {}{}",
+                t.info.plural,
+                s.map(|s| format!("/{s}")).unwrap_or_default()
+            )));
+        }
+    };
+    Ok(json_response(reply.0, &reply.1))
+}

@@ -1,0 +1,187 @@
+//! Owns `pods/log`: the request is proxied to the kubelet of the pod's
+//! node, as the real API server does. The node publishes where its kubelet
+//! serves in `status.addresses` (`InternalIP`) and
+//! `status.daemonEndpoints.kubeletEndpoint.Port`; the API server calls
+//! `GET http://<ip>:<port>/containerLogs/<ns>/<pod>/<container>` with the
+//! query (`follow`, `tailLines`, `sinceSeconds`, `timestamps`,
+//! `limitBytes`, `previous`) and `Authorization: Bearer <api server token>`
+//! (docs/architecture.md, "Process kubelet").
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::BodyExt as _;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::handlers::Request;
+use super::http::{Body, Ctx, stream_response};
+use super::route::Target;
+use super::status::ApiError;
+
+const FORWARDED: &[&str] = &[
+    "follow",
+    "tailLines",
+    "sinceSeconds",
+    "sinceTime",
+    "timestamps",
+    "limitBytes",
+    "previous",
+];
+
+/// Proxies a log request to the kubelet.
+pub(crate) async fn proxy(
+    ctx: &Arc<Ctx>,
+    t: &Target,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
+    let name = t.name.clone().unwrap_or_default();
+    let ns = t.ns.clone().unwrap_or_default();
+    let pod = ctx
+        .store
+        .lock()
+        .get(&t.info.key(), &ns, &name)
+        .ok_or_else(|| ApiError::not_found("", "pods", &name))?;
+    let containers: Vec<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let init: Vec<String> = pod
+        .pointer("/spec/initContainers")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let container = match req.q("container") {
+        Some(c) if !c.is_empty() => {
+            if !containers.iter().chain(init.iter()).any(|x| x == c) {
+                return Err(ApiError::bad_request(format!(
+                    "container {c} is not valid for pod {name}: choose one of: [{}]",
+                    containers.join(" ")
+                )));
+            }
+            c.to_string()
+        }
+        _ if containers.len() == 1 => containers[0].clone(),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            )));
+        }
+    };
+    let node = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if node.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "pod {name} is not scheduled to a node yet: no logs to show"
+        )));
+    }
+    let node_obj =
+        ctx.store.lock().get("/nodes", "", &node).ok_or_else(|| {
+            ApiError::backend(format!("node {node} of pod {name} is not registered"))
+        })?;
+    let ip = node_obj
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP"))
+        .and_then(|x| x["address"].as_str())
+        .ok_or_else(|| {
+            ApiError::backend(format!(
+                "node {node} publishes no InternalIP in status.addresses"
+            ))
+        })?
+        .to_string();
+    let port = node_obj
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .filter(|p| *p > 0 && *p <= 65535)
+        .ok_or_else(|| {
+            ApiError::backend(format!(
+                "node {node} publishes no status.daemonEndpoints.kubeletEndpoint.Port"
+            ))
+        })?;
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            req.query
+                .iter()
+                .filter(|(k, _)| FORWARDED.contains(&k.as_str())),
+        )
+        .finish();
+    let host = if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    };
+    let uri = format!("/containerLogs/{ns}/{name}/{container}?{query}");
+    let tcp = tokio::net::TcpStream::connect(&host).await.map_err(|e| {
+        ApiError::backend(format!(
+            "cannot reach the kubelet of node {node} at {host}: {e}"
+        ))
+    })?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .map_err(|e| ApiError::backend(format!("kubelet handshake failed: {e}")))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let request = http::Request::get(uri)
+        .header(http::header::HOST, host.as_str())
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", ctx.token))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let resp = sender
+        .send_request(request)
+        .await
+        .map_err(|e| ApiError::backend(format!("kubelet request failed: {e}")))?;
+    let status = resp.status();
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let msg = String::from_utf8_lossy(&bytes).trim().to_string();
+        let mut e = ApiError::backend(format!("the kubelet answered {status}: {msg}"));
+        if status.as_u16() == 404 || status.as_u16() == 400 {
+            e = ApiError::bad_request(msg);
+        }
+        return Err(e);
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let shutdown = ctx.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+            };
+            match frame {
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data()
+                        && tx.send(data).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    });
+    Ok(stream_response(rx, "text/plain"))
+}

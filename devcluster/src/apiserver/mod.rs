@@ -1,0 +1,341 @@
+//! The embedded Kubernetes API server: HTTPS on loopback with a generated
+//! CA and a bearer token, Kubernetes semantics for the resources the
+//! operator, the process kubelet, kubectl and Helm use, state in memory and
+//! optionally in a directory (docs/apiserver.md).
+//!
+//! Module map: `tls` (credentials, kubeconfig), `http` (wire, auth,
+//! dispatch), `route` (paths), `registry` (served resources), `store`
+//! (objects, resourceVersions, watch history), `handlers` (verbs),
+//! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
+//! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
+//! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
+//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies).
+
+mod convert;
+mod defaults;
+mod discovery;
+mod gc;
+mod handlers;
+mod http;
+mod lifecycle;
+mod lists;
+mod logs;
+mod meta;
+mod openapi;
+mod patch;
+mod persist;
+mod proto;
+mod registry;
+mod route;
+mod schema;
+mod selector;
+mod ssa;
+mod status;
+mod store;
+mod table;
+mod tls;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// Errors starting or stopping the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source} (choose another --listen address or free the port)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Certificates could not be made or loaded.
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+    /// The persisted state cannot be read.
+    #[error("{path} is not a valid API server state file ({reason}): move it away to start empty")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Building the kube client failed.
+    #[error("cannot build a client for the API server: {0}")]
+    Client(String),
+}
+
+impl Error {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl From<rcgen::Error> for Error {
+    fn from(e: rcgen::Error) -> Self {
+        Self::Tls(e.to_string())
+    }
+}
+
+/// How to run the API server.
+#[derive(Clone, Debug)]
+pub struct ApiServerConfig {
+    /// Where to listen; port 0 picks a free port. Loopback by default.
+    pub listen: SocketAddr,
+    /// Optional directory for credentials and persisted objects.
+    pub data_dir: Option<PathBuf>,
+    /// Where to write the kubeconfig (optional).
+    pub kubeconfig: Option<PathBuf>,
+    /// Watch events kept per resource (older resourceVersions get 410).
+    pub history_limit: usize,
+    /// How often watchers that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Watch duration when the client gives no `timeoutSeconds`.
+    pub default_watch_timeout: Duration,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: None,
+            kubeconfig: None,
+            history_limit: 10_000,
+            bookmark_interval: Duration::from_secs(10),
+            default_watch_timeout: Duration::from_secs(1800),
+            max_body_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Arguments of `hostmesh apiserver`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ApiServerArgs {
+    /// Address to serve HTTPS on.
+    #[arg(
+        long,
+        env = "HOSTMESH_APISERVER_LISTEN",
+        default_value = "127.0.0.1:6443"
+    )]
+    pub listen: SocketAddr,
+    /// Directory for credentials and objects; omit to keep state in memory.
+    #[arg(long, env = "HOSTMESH_APISERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Where to write the kubeconfig for clients.
+    #[arg(
+        long,
+        env = "HOSTMESH_APISERVER_KUBECONFIG",
+        default_value = "hostmesh-dev.kubeconfig"
+    )]
+    pub kubeconfig: PathBuf,
+}
+
+impl From<ApiServerArgs> for ApiServerConfig {
+    fn from(a: ApiServerArgs) -> Self {
+        Self {
+            listen: a.listen,
+            data_dir: a.data_dir,
+            kubeconfig: Some(a.kubeconfig),
+            ..Self::default()
+        }
+    }
+}
+
+/// The API server (see `start`).
+pub struct ApiServer;
+
+/// A running API server.
+pub struct ApiServerHandle {
+    addr: SocketAddr,
+    url: String,
+    ca_pem: String,
+    token: String,
+    kubeconfig_yaml: String,
+    kubeconfig_path: Option<PathBuf>,
+    shutdown: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+    data_dir: Option<PathBuf>,
+    store: Arc<store::Store>,
+}
+
+impl std::fmt::Debug for ApiServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs.
+        f.debug_struct("ApiServerHandle")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiServer {
+    /// Starts serving; returns once the listener is bound.
+    pub async fn start(config: ApiServerConfig) -> Result<ApiServerHandle, Error> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let creds = tls::Credentials::load_or_generate(config.data_dir.as_deref(), addr.ip())?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(creds.server_config()?);
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
+        let url = if host.contains(':') {
+            format!("https://[{host}]:{}", addr.port())
+        } else {
+            format!("https://{host}:{}", addr.port())
+        };
+        let kubeconfig_yaml = creds.kubeconfig(&url);
+        if let Some(p) = &config.kubeconfig {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            }
+            tls::write_private(p, &kubeconfig_yaml)?;
+        }
+
+        let store = Arc::new(store::Store::new(config.history_limit));
+        if let Some(dir) = &config.data_dir {
+            persist::load(dir, &store)?;
+        }
+        bootstrap(&store);
+
+        let shutdown = CancellationToken::new();
+        let ctx = Arc::new(http::Ctx {
+            store: store.clone(),
+            token: creds.token.clone(),
+            server_addr: format!("{host}:{}", addr.port()),
+            watch: watch::WatchConfig {
+                bookmark_interval: config.bookmark_interval,
+                default_timeout: config.default_watch_timeout,
+            },
+            shutdown: shutdown.clone(),
+            max_body: config.max_body_bytes,
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(http::serve(listener, acceptor, ctx));
+        tasks.spawn(gc::run(store.clone(), shutdown.clone()));
+        if let Some(dir) = config.data_dir.clone() {
+            tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
+        }
+        tracing::info!(%url, "API server serving");
+        Ok(ApiServerHandle {
+            addr,
+            url,
+            ca_pem: creds.ca_pem,
+            token: creds.token,
+            kubeconfig_yaml,
+            kubeconfig_path: config.kubeconfig,
+            shutdown,
+            tasks,
+            data_dir: config.data_dir,
+            store,
+        })
+    }
+}
+
+/// Creates what a fresh cluster has: the standard namespaces.
+fn bootstrap(store: &store::Store) {
+    let mut st = store.lock();
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        if st.get("/namespaces", "", ns).is_none() {
+            let obj = json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": ns, "uid": meta::new_uid(), "creationTimestamp": meta::now(), "labels": {"kubernetes.io/metadata.name": ns}},
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            });
+            st.put("/namespaces", "", ns, obj);
+        }
+        if st.get("/serviceaccounts", ns, "default").is_none() {
+            let sa = json!({
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": ns, "uid": meta::new_uid(), "creationTimestamp": meta::now()},
+            });
+            st.put("/serviceaccounts", ns, "default", sa);
+        }
+    }
+}
+
+impl ApiServerHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The CA certificate (PEM) clients trust.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The bearer token clients send.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The kubeconfig YAML for this server.
+    pub fn kubeconfig_yaml(&self) -> &str {
+        &self.kubeconfig_yaml
+    }
+
+    /// Where the kubeconfig was written, if anywhere.
+    pub fn kubeconfig_path(&self) -> Option<&Path> {
+        self.kubeconfig_path.as_deref()
+    }
+
+    /// A kube client for this server.
+    pub fn client(&self) -> Result<kube::Client, Error> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml)
+            .map_err(|e| Error::Client(e.to_string()))?;
+        let cfg = kube::Config::try_from(kc).map_err(|e| Error::Client(e.to_string()))?;
+        kube::Client::try_from(cfg).map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// Stops serving: open watches end, state is flushed to the data
+    /// directory, and all tasks have finished when this returns.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        if let Some(dir) = &self.data_dir {
+            persist::flush(dir, &self.store);
+        }
+    }
+}
+
+impl Drop for ApiServerHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,484 @@
+//! Owns the catalogue of served resources: a static table of built-in
+//! Kubernetes resources plus the resources of installed CRDs.
+//!
+//! Invariants:
+//! 1. A resource is identified by `(group, plural)`; every served version of
+//!    it shares one storage, so a CRD with two versions serves one set of
+//!    objects under both (no conversion: `apiVersion` is rewritten).
+//! 2. The CRD part is rebuilt from the stored CRD objects after every CRD
+//!    write, under the store lock, so discovery and routing never disagree
+//!    with the stored CRDs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+/// One printer column of a resource (CRD `additionalPrinterColumns`).
+#[derive(Clone, Debug)]
+pub(crate) struct PrinterColumn {
+    pub(crate) name: String,
+    pub(crate) type_: String,
+    pub(crate) format: String,
+    pub(crate) description: String,
+    pub(crate) priority: i64,
+    pub(crate) json_path: String,
+}
+
+/// What the server knows about one served resource.
+#[derive(Clone, Debug)]
+pub(crate) struct ResourceInfo {
+    pub(crate) group: String,
+    /// Served versions, the storage (preferred) version first.
+    pub(crate) versions: Vec<String>,
+    pub(crate) plural: String,
+    pub(crate) singular: String,
+    pub(crate) kind: String,
+    pub(crate) namespaced: bool,
+    pub(crate) short_names: Vec<String>,
+    pub(crate) categories: Vec<String>,
+    /// Has a `status` subresource (status writes go through it only).
+    pub(crate) status: bool,
+    /// Built in (strategic merge patch allowed) rather than a CRD.
+    pub(crate) builtin: bool,
+    /// Per version: the structural schema of a CRD, if any.
+    pub(crate) schemas: BTreeMap<String, Value>,
+    /// Per version: printer columns of a CRD.
+    pub(crate) columns: BTreeMap<String, Vec<PrinterColumn>>,
+}
+
+impl ResourceInfo {
+    /// The storage key of this resource: `group/plural`.
+    pub(crate) fn key(&self) -> String {
+        if self.builtin && self.group == "events.k8s.io" && self.plural == "events" {
+            // Shares storage with core events (see `convert`).
+            return "/events".into();
+        }
+        format!("{}/{}", self.group, self.plural)
+    }
+
+    /// `v1` or `group/version`.
+    pub(crate) fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{}", self.group, version)
+        }
+    }
+
+    /// The preferred (storage) version.
+    pub(crate) fn preferred(&self) -> &str {
+        &self.versions[0]
+    }
+
+    /// The subresources this resource serves.
+    pub(crate) fn subresources(&self) -> Vec<&'static str> {
+        let mut subs = Vec::new();
+        if self.status {
+            subs.push("status");
+        }
+        if self.builtin && self.group.is_empty() && self.plural == "pods" {
+            subs.extend(["binding", "log"]);
+        }
+        if self.builtin && self.group.is_empty() && self.plural == "namespaces" {
+            subs.push("finalize");
+        }
+        subs
+    }
+}
+
+struct Builtin {
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+    status: bool,
+}
+
+const fn b(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+    status: bool,
+) -> Builtin {
+    Builtin {
+        group,
+        version,
+        plural,
+        kind,
+        namespaced,
+        short,
+        status,
+    }
+}
+
+const BUILTINS: &[Builtin] = &[
+    b("", "v1", "namespaces", "Namespace", false, &["ns"], true),
+    b("", "v1", "nodes", "Node", false, &["no"], true),
+    b("", "v1", "pods", "Pod", true, &["po"], true),
+    b("", "v1", "services", "Service", true, &["svc"], true),
+    b("", "v1", "endpoints", "Endpoints", true, &["ep"], false),
+    b("", "v1", "secrets", "Secret", true, &[], false),
+    b("", "v1", "configmaps", "ConfigMap", true, &["cm"], false),
+    b(
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        true,
+        &["sa"],
+        false,
+    ),
+    b("", "v1", "events", "Event", true, &["ev"], false),
+    b(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        &["pvc"],
+        true,
+    ),
+    b(
+        "",
+        "v1",
+        "resourcequotas",
+        "ResourceQuota",
+        true,
+        &["quota"],
+        true,
+    ),
+    b(
+        "",
+        "v1",
+        "limitranges",
+        "LimitRange",
+        true,
+        &["limits"],
+        false,
+    ),
+    b(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        true,
+        &["ev"],
+        false,
+    ),
+    b(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        true,
+        &[],
+        false,
+    ),
+    b(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "EndpointSlice",
+        true,
+        &[],
+        false,
+    ),
+    b(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        true,
+        &["deploy"],
+        true,
+    ),
+    b(
+        "apps",
+        "v1",
+        "statefulsets",
+        "StatefulSet",
+        true,
+        &["sts"],
+        true,
+    ),
+    b("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"], true),
+    b(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        true,
+        &["rs"],
+        true,
+    ),
+    b("batch", "v1", "jobs", "Job", true, &[], true),
+    b(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+        true,
+    ),
+    b(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "Role",
+        true,
+        &[],
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "RoleBinding",
+        true,
+        &[],
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "scheduling.k8s.io",
+        "v1",
+        "priorityclasses",
+        "PriorityClass",
+        false,
+        &["pc"],
+        false,
+    ),
+    b(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+        true,
+    ),
+];
+
+/// The served resources, built in and from CRDs.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Registry {
+    builtin: Vec<Arc<ResourceInfo>>,
+    crds: Vec<Arc<ResourceInfo>>,
+}
+
+impl Registry {
+    /// A registry with the built-in resources only.
+    pub(crate) fn new() -> Self {
+        let builtin = BUILTINS
+            .iter()
+            .map(|r| {
+                let mut categories = Vec::new();
+                if matches!(
+                    r.plural,
+                    "pods"
+                        | "services"
+                        | "deployments"
+                        | "statefulsets"
+                        | "daemonsets"
+                        | "replicasets"
+                        | "jobs"
+                ) {
+                    categories.push("all".to_string());
+                }
+                Arc::new(ResourceInfo {
+                    group: r.group.into(),
+                    versions: vec![r.version.into()],
+                    plural: r.plural.into(),
+                    singular: r.kind.to_lowercase(),
+                    kind: r.kind.into(),
+                    namespaced: r.namespaced,
+                    short_names: r.short.iter().map(|s| s.to_string()).collect(),
+                    categories,
+                    status: r.status,
+                    builtin: true,
+                    schemas: BTreeMap::new(),
+                    columns: BTreeMap::new(),
+                })
+            })
+            .collect();
+        Self {
+            builtin,
+            crds: Vec::new(),
+        }
+    }
+
+    /// Every served resource.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<ResourceInfo>> {
+        self.builtin.iter().chain(self.crds.iter())
+    }
+
+    /// The resource served at `group/version/plural`.
+    pub(crate) fn lookup(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceInfo>> {
+        self.all()
+            .find(|r| {
+                r.group == group && r.plural == plural && r.versions.iter().any(|v| v == version)
+            })
+            .cloned()
+    }
+
+    /// The resource of a given key (`group/plural`).
+    pub(crate) fn by_key(&self, key: &str) -> Option<Arc<ResourceInfo>> {
+        self.all().find(|r| r.key() == key).cloned()
+    }
+
+    /// Groups with their versions (preferred first), `""` first.
+    pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
+        let mut out: Vec<(String, Vec<String>)> = Vec::new();
+        for r in self.all() {
+            let entry = match out.iter_mut().find(|(g, _)| *g == r.group) {
+                Some(e) => e,
+                None => {
+                    out.push((r.group.clone(), Vec::new()));
+                    out.last_mut().expect("just pushed")
+                }
+            };
+            for v in &r.versions {
+                if !entry.1.contains(v) {
+                    entry.1.push(v.clone());
+                }
+            }
+        }
+        for (_, versions) in &mut out {
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+        }
+        out
+    }
+
+    /// Rebuilds the CRD part from the stored CRD objects.
+    pub(crate) fn set_crds<'a>(&mut self, crds: impl Iterator<Item = &'a Value>) {
+        self.crds = crds.filter_map(crd_info).map(Arc::new).collect();
+    }
+}
+
+/// Kubernetes version priority: GA > beta > alpha, higher numbers first.
+fn version_priority(v: &str) -> (u8, u32, u32) {
+    let rest = v.strip_prefix('v').unwrap_or(v);
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let major = digits.parse().unwrap_or(0);
+    let tail = &rest[digits.len()..];
+    let (stage, n) = if tail.is_empty() {
+        (3, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, n.parse().unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+    (stage, major, n)
+}
+
+/// The served resource of a stored CRD object, if it is well formed.
+fn crd_info(crd: &Value) -> Option<ResourceInfo> {
+    let spec = crd.get("spec")?;
+    let names = spec.get("names")?;
+    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let strs = |v: Option<&Value>| {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut versions: Vec<(bool, String)> = Vec::new();
+    let mut schemas = BTreeMap::new();
+    let mut columns = BTreeMap::new();
+    let mut status = false;
+    for v in spec.get("versions")?.as_array()? {
+        let name = s(v.get("name"))?;
+        if v.get("served").and_then(Value::as_bool) == Some(false) {
+            continue;
+        }
+        let storage = v.get("storage").and_then(Value::as_bool).unwrap_or(false);
+        if v.pointer("/subresources/status").is_some() {
+            status = true;
+        }
+        if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+            schemas.insert(name.clone(), schema.clone());
+        }
+        let cols = v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .map(|cols| {
+                cols.iter()
+                    .filter_map(|c| {
+                        Some(PrinterColumn {
+                            name: s(c.get("name"))?,
+                            type_: s(c.get("type")).unwrap_or_else(|| "string".into()),
+                            format: s(c.get("format")).unwrap_or_default(),
+                            description: s(c.get("description")).unwrap_or_default(),
+                            priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
+                            json_path: s(c.get("jsonPath"))?,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        columns.insert(name.clone(), cols);
+        versions.push((storage, name));
+    }
+    if versions.is_empty() {
+        return None;
+    }
+    versions.sort_by_key(|(storage, _)| !*storage);
+    let kind = s(names.get("kind"))?;
+    Some(ResourceInfo {
+        group: s(spec.get("group"))?,
+        versions: versions.into_iter().map(|(_, v)| v).collect(),
+        plural: s(names.get("plural"))?,
+        singular: s(names.get("singular")).unwrap_or_else(|| kind.to_lowercase()),
+        kind,
+        namespaced: spec.get("scope").and_then(Value::as_str) != Some("Cluster"),
+        short_names: strs(names.get("shortNames")),
+        categories: strs(names.get("categories")),
+        status,
+        builtin: false,
+        schemas,
+        columns,
+    })
+}

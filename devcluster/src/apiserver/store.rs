@@ -1,0 +1,398 @@
+//! Owns the object store: every object as JSON keyed by resource
+//! (`group/plural`), namespace and name, one global resourceVersion counter,
+//! and a bounded history of watch events per resource.
+//!
+//! Invariants:
+//! 1. Every write takes the one lock, assigns the next resourceVersion,
+//!    stores the object, appends the event to the history and broadcasts it,
+//!    all before releasing the lock, so watchers see writes in
+//!    resourceVersion order, each once.
+//! 2. A write that changes nothing stores nothing and emits no event.
+//! 3. `compacted` of a resource is the highest resourceVersion whose event
+//!    may have left the history: a watch from a resourceVersion below it is
+//!    answered with 410 Gone.
+//! 4. An object with a deletionTimestamp, no finalizers and no pending grace
+//!    period is removed by the write that reaches that state.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::{Notify, broadcast};
+
+use super::registry::{Registry, ResourceInfo};
+use super::status::ApiError;
+
+/// Key of an object inside one resource: `(namespace, name)`.
+pub(crate) type ObjKey = (String, String);
+
+/// Kind of a watch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change to one object.
+#[derive(Debug)]
+pub(crate) struct WatchEvent {
+    pub(crate) type_: EventType,
+    pub(crate) rv: u64,
+    pub(crate) object: Arc<Value>,
+    /// The object before the change (for selector transitions).
+    pub(crate) previous: Option<Arc<Value>>,
+}
+
+struct ResourceState {
+    objects: BTreeMap<ObjKey, Arc<Value>>,
+    history: VecDeque<Arc<WatchEvent>>,
+    compacted: u64,
+    tx: broadcast::Sender<Arc<WatchEvent>>,
+}
+
+impl ResourceState {
+    fn new(compacted: u64) -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            compacted,
+            tx: broadcast::channel(4096).0,
+        }
+    }
+}
+
+/// Past events after a resourceVersion and a receiver for later ones.
+pub(crate) type Subscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>);
+
+/// The locked state.
+pub(crate) struct State {
+    rv: u64,
+    pub(crate) registry: Registry,
+    resources: HashMap<String, ResourceState>,
+    history_limit: usize,
+    dirty: bool,
+}
+
+impl State {
+    fn res(&mut self, key: &str) -> &mut ResourceState {
+        let compacted = self.rv;
+        self.resources
+            .entry(key.to_string())
+            .or_insert_with(|| ResourceState::new(compacted))
+    }
+
+    /// The current global resourceVersion.
+    pub(crate) fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// One object.
+    pub(crate) fn get(&self, key: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.resources
+            .get(key)?
+            .objects
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Objects of a resource, optionally one namespace, in key order,
+    /// starting after `after`.
+    pub(crate) fn scan<'a>(
+        &'a self,
+        key: &str,
+        ns: Option<&'a str>,
+        after: Option<&'a ObjKey>,
+    ) -> Box<dyn Iterator<Item = (&'a ObjKey, &'a Arc<Value>)> + 'a> {
+        let Some(r) = self.resources.get(key) else {
+            return Box::new(std::iter::empty());
+        };
+        use std::ops::Bound;
+        let start = match after {
+            Some(k) => Bound::Excluded(k.clone()),
+            None => match ns {
+                Some(ns) => Bound::Included((ns.to_string(), String::new())),
+                None => Bound::Unbounded,
+            },
+        };
+        Box::new(
+            r.objects
+                .range((start, Bound::Unbounded))
+                .take_while(move |((n, _), _)| ns.is_none_or(|ns| n == ns)),
+        )
+    }
+
+    /// Keys of every resource that has objects.
+    pub(crate) fn resource_keys(&self) -> Vec<String> {
+        self.resources
+            .iter()
+            .filter(|(_, r)| !r.objects.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Stores `obj` (create or replace), assigning the next resourceVersion.
+    /// Returns the stored object.
+    pub(crate) fn put(&mut self, key: &str, ns: &str, name: &str, mut obj: Value) -> Arc<Value> {
+        let deleting = obj
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|v| !v.is_null());
+        let no_finalizers = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+        let no_grace = obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            == 0;
+        let ns_pending = key == "/namespaces"
+            && obj
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
+        if deleting
+            && no_finalizers
+            && no_grace
+            && !ns_pending
+            && let Some(gone) = self.remove(key, ns, name)
+        {
+            return gone;
+        }
+        self.rv += 1;
+        let rv = self.rv;
+        obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+        let obj = Arc::new(obj);
+        let limit = self.history_limit;
+        let r = self.res(key);
+        let previous = r
+            .objects
+            .insert((ns.to_string(), name.to_string()), obj.clone());
+        let type_ = if previous.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        Self::record(
+            r,
+            limit,
+            WatchEvent {
+                type_,
+                rv,
+                object: obj.clone(),
+                previous,
+            },
+        );
+        self.dirty = true;
+        if key == CRD_KEY {
+            self.rebuild_registry();
+        }
+        obj
+    }
+
+    /// Removes an object; the DELETED event carries a new resourceVersion.
+    pub(crate) fn remove(&mut self, key: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
+        let k = (ns.to_string(), name.to_string());
+        let previous = self.resources.get_mut(key)?.objects.remove(&k)?;
+        self.rv += 1;
+        let rv = self.rv;
+        let mut obj = (*previous).clone();
+        obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+        let obj = Arc::new(obj);
+        let limit = self.history_limit;
+        let r = self.res(key);
+        Self::record(
+            r,
+            limit,
+            WatchEvent {
+                type_: EventType::Deleted,
+                rv,
+                object: obj.clone(),
+                previous: Some(previous),
+            },
+        );
+        self.dirty = true;
+        if key == CRD_KEY {
+            self.rebuild_registry();
+        }
+        Some(obj)
+    }
+
+    fn record(r: &mut ResourceState, limit: usize, ev: WatchEvent) {
+        let ev = Arc::new(ev);
+        r.history.push_back(ev.clone());
+        while r.history.len() > limit {
+            if let Some(old) = r.history.pop_front() {
+                r.compacted = old.rv;
+            }
+        }
+        // No receivers is fine: nobody watches this resource right now.
+        let _ = r.tx.send(ev);
+    }
+
+    fn rebuild_registry(&mut self) {
+        let crds: Vec<Value> = self
+            .resources
+            .get(CRD_KEY)
+            .map(|r| r.objects.values().map(|v| (**v).clone()).collect())
+            .unwrap_or_default();
+        self.registry.set_crds(crds.iter());
+    }
+
+    /// Events of a resource after `since`, and a receiver for later ones;
+    /// 410 when the history no longer reaches back to `since`.
+    pub(crate) fn subscribe(&mut self, key: &str, since: u64) -> Result<Subscription, ApiError> {
+        let r = self.res(key);
+        if since < r.compacted {
+            return Err(too_old(since));
+        }
+        let past = r.history.iter().filter(|e| e.rv > since).cloned().collect();
+        Ok((past, r.tx.subscribe()))
+    }
+
+    /// Events after `since` still in the history (a lagging watcher catches
+    /// up with these), or 410.
+    pub(crate) fn replay(
+        &mut self,
+        key: &str,
+        since: u64,
+    ) -> Result<Vec<Arc<WatchEvent>>, ApiError> {
+        let r = self.res(key);
+        if since < r.compacted {
+            return Err(too_old(since));
+        }
+        Ok(r.history.iter().filter(|e| e.rv > since).cloned().collect())
+    }
+}
+
+fn too_old(rv: u64) -> ApiError {
+    ApiError::gone(format!(
+        "too old resource version: {rv}: re-list and watch from the list's resourceVersion"
+    ))
+}
+
+/// The storage key of CRDs.
+pub(crate) const CRD_KEY: &str = "apiextensions.k8s.io/customresourcedefinitions";
+
+/// The shared store.
+pub(crate) struct Store {
+    state: Mutex<State>,
+    /// Woken after deletions and finalizer changes (garbage collector).
+    pub(crate) gc: Notify,
+    /// Woken after writes (persistence).
+    pub(crate) persist: Notify,
+}
+
+/// A snapshot for persistence: resourceVersion and objects per resource.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+pub(crate) struct Snapshot {
+    pub(crate) rv: u64,
+    pub(crate) resources: BTreeMap<String, Vec<Value>>,
+}
+
+impl Store {
+    /// An empty store keeping `history_limit` events per resource.
+    pub(crate) fn new(history_limit: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                rv: 0,
+                registry: Registry::new(),
+                resources: HashMap::new(),
+                history_limit: history_limit.max(1),
+                dirty: false,
+            }),
+            gc: Notify::new(),
+            persist: Notify::new(),
+        }
+    }
+
+    /// Locks the state.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current registry.
+    pub(crate) fn registry(&self) -> Registry {
+        self.lock().registry.clone()
+    }
+
+    /// Replaces the contents with a snapshot (startup only).
+    pub(crate) fn restore(&self, snap: Snapshot) {
+        let mut st = self.lock();
+        st.rv = snap.rv;
+        for (key, objs) in snap.resources {
+            let rv = st.rv;
+            let r = st
+                .resources
+                .entry(key)
+                .or_insert_with(|| ResourceState::new(rv));
+            for o in objs {
+                let ns = o
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let name = o
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                r.objects.insert((ns, name), Arc::new(o));
+            }
+        }
+        st.rebuild_registry();
+    }
+
+    /// A snapshot when something changed since the last one.
+    pub(crate) fn snapshot_if_dirty(&self) -> Option<Snapshot> {
+        let mut st = self.lock();
+        if !st.dirty {
+            return None;
+        }
+        st.dirty = false;
+        let resources = st
+            .resources
+            .iter()
+            .filter(|(_, r)| !r.objects.is_empty())
+            .map(|(k, r)| {
+                (
+                    k.clone(),
+                    r.objects.values().map(|v| (**v).clone()).collect(),
+                )
+            })
+            .collect();
+        Some(Snapshot {
+            rv: st.rv,
+            resources,
+        })
+    }
+
+    /// Notifies the background tasks after a write.
+    pub(crate) fn wrote(&self, gc: bool) {
+        self.persist.notify_one();
+        if gc {
+            self.gc.notify_one();
+        }
+    }
+}
+
+/// Checks that a namespaced object's namespace exists and is not
+/// terminating.
+pub(crate) fn check_namespace(st: &State, info: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
+    if !info.namespaced {
+        return Ok(());
+    }
+    match st.get("/namespaces", "", ns) {
+        None => Err(ApiError::not_found("", "namespaces", ns)),
+        Some(n)
+            if n.pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null()) =>
+        {
+            Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}

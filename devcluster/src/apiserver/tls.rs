@@ -1,0 +1,171 @@
+//! Owns the API server's credentials: a generated CA, a serving certificate
+//! for loopback signed by it, a random bearer token, and the kubeconfig that
+//! hands all three to clients.
+//!
+//! Invariants:
+//! 1. The serving certificate names `127.0.0.1`, `::1`, `localhost` and the
+//!    listen IP, so clients verify it against the CA without special cases.
+//! 2. With a data directory the credentials are written there and reused on
+//!    restart, so an existing kubeconfig keeps working.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+
+use super::Error;
+
+/// Certificates and token the server runs with.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) ca_pem: String,
+    pub(crate) cert_pem: String,
+    pub(crate) key_pem: String,
+    pub(crate) token: String,
+}
+
+impl Credentials {
+    /// Loads credentials from `dir` when all files exist there, otherwise
+    /// generates new ones (and stores them in `dir` when given).
+    pub(crate) fn load_or_generate(
+        dir: Option<&Path>,
+        ip: std::net::IpAddr,
+    ) -> Result<Self, Error> {
+        if let Some(dir) = dir {
+            let read = |f: &str| std::fs::read_to_string(dir.join(f));
+            if let (Ok(ca_pem), Ok(cert_pem), Ok(key_pem), Ok(token)) = (
+                read("ca.pem"),
+                read("server.pem"),
+                read("server-key.pem"),
+                read("token"),
+            ) {
+                return Ok(Self {
+                    ca_pem,
+                    cert_pem,
+                    key_pem,
+                    token: token.trim().to_string(),
+                });
+            }
+        }
+        let creds = Self::generate(ip)?;
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            for (f, body) in [
+                ("ca.pem", &creds.ca_pem),
+                ("server.pem", &creds.cert_pem),
+                ("server-key.pem", &creds.key_pem),
+                ("token", &creds.token),
+            ] {
+                write_private(&dir.join(f), body)?;
+            }
+        }
+        Ok(creds)
+    }
+
+    fn generate(ip: std::net::IpAddr) -> Result<Self, Error> {
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "hostmesh-devcluster-ca");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let mut sans = vec![
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+            "localhost".to_string(),
+        ];
+        if !sans.contains(&ip.to_string()) && !ip.is_unspecified() {
+            sans.push(ip.to_string());
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "hostmesh-devcluster-apiserver");
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+
+        let mut raw = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+            .map_err(|_| Error::Tls("the system random generator failed".into()))?;
+        let token = hex(&raw);
+        Ok(Self {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            token,
+        })
+    }
+
+    /// The rustls server configuration (HTTP/2 and HTTP/1.1 via ALPN).
+    pub(crate) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, Error> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Tls(format!("bad serving certificate: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|e| Error::Tls(format!("bad serving key: {e}")))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| Error::Tls(e.to_string()))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+
+    /// A kubeconfig (YAML) for `server` with the CA and token embedded.
+    pub(crate) fn kubeconfig(&self, server: &str) -> String {
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hostmesh-dev\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: hostmesh-admin\n  user:\n    token: {token}\ncontexts:\n- name: hostmesh-dev\n  context:\n    cluster: hostmesh-dev\n    user: hostmesh-admin\n    namespace: default\ncurrent-context: hostmesh-dev\npreferences: {{}}\n",
+            token = self.token
+        )
+    }
+}
+
+/// Writes a file readable by its owner only.
+pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(body.as_bytes())
+        .map_err(|e| Error::io(&tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,414 @@
+//! Kubelet configuration: the library's [`KubeletConfig`], the image table
+//! that maps container images to local programs, and the `hostmesh kubelet`
+//! command line ([`KubeletArgs`]).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Taint;
+use serde::Deserialize;
+
+use super::error::{KubeletError, Result};
+
+/// The image pattern of the hostmesh agent image.
+pub const HOSTMESH_IMAGE_PATTERN: &str = "ghcr.io/hostmesh/hostmesh*";
+
+/// One row of the image table: images matching `image` run `program`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ImageEntry {
+    /// An image reference, or a prefix ending in `*` (`ghcr.io/x/y*` matches
+    /// every tag and digest of `ghcr.io/x/y`).
+    pub image: String,
+    /// The local program standing for the image's entrypoint.
+    pub program: PathBuf,
+    /// Default arguments (the image's `CMD`), used when the container gives
+    /// neither `command` nor `args`.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+impl ImageEntry {
+    fn matches(&self, image: &str) -> bool {
+        match self.image.strip_suffix('*') {
+            Some(prefix) => image.starts_with(prefix),
+            None => self.image == image,
+        }
+    }
+}
+
+/// Maps container images to local programs; the first matching row wins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageTable {
+    entries: Vec<ImageEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageTableFile {
+    images: Vec<ImageEntry>,
+}
+
+impl ImageTable {
+    /// A table with the given rows, in order.
+    pub fn new(entries: Vec<ImageEntry>) -> Self {
+        Self { entries }
+    }
+
+    /// Parses an image table file (YAML or JSON):
+    ///
+    /// ```yaml
+    /// images:
+    ///   - image: ghcr.io/example/trainer*
+    ///     program: /usr/bin/python3
+    ///     args: [-m, trainer]
+    /// ```
+    pub fn parse(text: &str) -> Result<Self> {
+        let file: ImageTableFile = serde_saphyr::from_str(text).map_err(|e| {
+            KubeletError::Config(format!(
+                "image table: {e}; expected `images:` with a list of {{image, program, args}}"
+            ))
+        })?;
+        for (i, entry) in file.images.iter().enumerate() {
+            if entry.image.is_empty() {
+                return Err(KubeletError::Config(format!(
+                    "image table: images[{i}].image is empty"
+                )));
+            }
+            if entry.program.as_os_str().is_empty() {
+                return Err(KubeletError::Config(format!(
+                    "image table: images[{i}].program is empty; give the path of a local program"
+                )));
+            }
+        }
+        Ok(Self::new(file.images))
+    }
+
+    /// Reads and parses an image table file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| KubeletError::io("cannot read image table", path, e))?;
+        Self::parse(&text)
+    }
+
+    /// Appends a row (it matches after every existing row).
+    pub fn push(&mut self, entry: ImageEntry) {
+        self.entries.push(entry);
+    }
+
+    /// The row for `image`, if any.
+    pub fn lookup(&self, image: &str) -> Option<&ImageEntry> {
+        self.entries.iter().find(|e| e.matches(image))
+    }
+}
+
+/// How the process kubelet runs.
+#[derive(Clone)]
+pub struct KubeletConfig {
+    /// The Node's name.
+    pub node_name: String,
+    /// Where pod volumes and container logs live (`<data_dir>/pods/<uid>`).
+    pub data_dir: PathBuf,
+    /// Image to program table. The hostmesh agent image is always appended
+    /// (mapped to `hostmesh_binary`).
+    pub images: ImageTable,
+    /// The `hostmesh` binary the agent image maps to; `None` means the
+    /// running executable.
+    pub hostmesh_binary: Option<PathBuf>,
+    /// `nvidia.com/gpu` capacity advertised by the Node (0: not advertised).
+    pub gpu_capacity: u32,
+    /// `pods` capacity advertised by the Node.
+    pub max_pods: u32,
+    /// Bind pods that have no node and use the default scheduler to this
+    /// Node (turn off on clusters with a scheduler).
+    pub bind_unscheduled: bool,
+    /// Pod IPs come from `127.<pod_ip_block>.0.0/16`; kubelets sharing a
+    /// machine need different blocks.
+    pub pod_ip_block: u8,
+    /// The Node's address (`status.hostIP` of its pods).
+    pub node_ip: Ipv4Addr,
+    /// Node lease duration; the lease is renewed every quarter of it.
+    pub lease_duration: Duration,
+    /// First restart back-off of a crashed container; doubles per restart.
+    pub restart_backoff: Duration,
+    /// Longest restart back-off.
+    pub max_restart_backoff: Duration,
+    /// Longest grace period given to containers when the kubelet itself
+    /// shuts down (pod deletions honour the pod's full grace period).
+    pub shutdown_grace: Duration,
+    /// Taints of the Node (a kubelet joining a real cluster taints itself so
+    /// only pods that tolerate it land there).
+    pub taints: Vec<Taint>,
+    /// Bearer token that `pods/log` requests from the API server must carry;
+    /// `None` turns the log endpoint off. `hostmesh kubelet` uses the token
+    /// of its kubeconfig (the embedded API server sends that same token).
+    pub log_token: Option<String>,
+    /// Port of the log endpoint on the node IP (0: any free port).
+    pub log_port: u16,
+    /// Host and port of the API server, given to every container as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT` (as kubelets do) so in-cluster
+    /// clients find it. `hostmesh kubelet` takes them from its kubeconfig.
+    pub kubernetes_service: Option<(String, u16)>,
+}
+
+impl std::fmt::Debug for KubeletConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The log token stays out of logs.
+        f.debug_struct("KubeletConfig")
+            .field("node_name", &self.node_name)
+            .field("data_dir", &self.data_dir)
+            .field("images", &self.images)
+            .field("hostmesh_binary", &self.hostmesh_binary)
+            .field("gpu_capacity", &self.gpu_capacity)
+            .field("bind_unscheduled", &self.bind_unscheduled)
+            .field("pod_ip_block", &self.pod_ip_block)
+            .field("node_ip", &self.node_ip)
+            .field("taints", &self.taints)
+            .field("log_token", &self.log_token.as_ref().map(|_| "<redacted>"))
+            .field("log_port", &self.log_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeletConfig {
+    /// A configuration with defaults for everything but the node name and
+    /// the data directory.
+    pub fn new(node_name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            data_dir: data_dir.into(),
+            images: ImageTable::default(),
+            hostmesh_binary: None,
+            gpu_capacity: 0,
+            max_pods: 110,
+            bind_unscheduled: true,
+            pod_ip_block: 0,
+            node_ip: Ipv4Addr::LOCALHOST,
+            lease_duration: Duration::from_secs(40),
+            restart_backoff: Duration::from_secs(1),
+            max_restart_backoff: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+            taints: Vec::new(),
+            log_token: None,
+            log_port: 0,
+            kubernetes_service: None,
+        }
+    }
+
+    /// Points the kubelet at an embedded API server: `pods/log` requests
+    /// from it are accepted (its token) and containers get its address as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT`.
+    pub fn for_api_server(mut self, api: &crate::apiserver::ApiServerHandle) -> Self {
+        self.log_token = Some(api.token().to_string());
+        self.kubernetes_service = Some((api.addr().ip().to_string(), api.addr().port()));
+        self
+    }
+
+    /// Checks the configuration and returns the full image table (the
+    /// user's rows, then the hostmesh agent image).
+    pub(crate) fn validate(&self) -> Result<ImageTable> {
+        if self.node_name.is_empty()
+            || self.node_name.len() > 253
+            || !self
+                .node_name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        {
+            return Err(KubeletError::Config(format!(
+                "node name {:?} is not a valid DNS subdomain (lowercase letters, digits, '-', '.')",
+                self.node_name
+            )));
+        }
+        if self.restart_backoff.is_zero() || self.max_restart_backoff < self.restart_backoff {
+            return Err(KubeletError::Config(
+                "restart_backoff must be positive and at most max_restart_backoff".into(),
+            ));
+        }
+        if self.lease_duration < Duration::from_secs(4) {
+            return Err(KubeletError::Config(
+                "lease_duration must be at least 4s".into(),
+            ));
+        }
+        let hostmesh = match &self.hostmesh_binary {
+            Some(path) => path.clone(),
+            None => std::env::current_exe().map_err(|e| {
+                KubeletError::Config(format!(
+                    "cannot find the running executable for the hostmesh image ({e}); set hostmesh_binary"
+                ))
+            })?,
+        };
+        let mut table = self.images.clone();
+        table.push(ImageEntry {
+            image: HOSTMESH_IMAGE_PATTERN.into(),
+            program: hostmesh,
+            args: Vec::new(),
+        });
+        Ok(table)
+    }
+}
+
+/// `hostmesh kubelet`: run the process kubelet until Ctrl-C.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeletArgs {
+    /// Name of the Node to register.
+    #[arg(long, env = "HOSTMESH_NODE_NAME", default_value = "hostmesh-node")]
+    pub node_name: String,
+    /// Kubeconfig of the cluster to join (default: $KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Directory for pod volumes and container logs (default: /tmp/hostmesh-kubelet/<node name>).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// YAML file mapping images to local programs (`images: [{image, program, args}]`).
+    #[arg(long)]
+    pub image_table: Option<PathBuf>,
+    /// The hostmesh binary that the hostmesh agent image maps to (default: this executable).
+    #[arg(long, alias = "hostmesh-binary")]
+    pub agent_binary: Option<PathBuf>,
+    /// `nvidia.com/gpu` capacity to advertise (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_capacity: u32,
+    /// Bind unscheduled pods to this node (`--bind-unscheduled=false` on clusters with a scheduler).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub bind_unscheduled: bool,
+    /// Loopback /16 that pod IPs come from (`127.X.0.0/16`); kubelets on one machine need different ranges.
+    #[arg(long, default_value = "127.0.0.0/16")]
+    pub pod_ip_range: String,
+    /// Taint the Node (`key[=value][:effect]`, effect NoSchedule by default); repeatable.
+    #[arg(long = "taint")]
+    pub taints: Vec<String>,
+}
+
+/// Parses `127.X.0.0/16` into `X`.
+pub fn parse_pod_ip_range(range: &str) -> Result<u8> {
+    let bad = || {
+        KubeletError::Config(format!(
+            "--pod-ip-range {range:?}: expected a loopback /16 such as 127.16.0.0/16"
+        ))
+    };
+    let (addr, bits) = range.split_once('/').ok_or_else(bad)?;
+    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+    let [a, b, c, d] = addr.octets();
+    if bits != "16" || a != 127 || c != 0 || d != 0 {
+        return Err(bad());
+    }
+    Ok(b)
+}
+
+/// Parses a taint written `key[=value][:effect]`.
+pub fn parse_taint(text: &str) -> Result<Taint> {
+    let (kv, effect) = match text.rsplit_once(':') {
+        Some((kv, effect)) => (kv, effect.to_string()),
+        None => (text, "NoSchedule".to_string()),
+    };
+    if !matches!(
+        effect.as_str(),
+        "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+    ) {
+        return Err(KubeletError::Config(format!(
+            "--taint {text:?}: effect {effect:?} must be NoSchedule, PreferNoSchedule or NoExecute"
+        )));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return Err(KubeletError::Config(format!(
+            "--taint {text:?}: the key is empty"
+        )));
+    }
+    Ok(Taint {
+        key: key.into(),
+        value,
+        effect,
+        time_added: None,
+    })
+}
+
+impl KubeletArgs {
+    /// The library configuration these arguments describe.
+    pub fn to_config(&self) -> Result<KubeletConfig> {
+        let data_dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/tmp/hostmesh-kubelet").join(&self.node_name));
+        let mut config = KubeletConfig::new(&self.node_name, data_dir);
+        if let Some(path) = &self.image_table {
+            config.images = ImageTable::load(path)?;
+        }
+        config.hostmesh_binary = self.agent_binary.clone();
+        config.gpu_capacity = self.gpu_capacity;
+        config.bind_unscheduled = self.bind_unscheduled;
+        config.pod_ip_block = parse_pod_ip_range(&self.pod_ip_range)?;
+        config.taints = self
+            .taints
+            .iter()
+            .map(|t| parse_taint(t))
+            .collect::<Result<_>>()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_table_matches_first_row_and_prefixes() {
+        let table = ImageTable::parse(
+            "images:\n  - image: ghcr.io/x/trainer*\n    program: /usr/bin/python3\n    args: [-m, t]\n  - image: busybox:1.36\n    program: /bin/sh\n",
+        )
+        .unwrap();
+        let t = table.lookup("ghcr.io/x/trainer:1.4").unwrap();
+        assert_eq!(t.program, PathBuf::from("/usr/bin/python3"));
+        assert_eq!(t.args, vec!["-m", "t"]);
+        assert!(table.lookup("busybox:1.36").is_some());
+        assert!(table.lookup("busybox:1.37").is_none());
+    }
+
+    #[test]
+    fn image_table_errors_name_the_field() {
+        let err = ImageTable::parse("images:\n  - image: a\n    program: ''\n").unwrap_err();
+        assert!(err.to_string().contains("images[0].program"), "{err}");
+        let err = ImageTable::parse("imgs: []\n").unwrap_err();
+        assert!(err.to_string().contains("images"), "{err}");
+    }
+
+    #[test]
+    fn hostmesh_image_is_always_mapped() {
+        let mut config = KubeletConfig::new("node-a", "/tmp/x");
+        config.hostmesh_binary = Some("/opt/hostmesh".into());
+        let table = config.validate().unwrap();
+        let e = table.lookup("ghcr.io/hostmesh/hostmesh:0.1.0").unwrap();
+        assert_eq!(e.program, PathBuf::from("/opt/hostmesh"));
+    }
+
+    #[test]
+    fn pod_ip_ranges_and_taints_parse() {
+        assert_eq!(parse_pod_ip_range("127.16.0.0/16").unwrap(), 16);
+        for bad in ["10.0.0.0/16", "127.1.0.0/24", "127.1.2.0/16", "nope"] {
+            let err = parse_pod_ip_range(bad).unwrap_err();
+            assert!(err.to_string().contains("--pod-ip-range"), "{err}");
+        }
+        let t = parse_taint("hostmesh.dev/process-kubelet").unwrap();
+        assert_eq!(
+            (t.key.as_str(), t.value, t.effect.as_str()),
+            ("hostmesh.dev/process-kubelet", None, "NoSchedule")
+        );
+        let t = parse_taint("k=v:NoExecute").unwrap();
+        assert_eq!(
+            (t.value.as_deref(), t.effect.as_str()),
+            (Some("v"), "NoExecute")
+        );
+        assert!(parse_taint("k:Sometimes").is_err());
+    }
+
+    #[test]
+    fn bad_node_name_is_rejected() {
+        let config = KubeletConfig::new("Node_A", "/tmp/x");
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("node name"), "{err}");
+    }
+}

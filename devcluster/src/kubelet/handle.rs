@@ -1,0 +1,253 @@
+//! Starting and stopping the kubelet: [`Kubelet::start`] registers the Node
+//! and spawns the node and pod loops; [`KubeletHandle`] stops them, reads
+//! container logs, and (when dropped without `shutdown`) kills every process
+//! the kubelet started.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::config::{KubeletArgs, KubeletConfig};
+use super::error::{KubeletError, Result};
+use super::ipam::IpPool;
+use super::logs;
+use super::node;
+use super::pods;
+use super::process;
+use super::shared::{Shared, lock};
+
+/// The process kubelet.
+#[derive(Debug)]
+pub struct Kubelet;
+
+impl Kubelet {
+    /// Registers the Node (Ready) and starts running the pods bound to it.
+    /// Leftovers of an earlier run in `data_dir/pods` are removed.
+    pub async fn start(client: kube::Client, config: KubeletConfig) -> Result<KubeletHandle> {
+        let images = config.validate()?;
+        let lock_file = lock_data_dir(&config.data_dir)?;
+        let pods_dir = config.data_dir.join("pods");
+        if pods_dir.exists() {
+            std::fs::remove_dir_all(&pods_dir)
+                .map_err(|e| KubeletError::io("cannot clear", &pods_dir, e))?;
+        }
+        std::fs::create_dir_all(&pods_dir)
+            .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
+        let groups = Arc::new(Mutex::new(BTreeSet::new()));
+        let shared = Arc::new(Shared {
+            client,
+            ips: Mutex::new(IpPool::new(config.pod_ip_block)),
+            config,
+            images,
+            groups: groups.clone(),
+            pods: Mutex::new(Default::default()),
+            shutdown: CancellationToken::new(),
+            log_port: Mutex::new(0),
+            started_at: k8s_openapi::jiff::Timestamp::now(),
+        });
+        let listener = logs::bind(&shared).await?;
+        let log_port = match &listener {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| {
+                        KubeletError::io("cannot read the log endpoint address", "socket", e)
+                    })?
+                    .port(),
+            ),
+            None => None,
+        };
+        *lock(&shared.log_port) = log_port.unwrap_or(0);
+        node::register(&shared).await?;
+        if let Some(listener) = listener {
+            tokio::spawn(logs::serve(shared.clone(), listener));
+        }
+        node::renew_lease(&shared)
+            .await
+            .unwrap_or_else(|e| tracing::warn!(error = %e, "first lease renewal failed"));
+        let heartbeat = tokio::spawn(node::heartbeat(shared.clone()));
+        let pod_loop = tokio::spawn(pods::run(shared.clone()));
+        tracing::info!(node = %shared.config.node_name, "process kubelet started");
+        Ok(KubeletHandle {
+            shared,
+            groups,
+            log_port,
+            _lock_file: lock_file,
+            tasks: Some((heartbeat, pod_loop)),
+        })
+    }
+}
+
+/// A running kubelet.
+pub struct KubeletHandle {
+    shared: Arc<Shared>,
+    groups: Arc<Mutex<BTreeSet<i32>>>,
+    log_port: Option<u16>,
+    _lock_file: std::fs::File,
+    tasks: Option<(JoinHandle<()>, JoinHandle<()>)>,
+}
+
+impl std::fmt::Debug for KubeletHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletHandle")
+            .field("node", &self.shared.config.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeletHandle {
+    /// The Node's name.
+    pub fn node_name(&self) -> &str {
+        &self.shared.config.node_name
+    }
+
+    /// The Node's IP (the pods' `hostIP`).
+    pub fn node_ip(&self) -> Ipv4Addr {
+        self.shared.config.node_ip
+    }
+
+    /// The last `tail_lines` lines (all with `None`) of a container's
+    /// output (stdout and stderr) in its current run.
+    pub fn logs(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        tail_lines: Option<usize>,
+    ) -> Result<String> {
+        logs::read_log(&self.shared, namespace, pod, container, false, tail_lines)
+            .map(|(_, text)| text)
+    }
+
+    /// Like [`KubeletHandle::logs`], for the run before the last restart.
+    pub fn previous_logs(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        tail_lines: Option<usize>,
+    ) -> Result<String> {
+        logs::read_log(&self.shared, namespace, pod, container, true, tail_lines)
+            .map(|(_, text)| text)
+    }
+
+    /// The port of the log endpoint the API server's `pods/log` proxy uses,
+    /// when a log token is configured.
+    pub fn log_port(&self) -> Option<u16> {
+        self.log_port
+    }
+
+    /// Stops every pod's processes (SIGTERM, grace, SIGKILL), marks the Node
+    /// not ready and waits until everything is gone.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.shared.shutdown.cancel();
+        if let Some((heartbeat, pod_loop)) = self.tasks.take() {
+            let _ = pod_loop.await;
+            let _ = heartbeat.await;
+        }
+        kill_all(&self.groups);
+        if let Err(e) = node::post_stopped(&self.shared).await {
+            tracing::warn!(error = %e, "cannot mark the node stopped");
+        }
+        tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
+        Ok(())
+    }
+}
+
+/// Takes an exclusive lock on `data_dir/kubelet.lock` for the kubelet's
+/// lifetime, so two kubelets never share (and clear) one data directory.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir).map_err(|e| KubeletError::io("cannot create", dir, e))?;
+    let path = dir.join("kubelet.lock");
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| KubeletError::io("cannot open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(KubeletError::Config(format!(
+            "data directory {} is used by another kubelet; give each kubelet its own --data-dir",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(KubeletError::io("cannot lock", &path, e)),
+    }
+}
+
+fn kill_all(groups: &Mutex<BTreeSet<i32>>) {
+    let mut groups = lock(groups);
+    for pgid in groups.iter() {
+        process::signal_group(*pgid, libc::SIGKILL);
+    }
+    groups.clear();
+}
+
+impl Drop for KubeletHandle {
+    fn drop(&mut self) {
+        if self.tasks.is_some() {
+            self.shared.shutdown.cancel();
+            kill_all(&self.groups);
+        }
+    }
+}
+
+/// `hostmesh kubelet`: runs the kubelet described by `args` until Ctrl-C or
+/// SIGTERM, then stops every pod's processes.
+pub async fn run(args: KubeletArgs) -> Result<()> {
+    let mut config = args.to_config()?;
+    let kube_config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                KubeletError::Kubeconfig {
+                    path: Some(path.clone()),
+                    message: e.to_string(),
+                }
+            })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| KubeletError::Kubeconfig {
+                    path: Some(path.clone()),
+                    message: e.to_string(),
+                })?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeletError::Kubeconfig {
+                path: None,
+                message: e.to_string(),
+            })?,
+    };
+    // The API server proxies `pods/log` with its own bearer token; the
+    // embedded one uses the token it issued to us.
+    if config.log_token.is_none() {
+        config.log_token = serde_json::to_value(&kube_config.auth_info)
+            .ok()
+            .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
+    }
+    if config.kubernetes_service.is_none() {
+        let url = &kube_config.cluster_url;
+        if let Some(host) = url.host() {
+            let port = url
+                .port_u16()
+                .unwrap_or(if url.scheme_str() == Some("http") {
+                    80
+                } else {
+                    443
+                });
+            config.kubernetes_service = Some((host.trim_matches(['[', ']']).to_string(), port));
+        }
+    }
+    let client =
+        kube::Client::try_from(kube_config).map_err(|e| KubeletError::api("build client", e))?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
+    let handle = Kubelet::start(client, config).await?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: stopping"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+    }
+    handle.shutdown().await
+}

@@ -1,0 +1,40 @@
+//! The process kubelet: a Kubernetes Node that runs each pod's containers as
+//! local processes, each pod on its own loopback IP.
+//!
+//! It owns, for its Node: registration and Lease heartbeats (`node`),
+//! binding unscheduled pods to itself (`binder`), and one worker per bound
+//! pod (`pod`) that prepares volumes, runs init containers then containers,
+//! restarts them per `restartPolicy`, probes readiness, reports status and
+//! finishes deletions. See `docs/kubelet.md`.
+//!
+//! Invariants:
+//! 1. Every process the kubelet starts belongs to a process group it tracks
+//!    until the group is gone; `KubeletHandle::shutdown` (and, as a last
+//!    resort, dropping the handle) ends them all.
+//! 2. A pod IP belongs to one live pod at a time (`ipam`).
+//! 3. Only the pod's worker writes the pod's status.
+
+mod config;
+mod env;
+mod error;
+mod events;
+mod expand;
+mod handle;
+mod ipam;
+mod launch;
+mod logs;
+mod node;
+mod pod;
+mod pods;
+mod probe;
+mod process;
+mod shared;
+mod status;
+mod volumes;
+
+pub use config::{
+    HOSTMESH_IMAGE_PATTERN, ImageEntry, ImageTable, KubeletArgs, KubeletConfig, parse_pod_ip_range,
+    parse_taint,
+};
+pub use error::{KubeletError, Result};
+pub use handle::{Kubelet, KubeletHandle, run};

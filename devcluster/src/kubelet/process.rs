@@ -1,0 +1,318 @@
+//! Starting and signalling container processes.
+//!
+//! Invariants:
+//! 1. Every container process leads its own session and process group, so a
+//!    signal to the group reaches everything it started.
+//! 2. Every container process gets SIGKILL when the kubelet thread that
+//!    started it dies (parent-death signal), so a crashed kubelet leaves no
+//!    container leader behind.
+//! 3. With mounts, the process runs in its own mount namespace whose mounts
+//!    are private: the bind mounts of one container are invisible to the host
+//!    and to every other container.
+//! 4. Nothing that allocates runs between `fork` and `exec`: every string the
+//!    child needs is prepared before the fork.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use super::volumes::Mount;
+
+/// What to run for one container (or one exec probe).
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// Program: a path, or a name looked up in `PATH`.
+    pub(crate) program: String,
+    /// Arguments after the program.
+    pub(crate) args: Vec<String>,
+    /// The complete environment.
+    pub(crate) env: Vec<(String, String)>,
+    /// Working directory inside the container.
+    pub(crate) working_dir: Option<PathBuf>,
+    /// Bind mounts; empty means no mount namespace of its own.
+    pub(crate) mounts: Vec<Mount>,
+}
+
+/// Where a launched process's output goes.
+pub(crate) enum Output {
+    /// Appended to this log file (stdout and stderr together).
+    Log(PathBuf),
+    /// Captured through pipes (exec probes).
+    Piped,
+}
+
+/// Mount namespace to run in.
+pub(crate) enum Namespace {
+    /// A new private one with the launch's mounts.
+    New,
+    /// The one of this (running) process, for exec probes.
+    JoinOf(i32),
+}
+
+struct ChildSetup {
+    parent: libc::pid_t,
+    unshare: bool,
+    join: Option<OwnedFd>,
+    mounts: Vec<(CString, CString, bool)>,
+    cwd: Option<CString>,
+}
+
+fn cstring(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} contains a NUL byte", p.display()),
+        )
+    })
+}
+
+fn check(ret: libc::c_int) -> std::io::Result<()> {
+    if ret == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl ChildSetup {
+    /// Runs in the child between fork and exec: only async-signal-safe calls.
+    fn apply(&self) -> std::io::Result<()> {
+        // SAFETY: plain system calls on data prepared before the fork; none
+        // of them allocates or takes a lock.
+        unsafe {
+            check(libc::setsid())?;
+            check(libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
+            if libc::getppid() != self.parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(fd) = &self.join {
+                check(libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNS))?;
+            }
+            if self.unshare {
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+                for (source, target, read_only) in &self.mounts {
+                    check(libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                    if *read_only {
+                        check(libc::mount(
+                            std::ptr::null(),
+                            target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                            std::ptr::null(),
+                        ))?;
+                    }
+                }
+            }
+            if let Some(cwd) = &self.cwd {
+                check(libc::chdir(cwd.as_ptr()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts `launch`. The caller owns the child and must reap it.
+pub(crate) fn spawn(
+    launch: &Launch,
+    output: Output,
+    ns: Namespace,
+) -> std::io::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(&launch.program);
+    cmd.args(&launch.args)
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)));
+    cmd.stdin(Stdio::null());
+    match output {
+        Output::Log(path) => {
+            let file = File::options().create(true).append(true).open(&path)?;
+            cmd.stderr(file.try_clone()?);
+            cmd.stdout(file);
+        }
+        Output::Piped => {
+            cmd.stdout(Stdio::piped());
+            cmd.stderr(Stdio::piped());
+        }
+    }
+    let join = match ns {
+        // Without root there are no container mount namespaces to join.
+        Namespace::JoinOf(pid) if is_root() => {
+            Some(OwnedFd::from(File::open(format!("/proc/{pid}/ns/mnt"))?))
+        }
+        Namespace::JoinOf(_) => None,
+        Namespace::New => None,
+    };
+    let unshare = matches!(ns, Namespace::New) && !launch.mounts.is_empty();
+    let mounts = launch
+        .mounts
+        .iter()
+        .map(|m| Ok((cstring(&m.source)?, cstring(&m.target)?, m.read_only)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let setup = ChildSetup {
+        parent: std::process::id() as libc::pid_t,
+        unshare,
+        join,
+        mounts,
+        cwd: launch.working_dir.as_deref().map(cstring).transpose()?,
+    };
+    // SAFETY: `ChildSetup::apply` only makes async-signal-safe system calls
+    // on memory prepared before the fork (invariant 4).
+    unsafe {
+        cmd.pre_exec(move || setup.apply());
+    }
+    cmd.kill_on_drop(false);
+    cmd.spawn()
+}
+
+/// True when the kubelet runs as root (it can then make mount namespaces).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Sends `signal` to the process group `pgid`; false when the group is gone.
+pub(crate) fn signal_group(pgid: i32, signal: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// True while any process of group `pgid` exists (zombies included).
+#[cfg(test)]
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    signal_group(pgid, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(program: &str, args: &[&str]) -> Launch {
+        Launch {
+            program: program.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("X".into(), "42".into()),
+            ],
+            working_dir: None,
+            mounts: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn runs_in_own_group_with_only_the_given_env() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("log");
+        let mut l = launch(
+            "sh",
+            &[
+                "-c",
+                "echo X=$X HOME=${HOME:-unset}; cut -d' ' -f5 /proc/$$/stat; exit 7",
+            ],
+        );
+        l.working_dir = Some(tmp.path().to_path_buf());
+        let mut child = spawn(&l, Output::Log(log.clone()), Namespace::New).unwrap();
+        let pid = child.id().unwrap();
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(7));
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert!(out.contains("X=42 HOME=unset"), "{out}");
+        assert!(
+            out.contains(&format!("\n{pid}\n")),
+            "pgid should equal pid {pid}: {out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn bind_mounts_are_private_to_the_container() {
+        if !is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let vol = tmp.path().join("vol");
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(vol.join("f"), "inside").unwrap();
+        let mut l = launch("sh", &["-c", "cat f && ! touch g 2>/dev/null"]);
+        l.working_dir = Some(target.clone());
+        l.mounts = vec![Mount {
+            source: vol.clone(),
+            target: target.clone(),
+            read_only: true,
+        }];
+        let log = tmp.path().join("log");
+        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert!(status.success(), "{out}");
+        assert_eq!(out, "inside");
+        assert!(!target.join("f").exists(), "the mount leaked to the host");
+    }
+
+    #[tokio::test]
+    async fn group_signal_reaches_grandchildren() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pidfile = tmp.path().join("pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let mut child = spawn(
+            &launch("sh", &["-c", &script]),
+            Output::Piped,
+            Namespace::New,
+        )
+        .unwrap();
+        let pgid = child.id().unwrap() as i32;
+        let mut grandchild = None;
+        for _ in 0..500 {
+            if let Ok(text) = std::fs::read_to_string(&pidfile)
+                && let Ok(pid) = text.trim().parse::<i32>()
+            {
+                grandchild = Some(pid);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let grandchild = grandchild.expect("grandchild pid");
+        assert!(group_alive(pgid));
+        assert!(signal_group(pgid, libc::SIGKILL));
+        child.wait().await.unwrap();
+        let mut gone = false;
+        for _ in 0..500 {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(gone, "grandchild {grandchild} survived the group kill");
+    }
+}

@@ -1,0 +1,59 @@
+//! State shared by the kubelet's tasks: the client, the configuration, the
+//! pod IP pool, the registry of live process groups and the directory of
+//! pods on this node (for logs).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+
+use super::config::{ImageTable, KubeletConfig};
+use super::ipam::IpPool;
+
+/// Where a pod on this node keeps its files.
+#[derive(Debug, Clone)]
+pub(crate) struct PodEntry {
+    /// The pod's uid.
+    pub(crate) uid: String,
+    /// `<data_dir>/pods/<uid>`.
+    pub(crate) dir: PathBuf,
+    /// Names of the containers whose process is running now (a followed log
+    /// ends when its container is no longer in here).
+    pub(crate) running: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// Shared by the node loop, the pod loop and every pod worker.
+pub(crate) struct Shared {
+    /// API client.
+    pub(crate) client: kube::Client,
+    /// Configuration.
+    pub(crate) config: KubeletConfig,
+    /// Images to programs, with the hostmesh image.
+    pub(crate) images: ImageTable,
+    /// Pod IPs.
+    pub(crate) ips: Mutex<IpPool>,
+    /// Process groups that may still have members.
+    pub(crate) groups: Arc<Mutex<BTreeSet<i32>>>,
+    /// Pods on this node by (namespace, name).
+    pub(crate) pods: Mutex<BTreeMap<(String, String), PodEntry>>,
+    /// Cancelled when the kubelet shuts down.
+    pub(crate) shutdown: CancellationToken,
+    /// When the kubelet started (the Node's condition transition time).
+    pub(crate) started_at: k8s_openapi::jiff::Timestamp,
+    /// Port of the log endpoint (0: not served), published in the Node.
+    pub(crate) log_port: Mutex<u16>,
+}
+
+/// Locks a mutex, recovering from poisoning (the data stays consistent:
+/// every critical section is a single insert or remove).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// The directory of pod `uid`.
+    pub(crate) fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.config.data_dir.join("pods").join(uid)
+    }
+}

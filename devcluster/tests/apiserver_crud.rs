@@ -1,0 +1,737 @@
+//! CRUD semantics of the embedded API server, driven through kube-rs:
+//! discovery, create/get/list/update/patch/delete, selectors, paging,
+//! conflicts, generateName, CRDs with a status subresource, generation,
+//! schema validation and authentication.
+
+use std::time::Duration;
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, Discovery};
+use serde_json::json;
+
+async fn start() -> (ApiServerHandle, Client) {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let client = server.client().expect("client");
+    (server, client)
+}
+
+fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"k": "v"},
+    }))
+    .expect("configmap")
+}
+
+/// A CRD `widgets.example.dev` with status, printer columns and a schema.
+pub fn widget_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.dev"},
+        "spec": {
+            "group": "example.dev",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [{"name": "Phase", "type": "string", "jsonPath": ".status.phase"}],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["size"],
+                            "properties": {
+                                "size": {"type": "integer", "minimum": 1},
+                                "port": {"type": "integer", "default": 26600},
+                                "mode": {"type": "string", "enum": ["Fast", "Slow"]},
+                                "label": {"type": "string", "pattern": "^[a-z]+$"},
+                            },
+                        },
+                        "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
+                    },
+                }},
+            }],
+        },
+    })
+}
+
+async fn install_widgets(client: &Client) -> Api<DynamicObject> {
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
+    );
+    let crd: DynamicObject = serde_json::from_value(widget_crd()).expect("crd");
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("create crd");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.dev", "v1", "Widget"),
+        "widgets",
+    );
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
+fn widget(name: &str, size: i64) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "example.dev/v1", "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"size": size},
+    }))
+    .expect("widget")
+}
+
+fn api_status(e: kube::Error) -> (u16, String) {
+    match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn discovery_lists_builtin_and_crd_resources() {
+    let (server, client) = start().await;
+    let v = client.apiserver_version().await.expect("version");
+    assert_eq!(v.git_version, "v1.33.0");
+    install_widgets(&client).await;
+    let d = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let mut kinds = Vec::new();
+    for g in d.groups() {
+        for (ar, _) in g.recommended_resources() {
+            kinds.push(format!("{}/{}", ar.group, ar.kind));
+        }
+    }
+    for k in [
+        "/Pod",
+        "/Namespace",
+        "/Secret",
+        "coordination.k8s.io/Lease",
+        "events.k8s.io/Event",
+        "example.dev/Widget",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "{k} missing from discovery: {kinds:?}"
+        );
+    }
+    let nss: Api<Namespace> = Api::all(client);
+    let names: Vec<String> = nss
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(names.contains(&"default".to_string()) && names.contains(&"kube-system".to_string()));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn wrong_token_is_rejected() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let yaml = server
+        .kubeconfig_yaml()
+        .replace(server.token(), "not-the-token");
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
+    let client = Client::try_from(kube::Config::try_from(kc).expect("config")).expect("client");
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let (code, _) = api_status(
+        cms.list(&ListParams::default())
+            .await
+            .expect_err("must be refused"),
+    );
+    assert_eq!(code, 401);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn create_get_update_patch_delete() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let created = cms
+        .create(&PostParams::default(), &cm("a", json!({"app": "x"})))
+        .await
+        .expect("create");
+    assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+    let (code, _) = api_status(
+        cms.create(&PostParams::default(), &cm("a", json!({})))
+            .await
+            .expect_err("dup"),
+    );
+    assert_eq!(code, 409, "AlreadyExists");
+
+    // Update with the current resourceVersion works, with a stale one is 409.
+    let mut cur = cms.get("a").await.expect("get");
+    cur.data
+        .get_or_insert_default()
+        .insert("k".into(), "v2".into());
+    let updated = cms
+        .replace("a", &PostParams::default(), &cur)
+        .await
+        .expect("replace");
+    assert_ne!(
+        updated.metadata.resource_version,
+        cur.metadata.resource_version
+    );
+    let (code, msg) = api_status(
+        cms.replace("a", &PostParams::default(), &cur)
+            .await
+            .expect_err("stale"),
+    );
+    assert_eq!(code, 409);
+    assert!(msg.contains("the object has been modified"), "{msg}");
+
+    // Merge patch, JSON patch, strategic merge.
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"m": "1"}})),
+    )
+    .await
+    .expect("merge");
+    let jp: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "add", "path": "/data/j", "value": "2"}]))
+            .expect("jp");
+    cms.patch("a", &PatchParams::default(), &Patch::<()>::Json(jp))
+        .await
+        .expect("json patch");
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Strategic(json!({"data": {"s": "3"}})),
+    )
+    .await
+    .expect("smp");
+    let got = cms.get("a").await.expect("get");
+    let data = got.data.expect("data");
+    assert_eq!(
+        (
+            data["k"].as_str(),
+            data["m"].as_str(),
+            data["j"].as_str(),
+            data["s"].as_str()
+        ),
+        ("v2", "1", "2", "3")
+    );
+
+    // A write that changes nothing keeps the resourceVersion.
+    let same = cms
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"m": "1"}})),
+        )
+        .await
+        .expect("noop");
+    assert_eq!(
+        same.metadata.resource_version,
+        got.metadata.resource_version
+    );
+
+    cms.delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let (code, msg) = api_status(cms.get("a").await.expect_err("gone"));
+    assert_eq!(code, 404);
+    assert_eq!(msg, "configmaps \"a\" not found");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn strategic_merge_uses_merge_keys() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [
+            {"name": "a", "image": "img:1", "env": [{"name": "X", "value": "1"}]},
+            {"name": "b", "image": "img:1"},
+        ]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    let patch = json!({"spec": {"containers": [{"name": "a", "image": "img:2", "env": [{"name": "Y", "value": "2"}]}]}});
+    let p = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .expect("smp");
+    let cs = p.spec.expect("spec").containers;
+    assert_eq!(cs.len(), 2, "containers merge by name");
+    assert_eq!(cs[0].image.as_deref(), Some("img:2"));
+    let env: Vec<String> = cs[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(env, ["X", "Y"], "env merges by name");
+    let del = json!({"spec": {"containers": [{"name": "b", "$patch": "delete"}]}});
+    let p = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(del))
+        .await
+        .expect("smp delete");
+    assert_eq!(p.spec.expect("spec").containers.len(), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn selectors_paging_and_generate_name() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    for i in 0..7 {
+        let tier = if i % 2 == 0 { "even" } else { "odd" };
+        cms.create(
+            &PostParams::default(),
+            &cm(&format!("c{i}"), json!({"tier": tier, "i": i.to_string()})),
+        )
+        .await
+        .expect("create");
+    }
+    let even = cms
+        .list(&ListParams::default().labels("tier=even"))
+        .await
+        .expect("list");
+    assert_eq!(even.items.len(), 4);
+    let set = cms
+        .list(&ListParams::default().labels("i in (1,2),tier!=odd"))
+        .await
+        .expect("list");
+    assert_eq!(set.items.len(), 1);
+    let named = cms
+        .list(&ListParams::default().fields("metadata.name=c3"))
+        .await
+        .expect("fields");
+    assert_eq!(named.items.len(), 1);
+
+    let mut seen = Vec::new();
+    let mut lp = ListParams::default().limit(3);
+    for _ in 0..10 {
+        let page = cms.list(&lp).await.expect("page");
+        seen.extend(page.items.into_iter().filter_map(|c| c.metadata.name));
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => break,
+        }
+    }
+    // kube-root-ca style extras do not exist here: exactly our seven.
+    assert_eq!(seen, ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]);
+
+    let mut g = cm("", json!({}));
+    g.metadata.name = None;
+    g.metadata.generate_name = Some("gen-".into());
+    let made = cms
+        .create(&PostParams::default(), &g)
+        .await
+        .expect("generateName");
+    let name = made.metadata.name.expect("name");
+    assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn missing_namespace_and_bad_names_are_refused() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");
+    let (code, msg) = api_status(
+        cms.create(&PostParams::default(), &cm("a", json!({})))
+            .await
+            .expect_err("no ns"),
+    );
+    assert_eq!((code, msg.as_str()), (404, "namespaces \"nope\" not found"));
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let (code, msg) = api_status(
+        cms.create(&PostParams::default(), &cm("Bad_Name", json!({})))
+            .await
+            .expect_err("bad"),
+    );
+    assert_eq!(code, 422);
+    assert!(msg.contains("metadata.name"), "{msg}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn crd_serves_resource_with_status_generation_and_validation() {
+    let (server, client) = start().await;
+    let widgets = install_widgets(&client).await;
+    let w = widgets
+        .create(&PostParams::default(), &widget("w", 2))
+        .await
+        .expect("create");
+    assert_eq!(w.data["spec"]["port"], 26600, "schema default applied");
+    assert_eq!(w.metadata.generation, Some(1));
+
+    // Status through the subresource does not bump generation; status in
+    // a main-resource write is ignored.
+    let st = widgets
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .expect("status");
+    assert_eq!(st.metadata.generation, Some(1));
+    assert_eq!(st.data["status"]["phase"], "Running");
+    let m = widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Hacked"}})),
+        )
+        .await
+        .expect("main");
+    assert_eq!(m.data["status"]["phase"], "Running");
+    assert_eq!(m.metadata.generation, Some(1), "no spec change, no bump");
+    let s = widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 3}})),
+        )
+        .await
+        .expect("spec");
+    assert_eq!(s.metadata.generation, Some(2));
+    let l = widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .expect("labels");
+    assert_eq!(
+        l.metadata.generation,
+        Some(2),
+        "metadata changes do not bump generation"
+    );
+
+    // Invalid objects get one 422 naming every bad field.
+    let bad: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.dev/v1", "kind": "Widget", "metadata": {"name": "bad"},
+        "spec": {"size": 0, "mode": "Turbo", "label": "Not-Lower"},
+    }))
+    .expect("bad");
+    let (code, msg) = api_status(
+        widgets
+            .create(&PostParams::default(), &bad)
+            .await
+            .expect_err("invalid"),
+    );
+    assert_eq!(code, 422);
+    assert!(
+        msg.contains("spec.size") && msg.contains("spec.mode") && msg.contains("Turbo"),
+        "{msg}"
+    );
+    let missing: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.dev/v1", "kind": "Widget", "metadata": {"name": "m"}, "spec": {},
+    }))
+    .expect("missing");
+    let (code, msg) = api_status(
+        widgets
+            .create(&PostParams::default(), &missing)
+            .await
+            .expect_err("required"),
+    );
+    assert_eq!(code, 422);
+    assert!(msg.contains("spec.size: Required value"), "{msg}");
+
+    // Unknown fields are pruned.
+    let extra: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.dev/v1", "kind": "Widget", "metadata": {"name": "x"},
+        "spec": {"size": 1, "bogus": true},
+    }))
+    .expect("extra");
+    let x = widgets
+        .create(&PostParams::default(), &extra)
+        .await
+        .expect("pruned");
+    assert!(x.data["spec"].get("bogus").is_none());
+
+    // Strategic merge is refused for custom resources.
+    let (code, _) = api_status(
+        widgets
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"size": 4}})),
+            )
+            .await
+            .expect_err("smp"),
+    );
+    assert_eq!(code, 415);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn crd_removal_stops_serving() {
+    let (server, client) = start().await;
+    let widgets = install_widgets(&client).await;
+    widgets
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .expect("create");
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
+    );
+    let crd = crds.get("widgets.example.dev").await.expect("crd");
+    let established = crd.data["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .any(|c| c["type"] == "Established" && c["status"] == "True");
+    assert!(established);
+    crds.delete("widgets.example.dev", &DeleteParams::default())
+        .await
+        .expect("delete crd");
+    let mut gone = false;
+    for _ in 0..100 {
+        if let Err(kube::Error::Api(s)) = widgets.list(&ListParams::default()).await {
+            gone = s.code == 404;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the custom resource is no longer served");
+    // Its objects went with it: a re-installed CRD starts empty.
+    let widgets = install_widgets(&client).await;
+    assert!(
+        widgets
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    server.shutdown().await;
+}
+
+async fn raw(
+    client: &Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: &str,
+) -> Result<String, (u16, String)> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(body.as_bytes().to_vec())
+        .expect("request");
+    client.request_text(req).await.map_err(|e| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("transport error (did the server panic?): {other:?}"),
+    })
+}
+
+#[tokio::test]
+async fn hostile_inputs_get_clear_errors_not_panics() {
+    let (server, client) = start().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let json = "application/json";
+    let cases: Vec<(&str, &str, &str, &str, u16)> = vec![
+        ("POST", cms, json, "not json", 400),
+        ("POST", cms, json, "[1,2]", 400),
+        ("POST", cms, json, r#"{"metadata": []}"#, 422),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"metadata": {"name": "x", "labels": {"a": 1}}}"#,
+            422,
+        ),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"kind": "Pod", "metadata": {"name": "x"}}"#,
+            400,
+        ),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"metadata": {"generateName": "ééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééé"}}"#,
+            422,
+        ),
+        (
+            "POST",
+            pods,
+            json,
+            r#"{"metadata": {"name": "p"}, "spec": "x"}"#,
+            422,
+        ),
+        (
+            "POST",
+            cms,
+            "application/vnd.kubernetes.protobuf",
+            "k8s\u{0}garbage",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?labelSelector=a%20in%20(b",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?limit=-1",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?continue=%%%",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=abc",
+            json,
+            "",
+            400,
+        ),
+        ("GET", "/api/v1/nope", json, "", 404),
+        ("GET", "/apis/nope.dev/v1/things", json, "", 404),
+    ];
+    for (method, path, ct, body, want) in cases {
+        match raw(&client, method, path, ct, body).await {
+            Err((code, msg)) => assert_eq!(code, want, "{method} {path} {body}: {msg}"),
+            Ok(out) => panic!("{method} {path} {body} succeeded: {out}"),
+        }
+    }
+    // A pod whose status a client broke, then bound and deleted with an
+    // absurd grace period: answers, no panic.
+    raw(
+        &client,
+        "POST",
+        pods,
+        json,
+        r#"{"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}"#,
+    )
+    .await
+    .expect("pod");
+    raw(
+        &client,
+        "PUT",
+        &format!("{pods}/p/status"),
+        json,
+        r#"{"metadata": {"name": "p"}, "status": "broken"}"#,
+    )
+    .await
+    .ok();
+    raw(
+        &client,
+        "POST",
+        &format!("{pods}/p/binding"),
+        json,
+        r#"{"target": {"name": "n1"}}"#,
+    )
+    .await
+    .expect("bind");
+    raw(
+        &client,
+        "DELETE",
+        &format!("{pods}/p?gracePeriodSeconds=9223372036854775807"),
+        json,
+        "",
+    )
+    .await
+    .expect("delete");
+    raw(
+        &client,
+        "DELETE",
+        &format!("{pods}/p?gracePeriodSeconds=0"),
+        json,
+        "",
+    )
+    .await
+    .expect("force delete");
+    // The server still serves.
+    assert!(client.apiserver_version().await.is_ok());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn crd_versions_share_storage_and_prefer_the_highest() {
+    let (server, client) = start().await;
+    let mut crd = widget_crd();
+    let v1 = crd["spec"]["versions"][0].clone();
+    let mut beta = v1.clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"] = json!([beta, v1]);
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
+    );
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).expect("crd"),
+    )
+    .await
+    .expect("create");
+    let beta_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.dev", "v1beta1", "Widget"),
+        "widgets",
+    );
+    let v1_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.dev", "v1", "Widget"),
+        "widgets",
+    );
+    let beta_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &beta_ar);
+    let v1_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &v1_ar);
+    let mut w = widget("w", 1);
+    w.types.as_mut().expect("types").api_version = "example.dev/v1beta1".into();
+    beta_api
+        .create(&PostParams::default(), &w)
+        .await
+        .expect("create via v1beta1");
+    let got = v1_api.get("w").await.expect("read via v1");
+    assert_eq!(got.types.expect("types").api_version, "example.dev/v1");
+    let d = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let g = d
+        .groups()
+        .find(|g| g.name() == "example.dev")
+        .expect("group");
+    assert_eq!(g.preferred_version_or_latest(), "v1");
+    server.shutdown().await;
+}

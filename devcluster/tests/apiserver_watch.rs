@@ -1,0 +1,364 @@
+//! Watch semantics through kube-rs: a Controller with watcher + reflector
+//! sees every change exactly once, history replay from a resourceVersion,
+//! 410 Gone, bookmarks, timeouts, selector transitions and streaming lists.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, reflector, watcher};
+use serde_json::json;
+
+fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"n": "0"},
+    }))
+    .expect("configmap")
+}
+
+async fn eventually<F: Fn() -> bool>(what: &str, f: F) {
+    for _ in 0..400 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn watcher_sees_every_change_exactly_once_in_order() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()));
+    let seen2 = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while let Ok(Some(ev)) = s.try_next().await {
+            if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = ev {
+                let rv = o
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .unwrap_or("0")
+                    .parse()
+                    .unwrap_or(0);
+                seen2
+                    .lock()
+                    .expect("lock")
+                    .push((o.metadata.name.unwrap_or_default(), rv));
+            }
+        }
+    });
+    reader.wait_until_ready().await.expect("ready");
+    let mut expected = Vec::new();
+    for i in 0..5 {
+        let c = api
+            .create(&PostParams::default(), &cm(&format!("c{i}"), json!({})))
+            .await
+            .expect("create");
+        expected.push((
+            format!("c{i}"),
+            c.metadata
+                .resource_version
+                .expect("rv")
+                .parse::<u64>()
+                .expect("num"),
+        ));
+    }
+    for round in 1..=3 {
+        for i in 0..5 {
+            let p = Patch::Merge(json!({"data": {"n": round.to_string()}}));
+            let c = api
+                .patch(&format!("c{i}"), &PatchParams::default(), &p)
+                .await
+                .expect("patch");
+            expected.push((
+                format!("c{i}"),
+                c.metadata
+                    .resource_version
+                    .expect("rv")
+                    .parse()
+                    .expect("num"),
+            ));
+        }
+    }
+    let d = api
+        .delete("c0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let drv: u64 = d
+        .left()
+        .and_then(|o| o.metadata.resource_version)
+        .expect("rv")
+        .parse()
+        .expect("num");
+    expected.push(("c0".into(), drv));
+    eventually("all events", || {
+        seen.lock().expect("lock").len() >= expected.len()
+    })
+    .await;
+    let got = seen.lock().expect("lock").clone();
+    assert_eq!(got, expected, "each change once, in resourceVersion order");
+    assert_eq!(reader.state().len(), 4);
+    assert!(
+        reader
+            .state()
+            .iter()
+            .all(|c| c.data.as_ref().and_then(|d| d.get("n")).map(String::as_str) == Some("3"))
+    );
+    task.abort();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn controller_reconciles_each_object_and_converges() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let client = server.client().expect("client");
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+
+    // The reconciler stamps an annotation; a self-caused no-op write must
+    // not cause an endless loop (the server suppresses unchanged writes).
+    struct Ctx {
+        api: Api<ConfigMap>,
+        counts: Arc<Mutex<HashMap<String, usize>>>,
+    }
+    async fn reconcile(o: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        *ctx.counts
+            .lock()
+            .expect("lock")
+            .entry(name.clone())
+            .or_default() += 1;
+        let p = Patch::Apply(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "annotations": {"seen": "yes"}}}),
+        );
+        ctx.api
+            .patch(&name, &PatchParams::apply("test-controller"), &p)
+            .await?;
+        Ok(Action::await_change())
+    }
+    fn on_error(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>) -> Action {
+        Action::requeue(Duration::from_millis(100))
+    }
+    let ctx = Arc::new(Ctx {
+        api: api.clone(),
+        counts: counts.clone(),
+    });
+    let ctrl = tokio::spawn(
+        Controller::new(api.clone(), watcher::Config::default())
+            .run(reconcile, on_error, ctx)
+            .for_each(|_| async {}),
+    );
+    for i in 0..4 {
+        api.create(&PostParams::default(), &cm(&format!("r{i}"), json!({})))
+            .await
+            .expect("create");
+    }
+    let api2 = api.clone();
+    for _ in 0..400 {
+        let l = api2.list(&ListParams::default()).await.expect("list");
+        if l.items
+            .iter()
+            .filter(|c| c.annotations().get("seen").map(String::as_str) == Some("yes"))
+            .count()
+            == 4
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let l = api.list(&ListParams::default()).await.expect("list");
+    assert_eq!(
+        l.items
+            .iter()
+            .filter(|c| c.annotations().get("seen").map(String::as_str) == Some("yes"))
+            .count(),
+        4
+    );
+    // Quiescent: counts stop growing (each object reconciled a bounded
+    // number of times: its creation and its own annotation write).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = counts.lock().expect("lock").clone();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = counts.lock().expect("lock").clone();
+    assert_eq!(before, after, "no reconcile storm");
+    assert!(after.values().all(|n| (1..=3).contains(n)), "{after:?}");
+    ctrl.abort();
+    server.shutdown().await;
+}
+
+use kube::ResourceExt as _;
+
+#[tokio::test]
+async fn watch_from_resource_version_replays_history_and_too_old_is_gone() {
+    let server = ApiServer::start(ApiServerConfig {
+        history_limit: 5,
+        ..ApiServerConfig::default()
+    })
+    .await
+    .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let first = api
+        .create(&PostParams::default(), &cm("h", json!({})))
+        .await
+        .expect("create");
+    let rv0 = first.metadata.resource_version.clone().expect("rv");
+    api.patch(
+        "h",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"n": "1"}})),
+    )
+    .await
+    .expect("patch");
+    // Replay: the modification after rv0 arrives.
+    let mut w = api
+        .watch(&WatchParams::default().timeout(5), &rv0)
+        .await
+        .expect("watch")
+        .boxed();
+    match w.try_next().await.expect("event") {
+        Some(WatchEvent::Modified(o)) => assert_eq!(o.data.expect("data")["n"], "1"),
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    drop(w);
+    for i in 2..20 {
+        api.patch(
+            "h",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
+        )
+        .await
+        .expect("patch");
+    }
+    let mut w = api
+        .watch(&WatchParams::default().timeout(5), &rv0)
+        .await
+        .expect("watch")
+        .boxed();
+    match w.try_next().await.expect("event") {
+        Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bookmarks_timeouts_and_selector_transitions() {
+    let cfg = ApiServerConfig {
+        bookmark_interval: Duration::from_millis(100),
+        ..ApiServerConfig::default()
+    };
+    let server = ApiServer::start(cfg).await.expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let list = api.list(&ListParams::default()).await.expect("list");
+    let rv = list.metadata.resource_version.expect("rv");
+
+    let mut w = api
+        .watch(&WatchParams::default().timeout(30), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    match w.try_next().await.expect("event") {
+        Some(WatchEvent::Bookmark(b)) => assert_eq!(b.metadata.resource_version, rv),
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+    drop(w);
+
+    // timeoutSeconds ends the stream.
+    let mut w = api
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = w.try_next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch ends after timeoutSeconds");
+
+    // Relabeling out of the selector is a DELETED for that watcher.
+    let mut w = api
+        .watch(&WatchParams::default().labels("team=a").timeout(30), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    api.create(&PostParams::default(), &cm("s", json!({"team": "a"})))
+        .await
+        .expect("create");
+    api.patch(
+        "s",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "b"}}})),
+    )
+    .await
+    .expect("relabel");
+    api.patch(
+        "s",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+    )
+    .await
+    .expect("back");
+    let mut kinds = Vec::new();
+    while kinds.len() < 3 {
+        match w.try_next().await.expect("event") {
+            Some(WatchEvent::Added(_)) => kinds.push("ADDED"),
+            Some(WatchEvent::Modified(_)) => kinds.push("MODIFIED"),
+            Some(WatchEvent::Deleted(_)) => kinds.push("DELETED"),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(kinds, ["ADDED", "DELETED", "ADDED"]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn streaming_list_sends_initial_events_then_end_bookmark() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    for i in 0..3 {
+        api.create(&PostParams::default(), &cm(&format!("i{i}"), json!({})))
+            .await
+            .expect("create");
+    }
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().streaming_lists()),
+    );
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while let Ok(Some(_)) = s.try_next().await {}
+    });
+    tokio::time::timeout(Duration::from_secs(20), reader.wait_until_ready())
+        .await
+        .expect("ready in time")
+        .expect("ready");
+    let names: BTreeMap<String, ()> = reader.state().iter().map(|c| (c.name_any(), ())).collect();
+    assert_eq!(
+        names.keys().cloned().collect::<Vec<_>>(),
+        ["i0", "i1", "i2"]
+    );
+    task.abort();
+    server.shutdown().await;
+}

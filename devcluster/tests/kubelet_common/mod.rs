@@ -1,0 +1,252 @@
+//! Shared set-up for the kubelet tests: a real embedded API server and a
+//! process kubelet in this process, talking over loopback, plus helpers to
+//! create pods and wait for their status (polling, bounded).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::{Duration, Instant};
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kube::Api;
+use kube::api::PostParams;
+
+/// How long any wait in these tests may take.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// An API server and a kubelet.
+pub struct Cluster {
+    pub api: Option<ApiServerHandle>,
+    pub client: kube::Client,
+    pub kubelet: Option<KubeletHandle>,
+    pub dir: tempfile::TempDir,
+    pub node: String,
+    pub block: u8,
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "hostmesh_devcluster::kubelet=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A kubelet configuration for tests: fast restart back-off, pod IPs from
+/// `127.<block>.0.0/16`, the API server's token for the log endpoint.
+pub fn test_config(dir: &std::path::Path, node: &str, block: u8) -> KubeletConfig {
+    let mut config = KubeletConfig::new(node, dir.join("kubelet"));
+    config.pod_ip_block = block;
+    config.restart_backoff = Duration::from_millis(200);
+    config.max_restart_backoff = Duration::from_secs(1);
+    config.shutdown_grace = Duration::from_secs(5);
+    config.hostmesh_binary = Some("/bin/true".into());
+    config
+}
+
+impl Cluster {
+    /// Starts an API server and a kubelet with [`test_config`].
+    pub async fn start(block: u8) -> Cluster {
+        Self::start_with(block, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], with `tweak` applied to the configuration.
+    pub async fn start_with(block: u8, tweak: impl FnOnce(&mut KubeletConfig)) -> Cluster {
+        init_tracing();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start(ApiServerConfig::default())
+            .await
+            .expect("API server starts");
+        let client = api.client().expect("client");
+        let node = format!("node-{block}");
+        let mut config = test_config(dir.path(), &node, block).for_api_server(&api);
+        tweak(&mut config);
+        let kubelet = Kubelet::start(client.clone(), config)
+            .await
+            .expect("kubelet starts");
+        Cluster {
+            api: Some(api),
+            client,
+            kubelet: Some(kubelet),
+            dir,
+            node,
+            block,
+        }
+    }
+
+    pub fn kubelet(&self) -> &KubeletHandle {
+        self.kubelet.as_ref().expect("kubelet running")
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// Creates a pod in `default` from YAML.
+    pub async fn create_pod(&self, yaml: &str) -> Pod {
+        let pod: Pod = serde_saphyr::from_str(yaml).expect("pod YAML");
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod")
+    }
+
+    /// Creates any namespaced object in `default` from YAML.
+    pub async fn create<K>(&self, yaml: &str) -> K
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let obj: K = serde_saphyr::from_str(yaml).expect("object YAML");
+        Api::<K>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create object")
+    }
+
+    /// Polls pod `name` until `pred` holds; panics after [`WAIT`] with the
+    /// last status seen.
+    pub async fn wait_pod(&self, name: &str, what: &str, pred: impl Fn(&Pod) -> bool) -> Pod {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < WAIT {
+            if let Ok(Some(p)) = self.pods().get_opt(name).await {
+                if pred(&p) {
+                    return p;
+                }
+                last = Some(p);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "pod {name}: {what} not reached in {WAIT:?}; last status: {:#?}",
+            last.and_then(|p| p.status)
+        );
+    }
+
+    /// Polls until pod `name` no longer exists.
+    pub async fn wait_pod_gone(&self, name: &str) {
+        let start = Instant::now();
+        while start.elapsed() < WAIT {
+            if matches!(self.pods().get_opt(name).await, Ok(None)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pod {name} still exists after {WAIT:?}");
+    }
+
+    /// Stops the kubelet, then the API server.
+    pub async fn stop(mut self) {
+        if let Some(k) = self.kubelet.take() {
+            k.shutdown().await.expect("kubelet shutdown");
+        }
+        if let Some(a) = self.api.take() {
+            a.shutdown().await;
+        }
+    }
+}
+
+pub fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+pub fn condition(p: &Pod, type_: &str) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+pub fn container<'a>(p: &'a Pod, name: &str) -> Option<&'a ContainerStatus> {
+    let s = p.status.as_ref()?;
+    s.container_statuses
+        .iter()
+        .flatten()
+        .chain(s.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+/// The pid of a running container, from its `process://<pid>` id.
+pub fn container_pid(p: &Pod, name: &str) -> Option<i32> {
+    let c = container(p, name)?;
+    c.state.as_ref()?.running.as_ref()?;
+    c.container_id
+        .as_deref()?
+        .strip_prefix("process://")?
+        .parse()
+        .ok()
+}
+
+/// True when process `pid` is gone (or a zombie waiting for its parent).
+pub fn pid_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Polls until every pid in `pids` is gone.
+pub async fn wait_pids_gone(pids: &[i32]) {
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if pids.iter().all(|p| pid_gone(*p)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let alive: Vec<i32> = pids.iter().copied().filter(|p| !pid_gone(*p)).collect();
+    panic!("processes {alive:?} still alive after {WAIT:?}");
+}
+
+/// Polls until `path` holds a pid (written by a container).
+pub async fn read_pid_file(path: &std::path::Path) -> i32 {
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no pid in {} after {WAIT:?}", path.display());
+}
+
+/// The real python3 executable (not a shim), for containers that serve HTTP.
+pub fn python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("these tests need python3 on PATH");
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string()
+}
+
+impl Cluster {
+    /// Stops only the kubelet, keeping the API server until the end of the
+    /// call so the Node's final status can be read; then stops the server.
+    pub async fn stop_kubelet_only(mut self) -> ApiServerHandle {
+        if let Some(k) = self.kubelet.take() {
+            k.shutdown().await.expect("kubelet shutdown");
+        }
+        self.api.take().expect("API server running")
+    }
+}

@@ -1,0 +1,333 @@
+//! The kubelet's life and its pods' ends: Node registration and Lease,
+//! binding, per-pod loopback IPs, `pods/log` through the API server, pod
+//! deletion (SIGTERM, grace, SIGKILL; the processes are gone), and shutdown
+//! leaving no process behind.
+
+mod kubelet_common;
+
+use std::io::{Read as _, Write as _};
+
+use futures::AsyncBufReadExt as _;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{DeleteParams, LogParams};
+use kubelet_common::*;
+
+fn node_ready(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_is_registered_ready_with_a_lease() {
+    let c = Cluster::start_with(237, |cfg| cfg.gpu_capacity = 8).await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = nodes.get(&c.node).await.unwrap();
+    assert_eq!(node_ready(&node).as_deref(), Some("True"));
+    let status = node.status.clone().unwrap();
+    let capacity = status.capacity.unwrap();
+    assert_eq!(capacity["nvidia.com/gpu"].0, "8");
+    assert!(capacity.contains_key("cpu") && capacity.contains_key("memory"));
+    let addresses = status.addresses.unwrap();
+    assert!(
+        addresses
+            .iter()
+            .any(|a| a.type_ == "InternalIP" && a.address == "127.0.0.1")
+    );
+    assert_eq!(
+        node.metadata.labels.unwrap()["kubernetes.io/hostname"],
+        c.node
+    );
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-node-lease");
+    let lease = leases.get(&c.node).await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some(c.node.as_str())
+    );
+
+    // A second kubelet cannot take the same data directory.
+    let err = hostmesh_devcluster::kubelet::Kubelet::start(
+        c.client.clone(),
+        test_config(c.dir.path(), "other-node", 250),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("another kubelet"), "{err}");
+
+    let client = c.client.clone();
+    let name = c.node.clone();
+    let api = c.stop_kubelet_only().await;
+    let node = Api::<Node>::all(client).get(&name).await.unwrap();
+    assert_eq!(node_ready(&node).as_deref(), Some("Unknown"));
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unscheduled_pods_are_bound_unless_another_scheduler_owns_them() {
+    let c = Cluster::start(238).await;
+    c.create_pod(
+        "metadata: {name: other}\nspec:\n  schedulerName: volcano\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n",
+    )
+    .await;
+    c.create_pod(
+        "metadata: {name: elsewhere}\nspec:\n  nodeSelector: {gpu: h100}\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n",
+    )
+    .await;
+    c.create_pod("metadata: {name: mine}\nspec:\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n")
+        .await;
+    let pod = c
+        .wait_pod("mine", "Running", |p| phase(p) == "Running")
+        .await;
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(c.node.as_str())
+    );
+    assert_eq!(condition(&pod, "PodScheduled").as_deref(), Some("True"));
+    // The pod loop handles watch events in order: both earlier pods were
+    // considered before `mine` was bound.
+    for name in ["other", "elsewhere"] {
+        let p = c.pods().get(name).await.unwrap();
+        assert_eq!(
+            p.spec.unwrap().node_name,
+            None,
+            "{name} must stay unscheduled"
+        );
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_listen_on_the_same_port_on_their_own_ips() {
+    let c = Cluster::start(239).await;
+    let python = python();
+    for name in ["web-a", "web-b"] {
+        c.create_pod(&format!(
+            r#"
+metadata: {{name: {name}}}
+spec:
+  volumes: [{{name: www, emptyDir: {{}}}}]
+  initContainers:
+  - name: page
+    image: busybox
+    command: [sh, -c, 'echo $(POD_NAME) > /hostmesh-kubelet-test/www/name']
+    env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+    volumeMounts: [{{name: www, mountPath: /hostmesh-kubelet-test/www}}]
+  containers:
+  - name: web
+    image: python
+    command: [{python}, -m, http.server, --bind, $(POD_IP), --directory, /hostmesh-kubelet-test/www, "26600"]
+    env: [{{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]
+    volumeMounts: [{{name: www, mountPath: /hostmesh-kubelet-test/www}}]
+    readinessProbe: {{tcpSocket: {{port: 26600}}, periodSeconds: 1}}
+"#
+        ))
+        .await;
+    }
+    let mut ips = Vec::new();
+    for name in ["web-a", "web-b"] {
+        let pod = c
+            .wait_pod(name, "Ready", |p| {
+                condition(p, "Ready").as_deref() == Some("True")
+            })
+            .await;
+        let status = pod.status.unwrap();
+        let ip = status.pod_ip.unwrap();
+        assert!(ip.starts_with("127.239.") && ip != "127.0.0.1", "{ip}");
+        assert_eq!(status.pod_ips.unwrap()[0].ip, ip);
+        assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));
+        let mut stream = std::net::TcpStream::connect((ip.as_str(), 26600)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        write!(stream, "GET /name HTTP/1.0\r\nHost: {ip}\r\n\r\n").unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        assert!(body.ends_with(&format!("\r\n\r\n{name}\n")), "{body}");
+        ips.push(ip);
+    }
+    assert_ne!(ips[0], ips[1]);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_served_through_the_api_server() {
+    let c = Cluster::start(240).await;
+    c.create_pod(
+        "metadata: {name: talker}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'for i in 1 2 3 4; do echo line $i; done']}\n",
+    )
+    .await;
+    c.wait_pod("talker", "Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    let all = c
+        .pods()
+        .logs("talker", &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(all, "line 1\nline 2\nline 3\nline 4\n");
+    let tail = c
+        .pods()
+        .logs(
+            "talker",
+            &LogParams {
+                tail_lines: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(tail, "line 3\nline 4\n");
+
+    // `kubectl logs -f`: output arrives as it is written, and the stream
+    // ends when the container exits.
+    let go = c.dir.path().join("go");
+    c.create_pod(&format!(
+        "metadata: {{name: follower}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: main, image: busybox, command: [sh, -c, 'echo first; while [ ! -f {} ]; do sleep 0.1; done; echo second']}}\n",
+        go.display()
+    ))
+    .await;
+    c.wait_pod("follower", "running", |p| {
+        container_pid(p, "main").is_some()
+    })
+    .await;
+    let params = LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut lines = c
+        .pods()
+        .log_stream("follower", &params)
+        .await
+        .unwrap()
+        .lines();
+    async fn next<S: futures::Stream + Unpin>(lines: &mut S) -> Option<S::Item> {
+        tokio::time::timeout(WAIT, futures::StreamExt::next(lines))
+            .await
+            .expect("log line in time")
+    }
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "first");
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "second");
+    assert!(
+        next(&mut lines).await.is_none(),
+        "the stream must end with the container"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pod_stops_its_processes_then_removes_it() {
+    let c = Cluster::start(241).await;
+    let pids = c.dir.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let pids_dir = pids.display();
+    // `polite` exits on SIGTERM; `stubborn` ignores it and needs SIGKILL.
+    c.create_pod(&format!(
+        r#"
+metadata: {{name: doomed}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: polite
+    image: busybox
+    command: [sh, -c, 'trap "echo got TERM > {pids_dir}/polite-term; exit 0" TERM; sleep 600 & echo $! > {pids_dir}/polite-child; wait']
+  - name: stubborn
+    image: busybox
+    command: [sh, -c, 'trap "" TERM; sleep 600 & echo $! > {pids_dir}/stubborn-child; while true; do sleep 1; done']
+"#
+    ))
+    .await;
+    let pod = c
+        .wait_pod("doomed", "both running", |p| {
+            container_pid(p, "polite").is_some() && container_pid(p, "stubborn").is_some()
+        })
+        .await;
+    let mut all = vec![
+        container_pid(&pod, "polite").unwrap(),
+        container_pid(&pod, "stubborn").unwrap(),
+    ];
+    all.push(read_pid_file(&pids.join("polite-child")).await);
+    all.push(read_pid_file(&pids.join("stubborn-child")).await);
+    assert!(all.iter().all(|p| !pid_gone(*p)));
+
+    c.pods()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    c.wait_pod_gone("doomed").await;
+    wait_pids_gone(&all).await;
+    let term = std::fs::read_to_string(pids.join("polite-term")).unwrap_or_default();
+    assert_eq!(
+        term, "got TERM\n",
+        "the polite container must have been sent SIGTERM first"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_shutdown_leaves_no_process_behind() {
+    let c = Cluster::start(242).await;
+    let pids = c.dir.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    for name in ["one", "two"] {
+        c.create_pod(&format!(
+            "metadata: {{name: {name}}}\nspec:\n  containers:\n  - {{name: main, image: busybox, command: [sh, -c, 'sleep 600 & echo $! > {}/{name}; wait']}}\n",
+            pids.display()
+        ))
+        .await;
+    }
+    let mut all = Vec::new();
+    for name in ["one", "two"] {
+        let pod = c
+            .wait_pod(name, "running", |p| container_pid(p, "main").is_some())
+            .await;
+        all.push(container_pid(&pod, "main").unwrap());
+        all.push(read_pid_file(&pids.join(name)).await);
+    }
+    assert!(all.iter().all(|p| !pid_gone(*p)));
+    c.stop().await;
+    wait_pids_gone(&all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_pods_get_distinct_ips_and_all_stop_on_deletion() {
+    let c = Cluster::start(244).await;
+    const N: usize = 16;
+    for i in 0..N {
+        c.create_pod(&format!(
+            "metadata: {{name: many-{i}, labels: {{batch: many}}}}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - {{name: main, image: busybox, command: [sleep, '600']}}\n"
+        ))
+        .await;
+    }
+    let mut pids = Vec::new();
+    let mut ips = std::collections::BTreeSet::new();
+    for i in 0..N {
+        let pod = c
+            .wait_pod(&format!("many-{i}"), "running", |p| {
+                container_pid(p, "main").is_some()
+            })
+            .await;
+        pids.push(container_pid(&pod, "main").unwrap());
+        ips.insert(pod.status.unwrap().pod_ip.unwrap());
+    }
+    assert_eq!(ips.len(), N, "pod IPs must be distinct: {ips:?}");
+    c.pods()
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels("batch=many"),
+        )
+        .await
+        .unwrap();
+    for i in 0..N {
+        c.wait_pod_gone(&format!("many-{i}")).await;
+    }
+    wait_pids_gone(&pids).await;
+    c.stop().await;
+}

@@ -1,0 +1,103 @@
+//! What every reconcile shares: the client, the hub, the Event recorder and
+//! the operator's settings.
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
+
+use crate::OperatorArgs;
+use crate::hub::{AgentConnector, Hub};
+
+/// Shared reconcile context.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// The supervision hub.
+    pub hub: Arc<Hub>,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Operator settings.
+    pub args: OperatorArgs,
+}
+
+impl Context {
+    /// A context for `client` dialing agents through `connector`.
+    pub fn new(
+        client: Client,
+        args: OperatorArgs,
+        connector: Arc<dyn AgentConnector>,
+    ) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: "hostmesh-operator".into(),
+            instance: Some(args.instance.clone()),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            hub: Hub::new(connector),
+            args,
+        })
+    }
+
+    /// Publishes an Event on `obj`; failures are logged, never fatal.
+    pub async fn event<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        let reference = obj.object_ref(&());
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(reason, error = %e, "cannot publish Event");
+        }
+    }
+}
+
+/// An object reference from namespace and name.
+pub fn obj_ref<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {
+    ObjectRef::new(name).within(namespace)
+}
+
+/// Adds finalizer `name` to `obj` with a merge patch guarded by its
+/// resourceVersion (a stale object gets 409 and is retried), unless it is
+/// there already or the object is being deleted. kube's `finalizer()` then
+/// finds it present. (Its own add is a JSON patch whose `test` of an absent
+/// path some API servers reject.)
+pub async fn ensure_finalizer<K>(
+    api: &kube::Api<K>,
+    obj: Arc<K>,
+    name: &str,
+) -> Result<Arc<K>, crate::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    use kube::ResourceExt as _;
+    if obj.meta().deletion_timestamp.is_some() || obj.finalizers().iter().any(|f| f == name) {
+        return Ok(obj);
+    }
+    let mut finalizers = obj.finalizers().to_vec();
+    finalizers.push(name.to_string());
+    let patch = serde_json::json!({
+        "metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()},
+    });
+    let pp = kube::api::PatchParams::default();
+    let updated = api
+        .patch(&obj.name_any(), &pp, &kube::api::Patch::Merge(&patch))
+        .await?;
+    Ok(Arc::new(updated))
+}

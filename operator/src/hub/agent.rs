@@ -1,0 +1,185 @@
+//! What the hub needs from host agents, as a small trait: dial an agent
+//! with the World's secret, send it requests, receive its pushes. The real
+//! implementation wraps the runtime's agent client; tests and benchmarks use
+//! in-memory agents.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hostmesh_crds::procmesh::ProcState;
+pub use hostmesh_runtime::host::protocol::{self, CreateOrUpdate};
+use tokio::sync::mpsc;
+
+/// A World, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorldKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// One host agent of a World.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostKey {
+    /// Its World.
+    pub world: WorldKey,
+    /// Host rank.
+    pub rank: u64,
+}
+
+/// Where to dial an agent and how to authenticate.
+#[derive(Clone)]
+pub struct AgentTarget {
+    /// The host.
+    pub host: HostKey,
+    /// UID of the pod the agent runs in (a replaced pod is a new agent).
+    pub pod_uid: String,
+    /// Agent address (pod IP and World port).
+    pub addr: SocketAddr,
+    /// The World's secret.
+    pub secret: Arc<[u8]>,
+}
+
+impl std::fmt::Debug for AgentTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret stays out of logs.
+        f.debug_struct("AgentTarget")
+            .field("host", &self.host)
+            .field("pod_uid", &self.pod_uid)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A proc's state as the hub summarizes an agent's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcObs {
+    /// Host rank that reported it.
+    pub host: u64,
+    /// State.
+    pub state: ProcState,
+    /// Exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal, when killed.
+    pub signal: Option<i32>,
+    /// Reason, when given.
+    pub reason: Option<String>,
+    /// Last lines of stderr.
+    pub stderr_tail: Option<String>,
+    /// Incarnation the state belongs to.
+    pub incarnation: u32,
+}
+
+impl ProcObs {
+    /// Summarizes an agent's proc state reported by host `host`.
+    pub fn from_agent(host: u64, s: &protocol::ProcState) -> Self {
+        use protocol::ProcStatus as S;
+        let tail = |lines: &Vec<String>| (!lines.is_empty()).then(|| lines.join("\n"));
+        let mut o = ProcObs {
+            host,
+            state: ProcState::Starting,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            stderr_tail: None,
+            incarnation: s.restarts,
+        };
+        match &s.status {
+            S::Starting => {}
+            S::Ready { .. } => o.state = ProcState::Running,
+            S::Stopping { .. } => o.state = ProcState::Stopping,
+            S::Stopped {
+                exit_code,
+                stderr_tail,
+            } => {
+                o.exit_code = Some(*exit_code);
+                o.stderr_tail = tail(stderr_tail);
+                o.state = match (*exit_code, s.stop_requested) {
+                    (0, _) => ProcState::Succeeded,
+                    (_, true) => ProcState::Stopped,
+                    _ => ProcState::Failed,
+                };
+            }
+            S::Killed {
+                signal,
+                stderr_tail,
+                ..
+            } => {
+                o.signal = Some(*signal);
+                o.stderr_tail = tail(stderr_tail);
+                o.state = if s.stop_requested {
+                    ProcState::Stopped
+                } else {
+                    ProcState::Killed
+                };
+            }
+            S::Failed { reason } => {
+                o.state = ProcState::Failed;
+                o.reason = Some(reason.clone());
+            }
+            S::Timeout { after_ms } => {
+                o.state = ProcState::Timeout;
+                o.reason = Some(format!("did not check in within {after_ms} ms"));
+            }
+        }
+        o
+    }
+}
+
+/// What agents push to the hub.
+#[derive(Clone, Debug)]
+pub enum AgentPush {
+    /// Periodic heartbeat.
+    Heartbeat {
+        /// From.
+        host: HostKey,
+        /// Pod UID of the agent.
+        pod_uid: String,
+    },
+    /// A proc changed state.
+    ProcState {
+        /// From.
+        host: HostKey,
+        /// Its full new state.
+        state: protocol::ProcState,
+    },
+    /// Every proc the agent has, sent when (re)subscribing.
+    Snapshot {
+        /// From.
+        host: HostKey,
+        /// Pod UID of the agent.
+        pod_uid: String,
+        /// Every proc's state.
+        procs: Vec<protocol::ProcState>,
+    },
+    /// The connection dropped.
+    Disconnected {
+        /// From.
+        host: HostKey,
+    },
+}
+
+/// A connected agent.
+pub trait AgentLink: Send + Sync {
+    /// Creates a proc, or restarts an ended one under a higher incarnation
+    /// (idempotent).
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>>;
+    /// Stops the proc `name`: TERM, then KILL after `grace`.
+    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), String>>;
+    /// Sends the World's address book (host rank to agent address).
+    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>>;
+}
+
+/// Dials agents.
+pub trait AgentConnector: Send + Sync + 'static {
+    /// Dials `target`, authenticates with its secret and subscribes; the
+    /// agent's pushes go to `pushes` (a Snapshot first).
+    fn connect(
+        &self,
+        target: AgentTarget,
+        pushes: mpsc::Sender<AgentPush>,
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>>;
+}

@@ -1,0 +1,550 @@
+//! The supervision hub: the operator's side of the agent protocol. It dials
+//! every host agent of every World (with the World's secret), keeps each
+//! agent's last heartbeat in an ordered index, collects proc states from the
+//! agents' pushes, and wakes the controllers through coalesced triggers.
+//!
+//! Invariants:
+//! 1. The hub never writes to the API server; controllers read its view
+//!    ([`Hub::liveness`], [`Hub::proc_states`]) while reconciling and write
+//!    status. A trigger is a request to reconcile, coalesced per object
+//!    ([`coalesce`]): first failures at once, else at most once a second.
+//! 2. Expiry costs O(expired) ([`heartbeat`]).
+//! 3. Agents are the source of truth for procs: on (re)connect an agent's
+//!    Snapshot replaces what the hub knew of that host, and requests are
+//!    resent only when the desired spec differs from what was sent over the
+//!    current connection (CreateOrUpdate is idempotent, so a restarted
+//!    operator creates no duplicates).
+//! 4. The hub holds its lock only for bookkeeping, never across an await.
+
+pub mod agent;
+pub mod coalesce;
+pub mod heartbeat;
+mod procs;
+pub mod sim;
+
+pub use procs::{mesh_name, parse_proc_name, proc_name};
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, mpsc};
+use tracing::{debug, info, warn};
+
+pub use agent::{
+    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, ProcObs, WorldKey,
+    protocol,
+};
+use coalesce::Coalescer;
+use heartbeat::HeartbeatIndex;
+
+use crate::world::observe::Liveness;
+
+/// Interval between non-urgent status triggers per object.
+pub const COALESCE_INTERVAL: Duration = Duration::from_secs(1);
+const PUSH_QUEUE: usize = 4096;
+const DRAIN_BATCH: usize = 1024;
+
+/// A ProcMesh, by namespace and name.
+pub type MeshKey = WorldKey;
+
+/// Desired agents of a World, as its controller sees them.
+#[derive(Clone, Debug)]
+pub struct WorldAgents {
+    /// The World's secret.
+    pub secret: Arc<[u8]>,
+    /// No heartbeat for this long: Expired.
+    pub health_timeout: Duration,
+    /// Hosts with a pod IP: rank to (pod UID, agent address).
+    pub hosts: BTreeMap<u64, (String, SocketAddr)>,
+}
+
+struct HostEntry {
+    pod_uid: String,
+    addr: SocketAddr,
+    link: Option<Arc<dyn AgentLink>>,
+    connecting: bool,
+    /// Requests sent over the current link, by proc name.
+    sent: HashMap<String, CreateOrUpdate>,
+    /// Stops sent over the current link, by proc name.
+    stopping: HashSet<String>,
+    book_sent: bool,
+}
+
+struct WorldEntry {
+    agents: WorldAgents,
+    hosts: BTreeMap<u64, HostEntry>,
+    /// Proc states by mesh id, then rank.
+    procs: HashMap<String, BTreeMap<u64, ProcObs>>,
+}
+
+struct State {
+    worlds: HashMap<WorldKey, WorldEntry>,
+    heartbeats: HeartbeatIndex<HostKey>,
+    expired: HashSet<HostKey>,
+    world_triggers: Coalescer<WorldKey>,
+    mesh_triggers: Coalescer<MeshKey>,
+}
+
+/// Counters for benchmarks and metrics.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HubStats {
+    /// Pushes handled.
+    pub pushes: u64,
+    /// World triggers emitted.
+    pub world_triggers: u64,
+    /// ProcMesh triggers emitted.
+    pub mesh_triggers: u64,
+}
+
+/// The supervision hub (see the module doc).
+pub struct Hub {
+    connector: Arc<dyn AgentConnector>,
+    state: Mutex<State>,
+    stats: Mutex<HubStats>,
+    push_tx: mpsc::Sender<AgentPush>,
+    push_rx: Mutex<Option<mpsc::Receiver<AgentPush>>>,
+    wake: Notify,
+}
+
+/// Where the hub sends reconcile requests.
+pub struct Triggers {
+    /// Worlds to reconcile.
+    pub worlds: mpsc::UnboundedReceiver<WorldKey>,
+    /// ProcMeshes to reconcile.
+    pub meshes: mpsc::UnboundedReceiver<MeshKey>,
+}
+
+impl Hub {
+    /// A hub dialing agents through `connector`.
+    pub fn new(connector: Arc<dyn AgentConnector>) -> Arc<Self> {
+        let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE);
+        Arc::new(Hub {
+            connector,
+            state: Mutex::new(State {
+                worlds: HashMap::new(),
+                heartbeats: HeartbeatIndex::default(),
+                expired: HashSet::new(),
+                world_triggers: Coalescer::new(COALESCE_INTERVAL),
+                mesh_triggers: Coalescer::new(COALESCE_INTERVAL),
+            }),
+            stats: Mutex::new(HubStats::default()),
+            push_tx,
+            push_rx: Mutex::new(Some(push_rx)),
+            wake: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain bookkeeping behind;
+        // keep serving rather than poisoning every controller.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> HubStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A sender for pushes (the connector's agents use it; so do tests).
+    pub fn push_sender(&self) -> mpsc::Sender<AgentPush> {
+        self.push_tx.clone()
+    }
+
+    /// Runs the hub until `shutdown` resolves: handles pushes, expiry and
+    /// coalesced triggers. Call once.
+    pub async fn run(
+        self: Arc<Self>,
+        triggers_world: mpsc::UnboundedSender<WorldKey>,
+        triggers_mesh: mpsc::UnboundedSender<MeshKey>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let Some(mut rx) = self
+            .push_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            warn!("supervision hub started twice; ignoring the second start");
+            return;
+        };
+        tokio::pin!(shutdown);
+        loop {
+            let next = self.tick(Instant::now(), &triggers_world, &triggers_mesh);
+            let sleep = next
+                .map_or(Duration::from_secs(1), |n| {
+                    n.saturating_duration_since(Instant::now())
+                })
+                .min(Duration::from_secs(1));
+            tokio::select! {
+                _ = &mut shutdown => return,
+                push = rx.recv() => match push {
+                    Some(p) => {
+                        self.handle_push(p, Instant::now());
+                        // Drain a bounded batch, so a storm of pushes cannot
+                        // starve expiry and triggers.
+                        for _ in 0..DRAIN_BATCH {
+                            match rx.try_recv() {
+                                Ok(p) => self.handle_push(p, Instant::now()),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => return,
+                },
+                _ = tokio::time::sleep(sleep) => {}
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Expires silent hosts and emits due triggers; returns when to tick
+    /// next.
+    pub fn tick(
+        &self,
+        now: Instant,
+        worlds: &mpsc::UnboundedSender<WorldKey>,
+        meshes: &mpsc::UnboundedSender<MeshKey>,
+    ) -> Option<Instant> {
+        let mut st = self.lock();
+        for host in st.heartbeats.pop_expired(now) {
+            info!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, "host agent expired: no heartbeat within healthTimeout");
+            st.world_triggers.mark(host.world.clone(), true, now);
+            st.expired.insert(host);
+        }
+        let due_w = st.world_triggers.pop_due(now);
+        let due_m = st.mesh_triggers.pop_due(now);
+        let next = [
+            st.heartbeats.next_deadline(),
+            st.world_triggers.next_due(),
+            st.mesh_triggers.next_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        drop(st);
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.world_triggers += due_w.len() as u64;
+        stats.mesh_triggers += due_m.len() as u64;
+        drop(stats);
+        for w in due_w {
+            let _ = worlds.send(w);
+        }
+        for m in due_m {
+            let _ = meshes.send(m);
+        }
+        next
+    }
+
+    /// Applies one push to the hub's view.
+    pub fn handle_push(&self, push: AgentPush, now: Instant) {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).pushes += 1;
+        let mut st = self.lock();
+        let st = &mut *st;
+        match push {
+            AgentPush::Heartbeat { host, pod_uid } => beat(st, &host, &pod_uid, now),
+            AgentPush::Snapshot {
+                host,
+                pod_uid,
+                procs,
+            } => {
+                beat(st, &host, &pod_uid, now);
+                let Some(w) = st.worlds.get_mut(&host.world) else {
+                    return;
+                };
+                let mut touched = HashSet::new();
+                for (mesh, states) in w.procs.iter_mut() {
+                    let before = states.len();
+                    states.retain(|_, o| o.host != host.rank);
+                    if states.len() != before {
+                        touched.insert(mesh.clone());
+                    }
+                }
+                for p in procs {
+                    let Some((mesh, rank)) = parse_proc_name(&p.name) else {
+                        continue;
+                    };
+                    touched.insert(mesh.to_string());
+                    let obs = ProcObs::from_agent(host.rank, &p);
+                    w.procs
+                        .entry(mesh.to_string())
+                        .or_default()
+                        .insert(rank, obs);
+                }
+                for mesh in touched {
+                    let key = MeshKey {
+                        namespace: host.world.namespace.clone(),
+                        name: mesh_name(&mesh).to_string(),
+                    };
+                    st.mesh_triggers.mark(key, false, now);
+                }
+            }
+            AgentPush::ProcState { host, state } => {
+                let Some(w) = st.worlds.get_mut(&host.world) else {
+                    return;
+                };
+                let Some((mesh, rank)) = parse_proc_name(&state.name) else {
+                    debug!(name = %state.name, "ignoring a proc the operator did not name");
+                    return;
+                };
+                let obs = ProcObs::from_agent(host.rank, &state);
+                let urgent = obs.state.is_failure();
+                let states = w.procs.entry(mesh.to_string()).or_default();
+                if states.get(&rank) == Some(&obs) {
+                    return;
+                }
+                states.insert(rank, obs);
+                let key = MeshKey {
+                    namespace: host.world.namespace.clone(),
+                    name: mesh_name(mesh).to_string(),
+                };
+                st.mesh_triggers.mark(key, urgent, now);
+            }
+            AgentPush::Disconnected { host } => {
+                if let Some(h) = st
+                    .worlds
+                    .get_mut(&host.world)
+                    .and_then(|w| w.hosts.get_mut(&host.rank))
+                {
+                    debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
+                    h.link = None;
+                    h.sent.clear();
+                    h.stopping.clear();
+                    h.book_sent = false;
+                }
+                st.world_triggers.mark(host.world, false, now);
+            }
+        }
+    }
+
+    /// The hub's view of host `rank`'s agent in pod `pod_uid`.
+    pub fn liveness(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Liveness {
+        let st = self.lock();
+        let key = HostKey {
+            world: world.clone(),
+            rank,
+        };
+        let same_pod = st
+            .worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .is_some_and(|h| h.pod_uid == pod_uid);
+        if !same_pod {
+            Liveness::Unknown
+        } else if st.heartbeats.contains(&key) {
+            Liveness::Alive
+        } else if st.expired.contains(&key) {
+            Liveness::Expired
+        } else {
+            Liveness::Unknown
+        }
+    }
+
+    /// Brings the hub's agents of `world` in line with `agents`: dials new
+    /// or replaced hosts, forgets removed ones, sends the address book when
+    /// it changed. Connection failures are logged; the next sync retries.
+    pub async fn sync_world(self: &Arc<Self>, world: &WorldKey, agents: WorldAgents) {
+        let mut dial = Vec::new();
+        let mut book_to = Vec::new();
+        let book: Vec<(u64, SocketAddr)> =
+            agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
+        {
+            let mut st = self.lock();
+            let st = &mut *st;
+            let entry = st
+                .worlds
+                .entry(world.clone())
+                .or_insert_with(|| WorldEntry {
+                    agents: agents.clone(),
+                    hosts: BTreeMap::new(),
+                    procs: HashMap::new(),
+                });
+            let book_changed = entry.agents.hosts != agents.hosts;
+            entry.agents = agents.clone();
+            let gone: Vec<u64> = entry
+                .hosts
+                .keys()
+                .filter(|r| !agents.hosts.contains_key(r))
+                .copied()
+                .collect();
+            for r in gone {
+                entry.hosts.remove(&r);
+                let key = HostKey {
+                    world: world.clone(),
+                    rank: r,
+                };
+                st.heartbeats.remove(&key);
+                st.expired.remove(&key);
+            }
+            for (rank, (uid, addr)) in &agents.hosts {
+                let replaced = entry
+                    .hosts
+                    .get(rank)
+                    .is_some_and(|h| &h.pod_uid != uid || &h.addr != addr);
+                if replaced {
+                    entry.hosts.remove(rank);
+                    let key = HostKey {
+                        world: world.clone(),
+                        rank: *rank,
+                    };
+                    st.heartbeats.remove(&key);
+                    st.expired.remove(&key);
+                    for states in entry.procs.values_mut() {
+                        states.retain(|_, o| o.host != *rank);
+                    }
+                }
+                let h = entry.hosts.entry(*rank).or_insert_with(|| HostEntry {
+                    pod_uid: uid.clone(),
+                    addr: *addr,
+                    link: None,
+                    connecting: false,
+                    sent: HashMap::new(),
+                    stopping: HashSet::new(),
+                    book_sent: false,
+                });
+                if book_changed {
+                    h.book_sent = false;
+                }
+                if h.link.is_none() && !h.connecting {
+                    h.connecting = true;
+                    dial.push(AgentTarget {
+                        host: HostKey {
+                            world: world.clone(),
+                            rank: *rank,
+                        },
+                        pod_uid: uid.clone(),
+                        addr: *addr,
+                        secret: agents.secret.clone(),
+                    });
+                } else if let Some(link) = h.link.as_ref().filter(|_| !h.book_sent) {
+                    h.book_sent = true;
+                    book_to.push(link.clone());
+                }
+            }
+        }
+        let dials = dial
+            .into_iter()
+            .map(|t| self.clone().connect(t, book.clone()));
+        futures::future::join_all(dials).await;
+        let sends = book_to.iter().map(|l| l.set_address_book(book.clone()));
+        for r in futures::future::join_all(sends).await {
+            if let Err(e) = r {
+                warn!(world = %world.name, error = %e, "sending the address book failed");
+            }
+        }
+    }
+
+    async fn connect(self: Arc<Self>, target: AgentTarget, book: Vec<(u64, SocketAddr)>) {
+        let host = target.host.clone();
+        let uid = target.pod_uid.clone();
+        let res = self.connector.connect(target, self.push_tx.clone()).await;
+        let link = {
+            let mut st = self.lock();
+            let Some(h) = st
+                .worlds
+                .get_mut(&host.world)
+                .and_then(|w| w.hosts.get_mut(&host.rank))
+            else {
+                return;
+            };
+            if h.pod_uid != uid {
+                return;
+            }
+            h.connecting = false;
+            match res {
+                Ok(link) => {
+                    h.link = Some(link.clone());
+                    h.sent.clear();
+                    h.stopping.clear();
+                    h.book_sent = true;
+                    link
+                }
+                Err(e) => {
+                    debug!(world = %host.world.name, rank = host.rank, error = %e, "cannot reach agent yet");
+                    return;
+                }
+            }
+        };
+        if let Err(e) = link.set_address_book(book).await {
+            warn!(world = %host.world.name, rank = host.rank, error = %e, "sending the address book failed");
+        }
+    }
+
+    /// Forgets a World (deleted).
+    pub fn forget_world(&self, world: &WorldKey) {
+        let mut st = self.lock();
+        if let Some(w) = st.worlds.remove(world) {
+            for r in w.hosts.keys() {
+                let key = HostKey {
+                    world: world.clone(),
+                    rank: *r,
+                };
+                st.heartbeats.remove(&key);
+                st.expired.remove(&key);
+            }
+        }
+        st.world_triggers.remove(world);
+    }
+
+    /// Whether every host in `ranks` of `world` has a live connection.
+    pub fn connected(&self, world: &WorldKey, ranks: u64) -> bool {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .is_some_and(|w| (0..ranks).all(|r| w.hosts.get(&r).is_some_and(|h| h.link.is_some())))
+    }
+
+    /// Ends the urgent episode of a ProcMesh (all healthy again).
+    pub fn reset_urgent(&self, mesh: &MeshKey) {
+        self.lock().mesh_triggers.reset_urgent(mesh);
+    }
+
+    /// Wakes the run loop (after a change that moves deadlines earlier).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// The connector `hostmesh operator` uses to reach agents.
+///
+/// The runtime's agent client (`hostmesh_runtime::host::AgentClient`) is not
+/// part of this build yet; until it is, every dial fails with a message
+/// saying so, hosts stay `AwaitingHeartbeat` and Worlds stay Creating.
+pub fn default_connector() -> Arc<dyn AgentConnector> {
+    Arc::new(NoAgentClient)
+}
+
+struct NoAgentClient;
+
+impl AgentConnector for NoAgentClient {
+    fn connect(
+        &self,
+        target: AgentTarget,
+        _pushes: mpsc::Sender<AgentPush>,
+    ) -> futures::future::BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
+        Box::pin(async move {
+            Err(format!(
+                "cannot dial agent at {}: this build has no runtime agent client",
+                target.addr
+            ))
+        })
+    }
+}
+
+fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) {
+    let Some(w) = st.worlds.get(&host.world) else {
+        return;
+    };
+    if w.hosts.get(&host.rank).is_none_or(|h| h.pod_uid != pod_uid) {
+        return;
+    }
+    let timeout = w.agents.health_timeout;
+    if st.heartbeats.beat(host.clone(), now, timeout) {
+        st.expired.remove(host);
+        st.world_triggers.mark(host.world.clone(), false, now);
+    }
+}
+
+#[cfg(test)]
+mod tests;

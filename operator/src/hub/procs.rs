@@ -1,0 +1,189 @@
+//! The hub's proc requests: naming, CreateOrUpdate without duplicates,
+//! stop-before-restart, and stopping a whole proc mesh.
+//!
+//! Proc names are `<mesh id>.<rank>` with mesh id `<ProcMesh name>.<uid
+//! prefix>`, so a ProcMesh recreated under the same name never matches the
+//! procs of its predecessor (the agent refuses a changed spec under an old
+//! name).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hostmesh_crds::procmesh::ProcState;
+
+use super::{AgentLink, CreateOrUpdate, Hub, MeshKey, ProcObs, WorldKey};
+
+/// Name of the proc of rank `rank` of the proc mesh `mesh_id` on its agent.
+pub fn proc_name(mesh_id: &str, rank: u64) -> String {
+    format!("{mesh_id}.{rank}")
+}
+
+/// `(mesh id, rank)` of a proc name made by [`proc_name`].
+pub fn parse_proc_name(name: &str) -> Option<(&str, u64)> {
+    let (mesh, rank) = name.rsplit_once('.')?;
+    Some((mesh, rank.parse().ok()?))
+}
+
+/// The ProcMesh name inside a mesh id (`<name>.<uid prefix>`).
+pub fn mesh_name(mesh_id: &str) -> &str {
+    mesh_id.rsplit_once('.').map_or(mesh_id, |(n, _)| n)
+}
+
+fn live(state: ProcState) -> bool {
+    matches!(
+        state,
+        ProcState::Starting | ProcState::Running | ProcState::Stopping
+    )
+}
+
+impl Hub {
+    /// Sends the requests of host `host_rank` whose content differs from
+    /// what the current connection already carried (module invariant 3). A
+    /// proc still running an older incarnation is stopped first (grace
+    /// `grace`); its restart is sent once it has ended. Returns how many
+    /// requests were sent.
+    pub async fn ensure_procs(
+        &self,
+        world: &WorldKey,
+        host_rank: u64,
+        reqs: Vec<CreateOrUpdate>,
+        grace: Duration,
+    ) -> Result<usize, String> {
+        let no_link = || format!("host {host_rank} has no agent connection yet");
+        let (link, creates, stops) = {
+            let mut st = self.lock();
+            let w = st.worlds.get_mut(world).ok_or_else(no_link)?;
+            let procs = &w.procs;
+            let h = w.hosts.get_mut(&host_rank).ok_or_else(no_link)?;
+            let link = h.link.clone().ok_or_else(no_link)?;
+            let mut creates = Vec::new();
+            let mut stops = Vec::new();
+            for r in reqs {
+                if h.sent.get(&r.name) == Some(&r) {
+                    continue;
+                }
+                let observed =
+                    parse_proc_name(&r.name).and_then(|(m, rank)| procs.get(m)?.get(&rank));
+                if observed.is_some_and(|o| o.incarnation < r.incarnation && live(o.state)) {
+                    if h.stopping.insert(r.name.clone()) {
+                        stops.push(r.name.clone());
+                    }
+                } else {
+                    creates.push(r);
+                }
+            }
+            (link, creates, stops)
+        };
+        for name in stops {
+            link.stop(name, grace).await?;
+        }
+        let n = creates.len();
+        for req in creates {
+            link.create_or_update(req.clone()).await?;
+            let mut st = self.lock();
+            if let Some(h) = st
+                .worlds
+                .get_mut(world)
+                .and_then(|w| w.hosts.get_mut(&host_rank))
+            {
+                h.stopping.remove(&req.name);
+                h.sent.insert(req.name.clone(), req);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Asks every connected host of `world` to stop the procs of `mesh_id`
+    /// that it was sent or reports as running.
+    pub async fn stop_procs(
+        &self,
+        world: &WorldKey,
+        mesh_id: &str,
+        grace: Duration,
+    ) -> Result<(), String> {
+        let work: Vec<(u64, Arc<dyn AgentLink>, Vec<String>)> = {
+            let mut st = self.lock();
+            let Some(w) = st.worlds.get_mut(world) else {
+                return Ok(());
+            };
+            let running: Vec<(u64, u64)> = w
+                .procs
+                .get(mesh_id)
+                .map(|m| {
+                    m.iter()
+                        .filter(|(_, o)| live(o.state))
+                        .map(|(r, o)| (o.host, *r))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let of_mesh = |n: &String| parse_proc_name(n).is_some_and(|(m, _)| m == mesh_id);
+            w.hosts
+                .iter_mut()
+                .filter_map(|(hr, h)| {
+                    let link = h.link.clone()?;
+                    let mut names: Vec<String> =
+                        h.sent.keys().filter(|n| of_mesh(n)).cloned().collect();
+                    names.extend(
+                        running
+                            .iter()
+                            .filter(|(host, _)| host == hr)
+                            .map(|(_, r)| proc_name(mesh_id, *r)),
+                    );
+                    names.sort();
+                    names.dedup();
+                    names.retain(|n| h.stopping.insert(n.clone()));
+                    h.sent.retain(|n, _| !of_mesh(n));
+                    Some((*hr, link, names))
+                })
+                .collect()
+        };
+        let stops = work.iter().map(|(hr, link, names)| async move {
+            for n in names {
+                link.stop(n.clone(), grace)
+                    .await
+                    .map_err(|e| format!("host {hr}: {e}"))?;
+            }
+            Ok::<_, String>(())
+        });
+        futures::future::join_all(stops)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|_| ())
+    }
+
+    /// Forgets what the hub knew of the procs of `mesh_id` (after a stop).
+    pub fn forget_procs(&self, world: &WorldKey, mesh_id: &str) {
+        let mut st = self.lock();
+        if let Some(w) = st.worlds.get_mut(world) {
+            w.procs.remove(mesh_id);
+            for h in w.hosts.values_mut() {
+                h.stopping
+                    .retain(|n| parse_proc_name(n).is_none_or(|(m, _)| m != mesh_id));
+            }
+        }
+        let key = MeshKey {
+            namespace: world.namespace.clone(),
+            name: mesh_name(mesh_id).to_string(),
+        };
+        st.mesh_triggers.remove(&key);
+    }
+
+    /// Proc states of `mesh_id`, by rank.
+    pub fn proc_states(&self, world: &WorldKey, mesh_id: &str) -> BTreeMap<u64, ProcObs> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.procs.get(mesh_id))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Whether any proc of `mesh_id` has not ended.
+    pub fn procs_running(&self, world: &WorldKey, mesh_id: &str) -> bool {
+        self.proc_states(world, mesh_id)
+            .values()
+            .any(|o| live(o.state))
+    }
+}

@@ -1,0 +1,212 @@
+//! Simulated agents for tests and benchmarks: an in-memory connector whose
+//! agents keep procs the way the real agent does (idempotent CreateOrUpdate,
+//! restart of an ended proc under a higher incarnation, stop) and push every
+//! state change, without running processes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use super::agent::{
+    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, protocol,
+};
+
+/// A request a simulated agent received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimRequest {
+    /// CreateOrUpdate.
+    Create(CreateOrUpdate),
+    /// Stop.
+    Stop(String),
+    /// SetAddressBook.
+    Book(Vec<(u64, SocketAddr)>),
+}
+
+/// Connector to simulated agents.
+#[derive(Default)]
+pub struct SimConnector {
+    /// Requests per host, in arrival order.
+    pub requests: Mutex<HashMap<HostKey, Vec<SimRequest>>>,
+    /// Addresses that refuse connections.
+    pub refuse: Mutex<Vec<SocketAddr>>,
+    /// Procs each agent holds, by host then name.
+    pub procs: Mutex<HashMap<HostKey, HashMap<String, protocol::ProcState>>>,
+}
+
+impl SimConnector {
+    /// Requests received by `host`.
+    pub fn requests_of(&self, host: &HostKey) -> Vec<SimRequest> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(host)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Sets proc `name` on `host` to `status` and returns the push to send.
+    pub fn set_status(
+        &self,
+        host: &HostKey,
+        name: &str,
+        status: protocol::ProcStatus,
+    ) -> Option<AgentPush> {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let p = procs.get_mut(host)?.get_mut(name)?;
+        p.status = status;
+        p.seq += 1;
+        Some(AgentPush::ProcState {
+            host: host.clone(),
+            state: p.clone(),
+        })
+    }
+}
+
+fn new_state(req: &CreateOrUpdate) -> protocol::ProcState {
+    protocol::ProcState {
+        proc_id: format!("sim,{}", req.name),
+        name: req.name.clone(),
+        rank: req.rank,
+        pid: Some(1),
+        command: vec![req.spec.command.clone()],
+        status: protocol::ProcStatus::Ready { pid: 1, addr: None },
+        started_at_ms: 0,
+        restarts: req.incarnation,
+        stop_requested: false,
+        seq: 0,
+    }
+}
+
+struct SimLink {
+    sim: Arc<SimConnector>,
+    host: HostKey,
+    pushes: mpsc::Sender<AgentPush>,
+}
+
+impl SimLink {
+    fn record(&self, r: SimRequest) {
+        let mut reqs = self.sim.requests.lock().unwrap_or_else(|e| e.into_inner());
+        reqs.entry(self.host.clone()).or_default().push(r);
+    }
+
+    async fn push(&self, state: protocol::ProcState) -> Result<(), String> {
+        let push = AgentPush::ProcState {
+            host: self.host.clone(),
+            state,
+        };
+        self.pushes
+            .send(push)
+            .await
+            .map_err(|_| "hub gone".to_string())
+    }
+}
+
+impl AgentLink for SimLink {
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.record(SimRequest::Create(req.clone()));
+            let changed = {
+                let mut procs = self.sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                let host = procs.entry(self.host.clone()).or_default();
+                match host.get(&req.name) {
+                    Some(p) if p.restarts >= req.incarnation => None,
+                    Some(p) if !p.status.is_terminal() => return Err("StillRunning".to_string()),
+                    _ => {
+                        let s = new_state(&req);
+                        host.insert(req.name.clone(), s.clone());
+                        Some(s)
+                    }
+                }
+            };
+            match changed {
+                Some(s) => self.push(s).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn stop(&self, name: String, _grace: Duration) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.record(SimRequest::Stop(name.clone()));
+            let stopped = {
+                let mut procs = self.sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                procs
+                    .get_mut(&self.host)
+                    .and_then(|h| h.get_mut(&name))
+                    .filter(|p| !p.status.is_terminal())
+                    .map(|p| {
+                        p.status = protocol::ProcStatus::Killed {
+                            signal: 15,
+                            core_dumped: false,
+                            stderr_tail: vec![],
+                        };
+                        p.stop_requested = true;
+                        p.clone()
+                    })
+            };
+            match stopped {
+                Some(s) => self.push(s).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.record(SimRequest::Book(hosts));
+            Ok(())
+        })
+    }
+}
+
+/// The connector as the hub takes it.
+pub fn connector(sim: &Arc<SimConnector>) -> Arc<dyn AgentConnector> {
+    Arc::new(SimHandle(sim.clone()))
+}
+
+struct SimHandle(Arc<SimConnector>);
+
+impl AgentConnector for SimHandle {
+    fn connect(
+        &self,
+        target: AgentTarget,
+        pushes: mpsc::Sender<AgentPush>,
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
+        let sim = self.0.clone();
+        Box::pin(async move {
+            if sim
+                .refuse
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&target.addr)
+            {
+                return Err(format!("connection refused by {}", target.addr));
+            }
+            let procs: Vec<protocol::ProcState> = {
+                let all = sim.procs.lock().unwrap_or_else(|e| e.into_inner());
+                all.get(&target.host)
+                    .map(|h| h.values().cloned().collect())
+                    .unwrap_or_default()
+            };
+            let snap = AgentPush::Snapshot {
+                host: target.host.clone(),
+                pod_uid: target.pod_uid.clone(),
+                procs,
+            };
+            pushes
+                .send(snap)
+                .await
+                .map_err(|_| "hub gone".to_string())?;
+            let link: Arc<dyn AgentLink> = Arc::new(SimLink {
+                sim,
+                host: target.host,
+                pushes,
+            });
+            Ok(link)
+        })
+    }
+}

@@ -1,0 +1,259 @@
+//! Hub tests with simulated agents (in memory).
+
+use std::time::{Duration, Instant};
+
+use hostmesh_crds::procmesh::ProcState;
+use hostmesh_runtime::host::protocol::{ProcSpec, ProcStatus};
+
+use super::sim::{SimConnector, SimRequest, connector};
+use super::*;
+
+fn wk() -> WorldKey {
+    WorldKey {
+        namespace: "ns".into(),
+        name: "w".into(),
+    }
+}
+
+fn host(rank: u64) -> HostKey {
+    HostKey { world: wk(), rank }
+}
+
+fn agents(n: u64, uid: &str) -> WorldAgents {
+    WorldAgents {
+        secret: Arc::from(&b"secret"[..]),
+        health_timeout: Duration::from_secs(10),
+        hosts: (0..n)
+            .map(|r| {
+                (
+                    r,
+                    (
+                        format!("{uid}-{r}"),
+                        SocketAddr::from(([127, 0, 1, r as u8], 26600)),
+                    ),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn req(rank: u64, incarnation: u32) -> CreateOrUpdate {
+    CreateOrUpdate {
+        name: proc_name("pm.abc", rank),
+        rank: rank as usize,
+        spec: ProcSpec::command("sh", &[]),
+        incarnation,
+    }
+}
+
+fn drain(hub: &Hub, rx: &mut mpsc::Receiver<AgentPush>) {
+    while let Ok(p) = rx.try_recv() {
+        hub.handle_push(p, Instant::now());
+    }
+}
+
+fn mk_on(sim: &Arc<SimConnector>) -> (Arc<Hub>, mpsc::Receiver<AgentPush>) {
+    let hub = Hub::new(connector(sim));
+    let rx = hub.push_rx.lock().unwrap().take().unwrap();
+    (hub, rx)
+}
+
+fn mk() -> (Arc<SimConnector>, Arc<Hub>, mpsc::Receiver<AgentPush>) {
+    let sim = Arc::new(SimConnector::default());
+    let (hub, rx) = mk_on(&sim);
+    (sim, hub, rx)
+}
+
+const GRACE: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn liveness_follows_heartbeats_and_expiry() {
+    let (_sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    drain(&hub, &mut rx); // snapshots count as heartbeats
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    assert_eq!(hub.liveness(&wk(), 0, "other-pod"), Liveness::Unknown);
+    let (tw, mut rw) = mpsc::unbounded_channel();
+    let (tm, _rm) = mpsc::unbounded_channel();
+    let later = Instant::now() + Duration::from_secs(11);
+    hub.tick(later, &tw, &tm);
+    assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Expired);
+    assert_eq!(
+        rw.try_recv().unwrap(),
+        wk(),
+        "expiry triggers the World at once"
+    );
+    hub.handle_push(
+        AgentPush::Heartbeat {
+            host: host(1),
+            pod_uid: "a-1".into(),
+        },
+        later,
+    );
+    assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Alive);
+}
+
+#[tokio::test]
+async fn address_book_and_no_duplicate_creates() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    assert!(matches!(&sim.requests_of(&host(0))[..], [SimRequest::Book(b)] if b.len() == 2));
+    assert!(hub.connected(&wk(), 2));
+    assert_eq!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
+            .await,
+        Ok(2)
+    );
+    assert_eq!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
+            .await,
+        Ok(0)
+    );
+    drain(&hub, &mut rx);
+    let states = hub.proc_states(&wk(), "pm.abc");
+    assert_eq!(states[&1].state, ProcState::Running);
+    // Re-sync with the same pods: no new dial, no resend.
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    assert_eq!(sim.requests_of(&host(0)).len(), 3);
+    hub.stop_procs(&wk(), "pm.abc", GRACE).await.unwrap();
+    let stops = sim
+        .requests_of(&host(0))
+        .into_iter()
+        .filter(|r| matches!(r, SimRequest::Stop(_)))
+        .count();
+    assert_eq!(stops, 2);
+    drain(&hub, &mut rx);
+    assert!(!hub.procs_running(&wk(), "pm.abc"));
+    assert_eq!(
+        hub.proc_states(&wk(), "pm.abc")[&0].state,
+        ProcState::Stopped
+    );
+}
+
+#[tokio::test]
+async fn restart_of_a_running_proc_stops_it_first() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    // Gang restart: incarnation 1 while incarnation 0 still runs.
+    assert_eq!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 1)], GRACE).await,
+        Ok(0)
+    );
+    assert_eq!(
+        sim.requests_of(&host(0)).last(),
+        Some(&SimRequest::Stop(proc_name("pm.abc", 0)))
+    );
+    drain(&hub, &mut rx);
+    assert_eq!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 1)], GRACE).await,
+        Ok(1)
+    );
+    drain(&hub, &mut rx);
+    let s = &hub.proc_states(&wk(), "pm.abc")[&0];
+    assert_eq!((s.state, s.incarnation), (ProcState::Running, 1));
+}
+
+#[tokio::test]
+async fn restarted_operator_rebuilds_from_snapshots_without_duplicates() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    drop(hub);
+    // A new hub (operator restart) against the same agents.
+    let (hub2, mut rx2) = mk_on(&sim);
+    hub2.sync_world(&wk(), agents(1, "a")).await;
+    drain(&hub2, &mut rx2);
+    assert_eq!(
+        hub2.proc_states(&wk(), "pm.abc")[&0].state,
+        ProcState::Running
+    );
+    hub2.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    let procs = sim.procs.lock().unwrap();
+    assert_eq!(
+        procs[&host(0)].len(),
+        1,
+        "the agent still has exactly one proc"
+    );
+}
+
+#[tokio::test]
+async fn replaced_pod_is_a_new_agent_and_refusals_retry() {
+    let (sim, hub, mut rx) = mk();
+    sim.refuse
+        .lock()
+        .unwrap()
+        .push(SocketAddr::from(([127, 0, 1, 0], 26600)));
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    assert!(!hub.connected(&wk(), 1));
+    assert!(
+        hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+            .await
+            .unwrap_err()
+            .contains("no agent connection")
+    );
+    sim.refuse.lock().unwrap().clear();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    assert!(hub.connected(&wk(), 1));
+    drain(&hub, &mut rx);
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    hub.sync_world(&wk(), agents(1, "b")).await;
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Unknown);
+    drain(&hub, &mut rx);
+    assert_eq!(hub.liveness(&wk(), 0, "b-0"), Liveness::Alive);
+}
+
+#[tokio::test]
+async fn proc_failures_trigger_at_once_and_storms_coalesce() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(4, "a")).await;
+    for h in 0..4 {
+        hub.ensure_procs(&wk(), h, vec![req(h, 0)], GRACE)
+            .await
+            .unwrap();
+    }
+    drain(&hub, &mut rx);
+    let (tw, _rw) = mpsc::unbounded_channel();
+    let (tm, mut rm) = mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    hub.tick(t0, &tw, &tm);
+    while rm.try_recv().is_ok() {}
+    let failed = ProcStatus::Stopped {
+        exit_code: 1,
+        stderr_tail: vec!["boom".into()],
+    };
+    for h in 0..4 {
+        let push = sim
+            .set_status(&host(h), &proc_name("pm.abc", h), failed.clone())
+            .unwrap();
+        hub.handle_push(push, t0);
+    }
+    hub.tick(t0, &tw, &tm);
+    assert_eq!(rm.try_recv().unwrap().name, "pm");
+    assert!(rm.try_recv().is_err(), "one write for the burst");
+    let s = &hub.proc_states(&wk(), "pm.abc")[&2];
+    assert_eq!(
+        (s.state, s.exit_code, s.stderr_tail.as_deref()),
+        (ProcState::Failed, Some(1), Some("boom"))
+    );
+    let t1 = t0 + Duration::from_millis(100);
+    let push = sim
+        .set_status(&host(0), &proc_name("pm.abc", 0), ProcStatus::Starting)
+        .unwrap();
+    hub.handle_push(push, t1);
+    hub.tick(t1, &tw, &tm);
+    assert!(
+        rm.try_recv().is_err(),
+        "later changes wait for the interval"
+    );
+    hub.tick(t0 + COALESCE_INTERVAL, &tw, &tm);
+    assert_eq!(rm.try_recv().unwrap().name, "pm");
+}

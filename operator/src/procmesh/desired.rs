@@ -1,0 +1,166 @@
+//! The procs a ProcMesh asks of each host, as the agent protocol's
+//! `CreateOrUpdate` requests, built as plain data.
+//!
+//! Invariants:
+//! 1. proc rank = host_rank * perHostSize + local rank; the extent is the
+//!    World's shape followed by `perHost` (the agent derives the environment
+//!    contract, `RANK` .. `HOSTMESH_*`, from it and its address book).
+//! 2. User `env` entries named like a contract variable are dropped, so the
+//!    contract always holds (docs/api.md).
+//! 3. Proc names carry the ProcMesh's uid ([`mesh_id`]).
+
+use hostmesh_crds::{ProcMesh, World};
+use hostmesh_runtime::host::protocol::{Dim, ProcSpec};
+use kube::ResourceExt as _;
+
+use crate::hub::{CreateOrUpdate, proc_name};
+
+/// Variables of the environment contract (besides every `HOSTMESH_*`).
+pub const CONTRACT_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// Global rank of `local` on host `host_rank`.
+pub fn proc_rank(host_rank: u64, per_host: u64, local: u64) -> u64 {
+    host_rank * per_host + local
+}
+
+/// `<name>.<first 8 characters of the uid>`: the prefix of the ProcMesh's
+/// proc names.
+pub fn mesh_id(pm: &ProcMesh) -> String {
+    let uid = pm.uid().unwrap_or_default();
+    let short: String = uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    format!(
+        "{}.{}",
+        pm.name_any(),
+        if short.is_empty() { "0" } else { &short }
+    )
+}
+
+/// The agent's spec for every proc of `pm` on `world`.
+pub fn proc_spec(pm: &ProcMesh, world: &World) -> ProcSpec {
+    let mut extent: Vec<Dim> = world
+        .spec
+        .extent()
+        .dims()
+        .iter()
+        .map(|d| Dim::new(d.name.clone(), d.size as usize))
+        .collect();
+    extent.extend(
+        pm.spec
+            .per_host
+            .iter()
+            .map(|d| Dim::new(d.name.clone(), d.size as usize)),
+    );
+    let mut argv = pm.spec.command.iter().chain(&pm.spec.args).cloned();
+    ProcSpec {
+        command: argv.next().unwrap_or_default(),
+        args: argv.collect(),
+        env: pm
+            .spec
+            .env
+            .iter()
+            .filter(|e| {
+                !CONTRACT_VARS.contains(&e.name.as_str()) && !e.name.starts_with("HOSTMESH_")
+            })
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect(),
+        working_dir: pm.spec.working_dir.clone(),
+        proc_mesh: pm.name_any(),
+        extent,
+        per_host_dims: pm.spec.per_host.len(),
+        master_port: pm.spec.master_port,
+        runtime_aware: false,
+        spawn_timeout_ms: None,
+    }
+}
+
+/// The requests for host `host_rank`; `incarnation(rank)` is each rank's.
+pub fn host_procs(
+    pm: &ProcMesh,
+    world: &World,
+    host_rank: u64,
+    incarnation: &dyn Fn(u64) -> u32,
+) -> Vec<CreateOrUpdate> {
+    let per_host = pm.spec.per_host_extent().num_ranks();
+    let spec = proc_spec(pm, world);
+    let id = mesh_id(pm);
+    (0..per_host)
+        .map(|local| {
+            let rank = proc_rank(host_rank, per_host, local);
+            CreateOrUpdate {
+                name: proc_name(&id, rank),
+                rank: rank as usize,
+                spec: spec.clone(),
+                incarnation: incarnation(rank),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn mk_world() -> World {
+        serde_saphyr::from_str(
+            "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: trainer, namespace: ns}\n\
+             spec: {shape: [{name: replica, size: 2}, {name: host, size: 4}], template: {spec: {containers: [{name: host, image: x}]}}}\n",
+        )
+        .unwrap()
+    }
+
+    pub(crate) fn mk_pm(extra: &str) -> ProcMesh {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: train, namespace: ns, uid: 0f1e2d3c-aaaa}}\n\
+             spec: {{world: trainer, perHost: [{{name: gpu, size: 8}}], command: [python, train.py], args: [--lr, '1'], env: [{{name: RANK, value: spoof}}, {{name: X, value: y}}]{extra}}}\n"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn ranks_names_and_spec() {
+        let reqs = host_procs(&mk_pm(""), &mk_world(), 5, &|r| (r % 2) as u32);
+        assert_eq!(reqs.len(), 8);
+        let r = &reqs[3];
+        assert_eq!(r.rank, 43);
+        assert_eq!(r.name, "train.0f1e2d3c.43");
+        assert_eq!(r.incarnation, 1);
+        assert_eq!(r.spec.command, "python");
+        assert_eq!(r.spec.args, ["train.py", "--lr", "1"]);
+        assert_eq!(
+            r.spec.env,
+            [("X".to_string(), "y".to_string())],
+            "contract names are dropped"
+        );
+        assert_eq!(r.spec.world_size(), 64);
+        assert_eq!(r.spec.local_world_size(), 8);
+        assert_eq!(r.spec.per_host_dims, 1);
+        assert_eq!(r.spec.proc_mesh, "train");
+        assert_eq!(
+            crate::hub::parse_proc_name(&r.name),
+            Some(("train.0f1e2d3c", 43))
+        );
+        assert_eq!(crate::hub::mesh_name("train.0f1e2d3c"), "train");
+    }
+
+    #[test]
+    fn no_per_host_means_one_proc_per_host() {
+        let mut pm = mk_pm("");
+        pm.spec.per_host.clear();
+        let reqs = host_procs(&pm, &mk_world(), 7, &|_| 0);
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].rank, 7);
+        assert_eq!(reqs[0].spec.local_world_size(), 1);
+    }
+}

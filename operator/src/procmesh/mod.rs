@@ -1,0 +1,340 @@
+//! The ProcMesh controller: validate against the World, wait for it to be
+//! Running, ask each host's agent for its procs through the hub, compute
+//! status from the agents' reports ([`plan`]), and on deletion stop the
+//! procs gracefully behind a finalizer.
+//!
+//! Invariants:
+//! 1. Validation problems (missing World, a `perHost` name that is also a
+//!    World dimension) are conditions with messages naming the field; the
+//!    object then waits for a change (or for its World to appear).
+//! 2. Status is written whole through the status subresource, only when it
+//!    changed.
+//! 3. The finalizer is released only after every agent stopped the procs or
+//!    `stopTimeout` (plus a margin) passed, or when the World is gone.
+
+pub mod desired;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use hostmesh_crds::conditions::{self, FAILED, PROGRESSING, READY};
+use hostmesh_crds::procmesh::{ProcMeshPhase, ProcMeshStatus};
+use hostmesh_crds::validate;
+use hostmesh_crds::world::HostState;
+use hostmesh_crds::{ProcMesh, World};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt as _};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::Error;
+use crate::context::{Context, obj_ref};
+use crate::hub::{MeshKey, WorldKey};
+
+/// Finalizer on ProcMeshes.
+pub const FINALIZER: &str = "hostmesh.dev/procmesh";
+
+/// Runs the ProcMesh controller until `shutdown`.
+pub async fn controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    triggers: mpsc::UnboundedReceiver<MeshKey>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (meshes, worlds) = match &namespace {
+        Some(ns) => (
+            Api::<ProcMesh>::namespaced(client.clone(), ns),
+            Api::<World>::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let hub_triggers = futures::stream::unfold(triggers, |mut rx| async move {
+        let key = rx.recv().await?;
+        Some((obj_ref::<ProcMesh>(&key.namespace, &key.name), rx))
+    });
+    let ctrl = Controller::new(meshes, watcher::Config::default());
+    let store = ctrl.store();
+    ctrl.watches(worlds, watcher::Config::default(), move |w: World| {
+        // A World's change (Running, Degraded, deleted) wakes its ProcMeshes.
+        let ns = w.namespace();
+        let name = w.name_any();
+        store
+            .state()
+            .into_iter()
+            .filter(|pm| pm.namespace() == ns && pm.spec.world == name)
+            .map(|pm| kube::runtime::reflector::ObjectRef::from_obj(&*pm))
+            .collect::<Vec<_>>()
+    })
+    .reconcile_on(hub_triggers)
+    .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, ctx)
+    .for_each(|res| async move {
+        if let Err(e) = res {
+            debug!(error = %e, "procmesh reconcile failed");
+        }
+    })
+    .await;
+}
+
+fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
+    if err.is_transient() {
+        debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
+    }
+    warn!(procmesh = %pm.name_any(), error = %err, label = err.root().label(), "procmesh reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Reconciles one ProcMesh.
+pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = pm
+        .namespace()
+        .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;
+    let api: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), &ns);
+    let pm = crate::context::ensure_finalizer(&api, pm, FINALIZER).await?;
+    finalizer(&api, FINALIZER, pm, |event| async {
+        match event {
+            Finalizer::Apply(pm) => apply(&pm, &ctx).await,
+            Finalizer::Cleanup(pm) => cleanup(&pm, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn world_key(pm: &ProcMesh) -> WorldKey {
+    WorldKey {
+        namespace: pm.namespace().unwrap_or_default(),
+        name: pm.spec.world.clone(),
+    }
+}
+
+async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
+    let ns = pm.namespace().unwrap_or_default();
+    let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&pm.spec.world)
+        .await?;
+    let timings = match validate::proc_mesh(&pm.spec, world.as_ref().map(|w| &w.spec)) {
+        Ok(t) => t,
+        // A missing World may appear: look again now and then.
+        Err(errs) => return invalid(pm, ctx, &validate::join(&errs), world.is_none()).await,
+    };
+    let Some(world) = world else {
+        return Err(Error::MissingField("World"));
+    };
+    let key = world_key(pm);
+    let world_extent = world.spec.extent();
+    let hosts = world_extent.num_ranks();
+    let id = desired::mesh_id(pm);
+    let states = ctx.hub.proc_states(&key, &id);
+    let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
+    let lost_hosts = lost_hosts(&world);
+    let plan = plan::plan(&plan::PlanInput {
+        pm,
+        timings,
+        world_phase: world.status.as_ref().and_then(|s| s.phase),
+        hosts,
+        extent,
+        states: &states,
+        lost_hosts: &lost_hosts,
+        now: Timestamp::now(),
+    });
+
+    if let Some(inc) = &plan.spawn {
+        let mut errors = Vec::new();
+        for host in 0..hosts {
+            let reqs = desired::host_procs(pm, &world, host, &|r| inc.get(r));
+            if let Err(e) = ctx
+                .hub
+                .ensure_procs(&key, host, reqs, timings.stop_timeout)
+                .await
+            {
+                errors.push(e);
+            }
+        }
+        if let Some(e) = errors.first() {
+            debug!(procmesh = %pm.name_any(), error = %e, failed_hosts = errors.len(), "could not reach every agent yet");
+        }
+    }
+    if plan.stop {
+        info!(procmesh = %pm.name_any(), "ProcMesh failed: stopping its remaining procs");
+        if let Err(e) = ctx
+            .hub
+            .stop_procs(&key, &pm.name_any(), timings.stop_timeout)
+            .await
+        {
+            warn!(procmesh = %pm.name_any(), error = %e, "stopping procs failed");
+        }
+    }
+    if plan.status.phase == Some(ProcMeshPhase::Running) {
+        ctx.hub.reset_urgent(&MeshKey {
+            namespace: ns.clone(),
+            name: pm.name_any(),
+        });
+    }
+    for ev in &plan.events {
+        ctx.event(
+            pm,
+            ev.severity == crate::world::plan::Severity::Warning,
+            ev.reason,
+            ev.note.clone(),
+        )
+        .await;
+    }
+    write_status(pm, ctx, &plan.status).await?;
+    let default = match plan.status.phase {
+        Some(ProcMeshPhase::Running | ProcMeshPhase::Failed | ProcMeshPhase::Succeeded) => {
+            Duration::from_secs(60)
+        }
+        _ => Duration::from_secs(2),
+    };
+    Ok(Action::requeue(
+        plan.requeue_after.map_or(default, |d| d.min(default)),
+    ))
+}
+
+/// Hosts of `world` that are gone, from its status runs.
+fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    for run in world.status.iter().flat_map(|s| &s.hosts) {
+        if matches!(
+            run.value.state,
+            HostState::Expired | HostState::Failed | HostState::Terminating
+        ) {
+            for r in run.start..run.end().min(run.start + 100_000) {
+                out.insert(r, format!("{:?}", run.value.state));
+            }
+        }
+    }
+    out
+}
+
+async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result<Action, Error> {
+    let mut status = pm.status.clone().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let generation = pm.metadata.generation;
+    status.phase = Some(ProcMeshPhase::Pending);
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        false,
+        "InvalidSpec",
+        msg,
+        generation,
+        &now,
+    );
+    conditions::set(
+        &mut status.conditions,
+        PROGRESSING,
+        false,
+        "InvalidSpec",
+        msg,
+        generation,
+        &now,
+    );
+    conditions::set(
+        &mut status.conditions,
+        FAILED,
+        true,
+        "InvalidSpec",
+        msg,
+        generation,
+        &now,
+    );
+    if pm.status.as_ref() != Some(&status) {
+        ctx.event(pm, true, "InvalidSpec", msg.to_string()).await;
+    }
+    write_status(pm, ctx, &status).await?;
+    Ok(if retry {
+        Action::requeue(Duration::from_secs(10))
+    } else {
+        Action::await_change()
+    })
+}
+
+/// Writes `status` whole through the status subresource when it changed.
+pub async fn write_status(
+    pm: &ProcMesh,
+    ctx: &Context,
+    status: &ProcMeshStatus,
+) -> Result<(), Error> {
+    if pm.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let api: Api<ProcMesh> =
+        Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
+    // Replaced whole, guarded by the resourceVersion the status was
+    // computed from: a write based on a stale read fails with 409 and the
+    // reconcile recomputes from the fresh object.
+    let mut obj = pm.clone();
+    obj.status = Some(status.clone());
+    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
+        .await?;
+    Ok(())
+}
+
+async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
+    let name = pm.name_any();
+    let id = desired::mesh_id(pm);
+    let key = world_key(pm);
+    let ns = pm.namespace().unwrap_or_default();
+    let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&pm.spec.world)
+        .await?;
+    let stop_timeout = validate::proc_mesh(&pm.spec, world.as_ref().map(|w| &w.spec))
+        .map(|t| t.stop_timeout)
+        .unwrap_or(Duration::from_secs(30));
+    if world.is_none() {
+        ctx.hub.forget_procs(&key, &id);
+        return Ok(Action::await_change());
+    }
+    let mut status = pm.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    if status.phase != Some(ProcMeshPhase::Stopping) {
+        status.phase = Some(ProcMeshPhase::Stopping);
+        status.stopping_since = Some(Time(now));
+        conditions::set(
+            &mut status.conditions,
+            READY,
+            false,
+            "Stopping",
+            "ProcMesh is being deleted",
+            pm.metadata.generation,
+            &Time(now),
+        );
+        write_status(pm, ctx, &status).await?;
+        info!(procmesh = %name, "stopping procs before deletion");
+        ctx.event(
+            pm,
+            false,
+            "Stopping",
+            format!("stopping procs (stopTimeout {}s)", stop_timeout.as_secs()),
+        )
+        .await;
+    }
+    let stop = ctx.hub.stop_procs(&key, &id, stop_timeout).await;
+    let started = status.stopping_since.as_ref().map_or(now, |t| t.0);
+    let deadline = started
+        + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
+            .unwrap_or(SignedDuration::MAX);
+    let still_running =
+        ctx.hub.proc_states(&key, &name).values().any(|o| {
+            !o.state.is_failure() && o.state != hostmesh_crds::procmesh::ProcState::Succeeded
+        });
+    if (stop.is_err() || still_running) && now < deadline {
+        return Err(Error::Waiting(format!("procs of {name} still stopping")));
+    }
+    ctx.hub.forget_procs(&key, &id);
+    Ok(Action::await_change())
+}

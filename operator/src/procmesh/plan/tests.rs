@@ -1,0 +1,240 @@
+//! ProcMesh plan tests from YAML, no client.
+
+use super::*;
+use crate::procmesh::desired::tests::mk_pm;
+
+fn timings(pm: &ProcMesh) -> ProcMeshTimings {
+    let w = crate::procmesh::desired::tests::mk_world();
+    hostmesh_crds::validate::proc_mesh(&pm.spec, Some(&w.spec)).unwrap()
+}
+
+fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
+    ProcObs {
+        host: 0,
+        state,
+        exit_code: code,
+        signal: None,
+        reason: None,
+        stderr_tail: Some("Traceback: boom".into()),
+        incarnation: inc,
+    }
+}
+
+fn all(hosts: u64, per: u64, state: ProcState, inc: u32) -> BTreeMap<u64, ProcObs> {
+    (0..hosts * per)
+        .map(|r| (r, obs(state, None, inc)))
+        .collect()
+}
+
+fn run(
+    pm: &ProcMesh,
+    world: Option<WorldPhase>,
+    states: &BTreeMap<u64, ProcObs>,
+    now: i64,
+) -> Plan {
+    run_lost(pm, world, states, &BTreeMap::new(), now)
+}
+
+fn run_lost(
+    pm: &ProcMesh,
+    world: Option<WorldPhase>,
+    states: &BTreeMap<u64, ProcObs>,
+    lost_hosts: &BTreeMap<u64, String>,
+    now: i64,
+) -> Plan {
+    plan(&PlanInput {
+        pm,
+        timings: timings(pm),
+        world_phase: world,
+        hosts: 2,
+        extent: "host=2,gpu=2".into(),
+        states,
+        lost_hosts,
+        now: Timestamp::from_second(now).unwrap(),
+    })
+}
+
+fn small(extra: &str) -> ProcMesh {
+    let mut pm = mk_pm(extra);
+    pm.spec.per_host = vec![hostmesh_crds::Dim::new("gpu", 2)];
+    pm.metadata.generation = Some(1);
+    pm
+}
+
+const RUNNING: Option<WorldPhase> = Some(WorldPhase::Running);
+
+#[test]
+fn waits_for_world_then_spawns_then_runs() {
+    let pm = small("");
+    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 100);
+    assert!(p.spawn.is_none());
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+    assert_eq!(
+        conditions::get(&p.status.conditions, READY).unwrap().reason,
+        "WaitingForWorld"
+    );
+    let p = run(&pm, RUNNING, &BTreeMap::new(), 100);
+    assert_eq!(p.spawn, Some(Incarnations::default()));
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(60_100)));
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 101);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert_eq!(p.status.running, 4);
+    assert_eq!(p.status.extent.as_deref(), Some("host=2,gpu=2"));
+    assert!(conditions::is_true(&p.status.conditions, READY));
+    assert_eq!(p.status.ranks.len(), 1);
+}
+
+#[test]
+fn never_policy_fails_with_root_cause_kept() {
+    let mut pm = small("");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(2, obs(ProcState::Failed, Some(3), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(p.stop);
+    let ff = p.status.first_failure.clone().unwrap();
+    assert_eq!((ff.rank, ff.host, ff.exit_code), (2, 1, Some(3)));
+    assert_eq!(ff.stderr_tail.as_deref(), Some("Traceback: boom"));
+    assert!(
+        ff.reason.contains("rank 2 exited with code 3"),
+        "{}",
+        ff.reason
+    );
+    assert_eq!(p.status.failed, 1);
+    // A later failure of another rank keeps the root cause.
+    pm.status = Some(p.status);
+    states.insert(0, obs(ProcState::Killed, None, 0));
+    let p = run(&pm, RUNNING, &states, 105);
+    assert_eq!(p.status.first_failure.unwrap().rank, 2);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(!p.stop, "stopped once");
+}
+
+#[test]
+fn on_failure_restarts_the_rank_in_place_with_backoff_and_limit() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 2, backoff: 10s}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, obs(ProcState::Failed, Some(1), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    let inc = p.spawn.clone().unwrap();
+    assert_eq!((inc.get(1), inc.get(0)), (1, 0));
+    assert_eq!(p.status.restarts, 1);
+    assert!(conditions::is_true(&p.status.conditions, DEGRADED));
+    assert_eq!(
+        p.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+        ["ProcFailed", "Restarting"]
+    );
+    // The restarted rank fails again: backoff 10s before restart 2.
+    pm.status = Some(p.status);
+    states.insert(1, obs(ProcState::Failed, Some(1), 1));
+    let p = run(&pm, RUNNING, &states, 103);
+    assert_eq!(p.spawn.unwrap().get(1), 1, "not yet");
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(7)));
+    let p = run(&pm, RUNNING, &states, 111);
+    assert_eq!(p.spawn.unwrap().get(1), 2);
+    pm.status = Some(p.status);
+    states.insert(1, obs(ProcState::Failed, Some(1), 2));
+    let p = run(&pm, RUNNING, &states, 200);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    let msg = &conditions::get(&p.status.conditions, FAILED)
+        .unwrap()
+        .message;
+    assert!(msg.contains("restart limit 2"), "{msg}");
+}
+
+#[test]
+fn permanent_exit_codes_and_rules() {
+    let pm = small(
+        ", restartPolicy: {policy: OnFailure, rules: [{action: Fail, exitCodes: [42]}, {action: Retry, exitCodes: [127]}]}",
+    );
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(0, obs(ProcState::Failed, Some(42), 0));
+    assert_eq!(
+        run(&pm, RUNNING, &states, 1).status.phase,
+        Some(ProcMeshPhase::Failed)
+    );
+    states.insert(0, obs(ProcState::Failed, Some(127), 0));
+    assert_eq!(
+        run(&pm, RUNNING, &states, 1).status.phase,
+        Some(ProcMeshPhase::Spawning),
+        "rule overrides the default"
+    );
+    let plain = small(", restartPolicy: {policy: OnFailure}");
+    let p = run(&plain, RUNNING, &states, 1);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(
+        conditions::get(&p.status.conditions, FAILED)
+            .unwrap()
+            .message
+            .contains("permanent")
+    );
+}
+
+#[test]
+fn gang_restarts_every_rank_and_survives_operator_restart() {
+    let mut pm = small(", restartPolicy: {policy: Gang, maxRestarts: 3}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(3, obs(ProcState::Failed, Some(1), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    let inc = p.spawn.clone().unwrap();
+    assert!((0..4).all(|r| inc.get(r) == 1));
+    assert_eq!(p.status.restarts, 1);
+    pm.status = Some(p.status);
+    // The agents now run incarnation 1 everywhere; a fresh reconcile (e.g.
+    // after an operator restart) asks for the same incarnations: no restart.
+    let states = all(2, 2, ProcState::Running, 1);
+    let p = run(&pm, RUNNING, &states, 102);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert!((0..4).all(|r| p.spawn.as_ref().unwrap().get(r) == 1));
+    assert_eq!(p.status.restarts, 1);
+}
+
+#[test]
+fn spawn_timeout_marks_silent_ranks() {
+    let mut pm = small(", spawnTimeout: 5s");
+    let p = run(&pm, RUNNING, &BTreeMap::new(), 100);
+    pm.status = Some(p.status);
+    let mut states = BTreeMap::new();
+    states.insert(0, obs(ProcState::Running, None, 0));
+    let p = run(&pm, RUNNING, &states, 106);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(p.status.failed, 3);
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Timeout);
+    assert_eq!(p.status.first_failure.unwrap().state, ProcState::Timeout);
+}
+
+#[test]
+fn all_succeeded_is_succeeded() {
+    let pm = small("");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Succeeded, 0), 1);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert!(p.spawn.is_none());
+}
+
+#[test]
+fn procs_of_a_lost_host_are_lost_and_restarted_once() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 4}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, "Expired".to_string())]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
+    let ff = p.status.first_failure.clone().unwrap();
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
+    assert!(ff.reason.contains("host was lost"), "{}", ff.reason);
+    assert_eq!(p.status.restarts, 2);
+    pm.status = Some(p.status);
+    // Still lost on the next reconcile: the restarted ranks wait, no recount.
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 101);
+    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Starting);
+    assert!(
+        p.spawn.is_none(),
+        "nothing is sent while the World is not Running"
+    );
+    // No spawn timeout while the World is down.
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 1000);
+    assert_eq!(p.status.failed, 0);
+}

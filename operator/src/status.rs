@@ -1,0 +1,498 @@
+//! `hostmesh status world/NAME` and `hostmesh status procmesh/NAME`: one
+//! readable screen about a World or a ProcMesh, read from the API server:
+//! phase, readiness, per-rank state as runs, the first failure with its
+//! stderr tail, and conditions.
+//!
+//! Invariants:
+//! 1. Formatting is pure ([`format_world`], [`format_procmesh`] take the
+//!    objects and the current time) so it is unit-tested from YAML and reused
+//!    by live views (`hostmesh up`).
+//! 2. The output is bounded whatever the mesh size: at most
+//!    [`MAX_RUNS_SHOWN`] runs are listed, then a count of the rest.
+//! 3. Text from the API (reasons, messages, stderr) is printed with control
+//!    characters replaced, so a proc's stderr cannot drive the terminal.
+
+use std::fmt::Write as _;
+
+use hostmesh_crds::procmesh::{ProcState, RankStatus};
+use hostmesh_crds::runs::Run;
+use hostmesh_crds::{ProcMesh, World};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt as _};
+
+/// Most runs listed before the rest is summarised (invariant 2).
+pub const MAX_RUNS_SHOWN: usize = 40;
+
+/// Errors of `hostmesh status`.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The `KIND/NAME` argument did not parse.
+    #[error(
+        "cannot read {0:?}: give KIND/NAME where KIND is `world` or `procmesh`, e.g. `world/trainer`"
+    )]
+    Target(String),
+    /// No kubeconfig or in-cluster configuration.
+    #[error("cannot reach the cluster: {0}; set KUBECONFIG or use --kubeconfig")]
+    Config(String),
+    /// The object does not exist.
+    #[error(
+        "{kind} {name:?} not found in namespace {namespace:?}; list them with `kubectl get {plural} -n {namespace}`"
+    )]
+    NotFound {
+        /// `World` or `ProcMesh`.
+        kind: &'static str,
+        /// Its plural for kubectl.
+        plural: &'static str,
+        /// The name asked for.
+        name: String,
+        /// The namespace searched.
+        namespace: String,
+    },
+    /// Any other API error.
+    #[error("cannot read {kind} {name:?}: {source}")]
+    Api {
+        /// `World` or `ProcMesh`.
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+/// Arguments of `hostmesh status`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// What to show: `world/NAME` or `procmesh/NAME` (also `worlds/`, `pm/`,
+    /// `procmeshes/`).
+    pub target: String,
+    /// Namespace (defaults to the kubeconfig context's namespace).
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// Kubeconfig file (defaults to KUBECONFIG, then ~/.kube/config, then
+    /// in-cluster configuration).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+/// What `hostmesh status` was asked to show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A World by name.
+    World(String),
+    /// A ProcMesh by name.
+    ProcMesh(String),
+}
+
+/// Parses `KIND/NAME`.
+pub fn parse_target(s: &str) -> Result<Target, StatusError> {
+    let (kind, name) = s
+        .split_once('/')
+        .ok_or_else(|| StatusError::Target(s.to_owned()))?;
+    if name.is_empty() || name.contains('/') {
+        return Err(StatusError::Target(s.to_owned()));
+    }
+    match kind.to_ascii_lowercase().as_str() {
+        "world" | "worlds" | "world.hostmesh.dev" | "worlds.hostmesh.dev" => {
+            Ok(Target::World(name.to_owned()))
+        }
+        "procmesh" | "procmeshes" | "pm" | "procmesh.hostmesh.dev" | "procmeshes.hostmesh.dev" => {
+            Ok(Target::ProcMesh(name.to_owned()))
+        }
+        _ => Err(StatusError::Target(s.to_owned())),
+    }
+}
+
+/// Reads the object and returns its formatted view.
+pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
+    let target = parse_target(&args.target)?;
+    let client = client(args).await?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let now = Timestamp::now();
+    match target {
+        Target::World(name) => {
+            let api: Api<World> = Api::namespaced(client.clone(), &namespace);
+            let world = get(&api, &name, "World", "worlds", &namespace).await?;
+            let pms: Api<ProcMesh> = Api::namespaced(client, &namespace);
+            // The ProcMesh list is a convenience: a missing permission must
+            // not hide the World's own status.
+            let meshes = match pms.list(&ListParams::default()).await {
+                Ok(list) => list
+                    .items
+                    .into_iter()
+                    .filter(|pm| pm.spec.world == name)
+                    .collect(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot list ProcMeshes");
+                    Vec::new()
+                }
+            };
+            Ok(format_world(&world, &meshes, now))
+        }
+        Target::ProcMesh(name) => {
+            let api: Api<ProcMesh> = Api::namespaced(client, &namespace);
+            let pm = get(&api, &name, "ProcMesh", "procmeshes", &namespace).await?;
+            Ok(format_procmesh(&pm, now))
+        }
+    }
+}
+
+/// `hostmesh status`: logs warnings to stderr, prints the view to stdout.
+pub fn run_blocking(args: &StatusArgs) -> Result<(), StatusError> {
+    use std::io::Write as _;
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StatusError::Config(format!("cannot start the tokio runtime: {e}")))?;
+    let text = rt.block_on(run(args))?;
+    // A closed stdout (piped into `head`) is not an error worth reporting.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}
+
+async fn client(args: &StatusArgs) -> Result<kube::Client, StatusError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| StatusError::Config(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| StatusError::Config(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| StatusError::Config(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| StatusError::Config(e.to_string()))
+}
+
+async fn get<K>(
+    api: &Api<K>,
+    name: &str,
+    kind: &'static str,
+    plural: &'static str,
+    namespace: &str,
+) -> Result<K, StatusError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(obj)) => Ok(obj),
+        Ok(None) => Err(StatusError::NotFound {
+            kind,
+            plural,
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+        }),
+        Err(source) => Err(StatusError::Api {
+            kind,
+            name: name.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Formats a World and the ProcMeshes that run on it.
+pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> String {
+    let mut out = String::new();
+    let status = world.status.clone().unwrap_or_default();
+    let extent = world.spec.extent();
+    let phase = status.phase.map_or("Unknown", |p| p.as_str());
+    let _ = writeln!(
+        out,
+        "World {}/{}: {phase}",
+        world.namespace().unwrap_or_default(),
+        world.name_any()
+    );
+    let _ = writeln!(out, "  shape      {extent} ({} hosts)", extent.num_ranks());
+    let _ = writeln!(
+        out,
+        "  ready      {}/{} hosts",
+        status.ready_hosts, status.desired_hosts
+    );
+    let _ = writeln!(out, "  restarts   {}", status.restarts);
+    if let Some(since) = &status.degraded_since {
+        let _ = writeln!(out, "  degraded   for {}", age(since, now));
+    }
+    stale_note(
+        &mut out,
+        world.metadata.generation,
+        status.observed_generation,
+    );
+    let _ = writeln!(out, "\nHosts (rank ranges of equal state):");
+    let rows: Vec<[String; 3]> = status
+        .hosts
+        .iter()
+        .map(|r| {
+            [
+                ranks(r),
+                format!("{:?}", r.value.state),
+                clean(r.value.reason.as_deref().unwrap_or("")),
+            ]
+        })
+        .collect();
+    runs_table(
+        &mut out,
+        ["RANKS", "STATE", "REASON"],
+        &rows,
+        status.hosts_truncated,
+        "hosts",
+    );
+    conditions(&mut out, &status.conditions, now);
+    if !meshes.is_empty() {
+        let _ = writeln!(out, "\nProcMeshes:");
+        let rows: Vec<Vec<String>> = meshes
+            .iter()
+            .map(|pm| {
+                let s = pm.status.clone().unwrap_or_default();
+                vec![
+                    pm.name_any(),
+                    s.phase.map_or("Unknown", |p| p.as_str()).to_owned(),
+                    s.running.to_string(),
+                    s.failed.to_string(),
+                    s.first_failure
+                        .map(|f| format!("rank {}: {}", f.rank, clean(&f.reason)))
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["NAME", "PHASE", "RUNNING", "FAILED", "FIRST FAILURE"],
+            &rows,
+        );
+    }
+    out
+}
+
+/// Formats a ProcMesh.
+pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
+    let mut out = String::new();
+    let status = pm.status.clone().unwrap_or_default();
+    let phase = status.phase.map_or("Unknown", |p| p.as_str());
+    let _ = writeln!(
+        out,
+        "ProcMesh {}/{}: {phase}",
+        pm.namespace().unwrap_or_default(),
+        pm.name_any()
+    );
+    let _ = writeln!(out, "  world      {}", pm.spec.world);
+    if let Some(extent) = &status.extent {
+        let _ = writeln!(out, "  extent     {extent}");
+    }
+    let _ = writeln!(
+        out,
+        "  procs      {} running, {} succeeded, {} failed",
+        status.running, status.succeeded, status.failed
+    );
+    let _ = writeln!(out, "  restarts   {}", status.restarts);
+    let _ = writeln!(out, "  command    {}", clean(&pm.spec.command.join(" ")));
+    stale_note(&mut out, pm.metadata.generation, status.observed_generation);
+    if let Some(f) = &status.first_failure {
+        let mut what = format!("{:?}", f.state);
+        if let Some(code) = f.exit_code {
+            let _ = write!(what, ", exit code {code}");
+        }
+        if let Some(sig) = f.signal {
+            let _ = write!(what, ", signal {sig}");
+        }
+        let _ = writeln!(
+            out,
+            "\nFirst failure: rank {} on host {} ({}-host-{}), {what}, {} ago",
+            f.rank,
+            f.host,
+            pm.spec.world,
+            f.host,
+            age(&f.time, now)
+        );
+        if !f.reason.is_empty() {
+            let _ = writeln!(out, "  reason: {}", clean(&f.reason));
+        }
+        if let Some(tail) = f.stderr_tail.as_deref().filter(|t| !t.is_empty()) {
+            let _ = writeln!(out, "  stderr (last lines):");
+            for line in tail
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
+                let _ = writeln!(out, "    | {}", clean(line));
+            }
+        }
+    }
+    let _ = writeln!(out, "\nRanks (rank ranges of equal state):");
+    let rows: Vec<[String; 3]> = status
+        .ranks
+        .iter()
+        .map(|r| {
+            [
+                ranks(r),
+                rank_state(&r.value),
+                clean(r.value.reason.as_deref().unwrap_or("")),
+            ]
+        })
+        .collect();
+    runs_table(
+        &mut out,
+        ["RANKS", "STATE", "REASON"],
+        &rows,
+        status.ranks_truncated,
+        "ranks",
+    );
+    conditions(&mut out, &status.conditions, now);
+    out
+}
+
+fn rank_state(v: &RankStatus) -> String {
+    let mut s = format!("{:?}", v.state);
+    match (v.state, v.exit_code, v.signal) {
+        (_, _, Some(sig)) => {
+            let _ = write!(s, " (signal {sig})");
+        }
+        (ProcState::Succeeded, _, _) => {}
+        (_, Some(code), _) => {
+            let _ = write!(s, " (exit {code})");
+        }
+        _ => {}
+    }
+    s
+}
+
+fn stale_note(out: &mut String, generation: Option<i64>, observed: Option<i64>) {
+    if let (Some(g), Some(o)) = (generation, observed)
+        && o < g
+    {
+        let _ = writeln!(
+            out,
+            "  note       status describes generation {o}; the spec is at {g} (the operator has not caught up)"
+        );
+    }
+}
+
+fn ranks<T>(r: &Run<T>) -> String {
+    if r.count <= 1 {
+        r.start.to_string()
+    } else {
+        format!("{}-{}", r.start, r.end() - 1)
+    }
+}
+
+fn runs_table(
+    out: &mut String,
+    header: [&str; 3],
+    rows: &[[String; 3]],
+    truncated: bool,
+    what: &str,
+) {
+    if rows.is_empty() {
+        let _ = writeln!(out, "  (none reported yet)");
+        return;
+    }
+    let shown: Vec<Vec<String>> = rows
+        .iter()
+        .take(MAX_RUNS_SHOWN)
+        .map(|r| r.to_vec())
+        .collect();
+    table(out, &header, &shown);
+    if rows.len() > MAX_RUNS_SHOWN {
+        let _ = writeln!(
+            out,
+            "  ... {} more runs (kubectl get -o yaml shows them all)",
+            rows.len() - MAX_RUNS_SHOWN
+        );
+    }
+    if truncated {
+        let _ = writeln!(
+            out,
+            "  ... status lists a prefix of the {what} only (too many distinct states); counts above are exact"
+        );
+    }
+}
+
+fn conditions(out: &mut String, conds: &[Condition], now: Timestamp) {
+    let _ = writeln!(out, "\nConditions:");
+    if conds.is_empty() {
+        let _ = writeln!(out, "  (none yet)");
+        return;
+    }
+    let rows: Vec<Vec<String>> = conds
+        .iter()
+        .map(|c| {
+            vec![
+                c.type_.clone(),
+                c.status.clone(),
+                clean(&c.reason),
+                age(&c.last_transition_time, now),
+                clean(&c.message),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"],
+        &rows,
+    );
+}
+
+/// Left-aligned columns; the last column is not padded.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let n = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(n) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::from(" ");
+        for (i, cell) in cells.iter().enumerate() {
+            l.push(' ');
+            if i + 1 == n {
+                l.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                l.push_str(cell);
+                l.extend(std::iter::repeat_n(' ', pad + 1));
+            }
+        }
+        let _ = writeln!(out, "{}", l.trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// Replaces control characters (invariant 3) and keeps one line.
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
+/// `5s`, `3m`, `2h`, `4d` since `t` (`0s` for times in the future).
+fn age(t: &Time, now: Timestamp) -> String {
+    let secs = now.as_second().saturating_sub(t.0.as_second()).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}

@@ -1,0 +1,448 @@
+//! The objects a World asks for, built as plain data from the World alone
+//! (no client): the headless Service, the agent Secret and one Pod per host
+//! rank (docs/architecture.md, "Host pods").
+//!
+//! Invariants:
+//! 1. Every object carries a controller owner reference to its World.
+//! 2. User labels and annotations from the template are kept; ours are added
+//!    (ours win on a key clash).
+//! 3. `hostmesh.dev/template-hash` hashes everything the operator derives a
+//!    pod from (template, port, agent settings, agent image) and nothing it
+//!    does not, so admission-webhook mutations never look like drift.
+
+use std::collections::BTreeMap;
+
+use hostmesh_crds::World;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, PodSpec, Probe, Secret, SecretVolumeSource, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource as _, ResourceExt as _};
+
+use crate::Error;
+
+/// Label: the World a pod belongs to.
+pub const LABEL_WORLD: &str = "hostmesh.dev/world";
+/// Label: the host rank of a pod.
+pub const LABEL_RANK: &str = "hostmesh.dev/rank";
+/// Label: who manages the object.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Annotation: hash of the desired pod template.
+pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
+/// The agent's plain-HTTP health port.
+pub const HEALTH_PORT: u16 = 26601;
+/// Where the agent secret is mounted.
+pub const SECRET_DIR: &str = "/var/run/hostmesh/secret";
+/// The agent secret file.
+pub const SECRET_FILE: &str = "/var/run/hostmesh/secret/token";
+/// Where the agent binary is installed.
+pub const BIN_DIR: &str = "/hostmesh/bin";
+const BIN_VOLUME: &str = "hostmesh-bin";
+const SECRET_VOLUME: &str = "hostmesh-secret";
+
+/// Name of host pod `rank` of World `world`.
+pub fn pod_name(world: &str, rank: u64) -> String {
+    format!("{world}-host-{rank}")
+}
+
+/// Name of a World's agent Secret.
+pub fn secret_name(world: &str) -> String {
+    format!("{world}-agent")
+}
+
+fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, Error> {
+    let owner = world
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingField("World metadata.uid"))?;
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: world.namespace(),
+        owner_references: Some(vec![owner]),
+        labels: Some(BTreeMap::from([
+            (LABEL_WORLD.to_string(), world.name_any()),
+            (LABEL_MANAGED_BY.to_string(), "hostmesh".to_string()),
+        ])),
+        ..Default::default()
+    })
+}
+
+/// The headless Service `<world>` giving host pods stable DNS names.
+pub fn service(world: &World) -> Result<Service, Error> {
+    let name = world.name_any();
+    Ok(Service {
+        metadata: owned_meta(world, name.clone())?,
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            selector: Some(BTreeMap::from([(LABEL_WORLD.to_string(), name)])),
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("hostmesh".to_string()),
+                port: i32::from(world.spec.port),
+                target_port: Some(IntOrString::Int(i32::from(world.spec.port))),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// The agent Secret `<world>-agent` with `token` (created once, never
+/// rewritten: rotating it would cut every agent off).
+pub fn secret(world: &World, token: [u8; 32]) -> Result<Secret, Error> {
+    Ok(Secret {
+        metadata: owned_meta(world, secret_name(&world.name_any()))?,
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            "token".to_string(),
+            ByteString(token.to_vec()),
+        )])),
+        ..Default::default()
+    })
+}
+
+/// Hash of everything a host pod is derived from (invariant 3).
+pub fn template_hash(world: &World, agent_image: &str) -> String {
+    let input = serde_json::json!({
+        "template": world.spec.template,
+        "port": world.spec.port,
+        "agent": world.spec.agent,
+        "agentImage": agent_image,
+    });
+    let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Index of the host container in the template: the one named `host`, else
+/// the first.
+pub fn host_container_index(containers: &[Container]) -> usize {
+    containers
+        .iter()
+        .position(|c| c.name == "host")
+        .unwrap_or(0)
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// Host pod `rank` of `world` (invariants 1-3).
+pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Pod, Error> {
+    let world_name = world.name_any();
+    let name = pod_name(&world_name, rank);
+    let template = &world.spec.template;
+    let mut meta = owned_meta(world, name.clone())?;
+    let mut labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.extend(meta.labels.take().unwrap_or_default());
+    labels.insert(LABEL_RANK.to_string(), rank.to_string());
+    meta.labels = Some(labels);
+    let mut annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(ANNOTATION_TEMPLATE_HASH.to_string(), hash.to_string());
+    meta.annotations = Some(annotations);
+
+    let mut spec: PodSpec = template
+        .spec
+        .clone()
+        .ok_or(Error::MissingField("spec.template.spec"))?;
+    if spec.containers.is_empty() {
+        return Err(Error::MissingField("spec.template.spec.containers"));
+    }
+    spec.hostname = Some(name);
+    spec.subdomain = Some(world_name.clone());
+    // The operator decides replacement; a kubelet restart would hide failures.
+    spec.restart_policy = Some("Never".to_string());
+
+    let has_agent = world.spec.agent.image_has_agent;
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: SECRET_VOLUME.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name(&world_name)),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let mut mounts = vec![VolumeMount {
+        name: SECRET_VOLUME.to_string(),
+        mount_path: SECRET_DIR.to_string(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    let agent_cmd = if has_agent {
+        "hostmesh".to_string()
+    } else {
+        volumes.push(Volume {
+            name: BIN_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: BIN_VOLUME.to_string(),
+            mount_path: BIN_DIR.to_string(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        let install = Container {
+            name: "hostmesh-install".to_string(),
+            image: Some(agent_image.to_string()),
+            command: Some(vec![
+                "hostmesh".to_string(),
+                "install-agent".to_string(),
+                "--to".to_string(),
+                format!("{BIN_DIR}/hostmesh"),
+            ]),
+            volume_mounts: Some(vec![VolumeMount {
+                name: BIN_VOLUME.to_string(),
+                mount_path: BIN_DIR.to_string(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        spec.init_containers
+            .get_or_insert_with(Vec::new)
+            .insert(0, install);
+        format!("{BIN_DIR}/hostmesh")
+    };
+
+    let idx = host_container_index(&spec.containers);
+    let host = &mut spec.containers[idx];
+    host.command = Some(vec![agent_cmd, "agent".to_string()]);
+    host.args = None;
+    host.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .extend(mounts);
+    let port = world.spec.port;
+    let envs = host.env.get_or_insert_with(Vec::new);
+    envs.retain(|e| !e.name.starts_with("HOSTMESH_"));
+    envs.extend([
+        env("HOSTMESH_WORLD", world_name.clone()),
+        env("HOSTMESH_NAMESPACE", world.namespace().unwrap_or_default()),
+        env("HOSTMESH_HOST_RANK", rank.to_string()),
+        EnvVar {
+            name: "HOSTMESH_POD_IP".to_string(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".to_string(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+        },
+        env("HOSTMESH_PORT", port.to_string()),
+        env("HOSTMESH_HEALTH_PORT", HEALTH_PORT.to_string()),
+        env("HOSTMESH_SECRET_FILE", SECRET_FILE),
+    ]);
+    let ports = host.ports.get_or_insert_with(Vec::new);
+    ports.retain(|p| {
+        p.container_port != i32::from(port) && p.container_port != i32::from(HEALTH_PORT)
+    });
+    ports.push(ContainerPort {
+        name: Some("hostmesh".to_string()),
+        container_port: i32::from(port),
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    });
+    ports.push(ContainerPort {
+        name: Some("hostmesh-health".to_string()),
+        container_port: i32::from(HEALTH_PORT),
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    });
+    host.readiness_probe = Some(Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/readyz".to_string()),
+            port: IntOrString::Int(i32::from(HEALTH_PORT)),
+            ..Default::default()
+        }),
+        period_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    });
+    Ok(Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn mk_world(yaml: &str) -> World {
+        let mut w: World = serde_saphyr::from_str(yaml).unwrap();
+        w.metadata.namespace = Some("ns".into());
+        w.metadata.uid = Some("uid-1".into());
+        w
+    }
+
+    const WORLD: &str = r#"
+apiVersion: hostmesh.dev/v1alpha1
+kind: World
+metadata: {name: trainer}
+spec:
+  shape: [{name: replica, size: 2}, {name: host, size: 2}]
+  template:
+    metadata: {labels: {team: ml, hostmesh.dev/rank: spoof}, annotations: {note: keep}}
+    spec:
+      containers:
+      - {name: sidecar, image: proxy}
+      - {name: host, image: trainer:1.4, command: [sleep], env: [{name: A, value: b}]}
+"#;
+
+    #[test]
+    fn pod_has_contract_names_labels_and_owner() {
+        let w = mk_world(WORLD);
+        let p = pod(&w, 3, "agent:1", "abc").unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("trainer-host-3"));
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["team"], "ml");
+        assert_eq!(labels[LABEL_RANK], "3");
+        assert_eq!(labels[LABEL_WORLD], "trainer");
+        assert_eq!(labels[LABEL_MANAGED_BY], "hostmesh");
+        let ann = p.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann["note"], "keep");
+        assert_eq!(ann[ANNOTATION_TEMPLATE_HASH], "abc");
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("World", Some(true))
+        );
+        let spec = p.spec.unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some("trainer-host-3"));
+        assert_eq!(spec.subdomain.as_deref(), Some("trainer"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    }
+
+    #[test]
+    fn agent_is_injected_into_host_container() {
+        let w = mk_world(WORLD);
+        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.name, "hostmesh-install");
+        assert_eq!(init.image.as_deref(), Some("agent:1"));
+        assert_eq!(
+            init.command.as_ref().unwrap()[1..],
+            ["install-agent", "--to", "/hostmesh/bin/hostmesh"]
+        );
+        assert_eq!(
+            spec.containers[0].command.as_deref(),
+            None,
+            "sidecar untouched"
+        );
+        let host = &spec.containers[1];
+        assert_eq!(
+            host.command.as_ref().unwrap(),
+            &["/hostmesh/bin/hostmesh", "agent"]
+        );
+        let env: BTreeMap<_, _> = host
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        assert_eq!(env["A"].value.as_deref(), Some("b"));
+        assert_eq!(env["HOSTMESH_WORLD"].value.as_deref(), Some("trainer"));
+        assert_eq!(env["HOSTMESH_HOST_RANK"].value.as_deref(), Some("0"));
+        assert_eq!(env["HOSTMESH_PORT"].value.as_deref(), Some("26600"));
+        assert_eq!(
+            env["HOSTMESH_SECRET_FILE"].value.as_deref(),
+            Some(SECRET_FILE)
+        );
+        let ip = env["HOSTMESH_POD_IP"].value_from.as_ref().unwrap();
+        assert_eq!(ip.field_ref.as_ref().unwrap().field_path, "status.podIP");
+        let probe = host
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (probe.path.as_deref(), &probe.port),
+            (Some("/readyz"), &IntOrString::Int(26601))
+        );
+        let mounts: Vec<_> = host
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(mounts, [SECRET_DIR, BIN_DIR]);
+        let secret_vol = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == SECRET_VOLUME)
+            .unwrap();
+        assert_eq!(
+            secret_vol.secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("trainer-agent")
+        );
+    }
+
+    #[test]
+    fn image_with_agent_gets_no_init_container() {
+        let mut w = mk_world(WORLD);
+        w.spec.agent.image_has_agent = true;
+        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        assert!(spec.init_containers.is_none());
+        assert_eq!(
+            spec.containers[1].command.as_ref().unwrap(),
+            &["hostmesh", "agent"]
+        );
+    }
+
+    #[test]
+    fn template_hash_tracks_template_and_image_only() {
+        let w = mk_world(WORLD);
+        let h = template_hash(&w, "agent:1");
+        assert_eq!(h, template_hash(&w, "agent:1"));
+        assert_ne!(h, template_hash(&w, "agent:2"));
+        let mut w2 = w.clone();
+        w2.spec.template.spec.as_mut().unwrap().containers[1].image = Some("trainer:1.5".into());
+        assert_ne!(h, template_hash(&w2, "agent:1"));
+        let mut w3 = w.clone();
+        w3.spec.failure_policy.max_restarts = 9;
+        w3.metadata.labels = Some(BTreeMap::from([("x".into(), "y".into())]));
+        assert_eq!(h, template_hash(&w3, "agent:1"));
+    }
+
+    #[test]
+    fn service_and_secret() {
+        let w = mk_world(WORLD);
+        let s = service(&w).unwrap();
+        assert_eq!(s.metadata.name.as_deref(), Some("trainer"));
+        assert_eq!(s.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
+        let sec = secret(&w, [7; 32]).unwrap();
+        assert_eq!(sec.metadata.name.as_deref(), Some("trainer-agent"));
+        assert_eq!(sec.data.unwrap()["token"].0.len(), 32);
+        let mut no_uid = w.clone();
+        no_uid.metadata.uid = None;
+        assert!(service(&no_uid).is_err());
+    }
+}

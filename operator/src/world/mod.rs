@@ -1,0 +1,391 @@
+//! The World controller: a thin reconcile around kube's `finalizer()`, with
+//! the pipeline dereference → validate ([`hostmesh_crds::validate`]) →
+//! build ([`desired`]) → decide ([`plan`]) → apply → write status whole.
+//!
+//! Invariants:
+//! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
+//!    existing pods are never patched (changes roll them, see [`plan`]).
+//! 2. The Secret is created once and never rewritten.
+//! 3. Status is written through the status subresource, whole (replace,
+//!    guarded by the resourceVersion it was computed from, so a reconcile
+//!    working from a stale cache cannot overwrite newer status), and only
+//!    when it differs from what is stored.
+//! 4. Deleting a World deletes its ProcMeshes first and waits until their
+//!    finalizers have stopped their procs; pods go by owner references.
+
+pub mod desired;
+pub mod observe;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use hostmesh_crds::conditions::{self, FAILED, READY};
+use hostmesh_crds::procmesh::ProcMeshPhase;
+use hostmesh_crds::validate;
+use hostmesh_crds::world::{WorldPhase, WorldStatus};
+use hostmesh_crds::{ProcMesh, World};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt as _};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::context::{Context, obj_ref};
+use crate::hub::{WorldAgents, WorldKey};
+use crate::{Error, FIELD_MANAGER};
+use observe::Liveness;
+
+/// Finalizer on Worlds.
+pub const FINALIZER: &str = "hostmesh.dev/world";
+
+/// Runs the World controller until `shutdown`.
+pub async fn controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    triggers: mpsc::UnboundedReceiver<WorldKey>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (worlds, pods, meshes) = match &namespace {
+        Some(ns) => (
+            Api::<World>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
+            Api::<ProcMesh>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    let managed = watcher::Config::default().labels(desired::LABEL_WORLD);
+    let hub_triggers = futures::stream::unfold(triggers, |mut rx| async move {
+        let key = rx.recv().await?;
+        Some((obj_ref::<World>(&key.namespace, &key.name), rx))
+    });
+    Controller::new(worlds, watcher::Config::default())
+        .owns(pods, managed)
+        .watches(meshes, watcher::Config::default(), |pm: ProcMesh| {
+            // A critical ProcMesh's failure fails its World.
+            let ns = pm.namespace()?;
+            pm.spec
+                .critical
+                .then(|| obj_ref::<World>(&ns, &pm.spec.world))
+        })
+        .reconcile_on(hub_triggers)
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "world reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
+    if err.is_transient() {
+        debug!(world = %world.name_any(), error = %err, "world reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
+    }
+    warn!(world = %world.name_any(), error = %err, label = err.root().label(), "world reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Reconciles one World.
+pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = world
+        .namespace()
+        .ok_or(Error::MissingField("World metadata.namespace"))?;
+    let api: Api<World> = Api::namespaced(ctx.client.clone(), &ns);
+    let world = crate::context::ensure_finalizer(&api, world, FINALIZER).await?;
+    finalizer(&api, FINALIZER, world, |event| async {
+        match event {
+            Finalizer::Apply(w) => apply(&w, &ctx).await,
+            Finalizer::Cleanup(w) => cleanup(&w, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn key_of(world: &World) -> WorldKey {
+    WorldKey {
+        namespace: world.namespace().unwrap_or_default(),
+        name: world.name_any(),
+    }
+}
+
+async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
+    let name = world.name_any();
+    debug!(world = %name, rv = ?world.resource_version(), "reconciling");
+    let ns = world.namespace().unwrap_or_default();
+    let timings = match validate::world(&name, &world.spec) {
+        Ok(t) => t,
+        Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
+    };
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+
+    // Service and Secret.
+    let svc = desired::service(world)?;
+    Api::<Service>::namespaced(ctx.client.clone(), &ns)
+        .patch(&name, &pp, &Patch::Apply(&svc))
+        .await?;
+    let secret = ensure_secret(world, ctx, &ns).await?;
+
+    // Pods, by rank.
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default().labels(&format!("{}={name}", desired::LABEL_WORLD));
+    let n = world.spec.extent().num_ranks();
+    let mut pods = BTreeMap::new();
+    let mut extra = Vec::new();
+    for p in pods_api.list(&lp).await?.items {
+        let rank = p
+            .labels()
+            .get(desired::LABEL_RANK)
+            .and_then(|r| r.parse::<u64>().ok());
+        match rank {
+            Some(r) if r < n && p.name_any() == desired::pod_name(&name, r) => {
+                pods.insert(r, p);
+            }
+            _ if p.metadata.deletion_timestamp.is_none() => extra.push(p.name_any()),
+            _ => {}
+        }
+    }
+
+    // Agents: dial the hosts that have an IP.
+    let key = key_of(world);
+    let hosts = pods
+        .iter()
+        .filter_map(|(r, p)| {
+            Some((
+                *r,
+                (
+                    p.uid()?,
+                    SocketAddr::new(observe::pod_ip(p)?, world.spec.port),
+                ),
+            ))
+        })
+        .collect();
+    ctx.hub
+        .sync_world(
+            &key,
+            WorldAgents {
+                secret: secret.into(),
+                health_timeout: timings.health_timeout,
+                hosts,
+            },
+        )
+        .await;
+    let uids: BTreeMap<u64, String> = pods
+        .iter()
+        .filter_map(|(r, p)| Some((*r, p.uid()?)))
+        .collect();
+    let liveness = |r: u64| {
+        uids.get(&r)
+            .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
+    };
+
+    let hash = desired::template_hash(world, &ctx.args.agent_image);
+    let critical = critical_failure(world, ctx, &ns).await?;
+    let plan = plan::plan(&plan::PlanInput {
+        world,
+        timings,
+        pods: &pods,
+        extra_pods: extra,
+        liveness: &liveness,
+        hash: &hash,
+        critical_failure: critical,
+        now: Timestamp::now(),
+    });
+
+    for pod_name in &plan.delete {
+        info!(world = %name, pod = %pod_name, "deleting host pod");
+        match pods_api.delete(pod_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for rank in &plan.create {
+        let pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
+        pods_api
+            .patch(&desired::pod_name(&name, *rank), &pp, &Patch::Apply(&pod))
+            .await?;
+    }
+    for ev in &plan.events {
+        ctx.event(
+            world,
+            ev.severity == plan::Severity::Warning,
+            ev.reason,
+            ev.note.clone(),
+        )
+        .await;
+    }
+    debug!(world = %name, phase = ?plan.status.phase, ready = ?plan.status.ready, restarts = plan.status.restarts, "writing status");
+    write_status(world, ctx, plan.status.clone()).await?;
+
+    let steady = plan.status.phase == Some(WorldPhase::Running)
+        || plan.status.phase == Some(WorldPhase::Failed);
+    let default_requeue = if steady {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(3)
+    };
+    Ok(Action::requeue(
+        plan.requeue_after
+            .map_or(default_requeue, |d| d.min(default_requeue)),
+    ))
+}
+
+async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>, Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = desired::secret_name(&world.name_any());
+    let token = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .map(|b| b.0.clone())
+    };
+    if let Some(s) = api.get_opt(&name).await? {
+        return token(&s)
+            .filter(|t| !t.is_empty())
+            .ok_or(Error::MissingField("agent Secret data.token"));
+    }
+    let secret = desired::secret(world, rand::random())?;
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(s) => token(&s)
+            .or_else(|| token(&secret))
+            .ok_or(Error::MissingField("agent Secret data.token")),
+        // Lost a race with ourselves (a previous reconcile): read it back.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            Err(Error::Waiting("agent Secret being created".into()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn critical_failure(world: &World, ctx: &Context, ns: &str) -> Result<Option<String>, Error> {
+    let meshes: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), ns);
+    let name = world.name_any();
+    for pm in meshes.list(&ListParams::default()).await?.items {
+        let status = pm.status.as_ref();
+        if pm.spec.world == name
+            && pm.spec.critical
+            && status.and_then(|s| s.phase) == Some(ProcMeshPhase::Failed)
+        {
+            let why = status
+                .and_then(|s| conditions::get(&s.conditions, FAILED))
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            return Ok(Some(format!(
+                "critical ProcMesh {} failed: {why}",
+                pm.name_any()
+            )));
+        }
+    }
+    Ok(None)
+}
+
+async fn invalid(world: &World, ctx: &Context, msg: &str) -> Result<Action, Error> {
+    let mut status = world.status.clone().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let generation = world.metadata.generation;
+    status.phase = Some(WorldPhase::Pending);
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        false,
+        "InvalidSpec",
+        msg,
+        generation,
+        &now,
+    );
+    conditions::set(
+        &mut status.conditions,
+        FAILED,
+        true,
+        "InvalidSpec",
+        msg,
+        generation,
+        &now,
+    );
+    if world.status.as_ref() != Some(&status) {
+        ctx.event(world, true, "InvalidSpec", msg.to_string()).await;
+    }
+    write_status(world, ctx, status).await?;
+    Ok(Action::await_change())
+}
+
+/// Writes `status` whole through the status subresource when it changed.
+pub async fn write_status(world: &World, ctx: &Context, status: WorldStatus) -> Result<(), Error> {
+    if world.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<World> =
+        Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
+    // Replaced whole, guarded by the resourceVersion the status was
+    // computed from: a write based on a stale read fails with 409 and the
+    // reconcile recomputes from the fresh object.
+    let mut obj = world.clone();
+    obj.status = Some(status);
+    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
+        .await?;
+    Ok(())
+}
+
+async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
+    let name = world.name_any();
+    let ns = world.namespace().unwrap_or_default();
+    // ProcMeshes first (invariant 4).
+    let meshes: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), &ns);
+    let mine: Vec<ProcMesh> = meshes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|pm| pm.spec.world == name)
+        .collect();
+    if !mine.is_empty() {
+        let mut status = world.status.clone().unwrap_or_default();
+        status.phase = Some(WorldPhase::Terminating);
+        write_status(world, ctx, status).await?;
+        for pm in &mine {
+            if pm.metadata.deletion_timestamp.is_none() {
+                info!(world = %name, procmesh = %pm.name_any(), "deleting ProcMesh before its World");
+                match meshes
+                    .delete(&pm.name_any(), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        return Err(Error::Waiting(format!(
+            "{} ProcMeshes of World {name} still stopping",
+            mine.len()
+        )));
+    }
+    ctx.hub.forget_world(&key_of(world));
+    ctx.event(
+        world,
+        false,
+        "Deleted",
+        format!("World {name} deleted; host pods go with it"),
+    )
+    .await;
+    Ok(Action::await_change())
+}

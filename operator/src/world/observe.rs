@@ -1,0 +1,200 @@
+//! Host state from a pod and the hub's view of its agent: the pod-level
+//! reason when there is one (Unschedulable, ImagePullBackOff, OOMKilled,
+//! Evicted), and readiness that needs both pod Ready and heartbeats.
+
+use hostmesh_crds::world::{HostState, HostStatus};
+use k8s_openapi::api::core::v1::Pod;
+
+/// What the supervision hub knows about a host's agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// No heartbeat seen from this pod's agent yet.
+    Unknown,
+    /// Heartbeats arrive within `healthTimeout`.
+    Alive,
+    /// Heartbeats stopped for longer than `healthTimeout`.
+    Expired,
+}
+
+/// Waiting reasons that mean "stuck starting": reported, never restarted.
+const STUCK_WAITING: &[&str] = &[
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+fn host(state: HostState, reason: Option<&str>) -> HostStatus {
+    HostStatus {
+        state,
+        reason: reason.map(str::to_string),
+    }
+}
+
+/// The state of the host whose pod is `pod` (`None`: no pod).
+pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
+    let Some(pod) = pod else {
+        return host(HostState::Pending, None);
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return host(HostState::Terminating, None);
+    }
+    let Some(status) = pod.status.as_ref() else {
+        return host(HostState::Starting, None);
+    };
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    match status.phase.as_deref() {
+        Some("Failed") => {
+            if let Some(r) = status.reason.as_deref() {
+                return host(HostState::Failed, Some(r));
+            }
+            let term_reason = containers
+                .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+                .find(|t| t.exit_code != 0 || t.reason.as_deref() == Some("OOMKilled"))
+                .map(|t| {
+                    t.reason
+                        .clone()
+                        .unwrap_or_else(|| format!("ExitCode{}", t.exit_code))
+                });
+            return host(
+                HostState::Failed,
+                Some(term_reason.as_deref().unwrap_or("PodFailed")),
+            );
+        }
+        Some("Succeeded") => return host(HostState::Failed, Some("AgentExited")),
+        _ => {}
+    }
+    let conds = status.conditions.as_deref().unwrap_or_default();
+    let cond = |t: &str| conds.iter().find(|c| c.type_ == t);
+    if let Some(c) = cond("PodScheduled")
+        && c.status == "False"
+    {
+        return host(
+            HostState::Starting,
+            Some(c.reason.as_deref().unwrap_or("Unschedulable")),
+        );
+    }
+    let waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+        .find(|r| STUCK_WAITING.contains(&r.as_str()));
+    if let Some(r) = waiting {
+        return host(HostState::Starting, Some(&r));
+    }
+    let pod_ready = cond("Ready").is_some_and(|c| c.status == "True");
+    match (pod_ready, liveness) {
+        (_, Liveness::Expired) => host(HostState::Expired, Some("NoHeartbeat")),
+        (true, Liveness::Alive) => host(HostState::Ready, None),
+        (true, Liveness::Unknown) => host(HostState::Starting, Some("AwaitingHeartbeat")),
+        (false, Liveness::Alive) => host(HostState::NotReady, Some("ReadinessProbeFailed")),
+        (false, Liveness::Unknown) => host(HostState::Starting, None),
+    }
+}
+
+/// The pod's IP when it has one and is not being deleted.
+pub fn pod_ip(pod: &Pod) -> Option<std::net::IpAddr> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn mk_pod(status_yaml: &str) -> Pod {
+        let mut p: Pod = serde_saphyr::from_str(&format!(
+            "metadata: {{name: w-host-0}}\nstatus:\n{status_yaml}"
+        ))
+        .unwrap();
+        if status_yaml.trim().is_empty() {
+            p.status = None;
+        }
+        p
+    }
+
+    pub(crate) const READY: &str =
+        "  phase: Running\n  podIP: 127.0.1.2\n  conditions: [{type: Ready, status: 'True'}]\n";
+
+    #[test]
+    fn ready_needs_pod_ready_and_heartbeats() {
+        let p = mk_pod(READY);
+        assert_eq!(
+            observe_pod(Some(&p), Liveness::Alive).state,
+            HostState::Ready
+        );
+        let s = observe_pod(Some(&p), Liveness::Unknown);
+        assert_eq!(
+            (s.state, s.reason.as_deref()),
+            (HostState::Starting, Some("AwaitingHeartbeat"))
+        );
+        let s = observe_pod(Some(&p), Liveness::Expired);
+        assert_eq!(
+            (s.state, s.reason.as_deref()),
+            (HostState::Expired, Some("NoHeartbeat"))
+        );
+        assert_eq!(pod_ip(&p), Some("127.0.1.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn pod_level_reasons() {
+        let cases = [
+            (
+                "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable}]\n",
+                HostState::Starting,
+                "Unschedulable",
+            ),
+            (
+                "  phase: Pending\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {waiting: {reason: ImagePullBackOff}}}]\n",
+                HostState::Starting,
+                "ImagePullBackOff",
+            ),
+            (
+                "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: OOMKilled}}}]\n",
+                HostState::Failed,
+                "OOMKilled",
+            ),
+            (
+                "  phase: Failed\n  reason: Evicted\n",
+                HostState::Failed,
+                "Evicted",
+            ),
+            (
+                "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 3}}}]\n",
+                HostState::Failed,
+                "ExitCode3",
+            ),
+            ("  phase: Succeeded\n", HostState::Failed, "AgentExited"),
+            (
+                "  phase: Running\n  conditions: [{type: Ready, status: 'False'}]\n",
+                HostState::NotReady,
+                "ReadinessProbeFailed",
+            ),
+        ];
+        for (yaml, state, reason) in cases {
+            let s = observe_pod(Some(&mk_pod(yaml)), Liveness::Alive);
+            assert_eq!(
+                (s.state, s.reason.as_deref()),
+                (state, Some(reason)),
+                "{yaml}"
+            );
+        }
+        assert_eq!(
+            observe_pod(None, Liveness::Unknown).state,
+            HostState::Pending
+        );
+        assert_eq!(
+            observe_pod(Some(&mk_pod("")), Liveness::Unknown).state,
+            HostState::Starting
+        );
+    }
+}

@@ -1,0 +1,601 @@
+//! The World's decisions as a pure function: from the World, its pods and
+//! the hub's liveness view, which pods to create or delete, which Events to
+//! emit and the whole new status.
+//!
+//! Invariants:
+//! 1. A host that is still starting (unschedulable, pulling its image) is
+//!    reported, never restarted.
+//! 2. A failed host is restarted per `failurePolicy` (one host, or the whole
+//!    gang) after an exponential backoff; beyond `maxRestarts` the World is
+//!    Failed with the reason, and Failed is kept until the spec changes.
+//! 3. An Expired host is acted on only after `evictionTimeout` of
+//!    degradation.
+//! 4. Pods whose template hash differs from the desired one are recreated
+//!    (template changes roll); pods are otherwise never patched.
+//! 5. No pod is created for a rank whose previous pod is still terminating.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY};
+use hostmesh_crds::validate::WorldTimings;
+use hostmesh_crds::world::{FailureAction, HostState, HostStatus, WorldPhase, WorldStatus};
+use hostmesh_crds::{World, runs};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::desired::ANNOTATION_TEMPLATE_HASH;
+use super::observe::{Liveness, observe_pod};
+
+/// Everything the plan is computed from.
+pub struct PlanInput<'a> {
+    /// The World, with its current status.
+    pub world: &'a World,
+    /// Parsed timings of its spec.
+    pub timings: WorldTimings,
+    /// Its pods by host rank.
+    pub pods: &'a BTreeMap<u64, Pod>,
+    /// Pods whose rank label is outside the shape (to delete).
+    pub extra_pods: Vec<String>,
+    /// The hub's view of each rank's agent.
+    pub liveness: &'a dyn Fn(u64) -> Liveness,
+    /// The desired template hash.
+    pub hash: &'a str,
+    /// Set when a critical ProcMesh of this World failed.
+    pub critical_failure: Option<String>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// Warning or Normal, as Kubernetes Events have it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+/// An Event to publish on the World.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEvent {
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// Human message.
+    pub note: String,
+}
+
+/// What the reconcile must do.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Ranks to create pods for.
+    pub create: Vec<u64>,
+    /// Pod names to delete.
+    pub delete: Vec<String>,
+    /// Events to publish.
+    pub events: Vec<PlannedEvent>,
+    /// The new status, written whole.
+    pub status: WorldStatus,
+    /// Reconcile again after this long (backoff, eviction timeout).
+    pub requeue_after: Option<Duration>,
+}
+
+fn sd(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
+/// The restart delay after `restarts` restarts: `backoff * 2^restarts`,
+/// capped at `max`.
+pub fn backoff_delay(backoff: Duration, max: Duration, restarts: u32) -> Duration {
+    backoff.saturating_mul(1u32 << restarts.min(20)).min(max)
+}
+
+fn event(severity: Severity, reason: &'static str, note: String) -> PlannedEvent {
+    PlannedEvent {
+        severity,
+        reason,
+        note,
+    }
+}
+
+/// Computes the plan (invariants 1-5).
+pub fn plan(input: &PlanInput<'_>) -> Plan {
+    let world = input.world;
+    let prev = world.status.clone().unwrap_or_default();
+    let generation = world.metadata.generation;
+    let now_t = Time(input.now);
+    let n = world.spec.extent().num_ranks();
+    let mut out = Plan {
+        delete: input.extra_pods.clone(),
+        ..Default::default()
+    };
+
+    // A spec change clears a terminal failure and the restart count.
+    let same_gen = prev.observed_generation == generation;
+    let was_failed = same_gen && prev.phase == Some(WorldPhase::Failed);
+    let mut restarts = if same_gen { prev.restarts } else { 0 };
+    let mut last_restart = if same_gen {
+        prev.last_restart_time.clone()
+    } else {
+        None
+    };
+
+    let hosts: Vec<HostStatus> = (0..n)
+        .map(|r| observe_pod(input.pods.get(&r), (input.liveness)(r)))
+        .collect();
+    let ready = hosts.iter().filter(|h| h.state == HostState::Ready).count() as u32;
+    let failed: Vec<u64> = (0..n)
+        .filter(|r| hosts[*r as usize].state == HostState::Failed)
+        .collect();
+    let expired: Vec<u64> = (0..n)
+        .filter(|r| hosts[*r as usize].state == HostState::Expired)
+        .collect();
+    let troubled = !failed.is_empty()
+        || !expired.is_empty()
+        || hosts.iter().any(|h| h.state == HostState::NotReady);
+    let degraded_since = if troubled {
+        prev.degraded_since.clone().or_else(|| Some(now_t.clone()))
+    } else {
+        None
+    };
+
+    let mut failure_reason = if was_failed {
+        conditions::get(&prev.conditions, FAILED).map(|c| c.message.clone())
+    } else {
+        None
+    };
+    if let Some(why) = &input.critical_failure {
+        if failure_reason.is_none() {
+            out.events
+                .push(event(Severity::Warning, "WorldFailed", why.clone()));
+        }
+        failure_reason.get_or_insert_with(|| why.clone());
+    }
+
+    let mut progressing: Option<(&str, String)> = None;
+    let mut waiting_backoff = false;
+    if failure_reason.is_none() {
+        // Hosts to act on now: failed ones, and expired ones past eviction.
+        let evict_at = degraded_since
+            .as_ref()
+            .map(|t| t.0 + sd(input.timings.eviction_timeout));
+        let mut act_on = failed.clone();
+        if !expired.is_empty() {
+            match evict_at {
+                Some(at) if at <= input.now => act_on.extend(&expired),
+                Some(at) => {
+                    let left = at.duration_since(input.now);
+                    out.requeue_after = Duration::try_from(left).ok();
+                }
+                None => {}
+            }
+        }
+        act_on.sort_unstable();
+        if !act_on.is_empty() {
+            let describe = act_on
+                .iter()
+                .take(5)
+                .map(|r| {
+                    let h = &hosts[*r as usize];
+                    format!(
+                        "host {r} {:?} ({})",
+                        h.state,
+                        h.reason.as_deref().unwrap_or("no reason")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let fp = &world.spec.failure_policy;
+            if restarts >= fp.max_restarts {
+                let why = format!("{describe}; restart limit {} reached", fp.max_restarts);
+                out.events
+                    .push(event(Severity::Warning, "GaveUp", why.clone()));
+                failure_reason = Some(why);
+            } else {
+                let delay = if restarts == 0 {
+                    Duration::ZERO
+                } else {
+                    backoff_delay(
+                        input.timings.backoff,
+                        input.timings.max_backoff,
+                        restarts - 1,
+                    )
+                };
+                let next = last_restart.as_ref().map_or(input.now, |t| t.0 + sd(delay));
+                if next > input.now {
+                    waiting_backoff = true;
+                    let left =
+                        Duration::try_from(next.duration_since(input.now)).unwrap_or_default();
+                    out.requeue_after = Some(out.requeue_after.map_or(left, |r| r.min(left)));
+                    progressing = Some((
+                        "BackoffWaiting",
+                        format!("{describe}; restarting in {}s", left.as_secs()),
+                    ));
+                } else {
+                    restarts += 1;
+                    last_restart = Some(now_t.clone());
+                    let victims: Vec<u64> = match fp.action {
+                        FailureAction::ReplaceHost => act_on.clone(),
+                        FailureAction::RecreateGang => (0..n).collect(),
+                    };
+                    for r in victims {
+                        if let Some(p) = input.pods.get(&r)
+                            && p.metadata.deletion_timestamp.is_none()
+                            && let Some(name) = &p.metadata.name
+                        {
+                            out.delete.push(name.clone());
+                        }
+                    }
+                    let what = match fp.action {
+                        FailureAction::ReplaceHost => "replacing the failed hosts",
+                        FailureAction::RecreateGang => "recreating the whole World",
+                    };
+                    out.events.push(event(
+                        Severity::Warning,
+                        "HostFailed",
+                        format!(
+                            "{describe}; {what} (restart {restarts} of {})",
+                            fp.max_restarts
+                        ),
+                    ));
+                    progressing = Some(("Restarting", format!("{describe}; {what}")));
+                }
+            }
+        }
+    }
+
+    if failure_reason.is_none() {
+        // Roll pods with a stale template; create missing ones.
+        let mut rolled = 0;
+        for (rank, p) in input.pods.iter() {
+            let hash = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_TEMPLATE_HASH));
+            if hash.map(String::as_str) != Some(input.hash)
+                && p.metadata.deletion_timestamp.is_none()
+                && let Some(name) = &p.metadata.name
+                && !out.delete.contains(name)
+                && *rank < n
+            {
+                out.delete.push(name.clone());
+                rolled += 1;
+            }
+        }
+        if rolled > 0 {
+            out.events.push(event(
+                Severity::Normal,
+                "RollingHosts",
+                format!("template changed: recreating {rolled} host pods"),
+            ));
+            progressing
+                .get_or_insert(("TemplateChanged", format!("recreating {rolled} host pods")));
+        }
+        if !waiting_backoff {
+            out.create = (0..n).filter(|r| !input.pods.contains_key(r)).collect();
+        }
+        if !out.create.is_empty() {
+            progressing.get_or_insert((
+                "CreatingHosts",
+                format!("creating {} host pods", out.create.len()),
+            ));
+        }
+    }
+
+    let phase = if failure_reason.is_some() {
+        WorldPhase::Failed
+    } else if troubled {
+        WorldPhase::Degraded
+    } else if u64::from(ready) == n {
+        WorldPhase::Running
+    } else {
+        WorldPhase::Creating
+    };
+    if phase == WorldPhase::Running && prev.phase != Some(WorldPhase::Running) {
+        out.events.push(event(
+            Severity::Normal,
+            "Running",
+            format!("all {n} hosts ready"),
+        ));
+    }
+
+    let mut conds = prev.conditions.clone();
+    let starting: Vec<String> = hosts
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.state == HostState::Starting && h.reason.is_some())
+        .take(3)
+        .map(|(r, h)| format!("host {r}: {}", h.reason.as_deref().unwrap_or_default()))
+        .collect();
+    let ready_msg = if starting.is_empty() {
+        format!("{ready}/{n} hosts ready")
+    } else {
+        format!("{ready}/{n} hosts ready; {}", starting.join(", "))
+    };
+    let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+        conditions::set(c, t, s, r, m, generation, &now_t)
+    };
+    set(
+        &mut conds,
+        READY,
+        phase == WorldPhase::Running,
+        if phase == WorldPhase::Running {
+            "AllHostsReady"
+        } else {
+            "HostsNotReady"
+        },
+        &ready_msg,
+    );
+    match &progressing {
+        Some((r, m)) => set(&mut conds, PROGRESSING, true, r, m),
+        None if phase == WorldPhase::Creating => {
+            set(&mut conds, PROGRESSING, true, "HostsStarting", &ready_msg)
+        }
+        None => set(&mut conds, PROGRESSING, false, "Stable", "nothing to do"),
+    }
+    if troubled {
+        let bad: Vec<String> = hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| {
+                matches!(
+                    h.state,
+                    HostState::Failed | HostState::Expired | HostState::NotReady
+                )
+            })
+            .take(5)
+            .map(|(r, h)| {
+                format!(
+                    "host {r} {:?} ({})",
+                    h.state,
+                    h.reason.as_deref().unwrap_or("no reason")
+                )
+            })
+            .collect();
+        set(
+            &mut conds,
+            DEGRADED,
+            true,
+            "HostsUnhealthy",
+            &bad.join(", "),
+        );
+    } else {
+        set(&mut conds, DEGRADED, false, "AllHostsHealthy", "");
+    }
+    match &failure_reason {
+        Some(why) => set(
+            &mut conds,
+            FAILED,
+            true,
+            if input.critical_failure.is_some() {
+                "CriticalProcMeshFailed"
+            } else {
+                "RestartLimitReached"
+            },
+            why,
+        ),
+        None => set(&mut conds, FAILED, false, "NotFailed", ""),
+    }
+
+    let (host_runs, truncated) = runs::encode_bounded(hosts, runs::MAX_RUNS);
+    out.status = WorldStatus {
+        phase: Some(phase),
+        ready: Some(format!("{ready}/{n}")),
+        ready_hosts: ready,
+        desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+        hosts: host_runs,
+        hosts_truncated: truncated,
+        conditions: conds,
+        observed_generation: generation,
+        restarts,
+        last_restart_time: last_restart,
+        degraded_since,
+    };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::world::observe::tests::{READY as POD_READY, mk_pod};
+
+    const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, generation: 1}\n\
+spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: {spec: {containers: [{name: host, image: x}]}}\n";
+
+    fn mk_world(policy: &str) -> World {
+        let mut w: World =
+            serde_saphyr::from_str(&WORLD.replace("{maxRestarts: 2, backoff: 10s}", policy))
+                .unwrap();
+        w.metadata.uid = Some("u".into());
+        w
+    }
+
+    fn timings(w: &World) -> WorldTimings {
+        hostmesh_crds::validate::world("w", &w.spec).unwrap()
+    }
+
+    fn pod(rank: u64, status: &str, hash: &str) -> Pod {
+        let mut p = mk_pod(status);
+        p.metadata.name = Some(format!("w-host-{rank}"));
+        p.metadata.annotations = Some(BTreeMap::from([(
+            ANNOTATION_TEMPLATE_HASH.to_string(),
+            hash.to_string(),
+        )]));
+        p
+    }
+
+    fn run(w: &World, pods: &BTreeMap<u64, Pod>, live: Liveness, now: i64) -> Plan {
+        plan(&PlanInput {
+            world: w,
+            timings: timings(w),
+            pods,
+            extra_pods: vec![],
+            liveness: &|_| live,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(now).unwrap(),
+        })
+    }
+
+    const FAILED_POD: &str = "  phase: Failed\n  reason: Evicted\n";
+
+    #[test]
+    fn empty_world_creates_every_host() {
+        let w = mk_world("{}");
+        let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 100);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        assert_eq!(p.status.ready.as_deref(), Some("0/3"));
+        assert!(conditions::is_true(&p.status.conditions, PROGRESSING));
+        assert!(!conditions::is_true(&p.status.conditions, READY));
+        assert_eq!(p.status.hosts.len(), 1);
+    }
+
+    #[test]
+    fn all_ready_is_running_and_ready_condition() {
+        let w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        assert!(conditions::is_true(&p.status.conditions, READY));
+        assert_eq!(p.events[0].reason, "Running");
+        // Ready pods without heartbeats are not ready hosts.
+        let p = run(&w, &pods, Liveness::Unknown, 100);
+        assert_eq!(p.status.ready_hosts, 0);
+    }
+
+    #[test]
+    fn failed_host_is_replaced_with_backoff_then_gives_up() {
+        let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
+        let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        pods.insert(1, pod(1, FAILED_POD, "h1"));
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert_eq!(p.delete, ["w-host-1"]);
+        assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+        assert_eq!(p.events[0].reason, "HostFailed");
+        assert!(p.events[0].note.contains("Evicted"), "{}", p.events[0].note);
+        // It fails again right away: the second restart waits 10s.
+        w.status = Some(p.status);
+        let p = run(&w, &pods, Liveness::Alive, 105);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(5)));
+        assert_eq!(
+            conditions::get(&p.status.conditions, PROGRESSING)
+                .unwrap()
+                .reason,
+            "BackoffWaiting"
+        );
+        let p = run(&w, &pods, Liveness::Alive, 111);
+        assert_eq!(p.delete, ["w-host-1"]);
+        assert_eq!(p.status.restarts, 2);
+        // Beyond the limit: Failed with the reason, and it stays Failed.
+        w.status = Some(p.status);
+        let p = run(&w, &pods, Liveness::Alive, 500);
+        assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+        let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+        assert!(
+            failed.message.contains("host 1 Failed (Evicted)"),
+            "{}",
+            failed.message
+        );
+        assert!(failed.message.contains("restart limit 2"));
+        assert!(p.delete.is_empty() && p.create.is_empty());
+        w.status = Some(p.status);
+        let healed: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &healed, Liveness::Alive, 600);
+        assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    }
+
+    #[test]
+    fn gang_policy_recreates_every_pod() {
+        let w = mk_world("{action: RecreateGang}");
+        let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        pods.insert(2, pod(2, FAILED_POD, "h1"));
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+        assert_eq!(p.status.restarts, 1);
+    }
+
+    #[test]
+    fn starting_hosts_are_reported_not_restarted() {
+        let w = mk_world("{}");
+        let stuck = "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable}]\n";
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, stuck, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Unknown, 100);
+        assert!(p.delete.is_empty() && p.create.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        let ready = conditions::get(&p.status.conditions, READY).unwrap();
+        assert!(
+            ready.message.contains("host 0: Unschedulable"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(
+            p.status.hosts[0].value.reason.as_deref(),
+            Some("Unschedulable")
+        );
+    }
+
+    #[test]
+    fn expired_host_waits_for_eviction_timeout() {
+        let mut w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Expired, 100);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(60)));
+        assert_eq!(
+            p.status.degraded_since,
+            Some(Time(Timestamp::from_second(100).unwrap()))
+        );
+        w.status = Some(p.status);
+        let p = run(&w, &pods, Liveness::Expired, 161);
+        assert_eq!(p.delete.len(), 3);
+    }
+
+    #[test]
+    fn changed_template_rolls_pods_and_extra_pods_go() {
+        let w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3)
+            .map(|r| (r, pod(r, POD_READY, if r == 1 { "old" } else { "h1" })))
+            .collect();
+        let mut input = PlanInput {
+            world: &w,
+            timings: timings(&w),
+            pods: &pods,
+            extra_pods: vec!["w-host-7".into()],
+            liveness: &|_| Liveness::Alive,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(1).unwrap(),
+        };
+        let p = plan(&input);
+        assert_eq!(p.delete, ["w-host-7", "w-host-1"]);
+        assert_eq!(p.events[0].reason, "RollingHosts");
+        input.critical_failure = Some("ProcMesh train failed".into());
+        let p = plan(&input);
+        assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+        assert_eq!(
+            conditions::get(&p.status.conditions, FAILED)
+                .unwrap()
+                .reason,
+            "CriticalProcMeshFailed"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Duration::from_secs(1);
+        let m = Duration::from_secs(5);
+        assert_eq!(backoff_delay(b, m, 0), Duration::from_secs(1));
+        assert_eq!(backoff_delay(b, m, 2), Duration::from_secs(4));
+        assert_eq!(backoff_delay(b, m, 3), m);
+        assert_eq!(backoff_delay(b, m, 1000), m);
+    }
+}

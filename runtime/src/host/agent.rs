@@ -1,0 +1,176 @@
+//! The agent process: start-up (configuration, secret, health endpoint, proc
+//! manager), the wait for SIGTERM / SIGINT or a `ShutdownHost`, and the
+//! graceful stop of every proc before exiting.
+//!
+//! Invariants:
+//! 1. Nothing is spawned before the configuration and the secret are valid.
+//! 2. On SIGTERM or SIGINT the agent stops its procs gracefully (TERM, grace,
+//!    KILL, bounded concurrency) before it exits; a second signal skips the
+//!    grace and kills them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::Notify;
+
+use super::config::{AgentArgs, AgentConfig, read_secret};
+use super::env::AgentIdentity;
+use super::error::HostError;
+use super::health::{self, Readiness};
+use super::manager::ProcManager;
+
+/// A running agent (embedded in tests and benchmarks; `run_agent` for the
+/// binary).
+#[derive(Debug)]
+pub struct Agent {
+    config: AgentConfig,
+    manager: ProcManager,
+    readiness: Readiness,
+    health_addr: SocketAddr,
+    shutdown: Arc<Notify>,
+    secret: Secret,
+}
+
+/// The World's shared secret; never printed.
+#[derive(Clone)]
+pub struct Secret(Arc<Vec<u8>>);
+
+impl Secret {
+    /// Wraps secret bytes.
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Secret(Arc::new(bytes))
+    }
+
+    /// The secret bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Agent {
+    /// Validates `config`, reads the secret and starts serving (invariant 1).
+    pub async fn start(config: AgentConfig) -> Result<Agent, HostError> {
+        let secret = Secret::new(read_secret(&config.secret_file)?);
+        let identity = AgentIdentity {
+            world: config.world.clone(),
+            host_rank: config.host_rank,
+            addr: config.listen,
+            secret_file: config.secret_file.clone(),
+        };
+        let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        let readiness = Readiness::default();
+        let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;
+        tokio::spawn(health);
+        readiness.set(true);
+        tracing::info!(
+            world = %config.world,
+            host_rank = config.host_rank,
+            listen = %config.listen,
+            health = %health_addr,
+            "hostmesh agent started"
+        );
+        Ok(Agent {
+            config,
+            manager,
+            readiness,
+            health_addr,
+            shutdown: Arc::new(Notify::new()),
+            secret,
+        })
+    }
+
+    /// The proc manager.
+    pub fn manager(&self) -> &ProcManager {
+        &self.manager
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// The bound health endpoint.
+    pub fn health_addr(&self) -> SocketAddr {
+        self.health_addr
+    }
+
+    /// The World's secret.
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// Asks the agent to exit (after `ShutdownHost` has stopped the procs).
+    pub fn request_exit(&self) {
+        self.shutdown.notify_one();
+    }
+
+    /// Runs until SIGTERM, SIGINT or [`Agent::request_exit`], then stops
+    /// every proc (invariant 2).
+    pub async fn run_until_stopped(self) -> Result<(), HostError> {
+        let signals = Signals::new()?;
+        self.run_with(signals).await
+    }
+
+    async fn run_with(self, signals: Signals) -> Result<(), HostError> {
+        let Signals { mut term, mut int } = signals;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping procs"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping procs"),
+            () = self.shutdown.notified() => tracing::info!("shutdown requested"),
+        }
+        self.readiness.set(false);
+        let limits = &self.config.limits;
+        let graceful = self
+            .manager
+            .shutdown(limits.stop_grace, limits.shutdown_concurrency);
+        tokio::select! {
+            () = graceful => {}
+            _ = term.recv() => {
+                tracing::warn!("second signal: killing procs without grace");
+                self.manager.shutdown(Duration::ZERO, usize::MAX).await;
+            }
+            _ = int.recv() => {
+                tracing::warn!("second signal: killing procs without grace");
+                self.manager.shutdown(Duration::ZERO, usize::MAX).await;
+            }
+        }
+        self.manager.close_output().await;
+        tracing::info!("hostmesh agent stopped");
+        Ok(())
+    }
+}
+
+/// `hostmesh agent`: validates the arguments, starts the agent and runs it
+/// until it is told to stop.
+pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
+    let config = args.validate()?;
+    // Watch signals before anything is spawned, so an early SIGTERM still
+    // stops procs gracefully.
+    let signals = Signals::new()?;
+    let agent = Agent::start(config).await?;
+    agent.run_with(signals).await
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, HostError> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())
+                .map_err(|e| HostError::io("cannot watch SIGTERM", e))?,
+            int: signal(SignalKind::interrupt())
+                .map_err(|e| HostError::io("cannot watch SIGINT", e))?,
+        })
+    }
+}

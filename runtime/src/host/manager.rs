@@ -1,0 +1,409 @@
+//! The proc manager: the table of procs on this host, the requests on it
+//! (create-or-update, stop, state, shutdown, check-in, address book) and the
+//! stream of state changes. One lifecycle task per proc incarnation
+//! (`lifecycle.rs`) owns its OS process.
+//!
+//! Invariants:
+//! 1. `CreateOrUpdate` is idempotent: the same name, rank, spec and
+//!    incarnation change nothing; a different rank or spec is refused
+//!    ([`HostError::SpecConflict`]); a higher incarnation restarts a proc
+//!    only once it has ended.
+//! 2. Every status change gets the next agent-wide sequence number and is
+//!    broadcast to subscribers at once, in sequence order.
+//! 3. The table holds at most `max_procs` entries; when full, the oldest
+//!    ended proc is forgotten to make room, never a running one.
+//! 4. After `shutdown` starts, nothing new is spawned.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt as _;
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::config::Limits;
+use super::env::{self, AgentIdentity};
+use super::error::HostError;
+use super::lifecycle::{self, Control};
+use super::logs::LogHub;
+use super::protocol::{
+    CreateOrUpdate, CreateOutcome, ProcState, ProcStateChanged, ProcStatus, RankStatus,
+};
+use super::spawn::Spawner;
+
+/// Capacity of the state-change broadcast; a subscriber that lags further
+/// behind is told so and must take a snapshot.
+const EVENT_CAPACITY: usize = 8192;
+
+struct Entry {
+    req: CreateOrUpdate,
+    state: ProcState,
+    control: Option<mpsc::Sender<Control>>,
+    ended: watch::Receiver<bool>,
+}
+
+#[derive(Default)]
+struct Table {
+    procs: BTreeMap<String, Entry>,
+    address_book: Vec<String>,
+    seq: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) identity: AgentIdentity,
+    pub(crate) limits: Limits,
+    pub(crate) spawner: Spawner,
+    pub(crate) stdout: LogHub,
+    pub(crate) stderr: LogHub,
+    table: Mutex<Table>,
+    events: broadcast::Sender<ProcStateChanged>,
+    shutting_down: AtomicBool,
+}
+
+/// The procs of one host. Cheap to clone; all clones share the table.
+#[derive(Clone)]
+pub struct ProcManager {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ProcManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcManager")
+            .field("identity", &self.inner.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcManager {
+    /// A manager forwarding proc output to `stdout` and `stderr`. Must be
+    /// called inside a tokio runtime (it starts the spawner thread).
+    pub fn new(
+        identity: AgentIdentity,
+        limits: Limits,
+        stdout: LogHub,
+        stderr: LogHub,
+    ) -> Result<Self, HostError> {
+        let spawner =
+            Spawner::start().map_err(|e| HostError::io("cannot start the spawner thread", e))?;
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        Ok(ProcManager {
+            inner: Arc::new(Inner {
+                identity,
+                limits,
+                spawner,
+                stdout,
+                stderr,
+                table: Mutex::new(Table::default()),
+                events,
+                shutting_down: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// A manager writing proc output to the agent's own stdout and stderr.
+    pub fn with_std_output(identity: AgentIdentity, limits: Limits) -> Result<Self, HostError> {
+        let cap = limits.log_buffer_lines;
+        let out = LogHub::start("stdout", cap, Box::new(std::io::stdout()))
+            .map_err(|e| HostError::io("cannot start the stdout forwarder", e))?;
+        let err = LogHub::start("stderr", cap, Box::new(std::io::stderr()))
+            .map_err(|e| HostError::io("cannot start the stderr forwarder", e))?;
+        Self::new(identity, limits, out, err)
+    }
+
+    /// This agent's identity.
+    pub fn identity(&self) -> &AgentIdentity {
+        &self.inner.identity
+    }
+
+    /// Creates the proc unless the same request was already applied
+    /// (invariant 1).
+    pub fn create_or_update(&self, req: CreateOrUpdate) -> Result<CreateOutcome, HostError> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(HostError::ShuttingDown);
+        }
+        env::validate(&req, self.inner.identity.host_rank)?;
+        let mut table = self.inner.lock();
+        let outcome = match table.procs.get(&req.name) {
+            Some(e) if e.req.rank != req.rank => {
+                return Err(HostError::SpecConflict {
+                    name: req.name,
+                    field: "rank",
+                });
+            }
+            Some(e) if e.req.spec != req.spec => {
+                return Err(HostError::SpecConflict {
+                    name: req.name,
+                    field: "spec",
+                });
+            }
+            Some(e) if req.incarnation <= e.req.incarnation => return Ok(CreateOutcome::Unchanged),
+            Some(e) if !e.state.status.is_terminal() => {
+                return Err(HostError::StillRunning {
+                    name: req.name,
+                    incarnation: req.incarnation,
+                });
+            }
+            Some(_) => CreateOutcome::Restarted,
+            None => {
+                make_room(&mut table, self.inner.limits.max_procs)?;
+                CreateOutcome::Created
+            }
+        };
+        let env = env::proc_env(&self.inner.identity, &table.address_book, &req)?;
+        let (ctl_tx, ctl_rx) = mpsc::channel(8);
+        let (ended_tx, ended_rx) = watch::channel(false);
+        let mut command = vec![req.spec.command.clone()];
+        command.extend(req.spec.args.iter().cloned());
+        let state = ProcState {
+            proc_id: format!("{},{}", self.inner.identity.addr, req.name),
+            name: req.name.clone(),
+            rank: req.rank,
+            pid: None,
+            command,
+            status: ProcStatus::Starting,
+            started_at_ms: now_ms(),
+            restarts: req.incarnation,
+            stop_requested: false,
+            seq: 0,
+        };
+        table.procs.insert(
+            req.name.clone(),
+            Entry {
+                req: req.clone(),
+                state,
+                control: Some(ctl_tx),
+                ended: ended_rx,
+            },
+        );
+        self.inner.publish(&mut table, &req.name);
+        drop(table);
+        tracing::info!(proc = %req.name, rank = req.rank, incarnation = req.incarnation, ?outcome, "creating proc");
+        tokio::spawn(lifecycle::run(
+            self.inner.clone(),
+            req,
+            env,
+            ctl_rx,
+            ended_tx,
+        ));
+        Ok(outcome)
+    }
+
+    /// The rank and status of a proc.
+    pub fn rank_status(&self, name: &str) -> Result<RankStatus, HostError> {
+        let table = self.inner.lock();
+        let e = table.procs.get(name).ok_or_else(|| no_such(name))?;
+        Ok(RankStatus {
+            rank: e.req.rank,
+            status: e.state.status.clone(),
+        })
+    }
+
+    /// The full state of a proc.
+    pub fn state(&self, name: &str) -> Result<ProcState, HostError> {
+        let table = self.inner.lock();
+        table
+            .procs
+            .get(name)
+            .map(|e| e.state.clone())
+            .ok_or_else(|| no_such(name))
+    }
+
+    /// Every proc's state, by name, and the sequence number it is current at.
+    pub fn snapshot(&self) -> (u64, Vec<ProcState>) {
+        let table = self.inner.lock();
+        (
+            table.seq,
+            table.procs.values().map(|e| e.state.clone()).collect(),
+        )
+    }
+
+    /// Subscribes to state changes (invariant 2). Take a [`snapshot`]
+    /// after subscribing and skip events with a `seq` it already covers.
+    ///
+    /// [`snapshot`]: ProcManager::snapshot
+    pub fn subscribe(&self) -> broadcast::Receiver<ProcStateChanged> {
+        self.inner.events.subscribe()
+    }
+
+    /// Replaces the address book (host runtime addresses by host rank).
+    pub fn set_address_book(&self, hosts: Vec<String>) {
+        self.inner.lock().address_book = hosts;
+    }
+
+    /// A runtime-aware proc reporting in: it becomes Ready with `addr`.
+    pub fn check_in(&self, name: &str, addr: String) -> Result<(), HostError> {
+        let control = {
+            let table = self.inner.lock();
+            let e = table.procs.get(name).ok_or_else(|| no_such(name))?;
+            e.control.clone()
+        };
+        if let Some(c) = control {
+            let _ = c.try_send(Control::CheckIn(addr));
+        }
+        Ok(())
+    }
+
+    /// Stops a proc: TERM to its process group, `grace`, then KILL. Returns
+    /// its final status; a proc that already ended just returns its status.
+    pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcStatus, HostError> {
+        let (control, mut ended) = {
+            let mut table = self.inner.lock();
+            let e = table.procs.get_mut(name).ok_or_else(|| no_such(name))?;
+            if e.state.status.is_terminal() {
+                return Ok(e.state.status.clone());
+            }
+            e.state.stop_requested = true;
+            (e.control.clone(), e.ended.clone())
+        };
+        if let Some(c) = control {
+            let _ = c.try_send(Control::Stop(grace));
+        }
+        let _ = ended.wait_for(|done| *done).await;
+        self.rank_status(name).map(|r| r.status)
+    }
+
+    /// Stops every running proc, at most `max_concurrency` at a time, and
+    /// refuses new ones from now on (invariant 4).
+    pub async fn shutdown(&self, grace: Duration, max_concurrency: usize) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let running: Vec<String> = {
+            let table = self.inner.lock();
+            table
+                .procs
+                .iter()
+                .filter(|(_, e)| !e.state.status.is_terminal())
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        tracing::info!(
+            procs = running.len(),
+            ?grace,
+            max_concurrency,
+            "stopping all procs"
+        );
+        futures::stream::iter(running)
+            .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
+                if let Err(e) = self.stop(&name, grace).await {
+                    tracing::warn!(proc = %name, error = %e, "stop during shutdown");
+                }
+            })
+            .await;
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Writes out the proc output still queued (waiting at most 2 s) and
+    /// stops forwarding.
+    pub async fn close_output(&self) {
+        self.inner.stdout.close(Duration::from_secs(2)).await;
+        self.inner.stderr.close(Duration::from_secs(2)).await;
+    }
+
+    /// Lines of proc output dropped so far (stdout and stderr together).
+    pub fn dropped_log_lines(&self) -> u64 {
+        self.inner.stdout.dropped() + self.inner.stderr.dropped()
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `f` to the proc's state if `incarnation` is still current,
+    /// then publishes it (invariant 2).
+    pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcState)) {
+        let mut table = self.lock();
+        match table.procs.get_mut(name) {
+            Some(e) if e.req.incarnation == incarnation => f(&mut e.state),
+            _ => return,
+        }
+        self.publish(&mut table, name);
+    }
+
+    /// Marks the incarnation ended: no more control messages.
+    pub(crate) fn detach(&self, name: &str, incarnation: u32) {
+        let mut table = self.lock();
+        if let Some(e) = table.procs.get_mut(name)
+            && e.req.incarnation == incarnation
+        {
+            e.control = None;
+        }
+    }
+
+    fn publish(&self, table: &mut Table, name: &str) {
+        table.seq += 1;
+        let seq = table.seq;
+        let Some(e) = table.procs.get_mut(name) else {
+            return;
+        };
+        e.state.seq = seq;
+        tracing::info!(proc = %name, rank = e.state.rank, status = ?e.state.status, seq, "proc state");
+        let _ = self.events.send(ProcStateChanged {
+            host_rank: self.identity.host_rank,
+            state: e.state.clone(),
+        });
+    }
+}
+
+fn make_room(table: &mut Table, max: usize) -> Result<(), HostError> {
+    if table.procs.len() < max {
+        return Ok(());
+    }
+    let oldest = table
+        .procs
+        .iter()
+        .filter(|(_, e)| e.state.status.is_terminal())
+        .min_by_key(|(_, e)| e.state.seq)
+        .map(|(n, _)| n.clone());
+    match oldest {
+        Some(n) => {
+            tracing::info!(proc = %n, "forgetting the oldest ended proc to stay within --max-procs");
+            table.procs.remove(&n);
+            Ok(())
+        }
+        None => Err(HostError::TooManyProcs { limit: max }),
+    }
+}
+
+fn no_such(name: &str) -> HostError {
+    HostError::NoSuchProc {
+        name: name.to_owned(),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A digest of a set of proc states: FNV-1a over each proc's name,
+/// incarnation, status label and pid, in name order. The agent sends it in
+/// heartbeats; a supervisor computes it over its own picture and asks for a
+/// snapshot when they differ.
+pub fn digest(states: &[ProcState]) -> u64 {
+    let mut sorted: Vec<&ProcState> = states.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for s in sorted {
+        eat(s.name.as_bytes());
+        eat(&[0]);
+        eat(&s.restarts.to_le_bytes());
+        eat(s.status.label().as_bytes());
+        eat(&s.pid.unwrap_or(0).to_le_bytes());
+    }
+    h
+}

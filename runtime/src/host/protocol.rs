@@ -1,0 +1,242 @@
+//! The host agent's messages and the data they carry (docs/architecture.md,
+//! "Agent protocol"; docs/agent.md). Plain serde types, no I/O.
+//!
+//! Invariants:
+//! 1. A [`ProcSpec`] is compared whole: two `CreateOrUpdate`s of one name are
+//!    the same request exactly when rank, spec and incarnation are equal.
+//! 2. [`ProcStatus::is_terminal`] statuses never change again for the same
+//!    incarnation of a proc.
+//! 3. Every [`ProcStateChanged`] carries the proc's full state, so a
+//!    subscriber never needs an earlier message to interpret a later one.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One named dimension of a mesh extent, such as `gpu=8`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dim {
+    /// Dimension name (`replica`, `host`, `gpu`).
+    pub name: String,
+    /// Number of positions along the dimension (at least 1).
+    pub size: usize,
+}
+
+impl Dim {
+    /// A dimension `name=size`.
+    pub fn new(name: impl Into<String>, size: usize) -> Self {
+        Dim {
+            name: name.into(),
+            size,
+        }
+    }
+}
+
+/// What to run for one proc, and where it sits in its proc mesh.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProcSpec {
+    /// Executable: a path, or a name looked up in `PATH`.
+    pub command: String,
+    /// Arguments after the executable.
+    pub args: Vec<String>,
+    /// Extra environment, applied after the contract variables (so a user
+    /// may override them, on purpose).
+    pub env: Vec<(String, String)>,
+    /// Working directory; the agent's own when absent.
+    pub working_dir: Option<String>,
+    /// Name of the proc mesh (`HOSTMESH_PROC_MESH`).
+    pub proc_mesh: String,
+    /// Full extent of the proc mesh: the World's shape followed by the
+    /// per-host dimensions.
+    pub extent: Vec<Dim>,
+    /// How many trailing dimensions of `extent` are per-host (`perHost`).
+    pub per_host_dims: usize,
+    /// `MASTER_PORT` for the proc; 29500 when absent.
+    pub master_port: Option<u16>,
+    /// The proc links the runtime and must check in with the agent to be
+    /// Ready; otherwise it is Ready once spawned.
+    pub runtime_aware: bool,
+    /// How long a runtime-aware proc has to check in, in milliseconds; the
+    /// agent's default when absent.
+    pub spawn_timeout_ms: Option<u64>,
+}
+
+impl ProcSpec {
+    /// A plain command in a one-proc mesh, the usual start for tests and
+    /// tools; adjust fields afterwards.
+    pub fn command(command: impl Into<String>, args: &[&str]) -> Self {
+        ProcSpec {
+            command: command.into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env: Vec::new(),
+            working_dir: None,
+            proc_mesh: "default".to_owned(),
+            extent: vec![Dim::new("host", 1), Dim::new("proc", 1)],
+            per_host_dims: 1,
+            master_port: None,
+            runtime_aware: false,
+            spawn_timeout_ms: None,
+        }
+    }
+
+    /// Number of procs in the whole mesh.
+    pub fn world_size(&self) -> usize {
+        self.extent.iter().map(|d| d.size).product()
+    }
+
+    /// Number of procs on each host.
+    pub fn local_world_size(&self) -> usize {
+        let n = self.extent.len();
+        self.extent[n.saturating_sub(self.per_host_dims)..]
+            .iter()
+            .map(|d| d.size)
+            .product()
+    }
+}
+
+/// Create the named proc if it does not exist (idempotent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateOrUpdate {
+    /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 253 bytes).
+    pub name: String,
+    /// The proc's global rank in its mesh.
+    pub rank: usize,
+    /// What to run.
+    pub spec: ProcSpec,
+    /// The operator's restart counter for this proc. A higher incarnation of
+    /// a terminated proc with the same spec restarts it; equal is a no-op.
+    pub incarnation: u32,
+}
+
+/// What `CreateOrUpdate` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CreateOutcome {
+    /// A new proc was started.
+    Created,
+    /// A terminated proc was started again under a new incarnation.
+    Restarted,
+    /// The same request had already been applied: nothing changed.
+    Unchanged,
+}
+
+/// The lifecycle state of one proc (DESIGN.md, "Runtime and supervision").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcStatus {
+    /// Being spawned, or spawned and waiting for a runtime-aware check-in.
+    Starting,
+    /// Running.
+    Ready {
+        /// OS process id.
+        pid: u32,
+        /// Runtime address of a runtime-aware proc.
+        addr: Option<String>,
+    },
+    /// A stop was requested: TERM was sent, KILL follows after the grace.
+    Stopping {
+        /// OS process id.
+        pid: u32,
+    },
+    /// Exited by itself or after a stop, with an exit code.
+    Stopped {
+        /// The exit code.
+        exit_code: i32,
+        /// Last lines of stderr (bounded in lines and bytes).
+        stderr_tail: Vec<String>,
+    },
+    /// Ended by a signal.
+    Killed {
+        /// Signal number.
+        signal: i32,
+        /// Whether a core was dumped.
+        core_dumped: bool,
+        /// Last lines of stderr (bounded in lines and bytes).
+        stderr_tail: Vec<String>,
+    },
+    /// Could not be started (for example, the executable does not exist).
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// A runtime-aware proc that did not check in within its spawn timeout;
+    /// the agent stopped it.
+    Timeout {
+        /// The timeout that elapsed, in milliseconds.
+        after_ms: u64,
+    },
+}
+
+impl ProcStatus {
+    /// Whether the proc has ended (no process is running for it).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            ProcStatus::Stopped { .. }
+                | ProcStatus::Killed { .. }
+                | ProcStatus::Failed { .. }
+                | ProcStatus::Timeout { .. }
+        )
+    }
+
+    /// A short label (`Ready`, `Stopped`, ...), for logs and digests.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProcStatus::Starting => "Starting",
+            ProcStatus::Ready { .. } => "Ready",
+            ProcStatus::Stopping { .. } => "Stopping",
+            ProcStatus::Stopped { .. } => "Stopped",
+            ProcStatus::Killed { .. } => "Killed",
+            ProcStatus::Failed { .. } => "Failed",
+            ProcStatus::Timeout { .. } => "Timeout",
+        }
+    }
+}
+
+/// `GetRankStatus` answer: the proc's rank and status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankStatus {
+    /// The proc's rank.
+    pub rank: usize,
+    /// Its status.
+    pub status: ProcStatus,
+}
+
+/// `GetState` answer, and the content of every push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcState {
+    /// The proc's id: `<agent address>,<name>`.
+    pub proc_id: String,
+    /// The proc name.
+    pub name: String,
+    /// Its global rank.
+    pub rank: usize,
+    /// OS process id of the current incarnation, once spawned.
+    pub pid: Option<u32>,
+    /// The command line that was run (executable and arguments).
+    pub command: Vec<String>,
+    /// Current status.
+    pub status: ProcStatus,
+    /// Start time of the current incarnation, milliseconds since the Unix
+    /// epoch.
+    pub started_at_ms: u64,
+    /// How many times the proc was restarted (its incarnation).
+    pub restarts: u32,
+    /// Whether the end was asked for (Stop, ShutdownHost): such an end is not
+    /// a failure.
+    pub stop_requested: bool,
+    /// Agent-wide sequence number of this state, increasing with every change.
+    pub seq: u64,
+}
+
+/// A push to subscribers: one proc changed state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcStateChanged {
+    /// The host's rank.
+    pub host_rank: usize,
+    /// The proc's new state.
+    pub state: ProcState,
+}
+
+/// Grace period on the wire, in milliseconds.
+pub fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,158 @@
+//! Helpers shared by the agent integration tests: a proc manager whose
+//! output is captured, spec builders and bounded polling.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hostmesh_runtime::host::protocol::{CreateOrUpdate, ProcSpec, ProcState};
+use hostmesh_runtime::host::{AgentIdentity, Limits, LogHub, ProcManager};
+
+/// Generous bound for anything a test waits on.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Output captured from a [`LogHub`].
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A writer into a [`Captured`], optionally slow (to make queues overflow).
+pub struct CaptureWriter {
+    pub buf: Captured,
+    pub delay: Option<Duration>,
+}
+
+impl Write for CaptureWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
+        self.buf.0.lock().unwrap().extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub struct Harness {
+    pub manager: ProcManager,
+    pub stdout: Captured,
+    pub stderr: Captured,
+}
+
+pub fn identity(host_rank: usize) -> AgentIdentity {
+    AgentIdentity {
+        world: "testworld".into(),
+        host_rank,
+        addr: "127.0.0.1:26600".parse().unwrap(),
+        secret_file: "/dev/null".into(),
+    }
+}
+
+/// A manager for host 0 capturing output, with a small log buffer and an
+/// optional write delay.
+pub fn harness_with(limits: Limits, delay: Option<Duration>) -> Harness {
+    let stdout = Captured::default();
+    let stderr = Captured::default();
+    let out = LogHub::start(
+        "test-out",
+        limits.log_buffer_lines,
+        Box::new(CaptureWriter {
+            buf: stdout.clone(),
+            delay,
+        }),
+    )
+    .unwrap();
+    let err = LogHub::start(
+        "test-err",
+        limits.log_buffer_lines,
+        Box::new(CaptureWriter {
+            buf: stderr.clone(),
+            delay: None,
+        }),
+    )
+    .unwrap();
+    let manager = ProcManager::new(identity(0), limits, out, err).unwrap();
+    Harness {
+        manager,
+        stdout,
+        stderr,
+    }
+}
+
+pub fn harness() -> Harness {
+    harness_with(Limits::default(), None)
+}
+
+/// A request for rank `rank` of a one-host mesh of `per_host` procs.
+pub fn req(name: &str, rank: usize, command: &str, args: &[&str]) -> CreateOrUpdate {
+    let mut spec = ProcSpec::command(command, args);
+    spec.proc_mesh = "mesh".into();
+    spec.extent = vec![
+        hostmesh_runtime::host::protocol::Dim::new("host", 1),
+        hostmesh_runtime::host::protocol::Dim::new("proc", 64),
+    ];
+    CreateOrUpdate {
+        name: name.into(),
+        rank,
+        spec,
+        incarnation: 0,
+    }
+}
+
+pub fn sh(name: &str, rank: usize, script: &str) -> CreateOrUpdate {
+    req(name, rank, "sh", &["-c", script])
+}
+
+/// Polls the proc's state until `pred` holds; panics with the last state
+/// after [`PATIENCE`].
+pub async fn wait_state(
+    m: &ProcManager,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&ProcState) -> bool,
+) -> ProcState {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let st = m.state(name).unwrap();
+        if pred(&st) {
+            return st;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "proc {name} never became {what}; last state {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `cond` until it holds, for at most [`PATIENCE`].
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether a process is gone (no such pid, or a zombie nobody reaps yet).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}

@@ -1,0 +1,96 @@
+//! e2e: a host whose agent dies is Expired within healthTimeout (plus the
+//! detection slack) and replaced per failurePolicy; with RecreateGang the
+//! whole World is recreated.
+
+use hostmesh_e2e::{Env, agent_pids, condition_true, signal, world_yaml};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+
+fn host_state(status: &serde_json::Value, rank: u64) -> String {
+    status["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| {
+            let start = r["start"].as_u64().unwrap_or(u64::MAX);
+            let count = r["count"].as_u64().unwrap_or(0);
+            start <= rank && rank < start.saturating_add(count)
+        })
+        .map(|r| r["state"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
+async fn pod_uid(env: &Env, name: &str) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    Ok(pods.get(name).await?.metadata.uid.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_agent_expires_and_its_host_is_replaced() -> anyhow::Result<()> {
+    let env = Env::start("host-replace").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  healthTimeout: 3s\n  evictionTimeout: 1s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
+    ))
+    .await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let old_uid = pod_uid(&env, "w-host-1").await?;
+    let untouched = pod_uid(&env, "w-host-0").await?;
+    let pids = agent_pids("w", 1);
+    assert_eq!(pids.len(), 1);
+    signal(pids[0], "KILL")?;
+    // The silent agent's host is Expired and the World Degraded (detection
+    // time is measured by the operator and e2e benchmarks, not asserted).
+    env.wait_for("World", "w", "host 1 Expired, World Degraded", |s| {
+        host_state(s, 1) == "Expired" && condition_true(s, "Degraded")
+    })
+    .await?;
+    env.wait_for("World", "w", "replaced and Ready again", |s| {
+        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
+    })
+    .await?;
+    assert_ne!(
+        pod_uid(&env, "w-host-1").await?,
+        old_uid,
+        "host 1 was recreated"
+    );
+    assert_eq!(
+        pod_uid(&env, "w-host-0").await?,
+        untouched,
+        "host 0 was left alone"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_recreate_gang_every_host_is_recreated() -> anyhow::Result<()> {
+    let env = Env::start("host-gang").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  healthTimeout: 3s\n  evictionTimeout: 1s\n  failurePolicy: {action: RecreateGang, maxRestarts: 3, backoff: 1s}\n",
+    ))
+    .await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let uids = [
+        pod_uid(&env, "w-host-0").await?,
+        pod_uid(&env, "w-host-1").await?,
+    ];
+    let pids = agent_pids("w", 0);
+    assert_eq!(pids.len(), 1);
+    signal(pids[0], "KILL")?;
+    env.wait_for("World", "w", "recreated and Ready again", |s| {
+        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
+    })
+    .await?;
+    assert_ne!(pod_uid(&env, "w-host-0").await?, uids[0]);
+    assert_ne!(
+        pod_uid(&env, "w-host-1").await?,
+        uids[1],
+        "the whole gang is recreated"
+    );
+    Ok(())
+}

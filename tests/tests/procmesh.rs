@@ -1,0 +1,155 @@
+//! e2e: a ProcMesh becomes Running with the environment contract in every
+//! proc; a failing proc is reported with its root cause and restarted per
+//! policy.
+
+use std::collections::BTreeMap;
+
+use hostmesh_e2e::{Env, condition_true, world_yaml};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+
+fn mesh_yaml(name: &str, world: &str, per_host: u32, command: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: {name}}}\nspec:\n  world: {world}\n  perHost: [{{name: gpu, size: {per_host}}}]\n  command: [sh, -c, {command:?}]\n{extra}"
+    )
+}
+
+fn read_env(path: &std::path::Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn procmesh_of_eight_procs_runs_with_the_environment_contract() -> anyhow::Result<()> {
+    let env = Env::start("procmesh-env").await?;
+    let out = tempfile::tempdir()?;
+    env.apply(&world_yaml("w", &[("replica", 2), ("host", 2)], ""))
+        .await?;
+    let cmd = format!(
+        "env > {dir}/rank-$RANK.tmp && mv {dir}/rank-$RANK.tmp {dir}/rank-$RANK.env && exec sleep 300",
+        dir = out.path().display()
+    );
+    env.apply(&mesh_yaml("pm", "w", 2, &cmd, "")).await?;
+    let status = env
+        .wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    assert_eq!(status["running"], 8, "{status:#}");
+    assert_eq!(status["phase"], "Running", "{status:#}");
+    assert_eq!(status["extent"], "replica=2,host=2,gpu=2", "{status:#}");
+
+    // The World's host 0 address is MASTER_ADDR for everyone.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let host0_ip = pods
+        .get("w-host-0")
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("host 0 has an IP");
+    for rank in 0..8u32 {
+        let path = out.path().join(format!("rank-{rank}.env"));
+        hostmesh_e2e::eventually(&format!("rank {rank} wrote its env"), || path.exists()).await?;
+        let e = read_env(&path);
+        let host = rank / 2;
+        assert_eq!(e["RANK"], rank.to_string());
+        assert_eq!(e["WORLD_SIZE"], "8");
+        assert_eq!(e["LOCAL_RANK"], (rank % 2).to_string());
+        assert_eq!(e["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(e["GROUP_RANK"], host.to_string());
+        assert_eq!(e["MASTER_ADDR"], host0_ip);
+        assert_eq!(e["HOSTMESH_COORD_REPLICA"], (host / 2).to_string());
+        assert_eq!(e["HOSTMESH_COORD_HOST"], (host % 2).to_string());
+        assert_eq!(e["HOSTMESH_COORD_GPU"], (rank % 2).to_string());
+        assert_eq!(e["HOSTMESH_PROC_MESH"], "pm");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_rank_is_the_first_failure_with_code_and_stderr() -> anyhow::Result<()> {
+    let env = Env::start("procmesh-fail").await?;
+    env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
+    // Rank 3 fails; the others keep running.
+    let cmd = "if [ \"$RANK\" = 3 ]; then echo 'boom: out of memory on device' >&2; exit 3; fi; exec sleep 300";
+    env.apply(&mesh_yaml(
+        "pm",
+        "w",
+        2,
+        cmd,
+        "  restartPolicy: {policy: Never}\n",
+    ))
+    .await?;
+    let status = env
+        .wait_for("ProcMesh", "pm", "a first failure", |s| {
+            !s["firstFailure"].is_null()
+        })
+        .await?;
+    let ff = &status["firstFailure"];
+    assert_eq!(ff["rank"], 3, "{status:#}");
+    assert_eq!(ff["host"], 1, "{status:#}");
+    assert_eq!(ff["exitCode"], 3, "{status:#}");
+    assert!(
+        ff["stderrTail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("boom"),
+        "{status:#}"
+    );
+    let status = env
+        .wait_for("ProcMesh", "pm", "failed count 1", |s| s["failed"] == 1)
+        .await?;
+    // The per-rank runs say the same, compactly.
+    let ranks = status["ranks"].as_array().cloned().unwrap_or_default();
+    assert!(ranks.len() <= 3, "runs are compact: {status:#}");
+    // An Event names the rank.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let start = std::time::Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await?;
+        if list
+            .items
+            .iter()
+            .any(|e| e.message.as_deref().unwrap_or_default().contains("rank 3"))
+        {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "no Event mentions rank 3"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result<()> {
+    let env = Env::start("procmesh-restart").await?;
+    let marks = tempfile::tempdir()?;
+    env.apply(&world_yaml("w", &[("host", 1)], "")).await?;
+    // Rank 1 fails the first time only.
+    let cmd = format!(
+        "if [ \"$RANK\" = 1 ] && [ ! -e {m}/once ]; then touch {m}/once; echo first-try >&2; exit 3; fi; exec sleep 300",
+        m = marks.path().display()
+    );
+    env.apply(&mesh_yaml(
+        "pm",
+        "w",
+        2,
+        &cmd,
+        "  restartPolicy: {policy: OnFailure, maxRestarts: 2}\n",
+    ))
+    .await?;
+    let status = env
+        .wait_for("ProcMesh", "pm", "restarted and Ready", |s| {
+            s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
+        })
+        .await?;
+    assert_eq!(status["running"], 2, "{status:#}");
+    // The root cause stays recorded after the recovery.
+    assert_eq!(status["firstFailure"]["rank"], 1, "{status:#}");
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! e2e: a World becomes Running with an agent in every host pod, is usable
+//! with `kubectl wait`, and leaves nothing behind when deleted.
+
+use hostmesh_e2e::{Env, agent_pids, condition_true, eventually, proc_pids, world_yaml};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn world_of_four_hosts_becomes_running_with_an_agent_per_pod() -> anyhow::Result<()> {
+    let env = Env::start("world-running").await?;
+    env.apply(&world_yaml("w4", &[("replica", 2), ("host", 2)], ""))
+        .await?;
+    let status = env
+        .wait_for("World", "w4", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    assert_eq!(status["phase"], "Running", "{status:#}");
+    assert_eq!(status["readyHosts"], 4, "{status:#}");
+    assert_eq!(status["ready"], "4/4", "{status:#}");
+
+    // One pod per rank, named and labelled by rank, user labels kept.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let list = pods
+        .list(&ListParams::default().labels("hostmesh.dev/world=w4"))
+        .await?;
+    let mut names: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["w4-host-0", "w4-host-1", "w4-host-2", "w4-host-3"]);
+    for p in &list.items {
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("team").map(String::as_str),
+            Some("e2e"),
+            "user label lost"
+        );
+    }
+    // Every host runs a real agent process.
+    for rank in 0..4 {
+        assert_eq!(agent_pids("w4", rank).len(), 1, "agent of host {rank}");
+    }
+    // kubectl wait understands the condition.
+    env.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "world/w4",
+        "-n",
+        &env.namespace,
+        "--timeout=60s",
+    ])?;
+    // And kubectl get shows the printer columns.
+    let table = env.kubectl(&["get", "worlds", "-n", &env.namespace])?;
+    assert!(
+        table.contains("READY") && table.contains("4/4") && table.contains("Running"),
+        "{table}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Result<()> {
+    let env = Env::start("world-delete").await?;
+    env.apply(&world_yaml("wd", &[("host", 2)], "")).await?;
+    // Each proc records that it was asked to stop (SIGTERM) before exiting.
+    let marks = tempfile::tempdir()?;
+    let cmd = format!(
+        "trap 'touch {m}/term-$RANK; exit 0' TERM; sleep 300 & wait",
+        m = marks.path().display()
+    );
+    env.apply(&format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: sleepers}}\nspec:\n  world: wd\n  perHost: [{{name: gpu, size: 2}}]\n  command: [sh, -c, {cmd:?}]\n"
+    ))
+    .await?;
+    env.wait_for("ProcMesh", "sleepers", "Ready", |s| {
+        condition_true(s, "Ready")
+    })
+    .await?;
+    assert_eq!(proc_pids("wd", "sleepers").len(), 4);
+    env.delete("World", "wd").await?;
+    eventually("every proc and agent gone", || {
+        proc_pids("wd", "sleepers").is_empty() && (0..2).all(|r| agent_pids("wd", r).is_empty())
+    })
+    .await?;
+    for rank in 0..4 {
+        assert!(
+            marks.path().join(format!("term-{rank}")).exists(),
+            "rank {rank} was not stopped gracefully (no SIGTERM seen)"
+        );
+    }
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let api = env.hostmesh_api("ProcMesh");
+    let worlds = env.hostmesh_api("World");
+    let start = std::time::Instant::now();
+    loop {
+        let left_pods = pods.list(&ListParams::default()).await?.items.len();
+        let left_meshes = api.list(&ListParams::default()).await?.items.len();
+        let left_worlds = worlds.list(&ListParams::default()).await?.items.len();
+        if left_pods + left_meshes + left_worlds == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "objects left: {left_pods} pods, {left_meshes} procmeshes, {left_worlds} worlds"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_specs_are_rejected_or_flagged_naming_the_field() -> anyhow::Result<()> {
+    let env = Env::start("invalid").await?;
+    // Schema: a dimension size of 0 is rejected at admission, naming the field.
+    let err = env
+        .apply(&world_yaml("bad", &[("host", 0)], ""))
+        .await
+        .expect_err("size 0 must be rejected");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("size"), "{msg}");
+    // Controller-side: a perHost dimension that is also a World dimension.
+    env.apply(&world_yaml("wv", &[("host", 1)], "")).await?;
+    env.apply(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: clash}\nspec:\n  world: wv\n  perHost: [{name: host, size: 2}]\n  command: [sleep, '1']\n",
+    )
+    .await?;
+    let status = env
+        .wait_for("ProcMesh", "clash", "a condition naming perHost", |s| {
+            s.to_string().contains("perHost")
+        })
+        .await?;
+    assert!(!condition_true(&status, "Ready"), "{status:#}");
+    // A ProcMesh whose World does not exist says so.
+    env.apply(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: orphan}\nspec:\n  world: nowhere\n  command: [sleep, '1']\n",
+    )
+    .await?;
+    env.wait_for("ProcMesh", "orphan", "a condition naming the World", |s| {
+        s.to_string().contains("nowhere")
+    })
+    .await?;
+    Ok(())
+}
