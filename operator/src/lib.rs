@@ -10,6 +10,7 @@
 //! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
 
 pub mod context;
+pub mod devenv;
 pub mod health;
 pub mod hub;
 pub mod leader;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod procmesh;
 pub mod status;
 pub mod telemetry;
+pub mod up;
 pub mod world;
 
 use std::sync::Arc;

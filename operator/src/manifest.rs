@@ -36,7 +36,7 @@ pub enum ManifestError {
         source: kube::Error,
     },
     /// The API server refused the object.
-    #[error("{kind} {name}: {source}")]
+    #[error("{kind} {name}")]
     Apply {
         /// Object kind.
         kind: String,
