@@ -33,6 +33,10 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(SimConnector::default()).await
+    }
+
+    async fn start_with(sim: SimConnector) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(
@@ -57,7 +61,7 @@ impl Cluster {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap();
-        let sim = Arc::new(SimConnector::default());
+        let sim = Arc::new(sim);
         let args = OperatorArgs {
             agent_image: "agent:test".into(),
             watch_namespaces: vec![NS.into()],
@@ -406,6 +410,63 @@ async fn invalid_procmesh_names_the_field() {
         msgs["orphan"].contains("spec.world") && msgs["orphan"].contains("nowhere"),
         "{}",
         msgs["orphan"]
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
+    let c = Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
+    c.apply_yaml(&format!(
+        "{WORLD}  healthTimeout: 1s\n  evictionTimeout: 1s\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 2, backoff: 1s}}\n"
+    ))
+    .await;
+    let pods = c.api::<Pod>();
+    eventually("two host pods", || async {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await
+            .ok()?;
+        (l.items.len() == 2).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-0", "127.0.9.1").await;
+    c.pod_ready("w-host-1", "127.0.9.2").await;
+    let worlds = c.api::<World>();
+    eventually("World Running", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
+    })
+    .await;
+    let old = pods.get("w-host-1").await.unwrap().metadata.uid.unwrap();
+    let untouched = pods.get("w-host-0").await.unwrap().metadata.uid;
+    c.sim.kill(&old);
+    let s = eventually("host 1 Expired", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        let expired = hostmesh_crds::runs::get(&s.hosts, 1)
+            .is_some_and(|h| h.state == hostmesh_crds::world::HostState::Expired);
+        expired.then_some(s)
+    })
+    .await;
+    assert_eq!(s.phase, Some(hostmesh_crds::world::WorldPhase::Degraded));
+    assert!(s.degraded_since.is_some());
+    eventually("host 1 replaced", || async {
+        let p = pods.get_opt("w-host-1").await.ok()??;
+        (p.metadata.uid.as_deref() != Some(old.as_str())).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-1", "127.0.9.3").await;
+    let s = eventually("Running again", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(s)
+    })
+    .await;
+    assert_eq!(s.restarts, 1);
+    assert!(s.degraded_since.is_none());
+    assert_eq!(
+        pods.get("w-host-0").await.unwrap().metadata.uid,
+        untouched,
+        "host 0 left alone"
     );
     c.shutdown().await;
 }
