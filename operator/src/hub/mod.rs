@@ -374,6 +374,7 @@ impl Hub {
                     world: world.clone(),
                     rank: r,
                 };
+                self.connector.forget_host(&key);
                 st.heartbeats.remove(&key);
                 st.expired.remove(&key);
             }
@@ -485,6 +486,8 @@ impl Hub {
             }
         }
         st.world_triggers.remove(world);
+        drop(st);
+        self.connector.forget_world(world);
     }
 
     /// Whether every host in `ranks` of `world` has a live connection.
