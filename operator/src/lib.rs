@@ -16,6 +16,7 @@ pub mod hub;
 pub mod leader;
 pub mod manifest;
 pub mod metrics;
+pub mod ops;
 pub mod procmesh;
 pub mod status;
 pub mod telemetry;

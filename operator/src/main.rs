@@ -29,7 +29,7 @@ enum Command {
         to: PathBuf,
     },
     /// Run the World and ProcMesh controllers and the supervision hub.
-    Operator(hostmesh_operator::OperatorArgs),
+    Operator(Box<hostmesh_operator::ops::OperatorCommand>),
     /// Run a World and ProcMesh manifest on an embedded cluster (API server,
     /// process kubelet and operator in this process) until Ctrl-C.
     Up(hostmesh_operator::up::UpArgs),
@@ -63,7 +63,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
         Command::Up(args) => run_up(args),
-        Command::Operator(args) => run_operator(args),
+        Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
@@ -82,21 +82,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("process kubelet failed")
         }
     }
-}
-
-/// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
-fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
-    tokio::runtime::Runtime::new()
-        .context("cannot start the async runtime")?
-        .block_on(hostmesh_operator::run(args))
-        .context("operator failed")
 }
 
 /// `hostmesh up`: logs go to a file in the data directory so the terminal
