@@ -21,6 +21,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator settings.
     pub args: OperatorArgs,
+    /// Paces status writes per object.
+    pub pacer: crate::writes::StatusPacer,
 }
 
 impl Context {
@@ -39,6 +41,7 @@ impl Context {
             client,
             hub: Hub::new(connector),
             args,
+            pacer: crate::writes::StatusPacer::new(crate::hub::COALESCE_INTERVAL),
         })
     }
 
