@@ -49,6 +49,9 @@ pub enum OpsError {
     /// The controllers failed.
     #[error(transparent)]
     Operator(#[from] crate::Error),
+    /// No kubeconfig or in-cluster configuration, or a bad one.
+    #[error("cannot configure the Kubernetes client: {0}; set KUBECONFIG or run in a pod")]
+    Connect(String),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -88,21 +91,28 @@ pub async fn run(
     cmd: OperatorCommand,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OpsError> {
-    let client = crate::connect().await?;
+    let metrics = Arc::new(Metrics::new());
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| OpsError::Connect(e.to_string()))?;
+    let client = crate::client_metrics::client(config, metrics.clone())
+        .map_err(|e| OpsError::Connect(e.to_string()))?;
     let listener = health::bind(cmd.health.http_addr).await?;
-    run_with(cmd, client, listener, shutdown).await
+    run_with(cmd, client, metrics, listener, shutdown).await
 }
 
-/// Runs the operator with a given client and HTTP listener until `shutdown`
-/// resolves (invariants 1-3).
+/// Runs the operator with a given client, metrics and HTTP listener until
+/// `shutdown` resolves (invariants 1-3). Build the client with
+/// [`client_metrics::client`](crate::client_metrics::client) to count status
+/// writes.
 pub async fn run_with(
     cmd: OperatorCommand,
     client: kube::Client,
+    metrics: Arc<Metrics>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OpsError> {
     let shutdown = shutdown.boxed().shared();
-    let metrics = Arc::new(Metrics::new());
 
     let (elector_stop, elector_stop_rx) = oneshot::channel::<()>();
     let (leader, elector) = cmd.leader.start(client.clone(), metrics.clone(), async {

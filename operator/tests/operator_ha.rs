@@ -4,12 +4,14 @@
 //! standby; on graceful shutdown the leader releases the Lease and the
 //! standby takes over (ops.rs invariants 1-2).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
-use hostmesh_operator::manifest;
+use hostmesh_operator::metrics::Metrics;
 use hostmesh_operator::ops::{OperatorCommand, run_with};
+use hostmesh_operator::{client_metrics, manifest};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -84,13 +86,22 @@ struct Replica {
     task: tokio::task::JoinHandle<Result<(), hostmesh_operator::ops::OpsError>>,
 }
 
-async fn replica(client: &kube::Client, identity: &str) -> Replica {
+/// A replica with its own client, built as `hostmesh operator` builds it
+/// (status writes counted at the client).
+async fn replica(kubeconfig_yaml: &str, identity: &str) -> Replica {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let metrics = Arc::new(Metrics::new());
+    let client = client_metrics::client(config, metrics.clone()).expect("client");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(run_with(
         command(identity),
-        client.clone(),
+        client,
+        metrics,
         listener,
         async {
             let _ = rx.await;
@@ -115,9 +126,9 @@ async fn one_replica_leads_the_other_stands_by_and_takes_over_on_shutdown() {
         .await
         .expect("install CRDs");
 
-    let a = replica(&client, "replica-a").await;
+    let a = replica(server.kubeconfig_yaml(), "replica-a").await;
     wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
-    let b = replica(&client, "replica-b").await;
+    let b = replica(server.kubeconfig_yaml(), "replica-b").await;
     wait_for_body(b.addr, "/readyz", 200, "standby, leader is replica-a").await;
     wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 1\n").await;
     wait_for_body(b.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
@@ -147,6 +158,20 @@ spec:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // Its status writes are counted at the client, on the leader only.
+    wait_for_body(
+        a.addr,
+        "/metrics",
+        200,
+        "hostmesh_status_writes_total{kind=\"World\",outcome=\"applied\"}",
+    )
+    .await;
+    let (_, standby_metrics) = get(b.addr, "/metrics").await.expect("b's metrics");
+    assert!(
+        !standby_metrics.contains("hostmesh_status_writes_total{"),
+        "{standby_metrics}"
+    );
 
     // Graceful shutdown of the leader: it releases the Lease, b takes over.
     a.stop.send(()).expect("replica a running");
