@@ -135,7 +135,14 @@ pub async fn run_with(
         leader.clone(),
         metrics.clone(),
     ));
-    let result = lead_while_leader(cmd.args.clone(), client, leader.clone(), shutdown).await;
+    let result = lead_while_leader(
+        cmd.args.clone(),
+        client,
+        leader.clone(),
+        metrics.clone(),
+        shutdown,
+    )
+    .await;
 
     // Invariant 2.
     state.set_controllers_started(false);
@@ -163,6 +170,7 @@ async fn lead_while_leader(
     args: OperatorArgs,
     client: kube::Client,
     leader: LeaderHandle,
+    metrics: Arc<Metrics>,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) -> Result<(), OpsError> {
     let mut is_leader = leader.is_leader_channel();
@@ -192,11 +200,31 @@ async fn lead_while_leader(
                 () = lost => {}
             }
         };
-        crate::controllers(ctx, stop).await?;
+        let sampler = tokio::spawn(sample_hub(ctx.hub.clone(), metrics.clone()));
+        let result = crate::controllers(ctx, stop).await;
+        sampler.abort();
+        result?;
         if shutdown.peek().is_some() {
             return Ok(());
         }
         warn!("lost leadership: controllers stopped, standing by");
+    }
+}
+
+/// Copies the hub's counters into the metrics every second (one hub per
+/// leadership term, so deltas start from zero).
+async fn sample_hub(hub: Arc<hub::Hub>, metrics: Arc<Metrics>) {
+    let mut last = hub::HubStats::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = hub.stats();
+        metrics.add_hub_activity(
+            now.pushes.saturating_sub(last.pushes),
+            now.world_triggers.saturating_sub(last.world_triggers),
+            now.mesh_triggers.saturating_sub(last.mesh_triggers),
+        );
+        last = now;
     }
 }
 
