@@ -91,6 +91,8 @@ pub async fn run(
     cmd: OperatorCommand,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OpsError> {
+    // Configuration errors first, before any network (they name the flag).
+    cmd.leader.config()?;
     let metrics = Arc::new(Metrics::new());
     let config = kube::Config::infer()
         .await
