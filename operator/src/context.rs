@@ -21,6 +21,9 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator settings.
     pub args: OperatorArgs,
+    /// Prometheus metrics (`ctx.metrics.reconcile("world")` per run,
+    /// `reconcile_error` in the error policy; see docs/operations.md).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Context {
@@ -29,6 +32,22 @@ impl Context {
         client: Client,
         args: OperatorArgs,
         connector: Arc<dyn AgentConnector>,
+    ) -> Arc<Self> {
+        Self::with_metrics(
+            client,
+            args,
+            connector,
+            Arc::new(crate::metrics::Metrics::new()),
+        )
+    }
+
+    /// Like [`Context::new`], recording into the process's `metrics` (what
+    /// `/metrics` serves).
+    pub fn with_metrics(
+        client: Client,
+        args: OperatorArgs,
+        connector: Arc<dyn AgentConnector>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "hostmesh-operator".into(),
@@ -39,6 +58,7 @@ impl Context {
             client,
             hub: Hub::new(connector),
             args,
+            metrics,
         })
     }
 

@@ -186,7 +186,12 @@ async fn lead_while_leader(
             },
         }
         info!("leading: starting the controllers");
-        let ctx = Context::new(client.clone(), args.clone(), hub::default_connector());
+        let ctx = Context::with_metrics(
+            client.clone(),
+            args.clone(),
+            hub::default_connector(),
+            metrics.clone(),
+        );
         let mut rx = leader.is_leader_channel();
         let lost = async move {
             if !wait_for(&mut rx, false).await {
