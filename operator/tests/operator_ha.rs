@@ -167,7 +167,18 @@ spec:
         "hostmesh_status_writes_total{kind=\"World\",outcome=\"applied\"}",
     )
     .await;
+    wait_for_body(
+        a.addr,
+        "/metrics",
+        200,
+        "hostmesh_reconcile_duration_seconds_count{controller=\"world\"}",
+    )
+    .await;
     let (_, standby_metrics) = get(b.addr, "/metrics").await.expect("b's metrics");
+    assert!(
+        !standby_metrics.contains("hostmesh_reconciles_total{"),
+        "{standby_metrics}"
+    );
     assert!(
         !standby_metrics.contains("hostmesh_status_writes_total{"),
         "{standby_metrics}"
