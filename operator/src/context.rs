@@ -13,6 +13,9 @@ use crate::hub::{AgentConnector, Hub};
 
 /// Shared reconcile context.
 pub struct Context {
+    /// Prometheus metrics (`ctx.metrics.reconcile("world")` per run,
+    /// `reconcile_error` in the error policy; see docs/operations.md).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Kubernetes client.
     pub client: Client,
     /// The supervision hub.
@@ -21,9 +24,6 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator settings.
     pub args: OperatorArgs,
-    /// Prometheus metrics (`ctx.metrics.reconcile("world")` per run,
-    /// `reconcile_error` in the error policy; see docs/operations.md).
-    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Context {
@@ -54,11 +54,11 @@ impl Context {
             instance: Some(args.instance.clone()),
         };
         Arc::new(Context {
+            metrics,
             recorder: Recorder::new(client.clone(), reporter),
             client,
             hub: Hub::new(connector),
             args,
-            metrics,
         })
     }
 
