@@ -207,6 +207,7 @@ async fn lead_while_leader(
                 () = lost => {}
             }
         };
+        ctx.hub.set_metrics(metrics.clone());
         let sampler = tokio::spawn(sample_hub(ctx.hub.clone(), metrics.clone()));
         let result = crate::controllers(ctx, stop).await;
         sampler.abort();
