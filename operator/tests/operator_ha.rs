@@ -12,8 +12,10 @@ use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
 use hostmesh_operator::metrics::Metrics;
 use hostmesh_operator::ops::{OperatorCommand, run_with};
 use hostmesh_operator::{client_metrics, manifest};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::PostParams;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -204,5 +206,102 @@ spec:
         .expect("replica b stops in time")
         .expect("task")
         .expect("replica b exits cleanly");
+    server.shutdown().await;
+}
+
+/// Polls until the agent Secret of World `name` exists.
+async fn wait_for_secret(client: &kube::Client, name: &str) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while secrets
+        .get_opt(&format!("{name}-agent"))
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no controller created the agent Secret of {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn apply_world(client: &kube::Client, name: &str) {
+    let world = format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  hosts: 1\n  template: {{spec: {{containers: [{{name: host, image: busybox}}]}}}}\n"
+    );
+    let objects = manifest::parse("world", &world).expect("parse");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(e) = manifest::apply_all(client, &objects, "default", "test").await {
+        assert!(tokio::time::Instant::now() < deadline, "apply World: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_stands_by_and_leads_again_when_it_is_free() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("embedded API server starts");
+    let client = server.client().expect("client");
+    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
+    manifest::apply_all(&client, &crds, "default", "test")
+        .await
+        .expect("install CRDs");
+    let a = replica(server.kubeconfig_yaml(), "replica-a").await;
+    wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
+    apply_world(&client, "first").await;
+    wait_for_secret(&client, "first").await;
+
+    // Another holder takes the Lease: a stops leading but stays ready.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let set_holder = |holder: Option<&'static str>, seconds: i32| {
+        let leases = leases.clone();
+        async move {
+            let Ok(mut lease) = leases.get("hostmesh-operator").await else {
+                return false;
+            };
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = holder.map(Into::into);
+            spec.lease_duration_seconds = Some(seconds);
+            leases
+                .replace("hostmesh-operator", &PostParams::default(), &lease)
+                .await
+                .is_ok()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set_holder(Some("intruder"), 3600).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cannot take the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for_body(a.addr, "/readyz", 200, "standby, leader is intruder").await;
+    wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
+
+    // The intruder releases the Lease: a leads again with fresh controllers.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set_holder(None, 1).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cannot release the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
+    apply_world(&client, "second").await;
+    wait_for_secret(&client, "second").await;
+
+    a.stop.send(()).expect("replica a running");
+    tokio::time::timeout(WAIT, a.task)
+        .await
+        .expect("replica a stops in time")
+        .expect("task")
+        .expect("replica a exits cleanly");
     server.shutdown().await;
 }
