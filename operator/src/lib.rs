@@ -9,6 +9,7 @@
 //! [`health`], [`leader`] (election), [`telemetry`] (logging), [`status`]
 //! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
 
+pub mod client_metrics;
 pub mod context;
 pub mod devenv;
 pub mod health;

@@ -101,6 +101,7 @@ pub struct HubStats {
 
 /// The supervision hub (see the module doc).
 pub struct Hub {
+    metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
     connector: Arc<dyn AgentConnector>,
     state: Mutex<State>,
     stats: Mutex<HubStats>,
@@ -122,6 +123,7 @@ impl Hub {
     pub fn new(connector: Arc<dyn AgentConnector>) -> Arc<Self> {
         let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE);
         Arc::new(Hub {
+            metrics: std::sync::OnceLock::new(),
             connector,
             state: Mutex::new(State {
                 worlds: HashMap::new(),
@@ -146,6 +148,18 @@ impl Hub {
     /// Counters so far.
     pub fn stats(&self) -> HubStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records heartbeats (count and the gap since the host's previous one)
+    /// in `metrics` from now on; the first call wins.
+    pub fn set_metrics(&self, metrics: Arc<crate::metrics::Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn observe_heartbeat(&self, gap: Option<Option<Duration>>) {
+        if let (Some(m), Some(gap)) = (self.metrics.get(), gap) {
+            m.observe_heartbeat(gap);
+        }
     }
 
     /// A sender for pushes (the connector's agents use it; so do tests).
@@ -244,7 +258,10 @@ impl Hub {
         let mut st = self.lock();
         let st = &mut *st;
         match push {
-            AgentPush::Heartbeat { host, pod_uid } => beat(st, &host, &pod_uid, now),
+            AgentPush::Heartbeat { host, pod_uid } => {
+                let gap = beat(st, &host, &pod_uid, now);
+                self.observe_heartbeat(gap);
+            }
             AgentPush::Snapshot {
                 host,
                 pod_uid,
@@ -516,18 +533,23 @@ pub fn default_connector() -> Arc<dyn AgentConnector> {
     Arc::new(Arc::new(runtime_client::RuntimeConnector::default()))
 }
 
-fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) {
-    let Some(w) = st.worlds.get(&host.world) else {
-        return;
-    };
+/// Records a heartbeat of a known host. Returns `None` for a push that does
+/// not count (unknown World, host or pod), else the gap since the host's
+/// previous heartbeat (`Some(None)` for its first).
+fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
+    let w = st.worlds.get(&host.world)?;
     if w.hosts.get(&host.rank).is_none_or(|h| h.pod_uid != pod_uid) {
-        return;
+        return None;
     }
     let timeout = w.agents.health_timeout;
+    let gap = st.heartbeats.deadline(host).map(|deadline| {
+        now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))
+    });
     if st.heartbeats.beat(host.clone(), now, timeout) {
         st.expired.remove(host);
         st.world_triggers.mark(host.world.clone(), false, now);
     }
+    Some(gap)
 }
 
 #[cfg(test)]

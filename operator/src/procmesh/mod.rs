@@ -86,7 +86,8 @@ pub async fn controller(
     .await;
 }
 
-fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error("procmesh", err.root().label());
     if err.is_transient() {
         debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
         return Action::requeue(Duration::from_secs(1));
@@ -97,6 +98,7 @@ fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Reconciles one ProcMesh.
 pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile("procmesh");
     let ns = pm
         .namespace()
         .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;

@@ -93,7 +93,8 @@ pub async fn controller(
         .await;
 }
 
-fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error("world", err.root().label());
     if err.is_transient() {
         debug!(world = %world.name_any(), error = %err, "world reconcile retried");
         return Action::requeue(Duration::from_secs(1));
@@ -104,6 +105,7 @@ fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Reconciles one World.
 pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile("world");
     let ns = world
         .namespace()
         .ok_or(Error::MissingField("World metadata.namespace"))?;
