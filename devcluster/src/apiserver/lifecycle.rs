@@ -328,6 +328,7 @@ pub(crate) fn prepare_update(
                 }
             }
             defaults::on_update(info, old, &mut new);
+            defaults::check_update(info, old, &new)?;
         }
     }
     admit(info, version, &mut new, strict)?;
