@@ -301,6 +301,38 @@ async fn server_side_apply_conflicts_and_force() {
         .await;
     assert!(mf.contains("other"), "{mf}");
 
+    // kubectl diff runs a server-side dry-run apply: nothing is stored.
+    let (same, out, _) = env
+        .run(&[
+            "diff",
+            "--server-side",
+            "--field-manager=other",
+            "-f",
+            p(&g2),
+        ])
+        .await;
+    assert!(same, "no difference expected:\n{out}");
+    let (same, out, _) = env
+        .run(&[
+            "diff",
+            "--server-side",
+            "--field-manager=other",
+            "--force-conflicts",
+            "-f",
+            p(&g),
+        ])
+        .await;
+    assert!(
+        !same && out.contains("-  size: 4") && out.contains("+  size: 3"),
+        "{out}"
+    );
+    assert_eq!(
+        env.ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec.size}"])
+            .await,
+        "4",
+        "dry run stored nothing"
+    );
+
     // Validation errors come back as a clear 422.
     let bad = env.write("bad.yaml", &GADGET.replace("size: 3", "size: 0"));
     let (ok, _, err) = env

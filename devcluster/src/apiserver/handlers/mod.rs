@@ -67,6 +67,14 @@ impl Request {
         self.q("fieldValidation") == Some("Strict")
     }
 
+    /// Whether the client asked for metadata only (`PartialObjectMetadata`).
+    pub(crate) fn wants_metadata(&self) -> bool {
+        self.accept
+            .split(',')
+            .next()
+            .is_some_and(|first| first.contains("as=PartialObjectMetadata"))
+    }
+
     /// Whether the client asked for a Table.
     pub(crate) fn wants_table(&self) -> bool {
         self.accept
@@ -108,6 +116,15 @@ impl Request {
     pub(crate) fn field_selector(&self) -> Result<FieldSelector, ApiError> {
         FieldSelector::parse(self.q("fieldSelector").unwrap_or(""))
     }
+}
+
+/// An object reduced to `PartialObjectMetadata`.
+pub(crate) fn metadata_only(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
 }
 
 /// The shape used for managedFields of a resource.
@@ -159,6 +176,9 @@ pub(crate) fn get(store: &Store, t: &Target, req: &Request) -> Result<(u16, Valu
                 true,
             ),
         ));
+    }
+    if req.wants_metadata() {
+        return Ok((200, metadata_only(&obj)));
     }
     Ok((200, obj))
 }
@@ -237,6 +257,13 @@ pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
         );
         tbl["metadata"] = metadata;
         return Ok((200, tbl));
+    }
+    if req.wants_metadata() {
+        let items: Vec<Value> = objs.iter().map(metadata_only).collect();
+        return Ok((
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "items": items}),
+        ));
     }
     Ok((
         200,
