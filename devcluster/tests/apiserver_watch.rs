@@ -391,10 +391,9 @@ async fn metadata_only_get_list_and_watch() {
         .expect("list metadata");
     assert_eq!(l.items.len(), 1);
     let (reader, writer) = reflector::store();
-    let stream = reflector(
-        writer,
-        kube::runtime::metadata_watcher(api.clone(), watcher::Config::default()),
-    );
+    let meta_api: Api<kube::core::PartialObjectMeta<ConfigMap>> =
+        Api::default_namespaced(server.client().expect("client"));
+    let stream = reflector(writer, watcher(meta_api, watcher::Config::default()));
     let task = tokio::spawn(async move {
         let mut s = std::pin::pin!(stream);
         while let Ok(Some(_)) = s.try_next().await {}
