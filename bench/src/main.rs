@@ -3,6 +3,7 @@
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod apiserver;
+mod e2e;
 mod operator;
 mod report;
 
@@ -20,6 +21,7 @@ fn main() -> anyhow::Result<()> {
     match cli.suite.as_str() {
         "apiserver" => apiserver::run(),
         "operator" => operator::run(),
+        "e2e" => e2e::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

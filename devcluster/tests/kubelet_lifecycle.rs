@@ -6,6 +6,8 @@
 mod kubelet_common;
 
 use std::io::{Read as _, Write as _};
+
+use futures::AsyncBufReadExt as _;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -182,6 +184,41 @@ async fn logs_are_served_through_the_api_server() {
         .await
         .unwrap();
     assert_eq!(tail, "line 3\nline 4\n");
+
+    // `kubectl logs -f`: output arrives as it is written, and the stream
+    // ends when the container exits.
+    let go = c.dir.path().join("go");
+    c.create_pod(&format!(
+        "metadata: {{name: follower}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: main, image: busybox, command: [sh, -c, 'echo first; while [ ! -f {} ]; do sleep 0.1; done; echo second']}}\n",
+        go.display()
+    ))
+    .await;
+    c.wait_pod("follower", "running", |p| {
+        container_pid(p, "main").is_some()
+    })
+    .await;
+    let params = LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut lines = c
+        .pods()
+        .log_stream("follower", &params)
+        .await
+        .unwrap()
+        .lines();
+    async fn next<S: futures::Stream + Unpin>(lines: &mut S) -> Option<S::Item> {
+        tokio::time::timeout(WAIT, futures::StreamExt::next(lines))
+            .await
+            .expect("log line in time")
+    }
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "first");
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(next(&mut lines).await.unwrap().unwrap(), "second");
+    assert!(
+        next(&mut lines).await.is_none(),
+        "the stream must end with the container"
+    );
     c.stop().await;
 }
 
@@ -257,4 +294,40 @@ async fn kubelet_shutdown_leaves_no_process_behind() {
     assert!(all.iter().all(|p| !pid_gone(*p)));
     c.stop().await;
     wait_pids_gone(&all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_pods_get_distinct_ips_and_all_stop_on_deletion() {
+    let c = Cluster::start(244).await;
+    const N: usize = 16;
+    for i in 0..N {
+        c.create_pod(&format!(
+            "metadata: {{name: many-{i}, labels: {{batch: many}}}}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - {{name: main, image: busybox, command: [sleep, '600']}}\n"
+        ))
+        .await;
+    }
+    let mut pids = Vec::new();
+    let mut ips = std::collections::BTreeSet::new();
+    for i in 0..N {
+        let pod = c
+            .wait_pod(&format!("many-{i}"), "running", |p| {
+                container_pid(p, "main").is_some()
+            })
+            .await;
+        pids.push(container_pid(&pod, "main").unwrap());
+        ips.insert(pod.status.unwrap().pod_ip.unwrap());
+    }
+    assert_eq!(ips.len(), N, "pod IPs must be distinct: {ips:?}");
+    c.pods()
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels("batch=many"),
+        )
+        .await
+        .unwrap();
+    for i in 0..N {
+        c.wait_pod_gone(&format!("many-{i}")).await;
+    }
+    wait_pids_gone(&pids).await;
+    c.stop().await;
 }

@@ -85,6 +85,7 @@ spec:
       echo "file=$(cat token) pwd=$(pwd)"
       echo "conf=$(cat /hostmesh-kubelet-test/etc/etc/app.conf) mode=$(stat -c %a /hostmesh-kubelet-test/etc/etc/app.conf)"
       touch /var/run/hostmesh/secret/x 2>/dev/null && echo writable || echo readonly
+      echo "api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
     env:
     - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
     - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
@@ -119,8 +120,10 @@ spec:
          arg=env-demo escaped=$(POD_NAME)\n\
          file=s3cret pwd={run}/hostmesh/secret\n\
          conf=x=1 mode=600\n\
-         readonly\n",
+         readonly\n\
+         api=127.0.0.1:{api_port}\n",
         node = c.node,
+        api_port = c.api.as_ref().unwrap().addr().port(),
         // /var/run is often a symlink to /run.
         run = std::fs::canonicalize("/var/run").unwrap().display(),
     );
@@ -206,6 +209,10 @@ spec:
         "metadata: {name: always}\nspec:\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'exit 0']}\n",
     )
     .await;
+    c.create_pod(
+        "metadata: {name: bad-init}\nspec:\n  restartPolicy: Never\n  initContainers:\n  - {name: setup, image: busybox, command: [sh, -c, 'exit 5']}\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'echo must not run']}\n",
+    )
+    .await;
 
     let never = c
         .wait_pod("never", "phase Failed", |p| phase(p) == "Failed")
@@ -220,6 +227,21 @@ spec:
         c.kubelet().logs("default", "never", "main", None).unwrap(),
         "bye\n"
     );
+
+    let bad = c
+        .wait_pod("bad-init", "phase Failed", |p| phase(p) == "Failed")
+        .await;
+    let setup = container(&bad, "setup")
+        .unwrap()
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(setup.exit_code, 5);
+    assert_eq!(condition(&bad, "Initialized").as_deref(), Some("False"));
+    let main = container(&bad, "main").unwrap().state.clone().unwrap();
+    assert!(main.waiting.is_some(), "main must never start: {main:?}");
 
     let of = c
         .wait_pod("on-failure", "phase Succeeded", |p| phase(p) == "Succeeded")

@@ -87,3 +87,77 @@ spec:
     assert!(container(&pod, "worker").unwrap().ready);
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_liveness_probe_restarts_the_container() {
+    let c = Cluster::start(243).await;
+    let pod = c
+        .create_pod(
+            r#"
+metadata: {name: lively}
+spec:
+  volumes: [{name: flags, emptyDir: {}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'touch /hostmesh-kubelet-test/flags/alive; exec sleep 600']
+    volumeMounts: [{name: flags, mountPath: /hostmesh-kubelet-test/flags}]
+    livenessProbe:
+      exec: {command: [test, -f, /hostmesh-kubelet-test/flags/alive]}
+      periodSeconds: 1
+      failureThreshold: 2
+"#,
+        )
+        .await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let flag = c
+        .dir
+        .path()
+        .join("kubelet/pods")
+        .join(&uid)
+        .join("volumes/flags/alive");
+    let pod = c
+        .wait_pod("lively", "running", |p| container_pid(p, "main").is_some())
+        .await;
+    let first = container_pid(&pod, "main").unwrap();
+    read_flag(&flag).await;
+    std::fs::remove_file(&flag).unwrap();
+    let pod = c
+        .wait_pod("lively", "restarted and running", |p| {
+            container(p, "main").is_some_and(|s| s.restart_count == 1)
+                && container_pid(p, "main").is_some()
+        })
+        .await;
+    assert_ne!(container_pid(&pod, "main").unwrap(), first);
+    wait_pids_gone(&[first]).await;
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(c.client.clone(), "default");
+    let list = events.list(&Default::default()).await.unwrap();
+    assert!(
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Unhealthy")
+                && e.message
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("Liveness")),
+        "no Unhealthy event: {:?}",
+        list.items
+            .iter()
+            .map(|e| e.reason.clone())
+            .collect::<Vec<_>>()
+    );
+    c.stop().await;
+}
+
+/// Polls until the flag file exists (the container created it).
+async fn read_flag(path: &std::path::Path) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < WAIT {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{} never appeared", path.display());
+}

@@ -146,6 +146,10 @@ pub struct KubeletConfig {
     pub log_token: Option<String>,
     /// Port of the log endpoint on the node IP (0: any free port).
     pub log_port: u16,
+    /// Host and port of the API server, given to every container as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT` (as kubelets do) so in-cluster
+    /// clients find it. `hostmesh kubelet` takes them from its kubeconfig.
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -188,7 +192,17 @@ impl KubeletConfig {
             taints: Vec::new(),
             log_token: None,
             log_port: 0,
+            kubernetes_service: None,
         }
+    }
+
+    /// Points the kubelet at an embedded API server: `pods/log` requests
+    /// from it are accepted (its token) and containers get its address as
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT`.
+    pub fn for_api_server(mut self, api: &crate::apiserver::ApiServerHandle) -> Self {
+        self.log_token = Some(api.token().to_string());
+        self.kubernetes_service = Some((api.addr().ip().to_string(), api.addr().port()));
+        self
     }
 
     /// Checks the configuration and returns the full image table (the

@@ -34,6 +34,39 @@ pub(crate) struct PodFacts {
 pub(crate) struct Lookups {
     pub(crate) secrets: BTreeMap<String, Option<Secret>>,
     pub(crate) config_maps: BTreeMap<String, Option<ConfigMap>>,
+    /// Service account tokens by [`token_key`]; `None` when the API server
+    /// would not issue one.
+    pub(crate) tokens: BTreeMap<String, Option<String>>,
+}
+
+/// A projected `serviceAccountToken` source: audience and lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TokenSpec {
+    /// Audience, empty for the API server's default.
+    pub(crate) audience: String,
+    /// Requested lifetime in seconds.
+    pub(crate) expiration_seconds: Option<i64>,
+}
+
+/// The key of a token in [`Lookups::tokens`].
+pub(crate) fn token_key(spec: &TokenSpec) -> String {
+    format!("{}|{}", spec.audience, spec.expiration_seconds.unwrap_or(0))
+}
+
+/// The service account tokens the pod's projected volumes ask for.
+pub(crate) fn token_specs(pod: &Pod) -> BTreeSet<TokenSpec> {
+    let mut out = BTreeSet::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        for src in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(t) = &src.service_account_token {
+                out.insert(TokenSpec {
+                    audience: t.audience.clone().unwrap_or_default(),
+                    expiration_seconds: t.expiration_seconds,
+                });
+            }
+        }
+    }
+    out
 }
 
 impl Lookups {
@@ -95,6 +128,14 @@ pub(crate) fn referenced_objects(pod: &Pod) -> (BTreeSet<String>, BTreeSet<Strin
         }
         if let Some(m) = &v.config_map {
             cms.insert(m.name.clone());
+        }
+        for src in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(s) = &src.secret {
+                secrets.insert(s.name.clone());
+            }
+            if let Some(m) = &src.config_map {
+                cms.insert(m.name.clone());
+            }
         }
     }
     (secrets, cms)

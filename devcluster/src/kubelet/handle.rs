@@ -46,6 +46,7 @@ impl Kubelet {
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
+            started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = logs::bind(&shared).await?;
         let log_port = match &listener {
@@ -225,6 +226,19 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         config.log_token = serde_json::to_value(&kube_config.auth_info)
             .ok()
             .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
+    }
+    if config.kubernetes_service.is_none() {
+        let url = &kube_config.cluster_url;
+        if let Some(host) = url.host() {
+            let port = url
+                .port_u16()
+                .unwrap_or(if url.scheme_str() == Some("http") {
+                    80
+                } else {
+                    443
+                });
+            config.kubernetes_service = Some((host.trim_matches(['[', ']']).to_string(), port));
+        }
     }
     let client =
         kube::Client::try_from(kube_config).map_err(|e| KubeletError::api("build client", e))?;

@@ -87,6 +87,32 @@ pub(crate) fn full_env(pod: &Pod, own: Vec<(String, String)>) -> Vec<(String, St
     env
 }
 
+/// The variables that point in-cluster clients at the API server, as a
+/// kubelet sets them from the `kubernetes` Service.
+pub(crate) fn service_env(service: Option<&(String, u16)>) -> Vec<(String, String)> {
+    let Some((host, port)) = service else {
+        return Vec::new();
+    };
+    let addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), host.clone()),
+        ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
+        ("KUBERNETES_PORT".into(), format!("tcp://{addr}")),
+        (
+            format!("KUBERNETES_PORT_{port}_TCP"),
+            format!("tcp://{addr}"),
+        ),
+        (format!("KUBERNETES_PORT_{port}_TCP_PROTO"), "tcp".into()),
+        (format!("KUBERNETES_PORT_{port}_TCP_PORT"), port.to_string()),
+        (format!("KUBERNETES_PORT_{port}_TCP_ADDR"), host.clone()),
+    ]
+}
+
 /// Everything needed to start `container`, given its resolved variables.
 pub(crate) fn build(
     pod: &Pod,
@@ -181,6 +207,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p, "/bin/sh");
+    }
+
+    #[test]
+    fn service_env_points_at_the_api_server() {
+        let env = service_env(Some(&("127.0.0.1".to_string(), 6443)));
+        assert!(env.contains(&("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into())));
+        assert!(env.contains(&(
+            "KUBERNETES_PORT_6443_TCP".into(),
+            "tcp://127.0.0.1:6443".into()
+        )));
+        assert!(service_env(None).is_empty());
     }
 
     #[test]

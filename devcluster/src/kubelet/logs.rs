@@ -13,8 +13,9 @@
 //! 1. Every request carries `Authorization: Bearer <token>` with the token
 //!    the kubelet was configured with; anything else gets 401 (logs can hold
 //!    secrets). Without a configured token the endpoint is not served.
-//! 2. A followed log ends when the pod leaves this node, the kubelet stops or
-//!    the client goes away.
+//! 2. A followed log ends once its container has stopped and all its output
+//!    was sent, or when the pod leaves this node, the kubelet stops or the
+//!    client goes away.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -242,6 +243,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let _ = tx.try_send(Bytes::from(body));
     let key = (ns.to_string(), pod.to_string());
+    let container = container.to_string();
+    let uid = match lock(&shared.pods).get(&key) {
+        Some(entry) => entry.uid.clone(),
+        None => {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("pod {ns}/{pod} is not on this node"),
+            );
+        }
+    };
     tokio::spawn(async move {
         let mut offset = offset;
         loop {
@@ -250,17 +261,28 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 _ = tx.closed() => return,
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
-            if !lock(&shared.pods).contains_key(&key) {
-                return;
-            }
+            let running = match lock(&shared.pods).get(&key) {
+                Some(entry) if entry.uid == uid => lock(&entry.running).contains(&container),
+                _ => return,
+            };
             let Ok(mut file) = tokio::fs::File::open(&path).await else {
-                continue;
+                if running {
+                    continue;
+                }
+                return;
             };
             let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
             if len < offset {
                 offset = 0;
             }
-            if len == offset || file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+            if len == offset {
+                if running {
+                    continue;
+                }
+                // The container is gone and everything it wrote was sent.
+                return;
+            }
+            if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
                 continue;
             }
             let mut buf = Vec::new();

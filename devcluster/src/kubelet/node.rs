@@ -160,7 +160,7 @@ pub(crate) async fn register(shared: &Shared) -> Result<()> {
 pub(crate) async fn post_status(shared: &Shared) -> Result<()> {
     let name = &shared.config.node_name;
     let api: Api<Node> = Api::all(shared.client.clone());
-    let transition = Timestamp::now().to_string();
+    let transition = shared.started_at.to_string();
     let patch = json!({"status": node_status(shared, &transition)});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

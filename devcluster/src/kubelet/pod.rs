@@ -15,20 +15,23 @@
 //! 5. A pod that was already Succeeded or Failed when the worker took it is
 //!    left untouched (no processes, no status writes) until it is deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodCondition, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodCondition, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::env::{Lookups, PodFacts, referenced_objects, resolve_env};
+use super::env::{
+    Lookups, PodFacts, TokenSpec, referenced_objects, resolve_env, token_key, token_specs,
+};
 use super::error::{KubeletError, Result};
 use super::events;
 use super::launch;
@@ -132,6 +135,7 @@ struct Worker {
     rx: mpsc::UnboundedReceiver<Event>,
     written: Option<serde_json::Value>,
     conditions: Vec<PodCondition>,
+    running: Arc<Mutex<BTreeSet<String>>>,
 }
 
 fn restart_policy(pod: &Pod) -> String {
@@ -199,11 +203,13 @@ impl Worker {
                 s.ctr.run = Run::waiting("ContainerCreating", None);
             }
         }
+        let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
             PodEntry {
                 uid: uid.clone(),
                 dir: dir.clone(),
+                running: running.clone(),
             },
         );
         let (tx, rx) = mpsc::unbounded_channel();
@@ -238,7 +244,16 @@ impl Worker {
             rx,
             written: None,
             conditions,
+            running,
         })
+    }
+
+    fn facts(&self) -> PodFacts {
+        PodFacts {
+            pod_ip: self.ip,
+            host_ip: self.shared.config.node_ip,
+            node_name: self.shared.config.node_name.clone(),
+        }
     }
 
     fn key(&self) -> String {
@@ -323,9 +338,19 @@ impl Worker {
         };
         consider(self.retry_at);
         consider(self.write_retry_at);
-        for s in &self.slots {
+        let initialized = self.next_init >= self.n_init;
+        let blocked = self.init_failed || self.terminal();
+        for (i, s) in self.slots.iter().enumerate() {
             if s.pgid.is_none() {
-                consider(s.next_start);
+                // Only a container that may start now has a start time worth waking for.
+                let eligible = if i < self.n_init {
+                    i == self.next_init
+                } else {
+                    initialized
+                };
+                if eligible && !blocked {
+                    consider(s.next_start);
+                }
             } else {
                 for p in [&s.readiness, &s.liveness].into_iter().flatten() {
                     if !p.in_flight {
@@ -387,8 +412,9 @@ impl Worker {
         self.run_probes(now);
     }
 
-    /// Fetches the secrets and config maps the pod refers to.
-    async fn fetch_lookups(&self) -> Result<Lookups> {
+    /// Fetches the secrets and config maps the pod refers to, and with
+    /// `tokens` the service account tokens its projected volumes ask for.
+    async fn fetch_lookups(&self, tokens: bool) -> Result<Lookups> {
         let (secrets, cms) = referenced_objects(&self.pod);
         let client = self.shared.client.clone();
         let secret_api: Api<Secret> = Api::namespaced(client.clone(), &self.ns);
@@ -408,15 +434,52 @@ impl Worker {
                 .map_err(|e| KubeletError::api(format!("get configmap {}/{name}", self.ns), e))?;
             lookups.config_maps.insert(name, got);
         }
+        for spec in token_specs(&self.pod).into_iter().filter(|_| tokens) {
+            let token = self.request_token(&spec).await;
+            lookups.tokens.insert(token_key(&spec), token);
+        }
         Ok(lookups)
     }
 
+    /// Asks the API server for a token of the pod's service account (what
+    /// a projected `serviceAccountToken` source holds); `None` when it will
+    /// not issue one.
+    async fn request_token(&self, spec: &TokenSpec) -> Option<String> {
+        let sa = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let request: TokenRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": if spec.audience.is_empty() { vec![] } else { vec![spec.audience.clone()] },
+                "expirationSeconds": spec.expiration_seconds.unwrap_or(3600),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
+            },
+        }))
+        .ok()?;
+        let api: Api<ServiceAccount> = Api::namespaced(self.shared.client.clone(), &self.ns);
+        match api
+            .create_token_request(&sa, &PostParams::default(), &request)
+            .await
+        {
+            Ok(r) => r.status.map(|s| s.token),
+            Err(e) => {
+                tracing::warn!(pod = %self.key(), serviceaccount = %sa, error = %e, "no service account token; the projected token file stays empty");
+                None
+            }
+        }
+    }
+
     async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
-        let lookups = self.fetch_lookups().await?;
+        let lookups = self.fetch_lookups(true).await?;
         let vol_dir = self.dir.join("volumes");
         std::fs::create_dir_all(self.dir.join("logs"))
             .map_err(|e| KubeletError::io("cannot create", self.dir.join("logs"), e))?;
-        let volumes = prepare_volumes(&self.pod, &vol_dir, &lookups)?;
+        let volumes = prepare_volumes(&self.pod, &vol_dir, &lookups, &self.facts())?;
         self.lookups = lookups;
         Ok(volumes)
     }
@@ -438,12 +501,16 @@ impl Worker {
                 slot.field
             ))
         })?;
-        let facts = PodFacts {
-            pod_ip: self.ip,
-            host_ip: self.shared.config.node_ip,
-            node_name: self.shared.config.node_name.clone(),
-        };
-        let env = resolve_env(&self.pod, &container, &slot.field, &facts, &self.lookups)?;
+        let env = resolve_env(
+            &self.pod,
+            &container,
+            &slot.field,
+            &self.facts(),
+            &self.lookups,
+        )?;
+        let mut all = launch::service_env(self.shared.config.kubernetes_service.as_ref());
+        all.extend(env);
+        let env = all;
         let volumes = self.volumes.clone().unwrap_or_default();
         let launch = launch::build(
             &self.pod,
@@ -453,7 +520,7 @@ impl Worker {
             env,
             &volumes,
         )?;
-        if !launch.mounts.is_empty() && unsafe { libc::geteuid() } != 0 {
+        if !launch.mounts.is_empty() && !process::is_root() {
             return Err(KubeletError::PodSpec(format!(
                 "{}.volumeMounts: mounting volumes needs a kubelet running as root (mount namespaces)",
                 slot.field
@@ -466,7 +533,7 @@ impl Worker {
     async fn start(&mut self, i: usize) {
         let now = Instant::now();
         // Environment variables read secrets and config maps as they are now.
-        let built = match self.fetch_lookups().await {
+        let built = match self.fetch_lookups(false).await {
             Ok(lookups) => {
                 self.lookups = lookups;
                 self.build_launch(i)
@@ -535,6 +602,7 @@ impl Worker {
                     "Started",
                     format!("Started container {} (pid {pid})", slot.ctr.name),
                 );
+                lock(&self.running).insert(slot.ctr.name.clone());
                 slot.pgid = Some(pid);
                 slot.started = Some(now);
                 slot.ctr.run = Run::Running { pid, started_at };
@@ -657,6 +725,7 @@ impl Worker {
                 let signal = status.signal();
                 let code = status.code().unwrap_or_else(|| 128 + signal.unwrap_or(0));
                 let pid = slot.pgid.take();
+                lock(&self.running).remove(&slot.ctr.name);
                 if let Some(pgid) = pid {
                     // The leader is gone: end the rest of the container, as a runtime would.
                     process::signal_group(pgid, libc::SIGKILL);

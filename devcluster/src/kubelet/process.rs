@@ -156,7 +156,11 @@ pub(crate) fn spawn(
         }
     }
     let join = match ns {
-        Namespace::JoinOf(pid) => Some(OwnedFd::from(File::open(format!("/proc/{pid}/ns/mnt"))?)),
+        // Without root there are no container mount namespaces to join.
+        Namespace::JoinOf(pid) if is_root() => {
+            Some(OwnedFd::from(File::open(format!("/proc/{pid}/ns/mnt"))?))
+        }
+        Namespace::JoinOf(_) => None,
         Namespace::New => None,
     };
     let unshare = matches!(ns, Namespace::New) && !launch.mounts.is_empty();
@@ -179,6 +183,12 @@ pub(crate) fn spawn(
     }
     cmd.kill_on_drop(false);
     cmd.spawn()
+}
+
+/// True when the kubelet runs as root (it can then make mount namespaces).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Sends `signal` to the process group `pgid`; false when the group is gone.
@@ -239,7 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn bind_mounts_are_private_to_the_container() {
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();

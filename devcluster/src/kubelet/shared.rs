@@ -18,6 +18,9 @@ pub(crate) struct PodEntry {
     pub(crate) uid: String,
     /// `<data_dir>/pods/<uid>`.
     pub(crate) dir: PathBuf,
+    /// Names of the containers whose process is running now (a followed log
+    /// ends when its container is no longer in here).
+    pub(crate) running: Arc<Mutex<BTreeSet<String>>>,
 }
 
 /// Shared by the node loop, the pod loop and every pod worker.
@@ -36,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) pods: Mutex<BTreeMap<(String, String), PodEntry>>,
     /// Cancelled when the kubelet shuts down.
     pub(crate) shutdown: CancellationToken,
+    /// When the kubelet started (the Node's condition transition time).
+    pub(crate) started_at: k8s_openapi::jiff::Timestamp,
     /// Port of the log endpoint (0: not served), published in the Node.
     pub(crate) log_port: Mutex<u16>,
 }

@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Component, Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod};
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, KeyToPath, Pod, ProjectedVolumeSource,
+};
 
-use super::env::Lookups;
+use super::env::{Lookups, PodFacts, TokenSpec, field_value, token_key};
 use super::error::{KubeletError, Result};
 
 /// A bind mount of a volume directory (or a file in it) into a container.
@@ -91,12 +93,161 @@ fn write_keys(
     Ok(())
 }
 
+fn secret_data(lookups: &Lookups, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    let secret = lookups.secrets.get(name)?.as_ref()?;
+    let mut m: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    for (k, v) in secret.string_data.iter().flatten() {
+        m.insert(k.clone(), v.clone().into_bytes());
+    }
+    Some(m)
+}
+
+fn config_map_data(lookups: &Lookups, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    let cm = lookups.config_maps.get(name)?.as_ref()?;
+    let mut m: BTreeMap<String, Vec<u8>> = cm
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+        .collect();
+    for (k, v) in cm.binary_data.iter().flatten() {
+        m.insert(k.clone(), v.0.clone());
+    }
+    Some(m)
+}
+
+fn write_downward(
+    dir: &Path,
+    pod: &Pod,
+    facts: &PodFacts,
+    items: &[DownwardAPIVolumeFile],
+    default_mode: i32,
+    field: &str,
+) -> Result<()> {
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{field}.items[{i}]");
+        let value = match (&item.field_ref, &item.resource_field_ref) {
+            (Some(f), _) => field_value(pod, facts, &f.field_path).ok_or_else(|| {
+                KubeletError::PodSpec(format!(
+                    "{at}.fieldRef.fieldPath: unsupported field {:?}",
+                    f.field_path
+                ))
+            })?,
+            (None, Some(_)) => {
+                return Err(KubeletError::PodSpec(format!(
+                    "{at}.resourceFieldRef: not supported by the process kubelet"
+                )));
+            }
+            (None, None) => {
+                return Err(KubeletError::PodSpec(format!("{at}: set fieldRef")));
+            }
+        };
+        write_file(
+            dir,
+            &item.path,
+            value.as_bytes(),
+            item.mode.unwrap_or(default_mode),
+            &format!("{at}.path"),
+        )?;
+    }
+    Ok(())
+}
+
+fn write_projected(
+    dir: &Path,
+    pod: &Pod,
+    facts: &PodFacts,
+    lookups: &Lookups,
+    projected: &ProjectedVolumeSource,
+    field: &str,
+) -> Result<()> {
+    let default_mode = projected.default_mode.unwrap_or(0o644);
+    for (i, src) in projected.sources.iter().flatten().enumerate() {
+        let at = format!("{field}.projected.sources[{i}]");
+        if let Some(s) = &src.secret {
+            match secret_data(lookups, &s.name) {
+                Some(data) => write_keys(
+                    dir,
+                    &data,
+                    s.items.as_ref(),
+                    default_mode,
+                    &format!("{at}.secret"),
+                )?,
+                None if s.optional == Some(true) => {}
+                None => {
+                    return Err(KubeletError::MissingReference(format!(
+                        "{at}.secret.name: secret {:?} not found",
+                        s.name
+                    )));
+                }
+            }
+        } else if let Some(c) = &src.config_map {
+            match config_map_data(lookups, &c.name) {
+                Some(data) => write_keys(
+                    dir,
+                    &data,
+                    c.items.as_ref(),
+                    default_mode,
+                    &format!("{at}.configMap"),
+                )?,
+                None if c.optional == Some(true) => {}
+                None => {
+                    return Err(KubeletError::MissingReference(format!(
+                        "{at}.configMap.name: config map {:?} not found",
+                        c.name
+                    )));
+                }
+            }
+        } else if let Some(d) = &src.downward_api {
+            write_downward(
+                dir,
+                pod,
+                facts,
+                d.items.as_deref().unwrap_or_default(),
+                default_mode,
+                &format!("{at}.downwardAPI"),
+            )?;
+        } else if let Some(t) = &src.service_account_token {
+            let key = token_key(&TokenSpec {
+                audience: t.audience.clone().unwrap_or_default(),
+                expiration_seconds: t.expiration_seconds,
+            });
+            // A pod that never talks to the API server must still run when
+            // the server issues no token: the file is then empty.
+            let token = lookups
+                .tokens
+                .get(&key)
+                .cloned()
+                .flatten()
+                .unwrap_or_default();
+            write_file(
+                dir,
+                &t.path,
+                token.as_bytes(),
+                default_mode,
+                &format!("{at}.serviceAccountToken.path"),
+            )?;
+        } else {
+            return Err(KubeletError::PodSpec(format!(
+                "{at}: only secret, configMap, downwardAPI and serviceAccountToken sources are supported"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Creates every volume of `pod` under `dir` and returns each volume's host
 /// directory by name.
 pub(crate) fn prepare_volumes(
     pod: &Pod,
     dir: &Path,
     lookups: &Lookups,
+    facts: &PodFacts,
 ) -> Result<BTreeMap<String, PathBuf>> {
     let mut out = BTreeMap::new();
     let Some(spec) = &pod.spec else {
@@ -124,27 +275,15 @@ pub(crate) fn prepare_volumes(
             out.insert(v.name.clone(), path);
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
-            let data: BTreeMap<String, Vec<u8>> =
-                match lookups.secrets.get(&name).and_then(Option::as_ref) {
-                    Some(secret) => {
-                        let mut m: BTreeMap<String, Vec<u8>> = secret
-                            .data
-                            .iter()
-                            .flatten()
-                            .map(|(k, v)| (k.clone(), v.0.clone()))
-                            .collect();
-                        for (k, v) in secret.string_data.iter().flatten() {
-                            m.insert(k.clone(), v.clone().into_bytes());
-                        }
-                        m
-                    }
-                    None if s.optional == Some(true) => BTreeMap::new(),
-                    None => {
-                        return Err(KubeletError::MissingReference(format!(
-                            "{field}.secret.secretName: secret {name:?} not found"
-                        )));
-                    }
-                };
+            let data = match secret_data(lookups, &name) {
+                Some(data) => data,
+                None if s.optional == Some(true) => BTreeMap::new(),
+                None => {
+                    return Err(KubeletError::MissingReference(format!(
+                        "{field}.secret.secretName: secret {name:?} not found"
+                    )));
+                }
+            };
             fresh(&path)?;
             write_keys(
                 &path,
@@ -155,28 +294,16 @@ pub(crate) fn prepare_volumes(
             )?;
             out.insert(v.name.clone(), path);
         } else if let Some(c) = &v.config_map {
-            let data: BTreeMap<String, Vec<u8>> =
-                match lookups.config_maps.get(&c.name).and_then(Option::as_ref) {
-                    Some(cm) => {
-                        let mut m: BTreeMap<String, Vec<u8>> = cm
-                            .data
-                            .iter()
-                            .flatten()
-                            .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
-                            .collect();
-                        for (k, v) in cm.binary_data.iter().flatten() {
-                            m.insert(k.clone(), v.0.clone());
-                        }
-                        m
-                    }
-                    None if c.optional == Some(true) => BTreeMap::new(),
-                    None => {
-                        return Err(KubeletError::MissingReference(format!(
-                            "{field}.configMap.name: config map {:?} not found",
-                            c.name
-                        )));
-                    }
-                };
+            let data = match config_map_data(lookups, &c.name) {
+                Some(data) => data,
+                None if c.optional == Some(true) => BTreeMap::new(),
+                None => {
+                    return Err(KubeletError::MissingReference(format!(
+                        "{field}.configMap.name: config map {:?} not found",
+                        c.name
+                    )));
+                }
+            };
             fresh(&path)?;
             write_keys(
                 &path,
@@ -184,6 +311,21 @@ pub(crate) fn prepare_volumes(
                 c.items.as_ref(),
                 c.default_mode.unwrap_or(0o644),
                 &format!("{field}.configMap"),
+            )?;
+            out.insert(v.name.clone(), path);
+        } else if let Some(p) = &v.projected {
+            fresh(&path)?;
+            write_projected(&path, pod, facts, lookups, p, &field)?;
+            out.insert(v.name.clone(), path);
+        } else if let Some(d) = &v.downward_api {
+            fresh(&path)?;
+            write_downward(
+                &path,
+                pod,
+                facts,
+                d.items.as_deref().unwrap_or_default(),
+                d.default_mode.unwrap_or(0o644),
+                &format!("{field}.downwardAPI"),
             )?;
             out.insert(v.name.clone(), path);
         } else if let Some(h) = &v.host_path {
@@ -201,7 +343,7 @@ pub(crate) fn prepare_volumes(
             out.insert(v.name.clone(), host);
         } else {
             return Err(KubeletError::PodSpec(format!(
-                "{field}: volume {:?} has a type the process kubelet does not support; use emptyDir, secret, configMap or hostPath",
+                "{field}: volume {:?} has a type the process kubelet does not support; use emptyDir, secret, configMap, projected, downwardAPI or hostPath",
                 v.name
             )));
         }
@@ -291,6 +433,67 @@ pub(crate) fn create_mount_targets(mounts: &[Mount]) -> Result<()> {
 mod tests {
     use super::*;
     use k8s_openapi::ByteString;
+
+    fn facts() -> PodFacts {
+        PodFacts {
+            pod_ip: "127.0.0.9".parse().unwrap(),
+            host_ip: std::net::Ipv4Addr::LOCALHOST,
+            node_name: "n1".into(),
+        }
+    }
+
+    #[test]
+    fn projected_volumes_hold_tokens_ca_and_namespace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pod: Pod = serde_saphyr::from_str(
+            r#"
+metadata: {name: p, namespace: team}
+spec:
+  containers: [{name: c}]
+  volumes:
+  - name: kube-api-access
+    projected:
+      sources:
+      - serviceAccountToken: {path: token, expirationSeconds: 3607}
+      - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+      - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+  - name: info
+    downwardAPI: {items: [{path: ip, fieldRef: {fieldPath: status.podIP}}]}
+"#,
+        )
+        .unwrap();
+        let mut l = Lookups::default();
+        let cm = ConfigMap {
+            data: Some([("ca.crt".to_string(), "PEM".to_string())].into()),
+            ..Default::default()
+        };
+        l.config_maps.insert("kube-root-ca.crt".into(), Some(cm));
+        let spec = TokenSpec {
+            audience: String::new(),
+            expiration_seconds: Some(3607),
+        };
+        l.tokens.insert(token_key(&spec), Some("tok".into()));
+        let vols = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap();
+        let api = &vols["kube-api-access"];
+        assert_eq!(std::fs::read_to_string(api.join("token")).unwrap(), "tok");
+        assert_eq!(std::fs::read_to_string(api.join("ca.crt")).unwrap(), "PEM");
+        assert_eq!(
+            std::fs::read_to_string(api.join("namespace")).unwrap(),
+            "team"
+        );
+        assert_eq!(
+            std::fs::read_to_string(vols["info"].join("ip")).unwrap(),
+            "127.0.0.9"
+        );
+        l.config_maps.insert("kube-root-ca.crt".into(), None);
+        let err = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("spec.volumes[0].projected.sources[1].configMap.name"),
+            "{err}"
+        );
+    }
+    use crate::kubelet::env::{PodFacts, TokenSpec, token_key};
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
     #[test]
@@ -320,7 +523,7 @@ spec:
             ..Default::default()
         };
         l.config_maps.insert("cm".into(), Some(cm));
-        let vols = prepare_volumes(&pod, tmp.path(), &l).unwrap();
+        let vols = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap();
         assert!(vols["scratch"].is_dir());
         let token = vols["tok"].join("sub/token");
         assert_eq!(std::fs::read(&token).unwrap(), b"abc");
@@ -349,7 +552,7 @@ spec:
             ..Default::default()
         };
         l.config_maps.insert("cm".into(), Some(cm));
-        let err = prepare_volumes(&pod, tmp.path(), &l).unwrap_err();
+        let err = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap_err();
         assert!(
             err.to_string()
                 .contains("spec.volumes[0].configMap.items[0].path"),
@@ -360,7 +563,7 @@ spec:
             "spec:\n  containers: [{name: c}]\n  volumes:\n  - {name: v, nfs: {server: s, path: /}}\n",
         )
         .unwrap();
-        let err = prepare_volumes(&pod, tmp.path(), &l).unwrap_err();
+        let err = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap_err();
         assert!(err.to_string().contains("spec.volumes[0]"), "{err}");
     }
 

@@ -62,8 +62,7 @@ impl Cluster {
             .expect("API server starts");
         let client = api.client().expect("client");
         let node = format!("node-{block}");
-        let mut config = test_config(dir.path(), &node, block);
-        config.log_token = Some(api.token().to_string());
+        let mut config = test_config(dir.path(), &node, block).for_api_server(&api);
         tweak(&mut config);
         let kubelet = Kubelet::start(client.clone(), config)
             .await
