@@ -207,6 +207,14 @@ async fn namespace_deletion_removes_contents() {
         }
     }
     assert!(gone(&nss, "team").await);
+    let err = nss
+        .delete("default", &DeleteParams::default())
+        .await
+        .expect_err("protected");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
     assert!(
         cms.list(&ListParams::default())
             .await

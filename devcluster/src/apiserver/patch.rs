@@ -29,9 +29,11 @@ pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiErr
     // The caller patches a copy: a failure leaves the stored object as is.
     for op in ops.0 {
         if let json_patch::PatchOperation::Test(t) = &op
-            && t.value.is_null() && target.pointer(t.path.as_str()).is_none() {
-                continue;
-            }
+            && t.value.is_null()
+            && target.pointer(t.path.as_str()).is_none()
+        {
+            continue;
+        }
         json_patch::patch(target, std::slice::from_ref(&op))
             .map_err(|e| ApiError::invalid_patch(format!("the JSON patch failed: {e}")))?;
     }
