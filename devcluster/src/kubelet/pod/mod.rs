@@ -38,7 +38,7 @@ use super::launch;
 use super::logs;
 use super::probe::{self, ProbeSpec};
 use super::process::{self, Launch, Namespace, Output};
-use super::shared::{PodEntry, Shared, lock};
+use super::shared::{PodEntry, Shared, lock, pod_key};
 use super::status::{Ctr, Run, StatusInput, pod_status, qos_class};
 use super::volumes::{create_mount_targets, prepare_volumes};
 
@@ -154,12 +154,7 @@ fn phase_of(pod: &Pod) -> Option<&str> {
 
 impl Worker {
     fn new(shared: Arc<Shared>, pod: Pod) -> Result<Self> {
-        let ns = pod
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let name = pod.metadata.name.clone().unwrap_or_default();
+        let (ns, name) = pod_key(&pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = shared.pod_dir(&uid);
         let inert = matches!(phase_of(&pod), Some("Succeeded" | "Failed"));
