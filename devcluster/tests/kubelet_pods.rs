@@ -352,3 +352,37 @@ async fn images_map_to_programs_through_the_table() {
     );
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_run_as_the_security_context_user() {
+    let c = Cluster::start(245).await;
+    c.create_pod(
+        r#"
+metadata: {name: nobody}
+spec:
+  restartPolicy: Never
+  securityContext: {runAsUser: 65534, runAsGroup: 65534, fsGroup: 2000}
+  volumes: [{name: scratch, emptyDir: {}}]
+  initContainers:
+  - name: root-setup
+    image: busybox
+    securityContext: {runAsUser: 0}
+    command: [sh, -c, 'id -u > /hostmesh-kubelet-test/scratch/setup-uid']
+    volumeMounts: [{name: scratch, mountPath: /hostmesh-kubelet-test/scratch}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'echo "$(id -u):$(id -g):$(id -G) setup=$(cat setup-uid)"; echo hi > mine && echo wrote']
+    workingDir: /hostmesh-kubelet-test/scratch
+    volumeMounts: [{name: scratch, mountPath: /hostmesh-kubelet-test/scratch}]
+"#,
+    )
+    .await;
+    c.wait_pod("nobody", "phase Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    assert_eq!(
+        c.kubelet().logs("default", "nobody", "main", None).unwrap(),
+        "65534:65534:65534 2000 setup=0\nwrote\n"
+    );
+    c.stop().await;
+}
