@@ -97,6 +97,12 @@ impl Worker {
                 slot.field
             ))
         })?;
+        if slot.init && container.restart_policy.as_deref() == Some("Always") {
+            return Err(KubeletError::PodSpec(format!(
+                "{}.restartPolicy: sidecar init containers (restartPolicy: Always) are not supported by the process kubelet; make it a regular container",
+                slot.field
+            )));
+        }
         let env = resolve_env(
             &self.pod,
             &container,
