@@ -331,3 +331,43 @@ async fn many_pods_get_distinct_ips_and_all_stop_on_deletion() {
     wait_pids_gone(&pids).await;
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_kubelet_runs_its_pods_again_on_the_same_ip() {
+    let mut c = Cluster::start(246).await;
+    c.create_pod(
+        "metadata: {name: survivor}\nspec:\n  containers:\n  - {name: main, image: busybox, command: [sleep, '600']}\n",
+    )
+    .await;
+    c.create_pod(
+        "metadata: {name: finished}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'exit 0']}\n",
+    )
+    .await;
+    let before = c
+        .wait_pod("survivor", "running", |p| {
+            container_pid(p, "main").is_some()
+        })
+        .await;
+    let done = c
+        .wait_pod("finished", "Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    let old_pid = container_pid(&before, "main").unwrap();
+    let ip = before.status.as_ref().unwrap().pod_ip.clone().unwrap();
+
+    c.restart_kubelet().await;
+    wait_pids_gone(&[old_pid]).await;
+    let after = c
+        .wait_pod("survivor", "running again", |p| {
+            container_pid(p, "main").is_some_and(|pid| pid != old_pid)
+        })
+        .await;
+    assert_eq!(after.status.unwrap().pod_ip.unwrap(), ip);
+    // A pod that had finished is left as it was.
+    let still = c.pods().get("finished").await.unwrap();
+    assert_eq!(phase(&still), "Succeeded");
+    assert_eq!(
+        container(&still, "main").unwrap().state,
+        container(&done, "main").unwrap().state
+    );
+    c.stop().await;
+}
