@@ -97,6 +97,20 @@ impl Worker {
                 slot.field
             ))
         })?;
+        let name = &container.name;
+        let dns_label = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !dns_label {
+            return Err(KubeletError::PodSpec(format!(
+                "{}.name: {name:?} must be a DNS label (lowercase letters, digits, '-')",
+                slot.field
+            )));
+        }
         if slot.init && container.restart_policy.as_deref() == Some("Always") {
             return Err(KubeletError::PodSpec(format!(
                 "{}.restartPolicy: sidecar init containers (restartPolicy: Always) are not supported by the process kubelet; make it a regular container",
