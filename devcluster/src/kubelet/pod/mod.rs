@@ -156,6 +156,11 @@ impl Worker {
     fn new(shared: Arc<Shared>, pod: Pod) -> Result<Self> {
         let (ns, name) = pod_key(&pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() || uid.contains('/') || uid.contains("..") {
+            return Err(KubeletError::PodSpec(format!(
+                "pod {ns}/{name}: metadata.uid {uid:?} cannot name a directory"
+            )));
+        }
         let dir = shared.pod_dir(&uid);
         let inert = matches!(phase_of(&pod), Some("Succeeded" | "Failed"));
         let reported: Option<Ipv4Addr> = pod
