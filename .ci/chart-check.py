@@ -22,18 +22,17 @@ CHART = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "charts" / "hostmesh"
 RELEASE, NAMESPACE = "hm", "hostmesh-system"
 KUBE_VERSION = "v1.33.0"
 
-# What the operator needs on the objects it manages (docs/operations.md,
-# "RBAC"). The rendered manager rules must be exactly these: a new permission
+# What the operator needs on the objects it manages (docs/api.md "RBAC",
+# docs/operations.md "RBAC"). The rendered manager rules must be exactly these: a new permission
 # is a conscious change here and in the chart.
 MANAGER_RULES = {
-    ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch", "update"},
-    ("hostmesh.dev", "procmeshes"): {"get", "list", "watch", "patch", "update"},
-    ("hostmesh.dev", "worlds/status"): {"get", "patch", "update"},
-    ("hostmesh.dev", "procmeshes/status"): {"get", "patch", "update"},
+    ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch"},
+    ("hostmesh.dev", "procmeshes"): {"get", "list", "watch", "patch", "delete"},
+    ("hostmesh.dev", "worlds/status"): {"patch"},
+    ("hostmesh.dev", "procmeshes/status"): {"patch"},
     ("hostmesh.dev", "worlds/finalizers"): {"update"},
-    ("hostmesh.dev", "procmeshes/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

@@ -2,6 +2,8 @@
 //! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
+mod apiserver;
+mod e2e;
 mod operator;
 mod report;
 
@@ -17,7 +19,9 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
+        "apiserver" => apiserver::run(),
         "operator" => operator::run(),
+        "e2e" => e2e::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

@@ -225,6 +225,13 @@ pub struct ProcMeshStatus {
     /// When the last restart happened (drives the backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_time: Option<Time>,
+    /// Per-rank incarnation the operator asked for (bumped by each restart
+    /// of the rank), as runs; empty while every rank is at 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incarnations: Vec<Run<Incarnation>>,
+    /// When deletion started stopping the procs (drives `stopTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping_since: Option<Time>,
     /// When the current spawn started (drives `spawnTimeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawn_time: Option<Time>,
@@ -259,6 +266,13 @@ impl ProcMeshPhase {
             ProcMeshPhase::Stopping => "Stopping",
         }
     }
+}
+
+/// A rank's requested incarnation (in status runs).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct Incarnation {
+    /// Restarts asked for this rank so far.
+    pub incarnation: u32,
 }
 
 /// State of one proc (one run of procs) in status.

@@ -55,6 +55,7 @@ pub fn widget_crd() -> serde_json::Value {
                                 "size": {"type": "integer", "minimum": 1},
                                 "port": {"type": "integer", "default": 26600},
                                 "mode": {"type": "string", "enum": ["Fast", "Slow"]},
+                                "label": {"type": "string", "pattern": "^[a-z]+$"},
                             },
                         },
                         "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
@@ -429,7 +430,7 @@ async fn crd_serves_resource_with_status_generation_and_validation() {
     // Invalid objects get one 422 naming every bad field.
     let bad: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "example.dev/v1", "kind": "Widget", "metadata": {"name": "bad"},
-        "spec": {"size": 0, "mode": "Turbo"},
+        "spec": {"size": 0, "mode": "Turbo", "label": "Not-Lower"},
     }))
     .expect("bad");
     let (code, msg) = api_status(
@@ -517,5 +518,220 @@ async fn crd_removal_stops_serving() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(gone, "the custom resource is no longer served");
+    // Its objects went with it: a re-installed CRD starts empty.
+    let widgets = install_widgets(&client).await;
+    assert!(
+        widgets
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    server.shutdown().await;
+}
+
+async fn raw(
+    client: &Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: &str,
+) -> Result<String, (u16, String)> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(body.as_bytes().to_vec())
+        .expect("request");
+    client.request_text(req).await.map_err(|e| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("transport error (did the server panic?): {other:?}"),
+    })
+}
+
+#[tokio::test]
+async fn hostile_inputs_get_clear_errors_not_panics() {
+    let (server, client) = start().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let json = "application/json";
+    let cases: Vec<(&str, &str, &str, &str, u16)> = vec![
+        ("POST", cms, json, "not json", 400),
+        ("POST", cms, json, "[1,2]", 400),
+        ("POST", cms, json, r#"{"metadata": []}"#, 422),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"metadata": {"name": "x", "labels": {"a": 1}}}"#,
+            422,
+        ),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"kind": "Pod", "metadata": {"name": "x"}}"#,
+            400,
+        ),
+        (
+            "POST",
+            cms,
+            json,
+            r#"{"metadata": {"generateName": "ééééééééééééééééééééééééééééééééééééééééééééééééééééééééééééé"}}"#,
+            422,
+        ),
+        (
+            "POST",
+            pods,
+            json,
+            r#"{"metadata": {"name": "p"}, "spec": "x"}"#,
+            422,
+        ),
+        (
+            "POST",
+            cms,
+            "application/vnd.kubernetes.protobuf",
+            "k8s\u{0}garbage",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?labelSelector=a%20in%20(b",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?limit=-1",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?continue=%%%",
+            json,
+            "",
+            400,
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=abc",
+            json,
+            "",
+            400,
+        ),
+        ("GET", "/api/v1/nope", json, "", 404),
+        ("GET", "/apis/nope.dev/v1/things", json, "", 404),
+    ];
+    for (method, path, ct, body, want) in cases {
+        match raw(&client, method, path, ct, body).await {
+            Err((code, msg)) => assert_eq!(code, want, "{method} {path} {body}: {msg}"),
+            Ok(out) => panic!("{method} {path} {body} succeeded: {out}"),
+        }
+    }
+    // A pod whose status a client broke, then bound and deleted with an
+    // absurd grace period: answers, no panic.
+    raw(
+        &client,
+        "POST",
+        pods,
+        json,
+        r#"{"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}"#,
+    )
+    .await
+    .expect("pod");
+    raw(
+        &client,
+        "PUT",
+        &format!("{pods}/p/status"),
+        json,
+        r#"{"metadata": {"name": "p"}, "status": "broken"}"#,
+    )
+    .await
+    .ok();
+    raw(
+        &client,
+        "POST",
+        &format!("{pods}/p/binding"),
+        json,
+        r#"{"target": {"name": "n1"}}"#,
+    )
+    .await
+    .expect("bind");
+    raw(
+        &client,
+        "DELETE",
+        &format!("{pods}/p?gracePeriodSeconds=9223372036854775807"),
+        json,
+        "",
+    )
+    .await
+    .expect("delete");
+    raw(
+        &client,
+        "DELETE",
+        &format!("{pods}/p?gracePeriodSeconds=0"),
+        json,
+        "",
+    )
+    .await
+    .expect("force delete");
+    // The server still serves.
+    assert!(client.apiserver_version().await.is_ok());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn crd_versions_share_storage_and_prefer_the_highest() {
+    let (server, client) = start().await;
+    let mut crd = widget_crd();
+    let v1 = crd["spec"]["versions"][0].clone();
+    let mut beta = v1.clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"] = json!([beta, v1]);
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
+    );
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).expect("crd"),
+    )
+    .await
+    .expect("create");
+    let beta_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.dev", "v1beta1", "Widget"),
+        "widgets",
+    );
+    let v1_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.dev", "v1", "Widget"),
+        "widgets",
+    );
+    let beta_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &beta_ar);
+    let v1_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &v1_ar);
+    let mut w = widget("w", 1);
+    w.types.as_mut().expect("types").api_version = "example.dev/v1beta1".into();
+    beta_api
+        .create(&PostParams::default(), &w)
+        .await
+        .expect("create via v1beta1");
+    let got = v1_api.get("w").await.expect("read via v1");
+    assert_eq!(got.types.expect("types").api_version, "example.dev/v1");
+    let d = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let g = d
+        .groups()
+        .find(|g| g.name() == "example.dev")
+        .expect("group");
+    assert_eq!(g.preferred_version_or_latest(), "v1");
     server.shutdown().await;
 }

@@ -72,3 +72,32 @@ impl Context {
 pub fn obj_ref<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {
     ObjectRef::new(name).within(namespace)
 }
+
+/// Adds finalizer `name` to `obj` with a merge patch guarded by its
+/// resourceVersion (a stale object gets 409 and is retried), unless it is
+/// there already or the object is being deleted. kube's `finalizer()` then
+/// finds it present. (Its own add is a JSON patch whose `test` of an absent
+/// path some API servers reject.)
+pub async fn ensure_finalizer<K>(
+    api: &kube::Api<K>,
+    obj: Arc<K>,
+    name: &str,
+) -> Result<Arc<K>, crate::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    use kube::ResourceExt as _;
+    if obj.meta().deletion_timestamp.is_some() || obj.finalizers().iter().any(|f| f == name) {
+        return Ok(obj);
+    }
+    let mut finalizers = obj.finalizers().to_vec();
+    finalizers.push(name.to_string());
+    let patch = serde_json::json!({
+        "metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()},
+    });
+    let pp = kube::api::PatchParams::default();
+    let updated = api
+        .patch(&obj.name_any(), &pp, &kube::api::Patch::Merge(&patch))
+        .await?;
+    Ok(Arc::new(updated))
+}

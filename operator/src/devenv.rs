@@ -50,9 +50,11 @@ impl DevEnv {
     /// Starts everything with its files under `data_dir`.
     pub async fn start(data_dir: &Path) -> Result<DevEnv, DevEnvError> {
         let kubeconfig = data_dir.join("kubeconfig");
-        let mut config = ApiServerConfig::default();
-        config.kubeconfig = Some(kubeconfig.clone());
-        config.data_dir = None;
+        let config = ApiServerConfig {
+            kubeconfig: Some(kubeconfig.clone()),
+            data_dir: None,
+            ..ApiServerConfig::default()
+        };
         let apiserver = ApiServer::start(config).await?;
         let client = apiserver.client()?;
         install_crds(&client).await?;

@@ -323,6 +323,7 @@ pub fn next_spec(
     lease_duration: Duration,
     now: Timestamp,
 ) -> LeaseSpec {
+    let existed = previous.is_some();
     let previous = previous.cloned().unwrap_or_default();
     let held_by_me = previous.holder_identity.as_deref() == Some(me);
     let seconds = i32::try_from(lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
@@ -335,7 +336,9 @@ pub fn next_spec(
             Some(MicroTime(now))
         },
         renew_time: Some(MicroTime(now)),
-        lease_transitions: Some(if held_by_me || previous.holder_identity.is_none() {
+        // A new holder is a transition, also after a release (as client-go
+        // counts); a lease created just now starts at 0.
+        lease_transitions: Some(if held_by_me || !existed {
             previous.lease_transitions.unwrap_or(0)
         } else {
             previous.lease_transitions.unwrap_or(0).saturating_add(1)
@@ -748,6 +751,13 @@ mod tests {
         assert_eq!(taken.holder_identity.as_deref(), Some("b"));
         assert_eq!(taken.lease_transitions, Some(1));
         assert_eq!(taken.acquire_time, Some(MicroTime(later)));
+
+        let released = LeaseSpec {
+            holder_identity: None,
+            ..taken
+        };
+        let after_release = next_spec(Some(&released), "a", LEASE, later);
+        assert_eq!(after_release.lease_transitions, Some(2));
     }
 
     #[test]

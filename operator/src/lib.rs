@@ -10,14 +10,17 @@
 //! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
 
 pub mod context;
+pub mod devenv;
 pub mod health;
 pub mod hub;
 pub mod leader;
 pub mod manifest;
 pub mod metrics;
+pub mod ops;
 pub mod procmesh;
 pub mod status;
 pub mod telemetry;
+pub mod up;
 pub mod world;
 
 use std::sync::Arc;
@@ -94,6 +97,42 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error a finalizer wrapper carries, else `self`.
+    pub fn root(&self) -> &Error {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.root(),
+                _ => self,
+            },
+            _ => self,
+        }
+    }
+
+    /// The HTTP status of a Kubernetes API error, however wrapped.
+    pub fn api_code(&self) -> Option<u16> {
+        use kube::runtime::finalizer::Error as F;
+        let kube_err = match self.root() {
+            Error::Kube(e) => Some(e),
+            Error::Finalizer(f) => match f.as_ref() {
+                F::AddFinalizer(e) | F::RemoveFinalizer(e) => Some(e),
+                _ => None,
+            },
+            _ => None,
+        };
+        match kube_err {
+            Some(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an expected, transient condition (waiting on
+    /// something, a stale object, an object already gone) rather than a
+    /// failure worth a warning.
+    pub fn is_transient(&self) -> bool {
+        matches!(self.root(), Error::Waiting(_)) || matches!(self.api_code(), Some(404 | 409))
+    }
+
     /// A short label for metrics and Events.
     pub fn label(&self) -> &'static str {
         match self {

@@ -29,7 +29,10 @@ enum Command {
         to: PathBuf,
     },
     /// Run the World and ProcMesh controllers and the supervision hub.
-    Operator(hostmesh_operator::OperatorArgs),
+    Operator(Box<hostmesh_operator::ops::OperatorCommand>),
+    /// Run a World and ProcMesh manifest on an embedded cluster (API server,
+    /// process kubelet and operator in this process) until Ctrl-C.
+    Up(hostmesh_operator::up::UpArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
@@ -41,12 +44,26 @@ enum Command {
     Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole cause chain; no backtrace for users.
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {e:#}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
-        Command::Operator(args) => run_operator(args),
+        Command::Up(args) => run_up(args),
+        Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
@@ -67,19 +84,25 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Runs the operator on a multi-threaded runtime until Ctrl-C or SIGTERM.
-fn run_operator(args: hostmesh_operator::OperatorArgs) -> anyhow::Result<()> {
+/// `hostmesh up`: logs go to a file in the data directory so the terminal
+/// shows only the live view.
+fn run_up(args: hostmesh_operator::up::UpArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let log_path = args.data_dir.join("hostmesh.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(log))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .try_init();
-    tokio::runtime::Runtime::new()
-        .context("cannot start the async runtime")?
-        .block_on(hostmesh_operator::run(args))
-        .context("operator failed")
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(hostmesh_operator::up::run(args))?;
+    Ok(())
 }
 
 /// Prints both CRDs to stdout.

@@ -33,10 +33,10 @@ pub enum ManifestError {
         name: String,
         /// The discovery error.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The API server refused the object.
-    #[error("{kind} {name}: {source}")]
+    #[error("{kind} {name}")]
     Apply {
         /// Object kind.
         kind: String,
@@ -44,7 +44,7 @@ pub enum ManifestError {
         name: String,
         /// The API error (an admission rejection names the field).
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -128,7 +128,7 @@ async fn apply_one(
             kind: types.kind.clone(),
             api_version: types.api_version.clone(),
             name: name.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let namespace = namespace_for(&caps, obj, default_namespace);
     let api: Api<DynamicObject> = match &namespace {
@@ -142,7 +142,7 @@ async fn apply_one(
         .map_err(|source| ManifestError::Apply {
             kind: types.kind.clone(),
             name: name.clone(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(Applied {
         resource,

@@ -36,15 +36,19 @@ pub struct UpArgs {
     #[arg(long)]
     pub exit_when_ready: bool,
     /// How long `--exit-when-ready` waits before giving up.
-    #[arg(long, default_value = "5m", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "5m", value_parser = parse_timeout)]
     pub timeout: Duration,
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    hostmesh_crds::duration::parse("--timeout", text).map_err(|e| e.to_string())
 }
 
 /// What `up` reports when it cannot finish.
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
     /// The manifest could not be read.
-    #[error("cannot read manifest {path}: {source}")]
+    #[error("cannot read manifest {path}")]
     ReadManifest {
         /// The path given.
         path: PathBuf,
@@ -264,7 +268,10 @@ fn render(p: &Progress) -> String {
     } else {
         "..."
     };
-    let mut line = format!("{:<8} {:<32} {:<12} {:<24} {}", p.kind, p.key, p.phase, p.detail, mark);
+    let mut line = format!(
+        "{:<8} {:<32} {:<12} {:<24} {}",
+        p.kind, p.key, p.phase, p.detail, mark
+    );
     if let Some(reason) = &p.failed {
         line.push_str(&format!(": {reason}"));
     }

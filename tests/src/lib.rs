@@ -432,12 +432,28 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// PIDs of the procs of ProcMesh `mesh` in World `world`.
+/// PIDs of the procs of ProcMesh `mesh` in World `world`: the processes the
+/// agents started, not their children (a `sh -c` proc's `sleep`).
 pub fn proc_pids(world: &str, mesh: &str) -> Vec<i32> {
-    find_pids(|e| {
+    let all = find_pids(|e| {
         e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
             && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(mesh)
-    })
+    });
+    all.iter()
+        .copied()
+        .filter(|p| parent_of(*p).is_none_or(|pp| !all.contains(&pp)))
+        .collect()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// PID of the agent of host `rank` of World `world`.

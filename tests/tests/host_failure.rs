@@ -2,8 +2,6 @@
 //! detection slack) and replaced per failurePolicy; with RecreateGang the
 //! whole World is recreated.
 
-use std::time::Instant;
-
 use hostmesh_e2e::{Env, agent_pids, condition_true, signal, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -42,16 +40,13 @@ async fn a_killed_agent_expires_and_its_host_is_replaced() -> anyhow::Result<()>
     let untouched = pod_uid(&env, "w-host-0").await?;
     let pids = agent_pids("w", 1);
     assert_eq!(pids.len(), 1);
-    let killed = Instant::now();
     signal(pids[0], "KILL")?;
-    let status = env
-        .wait_for("World", "w", "host 1 not ready", |s| {
-            let st = host_state(s, 1);
-            !st.is_empty() && st != "Ready"
-        })
-        .await?;
-    // Detection is measured by the e2e benchmark; here we only record it.
-    eprintln!("host 1 left Ready after {:?}: {status:#}", killed.elapsed());
+    // The silent agent's host is Expired and the World Degraded (detection
+    // time is measured by the operator and e2e benchmarks, not asserted).
+    env.wait_for("World", "w", "host 1 Expired, World Degraded", |s| {
+        host_state(s, 1) == "Expired" && condition_true(s, "Degraded")
+    })
+    .await?;
     env.wait_for("World", "w", "replaced and Ready again", |s| {
         s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
     })

@@ -63,8 +63,14 @@ async fn world_of_four_hosts_becomes_running_with_an_agent_per_pod() -> anyhow::
 async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Result<()> {
     let env = Env::start("world-delete").await?;
     env.apply(&world_yaml("wd", &[("host", 2)], "")).await?;
+    // Each proc records that it was asked to stop (SIGTERM) before exiting.
+    let marks = tempfile::tempdir()?;
+    let cmd = format!(
+        "trap 'touch {m}/term-$RANK; exit 0' TERM; sleep 300 & wait",
+        m = marks.path().display()
+    );
     env.apply(&format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: sleepers}}\nspec:\n  world: wd\n  perHost: [{{name: gpu, size: 2}}]\n  command: [sleep, '300']\n"
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: sleepers}}\nspec:\n  world: wd\n  perHost: [{{name: gpu, size: 2}}]\n  command: [sh, -c, {cmd:?}]\n"
     ))
     .await?;
     env.wait_for("ProcMesh", "sleepers", "Ready", |s| {
@@ -77,6 +83,12 @@ async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Res
         proc_pids("wd", "sleepers").is_empty() && (0..2).all(|r| agent_pids("wd", r).is_empty())
     })
     .await?;
+    for rank in 0..4 {
+        assert!(
+            marks.path().join(format!("term-{rank}")).exists(),
+            "rank {rank} was not stopped gracefully (no SIGTERM seen)"
+        );
+    }
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let api = env.hostmesh_api("ProcMesh");
     let worlds = env.hostmesh_api("World");

@@ -58,32 +58,39 @@ Role in each watched namespace. Every rule says why it is needed.
 */}}
 {{- define "hostmesh.managerRules" -}}
 # Worlds and ProcMeshes are the operator's input: the controllers watch them
-# (list/watch), read them (get), and add/remove their finalizers (patch, update).
+# (get, list, watch) and add or remove their finalizers (JSON patch).
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds", "procmeshes"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# Status is computed by the controllers and written through the status
-# subresource (server-side apply is a patch; update for full replacement).
+  verbs: ["get", "list", "watch", "patch"]
+# A World being deleted deletes its ProcMeshes first, so their procs stop
+# gracefully before the host pods go.
+- apiGroups: ["hostmesh.dev"]
+  resources: ["procmeshes"]
+  verbs: ["delete"]
+# Status is computed by the controllers and written whole through the status
+# subresource by server-side apply (a patch).
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds/status", "procmeshes/status"]
-  verbs: ["get", "patch", "update"]
-# Owner references with blockOwnerDeletion on host pods, Services and Secrets
-# need update on the owner's finalizers subresource (OwnerReferencesPermissionEnforcement).
+  verbs: ["patch"]
+# Host pods, the Service and the Secret carry an owner reference to their
+# World with blockOwnerDeletion, which needs update on the World's finalizers
+# subresource (OwnerReferencesPermissionEnforcement).
 - apiGroups: ["hostmesh.dev"]
-  resources: ["worlds/finalizers", "procmeshes/finalizers"]
+  resources: ["worlds/finalizers"]
   verbs: ["update"]
-# One pod per host rank: created, watched for readiness and failure reasons,
-# patched (labels and annotations), and deleted to replace a failed host or
-# recreate the gang.
+# One pod per host rank: server-side applied (create, patch), watched for
+# readiness and failure reasons (list, watch), and deleted to replace a failed
+# host, recreate the gang, or roll a changed template.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The headless Service per World that gives host pods their DNS names.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# The headless Service per World that gives host pods their DNS names,
+# server-side applied (create, patch); garbage collection deletes it.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The per-World agent Secret: created once, then read to authenticate to the
-# agents. No list/watch: the operator only reads Secrets it knows by name.
+  verbs: ["create", "patch"]
+# The per-World agent Secret: created once, then read by name to authenticate
+# to the agents. No list or watch: the operator never enumerates Secrets.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]

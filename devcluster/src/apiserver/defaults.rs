@@ -119,8 +119,17 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
         }
     } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
         crd_status(obj);
+        // Deleting a CRD first deletes its objects (see `gc`).
+        let mut f = super::meta::finalizers(obj);
+        if !f.iter().any(|x| x == CRD_CLEANUP) {
+            f.push(CRD_CLEANUP.into());
+            super::meta::set_finalizers(obj, &f);
+        }
     }
 }
+
+/// The finalizer that holds a CRD until its custom resources are gone.
+pub(crate) const CRD_CLEANUP: &str = "customresourcecleanup.apiextensions.k8s.io";
 
 /// Defaults applied on update of the main resource.
 pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {

@@ -13,6 +13,8 @@
 //!    names it as owner any more (their references are removed).
 //! 4. A terminating namespace loses its `kubernetes` finalizer once no
 //!    object lives in it.
+//! 5. A deleted CRD keeps its cleanup finalizer until every object of its
+//!    resource is gone (their own finalizers honoured).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,10 +24,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::defaults::CRD_CLEANUP;
 use super::handlers::delete_one;
 use super::lifecycle::{DeleteOpts, Propagation};
 use super::meta;
-use super::store::Store;
+use super::store::{CRD_KEY, Store};
 
 enum Action {
     Delete {
@@ -145,6 +148,38 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
         if key == "/namespaces" {
             terminating_ns.push(name.clone());
         }
+        if key == CRD_KEY && fins.iter().any(|f| f == CRD_CLEANUP) {
+            // Invariant 5: the CRD's objects go first.
+            let served = st
+                .registry
+                .all()
+                .find(|r| !r.builtin && format!("{}.{}", r.plural, r.group) == name)
+                .map(|r| r.key());
+            let mut left = false;
+            if let Some(rkey) = served {
+                for (_, o) in st.scan(&rkey, None, None) {
+                    left = true;
+                    if !meta::is_deleting(o) {
+                        actions.push(Action::Delete {
+                            key: rkey.clone(),
+                            ns: meta::namespace(o).to_string(),
+                            name: meta::name(o).to_string(),
+                            foreground: false,
+                        });
+                    }
+                }
+            }
+            if left {
+                pending = true;
+            } else {
+                actions.push(Action::DropFinalizer {
+                    key: key.clone(),
+                    ns: ns.clone(),
+                    name: name.clone(),
+                    finalizer: CRD_CLEANUP,
+                });
+            }
+        }
     }
     for ns in terminating_ns {
         let mut empty = true;
@@ -218,7 +253,7 @@ fn act(store: &Store, a: Action) {
             }
         }),
         Action::FinishNamespace { name } => edit(store, "/namespaces", "", &name, |o| {
-            o["spec"]["finalizers"] = json!([]);
+            meta::set_path(o, &["spec", "finalizers"], json!([]));
         }),
     }
 }
@@ -248,7 +283,10 @@ pub(crate) async fn run(store: Arc<Store>, shutdown: CancellationToken) {
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = store.gc.notified() => {}
+            _ = store.gc.notified() => {
+                // Coalesce a burst of deletions into one pass.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             _ = tokio::time::sleep(wait) => {}
         }
         // Bounded: each round either acts or waits for the next wake-up.

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::convert;
 use super::lifecycle::{self, DeleteOpts, DeleteStep, Part, Propagation};
 use super::meta::{self, meta_mut};
 use super::patch;
+use super::proto;
 use super::registry::ResourceInfo;
 use super::route::Target;
 use super::selector::{FieldSelector, LabelSelector};
@@ -54,6 +56,11 @@ impl Request {
         }
     }
 
+    /// Whether unknown fields are an error (`fieldValidation=Strict`).
+    fn strict(&self) -> bool {
+        self.q("fieldValidation") == Some("Strict")
+    }
+
     /// Whether the client asked for a Table.
     pub(crate) fn wants_table(&self) -> bool {
         self.accept
@@ -69,8 +76,10 @@ impl Request {
                 "the request body is empty: send the object as JSON",
             ));
         }
-        if self.content_type.contains("protobuf") || self.content_type.contains("cbor") {
-            // Clients (client-go) retry with JSON on 415.
+        if self.content_type.contains("protobuf") {
+            return proto::decode_object(&self.body);
+        }
+        if self.content_type.contains("cbor") {
             return Err(ApiError::unsupported_media(format!(
                 "the body content type {:?} is not supported: send application/json",
                 self.content_type
@@ -107,7 +116,7 @@ pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> Shape<'a> {
 /// storage; only `apiVersion` differs).
 pub(crate) fn present(info: &ResourceInfo, version: &str, obj: &Value) -> Value {
     let av = info.api_version(version);
-    let mut o = obj.clone();
+    let mut o = convert::to_view(info, obj);
     if o.get("apiVersion").and_then(Value::as_str) != Some(av.as_str()) {
         o["apiVersion"] = json!(av);
     }
@@ -255,7 +264,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
     let generated = meta::meta_str(&obj, "name").is_none_or(str::is_empty);
     for _ in 0..8 {
         let mut o = obj.clone();
-        lifecycle::prepare_create(&t.info, &t.version, &mut o)?;
+        lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
         ssa::record_update(
             None,
             &mut o,
@@ -264,6 +273,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
             "",
             shape(&t.info, &t.version),
         );
+        let o = convert::to_storage(&t.info, o);
         match insert_new(store, &t.info, &ns, o, req.dry_run()) {
             Err(e) if e.code == 409 && generated => continue,
             r => return r.map(|v| (201, present(&t.info, &t.version, &v))),
@@ -332,7 +342,9 @@ pub(crate) fn update(
         let Some(old) = old else {
             return Err(ApiError::not_found(&t.info.group, &t.info.plural, &name));
         };
-        let Some(mut new) = lifecycle::prepare_update(&t.info, &t.version, old, obj, part)? else {
+        let Some(mut new) =
+            lifecycle::prepare_update(&t.info, &t.version, old, obj, part, req.strict())?
+        else {
             return Ok(None);
         };
         track_update(
@@ -361,7 +373,8 @@ fn write_existing(
     let mut st = store.lock();
     let old = st.get(&key, ns, name);
     let created = old.is_none();
-    let new = f(old.as_deref())?;
+    let view = old.as_deref().map(|o| convert::to_view(&t.info, o));
+    let new = f(view.as_ref())?.map(|n| convert::to_storage(&t.info, n));
     let Some(new) = new else {
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
         return Ok((200, present(&t.info, &t.version, &old)));
@@ -460,7 +473,7 @@ pub(crate) fn patch(
                         meta_mut(&mut o).remove("namespace");
                     }
                     let mf = o.pointer("/metadata/managedFields").cloned();
-                    lifecycle::prepare_create(&info, &t.version, &mut o)?;
+                    lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
                     if let Some(mf) = mf {
                         meta_mut(&mut o).insert("managedFields".into(), mf);
                     }
@@ -480,7 +493,14 @@ pub(crate) fn patch(
                     // without a resourceVersion precondition.
                     meta_mut(&mut merged).remove("resourceVersion");
                     let mf = merged.pointer("/metadata/managedFields").cloned();
-                    let new = lifecycle::prepare_update(&info, &t.version, old, merged, part)?;
+                    let new = lifecycle::prepare_update(
+                        &info,
+                        &t.version,
+                        old,
+                        merged,
+                        part,
+                        req.strict(),
+                    )?;
                     Ok(new.map(|mut n| {
                         if let Some(mf) = mf {
                             meta_mut(&mut n).insert("managedFields".into(), mf);
@@ -524,7 +544,9 @@ pub(crate) fn patch(
             None => meta_mut(&mut target).remove("resourceVersion"),
         };
         lifecycle::check_identity(&info, &t.version, &mut target, &ns, Some(&name))?;
-        let Some(mut new) = lifecycle::prepare_update(&info, &t.version, old, target, part)? else {
+        let Some(mut new) =
+            lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())?
+        else {
             return Ok(None);
         };
         track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));
@@ -561,6 +583,8 @@ fn track_update(
 fn delete_opts(req: &Request) -> Result<DeleteOpts, ApiError> {
     let body: Value = if req.body.is_empty() {
         Value::Null
+    } else if req.content_type.contains("protobuf") {
+        proto::decode_delete_options(&req.body)?
     } else {
         serde_json::from_slice(&req.body).map_err(|e| {
             ApiError::bad_request(format!("DeleteOptions body is not valid JSON: {e}"))
@@ -711,11 +735,11 @@ pub(crate) fn bind(store: &Store, t: &Target, req: &Request) -> Result<(u16, Val
             return Err(ApiError::conflict(format!("pod {name} is already assigned to node \"{cur}\"")));
         }
         let mut new = old.clone();
-        new["spec"]["nodeName"] = json!(node);
-        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        meta::set_path(&mut new, &["spec", "nodeName"], json!(node));
+        let conds = new.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
         conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now()}));
-        new["status"]["conditions"] = json!(conds);
+        meta::set_path(&mut new, &["status", "conditions"], json!(conds));
         ssa::record_update(Some(old), &mut new, &manager, "v1", "binding", shape(&t.info, &t.version));
         Ok(Some(new))
     })
@@ -749,7 +773,7 @@ pub(crate) fn finalize_namespace(
             return Err(ApiError::not_found("", "namespaces", &name));
         };
         let mut new = old.clone();
-        new["spec"]["finalizers"] = fins;
+        meta::set_path(&mut new, &["spec", "finalizers"], fins);
         Ok(if new == *old { None } else { Some(new) })
     });
     store.wrote(true);

@@ -97,12 +97,14 @@ pub(crate) fn check_identity(
     Ok(())
 }
 
-/// Prepares a new object (after `check_identity`). The name is final
+/// Prepares a new object (after `check_identity`); `strict` makes unknown
+/// fields of a custom resource an error instead of pruning them. The name is final
 /// unless it is generated; the caller retries generated names on clash.
 pub(crate) fn prepare_create(
     info: &ResourceInfo,
     version: &str,
     obj: &mut Value,
+    strict: bool,
 ) -> Result<(), ApiError> {
     let kind = info.kind.clone();
     let m = meta_mut(obj);
@@ -152,14 +154,19 @@ pub(crate) fn prepare_create(
         o.remove("status");
     }
     defaults::on_create(info, obj);
-    admit(info, version, obj)
+    admit(info, version, obj, strict)
 }
 
 /// Validation and defaulting common to create and update.
-fn admit(info: &ResourceInfo, version: &str, obj: &mut Value) -> Result<(), ApiError> {
+fn admit(
+    info: &ResourceInfo,
+    version: &str,
+    obj: &mut Value,
+    strict: bool,
+) -> Result<(), ApiError> {
     check_metadata(info, obj)?;
     if !info.builtin {
-        schema::validate_and_default(info, version, obj)?;
+        schema::validate_and_default(info, version, obj, strict)?;
     } else {
         defaults::validate_builtin(info, obj)?;
     }
@@ -231,7 +238,10 @@ fn check_metadata(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
 }
 
 fn truncate(s: &str, n: usize) -> &str {
-    if s.len() <= n { s } else { &s[..n] }
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
 }
 
 /// Builds the object an update stores from the live object and the
@@ -242,6 +252,7 @@ pub(crate) fn prepare_update(
     old: &Value,
     mut new: Value,
     part: Part,
+    strict: bool,
 ) -> Result<Option<Value>, ApiError> {
     let name = meta::name(old).to_string();
     if let Some(rv) = new
@@ -319,7 +330,7 @@ pub(crate) fn prepare_update(
             defaults::on_update(info, old, &mut new);
         }
     }
-    admit(info, version, &mut new)?;
+    admit(info, version, &mut new, strict)?;
     // The resourceVersion is assigned by the store.
     meta_mut(&mut new).insert(
         "resourceVersion".into(),
@@ -465,7 +476,8 @@ pub(crate) fn delete_step(
                     .and_then(Value::as_i64)
             })
             .unwrap_or(30)
-            .max(0);
+            // Ten years is "forever"; larger values would overflow time math.
+            .clamp(0, 315_360_000);
         if terminal || !scheduled {
             grace = 0;
         }

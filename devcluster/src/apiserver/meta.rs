@@ -71,8 +71,9 @@ pub(crate) fn now() -> String {
 
 /// A time `secs` seconds from now.
 pub(crate) fn in_secs(secs: i64) -> String {
-    (chrono::Utc::now() + chrono::Duration::seconds(secs))
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    let d =
+        chrono::Duration::try_seconds(secs.clamp(-315_360_000, 315_360_000)).unwrap_or_default();
+    (chrono::Utc::now() + d).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -132,4 +133,21 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
             "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
         ))
     }
+}
+
+/// Sets the value at `path`, turning whatever is in the way into objects
+/// (client data may hold a string where an object belongs).
+pub(crate) fn set_path(obj: &mut Value, path: &[&str], v: Value) {
+    let mut cur = obj;
+    for p in path {
+        if !cur.is_object() {
+            *cur = Value::Object(Map::new());
+        }
+        cur = cur
+            .as_object_mut()
+            .expect("made an object above")
+            .entry(p.to_string())
+            .or_insert(Value::Null);
+    }
+    *cur = v;
 }

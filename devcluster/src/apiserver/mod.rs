@@ -8,9 +8,10 @@
 //! (objects, resourceVersions, watch history), `handlers` (verbs),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
-//! validation), `defaults` (built-in defaults), `watch`, `table`,
-//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`.
+//! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
+//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies).
 
+mod convert;
 mod defaults;
 mod discovery;
 mod gc;
@@ -23,6 +24,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod persist;
+mod proto;
 mod registry;
 mod route;
 mod schema;

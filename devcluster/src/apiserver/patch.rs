@@ -24,6 +24,19 @@ pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiErr
             "invalid JSON patch: {e}: send a list of {{op, path, value}}"
         ))
     })?;
+    // As the real API server (evanphx/json-patch) does, a `test` of a path
+    // that does not exist against `null` succeeds: kube-rs adds the first
+    // finalizer with exactly that guard.
+    let ops: Vec<json_patch::PatchOperation> = ops
+        .0
+        .into_iter()
+        .filter(|op| match op {
+            json_patch::PatchOperation::Test(t) => {
+                !(t.value.is_null() && target.pointer(t.path.as_str()).is_none())
+            }
+            _ => true,
+        })
+        .collect();
     json_patch::patch(target, &ops)
         .map_err(|e| ApiError::invalid_patch(format!("the JSON patch failed: {e}")))
 }
@@ -137,5 +150,31 @@ fn merge_list(field: &str, mut existing: Vec<Value>, patch: &[Value]) -> Vec<Val
             }
             existing
         }
+    }
+}
+
+#[cfg(test)]
+mod json_patch_tests {
+    use serde_json::json;
+
+    #[test]
+    fn test_of_a_missing_path_against_null_succeeds_like_the_real_server() {
+        let mut obj = json!({"metadata": {"name": "a"}});
+        let patch = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+        ]);
+        super::json_patch(&mut obj, &patch).unwrap();
+        assert_eq!(obj["metadata"]["finalizers"], json!(["x"]));
+    }
+
+    #[test]
+    fn test_of_a_present_value_that_differs_still_fails() {
+        let mut obj = json!({"metadata": {"finalizers": ["y"]}});
+        let patch = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": "x"},
+        ]);
+        assert!(super::json_patch(&mut obj, &patch).is_err());
     }
 }

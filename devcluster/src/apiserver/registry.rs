@@ -50,6 +50,10 @@ pub(crate) struct ResourceInfo {
 impl ResourceInfo {
     /// The storage key of this resource: `group/plural`.
     pub(crate) fn key(&self) -> String {
+        if self.builtin && self.group == "events.k8s.io" && self.plural == "events" {
+            // Shares storage with core events (see `convert`).
+            return "/events".into();
+        }
         format!("{}/{}", self.group, self.plural)
     }
 

@@ -4,7 +4,7 @@
 //!
 //! Supported: `type`, `properties`, `additionalProperties`, `items`,
 //! `required`, `enum`, `minimum`/`maximum` (and exclusive forms),
-//! `minLength`/`maxLength`, `minItems`/`maxItems`, `nullable`, `default`,
+//! `minLength`/`maxLength`, `pattern`, `minItems`/`maxItems`, `nullable`, `default`,
 //! `x-kubernetes-preserve-unknown-fields`,
 //! `x-kubernetes-int-or-string`, `x-kubernetes-embedded-resource`.
 
@@ -13,16 +13,27 @@ use serde_json::{Map, Value};
 use super::registry::ResourceInfo;
 use super::status::ApiError;
 
-/// Validates and defaults a custom resource in place.
+/// What one validation pass found.
+#[derive(Default)]
+struct Findings {
+    /// Invalid fields and why.
+    errors: Vec<(String, String)>,
+    /// Pruned unknown fields.
+    unknown: Vec<String>,
+}
+
+/// Validates and defaults a custom resource in place; unknown fields are
+/// pruned, or with `strict` (`fieldValidation=Strict`) refused with 400.
 pub(crate) fn validate_and_default(
     info: &ResourceInfo,
     version: &str,
     obj: &mut Value,
+    strict: bool,
 ) -> Result<(), ApiError> {
     let Some(schema) = info.schemas.get(version) else {
         return Ok(());
     };
-    let mut errors = Vec::new();
+    let mut f = Findings::default();
     let Some(root) = obj.as_object_mut() else {
         return Err(ApiError::bad_request("the body must be an object"));
     };
@@ -37,16 +48,30 @@ pub(crate) fn validate_and_default(
         match props.and_then(|p| p.get(&k)) {
             Some(s) => {
                 if let Some(v) = root.get_mut(&k) {
-                    check(s, v, &k, &mut errors);
+                    check(s, v, &k, &mut f);
                 }
             }
             None if preserve => {}
             None => {
                 root.remove(&k);
+                f.unknown.push(k.clone());
             }
         }
     }
-    check_required(schema, root, "", &mut errors);
+    check_required(schema, root, "", &mut f);
+    if strict && !f.unknown.is_empty() {
+        let list: Vec<String> = f
+            .unknown
+            .iter()
+            .map(|u| format!("unknown field \"{u}\""))
+            .collect();
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+            list.join(", "),
+            kind = info.kind
+        )));
+    }
+    let errors = f.errors;
     if errors.is_empty() {
         Ok(())
     } else {
@@ -71,19 +96,31 @@ fn apply_defaults(schema: &Value, m: &mut Map<String, Value>) {
     }
 }
 
-fn check_required(
-    schema: &Value,
-    m: &Map<String, Value>,
-    path: &str,
-    errors: &mut Vec<(String, String)>,
-) {
+fn check_required(schema: &Value, m: &Map<String, Value>, path: &str, f: &mut Findings) {
     if let Some(req) = schema.get("required").and_then(Value::as_array) {
         for r in req.iter().filter_map(Value::as_str) {
             if !m.contains_key(r) {
-                errors.push((join(path, r), "Required value".into()));
+                f.errors.push((join(path, r), "Required value".into()));
             }
         }
     }
+}
+
+/// A compiled `pattern` (cached: schemas are checked on every write).
+fn pattern(p: &str) -> Option<regex::Regex> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<regex::Regex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() > 1024 {
+        c.clear();
+    }
+    // A pattern the regex engine cannot compile is not enforced (the CRD
+    // was accepted; refusing every object would be worse).
+    c.entry(p.to_string())
+        .or_insert_with(|| regex::Regex::new(p).ok())
+        .clone()
 }
 
 fn join(path: &str, k: &str) -> String {
@@ -106,14 +143,14 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, String)>) {
+fn check(schema: &Value, v: &mut Value, path: &str, f: &mut Findings) {
     if v.is_null() {
         if schema.get("nullable") == Some(&Value::Bool(true)) {
             return;
         }
         // A null is dropped like an absent field (the real server prunes it
         // unless nullable), so defaults can apply on the next level up.
-        errors.push((
+        f.errors.push((
             path.to_string(),
             "Invalid value: \"null\": must not be null".into(),
         ));
@@ -122,7 +159,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
     let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if int_or_string {
         if !(v.is_string() || type_name(v) == "integer") {
-            errors.push((
+            f.errors.push((
                 path.to_string(),
                 format!(
                     "Invalid value: {}: must be an integer or a string",
@@ -136,7 +173,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         let actual = type_name(v);
         let ok = t == actual || (t == "number" && actual == "integer");
         if !ok {
-            errors.push((
+            f.errors.push((
                 path.to_string(),
                 format!(
                     "Invalid value: \"{actual}\": {path} in body must be of type {t}: \"{actual}\""
@@ -149,7 +186,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         && !en.contains(v)
     {
         let allowed: Vec<String> = en.iter().map(|e| e.to_string()).collect();
-        errors.push((
+        f.errors.push((
             path.to_string(),
             format!(
                 "Unsupported value: {v}: supported values: {}",
@@ -162,13 +199,13 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         if let Some(min) = num("minimum") {
             let excl = schema.get("exclusiveMinimum") == Some(&Value::Bool(true));
             if x < min || (excl && x == min) {
-                errors.push((path.to_string(), format!("Invalid value: {x}: {path} in body should be greater than or equal to {min}")));
+                f.errors.push((path.to_string(), format!("Invalid value: {x}: {path} in body should be greater than or equal to {min}")));
             }
         }
         if let Some(max) = num("maximum") {
             let excl = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
             if x > max || (excl && x == max) {
-                errors.push((
+                f.errors.push((
                     path.to_string(),
                     format!(
                         "Invalid value: {x}: {path} in body should be less than or equal to {max}"
@@ -178,9 +215,18 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         }
     }
     if let Some(s) = v.as_str() {
+        if let Some(pat) = schema.get("pattern").and_then(Value::as_str) {
+            match pattern(pat) {
+                Some(re) if !re.is_match(s) => f.errors.push((
+                    path.to_string(),
+                    format!("Invalid value: \"{s}\": {path} in body should match '{pat}'"),
+                )),
+                _ => {}
+            }
+        }
         let n = s.chars().count() as f64;
         if num("minLength").is_some_and(|m| n < m) {
-            errors.push((
+            f.errors.push((
                 path.to_string(),
                 format!(
                     "Invalid value: \"{s}\": {path} in body should be at least {} chars long",
@@ -189,7 +235,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
             ));
         }
         if num("maxLength").is_some_and(|m| n > m) {
-            errors.push((
+            f.errors.push((
                 path.to_string(),
                 format!(
                     "Too long: {path} in body may not be more than {} chars",
@@ -202,7 +248,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
         Value::Array(items) => {
             let n = items.len() as f64;
             if num("minItems").is_some_and(|m| n < m) {
-                errors.push((
+                f.errors.push((
                     path.to_string(),
                     format!(
                         "Invalid value: {path} in body should have at least {} items",
@@ -211,7 +257,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
                 ));
             }
             if num("maxItems").is_some_and(|m| n > m) {
-                errors.push((
+                f.errors.push((
                     path.to_string(),
                     format!(
                         "Too many: {path} in body should have at most {} items",
@@ -224,7 +270,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
                     if let Some(m) = item.as_object_mut() {
                         apply_defaults(is, m);
                     }
-                    check(is, item, &format!("{path}[{i}]"), errors);
+                    check(is, item, &format!("{path}[{i}]"), f);
                 }
             }
         }
@@ -241,7 +287,7 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
                 match child {
                     Some(s) => {
                         if let Some(cv) = m.get_mut(&k) {
-                            check(s, cv, &join(path, &k), errors);
+                            check(s, cv, &join(path, &k), f);
                         }
                     }
                     None if preserve
@@ -250,10 +296,11 @@ fn check(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, St
                             && schema.get("type").is_none()) => {}
                     None => {
                         m.remove(&k);
+                        f.unknown.push(join(path, &k));
                     }
                 }
             }
-            check_required(schema, m, path, errors);
+            check_required(schema, m, path, f);
         }
         _ => {}
     }

@@ -343,7 +343,7 @@ pub(crate) fn write_entries(obj: &mut Value, entries: &[Entry]) {
     }
 }
 
-/// Whether `a` is `b` or inside it (item paths own their contents).
+/// Whether `p` is `owner` or below it.
 fn covers(owner: &Path, p: &Path) -> bool {
     p.starts_with(owner)
 }
@@ -409,11 +409,13 @@ pub(crate) fn apply(
     let mut obj = live_v.clone();
     merge_applied(&mut obj, applied, shape);
     for p in prev.difference(&new_set) {
-        let still_applied = new_set.iter().any(|n| covers(p, n) || covers(n, p));
+        // Owning a map does not own its entries: only the same path or a
+        // path below it keeps a field alive.
+        let still_applied = new_set.iter().any(|n| covers(p, n));
         let owned_by_other = entries
             .iter()
             .filter(|e| !is_me(e))
-            .any(|e| e.fields.iter().any(|o| covers(o, p) || covers(p, o)));
+            .any(|e| e.fields.iter().any(|o| covers(p, o)));
         if !still_applied && !owned_by_other {
             remove_path(&mut obj, p);
         }

@@ -365,6 +365,61 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
                 })
                 .collect(),
         ),
+        ("", "events") => (
+            vec![
+                col(
+                    "Last Seen",
+                    "string",
+                    "",
+                    "Time since the event was last seen.",
+                    0,
+                ),
+                col("Type", "string", "", "Normal or Warning.", 0),
+                col("Reason", "string", "", "Why the event happened.", 0),
+                col("Object", "string", "", "The object the event is about.", 0),
+                col("Message", "string", "", "What happened.", 0),
+            ],
+            objs.iter()
+                .map(|o| {
+                    let last = [
+                        "/lastTimestamp",
+                        "/eventTime",
+                        "/series/lastObservedTime",
+                        "/metadata/creationTimestamp",
+                    ]
+                    .iter()
+                    .find_map(|p| {
+                        o.pointer(p)
+                            .and_then(Value::as_str)
+                            .filter(|s| !s.is_empty())
+                    });
+                    let kind = s(o, "/involvedObject/kind").to_lowercase();
+                    vec![
+                        json!(human_age(last)),
+                        json!(s(o, "/type")),
+                        json!(s(o, "/reason")),
+                        json!(format!("{kind}/{}", s(o, "/involvedObject/name"))),
+                        json!(s(o, "/message")),
+                    ]
+                })
+                .collect(),
+        ),
+        ("coordination.k8s.io", "leases") => (
+            vec![
+                name_col,
+                col(
+                    "Holder",
+                    "string",
+                    "",
+                    "The current holder of the lease.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| vec![name(o), json!(s(o, "/spec/holderIdentity")), age(o)])
+                .collect(),
+        ),
         ("apiextensions.k8s.io", "customresourcedefinitions") => (
             vec![name_col, col("Created At", "date", "", "", 0)],
             objs.iter()

@@ -135,7 +135,8 @@ pub(crate) fn start(
             ))
         })?),
         _ => cfg.default_timeout,
-    };
+    }
+    .min(Duration::from_secs(86_400));
     let bookmarks = req
         .q("allowWatchBookmarks")
         .is_some_and(|b| b == "true" || b == "1");
@@ -242,8 +243,13 @@ async fn run(
             _ = &mut deadline => return,
             _ = shutdown.cancelled() => return,
             _ = tx.closed() => return,
-            _ = tick.tick(), if p.bookmarks => {
-                if tx.send(enc.bookmark(last, false)).await.is_err() {
+            _ = tick.tick() => {
+                // A resource that stopped being served (its CRD is gone)
+                // ends its watches.
+                if store.registry().by_key(&key).is_none() {
+                    return;
+                }
+                if p.bookmarks && tx.send(enc.bookmark(last, false)).await.is_err() {
                     return;
                 }
             }

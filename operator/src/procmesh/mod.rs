@@ -15,6 +15,7 @@
 pub mod desired;
 pub mod plan;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,10 +23,11 @@ use futures::StreamExt as _;
 use hostmesh_crds::conditions::{self, FAILED, PROGRESSING, READY};
 use hostmesh_crds::procmesh::{ProcMeshPhase, ProcMeshStatus};
 use hostmesh_crds::validate;
+use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -33,9 +35,9 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::Error;
 use crate::context::{Context, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
-use crate::{Error, FIELD_MANAGER};
 
 /// Finalizer on ProcMeshes.
 pub const FINALIZER: &str = "hostmesh.dev/procmesh";
@@ -85,13 +87,12 @@ pub async fn controller(
 }
 
 fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
-    match err {
-        Error::Waiting(_) => Action::requeue(Duration::from_secs(1)),
-        _ => {
-            warn!(procmesh = %pm.name_any(), error = %err, label = err.label(), "procmesh reconcile failed");
-            Action::requeue(Duration::from_secs(5))
-        }
+    if err.is_transient() {
+        debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
     }
+    warn!(procmesh = %pm.name_any(), error = %err, label = err.root().label(), "procmesh reconcile failed");
+    Action::requeue(Duration::from_secs(5))
 }
 
 /// Reconciles one ProcMesh.
@@ -100,6 +101,7 @@ pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, E
         .namespace()
         .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;
     let api: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), &ns);
+    let pm = crate::context::ensure_finalizer(&api, pm, FINALIZER).await?;
     finalizer(&api, FINALIZER, pm, |event| async {
         match event {
             Finalizer::Apply(pm) => apply(&pm, &ctx).await,
@@ -136,6 +138,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let id = desired::mesh_id(pm);
     let states = ctx.hub.proc_states(&key, &id);
     let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
+    let lost_hosts = lost_hosts(&world);
     let plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
@@ -143,6 +146,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         hosts,
         extent,
         states: &states,
+        lost_hosts: &lost_hosts,
         now: Timestamp::now(),
     });
 
@@ -197,6 +201,22 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(
         plan.requeue_after.map_or(default, |d| d.min(default)),
     ))
+}
+
+/// Hosts of `world` that are gone, from its status runs.
+fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    for run in world.status.iter().flat_map(|s| &s.hosts) {
+        if matches!(
+            run.value.state,
+            HostState::Expired | HostState::Failed | HostState::Terminating
+        ) {
+            for r in run.start..run.end().min(run.start + 100_000) {
+                out.insert(r, format!("{:?}", run.value.state));
+            }
+        }
+    }
+    out
 }
 
 async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result<Action, Error> {
@@ -254,17 +274,13 @@ pub async fn write_status(
     }
     let api: Api<ProcMesh> =
         Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": "hostmesh.dev/v1alpha1",
-        "kind": "ProcMesh",
-        "status": status,
-    });
-    api.patch_status(
-        &pm.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    // Replaced whole, guarded by the resourceVersion the status was
+    // computed from: a write based on a stale read fails with 409 and the
+    // reconcile recomputes from the fresh object.
+    let mut obj = pm.clone();
+    obj.status = Some(status.clone());
+    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
+        .await?;
     Ok(())
 }
 
@@ -287,8 +303,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let now = Timestamp::now();
     if status.phase != Some(ProcMeshPhase::Stopping) {
         status.phase = Some(ProcMeshPhase::Stopping);
-        // Reuse lastRestartTime's sibling: the stop starts now.
-        status.spawn_time = Some(Time(now));
+        status.stopping_since = Some(Time(now));
         conditions::set(
             &mut status.conditions,
             READY,
@@ -309,7 +324,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .await;
     }
     let stop = ctx.hub.stop_procs(&key, &id, stop_timeout).await;
-    let started = status.spawn_time.as_ref().map_or(now, |t| t.0);
+    let started = status.stopping_since.as_ref().map_or(now, |t| t.0);
     let deadline = started
         + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
             .unwrap_or(SignedDuration::MAX);

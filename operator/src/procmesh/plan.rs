@@ -10,20 +10,22 @@
 //! 2. `firstFailure` is set once per generation and never overwritten.
 //! 3. Restarts stop at `maxRestarts` (total); a permanent failure (a rule
 //!    says Fail, or exit code 126/127 by default) or `Never` fails at once.
-//! 4. Ranks that are not running `spawnTimeout` after their spawn are
-//!    Timeout, a failure like any other.
+//! 4. Ranks that are not running `spawnTimeout` after their spawn (counted
+//!    while the World is Running) are Timeout, a failure like any other.
+//! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
+//!    a failure; after its restart it is Starting until the new host runs it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use hostmesh_crds::ProcMesh;
 use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY};
 use hostmesh_crds::procmesh::{
-    self, ExitAction, FirstFailure, ProcMeshPhase, ProcMeshStatus, ProcState, RankStatus,
-    RestartMode,
+    self, ExitAction, FirstFailure, Incarnation, ProcMeshPhase, ProcMeshStatus, ProcState,
+    RankStatus, RestartMode,
 };
 use hostmesh_crds::validate::ProcMeshTimings;
 use hostmesh_crds::world::WorldPhase;
+use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -48,6 +50,8 @@ pub struct PlanInput<'a> {
     pub extent: String,
     /// Agents' reports by rank.
     pub states: &'a BTreeMap<u64, ProcObs>,
+    /// Hosts that are gone (Expired, Failed, Terminating), with their state.
+    pub lost_hosts: &'a BTreeMap<u64, String>,
     /// Now.
     pub now: Timestamp,
 }
@@ -159,8 +163,17 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         base,
         per_rank: HashMap::new(),
     };
+    if same_gen {
+        for run in &prev.incarnations {
+            if run.value.incarnation > base {
+                for r in run.start..run.end().min(total) {
+                    inc.per_rank.insert(r, run.value.incarnation);
+                }
+            }
+        }
+    }
     for (rank, obs) in input.states {
-        if obs.incarnation > base {
+        if obs.incarnation > inc.get(*rank) {
             inc.per_rank.insert(*rank, obs.incarnation);
         }
     }
@@ -168,14 +181,27 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     if spawn_time.is_none() && world_running && !was_terminal {
         spawn_time = Some(now_t.clone());
     }
-    let timed_out = spawn_time
-        .as_ref()
-        .is_some_and(|t| t.0 + sd(input.timings.spawn_timeout) <= input.now);
+    // The spawn clock only runs while the World is up.
+    let timed_out = world_running
+        && spawn_time
+            .as_ref()
+            .is_some_and(|t| t.0 + sd(input.timings.spawn_timeout) <= input.now);
 
     let mut ranks: Vec<RankStatus> = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     for rank in 0..total {
         let want = inc.get(rank);
         let s = match input.states.get(&rank) {
+            Some(o)
+                if o.incarnation >= want
+                    && !o.state.is_failure()
+                    && input.lost_hosts.contains_key(&o.host) =>
+            {
+                RankStatus {
+                    state: ProcState::Lost,
+                    reason: Some(format!("host {} is {}", o.host, input.lost_hosts[&o.host])),
+                    ..Default::default()
+                }
+            }
             Some(o) if o.incarnation >= want => RankStatus {
                 state: o.state,
                 exit_code: o.exit_code,
@@ -366,8 +392,15 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         ProcMeshPhase::Failed | ProcMeshPhase::Succeeded | ProcMeshPhase::Pending
     ) && world_running
     {
-        out.spawn = Some(inc);
+        out.spawn = Some(inc.clone());
     }
+    let incarnations = if inc.per_rank.values().any(|v| *v > inc.base) {
+        runs::encode((0..total).map(|r| Incarnation {
+            incarnation: inc.get(r),
+        }))
+    } else {
+        Vec::new()
+    };
     if phase == ProcMeshPhase::Spawning && out.requeue_after.is_none() {
         let left = spawn_time
             .as_ref()
@@ -430,6 +463,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         observed_generation: generation,
         restarts,
         last_restart_time: last_restart,
+        incarnations,
+        stopping_since: None,
         spawn_time,
     };
     out

@@ -6,7 +6,9 @@
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
 //!    existing pods are never patched (changes roll them, see [`plan`]).
 //! 2. The Secret is created once and never rewritten.
-//! 3. Status is written through the status subresource, whole, and only
+//! 3. Status is written through the status subresource, whole (replace,
+//!    guarded by the resourceVersion it was computed from, so a reconcile
+//!    working from a stale cache cannot overwrite newer status), and only
 //!    when it differs from what is stored.
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
@@ -92,13 +94,12 @@ pub async fn controller(
 }
 
 fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
-    match err {
-        Error::Waiting(_) => Action::requeue(Duration::from_secs(2)),
-        _ => {
-            warn!(world = %world.name_any(), error = %err, label = err.label(), "world reconcile failed");
-            Action::requeue(Duration::from_secs(5))
-        }
+    if err.is_transient() {
+        debug!(world = %world.name_any(), error = %err, "world reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
     }
+    warn!(world = %world.name_any(), error = %err, label = err.root().label(), "world reconcile failed");
+    Action::requeue(Duration::from_secs(5))
 }
 
 /// Reconciles one World.
@@ -107,6 +108,7 @@ pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, E
         .namespace()
         .ok_or(Error::MissingField("World metadata.namespace"))?;
     let api: Api<World> = Api::namespaced(ctx.client.clone(), &ns);
+    let world = crate::context::ensure_finalizer(&api, world, FINALIZER).await?;
     finalizer(&api, FINALIZER, world, |event| async {
         match event {
             Finalizer::Apply(w) => apply(&w, &ctx).await,
@@ -126,6 +128,7 @@ fn key_of(world: &World) -> WorldKey {
 
 async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
     let name = world.name_any();
+    debug!(world = %name, rv = ?world.resource_version(), "reconciling");
     let ns = world.namespace().unwrap_or_default();
     let timings = match validate::world(&name, &world.spec) {
         Ok(t) => t,
@@ -229,6 +232,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
+    debug!(world = %name, phase = ?plan.status.phase, ready = ?plan.status.ready, restarts = plan.status.restarts, "writing status");
     write_status(world, ctx, plan.status.clone()).await?;
 
     let steady = plan.status.phase == Some(WorldPhase::Running)
@@ -331,17 +335,13 @@ pub async fn write_status(world: &World, ctx: &Context, status: WorldStatus) -> 
     }
     let api: Api<World> =
         Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": "hostmesh.dev/v1alpha1",
-        "kind": "World",
-        "status": status,
-    });
-    api.patch_status(
-        &world.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    // Replaced whole, guarded by the resourceVersion the status was
+    // computed from: a write based on a stale read fails with 409 and the
+    // reconcile recomputes from the fresh object.
+    let mut obj = world.clone();
+    obj.status = Some(status);
+    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
+        .await?;
     Ok(())
 }
 

@@ -32,6 +32,16 @@ fn run(
     states: &BTreeMap<u64, ProcObs>,
     now: i64,
 ) -> Plan {
+    run_lost(pm, world, states, &BTreeMap::new(), now)
+}
+
+fn run_lost(
+    pm: &ProcMesh,
+    world: Option<WorldPhase>,
+    states: &BTreeMap<u64, ProcObs>,
+    lost_hosts: &BTreeMap<u64, String>,
+    now: i64,
+) -> Plan {
     plan(&PlanInput {
         pm,
         timings: timings(pm),
@@ -39,6 +49,7 @@ fn run(
         hosts: 2,
         extent: "host=2,gpu=2".into(),
         states,
+        lost_hosts,
         now: Timestamp::from_second(now).unwrap(),
     })
 }
@@ -199,4 +210,31 @@ fn all_succeeded_is_succeeded() {
     let p = run(&pm, RUNNING, &all(2, 2, ProcState::Succeeded, 0), 1);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
     assert!(p.spawn.is_none());
+}
+
+#[test]
+fn procs_of_a_lost_host_are_lost_and_restarted_once() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 4}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, "Expired".to_string())]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
+    let ff = p.status.first_failure.clone().unwrap();
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
+    assert!(ff.reason.contains("host was lost"), "{}", ff.reason);
+    assert_eq!(p.status.restarts, 2);
+    pm.status = Some(p.status);
+    // Still lost on the next reconcile: the restarted ranks wait, no recount.
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 101);
+    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Starting);
+    assert!(
+        p.spawn.is_none(),
+        "nothing is sent while the World is not Running"
+    );
+    // No spawn timeout while the World is down.
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 1000);
+    assert_eq!(p.status.failed, 0);
 }

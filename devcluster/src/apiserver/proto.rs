@@ -1,0 +1,346 @@
+//! Owns decoding of the Kubernetes protobuf wire format for the few kinds
+//! Go clients send that way: client-go's typed clients (Helm's release
+//! Secrets, `kubectl create namespace|configmap|secret`) write protobuf
+//! bodies and `DeleteOptions`. A body is the magic `k8s\0` followed by a
+//! `runtime.Unknown` {typeMeta{apiVersion, kind}, raw}; `raw` is the typed
+//! message, decoded here into the same JSON the JSON endpoints accept.
+//! Other kinds get 415, which names JSON as the way to send them.
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+
+use super::status::ApiError;
+
+/// One protobuf field: number and value.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+fn bad(what: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "malformed protobuf body ({what}): send application/json instead"
+    ))
+}
+
+fn varint(b: &[u8], pos: &mut usize) -> Result<u64, ApiError> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*pos).ok_or_else(|| bad("truncated varint"))?;
+        *pos += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(bad("varint too long"))
+}
+
+fn fields(b: &[u8]) -> Result<Vec<(u64, Field<'_>)>, ApiError> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < b.len() {
+        let key = varint(b, &mut pos)?;
+        let (num, wire) = (key >> 3, key & 7);
+        let f = match wire {
+            0 => Field::Varint(varint(b, &mut pos)?),
+            2 => {
+                let len = usize::try_from(varint(b, &mut pos)?).map_err(|_| bad("length"))?;
+                let end = pos
+                    .checked_add(len)
+                    .filter(|e| *e <= b.len())
+                    .ok_or_else(|| bad("truncated field"))?;
+                let s = &b[pos..end];
+                pos = end;
+                Field::Bytes(s)
+            }
+            1 => {
+                pos += 8;
+                Field::Fixed
+            }
+            5 => {
+                pos += 4;
+                Field::Fixed
+            }
+            _ => return Err(bad("unsupported wire type")),
+        };
+        if pos > b.len() {
+            return Err(bad("truncated fixed field"));
+        }
+        out.push((num, f));
+    }
+    Ok(out)
+}
+
+fn string(f: &Field<'_>) -> Result<String, ApiError> {
+    match f {
+        Field::Bytes(b) => String::from_utf8(b.to_vec()).map_err(|_| bad("string is not UTF-8")),
+        _ => Err(bad("expected a string")),
+    }
+}
+
+fn bytes<'a>(f: &Field<'a>) -> Result<&'a [u8], ApiError> {
+    match f {
+        Field::Bytes(b) => Ok(b),
+        _ => Err(bad("expected bytes")),
+    }
+}
+
+fn int(f: &Field<'_>) -> Result<i64, ApiError> {
+    match f {
+        Field::Varint(v) => Ok(*v as i64),
+        _ => Err(bad("expected an integer")),
+    }
+}
+
+/// A map entry {key = 1, value = 2}; `as_b64` for `map<string, bytes>`.
+fn map_entry(f: &Field<'_>, as_b64: bool) -> Result<(String, Value), ApiError> {
+    let mut k = String::new();
+    let mut v = Value::String(String::new());
+    for (n, x) in fields(bytes(f)?)? {
+        match n {
+            1 => k = string(&x)?,
+            2 if as_b64 => v = json!(base64::engine::general_purpose::STANDARD.encode(bytes(&x)?)),
+            2 => v = json!(string(&x)?),
+            _ => {}
+        }
+    }
+    Ok((k, v))
+}
+
+fn time(f: &Field<'_>) -> Result<Value, ApiError> {
+    let mut secs = 0;
+    for (n, x) in fields(bytes(f)?)? {
+        if n == 1 {
+            secs = int(&x)?;
+        }
+    }
+    Ok(chrono::DateTime::from_timestamp(secs, 0)
+        .filter(|_| secs != 0)
+        .map(|t| json!(t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
+        .unwrap_or(Value::Null))
+}
+
+fn owner_ref(f: &Field<'_>) -> Result<Value, ApiError> {
+    let mut o = Map::new();
+    for (n, x) in fields(bytes(f)?)? {
+        let (k, v) = match n {
+            1 => ("kind", json!(string(&x)?)),
+            3 => ("name", json!(string(&x)?)),
+            4 => ("uid", json!(string(&x)?)),
+            5 => ("apiVersion", json!(string(&x)?)),
+            6 => ("controller", json!(int(&x)? != 0)),
+            7 => ("blockOwnerDeletion", json!(int(&x)? != 0)),
+            _ => continue,
+        };
+        o.insert(k.into(), v);
+    }
+    Ok(Value::Object(o))
+}
+
+fn object_meta(b: &[u8]) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    let mut labels = Map::new();
+    let mut annotations = Map::new();
+    let mut owners = Vec::new();
+    let mut finalizers = Vec::new();
+    // Go encodes every non-pointer field, so "" and 0 mean "unset".
+    let mut put = |k: &str, v: Value| {
+        let empty = v.as_str() == Some("") || v.as_i64() == Some(0) || v.is_null();
+        if !empty {
+            m.insert(k.to_string(), v);
+        }
+    };
+    for (n, x) in fields(b)? {
+        match n {
+            1 => put("name", json!(string(&x)?)),
+            2 => put("generateName", json!(string(&x)?)),
+            3 => put("namespace", json!(string(&x)?)),
+            5 => put("uid", json!(string(&x)?)),
+            6 => put("resourceVersion", json!(string(&x)?)),
+            7 => put("generation", json!(int(&x)?)),
+            8 => put("creationTimestamp", time(&x)?),
+            11 => {
+                let (k, v) = map_entry(&x, false)?;
+                labels.insert(k, v);
+            }
+            12 => {
+                let (k, v) = map_entry(&x, false)?;
+                annotations.insert(k, v);
+            }
+            13 => owners.push(owner_ref(&x)?),
+            14 => finalizers.push(json!(string(&x)?)),
+            _ => {}
+        }
+    }
+    if !labels.is_empty() {
+        m.insert("labels".into(), Value::Object(labels));
+    }
+    if !annotations.is_empty() {
+        m.insert("annotations".into(), Value::Object(annotations));
+    }
+    if !owners.is_empty() {
+        m.insert("ownerReferences".into(), Value::Array(owners));
+    }
+    if !finalizers.is_empty() {
+        m.insert("finalizers".into(), Value::Array(finalizers));
+    }
+    Ok(Value::Object(m))
+}
+
+fn typed(api_version: &str, kind: &str, raw: &[u8]) -> Result<Value, ApiError> {
+    let mut obj = json!({"apiVersion": api_version, "kind": kind});
+    let mut data = Map::new();
+    let mut other = Map::new();
+    for (n, x) in fields(raw)? {
+        if n == 1 {
+            obj["metadata"] = object_meta(bytes(&x)?)?;
+            continue;
+        }
+        match (kind, n) {
+            ("Secret", 2) | ("ConfigMap", 3) => {
+                let (k, v) = map_entry(&x, true)?;
+                let field = if kind == "Secret" {
+                    "data"
+                } else {
+                    "binaryData"
+                };
+                other.entry(field).or_insert_with(|| json!({}))[k] = v;
+            }
+            ("Secret", 3) => {
+                let t = string(&x)?;
+                if !t.is_empty() {
+                    obj["type"] = json!(t);
+                }
+            }
+            ("Secret", 4) | ("ConfigMap", 2) => {
+                let (k, v) = map_entry(&x, false)?;
+                if kind == "Secret" {
+                    other.entry("stringData").or_insert_with(|| json!({}))[k] = v;
+                } else {
+                    data.insert(k, v);
+                }
+            }
+            ("Secret", 5) | ("ConfigMap", 4) => obj["immutable"] = json!(int(&x)? != 0),
+            ("Namespace", 2) => {
+                let fins: Vec<Value> = fields(bytes(&x)?)?
+                    .iter()
+                    .filter(|(n, _)| *n == 1)
+                    .map(|(_, f)| string(f).map(Value::String))
+                    .collect::<Result<_, _>>()?;
+                obj["spec"] = json!({"finalizers": fins});
+            }
+            _ => {}
+        }
+    }
+    if !data.is_empty() {
+        obj["data"] = Value::Object(data);
+    }
+    for (k, v) in other {
+        obj[k] = v;
+    }
+    Ok(obj)
+}
+
+fn unknown(body: &[u8]) -> Result<(String, String, &[u8]), ApiError> {
+    let inner = body
+        .strip_prefix(b"k8s\0")
+        .ok_or_else(|| bad("missing the k8s magic prefix"))?;
+    let (mut av, mut kind, mut raw): (String, String, &[u8]) = (String::new(), String::new(), &[]);
+    for (n, x) in fields(inner)? {
+        match n {
+            1 => {
+                for (tn, tx) in fields(bytes(&x)?)? {
+                    match tn {
+                        1 => av = string(&tx)?,
+                        2 => kind = string(&tx)?,
+                        _ => {}
+                    }
+                }
+            }
+            2 => raw = bytes(&x)?,
+            _ => {}
+        }
+    }
+    Ok((av, kind, raw))
+}
+
+/// Decodes a protobuf object body into JSON.
+pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
+    let (av, kind, raw) = unknown(body)?;
+    match (av.as_str(), kind.as_str()) {
+        ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
+        _ => Err(ApiError::unsupported_media(format!(
+            "protobuf bodies are accepted for v1 Secret, ConfigMap and Namespace only, not {av} {kind}: send application/json"
+        ))),
+    }
+}
+
+/// Decodes protobuf `DeleteOptions` into its JSON form.
+pub(crate) fn decode_delete_options(body: &[u8]) -> Result<Value, ApiError> {
+    let (_, _, raw) = unknown(body)?;
+    let mut o = Map::new();
+    for (n, x) in fields(raw)? {
+        match n {
+            1 => drop(o.insert("gracePeriodSeconds".into(), json!(int(&x)?))),
+            2 => {
+                let mut pre = Map::new();
+                for (pn, px) in fields(bytes(&x)?)? {
+                    match pn {
+                        1 => drop(pre.insert("uid".into(), json!(string(&px)?))),
+                        2 => drop(pre.insert("resourceVersion".into(), json!(string(&px)?))),
+                        _ => {}
+                    }
+                }
+                o.insert("preconditions".into(), Value::Object(pre));
+            }
+            3 => drop(o.insert("orphanDependents".into(), json!(int(&x)? != 0))),
+            4 => drop(o.insert("propagationPolicy".into(), json!(string(&x)?))),
+            _ => {}
+        }
+    }
+    Ok(Value::Object(o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ld(num: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![(num << 3) | 2, body.len() as u8];
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn decodes_a_secret_like_helm_sends_it() {
+        let mut meta = ld(1, b"sh.helm.release.v1.hm.v1");
+        meta.extend(ld(3, b"default"));
+        let mut entry = ld(1, b"status");
+        entry.extend(ld(2, b"deployed"));
+        meta.extend(ld(11, &entry));
+        let mut raw = ld(1, &meta);
+        let mut d = ld(1, b"release");
+        d.extend(ld(2, b"\x00\x01"));
+        raw.extend(ld(2, &d));
+        raw.extend(ld(3, b"helm.sh/release.v1"));
+        let mut tm = ld(1, b"v1");
+        tm.extend(ld(2, b"Secret"));
+        let mut body = b"k8s\0".to_vec();
+        body.extend(ld(1, &tm));
+        body.extend(ld(2, &raw));
+        let v = decode_object(&body).expect("decodes");
+        assert_eq!(v["metadata"]["name"], "sh.helm.release.v1.hm.v1");
+        assert_eq!(v["metadata"]["labels"]["status"], "deployed");
+        assert_eq!(v["type"], "helm.sh/release.v1");
+        assert_eq!(v["data"]["release"], "AAE=");
+    }
+
+    #[test]
+    fn truncated_bodies_are_errors_not_panics() {
+        assert!(decode_object(b"k8s\0\x0a\x05ab").is_err());
+        assert!(decode_object(b"nope").is_err());
+        assert!(decode_object(b"k8s\0\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff").is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! Server-side apply through kube-rs: managedFields per manager, shared
+//! ownership, conflicts and force, removal of fields a manager stops
+//! applying, keyed list merging, status apply; plus the resources the
+//! operator's plumbing uses (Leases, Events).
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn apply_cm(data: serde_json::Value) -> Patch<serde_json::Value> {
+    Patch::Apply(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": data}),
+    )
+}
+
+fn managers(o: &impl kube::Resource) -> Vec<(String, String)> {
+    o.meta()
+        .managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn apply_creates_tracks_owners_conflicts_and_removes() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let alice = PatchParams::apply("alice");
+    let bob = PatchParams::apply("bob");
+
+    let c = cms
+        .patch("a", &alice, &apply_cm(json!({"x": "1", "y": "1"})))
+        .await
+        .expect("apply creates");
+    assert_eq!(managers(&c), [("alice".to_string(), "Apply".to_string())]);
+
+    // Same value: shared ownership, no conflict.
+    cms.patch("a", &bob, &apply_cm(json!({"x": "1", "z": "1"})))
+        .await
+        .expect("bob co-owns x");
+    // Different value: conflict naming the owner.
+    let err = cms
+        .patch("a", &bob, &apply_cm(json!({"y": "2"})))
+        .await
+        .expect_err("conflict");
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 409);
+            assert!(
+                s.message.contains("alice") && s.message.contains(".data.y"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Force takes it.
+    let c = cms
+        .patch(
+            "a",
+            &PatchParams::apply("bob").force(),
+            &apply_cm(json!({"x": "1", "y": "2", "z": "1"})),
+        )
+        .await
+        .expect("force");
+    assert_eq!(c.data.as_ref().expect("data")["y"], "2");
+
+    // Alice stops applying x: bob still owns it, so it stays; she also
+    // stops applying y which she no longer owns.
+    let c = cms
+        .patch("a", &alice, &apply_cm(json!({})))
+        .await
+        .expect("alice shrinks");
+    let data = c.data.expect("data");
+    assert_eq!(
+        (
+            data.get("x").map(String::as_str),
+            data.get("z").map(String::as_str)
+        ),
+        (Some("1"), Some("1"))
+    );
+    // Bob stops applying z: nobody else owns it, so it is removed.
+    let c = cms
+        .patch("a", &bob, &apply_cm(json!({"x": "1", "y": "2"})))
+        .await
+        .expect("bob shrinks");
+    assert!(
+        !c.data.expect("data").contains_key("z"),
+        "unowned fields a manager stops applying are removed"
+    );
+
+    // An Update by another manager takes ownership of what it changed.
+    let c = cms
+        .patch(
+            "a",
+            &PatchParams {
+                field_manager: Some("editor".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"data": {"y": "3"}})),
+        )
+        .await
+        .expect("merge");
+    assert!(managers(&c).contains(&("editor".to_string(), "Update".to_string())));
+    let err = cms
+        .patch("a", &bob, &apply_cm(json!({"x": "1", "y": "2"})))
+        .await
+        .expect_err("editor owns y now");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409 && s.message.contains("editor")),
+        "{err:?}"
+    );
+
+    // fieldManager is required for apply.
+    let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a")
+        .header("content-type", "application/apply-patch+yaml")
+        .body(b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n".to_vec())
+        .expect("req");
+    let err = server
+        .client()
+        .expect("client")
+        .request_text(req)
+        .await
+        .expect_err("no manager");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 400 && s.message.contains("fieldManager")),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn apply_merges_keyed_lists_and_status() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let pods: Api<Pod> = Api::default_namespaced(server.client().expect("client"));
+    let pod = |containers: serde_json::Value| {
+        Patch::Apply(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": containers}}),
+        )
+    };
+    pods.patch(
+        "p",
+        &PatchParams::apply("a"),
+        &pod(json!([{"name": "one", "image": "i:1"}])),
+    )
+    .await
+    .expect("a");
+    let p = pods
+        .patch(
+            "p",
+            &PatchParams::apply("b"),
+            &pod(json!([{"name": "two", "image": "i:2"}])),
+        )
+        .await
+        .expect("b adds a container by key");
+    let names: Vec<String> = p
+        .spec
+        .clone()
+        .expect("spec")
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["one", "two"]);
+
+    // Status apply through the subresource.
+    let generation = p.metadata.generation;
+    let st = Patch::Apply(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+    );
+    let p = pods
+        .patch_status("p", &PatchParams::apply("kubelet").force(), &st)
+        .await
+        .expect("status apply");
+    assert_eq!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running")
+    );
+    let st2 = Patch::Apply(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "status": {"conditions": [{"type": "Initialized", "status": "True"}]}}),
+    );
+    let p = pods
+        .patch_status("p", &PatchParams::apply("other").force(), &st2)
+        .await
+        .expect("second manager");
+    let types: Vec<String> = p
+        .status
+        .expect("status")
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert!(
+        types.contains(&"Ready".to_string()) && types.contains(&"Initialized".to_string()),
+        "conditions merge by type: {types:?}"
+    );
+    assert_eq!(
+        p.metadata.generation, generation,
+        "status writes do not bump generation"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn leases_and_events_round_trip() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let client = server.client().expect("client");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let l: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "node-1"},
+        "spec": {"holderIdentity": "node-1", "leaseDurationSeconds": 40, "renewTime": "2026-01-01T00:00:00.000000Z"},
+    }))
+    .expect("lease");
+    let created = leases
+        .create(&PostParams::default(), &l)
+        .await
+        .expect("create");
+    let mut upd = created.clone();
+    upd.spec.as_mut().expect("spec").holder_identity = Some("node-2".into());
+    leases
+        .replace("node-1", &PostParams::default(), &upd)
+        .await
+        .expect("renew");
+    let err = leases
+        .replace("node-1", &PostParams::default(), &created)
+        .await
+        .expect_err("stale lease");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "leader election relies on 409"
+    );
+
+    // Events written through events.k8s.io are visible as core events
+    // (kubectl describe reads those) and the other way round.
+    let new_events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::default_namespaced(client.clone());
+    let ev: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "hostmesh.dev/operator",
+        "reportingInstance": "op-1", "action": "Reconcile", "reason": "Created", "type": "Normal",
+        "note": "created host pods", "regarding": {"kind": "World", "name": "w", "namespace": "default", "uid": "u1"},
+    }))
+    .expect("event");
+    new_events
+        .create(&PostParams::default(), &ev)
+        .await
+        .expect("create event");
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(client.clone());
+    let list = core
+        .list(&ListParams::default().fields("involvedObject.name=w"))
+        .await
+        .expect("core list");
+    assert_eq!(list.items.len(), 1);
+    let e = &list.items[0];
+    assert_eq!(e.message.as_deref(), Some("created host pods"));
+    assert_eq!(e.involved_object.kind.as_deref(), Some("World"));
+    let back = new_events.get("e1").await.expect("get new");
+    assert_eq!(back.note.as_deref(), Some("created host pods"));
+    assert_eq!(back.name_any(), "e1");
+    server.shutdown().await;
+}

@@ -1,0 +1,336 @@
+//! Object lifecycle through kube-rs: finalizers and deletionTimestamp,
+//! garbage collection (background, foreground, orphan), namespace
+//! deletion, pod binding and graceful deletion, and persistence across a
+//! restart.
+
+use std::time::Duration;
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt as _};
+use serde_json::json;
+
+fn cm(name: &str) -> ConfigMap {
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}),
+    )
+    .expect("cm")
+}
+
+fn owned_secret(name: &str, owner: &ConfigMap) -> Secret {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": owner.name_any(),
+            "uid": owner.metadata.uid.clone().expect("uid"), "blockOwnerDeletion": true,
+        }]},
+        "stringData": {"a": "b"},
+    }))
+    .expect("secret")
+}
+
+async fn gone<K>(api: &Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for _ in 0..400 {
+        if api.get_opt(name).await.expect("get").is_none() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+async fn start() -> (hostmesh_devcluster::apiserver::ApiServerHandle, Client) {
+    let s = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let c = s.client().expect("client");
+    (s, c)
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_until_removed() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let mut c = cm("f");
+    c.metadata.finalizers = Some(vec!["example.dev/cleanup".into()]);
+    cms.create(&PostParams::default(), &c)
+        .await
+        .expect("create");
+    let d = cms
+        .delete("f", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let marked = d.left().expect("still there");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    // No new finalizers while deleting.
+    let err = cms
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.dev/cleanup", "x/y"]}})),
+        )
+        .await
+        .expect_err("forbidden");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
+    cms.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("clear");
+    assert!(gone(&cms, "f").await);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn garbage_collection_background_foreground_orphan() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+
+    // Background: the owner goes at once, the dependent follows.
+    let o = cms
+        .create(&PostParams::default(), &cm("bg"))
+        .await
+        .expect("owner");
+    secrets
+        .create(&PostParams::default(), &owned_secret("bg-dep", &o))
+        .await
+        .expect("dep");
+    cms.delete("bg", &DeleteParams::background())
+        .await
+        .expect("delete");
+    assert!(
+        gone(&secrets, "bg-dep").await,
+        "background GC deletes the dependent"
+    );
+
+    // Foreground: the dependent goes first; the owner waits for it.
+    let o = cms
+        .create(&PostParams::default(), &cm("fg"))
+        .await
+        .expect("owner");
+    let mut dep = owned_secret("fg-dep", &o);
+    dep.metadata.finalizers = Some(vec!["example.dev/hold".into()]);
+    secrets
+        .create(&PostParams::default(), &dep)
+        .await
+        .expect("dep");
+    cms.delete("fg", &DeleteParams::foreground())
+        .await
+        .expect("delete");
+    let mut held = None;
+    for _ in 0..200 {
+        let d = secrets.get("fg-dep").await.expect("dep");
+        if d.metadata.deletion_timestamp.is_some() {
+            held = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(held.is_some(), "the dependent is being deleted");
+    let owner = cms.get("fg").await.expect("owner still there");
+    assert!(owner.finalizers().iter().any(|f| f == "foregroundDeletion"));
+    secrets
+        .patch(
+            "fg-dep",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release");
+    assert!(gone(&secrets, "fg-dep").await);
+    assert!(
+        gone(&cms, "fg").await,
+        "the owner goes once its dependents are gone"
+    );
+
+    // Orphan: the dependent stays, without the owner reference.
+    let o = cms
+        .create(&PostParams::default(), &cm("or"))
+        .await
+        .expect("owner");
+    secrets
+        .create(&PostParams::default(), &owned_secret("or-dep", &o))
+        .await
+        .expect("dep");
+    cms.delete("or", &DeleteParams::orphan())
+        .await
+        .expect("delete");
+    assert!(gone(&cms, "or").await);
+    let d = secrets.get("or-dep").await.expect("orphan survives");
+    assert!(d.metadata.owner_references.unwrap_or_default().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn namespace_deletion_removes_contents() {
+    let (server, client) = start().await;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}),
+    )
+    .expect("ns");
+    nss.create(&PostParams::default(), &ns)
+        .await
+        .expect("create ns");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team");
+    cms.create(&PostParams::default(), &cm("x"))
+        .await
+        .expect("cm");
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), "team");
+    assert!(
+        sas.get_opt("default").await.expect("sa").is_some(),
+        "default ServiceAccount"
+    );
+    nss.delete("team", &DeleteParams::default())
+        .await
+        .expect("delete ns");
+    let t = nss.get_opt("team").await.expect("get");
+    if let Some(t) = t {
+        assert_eq!(
+            t.status.and_then(|s| s.phase).as_deref(),
+            Some("Terminating")
+        );
+        // Creating in a terminating namespace is refused.
+        if let Err(kube::Error::Api(s)) = cms.create(&PostParams::default(), &cm("late")).await {
+            assert!(s.code == 403 || s.code == 404, "{s:?}");
+        }
+    }
+    assert!(gone(&nss, "team").await);
+    assert!(
+        cms.list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn pod_binding_and_graceful_deletion() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "img:1"}], "terminationGracePeriodSeconds": 5},
+    }))
+    .expect("pod");
+    let p = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+    let binding: Binding = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "node-1"},
+    }))
+    .expect("binding");
+    let raw = serde_json::to_vec(&binding).expect("json");
+    let req = http::Request::post("/api/v1/namespaces/default/pods/p/binding")
+        .header("content-type", "application/json")
+        .body(raw.clone())
+        .expect("request");
+    client.request_text(req).await.expect("bind");
+    let p = pods.get("p").await.expect("get");
+    assert_eq!(
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("node-1")
+    );
+    let scheduled = p.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        scheduled
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+    );
+    let req = http::Request::post("/api/v1/namespaces/default/pods/p/binding")
+        .header("content-type", "application/json")
+        .body(raw)
+        .expect("request");
+    let err = client.request_text(req).await.expect_err("second binding");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err:?}"
+    );
+
+    // A bound pod stays with a grace period until the kubelet deletes it
+    // with grace 0.
+    let d = pods
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let marked = d.left().expect("still there");
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(5));
+    assert!(pods.get_opt("p").await.expect("get").is_some());
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("force");
+    assert!(gone(&pods, "p").await);
+
+    // Unbound pods go at once.
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    pods.delete("p", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(pods.get_opt("p").await.expect("get").is_none());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn persistence_keeps_objects_and_credentials_across_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = ApiServerConfig {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..ApiServerConfig::default()
+    };
+    let server = ApiServer::start(cfg.clone()).await.expect("start");
+    let token = server.token().to_string();
+    let client = server.client().expect("client");
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let c = cms
+        .create(&PostParams::default(), &cm("keep"))
+        .await
+        .expect("create");
+    let rv: u64 = c
+        .metadata
+        .resource_version
+        .expect("rv")
+        .parse()
+        .expect("num");
+    server.shutdown().await;
+
+    let server = ApiServer::start(cfg).await.expect("restart");
+    assert_eq!(server.token(), token, "same credentials");
+    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let got = cms.get("keep").await.expect("kept");
+    assert_eq!(got.metadata.uid, c.metadata.uid);
+    let next = cms
+        .create(&PostParams::default(), &cm("after"))
+        .await
+        .expect("create");
+    let rv2: u64 = next
+        .metadata
+        .resource_version
+        .expect("rv")
+        .parse()
+        .expect("num");
+    assert!(rv2 > rv, "resourceVersions keep growing");
+    server.shutdown().await;
+}

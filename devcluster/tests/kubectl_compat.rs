@@ -1,0 +1,465 @@
+//! Compatibility with the real `kubectl` (the machine's wrapper picks the
+//! client matching the server's v1.33.0): apply client-side and
+//! server-side, get with CRD printer columns, get -w, describe, wait,
+//! delete, explain, logs through the kubelet proxy.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+struct Env {
+    server: ApiServerHandle,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+async fn start() -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = ApiServer::start(ApiServerConfig {
+        kubeconfig: Some(kubeconfig.clone()),
+        ..ApiServerConfig::default()
+    })
+    .await
+    .expect("start");
+    Env {
+        server,
+        kubeconfig,
+        dir,
+    }
+}
+
+impl Env {
+    fn write(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, body).expect("write manifest");
+        p
+    }
+
+    fn cmd(&self, args: &[&str]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new("kubectl");
+        c.args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Runs kubectl; returns (success, stdout, stderr).
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = tokio::time::timeout(Duration::from_secs(120), self.cmd(args).output())
+            .await
+            .expect("kubectl finished in time")
+            .expect("kubectl runs (install kubectl; .ci/run does)");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args).await;
+        assert!(ok, "kubectl {args:?} failed:\n{out}\n{err}");
+        out
+    }
+}
+
+const CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gadgets.example.dev
+spec:
+  group: example.dev
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget, shortNames: [gd]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    additionalPrinterColumns:
+    - {name: Size, type: integer, jsonPath: .spec.size}
+    - {name: Phase, type: string, jsonPath: .status.phase}
+    - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
+    schema:
+      openAPIV3Schema:
+        type: object
+        description: A gadget.
+        properties:
+          spec:
+            type: object
+            description: What the gadget should be.
+            properties:
+              size: {type: integer, minimum: 1, description: How big.}
+              color: {type: string, default: blue}
+          status:
+            type: object
+            properties:
+              phase: {type: string}
+              conditions:
+                type: array
+                x-kubernetes-list-type: map
+                x-kubernetes-list-map-keys: [type]
+                items:
+                  type: object
+                  properties:
+                    type: {type: string}
+                    status: {type: string}
+                    reason: {type: string}
+                    message: {type: string}
+                    lastTransitionTime: {type: string}
+"#;
+
+const GADGET: &str =
+    "apiVersion: example.dev/v1\nkind: Gadget\nmetadata:\n  name: g1\nspec:\n  size: 3\n";
+
+async fn with_crd() -> Env {
+    let env = start().await;
+    let crd = env.write("crd.yaml", CRD);
+    env.ok(&["apply", "-f", crd.to_str().expect("path")]).await;
+    env.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gadgets.example.dev",
+        "--timeout=30s",
+    ])
+    .await;
+    env
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+#[tokio::test]
+async fn version_and_api_resources() {
+    let env = start().await;
+    let out = env.ok(&["version", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["serverVersion"]["gitVersion"], "v1.33.0");
+    let out = env.ok(&["api-resources"]).await;
+    for r in ["pods", "leases", "customresourcedefinitions", "events"] {
+        assert!(out.contains(r), "{r} missing from api-resources:\n{out}");
+    }
+    env.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_side_apply_get_describe_delete() {
+    let env = with_crd().await;
+    let g = env.write("g.yaml", GADGET);
+    assert!(
+        env.ok(&["apply", "-f", p(&g)])
+            .await
+            .contains("gadget.example.dev/g1 created")
+    );
+    assert!(env.ok(&["apply", "-f", p(&g)]).await.contains("unchanged"));
+    let g2 = env.write("g2.yaml", &GADGET.replace("size: 3", "size: 5"));
+    assert!(
+        env.ok(&["apply", "-f", p(&g2)])
+            .await
+            .contains("configured")
+    );
+
+    // Printer columns, short name, and schema defaults.
+    let out = env.ok(&["get", "gd"]).await;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    assert_eq!(header, ["NAME", "SIZE", "PHASE", "AGE"]);
+    let row: Vec<&str> = lines.next().expect("row").split_whitespace().collect();
+    assert_eq!(&row[..2], ["g1", "5"]);
+    assert_eq!(
+        env.ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec.color}"])
+            .await,
+        "blue"
+    );
+
+    let out = env.ok(&["describe", "gadget", "g1"]).await;
+    assert!(
+        out.contains("Name:") && out.contains("g1") && out.contains("Size:"),
+        "{out}"
+    );
+
+    // Built-in types: pods merge by container name through client-side apply.
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: c\n    image: busybox:1\n    env: [{name: A, value: \"1\"}]\n";
+    let pf = env.write("pod.yaml", pod);
+    env.ok(&["apply", "-f", p(&pf)]).await;
+    let pf2 = env.write("pod2.yaml", &pod.replace("\"1\"", "\"2\""));
+    assert!(
+        env.ok(&["apply", "-f", p(&pf2)])
+            .await
+            .contains("configured")
+    );
+    let out = env.ok(&["get", "pods"]).await;
+    assert!(
+        out.contains("READY") && out.contains("p1") && out.contains("Pending"),
+        "{out}"
+    );
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "pod",
+            "p1",
+            "-o",
+            "jsonpath={.spec.containers[0].env[0].value}"
+        ])
+        .await,
+        "2"
+    );
+    let out = env.ok(&["describe", "pod", "p1"]).await;
+    assert!(out.contains("busybox:1"), "{out}");
+
+    assert!(env.ok(&["delete", "-f", p(&g2)]).await.contains("deleted"));
+    let (ok, _, err) = env.run(&["get", "gadget", "g1"]).await;
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    env.ok(&["delete", "pod", "p1"]).await;
+
+    // Events show in `get events` and in `describe`.
+    let ev = "apiVersion: v1\nkind: Event\nmetadata: {name: e1}\ninvolvedObject: {kind: Pod, name: p2, namespace: default}\nreason: Started\nmessage: container started\ntype: Normal\nlastTimestamp: \"2026-01-01T00:00:00Z\"\n";
+    let ef = env.write("ev.yaml", ev);
+    env.ok(&["create", "-f", p(&ef)]).await;
+    let out = env.ok(&["get", "events"]).await;
+    assert!(
+        out.contains("REASON")
+            && out.contains("Started")
+            && out.contains("pod/p2")
+            && out.contains("container started"),
+        "{out}"
+    );
+    env.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_and_force() {
+    let env = with_crd().await;
+    let g = env.write("g.yaml", GADGET);
+    assert!(
+        env.ok(&["apply", "--server-side", "-f", p(&g)])
+            .await
+            .contains("serverside-applied")
+    );
+    let g2 = env.write("g2.yaml", &GADGET.replace("size: 3", "size: 4"));
+    let (ok, _, err) = env
+        .run(&[
+            "apply",
+            "--server-side",
+            "--field-manager=other",
+            "-f",
+            p(&g2),
+        ])
+        .await;
+    assert!(
+        !ok && err.contains("conflict"),
+        "a different manager conflicts: {err}"
+    );
+    env.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=other",
+        "--force-conflicts",
+        "-f",
+        p(&g2),
+    ])
+    .await;
+    assert_eq!(
+        env.ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec.size}"])
+            .await,
+        "4"
+    );
+    let mf = env
+        .ok(&[
+            "get",
+            "gadget",
+            "g1",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+            "--show-managed-fields",
+        ])
+        .await;
+    assert!(mf.contains("other"), "{mf}");
+
+    // Validation errors come back as a clear 422.
+    let bad = env.write("bad.yaml", &GADGET.replace("size: 3", "size: 0"));
+    let (ok, _, err) = env
+        .run(&["apply", "--server-side", "--force-conflicts", "-f", p(&bad)])
+        .await;
+    assert!(
+        !ok && err.contains("spec.size") && err.contains("greater than or equal to 1"),
+        "{err}"
+    );
+
+    // kubectl validates on the server (fieldValidation=Strict): unknown
+    // fields are refused, and pruned when validation is off.
+    let extra = env.write(
+        "extra.yaml",
+        &GADGET
+            .replace("size: 3", "size: 3\n  bogus: 1")
+            .replace("g1", "g3"),
+    );
+    let (ok, _, err) = env.run(&["apply", "-f", p(&extra)]).await;
+    assert!(!ok && err.contains("unknown field \"spec.bogus\""), "{err}");
+    env.ok(&["apply", "--validate=false", "-f", p(&extra)])
+        .await;
+    assert_eq!(
+        env.ok(&["get", "gadget", "g3", "-o", "jsonpath={.spec}"])
+            .await,
+        r#"{"color":"blue","size":3}"#
+    );
+    env.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_watch_and_wait_for_condition() {
+    let env = with_crd().await;
+    let g = env.write("g.yaml", GADGET);
+    env.ok(&["apply", "-f", p(&g)]).await;
+
+    let mut watch = env
+        .cmd(&["get", "gadgets", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut lines = tokio::io::BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("header in time")
+        .expect("read");
+    assert!(
+        first.as_deref().is_some_and(|l| l.starts_with("NAME")),
+        "{first:?}"
+    );
+
+    let mut waiter = env
+        .cmd(&[
+            "wait",
+            "--for=condition=Ready",
+            "gadget/g1",
+            "--timeout=60s",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn wait");
+    env.ok(&[
+        "patch", "gadget", "g1", "--subresource=status", "--type=merge", "-p",
+        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","reason":"Up","message":"ok","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    ])
+    .await;
+    let mut saw_running = false;
+    for _ in 0..20 {
+        match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+            Ok(Ok(Some(l))) if l.contains("Running") => {
+                saw_running = true;
+                break;
+            }
+            Ok(Ok(Some(_))) => continue,
+            _ => break,
+        }
+    }
+    assert!(saw_running, "kubectl get -w shows the new phase");
+    watch.kill().await.expect("stop watch");
+
+    let status = tokio::time::timeout(Duration::from_secs(90), waiter.wait())
+        .await
+        .expect("wait ends")
+        .expect("wait");
+    assert!(
+        status.success(),
+        "kubectl wait --for=condition=Ready succeeds"
+    );
+
+    // wait --for=delete.
+    let mut del_waiter = env
+        .cmd(&["wait", "--for=delete", "gadget/g1", "--timeout=60s"])
+        .spawn()
+        .expect("spawn");
+    env.ok(&["delete", "gadget", "g1", "--wait=false"]).await;
+    let status = tokio::time::timeout(Duration::from_secs(90), del_waiter.wait())
+        .await
+        .expect("ends")
+        .expect("wait");
+    assert!(status.success());
+    env.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn explain_uses_the_crd_schema() {
+    let env = with_crd().await;
+    let out = env.ok(&["explain", "gadgets.spec"]).await;
+    assert!(out.contains("size") && out.contains("How big."), "{out}");
+    env.server.shutdown().await;
+}
+
+/// A stand-in kubelet endpoint serving `/containerLogs` on loopback, so the
+/// API server's proxy and its contract (docs/architecture.md) are tested.
+async fn log_endpoint(token: String) -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        for _ in 0..16 {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let token = token.clone();
+            tokio::spawn(async move {
+                let mut r = tokio::io::BufReader::new(&mut s);
+                let mut req = String::new();
+                let mut auth_ok = false;
+                let mut line = String::new();
+                r.read_line(&mut req).await.expect("request line");
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.expect("header") == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if line.to_ascii_lowercase().starts_with("authorization:")
+                        && line.trim_end().ends_with(&format!("Bearer {token}"))
+                    {
+                        auth_ok = true;
+                    }
+                }
+                let (code, body) = if !auth_ok {
+                    ("401 Unauthorized", "bad token".to_string())
+                } else if req.starts_with("GET /containerLogs/default/lp/main?")
+                    && req.contains("tailLines=2")
+                {
+                    ("200 OK", "line two\nline three\n".to_string())
+                } else {
+                    ("404 Not Found", format!("unexpected request {req}"))
+                };
+                let resp = format!(
+                    "HTTP/1.1 {code}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn logs_are_proxied_to_the_kubelet() {
+    let env = start().await;
+    let port = log_endpoint(env.server.token().to_string()).await;
+    let node = format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\nstatus:\n  addresses: [{{type: InternalIP, address: 127.0.0.1}}]\n  daemonEndpoints: {{kubeletEndpoint: {{Port: {port}}}}}\n"
+    );
+    let nf = env.write("node.yaml", &node);
+    env.ok(&["create", "-f", p(&nf)]).await;
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: lp\nspec:\n  nodeName: n1\n  containers:\n  - {name: main, image: img:1}\n";
+    let pf = env.write("pod.yaml", pod);
+    env.ok(&["create", "-f", p(&pf)]).await;
+    let out = env.ok(&["logs", "lp", "--tail=2"]).await;
+    assert_eq!(out, "line two\nline three\n");
+    let (ok, _, err) = env.run(&["logs", "lp", "-c", "nope"]).await;
+    assert!(!ok && err.contains("container nope is not valid"), "{err}");
+    env.server.shutdown().await;
+}

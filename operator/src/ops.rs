@@ -1,0 +1,242 @@
+//! `hostmesh operator` with its operability around the controllers: logging
+//! ([`telemetry`](crate::telemetry)), the `/metrics` `/healthz` `/readyz`
+//! endpoint ([`health`](crate::health)), and leader election
+//! ([`leader`](crate::leader)).
+//!
+//! Invariants:
+//! 1. Controllers run only while this replica leads: they start when it
+//!    gains the Lease and are stopped when it loses it (client-go's
+//!    OnStartedLeading / OnStoppedLeading), so a standby never writes.
+//! 2. Shutdown order: the controllers stop first, then the Lease is released
+//!    (a successor cannot start while this replica still writes), then the
+//!    HTTP endpoint closes.
+//! 3. `hostmesh_worlds{phase}` is reported by the leader only (a standby
+//!    reports zeros), so summing over replicas counts each World once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use hostmesh_crds::World;
+use kube::Api;
+use kube::api::ListParams;
+use tokio::sync::{oneshot, watch};
+use tracing::{info, warn};
+
+use crate::health::{self, HealthArgs, HealthState};
+use crate::leader::{LeaderElectionArgs, LeaderHandle};
+use crate::metrics::Metrics;
+use crate::telemetry::{self, TelemetryArgs};
+use crate::{Context, OperatorArgs, hub};
+
+/// How often the leader recounts Worlds by phase.
+pub const PHASE_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
+/// Bound on each shutdown step after the controllers stopped.
+const SHUTDOWN_STEP: Duration = Duration::from_secs(10);
+
+/// Errors of `hostmesh operator` outside the controllers.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    /// Leader election is misconfigured.
+    #[error(transparent)]
+    Leader(#[from] crate::leader::LeaderError),
+    /// The HTTP endpoint could not start.
+    #[error(transparent)]
+    Health(#[from] health::HealthError),
+    /// The controllers failed.
+    #[error(transparent)]
+    Operator(#[from] crate::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// All arguments of `hostmesh operator`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OperatorCommand {
+    /// Controller settings.
+    #[command(flatten)]
+    pub args: OperatorArgs,
+    /// Logging.
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+    /// Metrics and health endpoint.
+    #[command(flatten)]
+    pub health: HealthArgs,
+    /// Leader election.
+    #[command(flatten)]
+    pub leader: LeaderElectionArgs,
+}
+
+/// Sets up logging, then runs the operator until Ctrl-C or SIGTERM.
+pub fn run_blocking(cmd: OperatorCommand) -> Result<(), OpsError> {
+    telemetry::init(&cmd.telemetry)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hostmesh-operator")
+        .build()
+        .map_err(OpsError::Runtime)?
+        .block_on(run(cmd, crate::shutdown_signal()))
+}
+
+/// Connects (kubeconfig or in-cluster), binds `--http-addr`, and runs the
+/// operator until `shutdown` resolves.
+pub async fn run(
+    cmd: OperatorCommand,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), OpsError> {
+    let client = crate::connect().await?;
+    let listener = health::bind(cmd.health.http_addr).await?;
+    run_with(cmd, client, listener, shutdown).await
+}
+
+/// Runs the operator with a given client and HTTP listener until `shutdown`
+/// resolves (invariants 1-3).
+pub async fn run_with(
+    cmd: OperatorCommand,
+    client: kube::Client,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), OpsError> {
+    let shutdown = shutdown.boxed().shared();
+    let metrics = Arc::new(Metrics::new());
+
+    let (elector_stop, elector_stop_rx) = oneshot::channel::<()>();
+    let (leader, elector) = cmd.leader.start(client.clone(), metrics.clone(), async {
+        let _ = elector_stop_rx.await;
+    })?;
+    let role = cmd.leader.leader_elect.then(|| leader.role_channel());
+    let state = Arc::new(HealthState::new(metrics.clone(), role));
+    let (http_stop, http_stop_rx) = oneshot::channel::<()>();
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /healthz and /readyz");
+    }
+    let http = tokio::spawn(health::serve(listener, state.clone(), async {
+        let _ = http_stop_rx.await;
+    }));
+    state.set_controllers_started(true);
+
+    let gauge = tokio::spawn(world_phase_gauge(
+        client.clone(),
+        cmd.args.namespaces(),
+        leader.clone(),
+        metrics.clone(),
+    ));
+    let result = lead_while_leader(cmd.args.clone(), client, leader.clone(), shutdown).await;
+
+    // Invariant 2.
+    state.set_controllers_started(false);
+    gauge.abort();
+    let _ = elector_stop.send(());
+    if let Some(task) = elector
+        && tokio::time::timeout(SHUTDOWN_STEP, task).await.is_err()
+    {
+        warn!("leader election did not stop in time");
+    }
+    let _ = http_stop.send(());
+    if tokio::time::timeout(SHUTDOWN_STEP + health::SHUTDOWN_GRACE, http)
+        .await
+        .is_err()
+    {
+        warn!("the HTTP endpoint did not stop in time");
+    }
+    info!("operator stopped");
+    result
+}
+
+/// Runs the controllers each time this replica gains leadership, until
+/// `shutdown` (invariant 1).
+async fn lead_while_leader(
+    args: OperatorArgs,
+    client: kube::Client,
+    leader: LeaderHandle,
+    shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
+) -> Result<(), OpsError> {
+    let mut is_leader = leader.is_leader_channel();
+    loop {
+        tokio::select! {
+            () = shutdown.clone() => return Ok(()),
+            gained = wait_for(&mut is_leader, true) => if !gained {
+                // The elector ended (only at shutdown).
+                shutdown.clone().await;
+                return Ok(());
+            },
+        }
+        info!("leading: starting the controllers");
+        let ctx = Context::new(client.clone(), args.clone(), hub::default_connector());
+        let mut rx = leader.is_leader_channel();
+        let lost = async move {
+            if !wait_for(&mut rx, false).await {
+                // Without election (or after the elector ended) leadership
+                // is never lost.
+                std::future::pending::<()>().await;
+            }
+        };
+        let sd = shutdown.clone();
+        let stop = async move {
+            tokio::select! {
+                () = sd => {}
+                () = lost => {}
+            }
+        };
+        crate::controllers(ctx, stop).await?;
+        if shutdown.peek().is_some() {
+            return Ok(());
+        }
+        warn!("lost leadership: controllers stopped, standing by");
+    }
+}
+
+/// Waits until the channel holds `value`; false when the sender is gone
+/// first.
+async fn wait_for(rx: &mut watch::Receiver<bool>, value: bool) -> bool {
+    rx.wait_for(|v| *v == value).await.is_ok()
+}
+
+/// Counts Worlds by phase every [`PHASE_GAUGE_INTERVAL`] while leading
+/// (invariant 3).
+async fn world_phase_gauge(
+    client: kube::Client,
+    namespaces: Vec<Option<String>>,
+    leader: LeaderHandle,
+    metrics: Arc<Metrics>,
+) {
+    let mut tick = tokio::time::interval(PHASE_GAUGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !leader.is_leader() {
+            metrics.set_worlds_by_phase(std::iter::empty());
+            continue;
+        }
+        let mut counts: std::collections::BTreeMap<&'static str, i64> = Default::default();
+        let mut complete = true;
+        for ns in &namespaces {
+            let api: Api<World> = match ns {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            match api.list(&ListParams::default()).await {
+                Ok(list) => {
+                    for w in list.items {
+                        let phase = w
+                            .status
+                            .and_then(|s| s.phase)
+                            .map_or("Pending", |p| p.as_str());
+                        *counts.entry(phase).or_default() += 1;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot list Worlds for the phase gauge");
+                    complete = false;
+                }
+            }
+        }
+        if complete {
+            metrics.set_worlds_by_phase(counts);
+        }
+    }
+}

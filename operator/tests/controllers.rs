@@ -1,0 +1,411 @@
+//! The real World and ProcMesh controllers against the embedded API server
+//! (in process, HTTPS on loopback), with simulated agents behind the hub:
+//! the test plays the kubelet by writing pod status, the agents by pushing
+//! proc states.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hostmesh_crds::{ProcMesh, World};
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_operator::hub::protocol::ProcStatus;
+use hostmesh_operator::hub::sim::{SimConnector, SimRequest, connector};
+use hostmesh_operator::hub::{HostKey, WorldKey};
+use hostmesh_operator::{Context, OperatorArgs};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt as _};
+
+const NS: &str = "ctl";
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Cluster {
+    server: Option<ApiServerHandle>,
+    client: Client,
+    sim: Arc<SimConnector>,
+    ctx: Arc<Context>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    run: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("hostmesh_operator=debug")
+                }),
+            )
+            .try_init();
+        let server = ApiServer::start(ApiServerConfig::default())
+            .await
+            .expect("api server starts");
+        let client = server.client().expect("client");
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in [World::crd(), ProcMesh::crd()] {
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("CRD installs");
+        }
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let sim = Arc::new(SimConnector::default());
+        let args = OperatorArgs {
+            agent_image: "agent:test".into(),
+            watch_namespaces: vec![NS.into()],
+            concurrency: 4,
+            instance: "test".into(),
+        };
+        let ctx = Context::new(client.clone(), args, connector(&sim));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                let _ = hostmesh_operator::controllers(ctx, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+            }
+        });
+        Cluster {
+            server: Some(server),
+            client,
+            sim,
+            ctx,
+            stop: Some(stop),
+            run: Some(run),
+        }
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(r) = self.run.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        }
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+    }
+
+    fn api<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>>(&self) -> Api<K>
+    where
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    async fn apply_yaml(&self, yaml: &str) {
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let name = v["metadata"]["name"].as_str().unwrap().to_string();
+        let pp = PatchParams::apply("test").force();
+        match v["kind"].as_str().unwrap() {
+            "World" => {
+                self.api::<World>()
+                    .patch(&name, &pp, &Patch::Apply(&v))
+                    .await
+                    .unwrap();
+            }
+            "ProcMesh" => {
+                self.api::<ProcMesh>()
+                    .patch(&name, &pp, &Patch::Apply(&v))
+                    .await
+                    .unwrap();
+            }
+            k => panic!("unexpected kind {k}"),
+        }
+    }
+
+    /// Plays the kubelet: pod `name` runs at `ip` and is Ready.
+    async fn pod_ready(&self, name: &str, ip: &str) {
+        let status = serde_json::json!({"status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
+        }});
+        self.api::<Pod>()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn cond(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> Option<(String, String)> {
+    conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.clone(), c.message.clone()))
+}
+
+const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, namespace: ctl}\n\
+spec:\n  shape: [{name: host, size: 2}]\n  template:\n    metadata: {labels: {team: t}}\n    spec:\n      containers: [{name: host, image: busybox}]\n";
+
+async fn running_world(c: &Cluster) {
+    c.apply_yaml(WORLD).await;
+    let pods = c.api::<Pod>();
+    eventually("two host pods", || async {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await
+            .ok()?;
+        (l.items.len() == 2).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-0", "127.0.9.1").await;
+    c.pod_ready("w-host-1", "127.0.9.2").await;
+    let worlds = c.api::<World>();
+    eventually("World Running", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
+    let c = Cluster::start().await;
+    c.apply_yaml(WORLD).await;
+    let pods = c.api::<Pod>();
+    let list = eventually("two host pods", || async {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await
+            .ok()?;
+        (l.items.len() == 2).then_some(l)
+    })
+    .await;
+    for p in &list.items {
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("team").map(String::as_str), Some("t"));
+        assert!(labels.contains_key("hostmesh.dev/rank"));
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "World");
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].image.as_deref(),
+            Some("agent:test")
+        );
+    }
+    let svc = c.api::<Service>().get("w").await.unwrap();
+    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    let secret = c.api::<Secret>().get("w-agent").await.unwrap();
+    assert_eq!(secret.data.unwrap()["token"].0.len(), 32);
+
+    let worlds = c.api::<World>();
+    let s = eventually("status Creating 0/2", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.ready.as_deref() == Some("0/2")).then_some(s)
+    })
+    .await;
+    assert_eq!(s.phase, Some(hostmesh_crds::world::WorldPhase::Creating));
+    assert_eq!(cond(&s.conditions, "Ready").unwrap().0, "False");
+
+    // Pods become Ready; the agents answer (simulated): Running.
+    c.pod_ready("w-host-0", "127.0.9.1").await;
+    c.pod_ready("w-host-1", "127.0.9.2").await;
+    let s = eventually("World Running", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(s)
+    })
+    .await;
+    assert_eq!(s.ready.as_deref(), Some("2/2"));
+    assert_eq!(cond(&s.conditions, "Ready").unwrap().0, "True");
+    // Every agent got the address book.
+    let host0 = HostKey {
+        world: WorldKey {
+            namespace: NS.into(),
+            name: "w".into(),
+        },
+        rank: 0,
+    };
+    let books: Vec<_> = c
+        .sim
+        .requests_of(&host0)
+        .into_iter()
+        .filter(|r| matches!(r, SimRequest::Book(_)))
+        .collect();
+    assert!(!books.is_empty());
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
+    let c = Cluster::start().await;
+    running_world(&c).await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm, namespace: ctl}\n\
+         spec: {world: w, perHost: [{name: gpu, size: 2}], command: [sleep, '300']}\n",
+    )
+    .await;
+    let meshes = c.api::<ProcMesh>();
+    let s = eventually("ProcMesh Running", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        (s.running == 4).then_some(s)
+    })
+    .await;
+    assert_eq!(s.extent.as_deref(), Some("host=2,gpu=2"));
+    assert_eq!(cond(&s.conditions, "Ready").unwrap().0, "True");
+
+    // Rank 3 (host 1) exits 3 with a message on stderr.
+    let pm = meshes.get("pm").await.unwrap();
+    let uid: String = pm
+        .metadata
+        .uid
+        .unwrap()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    let host1 = HostKey {
+        world: WorldKey {
+            namespace: NS.into(),
+            name: "w".into(),
+        },
+        rank: 1,
+    };
+    let name = format!("pm.{uid}.3");
+    let failed = ProcStatus::Stopped {
+        exit_code: 3,
+        stderr_tail: vec!["boom: out of memory".into()],
+    };
+    let push = c
+        .sim
+        .set_status(&host1, &name, failed)
+        .expect("proc exists on host 1");
+    c.ctx.hub.push_sender().send(push).await.unwrap();
+    let s = eventually("first failure", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        s.first_failure.is_some().then_some(s)
+    })
+    .await;
+    let ff = s.first_failure.unwrap();
+    assert_eq!((ff.rank, ff.host, ff.exit_code), (3, 1, Some(3)));
+    assert!(ff.stderr_tail.unwrap().contains("boom"));
+    assert_eq!(
+        s.phase,
+        Some(hostmesh_crds::procmesh::ProcMeshPhase::Failed)
+    );
+
+    // Deleting the World deletes the ProcMesh first, which stops its procs.
+    c.api::<World>()
+        .delete("w", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("World and ProcMesh gone", || async {
+        let w = c.api::<World>().get_opt("w").await.ok()?;
+        let m = meshes.get_opt("pm").await.ok()?;
+        (w.is_none() && m.is_none()).then_some(())
+    })
+    .await;
+    let stops = c
+        .sim
+        .requests_of(&host1)
+        .into_iter()
+        .filter(|r| matches!(r, SimRequest::Stop(_)))
+        .count();
+    assert!(stops >= 1, "procs on host 1 were stopped");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_host_is_replaced_and_counted() {
+    let c = Cluster::start().await;
+    running_world(&c).await;
+    let pods = c.api::<Pod>();
+    let old = pods.get("w-host-1").await.unwrap().metadata.uid;
+    let evicted =
+        serde_json::json!({"status": {"phase": "Failed", "reason": "Evicted", "conditions": []}});
+    pods.patch_status("w-host-1", &PatchParams::default(), &Patch::Merge(&evicted))
+        .await
+        .unwrap();
+    let worlds = c.api::<World>();
+    let s = eventually("restart counted", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.restarts == 1).then_some(s)
+    })
+    .await;
+    let degraded = cond(&s.conditions, "Degraded");
+    assert!(degraded.is_some());
+    eventually("host 1 recreated", || async {
+        let p = pods.get_opt("w-host-1").await.ok()??;
+        (p.metadata.uid != old).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-1", "127.0.9.3").await;
+    eventually("Running again", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
+    })
+    .await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_procmesh_names_the_field() {
+    let c = Cluster::start().await;
+    c.apply_yaml(WORLD).await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: clash, namespace: ctl}\n\
+         spec: {world: w, perHost: [{name: host, size: 2}], command: [sleep, '1']}\n",
+    )
+    .await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: orphan, namespace: ctl}\n\
+         spec: {world: nowhere, command: [sleep, '1']}\n",
+    )
+    .await;
+    let meshes = c.api::<ProcMesh>();
+    let msgs: BTreeMap<&str, String> = {
+        let mut out = BTreeMap::new();
+        for name in ["clash", "orphan"] {
+            let m = eventually("Failed condition", || async {
+                let s = meshes.get(name).await.ok()?.status?;
+                cond(&s.conditions, "Failed")
+                    .filter(|(st, _)| st == "True")
+                    .map(|(_, m)| m)
+            })
+            .await;
+            out.insert(name, m);
+        }
+        out
+    };
+    assert!(
+        msgs["clash"].contains("spec.perHost[0].name"),
+        "{}",
+        msgs["clash"]
+    );
+    assert!(
+        msgs["orphan"].contains("spec.world") && msgs["orphan"].contains("nowhere"),
+        "{}",
+        msgs["orphan"]
+    );
+    c.shutdown().await;
+}

@@ -1,0 +1,172 @@
+//! Two `hostmesh operator` replicas with leader election against the
+//! embedded API server, observed from outside through their real HTTP
+//! endpoints: one leads and runs the controllers, the other is a ready
+//! standby; on graceful shutdown the leader releases the Lease and the
+//! standby takes over (ops.rs invariants 1-2).
+
+use std::time::Duration;
+
+use clap::Parser;
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_operator::manifest;
+use hostmesh_operator::ops::{OperatorCommand, run_with};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    cmd: OperatorCommand,
+}
+
+fn command(identity: &str) -> OperatorCommand {
+    Cli::parse_from([
+        "hostmesh-operator",
+        "--watch-namespaces",
+        "default",
+        "--leader-elect",
+        "--leader-elect-namespace",
+        "default",
+        "--leader-elect-identity",
+        identity,
+        "--leader-elect-lease-duration",
+        "2s",
+        "--leader-elect-renew-deadline",
+        "1500ms",
+        "--leader-elect-retry-period",
+        "200ms",
+    ])
+    .cmd
+}
+
+/// GET over a fresh loopback connection; `(status code, body)`.
+async fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some((c, body)) = get(addr, path).await
+            && c == code
+            && body.contains(needle)
+        {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {code} {needle:?} from {addr}{path}; last: {:?}",
+            get(addr, path).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Replica {
+    addr: std::net::SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), hostmesh_operator::ops::OpsError>>,
+}
+
+async fn replica(client: &kube::Client, identity: &str) -> Replica {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(run_with(
+        command(identity),
+        client.clone(),
+        listener,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    Replica { addr, stop, task }
+}
+
+#[tokio::test]
+async fn one_replica_leads_the_other_stands_by_and_takes_over_on_shutdown() {
+    // Logs show in the output of a failing run.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info,kube=warn")
+        .with_test_writer()
+        .try_init();
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("embedded API server starts");
+    let client = server.client().expect("client");
+    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
+    manifest::apply_all(&client, &crds, "default", "test")
+        .await
+        .expect("install CRDs");
+
+    let a = replica(&client, "replica-a").await;
+    wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
+    let b = replica(&client, "replica-b").await;
+    wait_for_body(b.addr, "/readyz", 200, "standby, leader is replica-a").await;
+    wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 1\n").await;
+    wait_for_body(b.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
+    wait_for_body(b.addr, "/healthz", 200, "ok").await;
+
+    // The leader's controllers act on a World: its agent Secret appears.
+    let world = r#"
+apiVersion: hostmesh.dev/v1alpha1
+kind: World
+metadata: {name: ha, namespace: default}
+spec:
+  hosts: 1
+  template: {spec: {containers: [{name: host, image: busybox}]}}
+"#;
+    let objects = manifest::parse("world", world).expect("parse");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(e) = manifest::apply_all(&client, &objects, "default", "test").await {
+        assert!(tokio::time::Instant::now() < deadline, "apply World: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while secrets.get_opt("ha-agent").await.ok().flatten().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leader's World controller never created the agent Secret"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Graceful shutdown of the leader: it releases the Lease, b takes over.
+    a.stop.send(()).expect("replica a running");
+    tokio::time::timeout(WAIT, a.task)
+        .await
+        .expect("replica a stops in time")
+        .expect("task")
+        .expect("replica a exits cleanly");
+    assert!(
+        get(a.addr, "/healthz").await.is_none(),
+        "a's endpoint closed"
+    );
+    wait_for_body(b.addr, "/readyz", 200, "[+]leader-election leader").await;
+    wait_for_body(b.addr, "/metrics", 200, "hostmesh_leader 1\n").await;
+
+    b.stop.send(()).expect("replica b running");
+    tokio::time::timeout(WAIT, b.task)
+        .await
+        .expect("replica b stops in time")
+        .expect("task")
+        .expect("replica b exits cleanly");
+    server.shutdown().await;
+}
