@@ -371,3 +371,39 @@ async fn a_restarted_kubelet_runs_its_pods_again_on_the_same_ip() {
     );
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_binding_off_only_pods_bound_to_the_node_run() {
+    let c = Cluster::start_with(247, |cfg| {
+        cfg.bind_unscheduled = false;
+        cfg.taints = vec![
+            hostmesh_devcluster::kubelet::parse_taint("hostmesh.dev/process-kubelet").unwrap(),
+        ];
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = nodes.get(&c.node).await.unwrap();
+    let taints = node.spec.unwrap().taints.unwrap();
+    assert_eq!(taints[0].key, "hostmesh.dev/process-kubelet");
+    assert_eq!(taints[0].effect, "NoSchedule");
+    c.create_pod(
+        "metadata: {name: unbound}\nspec:\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n",
+    )
+    .await;
+    c.create_pod(&format!(
+        "metadata: {{name: pinned}}\nspec:\n  nodeName: {}\n  containers: [{{name: main, image: busybox, command: [sleep, '600']}}]\n",
+        c.node
+    ))
+    .await;
+    c.wait_pod("pinned", "Running", |p| phase(p) == "Running")
+        .await;
+    let unbound = c.pods().get("unbound").await.unwrap();
+    assert_eq!(unbound.spec.unwrap().node_name, None);
+    assert!(
+        unbound
+            .status
+            .and_then(|s| s.phase)
+            .is_none_or(|p| p == "Pending")
+    );
+    c.stop().await;
+}
