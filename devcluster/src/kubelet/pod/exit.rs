@@ -60,6 +60,7 @@ impl Worker {
                     return;
                 };
                 let state = match kind {
+                    ProbeKind::Startup => slot.startup.as_mut(),
                     ProbeKind::Readiness => slot.readiness.as_mut(),
                     ProbeKind::Liveness => slot.liveness.as_mut(),
                 };
@@ -79,6 +80,7 @@ impl Worker {
                         state.successes = 0;
                         if state.failures == state.spec.failure_threshold {
                             let what = match kind {
+                                ProbeKind::Startup => "Startup",
                                 ProbeKind::Readiness => "Readiness",
                                 ProbeKind::Liveness => "Liveness",
                             };
@@ -101,6 +103,24 @@ impl Worker {
                     state.failures >= state.spec.failure_threshold,
                 );
                 match kind {
+                    ProbeKind::Startup => {
+                        if ok {
+                            // Started: readiness and liveness begin now.
+                            slot.ctr.started = true;
+                            slot.startup = None;
+                            let now = Instant::now();
+                            for p in [&mut slot.readiness, &mut slot.liveness]
+                                .into_iter()
+                                .flatten()
+                            {
+                                p.next_at = now + p.spec.initial_delay;
+                            }
+                            slot.ctr.ready = slot.readiness.is_none();
+                        } else if failed && let Some(pgid) = slot.pgid {
+                            tracing::info!(container = %slot.ctr.name, "startup probe failed; killing container");
+                            process::signal_group(pgid, libc::SIGKILL);
+                        }
+                    }
                     ProbeKind::Readiness => {
                         if ok {
                             slot.ctr.ready = true;
@@ -128,6 +148,8 @@ impl Worker {
         let is_init = i < self.n_init;
         let slot = &mut self.slots[i];
         slot.ctr.ready = false;
+        slot.ctr.started = false;
+        slot.startup = None;
         slot.readiness = None;
         slot.liveness = None;
         if stopping {

@@ -56,6 +56,7 @@ pub(crate) enum Update {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ProbeKind {
+    Startup,
     Readiness,
     Liveness,
 }
@@ -93,6 +94,7 @@ struct Slot {
     next_start: Option<Instant>,
     backoff: Duration,
     ever_started: bool,
+    startup: Option<ProbeState>,
     readiness: Option<ProbeState>,
     liveness: Option<ProbeState>,
 }
@@ -355,7 +357,12 @@ impl Worker {
                     consider(s.next_start);
                 }
             } else {
-                for p in [&s.readiness, &s.liveness].into_iter().flatten() {
+                let probes = if s.ctr.started {
+                    [&s.readiness, &s.liveness]
+                } else {
+                    [&s.startup, &None]
+                };
+                for p in probes.into_iter().flatten() {
                     if !p.in_flight {
                         consider(Some(p.next_at));
                     }
@@ -559,6 +566,7 @@ impl Slot {
             next_start: if init { None } else { Some(Instant::now()) },
             backoff: shared.config.restart_backoff,
             ever_started: false,
+            startup: None,
             readiness: None,
             liveness: None,
         }

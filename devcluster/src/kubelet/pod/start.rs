@@ -247,13 +247,17 @@ impl Worker {
                     }
                 };
                 if slot.init {
+                    slot.startup = None;
                     slot.readiness = None;
                     slot.liveness = None;
+                    slot.ctr.started = true;
                     slot.ctr.ready = false;
                 } else {
+                    slot.startup = mk(container.startup_probe.as_ref(), "startupProbe");
                     slot.readiness = mk(container.readiness_probe.as_ref(), "readinessProbe");
                     slot.liveness = mk(container.liveness_probe.as_ref(), "livenessProbe");
-                    slot.ctr.ready = slot.readiness.is_none();
+                    slot.ctr.started = slot.startup.is_none();
+                    slot.ctr.ready = slot.ctr.started && slot.readiness.is_none();
                 }
                 let tx = self.tx.clone();
                 let (init, run_id) = (slot.init, slot.run_id);
@@ -294,10 +298,16 @@ impl Worker {
     pub(super) fn run_probes(&mut self, now: Instant) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(pid) = slot.pgid else { continue };
+            // Readiness and liveness wait until the startup probe passed.
+            let started = slot.ctr.started;
             for (kind, state) in [
+                (ProbeKind::Startup, &mut slot.startup),
                 (ProbeKind::Readiness, &mut slot.readiness),
                 (ProbeKind::Liveness, &mut slot.liveness),
             ] {
+                if started == (kind == ProbeKind::Startup) {
+                    continue;
+                }
                 let Some(state) = state.as_mut() else {
                     continue;
                 };
