@@ -1,0 +1,1 @@
+//! Actor meshes (todo).
