@@ -24,6 +24,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator settings.
     pub args: OperatorArgs,
+    /// Paces status writes per object.
+    pub pacer: crate::writes::StatusPacer,
 }
 
 impl Context {
@@ -59,6 +61,7 @@ impl Context {
             client,
             hub: Hub::new(connector),
             args,
+            pacer: crate::writes::StatusPacer::new(crate::hub::COALESCE_INTERVAL),
         })
     }
 

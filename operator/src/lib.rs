@@ -23,6 +23,7 @@ pub mod status;
 pub mod telemetry;
 pub mod up;
 pub mod world;
+pub mod writes;
 
 use std::sync::Arc;
 

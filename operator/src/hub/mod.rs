@@ -20,6 +20,7 @@ pub mod agent;
 pub mod coalesce;
 pub mod heartbeat;
 mod procs;
+pub mod runtime_client;
 pub mod sim;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
@@ -391,6 +392,7 @@ impl Hub {
                     world: world.clone(),
                     rank: r,
                 };
+                self.connector.forget_host(&key);
                 st.heartbeats.remove(&key);
                 st.expired.remove(&key);
             }
@@ -502,6 +504,8 @@ impl Hub {
             }
         }
         st.world_triggers.remove(world);
+        drop(st);
+        self.connector.forget_world(world);
     }
 
     /// Whether every host in `ranks` of `world` has a live connection.
@@ -523,30 +527,10 @@ impl Hub {
     }
 }
 
-/// The connector `hostmesh operator` uses to reach agents.
-///
-/// The runtime's agent client (`hostmesh_runtime::host::AgentClient`) is not
-/// part of this build yet; until it is, every dial fails with a message
-/// saying so, hosts stay `AwaitingHeartbeat` and Worlds stay Creating.
+/// The connector `hostmesh operator` uses to reach agents: the runtime's
+/// agent client ([`runtime_client`]).
 pub fn default_connector() -> Arc<dyn AgentConnector> {
-    Arc::new(NoAgentClient)
-}
-
-struct NoAgentClient;
-
-impl AgentConnector for NoAgentClient {
-    fn connect(
-        &self,
-        target: AgentTarget,
-        _pushes: mpsc::Sender<AgentPush>,
-    ) -> futures::future::BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
-        Box::pin(async move {
-            Err(format!(
-                "cannot dial agent at {}: this build has no runtime agent client",
-                target.addr
-            ))
-        })
-    }
+    Arc::new(Arc::new(runtime_client::RuntimeConnector::default()))
 }
 
 /// Records a heartbeat of a known host. Returns `None` for a push that does
