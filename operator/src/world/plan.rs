@@ -101,21 +101,6 @@ fn event(severity: Severity, reason: &'static str, note: String) -> PlannedEvent
     }
 }
 
-/// A host whose agent already heartbeats but whose pod has not passed its
-/// first readiness probe yet is still starting, not troubled: only a host
-/// that was Ready (or already NotReady) counts as NotReady, so a World being
-/// created never flashes Degraded.
-fn still_starting(h: HostStatus, prev: Option<&HostStatus>) -> HostStatus {
-    let was_up = prev.is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
-    if h.state == HostState::NotReady && !was_up {
-        return HostStatus {
-            state: HostState::Starting,
-            reason: Some("AwaitingReadiness".to_owned()),
-        };
-    }
-    h
-}
-
 /// Computes the plan (invariants 1-5).
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let world = input.world;
@@ -139,10 +124,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     };
 
     let hosts: Vec<HostStatus> = (0..n)
-        .map(|r| {
-            let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
-            still_starting(h, runs::get(&prev.hosts, r))
-        })
+        .map(|r| observe_pod(input.pods.get(&r), (input.liveness)(r)))
         .collect();
     let ready = hosts.iter().filter(|h| h.state == HostState::Ready).count() as u32;
     let failed: Vec<u64> = (0..n)
@@ -485,30 +467,6 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         // Ready pods without heartbeats are not ready hosts.
         let p = run(&w, &pods, Liveness::Unknown, 100);
         assert_eq!(p.status.ready_hosts, 0);
-    }
-
-    #[test]
-    fn heartbeating_host_before_its_first_readiness_is_starting_not_degraded() {
-        let mut w = mk_world("{}");
-        // The agent heartbeats before the kubelet's first readiness probe.
-        let not_ready = "  phase: Running\n  conditions: [{type: Ready, status: 'False'}]\n";
-        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, not_ready, "h1"))).collect();
-        let p = run(&w, &pods, Liveness::Alive, 100);
-        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
-        assert!(!conditions::is_true(&p.status.conditions, DEGRADED));
-        assert_eq!(
-            runs::get(&p.status.hosts, 0).unwrap().reason.as_deref(),
-            Some("AwaitingReadiness")
-        );
-        // Once Ready, losing readiness is trouble.
-        let ready: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
-        w.status = Some(run(&w, &ready, Liveness::Alive, 101).status);
-        let p = run(&w, &pods, Liveness::Alive, 102);
-        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
-        assert_eq!(
-            runs::get(&p.status.hosts, 0).unwrap().state,
-            HostState::NotReady
-        );
     }
 
     #[test]
