@@ -196,6 +196,10 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
             .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
     };
 
+    let expired_since = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
+    };
     let hash = desired::template_hash(world, &ctx.args.agent_image);
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
@@ -204,6 +208,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
         pods: &pods,
         extra_pods: extra,
         liveness: &liveness,
+        expired_since: &expired_since,
         hash: &hash,
         critical_failure: critical,
         now: Timestamp::now(),
