@@ -127,7 +127,21 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     };
 
     let hosts: Vec<HostStatus> = (0..n)
-        .map(|r| observe_pod(input.pods.get(&r), (input.liveness)(r)))
+        .map(|r| {
+            let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
+            // Not ready yet is not "no longer ready": a host that was never
+            // Ready in status is still starting.
+            let was_up = runs::get(&prev.hosts, r)
+                .is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
+            if h.state == HostState::NotReady && !was_up {
+                HostStatus {
+                    state: HostState::Starting,
+                    reason: Some("AwaitingReadiness".into()),
+                }
+            } else {
+                h
+            }
+        })
         .collect();
     let ready = hosts.iter().filter(|h| h.state == HostState::Ready).count() as u32;
     let failed: Vec<u64> = (0..n)
@@ -592,6 +606,24 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 .reason,
             "CriticalProcMeshFailed"
         );
+    }
+
+    #[test]
+    fn not_ready_before_ever_ready_is_starting() {
+        let mut w = mk_world("{}");
+        let unready = "  phase: Running\n  podIP: 127.0.1.2\n  conditions: [{type: Ready, status: 'False'}]\n";
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, unready, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        assert_eq!(
+            p.status.hosts[0].value.reason.as_deref(),
+            Some("AwaitingReadiness")
+        );
+        let ready: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        w.status = Some(run(&w, &ready, Liveness::Alive, 101).status);
+        let p = run(&w, &pods, Liveness::Alive, 102);
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+        assert_eq!(p.status.hosts[0].value.state, HostState::NotReady);
     }
 
     #[test]
