@@ -80,7 +80,6 @@ pub(crate) struct Conn {
     shared: Arc<ConnShared>,
 }
 
-#[derive(Clone)]
 struct LinkHandle {
     id: u64,
     tx: mpsc::Sender<Envelope>,
@@ -161,14 +160,16 @@ impl<I: Inbound> Transport<I> {
         handle
     }
 
-    fn link_for(self: &Arc<Self>, peer: &ProcId) -> LinkHandle {
+    /// Applies `f` to the peer's link, creating the link if needed.
+    fn with_link<R>(self: &Arc<Self>, peer: &ProcId, f: impl FnOnce(&LinkHandle) -> R) -> R {
         let mut links = self.links();
         if let Some(h) = links.get(peer) {
-            return h.clone();
+            return f(h);
         }
         let h = self.spawn_link(peer.clone(), None);
-        links.insert(peer.clone(), h.clone());
-        h
+        let r = f(&h);
+        links.insert(peer.clone(), h);
+        r
     }
 
     fn remove_link(&self, peer: &ProcId, id: u64) {
@@ -180,18 +181,18 @@ impl<I: Inbound> Transport<I> {
 
     /// A receiver that changes whenever a connection to `peer` is lost.
     pub(crate) fn lost_watch(self: &Arc<Self>, peer: &ProcId) -> watch::Receiver<u64> {
-        self.link_for(peer).lost
+        self.with_link(peer, |h| h.lost.clone())
     }
 
     /// Queues an envelope for its destination proc (waits while the peer's
     /// queue is full). Failures come back through [`Inbound::bounce`].
     pub(crate) async fn send(self: &Arc<Self>, mut env: Envelope) {
         for _ in 0..2 {
-            let h = self.link_for(env.dest.actor().proc());
-            match h.tx.send(env).await {
+            let (id, tx) = self.with_link(env.dest.actor().proc(), |h| (h.id, h.tx.clone()));
+            match tx.send(env).await {
                 Ok(()) => return,
                 Err(mpsc::error::SendError(back)) => {
-                    self.remove_link(back.dest.actor().proc(), h.id);
+                    self.remove_link(back.dest.actor().proc(), id);
                     env = back;
                 }
             }
