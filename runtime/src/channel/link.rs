@@ -481,6 +481,7 @@ impl<I: Inbound> Link<I> {
         let mut acked: u64 = 0;
         let mut ack_sent: u64 = 0;
         let mut ack_deadline: Option<Instant> = None;
+        let mut last_header = frame::LastHeader::default();
         let mut buf = BytesMut::with_capacity(64 * 1024);
         loop {
             let a = shared.acked.load(Ordering::Acquire);
@@ -504,7 +505,7 @@ impl<I: Inbound> Link<I> {
                         Err(_) => break,
                     },
                 };
-                match frame::encode_envelope(&mut buf, &env, max_frame) {
+                match frame::encode_envelope(&mut buf, &env, max_frame, &mut last_header) {
                     Ok(()) => {
                         unacked.push_back(env);
                         sent += 1;
@@ -601,10 +602,11 @@ struct Reader<I: Inbound> {
 impl<I: Inbound> Reader<I> {
     async fn run(self, mut rd: BoxRead, mut buf: BytesMut) {
         let mut received: u64 = 0;
+        let mut last_header = None;
         loop {
             let before = received;
             loop {
-                match frame::decode(&mut buf, self.max_frame) {
+                match frame::decode(&mut buf, self.max_frame, &mut last_header) {
                     Ok(Some(Frame::Envelope(env))) => {
                         received += 1;
                         let Some(inbound) = self.inbound.upgrade() else {
