@@ -136,3 +136,29 @@ async fn unknown_actor_is_undeliverable_not_a_hang() {
         .unwrap_err();
     assert!(e.to_string().contains("no actor"), "{e}");
 }
+
+#[tokio::test]
+async fn large_and_small_messages_interleave_intact() {
+    use hostmesh_runtime::testing::{Blob, Count, TestActor};
+    let server = server().await;
+    let t = server.spawn("t", TestActor::with_label("")).await.unwrap();
+    let client = Proc::builder("client")
+        .secret(SECRET)
+        .build()
+        .await
+        .unwrap();
+    // Sizes around the inline limit and frames with repeated headers.
+    for (i, size) in [10usize, 65_536, 65_537, 3 << 20, 1, 200_000]
+        .iter()
+        .enumerate()
+    {
+        let n = t
+            .call(&client, &Blob(vec![i as u8; *size]), T)
+            .await
+            .unwrap();
+        assert_eq!(n, *size as u64);
+        t.send(&client, &Blob(vec![0; *size])).await.unwrap();
+        t.send(&client, &Blob(vec![1; 3])).await.unwrap();
+    }
+    assert_eq!(t.call(&client, &Count, T).await.unwrap(), 18);
+}

@@ -107,14 +107,21 @@ impl LastHeader {
     }
 }
 
+/// Payloads larger than this are not copied into the write buffer: the
+/// writer sends them straight from the envelope after the buffer.
+pub(crate) const INLINE_PAYLOAD_MAX: usize = 64 * 1024;
+
 /// Appends an envelope frame to `buf`, eliding the header when it repeats
-/// the previous one (`last`).
+/// the previous one (`last`). Returns `false` when the payload was left out
+/// (larger than [`INLINE_PAYLOAD_MAX`]): the caller writes it right after
+/// `buf`, before anything else.
 pub(crate) fn encode_envelope(
     buf: &mut BytesMut,
     env: &Envelope,
     max_frame: usize,
     last: &mut LastHeader,
-) -> Result<(), ChannelError> {
+) -> Result<bool, ChannelError> {
+    let inline = env.payload.len() <= INLINE_PAYLOAD_MAX;
     if last.matches(env) {
         let body_len = 4 + env.payload.len();
         if body_len > max_frame {
@@ -125,8 +132,10 @@ pub(crate) fn encode_envelope(
         }
         put_header(buf, FrameKind::Envelope, body_len);
         buf.put_u32(0);
-        buf.extend_from_slice(&env.payload);
-        return Ok(());
+        if inline {
+            buf.extend_from_slice(&env.payload);
+        }
+        return Ok(inline);
     }
     let header = HeaderRef {
         sender: &env.sender,
@@ -150,7 +159,9 @@ pub(crate) fn encode_envelope(
             max: max_frame,
         });
     }
-    buf.extend_from_slice(&env.payload);
+    if inline {
+        buf.extend_from_slice(&env.payload);
+    }
     let mut head = &mut buf[start..start + HEADER_LEN + 4];
     head.put_slice(&MAGIC);
     head.put_u8(VERSION);
@@ -161,7 +172,7 @@ pub(crate) fn encode_envelope(
         .error
         .is_none()
         .then(|| (env.sender.clone(), env.dest.clone(), env.reply_to.clone()));
-    Ok(())
+    Ok(inline)
 }
 
 /// Appends an ack frame to `buf`.
@@ -288,7 +299,7 @@ mod tests {
     fn envelope_round_trips_byte_by_byte() {
         let mut wire = BytesMut::new();
         let mut last = LastHeader::default();
-        encode_envelope(&mut wire, &env(b"hello"), 1 << 20, &mut last).unwrap();
+        assert!(encode_envelope(&mut wire, &env(b"hello"), 1 << 20, &mut last).unwrap());
         let first_len = wire.len();
         encode_envelope(&mut wire, &env(b"again"), 1 << 20, &mut last).unwrap();
         assert!(wire.len() - first_len < 20, "a repeated header is elided");

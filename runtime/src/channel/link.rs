@@ -497,7 +497,9 @@ impl<I: Inbound> Link<I> {
             if shared.closed.is_cancelled() {
                 return (shared.reason(), unacked);
             }
-            while unacked.len() < window && buf.len() < BATCH_BYTES {
+            // A large payload is written from the envelope, after `buf`.
+            let mut tail: Option<bytes::Bytes> = None;
+            while unacked.len() < window && buf.len() < BATCH_BYTES && tail.is_none() {
                 let env = match self.pending.pop_front() {
                     Some(e) => e,
                     None => match self.rx.try_recv() {
@@ -506,7 +508,10 @@ impl<I: Inbound> Link<I> {
                     },
                 };
                 match frame::encode_envelope(&mut buf, &env, max_frame, &mut last_header) {
-                    Ok(()) => {
+                    Ok(inline) => {
+                        if !inline {
+                            tail = Some(env.payload.clone());
+                        }
                         unacked.push_back(env);
                         sent += 1;
                     }
@@ -514,7 +519,8 @@ impl<I: Inbound> Link<I> {
                 }
             }
             let r = shared.received.load(Ordering::Acquire);
-            if r > ack_sent {
+            // Never put an ack between a frame header and its tail payload.
+            if r > ack_sent && tail.is_none() {
                 let due = ack_deadline.is_some_and(|d| d <= Instant::now());
                 if !buf.is_empty() || r - ack_sent >= ACK_EVERY || due {
                     frame::encode_ack(&mut buf, r);
@@ -525,8 +531,15 @@ impl<I: Inbound> Link<I> {
                 }
             }
             if !buf.is_empty() {
+                let write = async {
+                    writer.write_all(&buf).await?;
+                    if let Some(t) = &tail {
+                        writer.write_all(t).await?;
+                    }
+                    Ok::<(), std::io::Error>(())
+                };
                 tokio::select! {
-                    res = writer.write_all(&buf) => if let Err(e) = res {
+                    res = write => if let Err(e) = res {
                         shared.close(format!("write failed: {e}"));
                         return (shared.reason(), unacked);
                     },
