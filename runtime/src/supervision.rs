@@ -101,10 +101,10 @@ impl fmt::Display for Undeliverable {
     }
 }
 
-/// The phase of a proc's process, as the reference's mapping sees it (the
-/// host agent's richer `host::protocol::ProcStatus` maps onto it).
+/// The status of a proc's process, as the reference's mapping sees it (the
+/// host agent's richer `host::protocol::ProcStatus` converts into it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ProcPhase {
+pub enum ProcStatus {
     /// Spawned, not yet ready.
     Starting,
     /// Running and ready.
@@ -132,17 +132,17 @@ pub enum ProcPhase {
     Timeout,
 }
 
-impl ProcPhase {
+impl ProcStatus {
     /// The status of a process that exited.
-    pub fn from_exit(status: std::process::ExitStatus, stderr_tail: Vec<String>) -> ProcPhase {
+    pub fn from_exit(status: std::process::ExitStatus, stderr_tail: Vec<String>) -> ProcStatus {
         use std::os::unix::process::ExitStatusExt as _;
         match (status.code(), status.signal()) {
-            (Some(exit_code), _) => ProcPhase::Stopped {
+            (Some(exit_code), _) => ProcStatus::Stopped {
                 exit_code,
                 stderr_tail,
             },
-            (None, Some(signal)) => ProcPhase::Killed { signal },
-            (None, None) => ProcPhase::Failed {
+            (None, Some(signal)) => ProcStatus::Killed { signal },
+            (None, None) => ProcStatus::Failed {
                 reason: format!("process ended with unknown status {status}"),
             },
         }
@@ -153,24 +153,24 @@ impl ProcPhase {
 /// reference's mapping): exit 0 is a clean stop, a non-zero exit or a signal
 /// is a failure, stopping is not a failure, and no status at all counts as
 /// stopped. Starting and ready processes keep their actors running.
-pub fn actor_status_for_proc(status: Option<&ProcPhase>) -> ActorStatus {
+pub fn actor_status_for_proc(status: Option<&ProcStatus>) -> ActorStatus {
     match status {
         None => ActorStatus::Stopped("no status received from the process".into()),
-        Some(ProcPhase::Starting | ProcPhase::Ready) => ActorStatus::Running,
-        Some(ProcPhase::Stopping) => ActorStatus::Stopped("process is stopping".into()),
-        Some(ProcPhase::Stopped { exit_code: 0, .. }) => {
+        Some(ProcStatus::Starting | ProcStatus::Ready) => ActorStatus::Running,
+        Some(ProcStatus::Stopping) => ActorStatus::Stopped("process is stopping".into()),
+        Some(ProcStatus::Stopped { exit_code: 0, .. }) => {
             ActorStatus::Stopped("process exited cleanly".into())
         }
-        Some(ProcPhase::Stopped { exit_code, .. }) => {
+        Some(ProcStatus::Stopped { exit_code, .. }) => {
             ActorStatus::Failed(format!("process exited with non-zero code {exit_code}"))
         }
-        Some(ProcPhase::Killed { signal }) => {
+        Some(ProcStatus::Killed { signal }) => {
             ActorStatus::Failed(format!("process was killed by signal {signal}"))
         }
-        Some(ProcPhase::Failed { reason }) => {
+        Some(ProcStatus::Failed { reason }) => {
             ActorStatus::Failed(format!("process failed: {reason}"))
         }
-        Some(ProcPhase::Timeout) => ActorStatus::Failed("process did not report in time".into()),
+        Some(ProcStatus::Timeout) => ActorStatus::Failed("process did not report in time".into()),
     }
 }
 
@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn exit_zero_is_a_clean_stop() {
-        let s = actor_status_for_proc(Some(&ProcPhase::Stopped {
+        let s = actor_status_for_proc(Some(&ProcStatus::Stopped {
             exit_code: 0,
             stderr_tail: vec![],
         }));
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn non_zero_exit_is_a_failure() {
-        let s = actor_status_for_proc(Some(&ProcPhase::Stopped {
+        let s = actor_status_for_proc(Some(&ProcStatus::Stopped {
             exit_code: 3,
             stderr_tail: vec!["boom".into()],
         }));
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn signal_is_a_failure() {
-        let s = actor_status_for_proc(Some(&ProcPhase::Killed { signal: 9 }));
+        let s = actor_status_for_proc(Some(&ProcStatus::Killed { signal: 9 }));
         assert!(
             matches!(s, ActorStatus::Failed(ref m) if m.contains("signal 9")),
             "{s:?}"
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn stopping_is_not_a_failure() {
-        let s = actor_status_for_proc(Some(&ProcPhase::Stopping));
+        let s = actor_status_for_proc(Some(&ProcStatus::Stopping));
         assert!(
             matches!(s, ActorStatus::Stopped(ref m) if m.contains("stopping")),
             "{s:?}"
@@ -230,13 +230,13 @@ mod tests {
 
     #[test]
     fn failed_and_timeout_are_failures_and_live_is_running() {
-        let f = ProcPhase::Failed {
+        let f = ProcStatus::Failed {
             reason: "no such file".into(),
         };
         assert!(actor_status_for_proc(Some(&f)).is_failure());
-        assert!(actor_status_for_proc(Some(&ProcPhase::Timeout)).is_failure());
+        assert!(actor_status_for_proc(Some(&ProcStatus::Timeout)).is_failure());
         assert_eq!(
-            actor_status_for_proc(Some(&ProcPhase::Ready)),
+            actor_status_for_proc(Some(&ProcStatus::Ready)),
             ActorStatus::Running
         );
     }
@@ -248,8 +248,8 @@ mod tests {
             .status()
             .unwrap();
         assert_eq!(
-            ProcPhase::from_exit(out, vec![]),
-            ProcPhase::Stopped {
+            ProcStatus::from_exit(out, vec![]),
+            ProcStatus::Stopped {
                 exit_code: 4,
                 stderr_tail: vec![]
             }
@@ -259,8 +259,8 @@ mod tests {
             .status()
             .unwrap();
         assert_eq!(
-            ProcPhase::from_exit(out, vec![]),
-            ProcPhase::Killed { signal: 9 }
+            ProcStatus::from_exit(out, vec![]),
+            ProcStatus::Killed { signal: 9 }
         );
     }
 
