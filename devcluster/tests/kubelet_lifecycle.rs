@@ -361,6 +361,7 @@ async fn a_restarted_kubelet_runs_its_pods_again_on_the_same_ip() {
             container_pid(p, "main").is_some_and(|pid| pid != old_pid)
         })
         .await;
+    assert_eq!(container(&after, "main").unwrap().restart_count, 1);
     assert_eq!(after.status.unwrap().pod_ip.unwrap(), ip);
     // A pod that had finished is left as it was.
     let still = c.pods().get("finished").await.unwrap();

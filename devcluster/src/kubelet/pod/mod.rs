@@ -208,6 +208,26 @@ impl Worker {
                 s.ctr.run = Run::waiting("ContainerCreating", None);
             }
         }
+        // Containers that ran under an earlier kubelet keep their restart
+        // counts; starting them again counts as a restart.
+        if !inert && let Some(status) = &pod.status {
+            let previous = status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .chain(status.container_statuses.iter().flatten());
+            for prev in previous {
+                let ran = prev.restart_count > 0
+                    || prev
+                        .state
+                        .as_ref()
+                        .is_some_and(|st| st.running.is_some() || st.terminated.is_some());
+                if let Some(slot) = slots.iter_mut().find(|s| s.ctr.name == prev.name) {
+                    slot.ctr.restarts = prev.restart_count.max(0);
+                    slot.ever_started = ran;
+                }
+            }
+        }
         let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
