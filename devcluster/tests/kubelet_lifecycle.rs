@@ -154,6 +154,16 @@ spec:
         ips.push(ip);
     }
     assert_ne!(ips[0], ips[1]);
+
+    // A host-network pod's IP is the node's, and it takes none from the pool.
+    c.create_pod(
+        "metadata: {name: hostnet}\nspec:\n  hostNetwork: true\n  containers:\n  - {name: main, image: busybox, command: [sleep, '600']}\n",
+    )
+    .await;
+    let pod = c
+        .wait_pod("hostnet", "running", |p| container_pid(p, "main").is_some())
+        .await;
+    assert_eq!(pod.status.unwrap().pod_ip.as_deref(), Some("127.0.0.1"));
     c.stop().await;
 }
 

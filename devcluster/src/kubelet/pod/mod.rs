@@ -170,8 +170,16 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.pod_ip.as_deref())
             .and_then(|ip| ip.parse().ok());
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
         let (ip, owns_ip) = if inert {
             (reported.unwrap_or(Ipv4Addr::UNSPECIFIED), false)
+        } else if host_network {
+            // Like Kubernetes: a host-network pod's IP is the node's.
+            (shared.config.node_ip, false)
         } else {
             let mut pool = lock(&shared.ips);
             match reported.filter(|ip| pool.reserve(*ip)) {
