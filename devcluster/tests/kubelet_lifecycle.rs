@@ -418,3 +418,37 @@ async fn with_binding_off_only_pods_bound_to_the_node_run() {
     );
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut api_config = hostmesh_devcluster::apiserver::ApiServerConfig {
+        data_dir: Some(dir.path().join("api")),
+        ..Default::default()
+    };
+    // First run: credentials are made and kept in the data dir, the port is fixed.
+    let first = hostmesh_devcluster::apiserver::ApiServer::start(api_config.clone())
+        .await
+        .unwrap();
+    let client = first.client().unwrap();
+    api_config.listen = first.addr();
+    first.shutdown().await;
+
+    let config = test_config(dir.path(), "late-node", 250);
+    let kubelet = tokio::spawn(hostmesh_devcluster::kubelet::Kubelet::start(
+        client.clone(),
+        config,
+    ));
+    let api = hostmesh_devcluster::apiserver::ApiServer::start(api_config)
+        .await
+        .unwrap();
+    let kubelet = kubelet
+        .await
+        .unwrap()
+        .expect("the kubelet registers once the server is up");
+    let node = Api::<Node>::all(client).get("late-node").await.unwrap();
+    assert_eq!(node_ready(&node).as_deref(), Some("True"));
+    kubelet.shutdown().await.unwrap();
+    api.shutdown().await;
+}
