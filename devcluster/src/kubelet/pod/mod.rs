@@ -132,7 +132,6 @@ struct Worker {
     init_failed: bool,
     volumes: Option<BTreeMap<String, PathBuf>>,
     lookups: Lookups,
-    problem: Option<(String, String)>,
     retry_at: Option<Instant>,
     write_retry_at: Option<Instant>,
     stopping: bool,
@@ -269,7 +268,6 @@ impl Worker {
             init_failed: false,
             volumes: None,
             lookups: Lookups::default(),
-            problem: None,
             retry_at: None,
             write_retry_at: None,
             stopping: false,
@@ -412,7 +410,6 @@ impl Worker {
             match self.prepare().await {
                 Ok(v) => {
                     self.volumes = Some(v);
-                    self.problem = None;
                 }
                 Err(e) => {
                     let reason = match e {
@@ -484,7 +481,6 @@ impl Worker {
                 .as_ref()
                 .map(qos_class)
                 .unwrap_or_else(|| "BestEffort".into()),
-            problem: self.problem.clone(),
             previous: &self.conditions,
         };
         f(&input)
