@@ -3,8 +3,9 @@
 //!
 //! Text forms:
 //! - [`ChannelAddr`]: `tcp:10.0.0.5:26600`, `tcp:[::1]:26600`,
-//!   `unix:/run/hostmesh.sock`, or `unbound` (a proc with no listener that is
-//!   reachable only over connections it opened itself);
+//!   `unix:/run/hostmesh.sock`, or `unbound:<hex>` (a proc with no listener,
+//!   reachable only over connections it opened itself; the random number
+//!   keeps ids of such procs unique, since peers key connections by proc id);
 //! - [`ProcId`]: `<addr>/<name>`, e.g. `tcp:10.0.0.5:26600/agent`;
 //! - [`ActorId`]: `<proc>/<name>[<index>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3]`;
 //! - [`PortId`]: `<actor>[<port>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3][17]`.
@@ -68,7 +69,8 @@ pub enum ChannelAddr {
     /// A Unix domain socket path (same-host use).
     Unix(PathBuf),
     /// No listener: the proc is reachable only over connections it dialed.
-    Unbound,
+    /// The number is random, so that two unbound procs never share an id.
+    Unbound(u64),
 }
 
 impl ChannelAddr {
@@ -77,7 +79,7 @@ impl ChannelAddr {
         match self {
             ChannelAddr::Tcp(a) => a.port() != 0 && !a.ip().is_unspecified(),
             ChannelAddr::Unix(_) => true,
-            ChannelAddr::Unbound => false,
+            ChannelAddr::Unbound(_) => false,
         }
     }
 }
@@ -87,7 +89,7 @@ impl fmt::Display for ChannelAddr {
         match self {
             ChannelAddr::Tcp(a) => write!(f, "tcp:{a}"),
             ChannelAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ChannelAddr::Unbound => f.write_str("unbound"),
+            ChannelAddr::Unbound(n) => write!(f, "unbound:{n:016x}"),
         }
     }
 }
@@ -96,8 +98,10 @@ impl FromStr for ChannelAddr {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
         const WHAT: &str = "channel address";
-        if s == "unbound" {
-            return Ok(ChannelAddr::Unbound);
+        if let Some(hex) = s.strip_prefix("unbound:") {
+            return u64::from_str_radix(hex, 16)
+                .map(ChannelAddr::Unbound)
+                .map_err(|_| invalid(WHAT, s, "expected unbound:<hex number>"));
         }
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() || path.contains([',', '@', '[']) {
@@ -114,7 +118,7 @@ impl FromStr for ChannelAddr {
             invalid(
                 WHAT,
                 s,
-                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26600, tcp:[::1]:26600), unix:/path or unbound",
+                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26600, tcp:[::1]:26600), unix:/path or unbound:<hex>",
             )
         })
     }
@@ -303,10 +307,10 @@ mod tests {
         round_trip::<ChannelAddr>("tcp:127.0.0.1:26600");
         round_trip::<ChannelAddr>("tcp:[::1]:80");
         round_trip::<ChannelAddr>("unix:/run/hm/a.sock");
-        round_trip::<ChannelAddr>("unbound");
+        round_trip::<ChannelAddr>("unbound:00000000deadbeef");
         round_trip::<ProcId>("tcp:10.0.0.5:26600/agent");
         round_trip::<ProcId>("unix:/tmp/x.sock/p-1");
-        round_trip::<ProcId>("unbound/operator.7f3a");
+        round_trip::<ProcId>("unbound:0123456789abcdef/operator.7f3a");
         round_trip::<ActorId>("tcp:10.0.0.5:26600/agent/worker[3]");
         round_trip::<ActorId>("unix:/tmp/x.sock/p/w_2[0]");
         round_trip::<PortId>("tcp:10.0.0.5:26600/agent/worker[3][17]");
@@ -327,7 +331,8 @@ mod tests {
         assert!("tcp:1.2.3.4:5/p/a".parse::<ActorId>().is_err());
         assert!("tcp:1.2.3.4:5/p/a[x]".parse::<ActorId>().is_err());
         assert!("tcp:1.2.3.4:5/p/a[1]".parse::<PortId>().is_err());
-        assert!(!ChannelAddr::Unbound.is_dialable());
+        assert!(!ChannelAddr::Unbound(1).is_dialable());
+        assert!("unbound".parse::<ChannelAddr>().is_err());
         assert!(
             !"tcp:0.0.0.0:5"
                 .parse::<ChannelAddr>()

@@ -59,6 +59,7 @@ pub mod mesh;
 pub mod port;
 pub mod proc;
 pub mod supervision;
+pub mod testing;
 
 pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
 pub use channel::ChannelConfig;

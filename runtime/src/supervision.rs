@@ -265,8 +265,8 @@ mod tests {
 
     #[test]
     fn root_cause_walks_the_chain() {
-        let a: ActorId = "unbound/p/a[0]".parse().unwrap();
-        let b: ActorId = "unbound/p/b[0]".parse().unwrap();
+        let a: ActorId = "unbound:1/p/a[0]".parse().unwrap();
+        let b: ActorId = "unbound:1/p/b[0]".parse().unwrap();
         let inner = SupervisionEvent {
             actor: b,
             status: ActorStatus::Failed("x".into()),

@@ -2,7 +2,7 @@
 //! detection slack) and replaced per failurePolicy; with RecreateGang the
 //! whole World is recreated.
 
-use hostmesh_e2e::{Env, agent_pids, condition_true, signal, world_yaml};
+use hostmesh_e2e::{Env, condition_true, signal, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
@@ -38,7 +38,7 @@ async fn a_killed_agent_expires_and_its_host_is_replaced() -> anyhow::Result<()>
         .await?;
     let old_uid = pod_uid(&env, "w-host-1").await?;
     let untouched = pod_uid(&env, "w-host-0").await?;
-    let pids = agent_pids("w", 1);
+    let pids = env.agent_pids("w", 1);
     assert_eq!(pids.len(), 1);
     signal(pids[0], "KILL")?;
     // The silent agent's host is Expired and the World Degraded (detection
@@ -79,7 +79,7 @@ async fn with_recreate_gang_every_host_is_recreated() -> anyhow::Result<()> {
         pod_uid(&env, "w-host-0").await?,
         pod_uid(&env, "w-host-1").await?,
     ];
-    let pids = agent_pids("w", 0);
+    let pids = env.agent_pids("w", 0);
     assert_eq!(pids.len(), 1);
     signal(pids[0], "KILL")?;
     env.wait_for("World", "w", "recreated and Ready again", |s| {

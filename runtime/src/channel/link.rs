@@ -20,6 +20,7 @@ use super::frame::{self, Frame};
 use super::handshake;
 use super::{ChannelConfig, ChannelError, Envelope};
 use crate::id::{ChannelAddr, ProcId};
+use crate::port::OPEN_PORT_BIT;
 
 type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
@@ -248,7 +249,7 @@ impl<I: Inbound> Transport<I> {
                     let (r, w) = s.into_split();
                     Ok((peer, Box::new(r) as BoxRead, Box::new(w) as BoxWrite, left))
                 }
-                ChannelAddr::Unbound => Err(ChannelError::NotDialable(addr.to_string())),
+                ChannelAddr::Unbound(_) => Err(ChannelError::NotDialable(addr.to_string())),
             }
         };
         let limit = self.config.connect_timeout + self.config.handshake_timeout;
@@ -404,8 +405,18 @@ impl<I: Inbound> Link<I> {
                 debug!(proc = %self.t.local, peer = %self.peer, %reason, "connection lost");
             }
             let why = format!("connection to {} lost: {reason}", self.peer);
+            let mut port_msgs = 0usize;
             for env in unacked {
-                self.t.bounce(env, why.clone());
+                if env.dest.index() & OPEN_PORT_BIT != 0 {
+                    // Replies and pushes to opened ports (invariant 4).
+                    port_msgs += 1;
+                } else {
+                    self.t.bounce(env, why.clone());
+                }
+            }
+            if port_msgs > 0 {
+                warn!(proc = %self.t.local, peer = %self.peer, count = port_msgs, %reason,
+                    "replies or port messages possibly lost with the connection; their receivers see the connection loss");
             }
             if self.t.shutdown.is_cancelled() {
                 return self.close("proc shut down");
