@@ -2,6 +2,7 @@
 //! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
 //! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
+mod agent;
 mod apiserver;
 mod e2e;
 mod operator;
@@ -19,6 +20,7 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite.as_str() {
+        "agent" => agent::run(),
         "apiserver" => apiserver::run(),
         "operator" => operator::run(),
         "e2e" => e2e::run(),

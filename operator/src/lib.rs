@@ -9,6 +9,7 @@
 //! [`health`], [`leader`] (election), [`telemetry`] (logging), [`status`]
 //! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
 
+pub mod client_metrics;
 pub mod context;
 pub mod devenv;
 pub mod health;
@@ -22,6 +23,7 @@ pub mod status;
 pub mod telemetry;
 pub mod up;
 pub mod world;
+pub mod writes;
 
 use std::sync::Arc;
 

@@ -1,5 +1,70 @@
-//! hostmesh actor runtime: meshes, identities, transport, procs, actors,
-//! ports and supervision (the host agent lives in `host`).
+//! hostmesh actor runtime: meshes, identities, an authenticated TCP
+//! transport, procs, actors, typed ports, supervision and actor meshes.
+//!
+//! Modules, each owning one concern: [`mesh`] (extents, regions, value
+//! meshes), [`id`] (addresses and ids), [`channel`] (framing, handshake,
+//! links), [`proc`] (hosting and routing), [`actor`] (the actor model),
+//! [`port`] (typed ports), [`supervision`] (statuses and events),
+//! [`actor_mesh`] (spawn, cast and gather over many procs).
+//!
+//! Two procs, one `call` over authenticated TCP:
+//!
+//! ```
+//! use std::time::Duration;
+//! use hostmesh_runtime::{Actor, ActorError, Context, Handler, Handlers, Proc};
+//!
+//! struct Echo;
+//! impl Actor for Echo {
+//!     fn register(h: &mut Handlers<Self>) {
+//!         h.handle::<String>();
+//!     }
+//! }
+//! impl Handler<String> for Echo {
+//!     type Reply = String;
+//!     async fn handle(&mut self, _cx: &Context<Self>, s: String) -> Result<String, ActorError> {
+//!         Ok(s.to_uppercase())
+//!     }
+//! }
+//!
+//! # #[tokio::main] async fn main() -> Result<(), hostmesh_runtime::Error> {
+//! // A server proc listening on loopback with a shared secret.
+//! let server = Proc::builder("server")
+//!     .listen("tcp:127.0.0.1:0".parse()?)
+//!     .secret(*b"0123456789abcdef0123456789abcdef")
+//!     .build()
+//!     .await?;
+//! let echo = server.spawn("echo", Echo).await?;
+//!
+//! // A client proc with no listener: replies come back over the connection
+//! // it opens.
+//! let client = Proc::builder("client")
+//!     .secret(*b"0123456789abcdef0123456789abcdef")
+//!     .build()
+//!     .await?;
+//! let reply = echo.call(&client, &"hi".to_string(), Duration::from_secs(5)).await?;
+//! assert_eq!(reply, "HI");
+//! # Ok(()) }
+//! ```
+//!
+//! Messages are any serde types (postcard on the wire); an actor declares
+//! the types it handles in [`Actor::register`].
 
+pub mod actor;
+pub mod actor_mesh;
+pub mod channel;
+mod error;
 pub mod host;
+pub mod id;
 pub mod mesh;
+pub mod port;
+pub mod proc;
+pub mod supervision;
+pub mod testing;
+
+pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
+pub use channel::ChannelConfig;
+pub use error::{ActorError, Error};
+pub use id::{ActorId, ChannelAddr, PortId, ProcId};
+pub use port::{Message, OncePortRef, OnceReceiver, PortReceiver, PortRef};
+pub use proc::{CanSend, Proc, ProcBuilder, ProcConfig};
+pub use supervision::{ActorStatus, ProcStatus, SupervisionEvent, Undeliverable};

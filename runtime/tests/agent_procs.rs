@@ -379,3 +379,20 @@ async fn shutdown_stops_everything_and_refuses_new_procs() {
     // Starting, Ready, Stopping, final: four changes per proc.
     assert_eq!(seen, 6 * 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procs_get_default_sigpipe() {
+    let h = harness();
+    // With SIGPIPE ignored, `yes` would complain about a broken pipe.
+    h.manager
+        .create_or_update(sh("pipe", 0, "yes | head -n 1 > /dev/null"))
+        .unwrap();
+    let st = wait_state(&h.manager, "pipe", "ended", |s| s.status.is_terminal()).await;
+    assert_eq!(
+        st.status,
+        ProcStatus::Stopped {
+            exit_code: 0,
+            stderr_tail: vec![]
+        }
+    );
+}

@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 
 use super::node;
 use super::pod::{self, Update};
-use super::shared::Shared;
+use super::shared::{Shared, pod_key};
 
 struct Entry {
     tx: watch::Sender<Update>,
@@ -195,12 +195,7 @@ pub(crate) fn should_bind(pod: &Pod, node_labels: &serde_json::Value) -> bool {
 }
 
 async fn bind(shared: &Shared, pod: &Pod) {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (ns, name) = pod_key(pod);
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
     let binding: Binding = match serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Binding",

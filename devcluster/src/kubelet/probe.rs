@@ -271,6 +271,7 @@ mod tests {
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             working_dir: None,
             mounts: vec![],
+            identity: None,
         }
     }
 

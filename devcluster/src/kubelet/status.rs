@@ -123,6 +123,8 @@ pub(crate) struct Ctr {
     pub(crate) restarts: i32,
     /// Passed its readiness probe (or has none) while running.
     pub(crate) ready: bool,
+    /// Passed its startup probe (or has none) while running.
+    pub(crate) started: bool,
 }
 
 impl Ctr {
@@ -135,6 +137,7 @@ impl Ctr {
             last: None,
             restarts: 0,
             ready: false,
+            started: false,
         }
     }
 
@@ -150,7 +153,7 @@ impl Ctr {
                 Run::Waiting { .. } => None,
             },
             ready: self.ready && running,
-            started: Some(running),
+            started: Some(running && self.started),
             restart_count: self.restarts,
             state: Some(self.run.to_api()),
             last_state: Some(self.last.as_ref().map(Run::to_api).unwrap_or_default()),
@@ -394,6 +397,7 @@ mod tests {
             last,
             restarts: 0,
             ready,
+            started: true,
         }
     }
 

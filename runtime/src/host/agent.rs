@@ -7,6 +7,9 @@
 //! 2. On SIGTERM or SIGINT the agent stops its procs gracefully (TERM, grace,
 //!    KILL, bounded concurrency) before it exits; a second signal skips the
 //!    grace and kills them.
+//! 3. The agent's proc is built with the World secret: the runtime handshake
+//!    refuses (and logs) every peer that cannot prove it holds it, so such a
+//!    peer can spawn nothing and read nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,17 +23,29 @@ use super::env::AgentIdentity;
 use super::error::HostError;
 use super::health::{self, Readiness};
 use super::manager::ProcManager;
+use super::server::{self, AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
+use crate::{ChannelAddr, Proc};
 
 /// A running agent (embedded in tests and benchmarks; `run_agent` for the
 /// binary).
-#[derive(Debug)]
 pub struct Agent {
     config: AgentConfig,
     manager: ProcManager,
+    proc: Proc,
+    addr: SocketAddr,
     readiness: Readiness,
     health_addr: SocketAddr,
     shutdown: Arc<Notify>,
     secret: Secret,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("proc", self.proc.id())
+            .field("health", &self.health_addr)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The World's shared secret; never printed.
@@ -59,13 +74,40 @@ impl Agent {
     /// Validates `config`, reads the secret and starts serving (invariant 1).
     pub async fn start(config: AgentConfig) -> Result<Agent, HostError> {
         let secret = Secret::new(read_secret(&config.secret_file)?);
+        // Invariant 3: every peer must prove it holds the World secret.
+        let proc = Proc::builder(AGENT_PROC_NAME)
+            .listen(ChannelAddr::Tcp(config.listen))
+            .secret(secret.bytes().to_vec())
+            .build()
+            .await
+            .map_err(|e| {
+                HostError::Runtime(format!(
+                    "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
+                    config.listen
+                ))
+            })?;
+        let addr = match proc.id().addr() {
+            ChannelAddr::Tcp(a) => *a,
+            _ => config.listen,
+        };
         let identity = AgentIdentity {
             world: config.world.clone(),
             host_rank: config.host_rank,
-            addr: config.listen,
+            addr,
             secret_file: config.secret_file.clone(),
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        let shutdown = Arc::new(Notify::new());
+        let agent = proc
+            .spawn(
+                HOST_AGENT_ACTOR,
+                HostAgent::new(manager.clone(), config.heartbeat_interval, shutdown.clone()),
+            )
+            .await
+            .map_err(|e| HostError::Runtime(format!("cannot start the host agent actor: {e}")))?;
+        if let Some(sup) = &config.supervisor {
+            server::dial_supervisor(proc.clone(), agent, sup.clone());
+        }
         let readiness = Readiness::default();
         let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;
         tokio::spawn(health);
@@ -73,16 +115,18 @@ impl Agent {
         tracing::info!(
             world = %config.world,
             host_rank = config.host_rank,
-            listen = %config.listen,
+            listen = %addr,
             health = %health_addr,
             "hostmesh agent started"
         );
         Ok(Agent {
             config,
             manager,
+            proc,
+            addr,
             readiness,
             health_addr,
-            shutdown: Arc::new(Notify::new()),
+            shutdown,
             secret,
         })
     }
@@ -95,6 +139,16 @@ impl Agent {
     /// The validated configuration.
     pub fn config(&self) -> &AgentConfig {
         &self.config
+    }
+
+    /// The agent's runtime address (the bound one when port 0 was asked).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The agent's proc.
+    pub fn proc(&self) -> &Proc {
+        &self.proc
     }
 
     /// The bound health endpoint.
@@ -143,6 +197,7 @@ impl Agent {
             }
         }
         self.manager.close_output().await;
+        self.proc.shutdown();
         tracing::info!("hostmesh agent stopped");
         Ok(())
     }

@@ -179,12 +179,10 @@ impl AgentArgs {
             ));
         }
         let health = SocketAddr::new(listen.ip(), health_port);
-        let supervisor = self
-            .supervisor
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
+        let supervisor = match self.supervisor.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => Some(supervisor_target(s)?),
+        };
         let limits = Limits {
             stop_grace: parse_duration("--stop-grace (HOSTMESH_STOP_GRACE)", &self.stop_grace)?,
             shutdown_concurrency: positive(
@@ -251,6 +249,21 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, HostError> {
         });
     }
     Ok(trimmed.to_vec())
+}
+
+/// `host:port` (or `tcp:host:port`) of a supervisor, as given.
+fn supervisor_target(s: &str) -> Result<String, HostError> {
+    let t = s.strip_prefix("tcp:").unwrap_or(s);
+    let ok = t
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+    if !ok {
+        return Err(HostError::config(
+            "--supervisor (HOSTMESH_SUPERVISOR)",
+            format!("{s:?} is not host:port (for example hostmesh-operator.hostmesh:26610)"),
+        ));
+    }
+    Ok(t.to_owned())
 }
 
 fn parse_num<T: std::str::FromStr>(setting: &'static str, s: &str) -> Result<T, HostError>
@@ -364,6 +377,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--listen"), "{e}");
+    }
+
+    #[test]
+    fn supervisor_must_be_host_port() {
+        let base = ["--world", "w", "--host-rank", "0", "--pod-ip", "127.0.0.2"];
+        let with = |sup: &str| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(&["--supervisor", sup]);
+            args(&v).validate()
+        };
+        assert_eq!(
+            with("tcp:127.0.0.1:9000").unwrap().supervisor.as_deref(),
+            Some("127.0.0.1:9000")
+        );
+        assert!(with("op.ns.svc:26610").is_ok());
+        let e = with("op.ns.svc").unwrap_err().to_string();
+        assert!(e.contains("--supervisor"), "{e}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), HostError> {
     let name = &req.name;
     if name.is_empty()
-        || name.len() > 253
+        || name.len() > 128
         || !name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
@@ -37,7 +37,7 @@ pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), Hos
         return Err(HostError::spec(
             name,
             "name",
-            "use 1 to 253 characters from [A-Za-z0-9._-]",
+            "use 1 to 128 characters from [A-Za-z0-9._-]",
         ));
     }
     let spec = &req.spec;

@@ -69,6 +69,9 @@ pub enum HostError {
     /// The agent is shutting down and accepts no new procs.
     #[error("the agent is shutting down and accepts no new procs")]
     ShuttingDown,
+    /// The actor runtime failed (binding the agent's proc, a call).
+    #[error("runtime: {0}")]
+    Runtime(String),
     /// An I/O error while serving (listening sockets, signals).
     #[error("{context}: {source}")]
     Io {

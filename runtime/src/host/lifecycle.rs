@@ -16,13 +16,12 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 
 use super::logs::{self, Tail};
 use super::manager::Inner;
 use super::protocol::{CreateOrUpdate, ProcStatus, duration_ms};
-use super::spawn;
+use super::spawn::{self, ProcChild, SpawnRequest};
 
 /// Longest wait for a proc's stderr to reach end of file after it exited.
 const TAIL_WAIT: Duration = Duration::from_secs(1);
@@ -47,11 +46,18 @@ pub(crate) async fn run(
     let name = req.name.clone();
     let inc = req.incarnation;
     let spec = &req.spec;
-    let cmd = spawn::command(&spec.command, &spec.args, &env, spec.working_dir.as_deref());
-    let mut child = match inner.spawner.spawn(cmd).await {
+    let spawned =
+        match SpawnRequest::prepare(&spec.command, &spec.args, &env, spec.working_dir.as_deref()) {
+            Ok(req) => inner
+                .spawner
+                .spawn(req)
+                .await
+                .map_err(|e| spawn::spawn_failure(&spec.command, &e)),
+            Err(reason) => Err(reason),
+        };
+    let mut child = match spawned {
         Ok(c) => c,
-        Err(e) => {
-            let reason = spawn::spawn_failure(&spec.command, spec.working_dir.as_deref(), &e);
+        Err(reason) => {
             tracing::warn!(proc = %name, %reason, "proc failed to start");
             inner.update(&name, inc, |s| s.status = ProcStatus::Failed { reason });
             inner.detach(&name, inc);
@@ -59,7 +65,7 @@ pub(crate) async fn run(
             return;
         }
     };
-    let pid = child.id().unwrap_or(0);
+    let pid = child.id();
     let prefix = format!("[{}/{}] ", spec.proc_mesh, req.rank);
     let tail = Arc::new(Mutex::new(Tail::new(
         inner.limits.stderr_tail_lines,
@@ -149,7 +155,7 @@ async fn stop(
     name: &str,
     inc: u32,
     pid: u32,
-    child: &mut Child,
+    child: &mut ProcChild,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
     inner.update(name, inc, |s| {

@@ -10,7 +10,8 @@
 //! 2. One writer thread per output drains the queues round-robin, a few lines
 //!    from each in turn, so a flooding proc cannot starve a quiet one.
 //! 3. Lines are cut at [`MAX_LINE`] bytes; a longer line is forwarded in
-//!    pieces, so memory per proc is bounded by lines x `MAX_LINE`.
+//!    pieces; a stream's queue holds at most `capacity` lines and
+//!    [`MAX_QUEUE_BYTES`] bytes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -21,6 +22,10 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
 
 /// Longest line forwarded in one piece, in bytes.
 pub const MAX_LINE: usize = 16 * 1024;
+
+/// Bytes buffered per proc stream, whatever the line count (so a proc
+/// writing long lines holds at most this much agent memory).
+pub const MAX_QUEUE_BYTES: usize = 256 * 1024;
 
 /// Lines taken from one queue before the writer moves to the next.
 const BATCH_PER_QUEUE: usize = 32;
@@ -33,6 +38,7 @@ enum Entry {
 struct Queue {
     prefix: String,
     entries: VecDeque<Entry>,
+    bytes: usize,
     pending_drop: u64,
     ended: bool,
 }
@@ -108,6 +114,7 @@ impl LogHub {
             Queue {
                 prefix,
                 entries: VecDeque::new(),
+                bytes: 0,
                 pending_drop: 0,
                 ended: false,
             },
@@ -149,7 +156,7 @@ impl LogSource {
         let Some(q) = st.queues.get_mut(&self.id) else {
             return;
         };
-        if q.entries.len() >= self.shared.capacity {
+        if q.entries.len() >= self.shared.capacity || q.bytes + line.len() > MAX_QUEUE_BYTES {
             q.pending_drop += 1;
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -158,6 +165,7 @@ impl LogSource {
             let n = std::mem::take(&mut q.pending_drop);
             q.entries.push_back(Entry::Gap(n));
         }
+        q.bytes += line.len();
         q.entries.push_back(Entry::Line(line.to_vec()));
         drop(st);
         self.shared.wake.notify_one();
@@ -207,6 +215,7 @@ fn writer(shared: Arc<Shared>, mut out: Box<dyn Write + Send>) {
                 for _ in 0..BATCH_PER_QUEUE {
                     match q.entries.pop_front() {
                         Some(Entry::Line(l)) => {
+                            q.bytes -= l.len();
                             buf.extend_from_slice(q.prefix.as_bytes());
                             buf.extend_from_slice(&l);
                             buf.push(b'\n');

@@ -124,6 +124,10 @@ impl ProcManager {
         }
         env::validate(&req, self.inner.identity.host_rank)?;
         let mut table = self.inner.lock();
+        // Checked again under the lock that `shutdown` takes (invariant 4).
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(HostError::ShuttingDown);
+        }
         let outcome = match table.procs.get(&req.name) {
             Some(e) if e.req.rank != req.rank => {
                 return Err(HostError::SpecConflict {
@@ -156,7 +160,7 @@ impl ProcManager {
         let mut command = vec![req.spec.command.clone()];
         command.extend(req.spec.args.iter().cloned());
         let state = ProcState {
-            proc_id: format!("{},{}", self.inner.identity.addr, req.name),
+            proc_id: format!("tcp:{}/{}", self.inner.identity.addr, req.name),
             name: req.name.clone(),
             rank: req.rank,
             pid: None,
@@ -266,9 +270,9 @@ impl ProcManager {
     /// Stops every running proc, at most `max_concurrency` at a time, and
     /// refuses new ones from now on (invariant 4).
     pub async fn shutdown(&self, grace: Duration, max_concurrency: usize) {
-        self.inner.shutting_down.store(true, Ordering::SeqCst);
         let running: Vec<String> = {
             let table = self.inner.lock();
+            self.inner.shutting_down.store(true, Ordering::SeqCst);
             table
                 .procs
                 .iter()

@@ -9,14 +9,21 @@
 //! - `config`: flags and environment, validated at start-up.
 //! - `protocol`: the messages and the status types.
 //! - `env`: the proc environment contract.
-//! - `spawn`: forking with a process group and a parent-death signal.
+//! - `spawn`: starting (see `clone`), signalling and reaping proc processes.
+//! - `clone`: the `clone(CLONE_VM|CLONE_VFORK)` + `execve` spawn itself.
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
 //! - `logs`: output forwarding and stderr tails.
+//! - `subscription`: snapshot, changes and heartbeats for one subscriber.
 //! - `health`: `/healthz`, `/readyz`.
+//! - `server`: the `HostAgent` actor serving the agent protocol.
+//! - `client`: `AgentClient`, the supervisor side.
+//! - `proc_agent`: the proc side of runtime-aware procs (`join_host`, `mesh`).
 //! - `agent`: the process itself (`run_agent`).
 
 mod agent;
+mod client;
+mod clone;
 mod config;
 mod env;
 mod error;
@@ -24,13 +31,26 @@ mod health;
 mod lifecycle;
 mod logs;
 mod manager;
+mod proc_agent;
 pub mod protocol;
+mod server;
 mod spawn;
+mod subscription;
 
 pub use agent::{Agent, Secret, run_agent};
+pub use client::{
+    AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, HostId, SUPERVISOR_ACTOR,
+    SupervisorInbox, agent_ref,
+};
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, coordinates};
 pub use error::HostError;
 pub use health::Readiness;
-pub use logs::{LogHub, MAX_LINE};
+pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
 pub use manager::{ProcManager, digest};
+pub use proc_agent::{
+    ActorState, GetActorState, JoinedProc, Keepalive, MESH_ACTOR, MeshAgent, SpawnFor, join_host,
+    mesh_ref,
+};
+pub use server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent, MAX_SUBSCRIBERS};
+pub use subscription::Subscription;

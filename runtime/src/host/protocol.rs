@@ -97,7 +97,8 @@ impl ProcSpec {
 /// Create the named proc if it does not exist (idempotent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateOrUpdate {
-    /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 253 bytes).
+    /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 128 bytes; it is
+    /// also the proc's runtime name).
     pub name: String,
     /// The proc's global rank in its mesh.
     pub rank: usize,
@@ -203,7 +204,7 @@ pub struct RankStatus {
 /// `GetState` answer, and the content of every push.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcState {
-    /// The proc's id: `<agent address>,<name>`.
+    /// The proc's runtime id: `tcp:<agent address>/<name>`.
     pub proc_id: String,
     /// The proc name.
     pub name: String,
@@ -239,4 +240,151 @@ pub struct ProcStateChanged {
 /// Grace period on the wire, in milliseconds.
 pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the agent pushes to a subscriber.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentPush {
+    /// Every proc's state, sent first on (re)subscribe and whenever the
+    /// subscriber fell behind: it replaces the subscriber's picture.
+    Snapshot {
+        /// The host's rank.
+        host_rank: usize,
+        /// The agent's runtime address.
+        agent_addr: String,
+        /// Sequence number the snapshot is current at.
+        seq: u64,
+        /// All procs (running and ended) the agent holds.
+        procs: Vec<ProcState>,
+    },
+    /// One proc changed state (sent at once).
+    Changed(ProcStateChanged),
+    /// Sent every heartbeat interval: silence means the agent or the path
+    /// to it is gone.
+    Heartbeat {
+        /// The host's rank.
+        host_rank: usize,
+        /// Latest sequence number.
+        seq: u64,
+        /// [`digest`](crate::host::digest) of all proc states.
+        digest: u64,
+        /// Number of procs held.
+        procs: usize,
+    },
+}
+
+/// `GetRankStatus {name}`: the proc's rank and status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetRankStatus {
+    /// The proc name.
+    pub name: String,
+}
+
+/// `GetState {name}`: the proc's full state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetState {
+    /// The proc name.
+    pub name: String,
+}
+
+/// `Stop {name, grace}`: TERM, grace, KILL. Answered at once; the final
+/// status arrives as a push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stop {
+    /// The proc name.
+    pub name: String,
+    /// Grace between TERM and KILL, in milliseconds.
+    pub grace_ms: u64,
+}
+
+/// `ShutdownHost {grace, max_concurrency}`: stop every proc, then the agent
+/// exits. Answered at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownHost {
+    /// Grace between TERM and KILL, in milliseconds.
+    pub grace_ms: u64,
+    /// Procs stopped at once (clamped to 1..=256).
+    pub max_concurrency: usize,
+}
+
+/// `SetAddressBook {hosts}`: every host's agent address, indexed by host
+/// rank (`ip:port`); host 0's IP is `MASTER_ADDR`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAddressBook {
+    /// Agent addresses by host rank.
+    pub hosts: Vec<String>,
+}
+
+/// `Subscribe {port}`: push a snapshot, then every change and a heartbeat
+/// every interval, to `port`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Subscribe {
+    /// Where the pushes go.
+    pub port: crate::PortRef<AgentPush>,
+}
+
+/// `CheckIn {name, addr}`: a runtime-aware proc reports that it runs and
+/// where it listens; it becomes Ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckIn {
+    /// The proc name (`HOSTMESH_PROC_NAME`).
+    pub name: String,
+    /// The proc's runtime address.
+    pub addr: String,
+}
+
+impl From<&ProcStatus> for crate::supervision::ProcStatus {
+    /// The runtime's view of a proc's status, for
+    /// [`actor_status_for_proc`](crate::supervision::actor_status_for_proc).
+    fn from(s: &ProcStatus) -> Self {
+        use crate::supervision::ProcStatus as R;
+        match s {
+            ProcStatus::Starting => R::Starting,
+            ProcStatus::Ready { .. } => R::Ready,
+            ProcStatus::Stopping { .. } => R::Stopping,
+            ProcStatus::Stopped {
+                exit_code,
+                stderr_tail,
+            } => R::Stopped {
+                exit_code: *exit_code,
+                stderr_tail: stderr_tail.clone(),
+            },
+            ProcStatus::Killed { signal, .. } => R::Killed { signal: *signal },
+            ProcStatus::Failed { reason } => R::Failed {
+                reason: reason.clone(),
+            },
+            ProcStatus::Timeout { .. } => R::Timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervision::{ActorStatus, actor_status_for_proc};
+
+    #[test]
+    fn agent_status_maps_to_actor_status() {
+        let status = |s: &ProcStatus| actor_status_for_proc(Some(&s.into()));
+        assert_eq!(
+            status(&ProcStatus::Ready { pid: 1, addr: None }),
+            ActorStatus::Running
+        );
+        assert!(matches!(
+            status(&ProcStatus::Stopped {
+                exit_code: 0,
+                stderr_tail: vec![]
+            }),
+            ActorStatus::Stopped(_)
+        ));
+        assert!(
+            status(&ProcStatus::Killed {
+                signal: 9,
+                core_dumped: false,
+                stderr_tail: vec![]
+            })
+            .is_failure()
+        );
+        assert!(status(&ProcStatus::Timeout { after_ms: 5 }).is_failure());
+    }
 }

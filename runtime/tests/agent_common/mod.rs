@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod child;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,114 @@
+//! The example proc under a real agent: it checks in (Ready with its
+//! address), hosts an `Echo` spawned by type, answers calls, and exits 0 on
+//! a stop.
+
+use std::time::Duration;
+
+use hostmesh_echo_proc::{Echo, echo_type_name};
+use hostmesh_runtime::host::protocol::{CreateOrUpdate, Dim, ProcSpec, ProcStatus};
+use hostmesh_runtime::host::{
+    Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref,
+};
+use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
+
+const SECRET: &[u8] = b"echo-proc-test-secret-0123456789";
+const PATIENCE: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_proc_joins_its_host_and_echoes() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let agent = Agent::start(AgentConfig {
+        world: "w".into(),
+        namespace: None,
+        host_rank: 0,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        health: "127.0.0.1:0".parse().unwrap(),
+        secret_file,
+        supervisor: None,
+        heartbeat_interval: Duration::from_secs(1),
+        limits: Limits::default(),
+    })
+    .await
+    .unwrap();
+    let addr = agent.addr();
+    let (tx, _rx) = tokio::sync::mpsc::channel(1024);
+    let client = AgentClient::new("test", SECRET, ClientConfig::default(), tx)
+        .await
+        .unwrap();
+
+    let mut spec = ProcSpec::command(env!("CARGO_BIN_EXE_hostmesh-echo-proc"), &[]);
+    spec.runtime_aware = true;
+    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", 2)];
+    client
+        .create_or_update(
+            addr,
+            CreateOrUpdate {
+                name: "echo-1".into(),
+                rank: 1,
+                spec,
+                incarnation: 0,
+            },
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let proc_addr = loop {
+        let st = client.get_state(addr, "echo-1").await.unwrap();
+        match st.status {
+            ProcStatus::Ready { addr: Some(a), .. } => break a,
+            s if s.is_terminal() => panic!("echo proc ended: {s:?}"),
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never Ready: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-1").unwrap();
+    let timeout = Duration::from_secs(10);
+    let id = mesh_ref(&proc_id)
+        .unwrap()
+        .call(
+            client.proc(),
+            &SpawnFor {
+                type_name: echo_type_name().into(),
+                name: "echo".into(),
+                params: postcard::to_allocvec(&()).unwrap(),
+                client: "test".into(),
+                keepalive_ms: 60_000,
+                owner: None,
+            },
+            timeout,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let echo: ActorRef<Echo> = ActorRef::attest(id);
+    let reply = echo
+        .call(client.proc(), &"ping".to_string(), timeout)
+        .await
+        .unwrap();
+    assert_eq!(reply, "1:ping");
+
+    client
+        .stop(addr, "echo-1", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let st = client.get_state(addr, "echo-1").await.unwrap();
+        if st.status.is_terminal() {
+            assert!(
+                matches!(st.status, ProcStatus::Stopped { exit_code: 0, .. }),
+                "{st:?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,82 @@
+//! The per-type table from handler port to a type-erased handler.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use super::{Actor, Context, Handler};
+use crate::error::ActorError;
+use crate::port::{Message, handler_port};
+
+/// Why a handler did not produce a reply.
+pub(crate) enum HandlerFailure {
+    /// The payload did not decode as the handler's message type.
+    Decode(String),
+    /// The handler returned an error.
+    Failed(ActorError),
+    /// The reply did not encode.
+    Encode(String),
+}
+
+type Dispatch<A> = for<'a> fn(
+    &'a mut A,
+    &'a Context<A>,
+    Bytes,
+    bool,
+) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>;
+
+/// The message types an actor type handles; filled by [`Actor::register`].
+pub struct Handlers<A: Actor> {
+    map: HashMap<u64, Dispatch<A>>,
+}
+
+fn dispatch<'a, A, M>(
+    actor: &'a mut A,
+    cx: &'a Context<A>,
+    payload: Bytes,
+    want_reply: bool,
+) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>
+where
+    A: Handler<M>,
+    M: Message,
+{
+    Box::pin(async move {
+        let msg: M = postcard::from_bytes(&payload).map_err(|e| {
+            HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
+        })?;
+        let reply = actor
+            .handle(cx, msg)
+            .await
+            .map_err(HandlerFailure::Failed)?;
+        if !want_reply {
+            return Ok(None);
+        }
+        postcard::to_allocvec(&reply)
+            .map(|v| Some(Bytes::from(v)))
+            .map_err(|e| HandlerFailure::Encode(e.to_string()))
+    })
+}
+
+impl<A: Actor> Handlers<A> {
+    pub(crate) fn build() -> Self {
+        let mut h = Handlers {
+            map: HashMap::new(),
+        };
+        A::register(&mut h);
+        h
+    }
+
+    /// Declares that the actor handles `M`.
+    pub fn handle<M: Message>(&mut self) -> &mut Self
+    where
+        A: Handler<M>,
+    {
+        self.map.insert(handler_port::<M>(), dispatch::<A, M>);
+        self
+    }
+
+    pub(crate) fn get(&self, port: u64) -> Option<Dispatch<A>> {
+        self.map.get(&port).copied()
+    }
+}

@@ -1,0 +1,278 @@
+//! The actor task: init, the message loop, failure capture (errors and
+//! panics), cleanup, and reporting the final status to the supervisor.
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt as _;
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+use super::handlers::HandlerFailure;
+use super::{Actor, Context, Handlers};
+use crate::channel::Envelope;
+use crate::id::ActorId;
+use crate::port::{PortRef, UNDELIVERABLE_PORT};
+use crate::proc::{Proc, undeliverable_of};
+use crate::supervision::{ActorStatus, SupervisionEvent};
+
+/// What an actor's mailbox carries.
+pub(crate) enum Signal {
+    /// A message (or an undeliverable return) for the actor.
+    Message(Box<Envelope>),
+    /// A child stopped.
+    Child(Box<SupervisionEvent>),
+    /// Stop now.
+    Stop(String),
+}
+
+/// Who hears about an actor's end.
+pub(crate) enum Supervisor {
+    /// A parent on the same proc.
+    Parent(mpsc::Sender<Signal>),
+    /// A port, possibly remote (the owner of a mesh).
+    Owner(PortRef<SupervisionEvent>),
+    /// The proc's sink (failures only).
+    Sink,
+}
+
+impl Supervisor {
+    pub(crate) fn from_owner(owner: Option<PortRef<SupervisionEvent>>) -> Self {
+        owner.map_or(Supervisor::Sink, Supervisor::Owner)
+    }
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".into()
+    }
+}
+
+/// Starts the actor task; resolves once `init` finished (Err: why it failed).
+pub(crate) async fn start<A: Actor>(
+    proc: Proc,
+    id: ActorId,
+    actor: A,
+    mailbox: mpsc::Sender<Signal>,
+    rx: mpsc::Receiver<Signal>,
+    handlers: Arc<Handlers<A>>,
+    supervisor: Supervisor,
+) -> Result<(), String> {
+    let cx = Context {
+        proc,
+        id,
+        mailbox,
+        stop: Mutex::new(None),
+        children: Mutex::new(Vec::new()),
+        _a: PhantomData,
+    };
+    let (init_tx, init_rx) = oneshot::channel();
+    tokio::spawn(run(actor, cx, rx, handlers, supervisor, init_tx));
+    init_rx
+        .await
+        .unwrap_or_else(|_| Err("the actor task ended during init".into()))
+}
+
+async fn run<A: Actor>(
+    mut actor: A,
+    cx: Context<A>,
+    mut rx: mpsc::Receiver<Signal>,
+    handlers: Arc<Handlers<A>>,
+    supervisor: Supervisor,
+    init_tx: oneshot::Sender<Result<(), String>>,
+) {
+    let init = AssertUnwindSafe(actor.init(&cx)).catch_unwind().await;
+    let init_err = match init {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("init failed: {e}")),
+        Err(p) => Some(format!("init panicked: {}", panic_message(&*p))),
+    };
+    let mut cause = None;
+    let status = match init_err {
+        Some(reason) => {
+            let _ = init_tx.send(Err(reason.clone()));
+            ActorStatus::Failed(reason)
+        }
+        None => {
+            let _ = init_tx.send(Ok(()));
+            message_loop(&mut actor, &cx, &mut rx, &handlers, &mut cause).await
+        }
+    };
+    let _ = AssertUnwindSafe(actor.cleanup(&cx, &status))
+        .catch_unwind()
+        .await;
+    finish(cx, rx, status, cause, supervisor).await;
+}
+
+async fn message_loop<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    rx: &mut mpsc::Receiver<Signal>,
+    handlers: &Handlers<A>,
+    cause: &mut Option<Box<SupervisionEvent>>,
+) -> ActorStatus {
+    loop {
+        // The context holds a sender, so the mailbox never closes here.
+        let Some(sig) = rx.recv().await else {
+            return ActorStatus::Stopped("mailbox closed".into());
+        };
+        let outcome = match sig {
+            Signal::Message(env) => handle_envelope(actor, cx, handlers, *env).await,
+            Signal::Stop(reason) => return ActorStatus::Stopped(reason),
+            Signal::Child(event) => {
+                let r = AssertUnwindSafe(actor.handle_supervision_event(cx, &event))
+                    .catch_unwind()
+                    .await;
+                match r {
+                    Ok(Ok(true)) => None,
+                    Ok(Ok(false)) if !event.status.is_failure() => None,
+                    Ok(Ok(false)) => {
+                        let reason = format!("unhandled failure of child {}", event.actor);
+                        *cause = Some(event);
+                        Some(ActorStatus::Failed(reason))
+                    }
+                    Ok(Err(e)) => {
+                        *cause = Some(event);
+                        Some(ActorStatus::Failed(format!(
+                            "supervision handler failed: {e}"
+                        )))
+                    }
+                    Err(p) => {
+                        *cause = Some(event);
+                        Some(ActorStatus::Failed(format!(
+                            "supervision handler panicked: {}",
+                            panic_message(&*p)
+                        )))
+                    }
+                }
+            }
+        };
+        if let Some(status) = outcome {
+            return status;
+        }
+        if let Some(reason) = cx.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return ActorStatus::Stopped(reason);
+        }
+    }
+}
+
+/// Handles one envelope; `Some(status)` when the actor must stop.
+async fn handle_envelope<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    handlers: &Handlers<A>,
+    env: Envelope,
+) -> Option<ActorStatus> {
+    let port = env.dest.index();
+    if port == UNDELIVERABLE_PORT {
+        let u = undeliverable_of(&env);
+        let r = AssertUnwindSafe(actor.handle_undeliverable(cx, u))
+            .catch_unwind()
+            .await;
+        return match r {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(ActorStatus::Failed(e.to_string())),
+            Err(p) => Some(ActorStatus::Failed(format!(
+                "undeliverable handler panicked: {}",
+                panic_message(&*p)
+            ))),
+        };
+    }
+    let Some(handler) = handlers.get(port) else {
+        let reason = format!(
+            "actor {} has no handler for this message type (port {port})",
+            cx.id
+        );
+        cx.proc.bounce(env, reason);
+        return None;
+    };
+    let want_reply = env.reply_to.is_some();
+    let r = AssertUnwindSafe(handler(actor, cx, env.payload.clone(), want_reply))
+        .catch_unwind()
+        .await;
+    let failure = match r {
+        Ok(Ok(None)) => return None,
+        Ok(Ok(Some(reply))) => {
+            if let Some(reply_to) = env.reply_to {
+                cx.proc.post(&cx.id, reply_to, None, reply).await;
+            }
+            return None;
+        }
+        Ok(Err(HandlerFailure::Decode(reason))) => {
+            cx.proc.bounce(
+                env,
+                format!("cannot decode message for {}: {reason}", cx.id),
+            );
+            return None;
+        }
+        Ok(Err(HandlerFailure::Encode(reason))) => format!("cannot encode reply: {reason}"),
+        Ok(Err(HandlerFailure::Failed(e))) => format!("handler failed: {e}"),
+        Err(p) => format!("handler panicked: {}", panic_message(&*p)),
+    };
+    // Tell a waiting caller at once, then stop.
+    if let Some(reply_to) = env.reply_to {
+        let ret = Envelope {
+            sender: cx.id.clone(),
+            dest: reply_to,
+            reply_to: None,
+            error: Some(format!("{} {failure}", cx.id)),
+            payload: bytes::Bytes::new(),
+        };
+        cx.proc.route(ret).await;
+    }
+    Some(ActorStatus::Failed(failure))
+}
+
+async fn finish<A: Actor>(
+    cx: Context<A>,
+    mut rx: mpsc::Receiver<Signal>,
+    status: ActorStatus,
+    cause: Option<Box<SupervisionEvent>>,
+    supervisor: Supervisor,
+) {
+    debug!(actor = %cx.id, %status, "actor stopped");
+    cx.proc.remove_actor(&cx.id);
+    rx.close();
+    while let Ok(sig) = rx.try_recv() {
+        if let Signal::Message(env) = sig {
+            let reason = format!("actor {} {status}", cx.id);
+            cx.proc.bounce(*env, reason);
+        }
+    }
+    let children = std::mem::take(&mut *cx.children.lock().unwrap_or_else(|e| e.into_inner()));
+    for child in children {
+        let _ = child.try_send(Signal::Stop(format!("parent {} stopped", cx.id)));
+    }
+    let event = SupervisionEvent {
+        actor: cx.id.clone(),
+        status,
+        cause,
+    };
+    match supervisor {
+        Supervisor::Parent(tx) => {
+            if let Err(mpsc::error::SendError(Signal::Child(event))) =
+                tx.send(Signal::Child(Box::new(event))).await
+                && event.status.is_failure()
+            {
+                cx.proc.report(*event);
+            }
+        }
+        Supervisor::Owner(port) => {
+            if let Err(e) = port.send(&cx.proc, &event).await {
+                debug!(error = %e, "cannot send supervision event to owner");
+                cx.proc.report(event);
+            }
+        }
+        Supervisor::Sink => {
+            if event.status.is_failure() {
+                cx.proc.report(event);
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Wire format: frames with a versioned 8-byte header, and envelopes.
+//!
+//! ```text
+//! frame    = magic "HM" (2) | version (1) | kind (1) | body length u32 BE (4) | body
+//! envelope = header length u32 BE (4) | postcard(EnvelopeHeader) | payload (postcard message)
+//! ack      = u64 BE: number of envelopes received on this connection so far
+//! hello    = postcard(handshake message)
+//! ```
+//!
+//! Envelopes carry no sequence number: each direction of a connection counts
+//! the envelopes it carries, and acks are cumulative counts.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use super::ChannelError;
+use crate::id::{ActorId, PortId};
+
+/// The first two bytes of every frame.
+pub(crate) const MAGIC: [u8; 2] = *b"HM";
+/// The protocol version this build speaks.
+pub(crate) const VERSION: u8 = 1;
+/// Size of the frame header.
+pub(crate) const HEADER_LEN: usize = 8;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FrameKind {
+    /// A handshake message.
+    Hello = 1,
+    /// An envelope.
+    Envelope = 2,
+    /// A cumulative acknowledgement.
+    Ack = 3,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(FrameKind::Hello),
+            2 => Some(FrameKind::Envelope),
+            3 => Some(FrameKind::Ack),
+            _ => None,
+        }
+    }
+}
+
+/// A message in transit: who sent it, where it goes, where a reply goes, and
+/// the encoded message. `error` is set only on envelopes that tell a reply
+/// port its message could not be delivered.
+#[derive(Clone)]
+pub(crate) struct Envelope {
+    pub(crate) sender: ActorId,
+    pub(crate) dest: PortId,
+    pub(crate) reply_to: Option<PortId>,
+    pub(crate) error: Option<String>,
+    pub(crate) payload: Bytes,
+}
+
+impl std::fmt::Debug for Envelope {
+    // Payloads stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envelope")
+            .field("sender", &self.sender.to_string())
+            .field("dest", &self.dest.to_string())
+            .field("payload_len", &self.payload.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    sender: &'a ActorId,
+    dest: &'a PortId,
+    reply_to: &'a Option<PortId>,
+    error: &'a Option<String>,
+}
+
+#[derive(Deserialize)]
+struct HeaderOwned {
+    sender: ActorId,
+    dest: PortId,
+    reply_to: Option<PortId>,
+    error: Option<String>,
+}
+
+fn put_header(buf: &mut BytesMut, kind: FrameKind, len: usize) {
+    buf.put_slice(&MAGIC);
+    buf.put_u8(VERSION);
+    buf.put_u8(kind as u8);
+    buf.put_u32(len as u32);
+}
+
+/// Appends an envelope frame to `buf`.
+pub(crate) fn encode_envelope(
+    buf: &mut BytesMut,
+    env: &Envelope,
+    max_frame: usize,
+) -> Result<(), ChannelError> {
+    let header = HeaderRef {
+        sender: &env.sender,
+        dest: &env.dest,
+        reply_to: &env.reply_to,
+        error: &env.error,
+    };
+    let start = buf.len();
+    // Reserve the frame header and the envelope-header length, fill later.
+    buf.put_bytes(0, HEADER_LEN + 4);
+    let hdr_start = buf.len();
+    let mut writer = buf.writer();
+    postcard::to_io(&header, &mut writer).map_err(|e| ChannelError::Encode(e.to_string()))?;
+    let buf = writer.into_inner();
+    let hdr_len = buf.len() - hdr_start;
+    let body_len = 4 + hdr_len + env.payload.len();
+    if body_len > max_frame {
+        buf.truncate(start);
+        return Err(ChannelError::FrameTooLarge {
+            len: body_len,
+            max: max_frame,
+        });
+    }
+    buf.extend_from_slice(&env.payload);
+    let mut head = &mut buf[start..start + HEADER_LEN + 4];
+    head.put_slice(&MAGIC);
+    head.put_u8(VERSION);
+    head.put_u8(FrameKind::Envelope as u8);
+    head.put_u32(body_len as u32);
+    head.put_u32(hdr_len as u32);
+    Ok(())
+}
+
+/// Appends an ack frame to `buf`.
+pub(crate) fn encode_ack(buf: &mut BytesMut, count: u64) {
+    put_header(buf, FrameKind::Ack, 8);
+    buf.put_u64(count);
+}
+
+/// Appends a handshake frame to `buf`.
+pub(crate) fn encode_hello<T: Serialize>(buf: &mut BytesMut, msg: &T) -> Result<(), ChannelError> {
+    let body = postcard::to_allocvec(msg).map_err(|e| ChannelError::Encode(e.to_string()))?;
+    put_header(buf, FrameKind::Hello, body.len());
+    buf.extend_from_slice(&body);
+    Ok(())
+}
+
+/// A decoded frame.
+// A frame is moved once from the decoder to its consumer; boxing the
+// envelope would cost an allocation per message for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Frame {
+    Hello(Bytes),
+    Envelope(Envelope),
+    Ack(u64),
+}
+
+/// Takes one complete frame off the front of `buf`, if there is one.
+/// Errors mean the stream is corrupt and the connection must close.
+pub(crate) fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, ChannelError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    if buf[0..2] != MAGIC {
+        return Err(ChannelError::Protocol(format!(
+            "bad magic {:02x}{:02x} (not a hostmesh peer?)",
+            buf[0], buf[1]
+        )));
+    }
+    if buf[2] != VERSION {
+        return Err(ChannelError::Protocol(format!(
+            "unsupported protocol version {} (this build speaks {VERSION})",
+            buf[2]
+        )));
+    }
+    let kind = FrameKind::from_u8(buf[3])
+        .ok_or_else(|| ChannelError::Protocol(format!("unknown frame kind {}", buf[3])))?;
+    let len = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    if len > max_frame {
+        return Err(ChannelError::FrameTooLarge {
+            len,
+            max: max_frame,
+        });
+    }
+    if buf.len() < HEADER_LEN + len {
+        buf.reserve(HEADER_LEN + len - buf.len());
+        return Ok(None);
+    }
+    buf.advance(HEADER_LEN);
+    let mut body = buf.split_to(len).freeze();
+    match kind {
+        FrameKind::Hello => Ok(Some(Frame::Hello(body))),
+        FrameKind::Ack => {
+            if body.len() != 8 {
+                return Err(ChannelError::Protocol(format!(
+                    "ack frame of {} bytes, expected 8",
+                    body.len()
+                )));
+            }
+            Ok(Some(Frame::Ack(body.get_u64())))
+        }
+        FrameKind::Envelope => {
+            if body.len() < 4 {
+                return Err(ChannelError::Protocol("envelope frame too short".into()));
+            }
+            let hdr_len = body.get_u32() as usize;
+            if hdr_len > body.len() {
+                return Err(ChannelError::Protocol(format!(
+                    "envelope header length {hdr_len} exceeds the frame"
+                )));
+            }
+            let hdr: HeaderOwned = postcard::from_bytes(&body[..hdr_len])
+                .map_err(|e| ChannelError::Protocol(format!("bad envelope header: {e}")))?;
+            body.advance(hdr_len);
+            Ok(Some(Frame::Envelope(Envelope {
+                sender: hdr.sender,
+                dest: hdr.dest,
+                reply_to: hdr.reply_to,
+                error: hdr.error,
+                payload: body,
+            })))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(payload: &[u8]) -> Envelope {
+        let a: ActorId = "tcp:127.0.0.1:1/p/a[0]".parse().unwrap();
+        Envelope {
+            sender: a.clone(),
+            dest: a.port(5),
+            reply_to: Some(a.port(9)),
+            error: None,
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    #[test]
+    fn envelope_round_trips_byte_by_byte() {
+        let mut wire = BytesMut::new();
+        encode_envelope(&mut wire, &env(b"hello"), 1 << 20).unwrap();
+        encode_ack(&mut wire, 42);
+        // Feed one byte at a time: partial frames are never decoded.
+        let mut buf = BytesMut::new();
+        let mut frames = Vec::new();
+        for b in wire.iter() {
+            buf.put_u8(*b);
+            while let Some(f) = decode(&mut buf, 1 << 20).unwrap() {
+                frames.push(f);
+            }
+        }
+        assert_eq!(frames.len(), 2);
+        match &frames[0] {
+            Frame::Envelope(e) => {
+                assert_eq!(&e.payload[..], b"hello");
+                assert_eq!(e.dest.index(), 5);
+                assert_eq!(e.reply_to.as_ref().unwrap().index(), 9);
+            }
+            _ => panic!("expected an envelope"),
+        }
+        assert!(matches!(frames[1], Frame::Ack(42)));
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error_not_a_panic() {
+        let mut big = BytesMut::new();
+        encode_envelope(&mut big, &env(&[0; 100]), 1 << 20).unwrap();
+        assert!(matches!(
+            decode(&mut big.clone(), 50),
+            Err(ChannelError::FrameTooLarge { .. })
+        ));
+        assert!(encode_envelope(&mut BytesMut::new(), &env(&[0; 100]), 50).is_err());
+        let mut garbage = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
+        assert!(matches!(
+            decode(&mut garbage, 1 << 20),
+            Err(ChannelError::Protocol(_))
+        ));
+        let mut bad_version = big.clone();
+        bad_version[2] = 9;
+        assert!(decode(&mut bad_version, 1 << 20).is_err());
+        let mut bad_kind = big.clone();
+        bad_kind[3] = 77;
+        assert!(decode(&mut bad_kind, 1 << 20).is_err());
+        let mut bad_hdr = big.clone();
+        bad_hdr[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&1_000u32.to_be_bytes());
+        assert!(decode(&mut bad_hdr, 1 << 20).is_err());
+        // Random bytes after a valid header never panic.
+        let mut x: u32 = 1;
+        for len in 0..200usize {
+            let mut b = BytesMut::new();
+            put_header(&mut b, FrameKind::Envelope, len);
+            for _ in 0..len {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                b.put_u8((x >> 24) as u8);
+            }
+            let _ = decode(&mut b, 1 << 20);
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Connection handshake: exchanges proc ids and, when a shared secret is
+//! configured, authenticates both sides with HMAC-SHA256 challenge-response.
+//!
+//! ```text
+//! dialer   -> acceptor  Open      { dialer proc id, nonce_d }
+//! acceptor -> dialer    Challenge { acceptor proc id, nonce_a, mac_a }
+//! dialer   -> acceptor  Proof     { mac_d }
+//! acceptor -> dialer    Welcome | Reject { reason }
+//! mac_a = HMAC(secret, "hostmesh/1 acceptor" | dialer id | acceptor id | nonce_d | nonce_a)
+//! mac_d = HMAC(secret, "hostmesh/1 dialer"   | dialer id | acceptor id | nonce_d | nonce_a)
+//! ```
+//!
+//! Invariants:
+//! 1. The secret never crosses the wire; only MACs over fresh nonces do.
+//! 2. MACs are checked with `ring::hmac::verify` (constant time).
+//! 3. Different labels per direction, so a MAC cannot be reflected back.
+//! 4. A side with a secret refuses a peer without one, and vice versa.
+
+use bytes::BytesMut;
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::ChannelError;
+use super::frame::{self, Frame};
+use crate::id::ProcId;
+
+/// Largest handshake frame accepted.
+const MAX_HELLO: usize = 16 * 1024;
+
+#[derive(Serialize, Deserialize)]
+enum Hello {
+    Open {
+        proc: ProcId,
+        nonce: [u8; 32],
+    },
+    Challenge {
+        proc: ProcId,
+        nonce: [u8; 32],
+        mac: Vec<u8>,
+    },
+    Proof {
+        mac: Vec<u8>,
+    },
+    Welcome,
+    Reject {
+        reason: String,
+    },
+}
+
+fn nonce() -> Result<[u8; 32], ChannelError> {
+    let mut n = [0u8; 32];
+    SystemRandom::new()
+        .fill(&mut n)
+        .map_err(|_| ChannelError::Auth("no system randomness available".into()))?;
+    Ok(n)
+}
+
+fn transcript(
+    label: &str,
+    dialer: &ProcId,
+    acceptor: &ProcId,
+    nd: &[u8; 32],
+    na: &[u8; 32],
+) -> Vec<u8> {
+    let mut t = Vec::with_capacity(128);
+    for part in [label.to_string(), dialer.to_string(), acceptor.to_string()] {
+        t.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        t.extend_from_slice(part.as_bytes());
+    }
+    t.extend_from_slice(nd);
+    t.extend_from_slice(na);
+    t
+}
+
+const ACCEPTOR: &str = "hostmesh/1 acceptor";
+const DIALER: &str = "hostmesh/1 dialer";
+
+async fn send<S: AsyncWrite + Unpin>(s: &mut S, msg: &Hello) -> Result<(), ChannelError> {
+    let mut buf = BytesMut::new();
+    frame::encode_hello(&mut buf, msg)?;
+    s.write_all(&buf).await.map_err(ChannelError::Io)?;
+    s.flush().await.map_err(ChannelError::Io)
+}
+
+async fn recv<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Hello, ChannelError> {
+    loop {
+        match frame::decode(buf, MAX_HELLO)? {
+            Some(Frame::Hello(body)) => {
+                return postcard::from_bytes(&body)
+                    .map_err(|e| ChannelError::Protocol(format!("bad handshake message: {e}")));
+            }
+            Some(_) => {
+                return Err(ChannelError::Protocol(
+                    "expected a handshake frame before any other".into(),
+                ));
+            }
+            None => {}
+        }
+        if s.read_buf(buf).await.map_err(ChannelError::Io)? == 0 {
+            return Err(ChannelError::Protocol(
+                "peer closed the connection during the handshake".into(),
+            ));
+        }
+    }
+}
+
+fn mac(key: Option<&hmac::Key>, t: &[u8]) -> Vec<u8> {
+    key.map(|k| hmac::sign(k, t).as_ref().to_vec())
+        .unwrap_or_default()
+}
+
+/// Dialer side. Returns the peer's proc id and any bytes read past the
+/// handshake.
+pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    local: &ProcId,
+    key: Option<&hmac::Key>,
+) -> Result<(ProcId, BytesMut), ChannelError> {
+    let mut buf = BytesMut::with_capacity(4096);
+    let nd = nonce()?;
+    send(
+        s,
+        &Hello::Open {
+            proc: local.clone(),
+            nonce: nd,
+        },
+    )
+    .await?;
+    let (peer, na, mac_a) = match recv(s, &mut buf).await? {
+        Hello::Challenge { proc, nonce, mac } => (proc, nonce, mac),
+        Hello::Reject { reason } => {
+            return Err(ChannelError::Auth(format!("peer refused: {reason}")));
+        }
+        _ => return Err(ChannelError::Protocol("expected a challenge".into())),
+    };
+    match key {
+        Some(k) => {
+            let t = transcript(ACCEPTOR, local, &peer, &nd, &na);
+            hmac::verify(k, &t, &mac_a).map_err(|_| {
+                ChannelError::Auth(format!(
+                    "{peer} failed authentication: it does not hold our shared secret"
+                ))
+            })?;
+        }
+        None if !mac_a.is_empty() => {
+            return Err(ChannelError::Auth(format!(
+                "{peer} requires authentication: configure the shared secret on this proc"
+            )));
+        }
+        None => {}
+    }
+    let proof = mac(key, &transcript(DIALER, local, &peer, &nd, &na));
+    send(s, &Hello::Proof { mac: proof }).await?;
+    match recv(s, &mut buf).await? {
+        Hello::Welcome => Ok((peer, buf)),
+        Hello::Reject { reason } => Err(ChannelError::Auth(format!("{peer} refused: {reason}"))),
+        _ => Err(ChannelError::Protocol("expected welcome or reject".into())),
+    }
+}
+
+/// Acceptor side. Returns the dialer's proc id and any bytes read past the
+/// handshake.
+pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    local: &ProcId,
+    key: Option<&hmac::Key>,
+) -> Result<(ProcId, BytesMut), ChannelError> {
+    let mut buf = BytesMut::with_capacity(4096);
+    let (peer, nd) = match recv(s, &mut buf).await? {
+        Hello::Open { proc, nonce } => (proc, nonce),
+        _ => return Err(ChannelError::Protocol("expected an open message".into())),
+    };
+    let na = nonce()?;
+    let mac_a = mac(key, &transcript(ACCEPTOR, &peer, local, &nd, &na));
+    send(
+        s,
+        &Hello::Challenge {
+            proc: local.clone(),
+            nonce: na,
+            mac: mac_a,
+        },
+    )
+    .await?;
+    let proof = match recv(s, &mut buf).await? {
+        Hello::Proof { mac } => mac,
+        _ => return Err(ChannelError::Protocol("expected a proof".into())),
+    };
+    let verdict = match key {
+        Some(k) => hmac::verify(k, &transcript(DIALER, &peer, local, &nd, &na), &proof)
+            .map_err(|_| format!("{peer} failed authentication: wrong or missing shared secret")),
+        None if !proof.is_empty() => Err(format!(
+            "{peer} sent a proof but this proc has no shared secret configured"
+        )),
+        None => Ok(()),
+    };
+    match verdict {
+        Ok(()) => {
+            send(s, &Hello::Welcome).await?;
+            Ok((peer, buf))
+        }
+        Err(reason) => {
+            // Best effort: tell the peer why, then fail.
+            let _ = send(
+                s,
+                &Hello::Reject {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            Err(ChannelError::Auth(reason))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> ProcId {
+        s.parse().unwrap()
+    }
+
+    async fn run(
+        dk: Option<&[u8]>,
+        ak: Option<&[u8]>,
+    ) -> (Result<ProcId, ChannelError>, Result<ProcId, ChannelError>) {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let dk = dk.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
+        let ak = ak.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
+        let d = id("unbound:1/client");
+        let acc = id("tcp:127.0.0.1:9/server");
+        // Each side owns its stream, so a side that gives up closes it.
+        let (r1, r2) = tokio::join!(
+            async move { dial(&mut a, &d, dk.as_ref()).await },
+            async move { accept(&mut b, &acc, ak.as_ref()).await }
+        );
+        (r1.map(|r| r.0), r2.map(|r| r.0))
+    }
+
+    #[tokio::test]
+    async fn same_secret_authenticates_both_sides() {
+        let (d, a) = run(Some(b"s3cret"), Some(b"s3cret")).await;
+        assert_eq!(d.unwrap(), id("tcp:127.0.0.1:9/server"));
+        assert_eq!(a.unwrap(), id("unbound:1/client"));
+        let (d, a) = run(None, None).await;
+        assert!(d.is_ok() && a.is_ok());
+    }
+
+    #[tokio::test]
+    async fn wrong_or_missing_secret_is_refused() {
+        let (d, a) = run(Some(b"one"), Some(b"two")).await;
+        assert!(matches!(d, Err(ChannelError::Auth(_))));
+        assert!(a.is_err());
+        let (d, a) = run(None, Some(b"two")).await;
+        // The dialer sees the acceptor demands a secret and gives up first.
+        assert!(
+            matches!(d, Err(ChannelError::Auth(ref m)) if m.contains("configure the shared secret")),
+            "{d:?}"
+        );
+        assert!(a.is_err(), "acceptor never admits a dialer without secret");
+        let (d, _a) = run(Some(b"one"), None).await;
+        assert!(
+            matches!(d, Err(ChannelError::Auth(_))),
+            "dialer refuses an unauthenticated acceptor"
+        );
+    }
+}

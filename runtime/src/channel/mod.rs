@@ -1,0 +1,112 @@
+//! Transport: framed, authenticated, bidirectional connections between procs.
+//!
+//! This module owns the wire ([`frame`]), the handshake ([`handshake`]) and
+//! the per-peer links ([`link`]). A proc has one [`Transport`]; everything a
+//! proc sends to another proc goes through the one link for that peer.
+//!
+//! Invariants:
+//! 1. One link per peer proc, shared by all of the proc's actors. A link
+//!    writes over exactly one connection at a time, so messages from one
+//!    sender to one receiver arrive in send order.
+//! 2. Connections are bidirectional: a connection accepted from a peer is
+//!    attached to that peer's link, so replies and pushes to a dialer travel
+//!    back over the connection it opened (a dialer needs no listener).
+//! 3. Queues are bounded: each link's queue has `queue_capacity` slots and at
+//!    most `window` envelopes are unacknowledged on a connection; senders
+//!    wait when both are full (backpressure reaches the TCP socket).
+//! 4. Nothing is dropped silently: an envelope that cannot be written, or was
+//!    written but not acknowledged when its connection failed, is handed back
+//!    to the proc as undeliverable (it may or may not have been processed).
+//!    One exception: unacknowledged envelopes to *opened ports* (replies,
+//!    subscription pushes) are logged, not bounced, when a connection fails:
+//!    their receivers observe the loss themselves (a pending call fails with
+//!    `ConnectionLost`), and failing a responder because its caller went
+//!    away would be wrong.
+//! 5. A bad header, an oversize frame or garbage closes only the connection
+//!    it came on, with the reason logged; a failed handshake likewise.
+//! 6. Links to dialable peers reconnect with exponential backoff, up to
+//!    `reconnect_timeout`, before queued envelopes become undeliverable.
+
+pub(crate) mod frame;
+pub(crate) mod handshake;
+mod link;
+
+use std::time::Duration;
+
+pub(crate) use frame::Envelope;
+pub(crate) use link::{Inbound, Listener, Transport};
+
+/// Tunables of the transport. The defaults suit a pod network.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// Largest frame body accepted or sent, in bytes (default 64 MiB).
+    pub max_frame_len: usize,
+    /// Envelopes queued per peer before senders wait (default 4096).
+    pub queue_capacity: usize,
+    /// Envelopes in flight unacknowledged per connection (default 8192).
+    pub window: usize,
+    /// Time allowed for a connection's handshake (default 5 s).
+    pub handshake_timeout: Duration,
+    /// Time allowed for one TCP connect attempt (default 2 s).
+    pub connect_timeout: Duration,
+    /// How long a link keeps redialing a peer before queued envelopes
+    /// become undeliverable (default 5 s).
+    pub reconnect_timeout: Duration,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            max_frame_len: 64 << 20,
+            queue_capacity: 4096,
+            window: 8192,
+            handshake_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            reconnect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Transport failures. They reach users as the reason of an undeliverable
+/// message or as the error of `Proc::connect` / `ProcBuilder::build`.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// An I/O error on a socket.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke the wire protocol (bad magic, version, kind or body).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A frame is larger than `max_frame_len`.
+    #[error(
+        "frame of {len} bytes exceeds the maximum of {max} bytes (raise ChannelConfig::max_frame_len on both sides or send less)"
+    )]
+    FrameTooLarge {
+        /// Size of the frame body.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// Authentication failed; the message says which side and why.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// A message could not be encoded.
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+    /// The address reached a different proc than the one asked for.
+    #[error("address {addr} is served by proc {found}, not {wanted}")]
+    WrongProc {
+        /// The address dialed.
+        addr: String,
+        /// The proc the caller wanted.
+        wanted: String,
+        /// The proc that answered.
+        found: String,
+    },
+    /// The address cannot be dialed (an `unbound` proc, port 0, ...).
+    #[error("address {0} cannot be dialed")]
+    NotDialable(String),
+    /// Dialing or the handshake took too long.
+    #[error("timed out {0}")]
+    Timeout(&'static str),
+}

@@ -1,0 +1,462 @@
+//! The supervisor side of the agent protocol: [`AgentClient`], one client
+//! proc that talks to many agents of one World (one secret), sends them
+//! requests, and delivers every agent's pushes, tagged with the host, into
+//! one channel.
+//!
+//! Invariants:
+//! 1. Every watched host has one task that subscribes, forwards pushes, and
+//!    on silence (no push for `heartbeat_timeout`) or a failed subscribe
+//!    reports `Disconnected` once and resubscribes with exponential backoff.
+//!    Each (re)subscription starts with a full `Snapshot`, so nothing is
+//!    lost across an outage on either side.
+//! 2. Requests are calls with `call_timeout`; a call never waits forever.
+//! 3. Dropping the last clone of a client stops its watches and shuts its
+//!    proc down, so agents see the supervisor go.
+//! 4. In listening mode, agents that dial the supervisor themselves
+//!    (`--supervisor`) push to the `supervisor` actor; their pushes reach the
+//!    same channel.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::protocol::{
+    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcState, RankStatus,
+    SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
+};
+use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
+use crate::{Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, Proc, ProcId};
+
+/// Name of the actor that receives pushes from agents that dial in.
+pub const SUPERVISOR_ACTOR: &str = "supervisor";
+
+/// One agent: its host rank and address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostId {
+    /// Host rank.
+    pub rank: usize,
+    /// Agent address (pod IP and World port).
+    pub addr: SocketAddr,
+}
+
+/// Something that happened with one agent.
+#[derive(Debug, Clone)]
+pub struct AgentEvent {
+    /// Which agent.
+    pub host: HostId,
+    /// What happened.
+    pub kind: AgentEventKind,
+}
+
+/// The kinds of [`AgentEvent`].
+#[derive(Debug, Clone)]
+pub enum AgentEventKind {
+    /// Subscribed (a `Snapshot` push follows).
+    Connected,
+    /// A push from the agent.
+    Push(AgentPush),
+    /// The subscription is gone (reported once per outage); the client
+    /// keeps retrying.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Errors of [`AgentClient`] requests.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The request did not reach the agent or got no answer.
+    #[error("agent {addr}: {source}")]
+    Call {
+        /// The agent.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: crate::Error,
+    },
+    /// The agent refused the request.
+    #[error("agent {addr} refused: {message}")]
+    Refused {
+        /// The agent.
+        addr: SocketAddr,
+        /// Its reason.
+        message: String,
+    },
+    /// The client proc could not start.
+    #[error("cannot start the agent client: {0}")]
+    Start(#[source] crate::Error),
+}
+
+/// Tunables of [`AgentClient`].
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Longest wait for an agent's answer.
+    pub call_timeout: Duration,
+    /// Silence after which a subscription counts as lost (a few heartbeat
+    /// intervals).
+    pub heartbeat_timeout: Duration,
+    /// First retry delay after a failure.
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Listen here for agents that dial the supervisor themselves.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            call_timeout: Duration::from_secs(10),
+            heartbeat_timeout: Duration::from_secs(5),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            listen: None,
+        }
+    }
+}
+
+struct Watch {
+    addr: SocketAddr,
+    cancel: CancellationToken,
+}
+
+struct Inner {
+    proc: Proc,
+    config: ClientConfig,
+    events: mpsc::Sender<AgentEvent>,
+    watches: Mutex<HashMap<usize, Watch>>,
+}
+
+/// A client of many agents of one World. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentClient {
+    inner: Arc<Inner>,
+    _guard: Arc<Guard>,
+}
+
+/// Shared by the clones of one client (not by its watch tasks): when the
+/// last clone goes, the watches stop and the proc shuts down.
+struct Guard(Arc<Inner>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for w in self
+            .0
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            w.cancel.cancel();
+        }
+        self.0.proc.shutdown();
+    }
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("proc", self.inner.proc.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentClient {
+    /// Starts a client proc authenticated with the World's `secret`;
+    /// events of every watched agent go to `events`. The proc is named
+    /// `<name>-<random>` when it does not listen, so a restarted client is a
+    /// new peer to the agents, never mistaken for its previous incarnation;
+    /// a listening client keeps `name` (agents dial it by address and name).
+    pub async fn new(
+        name: &str,
+        secret: &[u8],
+        config: ClientConfig,
+        events: mpsc::Sender<AgentEvent>,
+    ) -> Result<Self, ClientError> {
+        let proc_name = match config.listen {
+            Some(_) => name.to_owned(),
+            None => format!("{name}-{:08x}", rand::random::<u32>()),
+        };
+        let mut builder = Proc::builder(proc_name).secret(secret.to_vec());
+        if let Some(addr) = config.listen {
+            builder = builder.listen(ChannelAddr::Tcp(addr));
+        }
+        let proc = builder.build().await.map_err(ClientError::Start)?;
+        if config.listen.is_some() {
+            proc.spawn(
+                SUPERVISOR_ACTOR,
+                SupervisorInbox {
+                    events: events.clone(),
+                    addrs: HashMap::new(),
+                },
+            )
+            .await
+            .map_err(ClientError::Start)?;
+        }
+        let inner = Arc::new(Inner {
+            proc,
+            config,
+            events,
+            watches: Mutex::new(HashMap::new()),
+        });
+        Ok(AgentClient {
+            _guard: Arc::new(Guard(inner.clone())),
+            inner,
+        })
+    }
+
+    /// The client's proc (its id is what agents see).
+    pub fn proc(&self) -> &Proc {
+        &self.inner.proc
+    }
+
+    /// Subscribes to the agent of host `rank` at `addr` and keeps the
+    /// subscription alive (invariant 1). Watching the same rank at a new
+    /// address replaces the old watch; at the same address it is a no-op.
+    pub fn watch(&self, rank: usize, addr: SocketAddr) {
+        let mut watches = self.lock();
+        if watches.get(&rank).is_some_and(|w| w.addr == addr) {
+            return;
+        }
+        if let Some(old) = watches.remove(&rank) {
+            old.cancel.cancel();
+        }
+        let cancel = CancellationToken::new();
+        watches.insert(
+            rank,
+            Watch {
+                addr,
+                cancel: cancel.clone(),
+            },
+        );
+        tokio::spawn(watch_loop(
+            self.inner.clone(),
+            HostId { rank, addr },
+            cancel,
+        ));
+    }
+
+    /// Stops watching host `rank`.
+    pub fn unwatch(&self, rank: usize) {
+        if let Some(w) = self.lock().remove(&rank) {
+            w.cancel.cancel();
+        }
+    }
+
+    /// Creates (or restarts, or confirms) a proc on the agent at `addr`.
+    pub async fn create_or_update(
+        &self,
+        addr: SocketAddr,
+        req: CreateOrUpdate,
+    ) -> Result<CreateOutcome, ClientError> {
+        self.call(addr, &req)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })
+    }
+
+    /// Asks the agent to stop a proc (TERM, `grace`, KILL); the final
+    /// status arrives as a push.
+    pub async fn stop(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+        grace: Duration,
+    ) -> Result<(), ClientError> {
+        let m = Stop {
+            name: name.to_owned(),
+            grace_ms: duration_ms(grace),
+        };
+        self.call(addr, &m)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })
+    }
+
+    /// A proc's full state.
+    pub async fn get_state(&self, addr: SocketAddr, name: &str) -> Result<ProcState, ClientError> {
+        let m = GetState {
+            name: name.to_owned(),
+        };
+        self.call(addr, &m)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })
+    }
+
+    /// A proc's rank and status.
+    pub async fn get_rank_status(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+    ) -> Result<RankStatus, ClientError> {
+        let m = GetRankStatus {
+            name: name.to_owned(),
+        };
+        self.call(addr, &m)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })
+    }
+
+    /// Stops every proc on the host, then the agent exits.
+    pub async fn shutdown_host(
+        &self,
+        addr: SocketAddr,
+        grace: Duration,
+        max_concurrency: usize,
+    ) -> Result<(), ClientError> {
+        let m = ShutdownHost {
+            grace_ms: duration_ms(grace),
+            max_concurrency,
+        };
+        self.call(addr, &m).await
+    }
+
+    /// Sends the World's address book (agent addresses by host rank).
+    pub async fn set_address_book(
+        &self,
+        addr: SocketAddr,
+        hosts: Vec<String>,
+    ) -> Result<(), ClientError> {
+        self.call(addr, &SetAddressBook { hosts }).await
+    }
+
+    async fn call<M>(
+        &self,
+        addr: SocketAddr,
+        m: &M,
+    ) -> Result<<HostAgent as Handler<M>>::Reply, ClientError>
+    where
+        M: crate::Message,
+        HostAgent: Handler<M>,
+    {
+        let agent = agent_ref(addr).map_err(|e| ClientError::Call {
+            addr,
+            source: e.into(),
+        })?;
+        agent
+            .call(&self.inner.proc, m, self.inner.config.call_timeout)
+            .await
+            .map_err(|source| ClientError::Call { addr, source })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Watch>> {
+        self.inner.watches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The host agent actor at `addr`.
+pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, crate::id::IdError> {
+    let proc = ProcId::new(ChannelAddr::Tcp(addr), AGENT_PROC_NAME)?;
+    Ok(ActorRef::attest(proc.actor(HOST_AGENT_ACTOR, 0)?))
+}
+
+async fn watch_loop(inner: Arc<Inner>, host: HostId, cancel: CancellationToken) {
+    let cfg = inner.config.clone();
+    let mut backoff = cfg.backoff_initial;
+    let mut down_reported = false;
+    let emit = |kind: AgentEventKind| {
+        let events = inner.events.clone();
+        let host = host.clone();
+        async move {
+            let _ = events.send(AgentEvent { host, kind }).await;
+        }
+    };
+    while !cancel.is_cancelled() {
+        let reason = match subscribe(&inner, host.addr).await {
+            Err(reason) => reason,
+            Ok(mut rx) => {
+                emit(AgentEventKind::Connected).await;
+                backoff = cfg.backoff_initial;
+                down_reported = false;
+                loop {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        r = tokio::time::timeout(cfg.heartbeat_timeout, rx.recv()) => match r {
+                            Ok(Ok(push)) => emit(AgentEventKind::Push(push)).await,
+                            Ok(Err(e)) => break format!("subscription closed: {e}"),
+                            Err(_) => break format!(
+                                "no heartbeat for {:?}", cfg.heartbeat_timeout
+                            ),
+                        },
+                    }
+                }
+            }
+        };
+        if !down_reported {
+            tracing::warn!(rank = host.rank, addr = %host.addr, %reason, "agent unreachable; retrying");
+            emit(AgentEventKind::Disconnected { reason }).await;
+            down_reported = true;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(cfg.backoff_max);
+    }
+}
+
+async fn subscribe(
+    inner: &Inner,
+    addr: SocketAddr,
+) -> Result<crate::PortReceiver<AgentPush>, String> {
+    let agent = agent_ref(addr).map_err(|e| e.to_string())?;
+    let (port, rx) = inner.proc.open_port::<AgentPush>();
+    match agent
+        .call(&inner.proc, &Subscribe { port }, inner.config.call_timeout)
+        .await
+    {
+        Ok(Ok(())) => Ok(rx),
+        Ok(Err(refused)) => Err(format!("subscribe refused: {refused}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Receives pushes from agents that dial in (invariant 4).
+pub struct SupervisorInbox {
+    events: mpsc::Sender<AgentEvent>,
+    addrs: HashMap<usize, SocketAddr>,
+}
+
+impl Actor for SupervisorInbox {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<AgentPush>();
+    }
+}
+
+impl Handler<AgentPush> for SupervisorInbox {
+    type Reply = ();
+    async fn handle(&mut self, _cx: &Context<Self>, push: AgentPush) -> Result<(), ActorError> {
+        let rank = match &push {
+            AgentPush::Snapshot {
+                host_rank,
+                agent_addr,
+                ..
+            } => {
+                if let Ok(a) = agent_addr.parse() {
+                    self.addrs.insert(*host_rank, a);
+                }
+                *host_rank
+            }
+            AgentPush::Changed(c) => c.host_rank,
+            AgentPush::Heartbeat { host_rank, .. } => *host_rank,
+        };
+        let Some(addr) = self.addrs.get(&rank).copied() else {
+            tracing::debug!(
+                rank,
+                "push before the first snapshot of a dialing agent; ignored"
+            );
+            return Ok(());
+        };
+        let _ = self
+            .events
+            .send(AgentEvent {
+                host: HostId { rank, addr },
+                kind: AgentEventKind::Push(push),
+            })
+            .await;
+        Ok(())
+    }
+}

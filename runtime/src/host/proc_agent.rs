@@ -1,0 +1,358 @@
+//! The proc side of a runtime-aware proc: joining the host (check-in with
+//! the agent, which makes the proc Ready) and the `mesh` actor that spawns
+//! actors by registered type for a controlling client, answers actor state
+//! queries, and stops a client's actors when its keepalive lapses (the
+//! reference's orphan timeout).
+//!
+//! Invariants:
+//! 1. A proc checks in only after its listener and its `mesh` actor run, so
+//!    Ready means "can take actor requests".
+//! 2. Every actor spawned through `mesh` belongs to exactly one client; when
+//!    no `Keepalive` from that client arrived for the keepalive it asked
+//!    for, all of its actors are stopped (status `Stopped`, reason names the
+//!    lapse).
+//! 3. Actor states are kept after the actor ends, so a late query still
+//!    learns how it ended.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::client::agent_ref;
+use super::error::HostError;
+use super::protocol::CheckIn;
+use super::server::HostAgent;
+use crate::actor::Signal;
+use crate::{
+    Actor, ActorError, ActorId, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers,
+    PortRef, Proc, ProcBuilder, SupervisionEvent,
+};
+
+/// Name of the actor that manages a runtime-aware proc's actors.
+pub const MESH_ACTOR: &str = "mesh";
+
+/// How often keepalives are checked.
+const KEEPALIVE_CHECK: Duration = Duration::from_millis(100);
+
+/// Spawn an actor of a registered type on behalf of `client`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnFor {
+    /// Registered type name (`std::any::type_name` of the actor type).
+    pub type_name: String,
+    /// Actor name (it gets index 0).
+    pub name: String,
+    /// Postcard-encoded parameters.
+    pub params: Vec<u8>,
+    /// The controlling client (any stable id, e.g. its proc id).
+    pub client: String,
+    /// The client's keepalive period bound, in milliseconds: without a
+    /// `Keepalive` for this long, the client's actors stop.
+    pub keepalive_ms: u64,
+    /// Where the actor's supervision events are forwarded, if anywhere.
+    pub owner: Option<PortRef<SupervisionEvent>>,
+}
+
+/// The controlling client is alive.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Keepalive {
+    /// The client id used in [`SpawnFor`].
+    pub client: String,
+}
+
+/// Ask for an actor's state by name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GetActorState {
+    /// The actor name.
+    pub name: String,
+}
+
+/// An actor's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorState {
+    /// The actor's id.
+    pub actor: ActorId,
+    /// Its status.
+    pub status: ActorStatus,
+    /// Its controlling client.
+    pub client: String,
+}
+
+struct Tracked {
+    state: ActorState,
+    owner: Option<PortRef<SupervisionEvent>>,
+}
+
+#[derive(Default)]
+struct Book {
+    actors: HashMap<String, Tracked>,
+    clients: HashMap<String, (Instant, Duration)>,
+}
+
+/// The `mesh` actor of a runtime-aware proc.
+pub struct MeshAgent {
+    book: Arc<Mutex<Book>>,
+    events: Option<PortRef<SupervisionEvent>>,
+}
+
+impl MeshAgent {
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Actor for MeshAgent {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<SpawnFor>()
+            .handle::<Keepalive>()
+            .handle::<GetActorState>();
+    }
+
+    async fn init(&mut self, cx: &Context<Self>) -> Result<(), ActorError> {
+        let (port, mut rx) = cx.open_port::<SupervisionEvent>();
+        self.events = Some(port);
+        let book = self.book.clone();
+        let proc = cx.proc_ref().clone();
+        // Supervision events of tracked actors: record, then forward.
+        tokio::spawn({
+            let book = book.clone();
+            let proc = proc.clone();
+            async move {
+                while let Ok(ev) = rx.recv().await {
+                    let owner = {
+                        let mut b = book.lock().unwrap_or_else(|p| p.into_inner());
+                        match b.actors.get_mut(ev.actor.name()) {
+                            Some(t) if t.state.actor == ev.actor => {
+                                t.state.status = ev.status.clone();
+                                t.owner.clone()
+                            }
+                            _ => None,
+                        }
+                    };
+                    if let Some(o) = owner {
+                        let _ = o.send(&proc, &ev).await;
+                    }
+                }
+            }
+        });
+        // Invariant 2: the keepalive watchdog.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(KEEPALIVE_CHECK);
+            loop {
+                tick.tick().await;
+                let now = Instant::now();
+                let lapsed: Vec<(ActorId, String)> = {
+                    let mut b = book.lock().unwrap_or_else(|p| p.into_inner());
+                    let dead: Vec<String> = b
+                        .clients
+                        .iter()
+                        .filter(|(_, (seen, within))| now.duration_since(*seen) > *within)
+                        .map(|(c, _)| c.clone())
+                        .collect();
+                    for c in &dead {
+                        b.clients.remove(c);
+                    }
+                    b.actors
+                        .values()
+                        .filter(|t| {
+                            dead.contains(&t.state.client) && t.state.status == ActorStatus::Running
+                        })
+                        .map(|t| (t.state.actor.clone(), t.state.client.clone()))
+                        .collect()
+                };
+                for (actor, client) in lapsed {
+                    tracing::warn!(%actor, %client, "controller keepalive lapsed; stopping actor");
+                    if let Some(mb) = proc.actor_mailbox(&actor) {
+                        let _ = mb
+                            .send(Signal::Stop(format!(
+                                "keepalive from controller {client} lapsed"
+                            )))
+                            .await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+impl Handler<SpawnFor> for MeshAgent {
+    type Reply = Result<ActorId, String>;
+    async fn handle(&mut self, cx: &Context<Self>, m: SpawnFor) -> Result<Self::Reply, ActorError> {
+        let proc = cx.proc_ref();
+        let Some(spawn) = proc.registry_spawn(&m.type_name) else {
+            return Ok(Err(format!(
+                "actor type {} is not registered on proc {}",
+                m.type_name,
+                proc.id()
+            )));
+        };
+        if m.keepalive_ms == 0 {
+            return Ok(Err("keepalive_ms must be at least 1".into()));
+        }
+        {
+            let mut b = self.book();
+            if b.actors
+                .get(&m.name)
+                .is_some_and(|t| t.state.status == ActorStatus::Running)
+            {
+                return Ok(Err(format!(
+                    "an actor named {:?} already runs here",
+                    m.name
+                )));
+            }
+            b.clients.insert(
+                m.client.clone(),
+                (Instant::now(), Duration::from_millis(m.keepalive_ms)),
+            );
+        }
+        let id = match spawn(
+            proc.clone(),
+            m.name.clone(),
+            m.params.into(),
+            self.events.clone(),
+        )
+        .await
+        {
+            Ok(id) => id,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        self.book().actors.insert(
+            m.name,
+            Tracked {
+                state: ActorState {
+                    actor: id.clone(),
+                    status: ActorStatus::Running,
+                    client: m.client,
+                },
+                owner: m.owner,
+            },
+        );
+        Ok(Ok(id))
+    }
+}
+
+impl Handler<Keepalive> for MeshAgent {
+    type Reply = ();
+    async fn handle(&mut self, _cx: &Context<Self>, m: Keepalive) -> Result<(), ActorError> {
+        if let Some((seen, _)) = self.book().clients.get_mut(&m.client) {
+            *seen = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+impl Handler<GetActorState> for MeshAgent {
+    type Reply = Result<ActorState, String>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: GetActorState,
+    ) -> Result<Self::Reply, ActorError> {
+        Ok(self
+            .book()
+            .actors
+            .get(&m.name)
+            .map(|t| t.state.clone())
+            .ok_or_else(|| format!("no actor named {:?} on this proc", m.name)))
+    }
+}
+
+/// A runtime-aware proc that joined its host.
+#[derive(Clone)]
+pub struct JoinedProc {
+    /// The proc (register actor types before joining).
+    pub proc: Proc,
+    /// Its `mesh` actor.
+    pub mesh: ActorRef<MeshAgent>,
+    /// Its host agent.
+    pub agent: ActorRef<HostAgent>,
+    /// Its proc name (`HOSTMESH_PROC_NAME`).
+    pub name: String,
+}
+
+impl std::fmt::Debug for JoinedProc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinedProc")
+            .field("proc", self.proc.id())
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `mesh` actor of the proc at `proc`.
+pub fn mesh_ref(proc: &crate::ProcId) -> Result<ActorRef<MeshAgent>, crate::id::IdError> {
+    Ok(ActorRef::attest(proc.actor(MESH_ACTOR, 0)?))
+}
+
+fn env(name: &'static str) -> Result<String, HostError> {
+    std::env::var(name).map_err(|_| {
+        HostError::config(
+            name,
+            "not set: a runtime-aware proc must be started by the hostmesh agent",
+        )
+    })
+}
+
+/// Joins the host this proc was started on, from the proc environment
+/// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`):
+/// builds the proc with `configure` (register actor types there), listening
+/// on the agent's IP, starts the `mesh` actor and checks in (invariant 1).
+pub async fn join_host(
+    configure: impl FnOnce(ProcBuilder) -> ProcBuilder,
+) -> Result<JoinedProc, HostError> {
+    let name = env("HOSTMESH_PROC_NAME")?;
+    let agent_addr: SocketAddr = env("HOSTMESH_AGENT_ADDR")?.parse().map_err(|e| {
+        HostError::config(
+            "HOSTMESH_AGENT_ADDR",
+            format!("not an ip:port address ({e})"),
+        )
+    })?;
+    let secret = super::config::read_secret(std::path::Path::new(&env("HOSTMESH_SECRET_FILE")?))?;
+    let listen = SocketAddr::new(agent_addr.ip(), 0);
+    let builder = Proc::builder(name.clone())
+        .listen(ChannelAddr::Tcp(listen))
+        .secret(secret);
+    let proc = configure(builder)
+        .build()
+        .await
+        .map_err(|e| HostError::Runtime(format!("cannot start the proc: {e}")))?;
+    let mesh = proc
+        .spawn(
+            MESH_ACTOR,
+            MeshAgent {
+                book: Arc::default(),
+                events: None,
+            },
+        )
+        .await
+        .map_err(|e| HostError::Runtime(format!("cannot start the mesh actor: {e}")))?;
+    let agent = agent_ref(agent_addr).map_err(|e| HostError::Runtime(e.to_string()))?;
+    let check_in = CheckIn {
+        name: name.clone(),
+        addr: proc.id().addr().to_string(),
+    };
+    agent
+        .call(&proc, &check_in, Duration::from_secs(30))
+        .await
+        .map_err(|e| {
+            HostError::Runtime(format!(
+                "cannot check in with the agent at {agent_addr}: {e}"
+            ))
+        })?
+        .map_err(|e| {
+            HostError::Runtime(format!(
+                "the agent at {agent_addr} refused the check-in: {e}"
+            ))
+        })?;
+    tracing::info!(proc = %proc.id(), "joined the host");
+    Ok(JoinedProc {
+        proc,
+        mesh,
+        agent,
+        name,
+    })
+}

@@ -1,0 +1,343 @@
+//! The agent's runtime face: the `HostAgent` actor that serves the agent
+//! protocol (docs/architecture.md, "Agent protocol") on the agent's proc,
+//! and the subscriber actors that push state to supervisors.
+//!
+//! Invariants:
+//! 1. Only peers that passed the runtime handshake (HMAC with the World
+//!    secret) can reach these handlers: the agent's proc is built with the
+//!    secret, and the transport refuses and logs any other peer.
+//! 2. Handlers never wait for a process: stops and shutdowns run as tasks,
+//!    so the agent keeps answering while procs wind down.
+//! 3. A subscriber gets a snapshot first, then every change and a heartbeat
+//!    every interval (`subscription.rs`); a subscriber whose pushes come back
+//!    undeliverable is dropped; one that subscribes again replaces itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::manager::ProcManager;
+use super::protocol::{
+    AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcState,
+    RankStatus, SetAddressBook, ShutdownHost, Stop, Subscribe,
+};
+use super::subscription::Subscription;
+use crate::{
+    Actor, ActorError, ActorRef, Context, Handler, Handlers, PortId, PortRef, Proc, Undeliverable,
+};
+
+/// Name of the agent's proc; its actor is [`HOST_AGENT_ACTOR`]`[0]`.
+pub const AGENT_PROC_NAME: &str = "agent";
+/// Name of the actor serving the agent protocol.
+pub const HOST_AGENT_ACTOR: &str = "host";
+/// Most subscribers an agent serves at once.
+pub const MAX_SUBSCRIBERS: usize = 64;
+
+/// The actor serving the agent protocol.
+pub struct HostAgent {
+    manager: ProcManager,
+    heartbeat: Duration,
+    subscribers: HashMap<PortId, Arc<AtomicBool>>,
+    exit: Arc<Notify>,
+}
+
+impl HostAgent {
+    /// An agent actor over `manager`; `exit` is notified once a
+    /// `ShutdownHost` has stopped every proc.
+    pub fn new(manager: ProcManager, heartbeat: Duration, exit: Arc<Notify>) -> Self {
+        HostAgent {
+            manager,
+            heartbeat,
+            subscribers: HashMap::new(),
+            exit,
+        }
+    }
+}
+
+impl Actor for HostAgent {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<CreateOrUpdate>()
+            .handle::<GetRankStatus>()
+            .handle::<GetState>()
+            .handle::<Stop>()
+            .handle::<ShutdownHost>()
+            .handle::<SetAddressBook>()
+            .handle::<Subscribe>()
+            .handle::<CheckIn>();
+    }
+
+    async fn handle_supervision_event(
+        &mut self,
+        _cx: &Context<Self>,
+        event: &crate::SupervisionEvent,
+    ) -> Result<bool, ActorError> {
+        // A pusher ended (its subscriber went away): never the agent's end.
+        tracing::debug!(%event, "subscriber pusher ended");
+        Ok(true)
+    }
+
+    async fn handle_undeliverable(
+        &mut self,
+        _cx: &Context<Self>,
+        message: Undeliverable,
+    ) -> Result<(), ActorError> {
+        // Replies to callers that went away: nothing to do, never fatal.
+        tracing::debug!(%message, "reply from the host agent undeliverable");
+        Ok(())
+    }
+}
+
+impl Handler<CreateOrUpdate> for HostAgent {
+    type Reply = Result<CreateOutcome, String>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: CreateOrUpdate,
+    ) -> Result<Self::Reply, ActorError> {
+        Ok(self.manager.create_or_update(m).map_err(|e| e.to_string()))
+    }
+}
+
+impl Handler<GetRankStatus> for HostAgent {
+    type Reply = Result<RankStatus, String>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: GetRankStatus,
+    ) -> Result<Self::Reply, ActorError> {
+        Ok(self.manager.rank_status(&m.name).map_err(|e| e.to_string()))
+    }
+}
+
+impl Handler<GetState> for HostAgent {
+    type Reply = Result<ProcState, String>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: GetState,
+    ) -> Result<Self::Reply, ActorError> {
+        Ok(self.manager.state(&m.name).map_err(|e| e.to_string()))
+    }
+}
+
+impl Handler<Stop> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(&mut self, _cx: &Context<Self>, m: Stop) -> Result<Self::Reply, ActorError> {
+        if let Err(e) = self.manager.state(&m.name) {
+            return Ok(Err(e.to_string()));
+        }
+        // Invariant 2: the final status arrives as a push.
+        let manager = self.manager.clone();
+        tokio::spawn(async move {
+            let _ = manager
+                .stop(&m.name, Duration::from_millis(m.grace_ms))
+                .await;
+        });
+        Ok(Ok(()))
+    }
+}
+
+impl Handler<ShutdownHost> for HostAgent {
+    type Reply = ();
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: ShutdownHost,
+    ) -> Result<Self::Reply, ActorError> {
+        tracing::info!(
+            grace_ms = m.grace_ms,
+            max_concurrency = m.max_concurrency,
+            "ShutdownHost"
+        );
+        let manager = self.manager.clone();
+        let exit = self.exit.clone();
+        tokio::spawn(async move {
+            manager
+                .shutdown(Duration::from_millis(m.grace_ms), m.max_concurrency)
+                .await;
+            exit.notify_one();
+        });
+        Ok(())
+    }
+}
+
+impl Handler<SetAddressBook> for HostAgent {
+    type Reply = ();
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: SetAddressBook,
+    ) -> Result<Self::Reply, ActorError> {
+        self.manager.set_address_book(m.hosts);
+        Ok(())
+    }
+}
+
+impl Handler<CheckIn> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(&mut self, _cx: &Context<Self>, m: CheckIn) -> Result<Self::Reply, ActorError> {
+        tracing::info!(proc = %m.name, addr = %m.addr, "runtime-aware proc checked in");
+        Ok(self
+            .manager
+            .check_in(&m.name, m.addr)
+            .map_err(|e| e.to_string()))
+    }
+}
+
+impl Handler<Subscribe> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        m: Subscribe,
+    ) -> Result<Self::Reply, ActorError> {
+        self.subscribers
+            .retain(|_, closed| !closed.load(Ordering::SeqCst));
+        // Invariant 3: a repeated subscription replaces the old one.
+        if let Some(old) = self.subscribers.remove(m.port.id()) {
+            old.store(true, Ordering::SeqCst);
+        }
+        if self.subscribers.len() >= MAX_SUBSCRIBERS {
+            return Ok(Err(format!(
+                "this agent already serves {MAX_SUBSCRIBERS} subscribers"
+            )));
+        }
+        let closed = Arc::new(AtomicBool::new(false));
+        let pusher = Pusher {
+            port: m.port.clone(),
+            closed: closed.clone(),
+        };
+        let pusher = cx
+            .spawn_child(pusher)
+            .await
+            .map_err(|e| ActorError::new(format!("cannot start a subscriber: {e}")))?;
+        tracing::info!(subscriber = %m.port.id(), "subscribed");
+        self.subscribers.insert(m.port.id().clone(), closed.clone());
+        let sub = Subscription::new(self.manager.clone(), self.heartbeat);
+        pump(cx.proc_ref().clone(), pusher, sub, closed);
+        Ok(Ok(()))
+    }
+}
+
+/// Feeds one subscription to its pusher actor until it closes.
+pub(crate) fn pump(
+    proc: Proc,
+    pusher: ActorRef<Pusher>,
+    mut sub: Subscription,
+    closed: Arc<AtomicBool>,
+) {
+    tokio::spawn(async move {
+        while !closed.load(Ordering::SeqCst) {
+            let push = sub.next().await;
+            if closed.load(Ordering::SeqCst) || pusher.send(&proc, &Forward(push)).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// A push on its way to a subscriber (local to the agent's proc).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Forward(pub(crate) AgentPush);
+
+/// Sends pushes to one subscriber's port; stops when they come back
+/// undeliverable (the subscriber is gone).
+pub(crate) struct Pusher {
+    pub(crate) port: PortRef<AgentPush>,
+    pub(crate) closed: Arc<AtomicBool>,
+}
+
+impl Actor for Pusher {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<Forward>();
+    }
+
+    async fn handle_undeliverable(
+        &mut self,
+        cx: &Context<Self>,
+        message: Undeliverable,
+    ) -> Result<(), ActorError> {
+        tracing::info!(subscriber = %self.port.id(), reason = %message, "subscriber gone; dropping it");
+        self.closed.store(true, Ordering::SeqCst);
+        cx.stop("subscriber gone");
+        Ok(())
+    }
+
+    async fn cleanup(&mut self, _cx: &Context<Self>, _status: &crate::ActorStatus) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Forward> for Pusher {
+    type Reply = ();
+    async fn handle(&mut self, cx: &Context<Self>, m: Forward) -> Result<(), ActorError> {
+        if self.closed.load(Ordering::SeqCst) {
+            cx.stop("subscription replaced");
+            return Ok(());
+        }
+        self.port
+            .send(cx, &m.0)
+            .await
+            .map_err(|e| ActorError::new(format!("cannot push to {}: {e}", self.port.id())))
+    }
+}
+
+/// `--supervisor`: dials the supervisor at `target` (`host:port`, resolved
+/// on every attempt) and subscribes it to this agent's pushes; redials with
+/// backoff whenever the connection is lost, and each new subscription starts
+/// with a full snapshot, so the supervisor misses nothing.
+pub(crate) fn dial_supervisor(proc: Proc, agent: ActorRef<HostAgent>, target: String) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match dial_once(&proc, &target).await {
+                Ok(peer) => {
+                    let mut lost = proc.lost_watch(&peer);
+                    if let Some(l) = lost.as_mut() {
+                        l.borrow_and_update();
+                    }
+                    let inbox = match peer.actor(super::client::SUPERVISOR_ACTOR, 0) {
+                        Ok(id) => ActorRef::<super::client::SupervisorInbox>::attest(id),
+                        Err(e) => {
+                            tracing::error!(error = %e, "supervisor id");
+                            return;
+                        }
+                    };
+                    let port = inbox.port::<AgentPush>();
+                    if let Err(e) = agent.send(&proc, &Subscribe { port }).await {
+                        tracing::warn!(error = %e, "cannot subscribe the supervisor");
+                    } else {
+                        tracing::info!(supervisor = %peer, "pushing state to the supervisor");
+                        backoff = Duration::from_millis(100);
+                        match lost.as_mut() {
+                            Some(l) => {
+                                let _ = l.changed().await;
+                            }
+                            None => return,
+                        }
+                        tracing::warn!(supervisor = %peer, "connection to the supervisor lost; redialing");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(supervisor = %target, error = %e, ?backoff, "cannot reach the supervisor; retrying");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    });
+}
+
+async fn dial_once(proc: &Proc, target: &str) -> Result<crate::ProcId, String> {
+    let addr = tokio::net::lookup_host(target)
+        .await
+        .map_err(|e| format!("cannot resolve {target}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{target} resolves to no address"))?;
+    proc.connect(&crate::ChannelAddr::Tcp(addr))
+        .await
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,265 @@
+//! Messages and ports: typed references to ports ([`PortRef`],
+//! [`OncePortRef`]) and their receivers.
+//!
+//! Port numbers:
+//! 1. `0` is every actor's undeliverable port (returned messages);
+//! 2. numbers with the top bit set are ports opened with
+//!    [`Proc::open_port`] / [`Proc::open_once_port`], unique per proc;
+//! 3. every other number is an actor's handler port for one message type:
+//!    a stable FNV-1a hash of the type's Rust path (`std::any::type_name`),
+//!    so both sides must use the same message type (the same crate path).
+
+use std::marker::PhantomData;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Error;
+use crate::channel::Envelope;
+use crate::id::{ActorId, PortId};
+use crate::proc::{CanSend, Proc};
+
+/// A message: any serde type that can cross threads. Encoded with postcard.
+pub trait Message: Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Serialize + DeserializeOwned + Send + 'static> Message for T {}
+
+/// The undeliverable port of every actor.
+pub(crate) const UNDELIVERABLE_PORT: u64 = 0;
+/// The bit marking opened (not handler) ports.
+pub(crate) const OPEN_PORT_BIT: u64 = 1 << 63;
+
+/// The handler port of message type `M`.
+pub(crate) fn handler_port<M: 'static>() -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::any::type_name::<M>().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let p = h & !OPEN_PORT_BIT;
+    if p == UNDELIVERABLE_PORT { 1 } else { p }
+}
+
+pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
+    postcard::to_allocvec(msg)
+        .map(Bytes::from)
+        .map_err(|e| Error::Encode(e.to_string()))
+}
+
+pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, Error> {
+    postcard::from_bytes(&env.payload).map_err(|e| Error::Decode {
+        from: env.sender.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// A typed reference to a port that accepts any number of `M`s.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct PortRef<M> {
+    id: PortId,
+    #[serde(skip)]
+    _m: PhantomData<fn(M)>,
+}
+
+impl<M> Clone for PortRef<M> {
+    fn clone(&self) -> Self {
+        PortRef {
+            id: self.id.clone(),
+            _m: PhantomData,
+        }
+    }
+}
+
+impl<M> PartialEq for PortRef<M> {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl<M: Message> PortRef<M> {
+    /// A typed reference to an existing port; the caller vouches for the type.
+    pub fn attest(id: PortId) -> Self {
+        PortRef {
+            id,
+            _m: PhantomData,
+        }
+    }
+
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// Sends `msg` to the port (fire and forget; failures come back to the
+    /// sender as undeliverable).
+    pub async fn send(&self, cx: &impl CanSend, msg: &M) -> Result<(), Error> {
+        let payload = encode(msg)?;
+        cx.proc()
+            .post(cx.sender_id(), self.id.clone(), None, payload)
+            .await;
+        Ok(())
+    }
+}
+
+/// A typed reference to a port that accepts one `M` (a reply port).
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct OncePortRef<M> {
+    id: PortId,
+    #[serde(skip)]
+    _m: PhantomData<fn(M)>,
+}
+
+impl<M: Message> OncePortRef<M> {
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// Sends the one message.
+    pub async fn send(self, cx: &impl CanSend, msg: &M) -> Result<(), Error> {
+        let payload = encode(msg)?;
+        cx.proc().post(cx.sender_id(), self.id, None, payload).await;
+        Ok(())
+    }
+}
+
+/// Receives the messages sent to a [`PortRef`]; dropping it closes the port.
+pub struct PortReceiver<M> {
+    rx: mpsc::Receiver<Envelope>,
+    proc: Proc,
+    port: u64,
+    _m: PhantomData<fn() -> M>,
+}
+
+impl<M: Message> PortReceiver<M> {
+    /// The next message; `Err(PortClosed)` when the proc shuts down.
+    pub async fn recv(&mut self) -> Result<M, Error> {
+        let env = self.recv_envelope().await?;
+        decode(&env)
+    }
+
+    /// The next message and its sender.
+    pub async fn recv_from(&mut self) -> Result<(ActorId, M), Error> {
+        let env = self.recv_envelope().await?;
+        Ok((env.sender.clone(), decode(&env)?))
+    }
+
+    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, Error> {
+        self.rx.recv().await.ok_or(Error::PortClosed)
+    }
+}
+
+impl<M> Drop for PortReceiver<M> {
+    fn drop(&mut self) {
+        self.proc.close_port(self.port);
+    }
+}
+
+/// Receives the one message sent to a [`OncePortRef`].
+pub struct OnceReceiver<M> {
+    rx: Option<oneshot::Receiver<Envelope>>,
+    proc: Proc,
+    port: u64,
+    _m: PhantomData<fn() -> M>,
+}
+
+impl<M: Message> OnceReceiver<M> {
+    /// Waits for the message. An undeliverable bounce or a failed handler
+    /// arrives as `Err(CallFailed)`.
+    pub async fn recv(mut self) -> Result<M, Error> {
+        let env = self.recv_envelope().await?;
+        decode(&env)
+    }
+
+    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, Error> {
+        let rx = self.rx.as_mut().ok_or(Error::PortClosed)?;
+        let env = rx.await.map_err(|_| Error::PortClosed)?;
+        self.rx = None;
+        if let Some(reason) = &env.error {
+            return Err(Error::CallFailed {
+                dest: env.sender.to_string(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(env)
+    }
+}
+
+impl<M> Drop for OnceReceiver<M> {
+    fn drop(&mut self) {
+        if self.rx.is_some() {
+            self.proc.close_port(self.port);
+        }
+    }
+}
+
+pub(crate) fn port_pair<M>(
+    proc: &Proc,
+    owner: &ActorId,
+    capacity: usize,
+) -> (PortRef<M>, PortReceiver<M>) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let port = proc.register_port(crate::proc::PortSink::Many(tx));
+    (
+        PortRef {
+            id: owner.port(port),
+            _m: PhantomData,
+        },
+        PortReceiver {
+            rx,
+            proc: proc.clone(),
+            port,
+            _m: PhantomData,
+        },
+    )
+}
+
+pub(crate) fn once_pair<M>(proc: &Proc, owner: &ActorId) -> (OncePortRef<M>, OnceReceiver<M>) {
+    let (tx, rx) = oneshot::channel();
+    let port = proc.register_port(crate::proc::PortSink::Once(tx));
+    (
+        OncePortRef {
+            id: owner.port(port),
+            _m: PhantomData,
+        },
+        OnceReceiver {
+            rx: Some(rx),
+            proc: proc.clone(),
+            port,
+            _m: PhantomData,
+        },
+    )
+}
+
+impl<T> std::fmt::Debug for PortRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PortRef")
+            .field(&format_args!("{}", self.id))
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Debug for OncePortRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OncePortRef")
+            .field(&format_args!("{}", self.id))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_ports_are_stable_and_distinct() {
+        let a = handler_port::<String>();
+        assert_eq!(a, handler_port::<String>());
+        assert_ne!(a, handler_port::<u64>());
+        assert_eq!(a & OPEN_PORT_BIT, 0);
+        assert_ne!(a, UNDELIVERABLE_PORT);
+    }
+}

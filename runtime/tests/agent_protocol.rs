@@ -1,0 +1,546 @@
+//! The agent protocol over real loopback sockets between real processes:
+//! authentication (host::agent invariant 3), requests and pushes through
+//! `AgentClient` (host::client invariants 1-3, host::server invariants 1-3),
+//! outages of the supervisor, `ShutdownHost`, and runtime-aware procs
+//! (host::proc_agent invariants 1-3).
+
+mod agent_common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agent_common::PATIENCE;
+use agent_common::child::{ChildAgent, SECRET, child_agent_main, wait_all_gone};
+use hostmesh_runtime::host::protocol::{
+    AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcSpec, ProcState, ProcStatus,
+};
+use hostmesh_runtime::host::{
+    ActorState, AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, GetActorState,
+    Keepalive, SpawnFor, join_host, mesh_ref,
+};
+use hostmesh_runtime::{
+    Actor, ActorError, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers, ProcId,
+    RemoteSpawn,
+};
+use tokio::sync::mpsc;
+
+/// Entry point of the child agent process (agent_common/child.rs).
+#[test]
+#[ignore = "entry point of the child agent process that the other tests start"]
+fn child_agent() {
+    child_agent_main();
+}
+
+/// An actor a runtime-aware proc offers: answers `<RANK>:<text>`.
+struct Echo {
+    rank: String,
+}
+
+impl Actor for Echo {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<String>();
+    }
+}
+
+impl Handler<String> for Echo {
+    type Reply = String;
+    async fn handle(&mut self, _cx: &Context<Self>, s: String) -> Result<String, ActorError> {
+        Ok(format!("{}:{s}", self.rank))
+    }
+}
+
+impl RemoteSpawn for Echo {
+    type Params = ();
+    async fn new(_: ()) -> Result<Self, ActorError> {
+        Ok(Echo {
+            rank: std::env::var("RANK").unwrap_or_default(),
+        })
+    }
+}
+
+/// Entry point of a runtime-aware proc the agent starts: joins the host
+/// with `Echo` registered and runs until SIGTERM (then exits 0).
+#[test]
+#[ignore = "entry point of the runtime-aware proc that the agent starts"]
+fn child_echo_proc() {
+    if std::env::var_os("HOSTMESH_TEST_CHILD_ECHO").is_none() {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        let _joined = join_host(|b| b.register::<Echo>()).await.unwrap();
+        term.recv().await;
+    });
+    std::process::exit(0);
+}
+
+fn config() -> ClientConfig {
+    ClientConfig {
+        call_timeout: Duration::from_secs(10),
+        heartbeat_timeout: Duration::from_secs(2),
+        backoff_initial: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        listen: None,
+    }
+}
+
+async fn client(name: &str, secret: &[u8]) -> (AgentClient, mpsc::Receiver<AgentEvent>) {
+    let (tx, rx) = mpsc::channel(4096);
+    (
+        AgentClient::new(name, secret, config(), tx).await.unwrap(),
+        rx,
+    )
+}
+
+fn sh(name: &str, rank: usize, script: &str) -> CreateOrUpdate {
+    let mut spec = ProcSpec::command("sh", &["-c", script]);
+    spec.proc_mesh = "mesh".into();
+    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", 16)];
+    CreateOrUpdate {
+        name: name.into(),
+        rank,
+        spec,
+        incarnation: 0,
+    }
+}
+
+/// Next event, bounded by [`PATIENCE`].
+async fn next(rx: &mut mpsc::Receiver<AgentEvent>) -> AgentEvent {
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("an agent event within the patience bound")
+        .expect("event channel open")
+}
+
+/// Skips events until a `Snapshot`; returns its procs.
+async fn snapshot(rx: &mut mpsc::Receiver<AgentEvent>) -> Vec<ProcState> {
+    for _ in 0..1000 {
+        if let AgentEventKind::Push(AgentPush::Snapshot { procs, .. }) = next(rx).await.kind {
+            return procs;
+        }
+    }
+    panic!("no snapshot");
+}
+
+/// Skips events until proc `name` changes to a state matching `pred`.
+async fn change(
+    rx: &mut mpsc::Receiver<AgentEvent>,
+    name: &str,
+    pred: impl Fn(&ProcState) -> bool,
+) -> ProcState {
+    for _ in 0..10_000 {
+        if let AgentEventKind::Push(AgentPush::Changed(c)) = next(rx).await.kind
+            && c.state.name == name
+            && pred(&c.state)
+        {
+            return c.state;
+        }
+    }
+    panic!("no matching change for {name}");
+}
+
+async fn poll_state(
+    c: &AgentClient,
+    addr: SocketAddr,
+    name: &str,
+    pred: impl Fn(&ProcState) -> bool,
+) -> ProcState {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let st = c.get_state(addr, name).await.unwrap();
+        if pred(&st) {
+            return st;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never matched; last {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_refused_and_can_do_nothing() {
+    let agent = ChildAgent::start(&[], &[]);
+    let addr = agent.addr();
+    let (intruder, _ev) = client("intruder", b"not-the-world-secret-not-the-world").await;
+    let e = intruder
+        .create_or_update(addr, sh("evil", 0, "touch /tmp/hostmesh-pwned"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Call { .. }), "{e}");
+    assert!(intruder.get_state(addr, "evil").await.is_err());
+    let logged = agent.err_line("handshake failed");
+    assert!(
+        !logged.contains(SECRET),
+        "the secret never appears in logs: {logged}"
+    );
+
+    let (operator, _ev) = client("operator", SECRET.as_bytes()).await;
+    let e = operator.get_state(addr, "evil").await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { message, .. } if message.contains("no proc")),
+        "{e}"
+    );
+    assert!(!agent.stderr_text().contains(SECRET));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_drives_procs_and_receives_every_change() {
+    let agent = ChildAgent::start(&[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")], &[]);
+    let addr = agent.addr();
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    c.watch(0, addr);
+    let ev = next(&mut rx).await;
+    assert_eq!(ev.host.addr, addr);
+    assert!(matches!(ev.kind, AgentEventKind::Connected), "{ev:?}");
+    assert!(snapshot(&mut rx).await.is_empty());
+
+    let boom = sh("boom", 0, "echo boom >&2; exit 3");
+    assert_eq!(
+        c.create_or_update(addr, boom.clone()).await.unwrap(),
+        CreateOutcome::Created
+    );
+    assert_eq!(
+        c.create_or_update(addr, boom.clone()).await.unwrap(),
+        CreateOutcome::Unchanged
+    );
+    let st = change(&mut rx, "boom", |s| s.status.is_terminal()).await;
+    assert_eq!(
+        st.status,
+        ProcStatus::Stopped {
+            exit_code: 3,
+            stderr_tail: vec!["boom".into()]
+        }
+    );
+
+    let mut conflict = boom.clone();
+    conflict.spec.args = vec!["-c".into(), "exit 0".into()];
+    let e = c.create_or_update(addr, conflict).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { message, .. } if message.contains("different spec")),
+        "{e}"
+    );
+
+    c.create_or_update(addr, sh("sleeper", 1, "exec sleep 60"))
+        .await
+        .unwrap();
+    change(&mut rx, "sleeper", |s| {
+        matches!(s.status, ProcStatus::Ready { .. })
+    })
+    .await;
+    let rs = c.get_rank_status(addr, "sleeper").await.unwrap();
+    assert_eq!(rs.rank, 1);
+    c.stop(addr, "sleeper", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let st = change(&mut rx, "sleeper", |s| s.status.is_terminal()).await;
+    assert!(
+        matches!(st.status, ProcStatus::Killed { signal: 15, .. }),
+        "{st:?}"
+    );
+    assert!(st.stop_requested);
+    assert_eq!(
+        c.get_state(addr, "sleeper").await.unwrap().status,
+        st.status
+    );
+
+    let mut beats = 0;
+    for _ in 0..1000 {
+        if let AgentEventKind::Push(AgentPush::Heartbeat { procs, .. }) = next(&mut rx).await.kind {
+            assert_eq!(procs, 2);
+            beats += 1;
+            if beats == 3 {
+                break;
+            }
+        }
+    }
+    assert_eq!(beats, 3, "heartbeats keep coming");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervisor_back_after_outage_receives_full_state() {
+    let agent = ChildAgent::start(&[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")], &[]);
+    let addr = agent.addr();
+    {
+        let (first, mut rx) = client("operator", SECRET.as_bytes()).await;
+        first.watch(0, addr);
+        assert!(snapshot(&mut rx).await.is_empty());
+    } // The supervisor goes away.
+
+    // Meanwhile another party changes things on the host.
+    let (other, _ev) = client("other", SECRET.as_bytes()).await;
+    other
+        .create_or_update(addr, sh("done", 0, "exit 0"))
+        .await
+        .unwrap();
+    other
+        .create_or_update(addr, sh("running", 1, "exec sleep 60"))
+        .await
+        .unwrap();
+    poll_state(&other, addr, "done", |s| s.status.is_terminal()).await;
+    poll_state(&other, addr, "running", |s| {
+        matches!(s.status, ProcStatus::Ready { .. })
+    })
+    .await;
+
+    // The supervisor comes back: its first push is the full state.
+    let (back, mut rx) = client("operator", SECRET.as_bytes()).await;
+    back.watch(0, addr);
+    let mut procs = snapshot(&mut rx).await;
+    procs.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(procs.len(), 2, "{procs:?}");
+    assert!(matches!(
+        procs[0].status,
+        ProcStatus::Stopped { exit_code: 0, .. }
+    ));
+    assert!(matches!(procs[1].status, ProcStatus::Ready { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialed_supervisor_restarted_receives_full_state() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sup: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let listening = |name: &'static str| async move {
+        let (tx, rx) = mpsc::channel(4096);
+        let cfg = ClientConfig {
+            listen: Some(sup),
+            ..config()
+        };
+        (
+            AgentClient::new(name, SECRET.as_bytes(), cfg, tx)
+                .await
+                .unwrap(),
+            rx,
+        )
+    };
+    let (first, mut rx) = listening("supervisor").await;
+    let agent = ChildAgent::start(
+        &[
+            ("HOSTMESH_HEARTBEAT_INTERVAL", "100ms"),
+            ("HOSTMESH_SUPERVISOR", &sup.to_string()),
+        ],
+        &["exec sleep 60"],
+    );
+    let addr = agent.addr();
+    // The agent dialed us and sent its state (the start-up proc may come
+    // just before or just after it).
+    snapshot(&mut rx).await;
+    assert_eq!(agent.pids().len(), 1);
+    drop(first);
+    drop(rx);
+
+    let (other, _ev) = client("other", SECRET.as_bytes()).await;
+    other
+        .create_or_update(addr, sh("during-outage", 1, "exit 7"))
+        .await
+        .unwrap();
+    poll_state(&other, addr, "during-outage", |s| s.status.is_terminal()).await;
+
+    let (_second, mut rx) = listening("supervisor").await;
+    let mut procs = snapshot(&mut rx).await;
+    procs.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(procs.len(), 2, "{procs:?}");
+    assert_eq!(procs[0].name, "during-outage");
+    assert!(matches!(
+        procs[0].status,
+        ProcStatus::Stopped { exit_code: 7, .. }
+    ));
+    assert!(matches!(procs[1].status, ProcStatus::Ready { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_host_stops_procs_then_the_agent_exits() {
+    let mut agent = ChildAgent::start(&[], &["exec sleep 60", "exec sleep 61"]);
+    let addr = agent.addr();
+    let pids = agent.pids();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    c.shutdown_host(addr, Duration::from_secs(10), 1)
+        .await
+        .unwrap();
+    let st = tokio::task::spawn_blocking(move || {
+        let st = agent.wait();
+        (st, agent)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert!(st.success(), "{st:?}");
+    wait_all_gone(&pids);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
+    let agent = ChildAgent::start(&[], &[]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let exe = std::env::current_exe().unwrap();
+    let mut spec = ProcSpec::command(
+        exe.to_string_lossy(),
+        &["--ignored", "--exact", "child_echo_proc", "--nocapture"],
+    );
+    spec.env = vec![("HOSTMESH_TEST_CHILD_ECHO".into(), "1".into())];
+    spec.runtime_aware = true;
+    spec.extent = vec![Dim::new("host", 1), Dim::new("gpu", 4)];
+    let req = CreateOrUpdate {
+        name: "echo-2".into(),
+        rank: 2,
+        spec,
+        incarnation: 0,
+    };
+    c.create_or_update(addr, req).await.unwrap();
+    let st = poll_state(&c, addr, "echo-2", |s| {
+        s.status.is_terminal() || matches!(s.status, ProcStatus::Ready { .. })
+    })
+    .await;
+    let ProcStatus::Ready {
+        addr: Some(proc_addr),
+        ..
+    } = st.status
+    else {
+        panic!("a runtime-aware proc is Ready with its address after check-in: {st:?}");
+    };
+    let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-2").unwrap();
+    let mesh = mesh_ref(&proc_id).unwrap();
+    let timeout = Duration::from_secs(10);
+    let spawn = SpawnFor {
+        type_name: std::any::type_name::<Echo>().into(),
+        name: "echo".into(),
+        params: postcard::to_allocvec(&()).unwrap(),
+        client: "operator-1".into(),
+        keepalive_ms: 1500,
+        owner: None,
+    };
+    let id = mesh.call(c.proc(), &spawn, timeout).await.unwrap().unwrap();
+    let echo: ActorRef<Echo> = ActorRef::attest(id.clone());
+    let reply = echo
+        .call(c.proc(), &"hi".to_string(), timeout)
+        .await
+        .unwrap();
+    assert_eq!(reply, "2:hi", "the actor runs in the proc with RANK=2");
+
+    let state = |m: ActorState| m.status;
+    let query = GetActorState {
+        name: "echo".into(),
+    };
+    // Keepalives keep it running...
+    for _ in 0..5 {
+        mesh.send(
+            c.proc(),
+            &Keepalive {
+                client: "operator-1".into(),
+            },
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let st = mesh.call(c.proc(), &query, timeout).await.unwrap().unwrap();
+    assert_eq!(st.actor, id);
+    assert_eq!(state(st), ActorStatus::Running);
+    // ...and without them the actor stops.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let st = mesh.call(c.proc(), &query, timeout).await.unwrap().unwrap();
+        if let ActorStatus::Stopped(reason) = &st.status {
+            assert!(reason.contains("keepalive"), "{reason}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "actor never stopped: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Stopping the proc: it exits 0 on TERM.
+    c.stop(addr, "echo-2", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let st = poll_state(&c, addr, "echo-2", |s| s.status.is_terminal()).await;
+    assert!(
+        matches!(st.status, ProcStatus::Stopped { exit_code: 0, .. }),
+        "{st:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_resubscribes_after_the_agent_restarts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let env = [
+        ("HOSTMESH_PORT", port.as_str()),
+        ("HOSTMESH_HEARTBEAT_INTERVAL", "100ms"),
+    ];
+    let mut first = ChildAgent::start(&env, &["exec sleep 60"]);
+    let addr = first.addr();
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    c.watch(0, addr);
+    assert!(matches!(
+        next(&mut rx).await.kind,
+        AgentEventKind::Connected
+    ));
+
+    first.signal(libc::SIGKILL);
+    first.wait();
+    let mut down = false;
+    for _ in 0..10_000 {
+        if let AgentEventKind::Disconnected { reason } = next(&mut rx).await.kind {
+            assert!(!reason.is_empty());
+            down = true;
+            break;
+        }
+    }
+    assert!(down, "the client reports the lost agent");
+
+    let second = ChildAgent::start(&env, &["exec sleep 61"]);
+    assert_eq!(second.addr(), addr);
+    second.pids();
+    // The client comes back by itself, and the snapshot shows the new
+    // agent's state.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let procs = snapshot(&mut rx).await;
+        if procs.len() == 1 && procs[0].command.last().is_some_and(|c| c.contains("61")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot of the new agent"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_book_gives_master_addr_off_host_zero() {
+    let agent = ChildAgent::start(&[("HOSTMESH_HOST_RANK", "1")], &[]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let mut req = sh(
+        "m",
+        17,
+        "echo master=$MASTER_ADDR:$MASTER_PORT group=$GROUP_RANK",
+    );
+    req.spec.extent = vec![Dim::new("host", 2), Dim::new("proc", 16)];
+    let e = c.create_or_update(addr, req.clone()).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { message, .. } if message.contains("SetAddressBook")),
+        "{e}"
+    );
+    c.set_address_book(addr, vec!["127.0.0.9:26600".into(), addr.to_string()])
+        .await
+        .unwrap();
+    req.spec.master_port = Some(1234);
+    c.create_or_update(addr, req).await.unwrap();
+    agent.line("[mesh/17] master=127.0.0.9:1234 group=1");
+}
