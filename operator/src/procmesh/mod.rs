@@ -396,5 +396,6 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     for id in ctx.hub.mesh_ids(&key, &prefix) {
         ctx.hub.forget_procs(&key, &id);
     }
+    ctx.pacer.forget(&format!("procmesh/{ns}/{name}"));
     Ok(Action::await_change())
 }

@@ -405,6 +405,10 @@ async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
         )));
     }
     ctx.hub.forget_world(&key_of(world));
+    ctx.pacer.forget(&format!(
+        "world/{}/{name}",
+        world.namespace().unwrap_or_default()
+    ));
     ctx.event(
         world,
         false,
