@@ -28,8 +28,8 @@ KUBE_VERSION = "v1.33.0"
 MANAGER_RULES = {
     ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch"},
     ("hostmesh.dev", "procmeshes"): {"get", "list", "watch", "patch", "delete"},
-    ("hostmesh.dev", "worlds/status"): {"patch"},
-    ("hostmesh.dev", "procmeshes/status"): {"patch"},
+    ("hostmesh.dev", "worlds/status"): {"update"},
+    ("hostmesh.dev", "procmeshes/status"): {"update"},
     ("hostmesh.dev", "worlds/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"create", "patch"},
@@ -263,6 +263,35 @@ def check_crds():
     check(names == EXPECTED_CRDS, f"chart CRDs {sorted(names)} != {sorted(EXPECTED_CRDS)}")
 
 
+def api_doc_rules():
+    """The RBAC table of docs/api.md (what the controllers declare they use)."""
+    path = ROOT / "docs" / "api.md"
+    if not check(path.exists(), f"{path} is missing: it declares the controllers' RBAC"):
+        return {}
+    rules, in_table = {}, False
+    for line in path.read_text().splitlines():
+        if line.startswith("### RBAC"):
+            in_table = True
+            continue
+        if in_table and line.startswith("#"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not in_table or len(cells) < 3 or cells[0] in ("API group", "---"):
+            continue
+        group = cells[0].strip("`").replace('""', "")
+        verbs = {v.strip() for v in cells[2].split(",") if v.strip()}
+        for res in re.findall(r"`([^`]+)`", cells[1]):
+            rules.setdefault((group, res), set()).update(verbs)
+    return rules
+
+
+def check_rbac_matches_api_doc():
+    declared = api_doc_rules()
+    check(declared == MANAGER_RULES,
+          f"docs/api.md RBAC and chart-check MANAGER_RULES differ: {perm_diff(declared, MANAGER_RULES)} "
+          "(extra = only in docs/api.md); update the chart's rules, MANAGER_RULES and docs/operations.md together")
+
+
 def check_bad_values():
     for values, fragment in BAD_VALUES:
         try:
@@ -278,6 +307,7 @@ def main():
         check_lint(label, values)
         check_render(label, values)
     check_rule_comments()
+    check_rbac_matches_api_doc()
     check_crds()
     check_bad_values()
     if failures:

@@ -4,6 +4,7 @@
 //! operator's plumbing uses (Leases, Events).
 
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt as _;
@@ -146,37 +147,53 @@ async fn apply_merges_keyed_lists_and_status() {
     let server = ApiServer::start(ApiServerConfig::default())
         .await
         .expect("start");
-    let pods: Api<Pod> = Api::default_namespaced(server.client().expect("client"));
-    let pod = |containers: serde_json::Value| {
+    let client = server.client().expect("client");
+    let deploys: Api<Deployment> = Api::default_namespaced(client.clone());
+    let deploy = |containers: serde_json::Value| {
         Patch::Apply(
-            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": containers}}),
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {
+                "selector": {"matchLabels": {"app": "d"}},
+                "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": containers}},
+            }}),
         )
     };
-    pods.patch(
-        "p",
-        &PatchParams::apply("a"),
-        &pod(json!([{"name": "one", "image": "i:1"}])),
-    )
-    .await
-    .expect("a");
-    let p = pods
+    deploys
         .patch(
-            "p",
+            "d",
+            &PatchParams::apply("a"),
+            &deploy(json!([{"name": "one", "image": "i:1"}])),
+        )
+        .await
+        .expect("a");
+    let d = deploys
+        .patch(
+            "d",
             &PatchParams::apply("b"),
-            &pod(json!([{"name": "two", "image": "i:2"}])),
+            &deploy(json!([{"name": "two", "image": "i:2"}])),
         )
         .await
         .expect("b adds a container by key");
-    let names: Vec<String> = p
+    let names: Vec<String> = d
         .spec
-        .clone()
         .expect("spec")
+        .template
+        .spec
+        .expect("pod")
         .containers
         .into_iter()
         .map(|c| c.name)
         .collect();
     assert_eq!(names, ["one", "two"]);
 
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let p = pods
+        .patch(
+            "p",
+            &PatchParams::apply("a"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "one", "image": "i:1"}]}})),
+        )
+        .await
+        .expect("pod");
     // Status apply through the subresource.
     let generation = p.metadata.generation;
     let st = Patch::Apply(

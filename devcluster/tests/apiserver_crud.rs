@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Discovery};
@@ -259,24 +260,34 @@ async fn create_get_update_patch_delete() {
 #[tokio::test]
 async fn strategic_merge_uses_merge_keys() {
     let (server, client) = start().await;
-    let pods: Api<Pod> = Api::default_namespaced(client);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-        "spec": {"containers": [
-            {"name": "a", "image": "img:1", "env": [{"name": "X", "value": "1"}]},
-            {"name": "b", "image": "img:1"},
-        ]},
+    let deploys: Api<Deployment> = Api::default_namespaced(client);
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [
+                {"name": "a", "image": "img:1", "env": [{"name": "X", "value": "1"}]},
+                {"name": "b", "image": "img:1"},
+            ]}},
+        },
     }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
+    .expect("deployment");
+    deploys
+        .create(&PostParams::default(), &d)
         .await
         .expect("create");
-    let patch = json!({"spec": {"containers": [{"name": "a", "image": "img:2", "env": [{"name": "Y", "value": "2"}]}]}});
-    let p = pods
-        .patch("p", &PatchParams::default(), &Patch::Strategic(patch))
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "img:2", "env": [{"name": "Y", "value": "2"}]}]}}}});
+    let d = deploys
+        .patch("d", &PatchParams::default(), &Patch::Strategic(patch))
         .await
         .expect("smp");
-    let cs = p.spec.expect("spec").containers;
+    let cs = d
+        .spec
+        .expect("spec")
+        .template
+        .spec
+        .expect("pod spec")
+        .containers;
     assert_eq!(cs.len(), 2, "containers merge by name");
     assert_eq!(cs[0].image.as_deref(), Some("img:2"));
     let env: Vec<String> = cs[0]
@@ -287,12 +298,72 @@ async fn strategic_merge_uses_merge_keys() {
         .map(|e| e.name)
         .collect();
     assert_eq!(env, ["X", "Y"], "env merges by name");
-    let del = json!({"spec": {"containers": [{"name": "b", "$patch": "delete"}]}});
-    let p = pods
-        .patch("p", &PatchParams::default(), &Patch::Strategic(del))
+    let del = json!({"spec": {"template": {"spec": {"containers": [{"name": "b", "$patch": "delete"}]}}}});
+    let d = deploys
+        .patch("d", &PatchParams::default(), &Patch::Strategic(del))
         .await
         .expect("smp delete");
-    assert_eq!(p.spec.expect("spec").containers.len(), 1);
+    assert_eq!(
+        d.spec
+            .expect("spec")
+            .template
+            .spec
+            .expect("pod spec")
+            .containers
+            .len(),
+        1
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn pod_spec_is_immutable_except_images_and_secrets_fold_string_data() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "a", "image": "img:1"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    let img = json!({"spec": {"containers": [{"name": "a", "image": "img:2"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Strategic(img))
+        .await
+        .expect("image changes are allowed");
+    let env =
+        json!({"spec": {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}]}]}});
+    let (code, msg) = api_status(
+        pods.patch("p", &PatchParams::default(), &Patch::Strategic(env))
+            .await
+            .expect_err("env"),
+    );
+    assert_eq!(code, 422);
+    assert!(msg.contains("pod updates may not change fields"), "{msg}");
+    let node = json!({"spec": {"nodeName": "n1"}});
+    let (code, _) = api_status(
+        pods.patch("p", &PatchParams::default(), &Patch::Merge(node))
+            .await
+            .expect_err("nodeName"),
+    );
+    assert_eq!(code, 422, "binding is the only way to set nodeName");
+
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+        "data": {"a": "eA=="}, "stringData": {"b": "hello"},
+    }))
+    .expect("secret");
+    let s = secrets
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("create");
+    assert!(s.string_data.is_none(), "stringData is write-only");
+    let data = s.data.expect("data");
+    assert_eq!(data["b"].0, b"hello");
+    assert_eq!(data["a"].0, b"x");
+    assert_eq!(s.type_.as_deref(), Some("Opaque"));
     server.shutdown().await;
 }
 
@@ -733,5 +804,49 @@ async fn crd_versions_share_storage_and_prefer_the_highest() {
         .find(|g| g.name() == "example.dev")
         .expect("group");
     assert_eq!(g.preferred_version_or_latest(), "v1");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn services_get_a_stable_cluster_ip_and_headless_stays_headless() {
+    use k8s_openapi::api::core::v1::Service;
+    let (server, client) = start().await;
+    let svcs: Api<Service> = Api::default_namespaced(client);
+    let svc = |name: &str, cluster_ip: Option<&str>| -> Service {
+        let mut spec = json!({"selector": {"app": name}, "ports": [{"port": 80}]});
+        if let Some(ip) = cluster_ip {
+            spec["clusterIP"] = json!(ip);
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec})).expect("svc")
+    };
+    let s = svcs
+        .create(&PostParams::default(), &svc("web", None))
+        .await
+        .expect("create");
+    let spec = s.spec.expect("spec");
+    let ip = spec.cluster_ip.clone().expect("cluster IP");
+    assert!(ip.starts_with("10.96."), "{ip}");
+    assert_eq!(
+        spec.ports.expect("ports")[0].protocol.as_deref(),
+        Some("TCP")
+    );
+    // An update that omits the IP keeps it.
+    let s = svcs
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterIP": null, "clusterIPs": null}})),
+        )
+        .await
+        .expect("patch");
+    assert_eq!(
+        s.spec.expect("spec").cluster_ip.as_deref(),
+        Some(ip.as_str())
+    );
+    let h = svcs
+        .create(&PostParams::default(), &svc("world", Some("None")))
+        .await
+        .expect("headless");
+    assert_eq!(h.spec.expect("spec").cluster_ip.as_deref(), Some("None"));
     server.shutdown().await;
 }

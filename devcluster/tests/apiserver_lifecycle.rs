@@ -207,6 +207,14 @@ async fn namespace_deletion_removes_contents() {
         }
     }
     assert!(gone(&nss, "team").await);
+    let err = nss
+        .delete("default", &DeleteParams::default())
+        .await
+        .expect_err("protected");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
     assert!(
         cms.list(&ListParams::default())
             .await
@@ -333,4 +341,66 @@ async fn persistence_keeps_objects_and_credentials_across_restart() {
         .expect("num");
     assert!(rv2 > rv, "resourceVersions keep growing");
     server.shutdown().await;
+}
+
+#[tokio::test]
+async fn kube_runtime_finalizer_helper_adds_and_removes_its_finalizer() {
+    use kube::runtime::controller::Action;
+    use kube::runtime::finalizer::{Event, finalizer};
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    cms.create(&PostParams::default(), &cm("fin"))
+        .await
+        .expect("create");
+    let cleaned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run = |obj: ConfigMap| {
+        let cms = cms.clone();
+        let cleaned = cleaned.clone();
+        async move {
+            finalizer(
+                &cms,
+                "example.dev/cleanup",
+                std::sync::Arc::new(obj),
+                |ev| async move {
+                    if let Event::Cleanup(_) = ev {
+                        cleaned.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Ok::<_, kube::Error>(Action::await_change())
+                },
+            )
+            .await
+        }
+    };
+    // First pass adds the finalizer (JSON patch: test null + add).
+    run(cms.get("fin").await.expect("get"))
+        .await
+        .expect("add finalizer");
+    let got = cms.get("fin").await.expect("get");
+    assert_eq!(got.finalizers(), ["example.dev/cleanup"]);
+    // Deleting waits for the cleanup, which removes the finalizer.
+    cms.delete("fin", &DeleteParams::default())
+        .await
+        .expect("delete");
+    run(cms.get("fin").await.expect("still there"))
+        .await
+        .expect("cleanup");
+    assert!(cleaned.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(gone(&cms, "fin").await);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_corrupt_state_file_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("state.json"), "{not json").expect("write");
+    let cfg = ApiServerConfig {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..ApiServerConfig::default()
+    };
+    let err = ApiServer::start(cfg).await.expect_err("corrupt state");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("state.json") && msg.contains("move it away"),
+        "{msg}"
+    );
 }

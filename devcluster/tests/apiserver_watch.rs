@@ -362,3 +362,86 @@ async fn streaming_list_sends_initial_events_then_end_bookmark() {
     task.abort();
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn metadata_only_get_list_and_watch() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    api.create(&PostParams::default(), &cm("m", json!({"k": "v"})))
+        .await
+        .expect("create");
+    let m = api.get_metadata("m").await.expect("get metadata");
+    assert_eq!(
+        m.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    assert_eq!(
+        m.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("k"))
+            .map(String::as_str),
+        Some("v")
+    );
+    let l = api
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list metadata");
+    assert_eq!(l.items.len(), 1);
+    let (reader, writer) = reflector::store();
+    let meta_api: Api<kube::core::PartialObjectMeta<ConfigMap>> =
+        Api::default_namespaced(server.client().expect("client"));
+    let stream = reflector(writer, watcher(meta_api, watcher::Config::default()));
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while let Ok(Some(_)) = s.try_next().await {}
+    });
+    tokio::time::timeout(Duration::from_secs(20), reader.wait_until_ready())
+        .await
+        .expect("in time")
+        .expect("ready");
+    api.create(&PostParams::default(), &cm("m2", json!({})))
+        .await
+        .expect("create");
+    eventually("metadata watcher sees m2", || {
+        reader.state().iter().any(|o| o.name_any() == "m2")
+    })
+    .await;
+    task.abort();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn first_watch_of_a_quiet_resource_from_an_older_list_is_not_gone() {
+    use k8s_openapi::api::core::v1::Secret;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let client = server.client().expect("client");
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    let rv = secrets
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
+    // Other resources move the global resourceVersion on.
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    for i in 0..3 {
+        cms.create(&PostParams::default(), &cm(&format!("q{i}"), json!({})))
+            .await
+            .expect("create");
+    }
+    let mut w = secrets
+        .watch(&WatchParams::default().timeout(2), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    while let Some(ev) = w.try_next().await.expect("stream") {
+        assert!(!matches!(ev, WatchEvent::Error(_)), "unexpected {ev:?}");
+    }
+    server.shutdown().await;
+}

@@ -146,6 +146,12 @@ async fn version_and_api_resources() {
     for r in ["pods", "leases", "customresourcedefinitions", "events"] {
         assert!(out.contains(r), "{r} missing from api-resources:\n{out}");
     }
+    // One admin identity: access reviews allow, whoami names it.
+    assert_eq!(
+        env.ok(&["auth", "can-i", "delete", "pods"]).await.trim(),
+        "yes"
+    );
+    assert!(env.ok(&["auth", "whoami"]).await.contains("hostmesh-admin"));
     env.server.shutdown().await;
 }
 
@@ -185,11 +191,31 @@ async fn client_side_apply_get_describe_delete() {
         "{out}"
     );
 
-    // Built-in types: pods merge by container name through client-side apply.
-    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: c\n    image: busybox:1\n    env: [{name: A, value: \"1\"}]\n";
+    // Built-in types merge lists by key through client-side apply.
+    let deploy = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d1\nspec:\n  selector: {matchLabels: {app: d1}}\n  template:\n    metadata: {labels: {app: d1}}\n    spec:\n      containers:\n      - name: c\n        image: busybox:1\n        env: [{name: A, value: \"1\"}]\n";
+    let df = env.write("deploy.yaml", deploy);
+    env.ok(&["apply", "-f", p(&df)]).await;
+    let df2 = env.write("deploy2.yaml", &deploy.replace("\"1\"", "\"2\""));
+    assert!(
+        env.ok(&["apply", "-f", p(&df2)])
+            .await
+            .contains("configured")
+    );
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "deploy",
+            "d1",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].env[0].value}"
+        ])
+        .await,
+        "2"
+    );
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: c\n    image: busybox:1\n";
     let pf = env.write("pod.yaml", pod);
     env.ok(&["apply", "-f", p(&pf)]).await;
-    let pf2 = env.write("pod2.yaml", &pod.replace("\"1\"", "\"2\""));
+    let pf2 = env.write("pod2.yaml", &pod.replace("busybox:1", "busybox:2"));
     assert!(
         env.ok(&["apply", "-f", p(&pf2)])
             .await
@@ -200,19 +226,17 @@ async fn client_side_apply_get_describe_delete() {
         out.contains("READY") && out.contains("p1") && out.contains("Pending"),
         "{out}"
     );
-    assert_eq!(
-        env.ok(&[
-            "get",
-            "pod",
-            "p1",
-            "-o",
-            "jsonpath={.spec.containers[0].env[0].value}"
-        ])
-        .await,
-        "2"
-    );
     let out = env.ok(&["describe", "pod", "p1"]).await;
-    assert!(out.contains("busybox:1"), "{out}");
+    assert!(out.contains("busybox:2"), "{out}");
+    let pf3 = env.write(
+        "pod3.yaml",
+        &pod.replace("image: busybox:1", "image: busybox:1\n    args: [x]"),
+    );
+    let (ok, _, err) = env.run(&["apply", "-f", p(&pf3)]).await;
+    assert!(
+        !ok && err.contains("pod updates may not change fields"),
+        "{err}"
+    );
 
     assert!(env.ok(&["delete", "-f", p(&g2)]).await.contains("deleted"));
     let (ok, _, err) = env.run(&["get", "gadget", "g1"]).await;
@@ -282,6 +306,38 @@ async fn server_side_apply_conflicts_and_force() {
         ])
         .await;
     assert!(mf.contains("other"), "{mf}");
+
+    // kubectl diff runs a server-side dry-run apply: nothing is stored.
+    let (same, out, _) = env
+        .run(&[
+            "diff",
+            "--server-side",
+            "--field-manager=other",
+            "-f",
+            p(&g2),
+        ])
+        .await;
+    assert!(same, "no difference expected:\n{out}");
+    let (same, out, _) = env
+        .run(&[
+            "diff",
+            "--server-side",
+            "--field-manager=other",
+            "--force-conflicts",
+            "-f",
+            p(&g),
+        ])
+        .await;
+    assert!(
+        !same && out.contains("-  size: 4") && out.contains("+  size: 3"),
+        "{out}"
+    );
+    assert_eq!(
+        env.ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec.size}"])
+            .await,
+        "4",
+        "dry run stored nothing"
+    );
 
     // Validation errors come back as a clear 422.
     let bad = env.write("bad.yaml", &GADGET.replace("size: 3", "size: 0"));

@@ -352,3 +352,76 @@ async fn images_map_to_programs_through_the_table() {
     );
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_run_as_the_security_context_user() {
+    let c = Cluster::start(245).await;
+    c.create_pod(
+        r#"
+metadata: {name: nobody}
+spec:
+  restartPolicy: Never
+  securityContext: {runAsUser: 65534, runAsGroup: 65534, fsGroup: 2000}
+  volumes: [{name: scratch, emptyDir: {}}]
+  initContainers:
+  - name: root-setup
+    image: busybox
+    securityContext: {runAsUser: 0}
+    command: [sh, -c, 'id -u > /hostmesh-kubelet-test/scratch/setup-uid']
+    volumeMounts: [{name: scratch, mountPath: /hostmesh-kubelet-test/scratch}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'echo "$(id -u):$(id -g):$(id -G) setup=$(cat setup-uid)"; echo hi > mine && echo wrote']
+    workingDir: /hostmesh-kubelet-test/scratch
+    volumeMounts: [{name: scratch, mountPath: /hostmesh-kubelet-test/scratch}]
+"#,
+    )
+    .await;
+    c.wait_pod("nobody", "phase Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    assert_eq!(
+        c.kubelet().logs("default", "nobody", "main", None).unwrap(),
+        "65534:65534:65534 2000 setup=0\nwrote\n"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_paths_mount_one_file_or_directory_of_a_volume() {
+    let c = Cluster::start(249).await;
+    c.create::<ConfigMap>("metadata: {name: files}\ndata: {app.conf: 'x=2', other: 'no'}\n")
+        .await;
+    c.create_pod(
+        r#"
+metadata: {name: subpaths}
+spec:
+  restartPolicy: Never
+  volumes:
+  - {name: conf, configMap: {name: files}}
+  - {name: data, emptyDir: {}}
+  initContainers:
+  - name: seed
+    image: busybox
+    command: [sh, -c, 'mkdir -p /hostmesh-kubelet-test/all/part && echo seeded > /hostmesh-kubelet-test/all/part/f']
+    volumeMounts: [{name: data, mountPath: /hostmesh-kubelet-test/all}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'cat /hostmesh-kubelet-test/sub/app.conf; echo; cat /hostmesh-kubelet-test/part/f; ls /hostmesh-kubelet-test/sub']
+    volumeMounts:
+    - {name: conf, mountPath: /hostmesh-kubelet-test/sub/app.conf, subPath: app.conf}
+    - {name: data, mountPath: /hostmesh-kubelet-test/part, subPath: part}
+"#,
+    )
+    .await;
+    c.wait_pod("subpaths", "phase Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    assert_eq!(
+        c.kubelet()
+            .logs("default", "subpaths", "main", None)
+            .unwrap(),
+        "x=2\nseeded\napp.conf\n"
+    );
+    c.stop().await;
+}

@@ -161,3 +161,52 @@ async fn read_flag(path: &std::path::Path) {
     }
     panic!("{} never appeared", path.display());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_startup_probe() {
+    let c = Cluster::start(248).await;
+    let pod = c
+        .create_pod(
+            r#"
+metadata: {name: slow-start}
+spec:
+  volumes: [{name: flags, emptyDir: {}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sleep, "600"]
+    volumeMounts: [{name: flags, mountPath: /hostmesh-kubelet-test/flags}]
+    startupProbe:
+      exec: {command: [test, -f, /hostmesh-kubelet-test/flags/started]}
+      periodSeconds: 1
+      failureThreshold: 600
+    readinessProbe:
+      exec: {command: ["true"]}
+      periodSeconds: 1
+"#,
+        )
+        .await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let flags = c
+        .dir
+        .path()
+        .join("kubelet/pods")
+        .join(&uid)
+        .join("volumes/flags");
+    let pod = c
+        .wait_pod("slow-start", "running", |p| {
+            container_pid(p, "main").is_some()
+        })
+        .await;
+    let s = container(&pod, "main").unwrap();
+    assert_eq!((s.started, s.ready), (Some(false), false));
+    assert_eq!(condition(&pod, "Ready").as_deref(), Some("False"));
+    std::fs::write(flags.join("started"), "").unwrap();
+    let pod = c
+        .wait_pod("slow-start", "Ready", |p| {
+            condition(p, "Ready").as_deref() == Some("True")
+        })
+        .await;
+    assert_eq!(container(&pod, "main").unwrap().started, Some(true));
+    c.stop().await;
+}

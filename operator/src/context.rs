@@ -13,6 +13,9 @@ use crate::hub::{AgentConnector, Hub};
 
 /// Shared reconcile context.
 pub struct Context {
+    /// Prometheus metrics (`ctx.metrics.reconcile("world")` per run,
+    /// `reconcile_error` in the error policy; see docs/operations.md).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Kubernetes client.
     pub client: Client,
     /// The supervision hub.
@@ -21,6 +24,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator settings.
     pub args: OperatorArgs,
+    /// Paces status writes per object.
+    pub pacer: crate::writes::StatusPacer,
 }
 
 impl Context {
@@ -30,15 +35,33 @@ impl Context {
         args: OperatorArgs,
         connector: Arc<dyn AgentConnector>,
     ) -> Arc<Self> {
+        Self::with_metrics(
+            client,
+            args,
+            connector,
+            Arc::new(crate::metrics::Metrics::new()),
+        )
+    }
+
+    /// Like [`Context::new`], recording into the process's `metrics` (what
+    /// `/metrics` serves).
+    pub fn with_metrics(
+        client: Client,
+        args: OperatorArgs,
+        connector: Arc<dyn AgentConnector>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "hostmesh-operator".into(),
             instance: Some(args.instance.clone()),
         };
         Arc::new(Context {
+            metrics,
             recorder: Recorder::new(client.clone(), reporter),
             client,
             hub: Hub::new(connector),
             args,
+            pacer: crate::writes::StatusPacer::new(crate::hub::COALESCE_INTERVAL),
         })
     }
 
@@ -100,4 +123,18 @@ where
         .patch(&obj.name_any(), &pp, &kube::api::Patch::Merge(&patch))
         .await?;
     Ok(Arc::new(updated))
+}
+
+/// A JSON patch that sets `status` whole, guarded by `resource_version`:
+/// a status computed from a stale read fails with 409 (or 422 from servers
+/// that report a failed `test` that way) and is recomputed.
+pub fn status_patch(
+    resource_version: Option<String>,
+    status: &impl serde::Serialize,
+) -> Result<json_patch::Patch, crate::Error> {
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/status", "value": status},
+    ]);
+    Ok(serde_json::from_value(ops)?)
 }

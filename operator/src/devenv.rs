@@ -58,8 +58,8 @@ impl DevEnv {
         let apiserver = ApiServer::start(config).await?;
         let client = apiserver.client()?;
         install_crds(&client).await?;
-        let mut kconfig = KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet"))
-            .for_api_server(&apiserver);
+        let mut kconfig =
+            KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet")).for_api_server(&apiserver);
         kconfig.hostmesh_binary = std::env::current_exe().ok();
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let (operator_stop, stop_rx) = oneshot::channel();

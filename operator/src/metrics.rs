@@ -99,6 +99,13 @@ pub struct Metrics {
     status_writes: Family<StatusWriteLabels, Counter>,
     leader: Gauge,
     heartbeats: Counter,
+    agent_pushes: Counter,
+    hub_triggers: Family<KindLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -154,6 +161,18 @@ impl Metrics {
             "Agent heartbeats received by the supervision hub",
             heartbeats.clone(),
         );
+        let agent_pushes = Counter::default();
+        registry.register(
+            "agent_pushes",
+            "Messages from agents handled by the supervision hub (heartbeats and proc state changes)",
+            agent_pushes.clone(),
+        );
+        let hub_triggers = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "hub_triggers",
+            "Coalesced reconcile requests the supervision hub sent, by kind",
+            hub_triggers.clone(),
+        );
         let status_writes = Family::<StatusWriteLabels, Counter>::default();
         registry.register(
             "status_writes",
@@ -177,6 +196,8 @@ impl Metrics {
             status_writes,
             leader,
             heartbeats,
+            agent_pushes,
+            hub_triggers,
         };
         for phase in WORLD_PHASES {
             metrics.worlds.get_or_create(&phase_labels(phase)).set(0);
@@ -233,6 +254,19 @@ impl Metrics {
         self.heartbeats.inc();
         if let Some(lag) = lag {
             self.heartbeat_lag.observe(lag.as_secs_f64());
+        }
+    }
+
+    /// Adds hub activity since the last call: agent pushes handled and
+    /// reconcile triggers sent for Worlds and ProcMeshes.
+    pub fn add_hub_activity(&self, pushes: u64, world_triggers: u64, mesh_triggers: u64) {
+        self.agent_pushes.inc_by(pushes);
+        for (kind, n) in [("World", world_triggers), ("ProcMesh", mesh_triggers)] {
+            if n > 0 {
+                self.hub_triggers
+                    .get_or_create(&KindLabels { kind: kind.into() })
+                    .inc_by(n);
+            }
         }
     }
 
@@ -372,7 +406,18 @@ mod tests {
         m.status_write("World", StatusWriteOutcome::Applied);
         m.status_write("ProcMesh", StatusWriteOutcome::Conflict);
         m.set_leader(true);
+        m.add_hub_activity(5, 2, 0);
+        m.add_hub_activity(1, 0, 3);
         let text = m.encode();
+        assert_eq!(sample(&text, "hostmesh_agent_pushes_total"), Some(6.0));
+        assert_eq!(
+            sample(&text, "hostmesh_hub_triggers_total{kind=\"World\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_hub_triggers_total{kind=\"ProcMesh\"}"),
+            Some(3.0)
+        );
         assert_eq!(sample(&text, "hostmesh_heartbeats_total"), Some(2.0));
         assert_eq!(
             sample(&text, "hostmesh_heartbeat_lag_seconds_count"),

@@ -12,6 +12,9 @@
 //!    HTTP endpoint closes.
 //! 3. `hostmesh_worlds{phase}` is reported by the leader only (a standby
 //!    reports zeros), so summing over replicas counts each World once.
+//! 4. Stopping the controllers (leadership lost, or shutdown) takes at most
+//!    [`CONTROLLER_STOP_GRACE`]: in-flight reconciles may finish within it,
+//!    then the controllers are cancelled, so a standby never keeps writing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +34,9 @@ use crate::{Context, OperatorArgs, hub};
 
 /// How often the leader recounts Worlds by phase.
 pub const PHASE_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
+/// How long stopping controllers may take (in-flight reconciles finish)
+/// before they are cancelled.
+pub const CONTROLLER_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Bound on each shutdown step after the controllers stopped.
 const SHUTDOWN_STEP: Duration = Duration::from_secs(10);
 
@@ -49,6 +55,9 @@ pub enum OpsError {
     /// The controllers failed.
     #[error(transparent)]
     Operator(#[from] crate::Error),
+    /// No kubeconfig or in-cluster configuration, or a bad one.
+    #[error("cannot configure the Kubernetes client: {0}; set KUBECONFIG or run in a pod")]
+    Connect(String),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -88,21 +97,30 @@ pub async fn run(
     cmd: OperatorCommand,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OpsError> {
-    let client = crate::connect().await?;
+    // Configuration errors first, before any network (they name the flag).
+    cmd.leader.config()?;
+    let metrics = Arc::new(Metrics::new());
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| OpsError::Connect(e.to_string()))?;
+    let client = crate::client_metrics::client(config, metrics.clone())
+        .map_err(|e| OpsError::Connect(e.to_string()))?;
     let listener = health::bind(cmd.health.http_addr).await?;
-    run_with(cmd, client, listener, shutdown).await
+    run_with(cmd, client, metrics, listener, shutdown).await
 }
 
-/// Runs the operator with a given client and HTTP listener until `shutdown`
-/// resolves (invariants 1-3).
+/// Runs the operator with a given client, metrics and HTTP listener until
+/// `shutdown` resolves (invariants 1-3). Build the client with
+/// [`client_metrics::client`](crate::client_metrics::client) to count status
+/// writes.
 pub async fn run_with(
     cmd: OperatorCommand,
     client: kube::Client,
+    metrics: Arc<Metrics>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OpsError> {
     let shutdown = shutdown.boxed().shared();
-    let metrics = Arc::new(Metrics::new());
 
     let (elector_stop, elector_stop_rx) = oneshot::channel::<()>();
     let (leader, elector) = cmd.leader.start(client.clone(), metrics.clone(), async {
@@ -125,7 +143,14 @@ pub async fn run_with(
         leader.clone(),
         metrics.clone(),
     ));
-    let result = lead_while_leader(cmd.args.clone(), client, leader.clone(), shutdown).await;
+    let result = lead_while_leader(
+        cmd.args.clone(),
+        client,
+        leader.clone(),
+        metrics.clone(),
+        shutdown,
+    )
+    .await;
 
     // Invariant 2.
     state.set_controllers_started(false);
@@ -153,6 +178,7 @@ async fn lead_while_leader(
     args: OperatorArgs,
     client: kube::Client,
     leader: LeaderHandle,
+    metrics: Arc<Metrics>,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) -> Result<(), OpsError> {
     let mut is_leader = leader.is_leader_channel();
@@ -166,7 +192,12 @@ async fn lead_while_leader(
             },
         }
         info!("leading: starting the controllers");
-        let ctx = Context::new(client.clone(), args.clone(), hub::default_connector());
+        let ctx = Context::with_metrics(
+            client.clone(),
+            args.clone(),
+            hub::default_connector(),
+            metrics.clone(),
+        );
         let mut rx = leader.is_leader_channel();
         let lost = async move {
             if !wait_for(&mut rx, false).await {
@@ -176,17 +207,58 @@ async fn lead_while_leader(
             }
         };
         let sd = shutdown.clone();
+        let (stopped_tx, mut stopped_rx) = watch::channel(false);
         let stop = async move {
             tokio::select! {
                 () = sd => {}
                 () = lost => {}
             }
+            let _ = stopped_tx.send(true);
         };
-        crate::controllers(ctx, stop).await?;
+        ctx.hub.set_metrics(metrics.clone());
+        let sampler = tokio::spawn(sample_hub(ctx.hub.clone(), metrics.clone()));
+        // Invariant 4: a stop is bounded even if a reconcile hangs; the
+        // controllers' future is dropped (cancelled) at the end of this block.
+        let result = {
+            let controllers = crate::controllers(ctx, stop);
+            tokio::pin!(controllers);
+            tokio::select! {
+                result = &mut controllers => result,
+                () = async {
+                    let _ = stopped_rx.changed().await;
+                    tokio::time::sleep(CONTROLLER_STOP_GRACE).await;
+                } => {
+                    warn!(
+                        grace = ?CONTROLLER_STOP_GRACE,
+                        "controllers did not stop within the grace period; cancelling them"
+                    );
+                    Ok(())
+                }
+            }
+        };
+        sampler.abort();
+        result?;
         if shutdown.peek().is_some() {
             return Ok(());
         }
         warn!("lost leadership: controllers stopped, standing by");
+    }
+}
+
+/// Copies the hub's counters into the metrics every second (one hub per
+/// leadership term, so deltas start from zero).
+async fn sample_hub(hub: Arc<hub::Hub>, metrics: Arc<Metrics>) {
+    let mut last = hub::HubStats::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = hub.stats();
+        metrics.add_hub_activity(
+            now.pushes.saturating_sub(last.pushes),
+            now.world_triggers.saturating_sub(last.world_triggers),
+            now.mesh_triggers.saturating_sub(last.mesh_triggers),
+        );
+        last = now;
     }
 }
 

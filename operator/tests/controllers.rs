@@ -33,11 +33,15 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(SimConnector::default()).await
+    }
+
+    async fn start_with(sim: SimConnector) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("hostmesh_operator=debug")
+                    tracing_subscriber::EnvFilter::new("hostmesh_operator=info")
                 }),
             )
             .try_init();
@@ -57,7 +61,7 @@ impl Cluster {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap();
-        let sim = Arc::new(SimConnector::default());
+        let sim = Arc::new(sim);
         let args = OperatorArgs {
             agent_image: "agent:test".into(),
             watch_namespaces: vec![NS.into()],
@@ -83,6 +87,28 @@ impl Cluster {
             stop: Some(stop),
             run: Some(run),
         }
+    }
+
+    /// Stops the operator and starts a fresh one (new hub, new caches)
+    /// against the same API server and agents.
+    async fn restart_operator(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(r) = self.run.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        }
+        let args = self.ctx.args.clone();
+        self.ctx = Context::new(self.client.clone(), args, connector(&self.sim));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let ctx = self.ctx.clone();
+        self.run = Some(tokio::spawn(async move {
+            let _ = hostmesh_operator::controllers(ctx, async move {
+                let _ = stopped.await;
+            })
+            .await;
+        }));
+        self.stop = Some(stop);
     }
 
     async fn shutdown(mut self) {
@@ -406,6 +432,202 @@ async fn invalid_procmesh_names_the_field() {
         msgs["orphan"].contains("spec.world") && msgs["orphan"].contains("nowhere"),
         "{}",
         msgs["orphan"]
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
+    let c = Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
+    c.apply_yaml(&format!(
+        "{WORLD}  healthTimeout: 1s\n  evictionTimeout: 1s\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 2, backoff: 1s}}\n"
+    ))
+    .await;
+    let pods = c.api::<Pod>();
+    eventually("two host pods", || async {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await
+            .ok()?;
+        (l.items.len() == 2).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-0", "127.0.9.1").await;
+    c.pod_ready("w-host-1", "127.0.9.2").await;
+    let worlds = c.api::<World>();
+    eventually("World Running", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
+    })
+    .await;
+    let old = pods.get("w-host-1").await.unwrap().metadata.uid.unwrap();
+    let untouched = pods.get("w-host-0").await.unwrap().metadata.uid;
+    c.sim.kill(&old);
+    let s = eventually("host 1 Expired", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        let expired = hostmesh_crds::runs::get(&s.hosts, 1)
+            .is_some_and(|h| h.state == hostmesh_crds::world::HostState::Expired);
+        expired.then_some(s)
+    })
+    .await;
+    assert_eq!(s.phase, Some(hostmesh_crds::world::WorldPhase::Degraded));
+    assert!(s.degraded_since.is_some());
+    eventually("host 1 replaced", || async {
+        let p = pods.get_opt("w-host-1").await.ok()??;
+        (p.metadata.uid.as_deref() != Some(old.as_str())).then_some(())
+    })
+    .await;
+    c.pod_ready("w-host-1", "127.0.9.3").await;
+    let s = eventually("Running again", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(s)
+    })
+    .await;
+    assert_eq!(s.restarts, 1);
+    assert!(s.degraded_since.is_none());
+    assert_eq!(
+        pods.get("w-host-0").await.unwrap().metadata.uid,
+        untouched,
+        "host 0 left alone"
+    );
+    c.shutdown().await;
+}
+
+fn creates(c: &Cluster) -> usize {
+    (0..2)
+        .map(|r| {
+            let host = HostKey {
+                world: WorldKey {
+                    namespace: NS.into(),
+                    name: "w".into(),
+                },
+                rank: r,
+            };
+            c.sim
+                .requests_of(&host)
+                .into_iter()
+                .filter(|q| matches!(q, SimRequest::Create(_)))
+                .count()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_rebuilds_from_agents_without_duplicates() {
+    let mut c = Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
+    running_world(&c).await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm, namespace: ctl}\n\
+         spec: {world: w, perHost: [{name: gpu, size: 2}], command: [sleep, '300']}\n",
+    )
+    .await;
+    let meshes = c.api::<ProcMesh>();
+    eventually("ProcMesh Running", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        (s.running == 4).then_some(())
+    })
+    .await;
+    assert_eq!(creates(&c), 4, "one request per proc");
+    c.restart_operator().await;
+    // The new operator reconnects, reads the agents' snapshots and keeps
+    // everything as it is.
+    let worlds = c.api::<World>();
+    eventually("agents reconnected", || async {
+        let host = HostKey {
+            world: WorldKey {
+                namespace: NS.into(),
+                name: "w".into(),
+            },
+            rank: 1,
+        };
+        let uid = c.api::<Pod>().get("w-host-1").await.ok()?.metadata.uid?;
+        (c.ctx.hub.liveness(&host.world, 1, &uid)
+            == hostmesh_operator::world::observe::Liveness::Alive)
+            .then_some(())
+    })
+    .await;
+    // Several reconciles later, still Running, still 4 creates in all.
+    for _ in 0..3 {
+        let pm = meshes.get("pm").await.unwrap();
+        c.api::<ProcMesh>()
+            .patch("pm", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"poke": pm.metadata.resource_version}}})))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let s = meshes.get("pm").await.unwrap().status.unwrap();
+    assert_eq!(s.running, 4, "{s:?}");
+    assert_eq!(
+        worlds.get("w").await.unwrap().status.unwrap().phase,
+        Some(hostmesh_crds::world::WorldPhase::Running)
+    );
+    // Requests may be repeated (CreateOrUpdate is idempotent), but the agents
+    // still hold exactly the original procs, never restarted.
+    let held: Vec<(String, u32)> = c
+        .sim
+        .procs
+        .lock()
+        .unwrap()
+        .values()
+        .flat_map(|h| h.values().map(|p| (p.name.clone(), p.restarts)))
+        .collect();
+    assert_eq!(held.len(), 4, "{held:?}");
+    assert!(held.iter().all(|(_, restarts)| *restarts == 0), "{held:?}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_critical_procmesh_fails_its_world() {
+    let c = Cluster::start().await;
+    running_world(&c).await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: boss, namespace: ctl}\n\
+         spec: {world: w, command: [sleep, '300'], critical: true}\n",
+    )
+    .await;
+    let meshes = c.api::<ProcMesh>();
+    let pm = eventually("ProcMesh Running", || async {
+        let pm = meshes.get("boss").await.ok()?;
+        (pm.status.as_ref()?.running == 2).then_some(pm)
+    })
+    .await;
+    let uid: String = pm
+        .metadata
+        .uid
+        .unwrap()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    let host0 = HostKey {
+        world: WorldKey {
+            namespace: NS.into(),
+            name: "w".into(),
+        },
+        rank: 0,
+    };
+    let killed = ProcStatus::Killed {
+        signal: 9,
+        core_dumped: false,
+        stderr_tail: vec![],
+    };
+    let push = c
+        .sim
+        .set_status(&host0, &format!("boss.{uid}.0"), killed)
+        .unwrap();
+    c.ctx.hub.push_sender().send(push).await.unwrap();
+    let worlds = c.api::<World>();
+    let s = eventually("World Failed", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.phase == Some(hostmesh_crds::world::WorldPhase::Failed)).then_some(s)
+    })
+    .await;
+    let failed = s.conditions.iter().find(|c| c.type_ == "Failed").unwrap();
+    assert_eq!(failed.reason, "CriticalProcMeshFailed");
+    assert!(
+        failed.message.contains("boss") && failed.message.contains("signal 9"),
+        "{}",
+        failed.message
     );
     c.shutdown().await;
 }

@@ -4,14 +4,18 @@
 //! standby; on graceful shutdown the leader releases the Lease and the
 //! standby takes over (ops.rs invariants 1-2).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
-use hostmesh_operator::manifest;
+use hostmesh_operator::metrics::Metrics;
 use hostmesh_operator::ops::{OperatorCommand, run_with};
+use hostmesh_operator::{client_metrics, manifest};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::PostParams;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -84,13 +88,22 @@ struct Replica {
     task: tokio::task::JoinHandle<Result<(), hostmesh_operator::ops::OpsError>>,
 }
 
-async fn replica(client: &kube::Client, identity: &str) -> Replica {
+/// A replica with its own client, built as `hostmesh operator` builds it
+/// (status writes counted at the client).
+async fn replica(kubeconfig_yaml: &str, identity: &str) -> Replica {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let metrics = Arc::new(Metrics::new());
+    let client = client_metrics::client(config, metrics.clone()).expect("client");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(run_with(
         command(identity),
-        client.clone(),
+        client,
+        metrics,
         listener,
         async {
             let _ = rx.await;
@@ -115,9 +128,9 @@ async fn one_replica_leads_the_other_stands_by_and_takes_over_on_shutdown() {
         .await
         .expect("install CRDs");
 
-    let a = replica(&client, "replica-a").await;
+    let a = replica(server.kubeconfig_yaml(), "replica-a").await;
     wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
-    let b = replica(&client, "replica-b").await;
+    let b = replica(server.kubeconfig_yaml(), "replica-b").await;
     wait_for_body(b.addr, "/readyz", 200, "standby, leader is replica-a").await;
     wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 1\n").await;
     wait_for_body(b.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
@@ -148,6 +161,31 @@ spec:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Its status writes are counted at the client, on the leader only.
+    wait_for_body(
+        a.addr,
+        "/metrics",
+        200,
+        "hostmesh_status_writes_total{kind=\"World\",outcome=\"applied\"}",
+    )
+    .await;
+    wait_for_body(
+        a.addr,
+        "/metrics",
+        200,
+        "hostmesh_reconcile_duration_seconds_count{controller=\"world\"}",
+    )
+    .await;
+    let (_, standby_metrics) = get(b.addr, "/metrics").await.expect("b's metrics");
+    assert!(
+        !standby_metrics.contains("hostmesh_reconciles_total{"),
+        "{standby_metrics}"
+    );
+    assert!(
+        !standby_metrics.contains("hostmesh_status_writes_total{"),
+        "{standby_metrics}"
+    );
+
     // Graceful shutdown of the leader: it releases the Lease, b takes over.
     a.stop.send(()).expect("replica a running");
     tokio::time::timeout(WAIT, a.task)
@@ -168,5 +206,102 @@ spec:
         .expect("replica b stops in time")
         .expect("task")
         .expect("replica b exits cleanly");
+    server.shutdown().await;
+}
+
+/// Polls until the agent Secret of World `name` exists.
+async fn wait_for_secret(client: &kube::Client, name: &str) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while secrets
+        .get_opt(&format!("{name}-agent"))
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no controller created the agent Secret of {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn apply_world(client: &kube::Client, name: &str) {
+    let world = format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  hosts: 1\n  template: {{spec: {{containers: [{{name: host, image: busybox}}]}}}}\n"
+    );
+    let objects = manifest::parse("world", &world).expect("parse");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(e) = manifest::apply_all(client, &objects, "default", "test").await {
+        assert!(tokio::time::Instant::now() < deadline, "apply World: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_stands_by_and_leads_again_when_it_is_free() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("embedded API server starts");
+    let client = server.client().expect("client");
+    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
+    manifest::apply_all(&client, &crds, "default", "test")
+        .await
+        .expect("install CRDs");
+    let a = replica(server.kubeconfig_yaml(), "replica-a").await;
+    wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
+    apply_world(&client, "first").await;
+    wait_for_secret(&client, "first").await;
+
+    // Another holder takes the Lease: a stops leading but stays ready.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let set_holder = |holder: Option<&'static str>, seconds: i32| {
+        let leases = leases.clone();
+        async move {
+            let Ok(mut lease) = leases.get("hostmesh-operator").await else {
+                return false;
+            };
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = holder.map(Into::into);
+            spec.lease_duration_seconds = Some(seconds);
+            leases
+                .replace("hostmesh-operator", &PostParams::default(), &lease)
+                .await
+                .is_ok()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set_holder(Some("intruder"), 3600).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cannot take the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for_body(a.addr, "/readyz", 200, "standby, leader is intruder").await;
+    wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
+
+    // The intruder releases the Lease: a leads again with fresh controllers.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set_holder(None, 1).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cannot release the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
+    apply_world(&client, "second").await;
+    wait_for_secret(&client, "second").await;
+
+    a.stop.send(()).expect("replica a running");
+    tokio::time::timeout(WAIT, a.task)
+        .await
+        .expect("replica a stops in time")
+        .expect("task")
+        .expect("replica a exits cleanly");
     server.shutdown().await;
 }

@@ -3,8 +3,9 @@
 //!
 //! Text forms:
 //! - [`ChannelAddr`]: `tcp:10.0.0.5:26600`, `tcp:[::1]:26600`,
-//!   `unix:/run/hostmesh.sock`, or `unbound` (a proc with no listener that is
-//!   reachable only over connections it opened itself);
+//!   `unix:/run/hostmesh.sock`, or `unbound:<hex>` (a proc with no listener,
+//!   reachable only over connections it opened itself; the random number
+//!   keeps ids of such procs unique, since peers key connections by proc id);
 //! - [`ProcId`]: `<addr>/<name>`, e.g. `tcp:10.0.0.5:26600/agent`;
 //! - [`ActorId`]: `<proc>/<name>[<index>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3]`;
 //! - [`PortId`]: `<actor>[<port>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3][17]`.
@@ -16,6 +17,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +70,8 @@ pub enum ChannelAddr {
     /// A Unix domain socket path (same-host use).
     Unix(PathBuf),
     /// No listener: the proc is reachable only over connections it dialed.
-    Unbound,
+    /// The number is random, so that two unbound procs never share an id.
+    Unbound(u64),
 }
 
 impl ChannelAddr {
@@ -77,7 +80,7 @@ impl ChannelAddr {
         match self {
             ChannelAddr::Tcp(a) => a.port() != 0 && !a.ip().is_unspecified(),
             ChannelAddr::Unix(_) => true,
-            ChannelAddr::Unbound => false,
+            ChannelAddr::Unbound(_) => false,
         }
     }
 }
@@ -87,7 +90,7 @@ impl fmt::Display for ChannelAddr {
         match self {
             ChannelAddr::Tcp(a) => write!(f, "tcp:{a}"),
             ChannelAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ChannelAddr::Unbound => f.write_str("unbound"),
+            ChannelAddr::Unbound(n) => write!(f, "unbound:{n:016x}"),
         }
     }
 }
@@ -96,8 +99,10 @@ impl FromStr for ChannelAddr {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
         const WHAT: &str = "channel address";
-        if s == "unbound" {
-            return Ok(ChannelAddr::Unbound);
+        if let Some(hex) = s.strip_prefix("unbound:") {
+            return u64::from_str_radix(hex, 16)
+                .map(ChannelAddr::Unbound)
+                .map_err(|_| invalid(WHAT, s, "expected unbound:<hex number>"));
         }
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() || path.contains([',', '@', '[']) {
@@ -114,17 +119,40 @@ impl FromStr for ChannelAddr {
             invalid(
                 WHAT,
                 s,
-                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26600, tcp:[::1]:26600), unix:/path or unbound",
+                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26600, tcp:[::1]:26600), unix:/path or unbound:<hex>",
             )
         })
     }
 }
 
-/// A proc: an address and a name, addressed directly.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ProcId {
+/// A proc: an address and a name, addressed directly. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcId(Arc<ProcIdInner>);
+
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct ProcIdInner {
     addr: ChannelAddr,
     name: String,
+}
+
+impl Serialize for ProcId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let inner = ProcIdInner::deserialize(d)?;
+        check_name(&inner.name).map_err(serde::de::Error::custom)?;
+        Ok(ProcId(Arc::new(inner)))
+    }
+}
+
+impl fmt::Debug for ProcId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProcId({self})")
+    }
 }
 
 impl ProcId {
@@ -132,17 +160,17 @@ impl ProcId {
     pub fn new(addr: ChannelAddr, name: impl Into<String>) -> Result<Self, IdError> {
         let name = name.into();
         check_name(&name)?;
-        Ok(ProcId { addr, name })
+        Ok(ProcId(Arc::new(ProcIdInner { addr, name })))
     }
 
     /// The proc's listening address.
     pub fn addr(&self) -> &ChannelAddr {
-        &self.addr
+        &self.0.addr
     }
 
     /// The proc's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     /// The id of actor `name[index]` on this proc.
@@ -153,7 +181,7 @@ impl ProcId {
 
 impl fmt::Display for ProcId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.name)
+        write!(f, "{}/{}", self.0.addr, self.0.name)
     }
 }
 
@@ -171,12 +199,35 @@ impl FromStr for ProcId {
     }
 }
 
-/// An actor: `name[index]` on a proc.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ActorId {
+/// An actor: `name[index]` on a proc. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId(Arc<ActorIdInner>);
+
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct ActorIdInner {
     proc: ProcId,
     name: String,
     index: u32,
+}
+
+impl Serialize for ActorId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ActorId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let inner = ActorIdInner::deserialize(d)?;
+        check_name(&inner.name).map_err(serde::de::Error::custom)?;
+        Ok(ActorId(Arc::new(inner)))
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ActorId({self})")
+    }
 }
 
 impl ActorId {
@@ -184,22 +235,22 @@ impl ActorId {
     pub fn new(proc: ProcId, name: impl Into<String>, index: u32) -> Result<Self, IdError> {
         let name = name.into();
         check_name(&name)?;
-        Ok(ActorId { proc, name, index })
+        Ok(ActorId(Arc::new(ActorIdInner { proc, name, index })))
     }
 
     /// The proc hosting the actor.
     pub fn proc(&self) -> &ProcId {
-        &self.proc
+        &self.0.proc
     }
 
     /// The actor's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     /// The actor's index among actors of the same name on its proc.
     pub fn index(&self) -> u32 {
-        self.index
+        self.0.index
     }
 
     /// Port `port` of this actor.
@@ -213,7 +264,7 @@ impl ActorId {
 
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}[{}]", self.proc, self.name, self.index)
+        write!(f, "{}/{}[{}]", self.0.proc, self.0.name, self.0.index)
     }
 }
 
@@ -303,10 +354,10 @@ mod tests {
         round_trip::<ChannelAddr>("tcp:127.0.0.1:26600");
         round_trip::<ChannelAddr>("tcp:[::1]:80");
         round_trip::<ChannelAddr>("unix:/run/hm/a.sock");
-        round_trip::<ChannelAddr>("unbound");
+        round_trip::<ChannelAddr>("unbound:00000000deadbeef");
         round_trip::<ProcId>("tcp:10.0.0.5:26600/agent");
         round_trip::<ProcId>("unix:/tmp/x.sock/p-1");
-        round_trip::<ProcId>("unbound/operator.7f3a");
+        round_trip::<ProcId>("unbound:0123456789abcdef/operator.7f3a");
         round_trip::<ActorId>("tcp:10.0.0.5:26600/agent/worker[3]");
         round_trip::<ActorId>("unix:/tmp/x.sock/p/w_2[0]");
         round_trip::<PortId>("tcp:10.0.0.5:26600/agent/worker[3][17]");
@@ -327,7 +378,8 @@ mod tests {
         assert!("tcp:1.2.3.4:5/p/a".parse::<ActorId>().is_err());
         assert!("tcp:1.2.3.4:5/p/a[x]".parse::<ActorId>().is_err());
         assert!("tcp:1.2.3.4:5/p/a[1]".parse::<PortId>().is_err());
-        assert!(!ChannelAddr::Unbound.is_dialable());
+        assert!(!ChannelAddr::Unbound(1).is_dialable());
+        assert!("unbound".parse::<ChannelAddr>().is_err());
         assert!(
             !"tcp:0.0.0.0:5"
                 .parse::<ChannelAddr>()

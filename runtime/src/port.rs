@@ -55,7 +55,7 @@ pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, Error> {
 }
 
 /// A typed reference to a port that accepts any number of `M`s.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct PortRef<M> {
     id: PortId,
@@ -104,7 +104,7 @@ impl<M: Message> PortRef<M> {
 }
 
 /// A typed reference to a port that accepts one `M` (a reply port).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct OncePortRef<M> {
     id: PortId,
@@ -232,6 +232,22 @@ pub(crate) fn once_pair<M>(proc: &Proc, owner: &ActorId) -> (OncePortRef<M>, Onc
             _m: PhantomData,
         },
     )
+}
+
+impl<T> std::fmt::Debug for PortRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PortRef")
+            .field(&format_args!("{}", self.id))
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Debug for OncePortRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OncePortRef")
+            .field(&format_args!("{}", self.id))
+            .finish()
+    }
 }
 
 #[cfg(test)]

@@ -101,7 +101,8 @@ impl fmt::Display for Undeliverable {
     }
 }
 
-/// The status of a proc's process, as a host agent tracks it.
+/// The status of a proc's process, as the reference's mapping sees it (the
+/// host agent's richer `host::protocol::ProcStatus` converts into it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ProcStatus {
     /// Spawned, not yet ready.
@@ -265,8 +266,8 @@ mod tests {
 
     #[test]
     fn root_cause_walks_the_chain() {
-        let a: ActorId = "unbound/p/a[0]".parse().unwrap();
-        let b: ActorId = "unbound/p/b[0]".parse().unwrap();
+        let a: ActorId = "unbound:1/p/a[0]".parse().unwrap();
+        let b: ActorId = "unbound:1/p/b[0]".parse().unwrap();
         let inner = SupervisionEvent {
             actor: b,
             status: ActorStatus::Failed("x".into()),

@@ -58,7 +58,7 @@ Role in each watched namespace. Every rule says why it is needed.
 */}}
 {{- define "hostmesh.managerRules" -}}
 # Worlds and ProcMeshes are the operator's input: the controllers watch them
-# (get, list, watch) and add or remove their finalizers (JSON patch).
+# (get, list, watch) and add or remove their finalizers (patch).
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds", "procmeshes"]
   verbs: ["get", "list", "watch", "patch"]
@@ -67,11 +67,11 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["hostmesh.dev"]
   resources: ["procmeshes"]
   verbs: ["delete"]
-# Status is computed by the controllers and written whole through the status
-# subresource by server-side apply (a patch).
+# Status is computed by the controllers and replaced whole through the status
+# subresource, guarded by the resourceVersion it was computed from (update).
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds/status", "procmeshes/status"]
-  verbs: ["patch"]
+  verbs: ["update"]
 # Host pods, the Service and the Secret carry an owner reference to their
 # World with blockOwnerDeletion, which needs update on the World's finalizers
 # subresource (OwnerReferencesPermissionEnforcement).

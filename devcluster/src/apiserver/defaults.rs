@@ -112,6 +112,7 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
         obj["status"] = json!({"loadBalancer": {}});
     } else if is(info, "", "secrets") {
         set_default(obj, &["type"], json!("Opaque"));
+        fold_string_data(obj);
     } else if is(info, "apps", "deployments") {
         set_default(obj, &["spec", "replicas"], json!(1));
         if let Some(spec) = obj.pointer_mut("/spec/template/spec") {
@@ -141,15 +142,104 @@ pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
                 .and_then(Value::as_str)
                 .is_none_or(str::is_empty)
         {
-            new["spec"]["clusterIP"] = ip.clone();
+            super::meta::set_path(new, &["spec", "clusterIP"], ip.clone());
         }
     } else if is(info, "", "pods") {
         if let Some(spec) = new.get_mut("spec") {
             default_pod_spec(spec);
         }
+    } else if is(info, "", "secrets") {
+        fold_string_data(new);
     } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
         crd_status(new);
     }
+}
+
+/// `stringData` is write-only: its entries are stored base64-encoded in
+/// `data` (overriding same-named keys) and the field itself is dropped.
+fn fold_string_data(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(sd) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let Some(sd) = sd.as_object().cloned() else {
+        return;
+    };
+    for (k, v) in sd {
+        let text = v
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string());
+        super::meta::set_path(
+            obj,
+            &["data", &k],
+            json!(base64::engine::general_purpose::STANDARD.encode(text)),
+        );
+    }
+}
+
+/// Refuses updates the real server refuses: a pod's spec is immutable
+/// except container images, `activeDeadlineSeconds` and added tolerations
+/// (`spec.nodeName` changes only through `pods/binding`); the data of an
+/// immutable Secret or ConfigMap cannot change.
+pub(crate) fn check_update(info: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let name = super::meta::name(old).to_string();
+    if is(info, "", "pods") {
+        let mask = |v: &Value| {
+            let mut spec = v.get("spec").cloned().unwrap_or(json!({}));
+            for list in ["containers", "initContainers"] {
+                if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+                    for c in cs {
+                        if let Some(o) = c.as_object_mut() {
+                            o.remove("image");
+                        }
+                    }
+                }
+            }
+            if let Some(o) = spec.as_object_mut() {
+                o.remove("activeDeadlineSeconds");
+                o.remove("tolerations");
+            }
+            spec
+        };
+        let tolerations = |v: &Value| {
+            v.pointer("/spec/tolerations")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (before, after) = (tolerations(old), tolerations(new));
+        let removed = before.iter().any(|t| !after.contains(t));
+        if mask(old) != mask(new) || removed {
+            return Err(ApiError::invalid(
+                "Pod",
+                &name,
+                vec![(
+                    "spec".into(),
+                    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations); delete and recreate the pod instead".into(),
+                )],
+            ));
+        }
+    }
+    if (is(info, "", "secrets") || is(info, "", "configmaps"))
+        && old.get("immutable") == Some(&json!(true))
+    {
+        let data = |v: &Value| {
+            (
+                v.get("data").cloned(),
+                v.get("binaryData").cloned(),
+                v.get("immutable").cloned(),
+            )
+        };
+        if data(old) != data(new) {
+            return Err(ApiError::invalid(
+                &info.kind,
+                &name,
+                vec![("data".into(), "Forbidden: field is immutable when `immutable` is set; delete and recreate the object".into())],
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn crd_status(obj: &mut Value) {

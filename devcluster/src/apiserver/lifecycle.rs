@@ -328,6 +328,7 @@ pub(crate) fn prepare_update(
                 }
             }
             defaults::on_update(info, old, &mut new);
+            defaults::check_update(info, old, &new)?;
         }
     }
     admit(info, version, &mut new, strict)?;
@@ -459,6 +460,11 @@ pub(crate) fn delete_step(
     }
     let is_pod = info.builtin && info.group.is_empty() && info.plural == "pods";
     let is_ns = info.builtin && info.group.is_empty() && info.plural == "namespaces";
+    if is_ns && matches!(name.as_str(), "default" | "kube-system" | "kube-public") {
+        return Err(ApiError::forbidden(format!(
+            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+        )));
+    }
     let mut grace = 0;
     if is_pod {
         let terminal = matches!(

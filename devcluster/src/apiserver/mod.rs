@@ -5,7 +5,8 @@
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, auth,
 //! dispatch), `route` (paths), `registry` (served resources), `store`
-//! (objects, resourceVersions, watch history), `handlers` (verbs),
+//! (objects, resourceVersions, watch history), `handlers` (verbs; patch
+//! and delete in submodules),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,

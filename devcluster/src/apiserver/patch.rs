@@ -17,28 +17,27 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) -> Result<(), ApiEr
     Ok(())
 }
 
-/// Applies a JSON patch.
+/// Applies a JSON patch. As in the real server, a `test` of a path that
+/// does not exist against `null` succeeds (kube-rs's finalizer helper
+/// relies on it to add the first finalizer).
 pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
         ApiError::bad_request(format!(
             "invalid JSON patch: {e}: send a list of {{op, path, value}}"
         ))
     })?;
-    // As the real API server (evanphx/json-patch) does, a `test` of a path
-    // that does not exist against `null` succeeds: kube-rs adds the first
-    // finalizer with exactly that guard.
-    let ops: Vec<json_patch::PatchOperation> = ops
-        .0
-        .into_iter()
-        .filter(|op| match op {
-            json_patch::PatchOperation::Test(t) => {
-                !(t.value.is_null() && target.pointer(t.path.as_str()).is_none())
-            }
-            _ => true,
-        })
-        .collect();
-    json_patch::patch(target, &ops)
-        .map_err(|e| ApiError::invalid_patch(format!("the JSON patch failed: {e}")))
+    // The caller patches a copy: a failure leaves the stored object as is.
+    for op in ops.0 {
+        if let json_patch::PatchOperation::Test(t) = &op
+            && t.value.is_null()
+            && target.pointer(t.path.as_str()).is_none()
+        {
+            continue;
+        }
+        json_patch::patch(target, std::slice::from_ref(&op))
+            .map_err(|e| ApiError::invalid_patch(format!("the JSON patch failed: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Applies a strategic merge patch to a built-in object.

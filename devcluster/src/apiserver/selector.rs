@@ -172,3 +172,33 @@ fn field_value(obj: &Value, path: &str) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn label_selector_forms() {
+        let o = json!({"metadata": {"labels": {"app": "web", "tier": "front"}}});
+        let m = |s: &str| LabelSelector::parse(s).expect("parses").matches(&o);
+        assert!(m("app=web") && m("app==web") && m("app!=db") && m("tier in (front,back)"));
+        assert!(m("env notin (prod)") && m("app") && m("!env") && m("app=web,tier=front") && m(""));
+        assert!(!m("app=db") && !m("tier notin (front)") && !m("!app") && !m("env"));
+        assert!(LabelSelector::parse("a in b").is_err());
+        assert!(LabelSelector::parse("a @ b").is_err());
+    }
+
+    #[test]
+    fn field_selector_paths() {
+        let o = json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
+        let m = |s: &str| FieldSelector::parse(s).expect("parses").matches(&o);
+        assert!(
+            m("metadata.name=p")
+                && m("spec.nodeName=n1,status.phase!=Failed")
+                && m("spec.missing=")
+        );
+        assert!(!m("spec.nodeName=n2") && !m("metadata.namespace!=ns"));
+        assert!(FieldSelector::parse("nope").is_err());
+    }
+}

@@ -502,3 +502,137 @@ fn display(p: &Path) -> String {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUILTIN: Shape<'static> = Shape {
+        builtin: true,
+        schema: None,
+    };
+
+    #[test]
+    fn fields_v1_round_trips_and_uses_keys_for_containers() {
+        let obj = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"a": "b"}, "finalizers": ["x"]},
+            "spec": {"containers": [{"name": "c", "image": "i"}], "tolerations": [{"key": "k"}]},
+        });
+        let set = fields_of(&obj, BUILTIN);
+        let v1 = to_fields_v1(&set);
+        assert_eq!(
+            v1["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"]["."],
+            json!({})
+        );
+        assert_eq!(
+            v1["f:spec"]["f:tolerations"],
+            json!({}),
+            "lists without keys are atomic"
+        );
+        assert_eq!(v1["f:metadata"]["f:finalizers"]["v:\"x\""], json!({}));
+        assert!(
+            v1["f:metadata"].get("f:name").is_none(),
+            "names are not owned"
+        );
+        assert_eq!(from_fields_v1(&v1), set);
+    }
+
+    #[test]
+    fn apply_conflicts_only_on_differing_leaves_and_force_takes_them() {
+        let live = apply(
+            None,
+            &json!({"data": {"a": "1"}}),
+            "m1",
+            false,
+            "v1",
+            "",
+            BUILTIN,
+        )
+        .expect("create");
+        // Same value: shared, no conflict.
+        let shared = apply(
+            Some(&live),
+            &json!({"data": {"a": "1"}}),
+            "m2",
+            false,
+            "v1",
+            "",
+            BUILTIN,
+        )
+        .expect("share");
+        assert_eq!(read_entries(&shared).len(), 2);
+        let err = apply(
+            Some(&shared),
+            &json!({"data": {"a": "2"}}),
+            "m3",
+            false,
+            "v1",
+            "",
+            BUILTIN,
+        )
+        .expect_err("conflict");
+        assert_eq!(err.code, 409);
+        assert!(
+            err.message.contains("m1") && err.message.contains("m2"),
+            "{}",
+            err.message
+        );
+        let forced = apply(
+            Some(&shared),
+            &json!({"data": {"a": "2"}}),
+            "m3",
+            true,
+            "v1",
+            "",
+            BUILTIN,
+        )
+        .expect("force");
+        let owners: Vec<String> = read_entries(&forced)
+            .into_iter()
+            .map(|e| e.manager)
+            .collect();
+        assert_eq!(owners, ["m3"], "forced fields leave their previous owners");
+    }
+
+    #[test]
+    fn update_takes_ownership_of_changed_leaves() {
+        let live = apply(
+            None,
+            &json!({"data": {"a": "1", "b": "1"}}),
+            "applier",
+            false,
+            "v1",
+            "",
+            BUILTIN,
+        )
+        .expect("create");
+        let mut new = live.clone();
+        new["data"]["a"] = json!("2");
+        record_update(Some(&live), &mut new, "editor", "v1", "", BUILTIN);
+        let entries = read_entries(&new);
+        let editor = entries
+            .iter()
+            .find(|e| e.manager == "editor")
+            .expect("editor entry");
+        assert!(
+            editor
+                .fields
+                .contains(&vec!["f:data".to_string(), "f:a".to_string()])
+        );
+        let applier = entries
+            .iter()
+            .find(|e| e.manager == "applier")
+            .expect("applier entry");
+        assert!(
+            !applier
+                .fields
+                .contains(&vec!["f:data".to_string(), "f:a".to_string()])
+        );
+        assert!(
+            applier
+                .fields
+                .contains(&vec!["f:data".to_string(), "f:b".to_string()])
+        );
+    }
+}

@@ -56,6 +56,7 @@ impl Filter {
 struct Encoder {
     target: Target,
     table: bool,
+    metadata: bool,
     include: Option<String>,
     first: bool,
 }
@@ -74,6 +75,8 @@ impl Encoder {
             );
             self.first = false;
             t
+        } else if self.metadata && type_ != "ERROR" {
+            super::handlers::metadata_only(&o)
         } else {
             o
         };
@@ -174,6 +177,7 @@ pub(crate) fn start(
     let enc = Encoder {
         target: t.clone(),
         table: req.wants_table(),
+        metadata: req.wants_metadata(),
         include: req.q("includeObject").map(str::to_string),
         first: true,
     };

@@ -11,18 +11,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::shared::Shared;
+use super::shared::{Shared, pod_key};
 
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// Records `reason` (with `note`) on `pod`, in the background.
 pub(crate) fn emit(shared: &Shared, pod: &Pod, warning: bool, reason: &str, note: String) {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (ns, name) = pod_key(pod);
     let now = Timestamp::now();
     let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let event_name = format!("{name}.{:x}{seq:04x}", now.as_nanosecond() as u64);

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::config::ImageTable;
 use super::env::expand_all;
 use super::error::{KubeletError, Result};
-use super::process::Launch;
+use super::process::{Identity, Launch};
 use super::volumes::container_mounts;
 
 /// Variables passed from the kubelet's own environment when the container
@@ -138,13 +138,58 @@ pub(crate) fn build(
             w
         )));
     }
+    let identity = identity(pod, container, field)?;
     Ok(Launch {
         program,
         args,
         env,
         working_dir,
         mounts,
+        identity,
     })
+}
+
+/// The user and groups a container runs as, from its `securityContext`
+/// (`runAsUser`, `runAsGroup`) or the pod's (those, `supplementalGroups`,
+/// `fsGroup`); `None` when neither sets a user or group.
+pub(crate) fn identity(pod: &Pod, container: &Container, field: &str) -> Result<Option<Identity>> {
+    let pod_sc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let sc = container.security_context.clone().unwrap_or_default();
+    let id = |v: Option<i64>, what: &str| -> Result<Option<u32>> {
+        v.map(|v| {
+            u32::try_from(v).map_err(|_| {
+                KubeletError::PodSpec(format!("{what}: {v} is not a valid user or group id"))
+            })
+        })
+        .transpose()
+    };
+    let uid = match sc.run_as_user {
+        Some(v) => id(Some(v), &format!("{field}.securityContext.runAsUser"))?,
+        None => id(pod_sc.run_as_user, "spec.securityContext.runAsUser")?,
+    };
+    let gid = match sc.run_as_group {
+        Some(v) => id(Some(v), &format!("{field}.securityContext.runAsGroup"))?,
+        None => id(pod_sc.run_as_group, "spec.securityContext.runAsGroup")?,
+    };
+    if uid.is_none() && gid.is_none() {
+        return Ok(None);
+    }
+    let gid = gid.unwrap_or(0);
+    let mut groups = vec![gid];
+    for g in pod_sc.supplemental_groups.iter().flatten() {
+        groups.extend(id(Some(*g), "spec.securityContext.supplementalGroups")?);
+    }
+    groups.extend(id(pod_sc.fs_group, "spec.securityContext.fsGroup")?);
+    groups.dedup();
+    Ok(Some(Identity {
+        uid: uid.unwrap_or(0),
+        gid,
+        groups,
+    }))
 }
 
 #[cfg(test)]
@@ -207,6 +252,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p, "/bin/sh");
+    }
+
+    #[test]
+    fn identity_comes_from_container_then_pod_security_context() {
+        let pod: Pod = serde_saphyr::from_str(
+            "spec:\n  securityContext: {runAsUser: 1000, runAsGroup: 3000, supplementalGroups: [4000], fsGroup: 2000}\n  containers: [{name: a}]\n",
+        )
+        .unwrap();
+        let a = c("name: a\n");
+        let id = identity(&pod, &a, "spec.containers[0]").unwrap().unwrap();
+        assert_eq!(
+            id,
+            Identity {
+                uid: 1000,
+                gid: 3000,
+                groups: vec![3000, 4000, 2000]
+            }
+        );
+        let b = c("name: b\nsecurityContext: {runAsUser: 7}\n");
+        assert_eq!(identity(&pod, &b, "f").unwrap().unwrap().uid, 7);
+        let none: Pod = serde_saphyr::from_str("spec: {containers: [{name: a}]}\n").unwrap();
+        assert_eq!(identity(&none, &a, "f").unwrap(), None);
+        let bad = c("name: b\nsecurityContext: {runAsUser: -1}\n");
+        let err = identity(&none, &bad, "spec.containers[1]").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("spec.containers[1].securityContext.runAsUser"),
+            "{err}"
+        );
     }
 
     #[test]

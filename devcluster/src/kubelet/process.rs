@@ -21,8 +21,10 @@ use std::process::Stdio;
 
 use super::volumes::Mount;
 
-/// What to run for one container (or one exec probe).
-#[derive(Debug, Clone)]
+/// What to run for one container (or one exec probe). Its `Debug` output
+/// names the environment variables but not their values (they can hold
+/// secrets).
+#[derive(Clone)]
 pub(crate) struct Launch {
     /// Program: a path, or a name looked up in `PATH`.
     pub(crate) program: String,
@@ -34,6 +36,32 @@ pub(crate) struct Launch {
     pub(crate) working_dir: Option<PathBuf>,
     /// Bind mounts; empty means no mount namespace of its own.
     pub(crate) mounts: Vec<Mount>,
+    /// User and groups to run as (`securityContext`); `None`: the kubelet's.
+    pub(crate) identity: Option<Identity>,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("working_dir", &self.working_dir)
+            .field("mounts", &self.mounts)
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+/// A process identity: user, primary group, supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// User id.
+    pub(crate) uid: u32,
+    /// Primary group id.
+    pub(crate) gid: u32,
+    /// Supplementary groups.
+    pub(crate) groups: Vec<u32>,
 }
 
 /// Where a launched process's output goes.
@@ -57,6 +85,7 @@ struct ChildSetup {
     unshare: bool,
     join: Option<OwnedFd>,
     mounts: Vec<(CString, CString, bool)>,
+    identity: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     cwd: Option<CString>,
 }
 
@@ -84,16 +113,6 @@ impl ChildSetup {
         // of them allocates or takes a lock.
         unsafe {
             check(libc::setsid())?;
-            check(libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ))?;
-            if libc::getppid() != self.parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
             if let Some(fd) = &self.join {
                 check(libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNS))?;
             }
@@ -124,6 +143,23 @@ impl ChildSetup {
                         ))?;
                     }
                 }
+            }
+            // Credentials change after the mounts (which need root) and before
+            // the parent-death signal (a credential change clears it).
+            if let Some((uid, gid, groups)) = &self.identity {
+                check(libc::setgroups(groups.len(), groups.as_ptr()))?;
+                check(libc::setgid(*gid))?;
+                check(libc::setuid(*uid))?;
+            }
+            check(libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
+            if libc::getppid() != self.parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             if let Some(cwd) = &self.cwd {
                 check(libc::chdir(cwd.as_ptr()))?;
@@ -174,6 +210,10 @@ pub(crate) fn spawn(
         unshare,
         join,
         mounts,
+        identity: launch
+            .identity
+            .as_ref()
+            .map(|i| (i.uid, i.gid, i.groups.clone())),
         cwd: launch.working_dir.as_deref().map(cstring).transpose()?,
     };
     // SAFETY: `ChildSetup::apply` only makes async-signal-safe system calls
@@ -220,6 +260,7 @@ mod tests {
             ],
             working_dir: None,
             mounts: vec![],
+            identity: None,
         }
     }
 
@@ -275,6 +316,40 @@ mod tests {
         assert!(status.success(), "{out}");
         assert_eq!(out, "inside");
         assert!(!target.join("f").exists(), "the mount leaked to the host");
+    }
+
+    #[tokio::test]
+    async fn runs_as_the_requested_user_after_mounting() {
+        if !is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let vol = tmp.path().join("vol");
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(vol.join("f"), "data").unwrap();
+        let mut l = launch("sh", &["-c", "echo $(id -u):$(id -g):$(id -G) $(cat f)"]);
+        l.working_dir = Some(target.clone());
+        l.mounts = vec![Mount {
+            source: vol,
+            target,
+            read_only: true,
+        }];
+        l.identity = Some(Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534, 2000],
+        });
+        let log = tmp.path().join("log");
+        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert!(status.success(), "{out}");
+        assert_eq!(out.trim(), "65534:65534:65534 2000 data");
     }
 
     #[tokio::test]

@@ -45,6 +45,16 @@ pub(crate) struct Shared {
     pub(crate) log_port: Mutex<u16>,
 }
 
+/// A pod's namespace (`default` when unset) and name.
+pub(crate) fn pod_key(pod: &k8s_openapi::api::core::v1::Pod) -> (String, String) {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    (ns, pod.metadata.name.clone().unwrap_or_default())
+}
+
 /// Locks a mutex, recovering from poisoning (the data stays consistent:
 /// every critical section is a single insert or remove).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -272,6 +272,10 @@ pub(crate) fn prepare_volumes(
         if v.empty_dir.is_some() {
             std::fs::create_dir_all(&path)
                 .map_err(|e| KubeletError::io("cannot create", &path, e))?;
+            // World-writable like Kubernetes' emptyDir, so containers running
+            // as another user can use it.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+                .map_err(|e| KubeletError::io("cannot chmod", &path, e))?;
             out.insert(v.name.clone(), path);
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();

@@ -23,6 +23,7 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub node: String,
     pub block: u8,
+    pub config: KubeletConfig,
 }
 
 pub fn init_tracing() {
@@ -64,7 +65,7 @@ impl Cluster {
         let node = format!("node-{block}");
         let mut config = test_config(dir.path(), &node, block).for_api_server(&api);
         tweak(&mut config);
-        let kubelet = Kubelet::start(client.clone(), config)
+        let kubelet = Kubelet::start(client.clone(), config.clone())
             .await
             .expect("kubelet starts");
         Cluster {
@@ -74,7 +75,19 @@ impl Cluster {
             dir,
             node,
             block,
+            config,
         }
+    }
+
+    /// Stops the kubelet and starts a new one with the same configuration.
+    pub async fn restart_kubelet(&mut self) {
+        if let Some(k) = self.kubelet.take() {
+            k.shutdown().await.expect("kubelet shutdown");
+        }
+        let k = Kubelet::start(self.client.clone(), self.config.clone())
+            .await
+            .expect("kubelet restarts");
+        self.kubelet = Some(k);
     }
 
     pub fn kubelet(&self) -> &KubeletHandle {

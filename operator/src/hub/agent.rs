@@ -182,4 +182,10 @@ pub trait AgentConnector: Send + Sync + 'static {
         target: AgentTarget,
         pushes: mpsc::Sender<AgentPush>,
     ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>>;
+
+    /// Stops watching a host that left its World (default: nothing to do).
+    fn forget_host(&self, _host: &HostKey) {}
+
+    /// Drops everything held for a deleted World (default: nothing to do).
+    fn forget_world(&self, _world: &WorldKey) {}
 }

@@ -53,6 +53,12 @@ impl<K: Ord + Hash + Clone> HeartbeatIndex<K> {
         }
     }
 
+    /// The current expiry deadline of `key` (its last heartbeat plus the
+    /// timeout it was given), if it is live.
+    pub fn deadline(&self, key: &K) -> Option<Instant> {
+        self.by_key.get(key).copied()
+    }
+
     /// Whether `key` is live (heartbeat within its timeout, not yet popped).
     pub fn contains(&self, key: &K) -> bool {
         self.by_key.contains_key(key)

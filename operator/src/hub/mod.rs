@@ -20,6 +20,7 @@ pub mod agent;
 pub mod coalesce;
 pub mod heartbeat;
 mod procs;
+pub mod runtime_client;
 pub mod sim;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
@@ -29,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
@@ -82,7 +84,8 @@ struct WorldEntry {
 struct State {
     worlds: HashMap<WorldKey, WorldEntry>,
     heartbeats: HeartbeatIndex<HostKey>,
-    expired: HashSet<HostKey>,
+    /// Expired hosts and when they expired (wall clock, for status).
+    expired: HashMap<HostKey, Timestamp>,
     world_triggers: Coalescer<WorldKey>,
     mesh_triggers: Coalescer<MeshKey>,
 }
@@ -100,6 +103,7 @@ pub struct HubStats {
 
 /// The supervision hub (see the module doc).
 pub struct Hub {
+    metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
     connector: Arc<dyn AgentConnector>,
     state: Mutex<State>,
     stats: Mutex<HubStats>,
@@ -121,11 +125,12 @@ impl Hub {
     pub fn new(connector: Arc<dyn AgentConnector>) -> Arc<Self> {
         let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE);
         Arc::new(Hub {
+            metrics: std::sync::OnceLock::new(),
             connector,
             state: Mutex::new(State {
                 worlds: HashMap::new(),
                 heartbeats: HeartbeatIndex::default(),
-                expired: HashSet::new(),
+                expired: HashMap::new(),
                 world_triggers: Coalescer::new(COALESCE_INTERVAL),
                 mesh_triggers: Coalescer::new(COALESCE_INTERVAL),
             }),
@@ -145,6 +150,18 @@ impl Hub {
     /// Counters so far.
     pub fn stats(&self) -> HubStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records heartbeats (count and the gap since the host's previous one)
+    /// in `metrics` from now on; the first call wins.
+    pub fn set_metrics(&self, metrics: Arc<crate::metrics::Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn observe_heartbeat(&self, gap: Option<Option<Duration>>) {
+        if let (Some(m), Some(gap)) = (self.metrics.get(), gap) {
+            m.observe_heartbeat(gap);
+        }
     }
 
     /// A sender for pushes (the connector's agents use it; so do tests).
@@ -211,7 +228,7 @@ impl Hub {
         for host in st.heartbeats.pop_expired(now) {
             info!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, "host agent expired: no heartbeat within healthTimeout");
             st.world_triggers.mark(host.world.clone(), true, now);
-            st.expired.insert(host);
+            st.expired.insert(host, Timestamp::now());
         }
         let due_w = st.world_triggers.pop_due(now);
         let due_m = st.mesh_triggers.pop_due(now);
@@ -243,7 +260,10 @@ impl Hub {
         let mut st = self.lock();
         let st = &mut *st;
         match push {
-            AgentPush::Heartbeat { host, pod_uid } => beat(st, &host, &pod_uid, now),
+            AgentPush::Heartbeat { host, pod_uid } => {
+                let gap = beat(st, &host, &pod_uid, now);
+                self.observe_heartbeat(gap);
+            }
             AgentPush::Snapshot {
                 host,
                 pod_uid,
@@ -334,11 +354,23 @@ impl Hub {
             Liveness::Unknown
         } else if st.heartbeats.contains(&key) {
             Liveness::Alive
-        } else if st.expired.contains(&key) {
+        } else if st.expired.contains_key(&key) {
             Liveness::Expired
         } else {
             Liveness::Unknown
         }
+    }
+
+    /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
+    pub fn expired_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+        if self.liveness(world, rank, pod_uid) != Liveness::Expired {
+            return None;
+        }
+        let key = HostKey {
+            world: world.clone(),
+            rank,
+        };
+        self.lock().expired.get(&key).copied()
     }
 
     /// Brings the hub's agents of `world` in line with `agents`: dials new
@@ -374,6 +406,7 @@ impl Hub {
                     world: world.clone(),
                     rank: r,
                 };
+                self.connector.forget_host(&key);
                 st.heartbeats.remove(&key);
                 st.expired.remove(&key);
             }
@@ -485,6 +518,8 @@ impl Hub {
             }
         }
         st.world_triggers.remove(world);
+        drop(st);
+        self.connector.forget_world(world);
     }
 
     /// Whether every host in `ranks` of `world` has a live connection.
@@ -506,44 +541,29 @@ impl Hub {
     }
 }
 
-/// The connector `hostmesh operator` uses to reach agents.
-///
-/// The runtime's agent client (`hostmesh_runtime::host::AgentClient`) is not
-/// part of this build yet; until it is, every dial fails with a message
-/// saying so, hosts stay `AwaitingHeartbeat` and Worlds stay Creating.
+/// The connector `hostmesh operator` uses to reach agents: the runtime's
+/// agent client ([`runtime_client`]).
 pub fn default_connector() -> Arc<dyn AgentConnector> {
-    Arc::new(NoAgentClient)
+    Arc::new(Arc::new(runtime_client::RuntimeConnector::default()))
 }
 
-struct NoAgentClient;
-
-impl AgentConnector for NoAgentClient {
-    fn connect(
-        &self,
-        target: AgentTarget,
-        _pushes: mpsc::Sender<AgentPush>,
-    ) -> futures::future::BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
-        Box::pin(async move {
-            Err(format!(
-                "cannot dial agent at {}: this build has no runtime agent client",
-                target.addr
-            ))
-        })
-    }
-}
-
-fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) {
-    let Some(w) = st.worlds.get(&host.world) else {
-        return;
-    };
+/// Records a heartbeat of a known host. Returns `None` for a push that does
+/// not count (unknown World, host or pod), else the gap since the host's
+/// previous heartbeat (`Some(None)` for its first).
+fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
+    let w = st.worlds.get(&host.world)?;
     if w.hosts.get(&host.rank).is_none_or(|h| h.pod_uid != pod_uid) {
-        return;
+        return None;
     }
     let timeout = w.agents.health_timeout;
+    let gap = st.heartbeats.deadline(host).map(|deadline| {
+        now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))
+    });
     if st.heartbeats.beat(host.clone(), now, timeout) {
         st.expired.remove(host);
         st.world_triggers.mark(host.world.clone(), false, now);
     }
+    Some(gap)
 }
 
 #[cfg(test)]

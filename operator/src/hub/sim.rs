@@ -35,9 +35,37 @@ pub struct SimConnector {
     pub refuse: Mutex<Vec<SocketAddr>>,
     /// Procs each agent holds, by host then name.
     pub procs: Mutex<HashMap<HostKey, HashMap<String, protocol::ProcState>>>,
+    /// Heartbeat period of every agent (none: only the Snapshot on connect).
+    pub heartbeat: Option<Duration>,
+    /// Pod UIDs whose agent is dead: it stops heartbeating.
+    pub dead: Mutex<Vec<String>>,
 }
 
 impl SimConnector {
+    /// Agents that heartbeat every `every`.
+    pub fn with_heartbeat(every: Duration) -> Self {
+        SimConnector {
+            heartbeat: Some(every),
+            ..Default::default()
+        }
+    }
+
+    /// Kills the agent in pod `pod_uid`: it goes silent.
+    pub fn kill(&self, pod_uid: &str) {
+        self.dead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(pod_uid.to_string());
+    }
+
+    fn is_dead(&self, pod_uid: &str) -> bool {
+        self.dead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|d| d == pod_uid)
+    }
+
     /// Requests received by `host`.
     pub fn requests_of(&self, host: &HostKey) -> Vec<SimRequest> {
         self.requests
@@ -201,6 +229,29 @@ impl AgentConnector for SimHandle {
                 .send(snap)
                 .await
                 .map_err(|_| "hub gone".to_string())?;
+            if let Some(every) = sim.heartbeat {
+                let (sim, host, uid, pushes) = (
+                    sim.clone(),
+                    target.host.clone(),
+                    target.pod_uid.clone(),
+                    pushes.clone(),
+                );
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        if sim.is_dead(&uid) {
+                            return;
+                        }
+                        let beat = AgentPush::Heartbeat {
+                            host: host.clone(),
+                            pod_uid: uid.clone(),
+                        };
+                        if pushes.send(beat).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
             let link: Arc<dyn AgentLink> = Arc::new(SimLink {
                 sim,
                 host: target.host,

@@ -27,7 +27,7 @@ use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -86,7 +86,8 @@ pub async fn controller(
     .await;
 }
 
-fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error("procmesh", err.root().label());
     if err.is_transient() {
         debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
         return Action::requeue(Duration::from_secs(1));
@@ -97,6 +98,7 @@ fn error_policy(pm: Arc<ProcMesh>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Reconciles one ProcMesh.
 pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile("procmesh");
     let ns = pm
         .namespace()
         .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;
@@ -191,16 +193,18 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
-    write_status(pm, ctx, &plan.status).await?;
+    let deferred = write_status(pm, ctx, &plan.status, false).await?;
     let default = match plan.status.phase {
         Some(ProcMeshPhase::Running | ProcMeshPhase::Failed | ProcMeshPhase::Succeeded) => {
             Duration::from_secs(60)
         }
         _ => Duration::from_secs(2),
     };
-    Ok(Action::requeue(
-        plan.requeue_after.map_or(default, |d| d.min(default)),
-    ))
+    let requeue = [plan.requeue_after, deferred]
+        .into_iter()
+        .flatten()
+        .fold(default, Duration::min);
+    Ok(Action::requeue(requeue))
 }
 
 /// Hosts of `world` that are gone, from its status runs.
@@ -255,7 +259,7 @@ async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result
     if pm.status.as_ref() != Some(&status) {
         ctx.event(pm, true, "InvalidSpec", msg.to_string()).await;
     }
-    write_status(pm, ctx, &status).await?;
+    write_status(pm, ctx, &status, true).await?;
     Ok(if retry {
         Action::requeue(Duration::from_secs(10))
     } else {
@@ -263,25 +267,42 @@ async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result
     })
 }
 
-/// Writes `status` whole through the status subresource when it changed.
+/// Writes `status` whole through the status subresource when it changed,
+/// paced per object ([`crate::writes`]; a new first failure and `force`
+/// skip the pacing). Returns the delay after which to retry a deferred
+/// write.
 pub async fn write_status(
     pm: &ProcMesh,
     ctx: &Context,
     status: &ProcMeshStatus,
-) -> Result<(), Error> {
+    force: bool,
+) -> Result<Option<Duration>, Error> {
+    let old = pm.status.clone().unwrap_or_default();
     if pm.status.as_ref() == Some(status) {
-        return Ok(());
+        return Ok(None);
+    }
+    let urgent = force
+        || old.first_failure != status.first_failure
+        || crate::writes::urgent(old.phase, status.phase, &old.conditions, &status.conditions);
+    let key = format!(
+        "procmesh/{}/{}",
+        pm.namespace().unwrap_or_default(),
+        pm.name_any()
+    );
+    if let Some(wait) = ctx.pacer.admit(&key, urgent, std::time::Instant::now()) {
+        return Ok(Some(wait));
     }
     let api: Api<ProcMesh> =
         Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion the status was
-    // computed from: a write based on a stale read fails with 409 and the
-    // reconcile recomputes from the fresh object.
-    let mut obj = pm.clone();
-    obj.status = Some(status.clone());
-    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
-        .await?;
-    Ok(())
+    // Set whole, guarded by the resourceVersion it was computed from.
+    let patch = crate::context::status_patch(pm.resource_version(), &status)?;
+    api.patch_status(
+        &pm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await?;
+    Ok(None)
 }
 
 async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
@@ -313,7 +334,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
             pm.metadata.generation,
             &Time(now),
         );
-        write_status(pm, ctx, &status).await?;
+        write_status(pm, ctx, &status, true).await?;
         info!(procmesh = %name, "stopping procs before deletion");
         ctx.event(
             pm,

@@ -6,10 +6,10 @@
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
 //!    existing pods are never patched (changes roll them, see [`plan`]).
 //! 2. The Secret is created once and never rewritten.
-//! 3. Status is written through the status subresource, whole (replace,
-//!    guarded by the resourceVersion it was computed from, so a reconcile
-//!    working from a stale cache cannot overwrite newer status), and only
-//!    when it differs from what is stored.
+//! 3. Status is written through the status subresource, whole (a JSON
+//!    patch that tests the resourceVersion it was computed from, so a
+//!    reconcile working from a stale cache cannot overwrite newer status),
+//!    only when it differs from what is stored, paced by [`crate::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
 
@@ -93,7 +93,8 @@ pub async fn controller(
         .await;
 }
 
-fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error("world", err.root().label());
     if err.is_transient() {
         debug!(world = %world.name_any(), error = %err, "world reconcile retried");
         return Action::requeue(Duration::from_secs(1));
@@ -104,6 +105,7 @@ fn error_policy(world: Arc<World>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Reconciles one World.
 pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile("world");
     let ns = world
         .namespace()
         .ok_or(Error::MissingField("World metadata.namespace"))?;
@@ -196,6 +198,10 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
             .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
     };
 
+    let expired_since = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
+    };
     let hash = desired::template_hash(world, &ctx.args.agent_image);
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
@@ -204,6 +210,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
         pods: &pods,
         extra_pods: extra,
         liveness: &liveness,
+        expired_since: &expired_since,
         hash: &hash,
         critical_failure: critical,
         now: Timestamp::now(),
@@ -233,7 +240,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
         .await;
     }
     debug!(world = %name, phase = ?plan.status.phase, ready = ?plan.status.ready, restarts = plan.status.restarts, "writing status");
-    write_status(world, ctx, plan.status.clone()).await?;
+    let deferred = write_status(world, ctx, plan.status.clone(), false).await?;
 
     let steady = plan.status.phase == Some(WorldPhase::Running)
         || plan.status.phase == Some(WorldPhase::Failed);
@@ -242,10 +249,11 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
     } else {
         Duration::from_secs(3)
     };
-    Ok(Action::requeue(
-        plan.requeue_after
-            .map_or(default_requeue, |d| d.min(default_requeue)),
-    ))
+    let requeue = [plan.requeue_after, deferred]
+        .into_iter()
+        .flatten()
+        .fold(default_requeue, Duration::min);
+    Ok(Action::requeue(requeue))
 }
 
 async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>, Error> {
@@ -324,25 +332,44 @@ async fn invalid(world: &World, ctx: &Context, msg: &str) -> Result<Action, Erro
     if world.status.as_ref() != Some(&status) {
         ctx.event(world, true, "InvalidSpec", msg.to_string()).await;
     }
-    write_status(world, ctx, status).await?;
+    write_status(world, ctx, status, true).await?;
     Ok(Action::await_change())
 }
 
-/// Writes `status` whole through the status subresource when it changed.
-pub async fn write_status(world: &World, ctx: &Context, status: WorldStatus) -> Result<(), Error> {
+/// Writes `status` whole through the status subresource when it changed,
+/// paced per object ([`crate::writes`]; `force` skips the pacing). Returns
+/// the delay after which to retry a deferred write.
+pub async fn write_status(
+    world: &World,
+    ctx: &Context,
+    status: WorldStatus,
+    force: bool,
+) -> Result<Option<Duration>, Error> {
+    let old = world.status.clone().unwrap_or_default();
     if world.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(None);
+    }
+    let urgent = force
+        || crate::writes::urgent(old.phase, status.phase, &old.conditions, &status.conditions);
+    let key = format!(
+        "world/{}/{}",
+        world.namespace().unwrap_or_default(),
+        world.name_any()
+    );
+    if let Some(wait) = ctx.pacer.admit(&key, urgent, std::time::Instant::now()) {
+        return Ok(Some(wait));
     }
     let api: Api<World> =
         Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion the status was
-    // computed from: a write based on a stale read fails with 409 and the
-    // reconcile recomputes from the fresh object.
-    let mut obj = world.clone();
-    obj.status = Some(status);
-    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
-        .await?;
-    Ok(())
+    // Set whole, guarded by the resourceVersion it was computed from.
+    let patch = crate::context::status_patch(world.resource_version(), &status)?;
+    api.patch_status(
+        &world.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await?;
+    Ok(None)
 }
 
 async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
@@ -360,7 +387,7 @@ async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
     if !mine.is_empty() {
         let mut status = world.status.clone().unwrap_or_default();
         status.phase = Some(WorldPhase::Terminating);
-        write_status(world, ctx, status).await?;
+        write_status(world, ctx, status, true).await?;
         for pm in &mine {
             if pm.metadata.deletion_timestamp.is_none() {
                 info!(world = %name, procmesh = %pm.name_any(), "deleting ProcMesh before its World");

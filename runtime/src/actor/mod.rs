@@ -193,7 +193,7 @@ impl<A: Actor> CanSend for Context<A> {
 }
 
 /// A typed reference to an actor; serializable, so it can travel in messages.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct ActorRef<A> {
     id: ActorId,
@@ -313,5 +313,13 @@ pub(crate) async fn call_raw<R: Message>(
         },
         _ = tokio::time::sleep(timeout) => Err(Error::Timeout { dest: dest.to_string(), timeout }),
         _ = lost_fut => Err(Error::ConnectionLost { peer: peer.to_string(), dest: dest.to_string() }),
+    }
+}
+
+impl<T> std::fmt::Debug for ActorRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ActorRef")
+            .field(&format_args!("{}", self.id))
+            .finish()
     }
 }

@@ -86,7 +86,7 @@ async fn send<S: AsyncWrite + Unpin>(s: &mut S, msg: &Hello) -> Result<(), Chann
 
 async fn recv<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Hello, ChannelError> {
     loop {
-        match frame::decode(buf, MAX_HELLO)? {
+        match frame::decode(buf, MAX_HELLO, &mut None)? {
             Some(Frame::Hello(body)) => {
                 return postcard::from_bytes(&body)
                     .map_err(|e| ChannelError::Protocol(format!("bad handshake message: {e}")));
@@ -229,7 +229,7 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let dk = dk.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
         let ak = ak.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
-        let d = id("unbound/client");
+        let d = id("unbound:1/client");
         let acc = id("tcp:127.0.0.1:9/server");
         // Each side owns its stream, so a side that gives up closes it.
         let (r1, r2) = tokio::join!(
@@ -243,7 +243,7 @@ mod tests {
     async fn same_secret_authenticates_both_sides() {
         let (d, a) = run(Some(b"s3cret"), Some(b"s3cret")).await;
         assert_eq!(d.unwrap(), id("tcp:127.0.0.1:9/server"));
-        assert_eq!(a.unwrap(), id("unbound/client"));
+        assert_eq!(a.unwrap(), id("unbound:1/client"));
         let (d, a) = run(None, None).await;
         assert!(d.is_ok() && a.is_ok());
     }

@@ -17,6 +17,11 @@
 //! 4. Nothing is dropped silently: an envelope that cannot be written, or was
 //!    written but not acknowledged when its connection failed, is handed back
 //!    to the proc as undeliverable (it may or may not have been processed).
+//!    One exception: unacknowledged envelopes to *opened ports* (replies,
+//!    subscription pushes) are logged, not bounced, when a connection fails:
+//!    their receivers observe the loss themselves (a pending call fails with
+//!    `ConnectionLost`), and failing a responder because its caller went
+//!    away would be wrong.
 //! 5. A bad header, an oversize frame or garbage closes only the connection
 //!    it came on, with the reason logged; a failed handshake likewise.
 //! 6. Links to dialable peers reconnect with exponential backoff, up to

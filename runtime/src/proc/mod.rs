@@ -159,8 +159,7 @@ impl ProcBuilder {
     /// Binds the listener (if any) and starts the proc.
     pub async fn build(self) -> Result<Proc, Error> {
         let (addr, listener) = match &self.listen {
-            None => (ChannelAddr::Unbound, None),
-            Some(ChannelAddr::Unbound) => (ChannelAddr::Unbound, None),
+            None | Some(ChannelAddr::Unbound(_)) => (ChannelAddr::Unbound(rand::random()), None),
             Some(ChannelAddr::Tcp(a)) => {
                 let l = TcpListener::bind(a).await.map_err(|source| Error::Listen {
                     addr: a.to_string(),

@@ -1,0 +1,156 @@
+//! Status-write metrics taken at the kube client: a tower layer that sees
+//! every request the operator sends, so `hostmesh_status_writes_total` counts
+//! each write to a World's or ProcMesh's status subresource with its real
+//! outcome, whatever code path issued it.
+//!
+//! Invariants:
+//! 1. Only PATCH and PUT on `/apis/hostmesh.dev/<version>/namespaces/<ns>/
+//!    {worlds,procmeshes}/<name>/status` are counted; every other request
+//!    passes through untouched and uncounted.
+//! 2. The outcome is the HTTP status: 2xx `applied`, 409 `conflict`, any
+//!    other status or a transport failure `error`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Method, Request, Response};
+
+use crate::metrics::{Metrics, StatusWriteOutcome};
+
+/// Wraps a kube client's service stack (`ClientBuilder::with_layer`).
+#[derive(Debug, Clone)]
+pub struct StatusWriteLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl StatusWriteLayer {
+    /// A layer recording into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for StatusWriteLayer {
+    type Service = StatusWriteService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StatusWriteService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The service [`StatusWriteLayer`] produces.
+#[derive(Debug, Clone)]
+pub struct StatusWriteService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+/// The kind whose status `method path` writes, if it is such a write
+/// (invariant 1).
+pub fn status_write_kind(method: &Method, path: &str) -> Option<&'static str> {
+    if method != Method::PATCH && method != Method::PUT {
+        return None;
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        [
+            "apis",
+            "hostmesh.dev",
+            _version,
+            "namespaces",
+            _ns,
+            plural,
+            _name,
+            "status",
+        ] => match *plural {
+            "worlds" => Some("World"),
+            "procmeshes" => Some("ProcMesh"),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The outcome of a response code (invariant 2).
+pub fn outcome_of(code: u16) -> StatusWriteOutcome {
+    match code {
+        200..=299 => StatusWriteOutcome::Applied,
+        409 => StatusWriteOutcome::Conflict,
+        _ => StatusWriteOutcome::Error,
+    }
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<Request<ReqBody>> for StatusWriteService<S>
+where
+    S: tower_service::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let kind = status_write_kind(req.method(), req.uri().path());
+        let fut = self.inner.call(req);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let res = fut.await;
+            if let Some(kind) = kind {
+                let outcome = match &res {
+                    Ok(resp) => outcome_of(resp.status().as_u16()),
+                    Err(_) => StatusWriteOutcome::Error,
+                };
+                metrics.status_write(kind, outcome);
+            }
+            res
+        })
+    }
+}
+
+/// A client for `config` whose status writes are counted in `metrics`.
+pub fn client(config: kube::Config, metrics: Arc<Metrics>) -> Result<kube::Client, kube::Error> {
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&StatusWriteLayer::new(metrics))
+        .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_status_writes_of_hostmesh_kinds_are_counted() {
+        let p = "/apis/hostmesh.dev/v1alpha1/namespaces/ml/worlds/trainer/status";
+        assert_eq!(status_write_kind(&Method::PATCH, p), Some("World"));
+        assert_eq!(status_write_kind(&Method::PUT, p), Some("World"));
+        assert_eq!(status_write_kind(&Method::GET, p), None);
+        let p = "/apis/hostmesh.dev/v1alpha1/namespaces/ml/procmeshes/train/status";
+        assert_eq!(status_write_kind(&Method::PATCH, p), Some("ProcMesh"));
+        for other in [
+            "/apis/hostmesh.dev/v1alpha1/namespaces/ml/worlds/trainer",
+            "/api/v1/namespaces/ml/pods/p/status",
+            "/apis/example.com/v1/namespaces/ml/worlds/trainer/status",
+            "/apis/hostmesh.dev/v1alpha1/namespaces/ml/widgets/w/status",
+        ] {
+            assert_eq!(status_write_kind(&Method::PATCH, other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn outcomes_follow_the_http_status() {
+        assert_eq!(outcome_of(200), StatusWriteOutcome::Applied);
+        assert_eq!(outcome_of(201), StatusWriteOutcome::Applied);
+        assert_eq!(outcome_of(409), StatusWriteOutcome::Conflict);
+        assert_eq!(outcome_of(422), StatusWriteOutcome::Error);
+        assert_eq!(outcome_of(500), StatusWriteOutcome::Error);
+    }
+}

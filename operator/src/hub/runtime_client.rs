@@ -1,0 +1,192 @@
+//! The hub's connector over the runtime's agent client
+//! ([`hostmesh_runtime::host::AgentClient`]): one client per World (its
+//! secret), one watch per host, every agent event translated into a hub push.
+//!
+//! Invariants:
+//! 1. One client per World and secret; a changed secret gets a new client.
+//! 2. Each push carries the pod UID the host was last dialed for, so a
+//!    replaced pod's agent is never mistaken for its predecessor.
+//! 3. Requests go through the client with its call timeout; errors come back
+//!    as text for the hub to log and retry.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hostmesh_runtime::host::protocol::AgentPush as RtPush;
+use hostmesh_runtime::host::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
+use tokio::sync::mpsc;
+
+use super::agent::{
+    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, WorldKey,
+};
+
+/// Name of the operator's client proc (agents see `<name>-<random>`).
+const CLIENT_NAME: &str = "hostmesh-operator";
+const EVENT_QUEUE: usize = 4096;
+
+type Uids = Arc<Mutex<HashMap<usize, String>>>;
+
+struct WorldClient {
+    secret: Arc<[u8]>,
+    client: AgentClient,
+    uids: Uids,
+}
+
+/// Dials agents with the runtime's agent client.
+#[derive(Default)]
+pub struct RuntimeConnector {
+    worlds: tokio::sync::Mutex<HashMap<WorldKey, WorldClient>>,
+}
+
+fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<AgentPush> {
+    let host = HostKey {
+        world: world.clone(),
+        rank: ev.host.rank as u64,
+    };
+    let uid = || {
+        uids.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ev.host.rank)
+            .cloned()
+            .unwrap_or_default()
+    };
+    Some(match ev.kind {
+        AgentEventKind::Connected => return None,
+        AgentEventKind::Disconnected { .. } => AgentPush::Disconnected { host },
+        AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => AgentPush::Snapshot {
+            host,
+            pod_uid: uid(),
+            procs,
+        },
+        AgentEventKind::Push(RtPush::Changed(c)) => AgentPush::ProcState {
+            host,
+            state: c.state,
+        },
+        AgentEventKind::Push(RtPush::Heartbeat { .. }) => AgentPush::Heartbeat {
+            host,
+            pod_uid: uid(),
+        },
+    })
+}
+
+impl RuntimeConnector {
+    async fn client_for(
+        &self,
+        target: &AgentTarget,
+        pushes: mpsc::Sender<AgentPush>,
+    ) -> Result<(AgentClient, Uids), String> {
+        let mut worlds = self.worlds.lock().await;
+        let world = target.host.world.clone();
+        if let Some(w) = worlds.get(&world).filter(|w| w.secret == target.secret) {
+            return Ok((w.client.clone(), w.uids.clone()));
+        }
+        let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
+        let client = AgentClient::new(CLIENT_NAME, &target.secret, ClientConfig::default(), tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        let uids: Uids = Arc::default();
+        let (w, u) = (world.clone(), uids.clone());
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if let Some(push) = translate(&w, &u, ev)
+                    && pushes.send(push).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        worlds.insert(
+            world,
+            WorldClient {
+                secret: target.secret.clone(),
+                client: client.clone(),
+                uids: uids.clone(),
+            },
+        );
+        Ok((client, uids))
+    }
+}
+
+impl AgentConnector for Arc<RuntimeConnector> {
+    fn connect(
+        &self,
+        target: AgentTarget,
+        pushes: mpsc::Sender<AgentPush>,
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let (client, uids) = this.client_for(&target, pushes).await?;
+            let rank = target.host.rank as usize;
+            uids.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(rank, target.pod_uid.clone());
+            client.watch(rank, target.addr);
+            let link: Arc<dyn AgentLink> = Arc::new(RuntimeLink {
+                client,
+                addr: target.addr,
+            });
+            Ok(link)
+        })
+    }
+
+    fn forget_host(&self, host: &HostKey) {
+        if let Ok(worlds) = self.worlds.try_lock()
+            && let Some(w) = worlds.get(&host.world)
+        {
+            w.client.unwatch(host.rank as usize);
+        }
+    }
+
+    fn forget_world(&self, world: &WorldKey) {
+        if let Ok(mut worlds) = self.worlds.try_lock() {
+            worlds.remove(world);
+        }
+    }
+}
+
+struct RuntimeLink {
+    client: AgentClient,
+    addr: SocketAddr,
+}
+
+impl AgentLink for RuntimeLink {
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.client
+                .create_or_update(self.addr, req)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.client
+                .stop(self.addr, &name, grace)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let n = hosts
+                .iter()
+                .map(|(r, _)| *r as usize + 1)
+                .max()
+                .unwrap_or(0);
+            let mut book = vec![String::new(); n];
+            for (r, a) in hosts {
+                book[r as usize] = a.to_string();
+            }
+            self.client
+                .set_address_book(self.addr, book)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}

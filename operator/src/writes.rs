@@ -1,0 +1,122 @@
+//! Status-write pacing per object: a change a user must see (a phase or a
+//! condition status flips, e.g. the first failure) is written at once;
+//! other changes (counts, runs, messages) at most once per interval per
+//! object, however often reconciles run. The hub paces its triggers the same
+//! way; this covers reconciles triggered by watches (pods, Worlds).
+//!
+//! Invariants:
+//! 1. A deferred write is never lost: the caller requeues after the returned
+//!    delay and recomputes the whole status then.
+//! 2. Urgent writes are never delayed.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// Paces status writes per object key.
+#[derive(Debug)]
+pub struct StatusPacer {
+    interval: Duration,
+    last: Mutex<HashMap<String, Instant>>,
+}
+
+impl StatusPacer {
+    /// A pacer allowing one non-urgent write per `interval` per object.
+    pub fn new(interval: Duration) -> Self {
+        StatusPacer {
+            interval,
+            last: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `None`: write now (and it is recorded). `Some(d)`: defer by `d`.
+    pub fn admit(&self, key: &str, urgent: bool, now: Instant) -> Option<Duration> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(prev) = last.get(key)
+            && !urgent
+        {
+            let next = *prev + self.interval;
+            if next > now {
+                return Some(next - now);
+            }
+        }
+        last.insert(key.to_string(), now);
+        None
+    }
+
+    /// Forgets `key` (object deleted).
+    pub fn forget(&self, key: &str) {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+/// Whether going from (`old_phase`, `old`) to (`new_phase`, `new`) is a
+/// change a user must see at once: the phase or a condition's status flips.
+pub fn urgent<P: PartialEq>(
+    old_phase: Option<P>,
+    new_phase: Option<P>,
+    old: &[Condition],
+    new: &[Condition],
+) -> bool {
+    if old_phase != new_phase {
+        return true;
+    }
+    new.iter().any(|c| {
+        old.iter()
+            .find(|o| o.type_ == c.type_)
+            .is_none_or(|o| o.status != c.status)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urgent_writes_pass_others_wait_for_the_interval() {
+        let p = StatusPacer::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(p.admit("w", false, t0), None);
+        assert_eq!(
+            p.admit("w", false, t0 + Duration::from_millis(300)),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(p.admit("other", false, t0), None, "per object");
+        assert_eq!(p.admit("w", true, t0 + Duration::from_millis(400)), None);
+        assert!(
+            p.admit("w", false, t0 + Duration::from_millis(500))
+                .is_some()
+        );
+        assert_eq!(p.admit("w", false, t0 + Duration::from_millis(1400)), None);
+        p.forget("w");
+        assert_eq!(p.admit("w", false, t0 + Duration::from_millis(1500)), None);
+    }
+
+    fn c(t: &str, s: &str) -> Condition {
+        Condition {
+            type_: t.into(),
+            status: s.into(),
+            reason: "R".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }
+    }
+
+    #[test]
+    fn phase_and_condition_flips_are_urgent() {
+        let a = [c("Ready", "True"), c("Degraded", "False")];
+        let b = [c("Ready", "False"), c("Degraded", "True")];
+        assert!(!urgent(Some(1), Some(1), &a, &a));
+        assert!(urgent(Some(1), Some(1), &a, &b));
+        assert!(urgent(Some(1), Some(2), &a, &a));
+        assert!(urgent(Some(1), Some(1), &[], &a), "a new condition");
+    }
+}

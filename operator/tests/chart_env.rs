@@ -1,0 +1,120 @@
+//! The chart ⇄ binary contract: the environment the chart's Deployment gives
+//! the operator container (rendered with real Helm) is accepted by
+//! `hostmesh operator`, which gets past argument parsing, logging and
+//! election setup and stops only at connecting to a cluster (there is none
+//! here). Needs `pip install helm-python-sdk`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Renders the chart with `values` (JSON) and returns the operator
+/// container's `(name, value)` environment (downward-API entries get
+/// stand-in values) and its args.
+fn rendered_env(values: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
+    let script = r#"
+import json, re, sys
+import helm_python as helm
+chart = helm.Chart.load(sys.argv[1])
+out = chart.render(json.loads(sys.argv[2]), name="hm", namespace="hostmesh-system", is_install=True)
+dep = next(helm.values_from_yaml(d) for d in re.split(r"(?m)^---\s*$", out["hostmesh/templates/deployment.yaml"]) if d.strip())
+c = dep["spec"]["template"]["spec"]["containers"][0]
+env = []
+for e in c.get("env", []):
+    if "value" in e:
+        env.append([e["name"], e["value"]])
+    else:
+        env.append([e["name"], {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system"}[e["valueFrom"]["fieldRef"]["fieldPath"]]])
+print(json.dumps({"env": env, "args": c.get("args", [])}))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&chart)
+        .arg(values)
+        .output()
+        .expect("python3 must be installed");
+    assert!(
+        out.status.success(),
+        "rendering failed (needs `pip install helm-python-sdk`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let env = v["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().expect("name").to_owned(),
+                p[1].as_str().expect("value").to_owned(),
+            )
+        })
+        .collect();
+    let args = v["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_owned())
+        .collect();
+    (env, args)
+}
+
+fn run_operator_with(values: &str) -> String {
+    let (env, args) = rendered_env(values);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", tmp.path())
+        .env("KUBECONFIG", tmp.path().join("missing-kubeconfig"))
+        .envs(env)
+        .output()
+        .expect("run hostmesh");
+    assert!(!out.status.success(), "there is no cluster to connect to");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn default_chart_environment_is_accepted_by_the_operator() {
+    let err = run_operator_with("{}");
+    assert!(
+        err.contains("cannot configure the Kubernetes client"),
+        "the operator must get as far as connecting:\n{err}"
+    );
+}
+
+#[test]
+fn non_default_chart_environment_is_accepted_by_the_operator() {
+    let values = r#"{"logFormat": "text", "logLevel": "info,hostmesh_operator=debug",
+        "watchNamespaces": ["team-a", "team-b"], "replicas": 2,
+        "leaderElection": {"enabled": true, "leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "5s"},
+        "metrics": {"port": 9090}}"#;
+    let err = run_operator_with(values);
+    assert!(
+        err.contains("cannot configure the Kubernetes client"),
+        "the operator must get as far as connecting:\n{err}"
+    );
+}
+
+#[test]
+fn inconsistent_election_timing_from_the_chart_is_reported_with_the_flag() {
+    // The schema accepts each duration alone; their order is checked by the
+    // operator at start-up, with the flag's name.
+    let values =
+        r#"{"leaderElection": {"enabled": true, "leaseDuration": "5s", "renewDeadline": "10s"}}"#;
+    let (env, args) = rendered_env(values);
+    let out = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env)
+        .output()
+        .expect("run hostmesh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--leader-elect-renew-deadline"),
+        "the error names the flag:\n{err}"
+    );
+}

@@ -1,0 +1,144 @@
+//! `hostmesh operator` as a process against the embedded API server: JSON
+//! logs on stderr (one object per line), the HTTP endpoint, the Lease taken,
+//! and on SIGTERM a clean exit that releases the Lease.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_operator::manifest;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = ApiServer::start(ApiServerConfig {
+        kubeconfig: Some(kubeconfig.clone()),
+        ..ApiServerConfig::default()
+    })
+    .await
+    .expect("embedded API server starts");
+    let client = server.client().expect("client");
+    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
+    manifest::apply_all(&client, &crds, "default", "test")
+        .await
+        .expect("install CRDs");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args([
+            "operator",
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--leader-elect",
+            "--leader-elect-namespace",
+            "default",
+            "--leader-elect-identity",
+            "proc-a",
+            "--watch-namespaces",
+            "default",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hostmesh operator");
+    let pid = child.id();
+
+    // Every stderr line is a JSON object; the endpoint's address is logged.
+    let stderr = child.stderr.take().expect("stderr");
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut bad = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(v) => {
+                    if let Some(addr) = v["fields"]["addr"].as_str()
+                        && v["fields"]["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("/metrics"))
+                    {
+                        let _ = addr_tx.send(addr.to_owned());
+                    }
+                }
+                Err(_) => bad.push(line),
+            }
+        }
+        bad
+    });
+    let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(WAIT))
+        .await
+        .expect("join")
+        .expect("the operator logs its HTTP address");
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some((200, body)) = get(&addr, "/readyz").await
+            && body.contains("[+]leader-election leader")
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "operator never led");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = |l: Lease| l.spec.and_then(|s| s.holder_identity);
+    assert_eq!(
+        holder(leases.get("hostmesh-operator").await.expect("lease")).as_deref(),
+        Some("proc-a")
+    );
+
+    // SIGTERM, to this child only (by PID).
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("try_wait") {
+            break exit;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("operator did not exit after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "clean exit after SIGTERM: {exit}");
+    assert_eq!(
+        holder(leases.get("hostmesh-operator").await.expect("lease")),
+        None,
+        "the Lease is released on shutdown"
+    );
+    let bad = reader.join().expect("reader");
+    assert!(bad.is_empty(), "non-JSON log lines: {bad:?}");
+    server.shutdown().await;
+}
