@@ -92,7 +92,7 @@ impl Encoder {
             && !self.metadata
             && obj.get("apiVersion").and_then(Value::as_str)
                 == Some(self.target.info.api_version(&self.target.version).as_str())
-            && !(self.target.info.group == "events.k8s.io")
+            && self.target.info.group != "events.k8s.io"
     }
 
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
