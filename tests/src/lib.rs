@@ -432,17 +432,35 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// PIDs of the procs of ProcMesh `mesh` in World `world`: the processes the
-/// agents started, not their children (a `sh -c` proc's `sleep`).
-pub fn proc_pids(world: &str, mesh: &str) -> Vec<i32> {
-    let all = find_pids(|e| {
-        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
-            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(mesh)
-    });
-    all.iter()
-        .copied()
-        .filter(|p| parent_of(*p).is_none_or(|pp| !all.contains(&pp)))
-        .collect()
+impl Env {
+    /// PIDs of the agents of host `rank` of World `world` in this test's
+    /// namespace.
+    pub fn agent_pids(&self, world: &str, rank: u32) -> Vec<i32> {
+        agents_in(&self.namespace, world, Some(rank))
+    }
+
+    /// PIDs of the procs of ProcMesh `mesh` on World `world` in this test's
+    /// namespace: the processes its agents started, not their children (a
+    /// `sh -c` proc's `sleep`).
+    pub fn proc_pids(&self, world: &str, mesh: &str) -> Vec<i32> {
+        let agents = agents_in(&self.namespace, world, None);
+        find_pids(|e| e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(mesh))
+            .into_iter()
+            .filter(|p| parent_of(*p).is_some_and(|pp| agents.contains(&pp)))
+            .collect()
+    }
+}
+
+fn agents_in(namespace: &str, world: &str, rank: Option<u32>) -> Vec<i32> {
+    let rank = rank.map(|r| r.to_string());
+    find_pids(|e| {
+        e.get("HOSTMESH_NAMESPACE").map(String::as_str) == Some(namespace)
+            && e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
+            && rank
+                .as_ref()
+                .is_none_or(|r| e.get("HOSTMESH_HOST_RANK") == Some(r))
+            && !e.contains_key("HOSTMESH_PROC_MESH")
+    })
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
@@ -454,16 +472,6 @@ fn parent_of(pid: i32) -> Option<i32> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-/// PID of the agent of host `rank` of World `world`.
-pub fn agent_pids(world: &str, rank: u32) -> Vec<i32> {
-    let rank = rank.to_string();
-    find_pids(|e| {
-        e.get("HOSTMESH_WORLD").map(String::as_str) == Some(world)
-            && e.get("HOSTMESH_HOST_RANK") == Some(&rank)
-            && !e.contains_key("HOSTMESH_PROC_MESH")
-    })
 }
 
 /// Sends `signal` to `pid`.

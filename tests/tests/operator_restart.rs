@@ -1,7 +1,7 @@
 //! e2e: the operator killed in the middle of a ProcMesh spawn converges after
 //! a restart with no duplicate procs and no lost status.
 
-use hostmesh_e2e::{Env, condition_true, proc_pids, world_yaml};
+use hostmesh_e2e::{Env, condition_true, world_yaml};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn operator_restart_mid_spawn_converges_without_duplicates() -> anyhow::Result<()> {
@@ -15,7 +15,7 @@ async fn operator_restart_mid_spawn_converges_without_duplicates() -> anyhow::Re
     .await?;
     // Kill the operator as soon as the first proc exists: mid-spawn.
     hostmesh_e2e::eventually("the first proc started", || {
-        !proc_pids("w", "pm").is_empty()
+        !env.proc_pids("w", "pm").is_empty()
     })
     .await?;
     env.kill_operator();
@@ -25,7 +25,7 @@ async fn operator_restart_mid_spawn_converges_without_duplicates() -> anyhow::Re
         .await?;
     assert_eq!(status["running"], 8, "{status:#}");
     // Exactly one process per rank.
-    let pids = proc_pids("w", "pm");
+    let pids = env.proc_pids("w", "pm");
     assert_eq!(pids.len(), 8, "no duplicate procs: {pids:?}");
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! e2e: a World becomes Running with an agent in every host pod, is usable
 //! with `kubectl wait`, and leaves nothing behind when deleted.
 
-use hostmesh_e2e::{Env, agent_pids, condition_true, eventually, proc_pids, world_yaml};
+use hostmesh_e2e::{Env, condition_true, eventually, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
@@ -39,7 +39,7 @@ async fn world_of_four_hosts_becomes_running_with_an_agent_per_pod() -> anyhow::
     }
     // Every host runs a real agent process.
     for rank in 0..4 {
-        assert_eq!(agent_pids("w4", rank).len(), 1, "agent of host {rank}");
+        assert_eq!(env.agent_pids("w4", rank).len(), 1, "agent of host {rank}");
     }
     // kubectl wait understands the condition.
     env.kubectl(&[
@@ -77,10 +77,11 @@ async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Res
         condition_true(s, "Ready")
     })
     .await?;
-    assert_eq!(proc_pids("wd", "sleepers").len(), 4);
+    assert_eq!(env.proc_pids("wd", "sleepers").len(), 4);
     env.delete("World", "wd").await?;
     eventually("every proc and agent gone", || {
-        proc_pids("wd", "sleepers").is_empty() && (0..2).all(|r| agent_pids("wd", r).is_empty())
+        env.proc_pids("wd", "sleepers").is_empty()
+            && (0..2).all(|r| env.agent_pids("wd", r).is_empty())
     })
     .await?;
     for rank in 0..4 {
