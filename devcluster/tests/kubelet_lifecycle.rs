@@ -474,3 +474,21 @@ async fn kubelets_sharing_a_machine_never_share_a_pod_ip() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_everything_even_when_the_api_server_is_gone() {
+    let mut c = Cluster::start(252).await;
+    c.create_pod("metadata: {name: orphan}\nspec:\n  containers:\n  - {name: main, image: busybox, command: [sleep, '600']}\n")
+        .await;
+    let pod = c
+        .wait_pod("orphan", "running", |p| container_pid(p, "main").is_some())
+        .await;
+    let pid = container_pid(&pod, "main").unwrap();
+    c.api.take().unwrap().shutdown().await;
+    let kubelet = c.kubelet.take().unwrap();
+    tokio::time::timeout(WAIT, kubelet.shutdown())
+        .await
+        .expect("shutdown finishes without the API server")
+        .unwrap();
+    wait_pids_gone(&[pid]).await;
+}
