@@ -161,6 +161,15 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         now: Timestamp::now(),
     });
 
+    // Write-ahead: a restart decision, with the failure behind it, is in
+    // status before any agent acts on it. Otherwise a paced or stale (409)
+    // write after the restart would leave a running new incarnation with no
+    // record of why it was restarted (no restart count, no firstFailure).
+    let prev_restarts = pm.status.as_ref().map_or(0, |s| s.restarts);
+    let written_ahead = plan.spawn.is_some() && plan.status.restarts != prev_restarts;
+    if written_ahead {
+        write_status(pm, ctx, &plan.status, true).await?;
+    }
     if let Some(inc) = plan.spawn.as_ref().filter(|_| !replacing) {
         let mut errors = Vec::new();
         for host in 0..hosts {
@@ -198,7 +207,11 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
-    let deferred = write_status(pm, ctx, &plan.status, false).await?;
+    let deferred = if written_ahead {
+        None
+    } else {
+        write_status(pm, ctx, &plan.status, false).await?
+    };
     let deferred = if replacing {
         Some(
             deferred
