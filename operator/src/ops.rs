@@ -12,6 +12,9 @@
 //!    HTTP endpoint closes.
 //! 3. `hostmesh_worlds{phase}` is reported by the leader only (a standby
 //!    reports zeros), so summing over replicas counts each World once.
+//! 4. Stopping the controllers (leadership lost, or shutdown) takes at most
+//!    [`CONTROLLER_STOP_GRACE`]: in-flight reconciles may finish within it,
+//!    then the controllers are cancelled, so a standby never keeps writing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +34,9 @@ use crate::{Context, OperatorArgs, hub};
 
 /// How often the leader recounts Worlds by phase.
 pub const PHASE_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
+/// How long stopping controllers may take (in-flight reconciles finish)
+/// before they are cancelled.
+pub const CONTROLLER_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Bound on each shutdown step after the controllers stopped.
 const SHUTDOWN_STEP: Duration = Duration::from_secs(10);
 
@@ -201,15 +207,35 @@ async fn lead_while_leader(
             }
         };
         let sd = shutdown.clone();
+        let (stopped_tx, mut stopped_rx) = watch::channel(false);
         let stop = async move {
             tokio::select! {
                 () = sd => {}
                 () = lost => {}
             }
+            let _ = stopped_tx.send(true);
         };
         ctx.hub.set_metrics(metrics.clone());
         let sampler = tokio::spawn(sample_hub(ctx.hub.clone(), metrics.clone()));
-        let result = crate::controllers(ctx, stop).await;
+        // Invariant 4: a stop is bounded even if a reconcile hangs; the
+        // controllers' future is dropped (cancelled) at the end of this block.
+        let result = {
+            let controllers = crate::controllers(ctx, stop);
+            tokio::pin!(controllers);
+            tokio::select! {
+                result = &mut controllers => result,
+                () = async {
+                    let _ = stopped_rx.changed().await;
+                    tokio::time::sleep(CONTROLLER_STOP_GRACE).await;
+                } => {
+                    warn!(
+                        grace = ?CONTROLLER_STOP_GRACE,
+                        "controllers did not stop within the grace period; cancelling them"
+                    );
+                    Ok(())
+                }
+            }
+        };
         sampler.abort();
         result?;
         if shutdown.peek().is_some() {

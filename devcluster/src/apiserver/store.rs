@@ -10,7 +10,9 @@
 //! 2. A write that changes nothing stores nothing and emits no event.
 //! 3. `compacted` of a resource is the highest resourceVersion whose event
 //!    may have left the history: a watch from a resourceVersion below it is
-//!    answered with 410 Gone.
+//!    answered with 410 Gone. It starts at the floor (0, or the restored
+//!    resourceVersion after a restart), never at "now": a resource nobody
+//!    wrote yet has missed nothing.
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 
@@ -42,6 +44,9 @@ pub(crate) struct WatchEvent {
     pub(crate) object: Arc<Value>,
     /// The object before the change (for selector transitions).
     pub(crate) previous: Option<Arc<Value>>,
+    /// The event's wire line as stored (encoded once, shared by every
+    /// watcher that needs it unchanged).
+    pub(crate) encoded: std::sync::OnceLock<bytes::Bytes>,
 }
 
 struct ResourceState {
@@ -68,6 +73,9 @@ pub(crate) type Subscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<Wa
 /// The locked state.
 pub(crate) struct State {
     rv: u64,
+    /// The resourceVersion the history starts at (the restored one after a
+    /// restart, else 0): no event of any resource before it is kept.
+    floor: u64,
     pub(crate) registry: Registry,
     resources: HashMap<String, ResourceState>,
     history_limit: usize,
@@ -76,7 +84,9 @@ pub(crate) struct State {
 
 impl State {
     fn res(&mut self, key: &str) -> &mut ResourceState {
-        let compacted = self.rv;
+        // A resource seen for the first time has had no events since the
+        // floor (any write would have created its state).
+        let compacted = self.floor;
         self.resources
             .entry(key.to_string())
             .or_insert_with(|| ResourceState::new(compacted))
@@ -177,6 +187,7 @@ impl State {
             r,
             limit,
             WatchEvent {
+                encoded: std::sync::OnceLock::new(),
                 type_,
                 rv,
                 object: obj.clone(),
@@ -205,6 +216,7 @@ impl State {
             r,
             limit,
             WatchEvent {
+                encoded: std::sync::OnceLock::new(),
                 type_: EventType::Deleted,
                 rv,
                 object: obj.clone(),
@@ -296,6 +308,7 @@ impl Store {
         Self {
             state: Mutex::new(State {
                 rv: 0,
+                floor: 0,
                 registry: Registry::new(),
                 resources: HashMap::new(),
                 history_limit: history_limit.max(1),
@@ -321,6 +334,7 @@ impl Store {
     pub(crate) fn restore(&self, snap: Snapshot) {
         let mut st = self.lock();
         st.rv = snap.rv;
+        st.floor = snap.rv;
         for (key, objs) in snap.resources {
             let rv = st.rv;
             let r = st

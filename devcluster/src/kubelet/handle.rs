@@ -39,7 +39,10 @@ impl Kubelet {
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
         let shared = Arc::new(Shared {
             client,
-            ips: Mutex::new(IpPool::new(config.pod_ip_block)),
+            ips: Mutex::new(IpPool::new(
+                config.pod_ip_block,
+                config.ip_claims_dir.clone(),
+            )),
             config,
             images,
             groups: groups.clone(),
@@ -60,7 +63,7 @@ impl Kubelet {
             None => None,
         };
         *lock(&shared.log_port) = log_port.unwrap_or(0);
-        node::register(&shared).await?;
+        register_with_retries(&shared).await?;
         if let Some(listener) = listener {
             tokio::spawn(logs::serve(shared.clone(), listener));
         }
@@ -148,11 +151,44 @@ impl KubeletHandle {
             let _ = heartbeat.await;
         }
         kill_all(&self.groups);
-        if let Err(e) = node::post_stopped(&self.shared).await {
-            tracing::warn!(error = %e, "cannot mark the node stopped");
+        // Best effort, bounded: the API server may already be gone.
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            node::post_stopped(&self.shared),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot mark the node stopped"),
+            Err(_) => tracing::warn!("marking the node stopped timed out"),
         }
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
+    }
+}
+
+/// Registers the Node, retrying for about half a minute while the API server
+/// cannot be reached (it may still be starting); an answer from the server
+/// that refuses the Node is final.
+async fn register_with_retries(shared: &Shared) -> Result<()> {
+    let mut delay = std::time::Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match node::register(shared).await {
+            Ok(()) => return Ok(()),
+            Err(
+                e @ KubeletError::Api {
+                    source: kube::Error::Api(_),
+                    ..
+                },
+            ) => return Err(e),
+            Err(e) if tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!(error = %e, "cannot register the node yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(3));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -100,6 +100,24 @@ struct Slot {
 }
 
 const RETRY: Duration = Duration::from_secs(2);
+/// Longest wait for one API call from a pod worker.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bounds one API call, so a hung API server cannot hold a pod worker (and
+/// with it the kubelet's shutdown) for long.
+async fn bounded<T>(
+    action: impl Fn() -> String,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(KubeletError::api(action(), e)),
+        Err(_) => Err(KubeletError::ApiTimeout {
+            action: action(),
+            timeout: API_TIMEOUT,
+        }),
+    }
+}
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs the worker for `pod` until the pod is deleted or the kubelet stops.
@@ -132,7 +150,6 @@ struct Worker {
     init_failed: bool,
     volumes: Option<BTreeMap<String, PathBuf>>,
     lookups: Lookups,
-    problem: Option<(String, String)>,
     retry_at: Option<Instant>,
     write_retry_at: Option<Instant>,
     stopping: bool,
@@ -170,8 +187,16 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.pod_ip.as_deref())
             .and_then(|ip| ip.parse().ok());
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
         let (ip, owns_ip) = if inert {
             (reported.unwrap_or(Ipv4Addr::UNSPECIFIED), false)
+        } else if host_network {
+            // Like Kubernetes: a host-network pod's IP is the node's.
+            (shared.config.node_ip, false)
         } else {
             let mut pool = lock(&shared.ips);
             match reported.filter(|ip| pool.reserve(*ip)) {
@@ -208,6 +233,26 @@ impl Worker {
                 s.ctr.run = Run::waiting("ContainerCreating", None);
             }
         }
+        // Containers that ran under an earlier kubelet keep their restart
+        // counts; starting them again counts as a restart.
+        if !inert && let Some(status) = &pod.status {
+            let previous = status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .chain(status.container_statuses.iter().flatten());
+            for prev in previous {
+                let ran = prev.restart_count > 0
+                    || prev
+                        .state
+                        .as_ref()
+                        .is_some_and(|st| st.running.is_some() || st.terminated.is_some());
+                if let Some(slot) = slots.iter_mut().find(|s| s.ctr.name == prev.name) {
+                    slot.ctr.restarts = prev.restart_count.max(0);
+                    slot.ever_started = ran;
+                }
+            }
+        }
         let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
@@ -241,7 +286,6 @@ impl Worker {
             init_failed: false,
             volumes: None,
             lookups: Lookups::default(),
-            problem: None,
             retry_at: None,
             write_retry_at: None,
             stopping: false,
@@ -384,7 +428,6 @@ impl Worker {
             match self.prepare().await {
                 Ok(v) => {
                     self.volumes = Some(v);
-                    self.problem = None;
                 }
                 Err(e) => {
                     let reason = match e {
@@ -456,7 +499,6 @@ impl Worker {
                 .as_ref()
                 .map(qos_class)
                 .unwrap_or_else(|| "BestEffort".into()),
-            problem: self.problem.clone(),
             previous: &self.conditions,
         };
         f(&input)
@@ -481,10 +523,9 @@ impl Worker {
         }
         let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.ns);
         let patch = serde_json::json!({ "status": value });
-        match api
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let (params, body) = (PatchParams::default(), Patch::Merge(&patch));
+        let call = api.patch_status(&self.name, &params, &body);
+        match bounded(|| format!("update status of pod {}", self.key()), call).await {
             Ok(_) => {
                 self.conditions = status.conditions.clone().unwrap_or_default();
                 self.written = Some(value);
@@ -507,9 +548,17 @@ impl Worker {
             }),
             ..Default::default()
         };
-        match api.delete(&self.name, &dp).await {
+        match bounded(
+            || format!("delete pod {}", self.key()),
+            api.delete(&self.name, &dp),
+        )
+        .await
+        {
             Ok(_) => tracing::info!(pod = %self.key(), "pod deleted"),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(KubeletError::Api {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 404 || s.code == 409 => {}
             Err(e) => tracing::warn!(pod = %self.key(), error = %e, "cannot finish pod deletion"),
         }
     }
