@@ -42,7 +42,11 @@ pub(crate) fn handler_port<M: 'static>() -> u64 {
 }
 
 pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
-    postcard::to_allocvec(msg)
+    // Size first, so a large message is written once into an exact buffer
+    // instead of being copied as a growing vector doubles.
+    let size =
+        postcard::experimental::serialized_size(msg).map_err(|e| Error::Encode(e.to_string()))?;
+    postcard::to_extend(msg, Vec::with_capacity(size))
         .map(Bytes::from)
         .map_err(|e| Error::Encode(e.to_string()))
 }

@@ -1,0 +1,133 @@
+//! Bounded queues (channel invariant 3): a sender to a blocked actor stops
+//! after a bounded number of messages instead of growing memory, and every
+//! message is handled once the actor resumes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hostmesh_runtime::{
+    Actor, ActorError, ChannelConfig, Context, Handler, Handlers, Proc, ProcConfig,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+const T: Duration = Duration::from_secs(20);
+
+struct Gated {
+    gate: Arc<Semaphore>,
+    seen: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Item(u64);
+
+#[derive(Serialize, Deserialize)]
+struct Seen;
+
+impl Actor for Gated {
+    fn register(h: &mut Handlers<Self>) {
+        h.handle::<Item>().handle::<Seen>();
+    }
+}
+
+impl Handler<Item> for Gated {
+    type Reply = ();
+    async fn handle(&mut self, _cx: &Context<Self>, _: Item) -> Result<(), ActorError> {
+        // Each message needs a permit: closed gate, blocked actor.
+        self.gate.acquire().await.map_err(ActorError::new)?.forget();
+        self.seen += 1;
+        Ok(())
+    }
+}
+
+impl Handler<Seen> for Gated {
+    type Reply = u64;
+    async fn handle(&mut self, _cx: &Context<Self>, _: Seen) -> Result<u64, ActorError> {
+        Ok(self.seen)
+    }
+}
+
+fn small() -> ProcConfig {
+    ProcConfig {
+        channel: ChannelConfig {
+            queue_capacity: 4,
+            window: 8,
+            ..ChannelConfig::default()
+        },
+        mailbox_capacity: 4,
+        port_capacity: 4,
+    }
+}
+
+#[tokio::test]
+async fn a_blocked_receiver_bounds_what_a_sender_can_queue() {
+    let server = Proc::builder("server")
+        .listen("tcp:127.0.0.1:0".parse().unwrap())
+        .config(small())
+        .build()
+        .await
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let g = server
+        .spawn(
+            "g",
+            Gated {
+                gate: gate.clone(),
+                seen: 0,
+            },
+        )
+        .await
+        .unwrap();
+    let client = Proc::builder("client")
+        .config(small())
+        .build()
+        .await
+        .unwrap();
+    const N: usize = 2_000;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let sender = tokio::spawn({
+        let (client, g, sent) = (client.clone(), g.clone(), sent.clone());
+        async move {
+            for i in 0..N {
+                g.send(&client, &Item(i as u64)).await.unwrap();
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    // Wait for the sender to make progress, then give it ample time to run
+    // into the bound. Whatever the timing, it can never pass the sum of the
+    // queues: link queue + unacked window + mailbox + the reader's and the
+    // handler's message (+ slack for the one being enqueued).
+    let deadline = tokio::time::Instant::now() + T;
+    while sent.load(Ordering::SeqCst) < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sender never progressed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bound = 4 + 8 + 4 + 2 + 4;
+    let queued = sent.load(Ordering::SeqCst);
+    assert!(
+        queued <= bound,
+        "{queued} messages queued past a blocked receiver (bound {bound})"
+    );
+    assert!(!sender.is_finished());
+    // Open the gate: everything arrives, nothing was dropped.
+    gate.add_permits(N);
+    tokio::time::timeout(T, sender).await.unwrap().unwrap();
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let seen = g.call(&client, &Seen, T).await.unwrap();
+        if seen == N as u64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {seen} of {N} handled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
