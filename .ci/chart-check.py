@@ -28,8 +28,8 @@ KUBE_VERSION = "v1.33.0"
 MANAGER_RULES = {
     ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch"},
     ("hostmesh.dev", "procmeshes"): {"get", "list", "watch", "patch", "delete"},
-    ("hostmesh.dev", "worlds/status"): {"update"},
-    ("hostmesh.dev", "procmeshes/status"): {"update"},
+    ("hostmesh.dev", "worlds/status"): {"patch"},
+    ("hostmesh.dev", "procmeshes/status"): {"patch"},
     ("hostmesh.dev", "worlds/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"create", "patch"},

@@ -67,11 +67,12 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["hostmesh.dev"]
   resources: ["procmeshes"]
   verbs: ["delete"]
-# Status is computed by the controllers and replaced whole through the status
-# subresource, guarded by the resourceVersion it was computed from (update).
+# Status is computed by the controllers and set whole through the status
+# subresource by a JSON patch guarded by a test of the resourceVersion it was
+# computed from (patch), so a stale write fails and is recomputed.
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds/status", "procmeshes/status"]
-  verbs: ["update"]
+  verbs: ["patch"]
 # Host pods, the Service and the Secret carry an owner reference to their
 # World with blockOwnerDeletion, which needs update on the World's finalizers
 # subresource (OwnerReferencesPermissionEnforcement).
