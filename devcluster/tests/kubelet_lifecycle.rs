@@ -492,3 +492,76 @@ async fn shutdown_stops_everything_even_when_the_api_server_is_gone() {
         .unwrap();
     wait_pids_gone(&[pid]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_restart_with_cached_secrets_while_the_api_server_is_down() {
+    let mut c = Cluster::start(253).await;
+    c.create::<k8s_openapi::api::core::v1::Secret>(
+        "metadata: {name: cached}\nstringData: {token: t0k}\n",
+    )
+    .await;
+    c.create_pod(
+        r#"
+metadata: {name: looper}
+spec:
+  volumes: [{name: state, emptyDir: {}}]
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'n=$(cat /hostmesh-kubelet-test/loop/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /hostmesh-kubelet-test/loop/n; echo "run $n $TOKEN"']
+    env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: cached, key: token}}}]
+    volumeMounts: [{name: state, mountPath: /hostmesh-kubelet-test/loop}]
+"#,
+    )
+    .await;
+    c.wait_pod("looper", "a restart", |p| {
+        container(p, "main").is_some_and(|s| s.restart_count >= 1)
+    })
+    .await;
+    let uid = c.pods().get("looper").await.unwrap().metadata.uid.unwrap();
+    let counter = c
+        .dir
+        .path()
+        .join("kubelet/pods")
+        .join(&uid)
+        .join("volumes/state/n");
+    c.api.take().unwrap().shutdown().await;
+    let runs_before: u32 = std::fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Later runs, started with the API server gone, still get the token.
+    let start = std::time::Instant::now();
+    let mut seen = String::new();
+    while start.elapsed() < WAIT {
+        seen = c
+            .kubelet()
+            .logs("default", "looper", "main", None)
+            .unwrap_or_default();
+        let run: u32 = seen
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if run > runs_before + 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(seen.ends_with(" t0k\n"), "{seen:?}");
+    let run: u32 = seen
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        run > runs_before + 1,
+        "no restart after the API server went away: {seen:?}"
+    );
+    let kubelet = c.kubelet.take().unwrap();
+    tokio::time::timeout(WAIT, kubelet.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+}

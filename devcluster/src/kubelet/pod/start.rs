@@ -160,6 +160,14 @@ impl Worker {
                 self.lookups = lookups;
                 self.build_launch(i)
             }
+            // The API server is unreachable: start with what was read last
+            // (as a kubelet uses its cache), if anything was.
+            Err(e @ (KubeletError::Api { .. } | KubeletError::ApiTimeout { .. }))
+                if self.volumes.is_some() =>
+            {
+                tracing::warn!(pod = %self.key(), error = %e, "using the secrets and config maps read before");
+                self.build_launch(i)
+            }
             Err(e) => Err(e),
         };
         let (launch, container) = match built {
