@@ -7,6 +7,7 @@ mod apiserver;
 mod e2e;
 mod operator;
 mod report;
+mod runtime;
 
 use clap::Parser;
 
@@ -24,6 +25,7 @@ fn main() -> anyhow::Result<()> {
         "apiserver" => apiserver::run(),
         "operator" => operator::run(),
         "e2e" => e2e::run(),
+        "runtime" => runtime::run(),
         other => anyhow::bail!(
             "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
         ),

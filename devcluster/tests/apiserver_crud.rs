@@ -806,3 +806,47 @@ async fn crd_versions_share_storage_and_prefer_the_highest() {
     assert_eq!(g.preferred_version_or_latest(), "v1");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn services_get_a_stable_cluster_ip_and_headless_stays_headless() {
+    use k8s_openapi::api::core::v1::Service;
+    let (server, client) = start().await;
+    let svcs: Api<Service> = Api::default_namespaced(client);
+    let svc = |name: &str, cluster_ip: Option<&str>| -> Service {
+        let mut spec = json!({"selector": {"app": name}, "ports": [{"port": 80}]});
+        if let Some(ip) = cluster_ip {
+            spec["clusterIP"] = json!(ip);
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec})).expect("svc")
+    };
+    let s = svcs
+        .create(&PostParams::default(), &svc("web", None))
+        .await
+        .expect("create");
+    let spec = s.spec.expect("spec");
+    let ip = spec.cluster_ip.clone().expect("cluster IP");
+    assert!(ip.starts_with("10.96."), "{ip}");
+    assert_eq!(
+        spec.ports.expect("ports")[0].protocol.as_deref(),
+        Some("TCP")
+    );
+    // An update that omits the IP keeps it.
+    let s = svcs
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterIP": null, "clusterIPs": null}})),
+        )
+        .await
+        .expect("patch");
+    assert_eq!(
+        s.spec.expect("spec").cluster_ip.as_deref(),
+        Some(ip.as_str())
+    );
+    let h = svcs
+        .create(&PostParams::default(), &svc("world", Some("None")))
+        .await
+        .expect("headless");
+    assert_eq!(h.spec.expect("spec").cluster_ip.as_deref(), Some("None"));
+    server.shutdown().await;
+}

@@ -388,3 +388,19 @@ async fn kube_runtime_finalizer_helper_adds_and_removes_its_finalizer() {
     assert!(gone(&cms, "fin").await);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_corrupt_state_file_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("state.json"), "{not json").expect("write");
+    let cfg = ApiServerConfig {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..ApiServerConfig::default()
+    };
+    let err = ApiServer::start(cfg).await.expect_err("corrupt state");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("state.json") && msg.contains("move it away"),
+        "{msg}"
+    );
+}

@@ -412,3 +412,36 @@ async fn metadata_only_get_list_and_watch() {
     task.abort();
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn first_watch_of_a_quiet_resource_from_an_older_list_is_not_gone() {
+    use k8s_openapi::api::core::v1::Secret;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("start");
+    let client = server.client().expect("client");
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    let rv = secrets
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
+    // Other resources move the global resourceVersion on.
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    for i in 0..3 {
+        cms.create(&PostParams::default(), &cm(&format!("q{i}"), json!({})))
+            .await
+            .expect("create");
+    }
+    let mut w = secrets
+        .watch(&WatchParams::default().timeout(2), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    while let Some(ev) = w.try_next().await.expect("stream") {
+        assert!(!matches!(ev, WatchEvent::Error(_)), "unexpected {ev:?}");
+    }
+    server.shutdown().await;
+}

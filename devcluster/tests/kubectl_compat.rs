@@ -146,6 +146,12 @@ async fn version_and_api_resources() {
     for r in ["pods", "leases", "customresourcedefinitions", "events"] {
         assert!(out.contains(r), "{r} missing from api-resources:\n{out}");
     }
+    // One admin identity: access reviews allow, whoami names it.
+    assert_eq!(
+        env.ok(&["auth", "can-i", "delete", "pods"]).await.trim(),
+        "yes"
+    );
+    assert!(env.ok(&["auth", "whoami"]).await.contains("hostmesh-admin"));
     env.server.shutdown().await;
 }
 

@@ -154,6 +154,16 @@ spec:
         ips.push(ip);
     }
     assert_ne!(ips[0], ips[1]);
+
+    // A host-network pod's IP is the node's, and it takes none from the pool.
+    c.create_pod(
+        "metadata: {name: hostnet}\nspec:\n  hostNetwork: true\n  containers:\n  - {name: main, image: busybox, command: [sleep, '600']}\n",
+    )
+    .await;
+    let pod = c
+        .wait_pod("hostnet", "running", |p| container_pid(p, "main").is_some())
+        .await;
+    assert_eq!(pod.status.unwrap().pod_ip.as_deref(), Some("127.0.0.1"));
     c.stop().await;
 }
 
@@ -361,6 +371,7 @@ async fn a_restarted_kubelet_runs_its_pods_again_on_the_same_ip() {
             container_pid(p, "main").is_some_and(|pid| pid != old_pid)
         })
         .await;
+    assert_eq!(container(&after, "main").unwrap().restart_count, 1);
     assert_eq!(after.status.unwrap().pod_ip.unwrap(), ip);
     // A pod that had finished is left as it was.
     let still = c.pods().get("finished").await.unwrap();
@@ -406,4 +417,38 @@ async fn with_binding_off_only_pods_bound_to_the_node_run() {
             .is_none_or(|p| p == "Pending")
     );
     c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut api_config = hostmesh_devcluster::apiserver::ApiServerConfig {
+        data_dir: Some(dir.path().join("api")),
+        ..Default::default()
+    };
+    // First run: credentials are made and kept in the data dir, the port is fixed.
+    let first = hostmesh_devcluster::apiserver::ApiServer::start(api_config.clone())
+        .await
+        .unwrap();
+    let client = first.client().unwrap();
+    api_config.listen = first.addr();
+    first.shutdown().await;
+
+    let config = test_config(dir.path(), "late-node", 250);
+    let kubelet = tokio::spawn(hostmesh_devcluster::kubelet::Kubelet::start(
+        client.clone(),
+        config,
+    ));
+    let api = hostmesh_devcluster::apiserver::ApiServer::start(api_config)
+        .await
+        .unwrap();
+    let kubelet = kubelet
+        .await
+        .unwrap()
+        .expect("the kubelet registers once the server is up");
+    let node = Api::<Node>::all(client).get("late-node").await.unwrap();
+    assert_eq!(node_ready(&node).as_deref(), Some("True"));
+    kubelet.shutdown().await.unwrap();
+    api.shutdown().await;
 }

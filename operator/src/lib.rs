@@ -111,8 +111,8 @@ impl Error {
         }
     }
 
-    /// The HTTP status of a Kubernetes API error, however wrapped.
-    pub fn api_code(&self) -> Option<u16> {
+    /// HTTP status and message of a Kubernetes API error, however wrapped.
+    pub fn api_status(&self) -> Option<(u16, &str)> {
         use kube::runtime::finalizer::Error as F;
         let kube_err = match self.root() {
             Error::Kube(e) => Some(e),
@@ -123,16 +123,24 @@ impl Error {
             _ => None,
         };
         match kube_err {
-            Some(kube::Error::Api(s)) => Some(s.code),
+            Some(kube::Error::Api(s)) => Some((s.code, s.message.as_str())),
             _ => None,
         }
     }
 
-    /// Whether this is an expected, transient condition (waiting on
-    /// something, a stale object, an object already gone) rather than a
-    /// failure worth a warning.
+    /// Whether this is an expected, transient condition rather than a
+    /// failure worth a warning: waiting on something, an object already gone
+    /// (404), a write based on a stale read (409, or 422 from a failed
+    /// resourceVersion `test` in a status patch).
     pub fn is_transient(&self) -> bool {
-        matches!(self.root(), Error::Waiting(_)) || matches!(self.api_code(), Some(404 | 409))
+        if matches!(self.root(), Error::Waiting(_)) {
+            return true;
+        }
+        match self.api_status() {
+            Some((404 | 409, _)) => true,
+            Some((422, msg)) => msg.contains("/metadata/resourceVersion"),
+            _ => false,
+        }
     }
 
     /// A short label for metrics and Events.

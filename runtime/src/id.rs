@@ -17,6 +17,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -124,11 +125,34 @@ impl FromStr for ChannelAddr {
     }
 }
 
-/// A proc: an address and a name, addressed directly.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ProcId {
+/// A proc: an address and a name, addressed directly. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcId(Arc<ProcIdInner>);
+
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct ProcIdInner {
     addr: ChannelAddr,
     name: String,
+}
+
+impl Serialize for ProcId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let inner = ProcIdInner::deserialize(d)?;
+        check_name(&inner.name).map_err(serde::de::Error::custom)?;
+        Ok(ProcId(Arc::new(inner)))
+    }
+}
+
+impl fmt::Debug for ProcId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProcId({self})")
+    }
 }
 
 impl ProcId {
@@ -136,17 +160,17 @@ impl ProcId {
     pub fn new(addr: ChannelAddr, name: impl Into<String>) -> Result<Self, IdError> {
         let name = name.into();
         check_name(&name)?;
-        Ok(ProcId { addr, name })
+        Ok(ProcId(Arc::new(ProcIdInner { addr, name })))
     }
 
     /// The proc's listening address.
     pub fn addr(&self) -> &ChannelAddr {
-        &self.addr
+        &self.0.addr
     }
 
     /// The proc's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     /// The id of actor `name[index]` on this proc.
@@ -157,7 +181,7 @@ impl ProcId {
 
 impl fmt::Display for ProcId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.name)
+        write!(f, "{}/{}", self.0.addr, self.0.name)
     }
 }
 
@@ -175,12 +199,35 @@ impl FromStr for ProcId {
     }
 }
 
-/// An actor: `name[index]` on a proc.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ActorId {
+/// An actor: `name[index]` on a proc. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId(Arc<ActorIdInner>);
+
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct ActorIdInner {
     proc: ProcId,
     name: String,
     index: u32,
+}
+
+impl Serialize for ActorId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ActorId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let inner = ActorIdInner::deserialize(d)?;
+        check_name(&inner.name).map_err(serde::de::Error::custom)?;
+        Ok(ActorId(Arc::new(inner)))
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ActorId({self})")
+    }
 }
 
 impl ActorId {
@@ -188,22 +235,22 @@ impl ActorId {
     pub fn new(proc: ProcId, name: impl Into<String>, index: u32) -> Result<Self, IdError> {
         let name = name.into();
         check_name(&name)?;
-        Ok(ActorId { proc, name, index })
+        Ok(ActorId(Arc::new(ActorIdInner { proc, name, index })))
     }
 
     /// The proc hosting the actor.
     pub fn proc(&self) -> &ProcId {
-        &self.proc
+        &self.0.proc
     }
 
     /// The actor's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     /// The actor's index among actors of the same name on its proc.
     pub fn index(&self) -> u32 {
-        self.index
+        self.0.index
     }
 
     /// Port `port` of this actor.
@@ -217,7 +264,7 @@ impl ActorId {
 
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}[{}]", self.proc, self.name, self.index)
+        write!(f, "{}/{}[{}]", self.0.proc, self.0.name, self.0.index)
     }
 }
 

@@ -67,4 +67,4 @@ pub use error::{ActorError, Error};
 pub use id::{ActorId, ChannelAddr, PortId, ProcId};
 pub use port::{Message, OncePortRef, OnceReceiver, PortReceiver, PortRef};
 pub use proc::{CanSend, Proc, ProcBuilder, ProcConfig};
-pub use supervision::{ActorStatus, ProcStatus, SupervisionEvent, Undeliverable};
+pub use supervision::{ActorStatus, SupervisionEvent, Undeliverable};

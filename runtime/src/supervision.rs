@@ -101,7 +101,8 @@ impl fmt::Display for Undeliverable {
     }
 }
 
-/// The status of a proc's process, as a host agent tracks it.
+/// The status of a proc's process, as the reference's mapping sees it (the
+/// host agent's richer `host::protocol::ProcStatus` converts into it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ProcStatus {
     /// Spawned, not yet ready.

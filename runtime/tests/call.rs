@@ -136,3 +136,107 @@ async fn unknown_actor_is_undeliverable_not_a_hang() {
         .unwrap_err();
     assert!(e.to_string().contains("no actor"), "{e}");
 }
+
+#[tokio::test]
+async fn large_and_small_messages_interleave_intact() {
+    use hostmesh_runtime::testing::{Blob, Count, TestActor};
+    let server = server().await;
+    let t = server.spawn("t", TestActor::with_label("")).await.unwrap();
+    let client = Proc::builder("client")
+        .secret(SECRET)
+        .build()
+        .await
+        .unwrap();
+    // Sizes around the inline limit and frames with repeated headers.
+    for (i, size) in [10usize, 65_536, 65_537, 3 << 20, 1, 200_000]
+        .iter()
+        .enumerate()
+    {
+        let n = t
+            .call(&client, &Blob(vec![i as u8; *size]), T)
+            .await
+            .unwrap();
+        assert_eq!(n, *size as u64);
+        t.send(&client, &Blob(vec![0; *size])).await.unwrap();
+        t.send(&client, &Blob(vec![1; 3])).await.unwrap();
+    }
+    assert_eq!(t.call(&client, &Count, T).await.unwrap(), 18);
+}
+
+#[tokio::test]
+async fn unix_socket_procs_talk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.sock");
+    let addr: hostmesh_runtime::ChannelAddr = format!("unix:{}", path.display()).parse().unwrap();
+    let server = Proc::builder("userver")
+        .listen(addr)
+        .secret(SECRET)
+        .build()
+        .await
+        .unwrap();
+    let echo = server.spawn("echo", Echo).await.unwrap();
+    let client = Proc::builder("client")
+        .secret(SECRET)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(
+        echo.call(&client, &"u".to_string(), T).await.unwrap(),
+        "echo says u"
+    );
+}
+
+#[tokio::test]
+async fn link_reconnects_to_a_restarted_peer() {
+    let first = server().await;
+    let addr = first.id().addr().clone();
+    let echo = first.spawn("echo", Echo).await.unwrap();
+    let client = Proc::builder("client")
+        .secret(SECRET)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(
+        echo.call(&client, &"1".to_string(), T).await.unwrap(),
+        "echo says 1"
+    );
+    first.shutdown();
+    // A new proc with the same address and name: the same actor id.
+    // The listener closes once the accept task sees the shutdown.
+    let deadline = tokio::time::Instant::now() + T;
+    let second = loop {
+        match Proc::builder("server")
+            .listen(addr.clone())
+            .secret(SECRET)
+            .build()
+            .await
+        {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "port never freed: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    second.spawn("echo", Echo).await.unwrap();
+    // The client's link notices the old connection closing and redials; a
+    // call may fail while the old connection is torn down, never hang.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        match echo.call(&client, &"2".to_string(), T).await {
+            Ok(r) => {
+                assert_eq!(r, "echo says 2");
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never reconnected: {e}"
+                );
+            }
+        }
+    }
+}

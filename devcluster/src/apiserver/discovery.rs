@@ -78,16 +78,20 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
         .all()
         .filter(|r| r.group == group && r.versions.iter().any(|v| v == version))
     {
-        let verbs = vec![
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
-        ];
+        let verbs = if r.is_review() {
+            vec!["create"]
+        } else {
+            vec![
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+        };
         let mut e = json!({
             "name": r.plural,
             "singularName": r.singular,

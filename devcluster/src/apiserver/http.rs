@@ -248,6 +248,16 @@ async fn resource(
     {
         return Err(ApiError::no_route(&format!("{}/{s}", t.info.plural)));
     }
+    if t.info.is_review() {
+        if method != Method::POST || t.name.is_some() {
+            return Err(ApiError::method_not_allowed(format!(
+                "{} only supports create (POST)",
+                t.info.plural
+            )));
+        }
+        let (code, body) = handlers::review(t, req)?;
+        return Ok(json_response(code, &body));
+    }
     let reply = match (method, sub) {
         (&Method::GET, None) if watching => {
             let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;

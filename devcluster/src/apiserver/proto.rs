@@ -277,6 +277,13 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
+/// The `apiVersion` and `kind` of a protobuf body (for requests whose
+/// content the server does not need, such as access reviews).
+pub(crate) fn type_meta(body: &[u8]) -> Result<(String, String), ApiError> {
+    let (av, kind, _) = unknown(body)?;
+    Ok((av, kind))
+}
+
 /// Decodes protobuf `DeleteOptions` into its JSON form.
 pub(crate) fn decode_delete_options(body: &[u8]) -> Result<Value, ApiError> {
     let (_, _, raw) = unknown(body)?;

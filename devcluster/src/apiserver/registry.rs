@@ -71,6 +71,16 @@ impl ResourceInfo {
         &self.versions[0]
     }
 
+    /// Whether this is a create-only review (access reviews, whoami): it
+    /// answers a question and stores nothing.
+    pub(crate) fn is_review(&self) -> bool {
+        self.builtin
+            && matches!(
+                self.group.as_str(),
+                "authorization.k8s.io" | "authentication.k8s.io"
+            )
+    }
+
     /// The subresources this resource serves.
     pub(crate) fn subresources(&self) -> Vec<&'static str> {
         let mut subs = Vec::new();
@@ -279,6 +289,42 @@ const BUILTINS: &[Builtin] = &[
         "PriorityClass",
         false,
         &["pc"],
+        false,
+    ),
+    b(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "authorization.k8s.io",
+        "v1",
+        "subjectaccessreviews",
+        "SubjectAccessReview",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "authentication.k8s.io",
+        "v1",
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+        false,
+        &[],
         false,
     ),
     b(

@@ -10,7 +10,9 @@
 //! 2. A write that changes nothing stores nothing and emits no event.
 //! 3. `compacted` of a resource is the highest resourceVersion whose event
 //!    may have left the history: a watch from a resourceVersion below it is
-//!    answered with 410 Gone.
+//!    answered with 410 Gone. It starts at the floor (0, or the restored
+//!    resourceVersion after a restart), never at "now": a resource nobody
+//!    wrote yet has missed nothing.
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 
@@ -68,6 +70,9 @@ pub(crate) type Subscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<Wa
 /// The locked state.
 pub(crate) struct State {
     rv: u64,
+    /// The resourceVersion the history starts at (the restored one after a
+    /// restart, else 0): no event of any resource before it is kept.
+    floor: u64,
     pub(crate) registry: Registry,
     resources: HashMap<String, ResourceState>,
     history_limit: usize,
@@ -76,7 +81,9 @@ pub(crate) struct State {
 
 impl State {
     fn res(&mut self, key: &str) -> &mut ResourceState {
-        let compacted = self.rv;
+        // A resource seen for the first time has had no events since the
+        // floor (any write would have created its state).
+        let compacted = self.floor;
         self.resources
             .entry(key.to_string())
             .or_insert_with(|| ResourceState::new(compacted))
@@ -296,6 +303,7 @@ impl Store {
         Self {
             state: Mutex::new(State {
                 rv: 0,
+                floor: 0,
                 registry: Registry::new(),
                 resources: HashMap::new(),
                 history_limit: history_limit.max(1),
@@ -321,6 +329,7 @@ impl Store {
     pub(crate) fn restore(&self, snap: Snapshot) {
         let mut st = self.lock();
         st.rv = snap.rv;
+        st.floor = snap.rv;
         for (key, objs) in snap.resources {
             let rv = st.rv;
             let r = st

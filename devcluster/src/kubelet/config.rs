@@ -150,6 +150,10 @@ pub struct KubeletConfig {
     /// `KUBERNETES_SERVICE_HOST`/`_PORT` (as kubelets do) so in-cluster
     /// clients find it. `hostmesh kubelet` takes them from its kubeconfig.
     pub kubernetes_service: Option<(String, u16)>,
+    /// Run pods owned by DaemonSets. Off by default: a kubelet joining a
+    /// real cluster would otherwise run that cluster's daemons (proxies,
+    /// network agents) as root on this machine.
+    pub run_daemonsets: bool,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -193,6 +197,7 @@ impl KubeletConfig {
             log_token: None,
             log_port: 0,
             kubernetes_service: None,
+            run_daemonsets: false,
         }
     }
 
@@ -278,6 +283,9 @@ pub struct KubeletArgs {
     /// Taint the Node (`key[=value][:effect]`, effect NoSchedule by default); repeatable.
     #[arg(long = "taint")]
     pub taints: Vec<String>,
+    /// Also run pods owned by DaemonSets (off: a real cluster's daemons stay off this machine).
+    #[arg(long)]
+    pub run_daemonsets: bool,
 }
 
 /// Parses `127.X.0.0/16` into `X`.
@@ -342,6 +350,7 @@ impl KubeletArgs {
         config.gpu_capacity = self.gpu_capacity;
         config.bind_unscheduled = self.bind_unscheduled;
         config.pod_ip_block = parse_pod_ip_range(&self.pod_ip_range)?;
+        config.run_daemonsets = self.run_daemonsets;
         config.taints = self
             .taints
             .iter()

@@ -60,7 +60,7 @@ impl Kubelet {
             None => None,
         };
         *lock(&shared.log_port) = log_port.unwrap_or(0);
-        node::register(&shared).await?;
+        register_with_retries(&shared).await?;
         if let Some(listener) = listener {
             tokio::spawn(logs::serve(shared.clone(), listener));
         }
@@ -153,6 +153,31 @@ impl KubeletHandle {
         }
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
+    }
+}
+
+/// Registers the Node, retrying for about half a minute while the API server
+/// cannot be reached (it may still be starting); an answer from the server
+/// that refuses the Node is final.
+async fn register_with_retries(shared: &Shared) -> Result<()> {
+    let mut delay = std::time::Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match node::register(shared).await {
+            Ok(()) => return Ok(()),
+            Err(
+                e @ KubeletError::Api {
+                    source: kube::Error::Api(_),
+                    ..
+                },
+            ) => return Err(e),
+            Err(e) if tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!(error = %e, "cannot register the node yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(3));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -1,11 +1,15 @@
 //! The process kubelet: a Kubernetes Node that runs each pod's containers as
-//! local processes, each pod on its own loopback IP.
+//! local processes, each pod on its own loopback IP. See `docs/kubelet.md`.
 //!
-//! It owns, for its Node: registration and Lease heartbeats (`node`),
-//! binding unscheduled pods to itself (`binder`), and one worker per bound
-//! pod (`pod`) that prepares volumes, runs init containers then containers,
-//! restarts them per `restartPolicy`, probes readiness, reports status and
-//! finishes deletions. See `docs/kubelet.md`.
+//! Module map: `handle` (start, shutdown, logs API), `node` (Node object,
+//! Lease heartbeat), `pods` (the pod watch: workers per bound pod, binding
+//! unscheduled pods), `pod` (one pod's worker: volumes, init containers,
+//! containers, restarts, probes, status, deletion), `status` (phase,
+//! conditions, container statuses), `launch` / `env` / `expand` / `volumes`
+//! (turning a container spec into a process launch), `process` (fork/exec in
+//! a private mount namespace, signals), `probe`, `logs` (files and the
+//! endpoint behind `pods/log`), `events`, `ipam` (pod IPs), `config`,
+//! `error`, `shared`.
 //!
 //! Invariants:
 //! 1. Every process the kubelet starts belongs to a process group it tracks

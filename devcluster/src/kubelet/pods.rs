@@ -29,6 +29,23 @@ struct Entry {
     tx: watch::Sender<Update>,
 }
 
+/// The pod loop's bookkeeping, by pod uid.
+struct PodLoop {
+    shared: Arc<Shared>,
+    node_labels: serde_json::Value,
+    /// Live workers.
+    workers: BTreeMap<String, Entry>,
+    tasks: JoinSet<String>,
+    /// Workers that ended; not restarted until the pod is deleted.
+    finished: BTreeSet<String>,
+    /// Pods a binding was attempted for.
+    binding: BTreeSet<String>,
+    /// DaemonSet pods left alone.
+    refused: BTreeSet<String>,
+    /// Pods seen since the watch (re)started listing.
+    listing: Option<BTreeSet<String>>,
+}
+
 /// Runs until shutdown; on shutdown waits for every worker to stop its pod.
 pub(crate) async fn run(shared: Arc<Shared>) {
     let api: Api<Pod> = Api::all(shared.client.clone());
@@ -39,102 +56,120 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         cfg = cfg.fields(&field);
     }
     let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-    let mut workers: BTreeMap<String, Entry> = BTreeMap::new();
-    let mut tasks: JoinSet<String> = JoinSet::new();
-    let mut finished: BTreeSet<String> = BTreeSet::new();
-    let mut binding: BTreeSet<String> = BTreeSet::new();
-    let mut listing: Option<BTreeSet<String>> = None;
-    let node_labels = node::labels(&shared.config.node_name);
+    let mut state = PodLoop {
+        node_labels: node::labels(&shared.config.node_name),
+        shared: shared.clone(),
+        workers: BTreeMap::new(),
+        tasks: JoinSet::new(),
+        finished: BTreeSet::new(),
+        binding: BTreeSet::new(),
+        refused: BTreeSet::new(),
+        listing: None,
+    };
     loop {
         tokio::select! {
             _ = shared.shutdown.cancelled() => break,
-            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+            Some(done) = state.tasks.join_next(), if !state.tasks.is_empty() => {
                 if let Ok(uid) = done {
-                    workers.remove(&uid);
-                    finished.insert(uid);
+                    state.workers.remove(&uid);
+                    state.finished.insert(uid);
                 }
             }
             item = stream.next() => {
                 let Some(item) = item else { break };
-                let event = match item {
-                    Ok(e) => e,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "pod watch failed; retrying");
-                        continue;
-                    }
-                };
-                match event {
-                    Event::Init => listing = Some(BTreeSet::new()),
-                    Event::InitDone => {
-                        if let Some(seen) = listing.take() {
-                            for (uid, entry) in &workers {
-                                if !seen.contains(uid) {
-                                    let _ = entry.tx.send(Update::Gone);
-                                }
-                            }
-                        }
-                    }
-                    Event::Apply(pod) | Event::InitApply(pod) => {
-                        let uid = pod.metadata.uid.clone().unwrap_or_default();
-                        if let Some(seen) = listing.as_mut() {
-                            seen.insert(uid.clone());
-                        }
-                        on_pod(&shared, pod, &node_labels, &mut workers, &mut tasks, &finished, &mut binding);
-                    }
-                    Event::Delete(pod) => {
-                        let uid = pod.metadata.uid.clone().unwrap_or_default();
-                        binding.remove(&uid);
-                        finished.remove(&uid);
-                        if let Some(entry) = workers.get(&uid) {
+                match item {
+                    Ok(event) => state.on_event(event),
+                    Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                }
+            }
+        }
+    }
+    state.workers.clear();
+    while state.tasks.join_next().await.is_some() {}
+}
+
+impl PodLoop {
+    fn on_event(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.listing = Some(BTreeSet::new()),
+            Event::InitDone => {
+                if let Some(seen) = self.listing.take() {
+                    for (uid, entry) in &self.workers {
+                        if !seen.contains(uid) {
                             let _ = entry.tx.send(Update::Gone);
                         }
                     }
                 }
             }
+            Event::Apply(pod) | Event::InitApply(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if let Some(seen) = self.listing.as_mut() {
+                    seen.insert(uid);
+                }
+                self.on_pod(pod);
+            }
+            Event::Delete(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                self.binding.remove(&uid);
+                self.finished.remove(&uid);
+                self.refused.remove(&uid);
+                if let Some(entry) = self.workers.get(&uid) {
+                    let _ = entry.tx.send(Update::Gone);
+                }
+            }
         }
     }
-    drop(workers);
-    while tasks.join_next().await.is_some() {}
+
+    fn on_pod(&mut self, pod: Pod) {
+        let shared = &self.shared;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node_name == shared.config.node_name {
+            if let Some(entry) = self.workers.get(&uid) {
+                let _ = entry.tx.send(Update::Pod(Box::new(pod)));
+            } else if !self.finished.contains(&uid) {
+                if is_daemon_pod(&pod) && !shared.config.run_daemonsets {
+                    // Left alone, not failed: a failed pod would make the
+                    // DaemonSet controller recreate it over and over.
+                    if self.refused.insert(uid) {
+                        tracing::info!(pod = ?pod_key(&pod), "not running a DaemonSet pod (see --run-daemonsets)");
+                    }
+                    return;
+                }
+                let (tx, rx) = watch::channel(Update::Pod(Box::new(pod.clone())));
+                self.workers.insert(uid.clone(), Entry { tx });
+                let shared = shared.clone();
+                self.tasks.spawn(async move {
+                    pod::run(shared, pod, rx).await;
+                    uid
+                });
+            }
+            return;
+        }
+        if node_name.is_empty()
+            && shared.config.bind_unscheduled
+            && should_bind(&pod, &self.node_labels)
+            && tolerates(&pod, &shared.config.taints)
+            && self.binding.insert(uid)
+        {
+            let shared = shared.clone();
+            tokio::spawn(async move { bind(&shared, &pod).await });
+        }
+    }
 }
 
-fn on_pod(
-    shared: &Arc<Shared>,
-    pod: Pod,
-    node_labels: &serde_json::Value,
-    workers: &mut BTreeMap<String, Entry>,
-    tasks: &mut JoinSet<String>,
-    finished: &BTreeSet<String>,
-    binding: &mut BTreeSet<String>,
-) {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let node_name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
-    if node_name == shared.config.node_name {
-        if let Some(entry) = workers.get(&uid) {
-            let _ = entry.tx.send(Update::Pod(Box::new(pod)));
-        } else if !finished.contains(&uid) {
-            let (tx, rx) = watch::channel(Update::Pod(Box::new(pod.clone())));
-            workers.insert(uid.clone(), Entry { tx });
-            let shared = shared.clone();
-            tasks.spawn(async move {
-                pod::run(shared, pod, rx).await;
-                uid
-            });
-        }
-        return;
-    }
-    if node_name.is_empty()
-        && shared.config.bind_unscheduled
-        && should_bind(&pod, node_labels)
-        && tolerates(&pod, &shared.config.taints)
-        && binding.insert(uid)
-    {
-        let shared = shared.clone();
-        tokio::spawn(async move { bind(&shared, &pod).await });
-    }
+/// Whether `pod` belongs to a DaemonSet (cluster daemons a real cluster
+/// would place on every node, this one included).
+pub(crate) fn is_daemon_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
 /// Whether `pod` tolerates every NoSchedule/NoExecute taint in `taints`.

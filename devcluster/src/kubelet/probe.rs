@@ -28,6 +28,9 @@ pub(crate) enum Action {
     Tcp(SocketAddr),
     /// Run a command in the container; exit 0 is success.
     Exec(Launch),
+    /// A probe that cannot run as written: it always fails with this
+    /// message (naming the field), so the container is never ready on it.
+    Invalid(String),
 }
 
 /// A probe with its timing.
@@ -68,6 +71,25 @@ fn port_of(port: &IntOrString, container: &Container, field: &str) -> Result<u16
 
 fn secs(v: Option<i32>, default: u64, min: u64) -> Duration {
     Duration::from_secs(v.map(|v| v.max(0) as u64).unwrap_or(default).max(min))
+}
+
+/// Like [`probe_spec`], but a probe that cannot run becomes one that always
+/// fails with the reason (Kubernetes fails such probes at run time too).
+pub(crate) fn probe_spec_or_invalid(
+    probe: &Probe,
+    container: &Container,
+    field: &str,
+    pod_ip: IpAddr,
+    exec_base: &Launch,
+) -> ProbeSpec {
+    probe_spec(probe, container, field, pod_ip, exec_base).unwrap_or_else(|e| ProbeSpec {
+        action: Action::Invalid(e.to_string()),
+        initial_delay: secs(probe.initial_delay_seconds, 0, 0),
+        period: secs(probe.period_seconds, 10, 1),
+        timeout: secs(probe.timeout_seconds, 1, 1),
+        success_threshold: 1,
+        failure_threshold: probe.failure_threshold.unwrap_or(3).max(1) as u32,
+    })
 }
 
 /// Builds a probe for `container` (at `field`) running on `pod_ip`.
@@ -257,6 +279,7 @@ pub(crate) async fn run(
             }
         }
         Action::Exec(launch) => exec(launch, container_pid, timeout).await,
+        Action::Invalid(message) => Err(message.clone()),
     }
 }
 
@@ -331,6 +354,25 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.contains("nope"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_cannot_run_always_fails_naming_the_field() {
+        let c: Container =
+            serde_saphyr::from_str("name: c\nreadinessProbe: {tcpSocket: {port: missing}}\n")
+                .unwrap();
+        let spec = probe_spec_or_invalid(
+            c.readiness_probe.as_ref().unwrap(),
+            &c,
+            "spec.containers[0].readinessProbe",
+            "127.0.0.5".parse().unwrap(),
+            &base(),
+        );
+        let err = run(&spec.action, spec.timeout, 0).await.unwrap_err();
+        assert!(
+            err.contains("spec.containers[0].readinessProbe.tcpSocket.port"),
+            "{err}"
+        );
     }
 
     #[test]

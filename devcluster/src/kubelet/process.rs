@@ -21,8 +21,10 @@ use std::process::Stdio;
 
 use super::volumes::Mount;
 
-/// What to run for one container (or one exec probe).
-#[derive(Debug, Clone)]
+/// What to run for one container (or one exec probe). Its `Debug` output
+/// names the environment variables but not their values (they can hold
+/// secrets).
+#[derive(Clone)]
 pub(crate) struct Launch {
     /// Program: a path, or a name looked up in `PATH`.
     pub(crate) program: String,
@@ -36,6 +38,19 @@ pub(crate) struct Launch {
     pub(crate) mounts: Vec<Mount>,
     /// User and groups to run as (`securityContext`); `None`: the kubelet's.
     pub(crate) identity: Option<Identity>,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("working_dir", &self.working_dir)
+            .field("mounts", &self.mounts)
+            .field("identity", &self.identity)
+            .finish()
+    }
 }
 
 /// A process identity: user, primary group, supplementary groups.

@@ -183,8 +183,6 @@ pub(crate) struct StatusInput<'a> {
     pub(crate) start_time: Timestamp,
     /// QoS class from the spec.
     pub(crate) qos_class: String,
-    /// A pod-level problem to report (reason, message).
-    pub(crate) problem: Option<(String, String)>,
     /// The conditions currently on the pod (for transition times).
     pub(crate) previous: &'a [PodCondition],
 }
@@ -332,8 +330,6 @@ pub(crate) fn pod_status(input: &StatusInput<'_>) -> PodStatus {
         pod_ips: Some(vec![PodIP { ip }]),
         start_time: Some(Time(input.start_time)),
         qos_class: Some(input.qos_class.clone()),
-        reason: input.problem.as_ref().map(|(r, _)| r.clone()),
-        message: input.problem.as_ref().map(|(_, m)| m.clone()),
         init_container_statuses: Some(input.init.iter().map(Ctr::to_api).collect()),
         container_statuses: Some(input.main.iter().map(Ctr::to_api).collect()),
         ..Default::default()
@@ -412,7 +408,6 @@ mod tests {
             host_ip: Ipv4Addr::LOCALHOST,
             start_time: Timestamp::now(),
             qos_class: "BestEffort".into(),
-            problem: None,
             previous: prev,
         }
     }

@@ -30,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
@@ -83,7 +84,8 @@ struct WorldEntry {
 struct State {
     worlds: HashMap<WorldKey, WorldEntry>,
     heartbeats: HeartbeatIndex<HostKey>,
-    expired: HashSet<HostKey>,
+    /// Expired hosts and when they expired (wall clock, for status).
+    expired: HashMap<HostKey, Timestamp>,
     world_triggers: Coalescer<WorldKey>,
     mesh_triggers: Coalescer<MeshKey>,
 }
@@ -128,7 +130,7 @@ impl Hub {
             state: Mutex::new(State {
                 worlds: HashMap::new(),
                 heartbeats: HeartbeatIndex::default(),
-                expired: HashSet::new(),
+                expired: HashMap::new(),
                 world_triggers: Coalescer::new(COALESCE_INTERVAL),
                 mesh_triggers: Coalescer::new(COALESCE_INTERVAL),
             }),
@@ -226,7 +228,7 @@ impl Hub {
         for host in st.heartbeats.pop_expired(now) {
             info!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, "host agent expired: no heartbeat within healthTimeout");
             st.world_triggers.mark(host.world.clone(), true, now);
-            st.expired.insert(host);
+            st.expired.insert(host, Timestamp::now());
         }
         let due_w = st.world_triggers.pop_due(now);
         let due_m = st.mesh_triggers.pop_due(now);
@@ -352,11 +354,23 @@ impl Hub {
             Liveness::Unknown
         } else if st.heartbeats.contains(&key) {
             Liveness::Alive
-        } else if st.expired.contains(&key) {
+        } else if st.expired.contains_key(&key) {
             Liveness::Expired
         } else {
             Liveness::Unknown
         }
+    }
+
+    /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
+    pub fn expired_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+        if self.liveness(world, rank, pod_uid) != Liveness::Expired {
+            return None;
+        }
+        let key = HostKey {
+            world: world.clone(),
+            rank,
+        };
+        self.lock().expired.get(&key).copied()
     }
 
     /// Brings the hub's agents of `world` in line with `agents`: dials new

@@ -27,7 +27,7 @@ use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -294,13 +294,14 @@ pub async fn write_status(
     }
     let api: Api<ProcMesh> =
         Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion the status was
-    // computed from: a write based on a stale read fails with 409 and the
-    // reconcile recomputes from the fresh object.
-    let mut obj = pm.clone();
-    obj.status = Some(status.clone());
-    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
-        .await?;
+    // Set whole, guarded by the resourceVersion it was computed from.
+    let patch = crate::context::status_patch(pm.resource_version(), &status)?;
+    api.patch_status(
+        &pm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await?;
     Ok(None)
 }
 

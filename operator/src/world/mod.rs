@@ -6,10 +6,10 @@
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
 //!    existing pods are never patched (changes roll them, see [`plan`]).
 //! 2. The Secret is created once and never rewritten.
-//! 3. Status is written through the status subresource, whole (replace,
-//!    guarded by the resourceVersion it was computed from, so a reconcile
-//!    working from a stale cache cannot overwrite newer status), and only
-//!    when it differs from what is stored.
+//! 3. Status is written through the status subresource, whole (a JSON
+//!    patch that tests the resourceVersion it was computed from, so a
+//!    reconcile working from a stale cache cannot overwrite newer status),
+//!    only when it differs from what is stored, paced by [`crate::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
 
@@ -198,6 +198,10 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
             .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
     };
 
+    let expired_since = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
+    };
     let hash = desired::template_hash(world, &ctx.args.agent_image);
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
@@ -206,6 +210,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
         pods: &pods,
         extra_pods: extra,
         liveness: &liveness,
+        expired_since: &expired_since,
         hash: &hash,
         critical_failure: critical,
         now: Timestamp::now(),
@@ -356,13 +361,14 @@ pub async fn write_status(
     }
     let api: Api<World> =
         Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion the status was
-    // computed from: a write based on a stale read fails with 409 and the
-    // reconcile recomputes from the fresh object.
-    let mut obj = world.clone();
-    obj.status = Some(status);
-    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
-        .await?;
+    // Set whole, guarded by the resourceVersion it was computed from.
+    let patch = crate::context::status_patch(world.resource_version(), &status)?;
+    api.patch_status(
+        &world.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await?;
     Ok(None)
 }
 

@@ -8,8 +8,9 @@
 //! 2. A failed host is restarted per `failurePolicy` (one host, or the whole
 //!    gang) after an exponential backoff; beyond `maxRestarts` the World is
 //!    Failed with the reason, and Failed is kept until the spec changes.
-//! 3. An Expired host is acted on only after `evictionTimeout` of
-//!    degradation.
+//! 3. An Expired host is acted on only after it has been Expired for
+//!    `evictionTimeout` (so a host is replaced `healthTimeout +
+//!    evictionTimeout` after its last heartbeat).
 //! 4. Pods whose template hash differs from the desired one are recreated
 //!    (template changes roll); pods are otherwise never patched.
 //! 5. No pod is created for a rank whose previous pod is still terminating.
@@ -40,6 +41,8 @@ pub struct PlanInput<'a> {
     pub extra_pods: Vec<String>,
     /// The hub's view of each rank's agent.
     pub liveness: &'a dyn Fn(u64) -> Liveness,
+    /// When each Expired rank expired.
+    pub expired_since: &'a dyn Fn(u64) -> Option<Timestamp>,
     /// The desired template hash.
     pub hash: &'a str,
     /// Set when a critical ProcMesh of this World failed.
@@ -124,7 +127,21 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     };
 
     let hosts: Vec<HostStatus> = (0..n)
-        .map(|r| observe_pod(input.pods.get(&r), (input.liveness)(r)))
+        .map(|r| {
+            let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
+            // Not ready yet is not "no longer ready": a host that was never
+            // Ready in status is still starting.
+            let was_up = runs::get(&prev.hosts, r)
+                .is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
+            if h.state == HostState::NotReady && !was_up {
+                HostStatus {
+                    state: HostState::Starting,
+                    reason: Some("AwaitingReadiness".into()),
+                }
+            } else {
+                h
+            }
+        })
         .collect();
     let ready = hosts.iter().filter(|h| h.state == HostState::Ready).count() as u32;
     let failed: Vec<u64> = (0..n)
@@ -158,19 +175,16 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut progressing: Option<(&str, String)> = None;
     let mut waiting_backoff = false;
     if failure_reason.is_none() {
-        // Hosts to act on now: failed ones, and expired ones past eviction.
-        let evict_at = degraded_since
-            .as_ref()
-            .map(|t| t.0 + sd(input.timings.eviction_timeout));
+        // Hosts to act on now: failed ones, and those Expired for longer
+        // than evictionTimeout (invariant 3).
         let mut act_on = failed.clone();
-        if !expired.is_empty() {
-            match evict_at {
-                Some(at) if at <= input.now => act_on.extend(&expired),
-                Some(at) => {
-                    let left = at.duration_since(input.now);
-                    out.requeue_after = Duration::try_from(left).ok();
-                }
-                None => {}
+        for r in &expired {
+            let since = (input.expired_since)(*r).unwrap_or(input.now);
+            let at = since + sd(input.timings.eviction_timeout);
+            if at <= input.now {
+                act_on.push(*r);
+            } else if let Ok(left) = Duration::try_from(at.duration_since(input.now)) {
+                out.requeue_after = Some(out.requeue_after.map_or(left, |d| d.min(left)));
             }
         }
         act_on.sort_unstable();
@@ -435,6 +449,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             pods,
             extra_pods: vec![],
             liveness: &|_| live,
+            expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(now).unwrap(),
@@ -546,16 +561,19 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
     fn expired_host_waits_for_eviction_timeout() {
         let mut w = mk_world("{}");
         let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        // Expired at 90 (see `run`): replaced at 90 + evictionTimeout (60).
         let p = run(&w, &pods, Liveness::Expired, 100);
         assert!(p.delete.is_empty());
         assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
-        assert_eq!(p.requeue_after, Some(Duration::from_secs(60)));
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(50)));
         assert_eq!(
             p.status.degraded_since,
             Some(Time(Timestamp::from_second(100).unwrap()))
         );
         w.status = Some(p.status);
-        let p = run(&w, &pods, Liveness::Expired, 161);
+        let p = run(&w, &pods, Liveness::Expired, 149);
+        assert!(p.delete.is_empty());
+        let p = run(&w, &pods, Liveness::Expired, 150);
         assert_eq!(p.delete.len(), 3);
     }
 
@@ -571,6 +589,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             pods: &pods,
             extra_pods: vec!["w-host-7".into()],
             liveness: &|_| Liveness::Alive,
+            expired_since: &|_| None,
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(1).unwrap(),
@@ -587,6 +606,24 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 .reason,
             "CriticalProcMeshFailed"
         );
+    }
+
+    #[test]
+    fn not_ready_before_ever_ready_is_starting() {
+        let mut w = mk_world("{}");
+        let unready = "  phase: Running\n  podIP: 127.0.1.2\n  conditions: [{type: Ready, status: 'False'}]\n";
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, unready, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        assert_eq!(
+            p.status.hosts[0].value.reason.as_deref(),
+            Some("AwaitingReadiness")
+        );
+        let ready: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        w.status = Some(run(&w, &ready, Liveness::Alive, 101).status);
+        let p = run(&w, &pods, Liveness::Alive, 102);
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+        assert_eq!(p.status.hosts[0].value.state, HostState::NotReady);
     }
 
     #[test]

@@ -87,7 +87,8 @@ async fn run<A: Actor>(
     supervisor: Supervisor,
     init_tx: oneshot::Sender<Result<(), String>>,
 ) {
-    let init = AssertUnwindSafe(actor.init(&cx)).catch_unwind().await;
+    // Sub-futures are boxed so an idle actor's task stays small.
+    let init = Box::pin(AssertUnwindSafe(actor.init(&cx)).catch_unwind()).await;
     let init_err = match init {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(format!("init failed: {e}")),
@@ -123,12 +124,13 @@ async fn message_loop<A: Actor>(
             return ActorStatus::Stopped("mailbox closed".into());
         };
         let outcome = match sig {
-            Signal::Message(env) => handle_envelope(actor, cx, handlers, *env).await,
+            Signal::Message(env) => Box::pin(handle_envelope(actor, cx, handlers, *env)).await,
             Signal::Stop(reason) => return ActorStatus::Stopped(reason),
             Signal::Child(event) => {
-                let r = AssertUnwindSafe(actor.handle_supervision_event(cx, &event))
-                    .catch_unwind()
-                    .await;
+                let r = Box::pin(
+                    AssertUnwindSafe(actor.handle_supervision_event(cx, &event)).catch_unwind(),
+                )
+                .await;
                 match r {
                     Ok(Ok(true)) => None,
                     Ok(Ok(false)) if !event.status.is_failure() => None,

@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Envelopes carry no sequence number: each direction of a connection counts
-//! the envelopes it carries, and acks are cumulative counts.
+//! the envelopes it carries, and acks are cumulative counts. A header length
+//! of 0 means "the same header as the previous envelope on this connection"
+//! (streams of messages between one sender and one receiver skip the ids).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -76,8 +78,8 @@ struct HeaderRef<'a> {
     error: &'a Option<String>,
 }
 
-#[derive(Deserialize)]
-struct HeaderOwned {
+#[derive(Deserialize, Clone)]
+pub(crate) struct HeaderOwned {
     sender: ActorId,
     dest: PortId,
     reply_to: Option<PortId>,
@@ -91,12 +93,50 @@ fn put_header(buf: &mut BytesMut, kind: FrameKind, len: usize) {
     buf.put_u32(len as u32);
 }
 
-/// Appends an envelope frame to `buf`.
+/// The header of the last envelope written on a connection.
+#[derive(Default)]
+pub(crate) struct LastHeader(Option<(ActorId, PortId, Option<PortId>)>);
+
+impl LastHeader {
+    fn matches(&self, env: &Envelope) -> bool {
+        env.error.is_none()
+            && self
+                .0
+                .as_ref()
+                .is_some_and(|(s, d, r)| s == &env.sender && d == &env.dest && r == &env.reply_to)
+    }
+}
+
+/// Payloads larger than this are not copied into the write buffer: the
+/// writer sends them straight from the envelope after the buffer.
+pub(crate) const INLINE_PAYLOAD_MAX: usize = 64 * 1024;
+
+/// Appends an envelope frame to `buf`, eliding the header when it repeats
+/// the previous one (`last`). Returns `false` when the payload was left out
+/// (larger than [`INLINE_PAYLOAD_MAX`]): the caller writes it right after
+/// `buf`, before anything else.
 pub(crate) fn encode_envelope(
     buf: &mut BytesMut,
     env: &Envelope,
     max_frame: usize,
-) -> Result<(), ChannelError> {
+    last: &mut LastHeader,
+) -> Result<bool, ChannelError> {
+    let inline = env.payload.len() <= INLINE_PAYLOAD_MAX;
+    if last.matches(env) {
+        let body_len = 4 + env.payload.len();
+        if body_len > max_frame {
+            return Err(ChannelError::FrameTooLarge {
+                len: body_len,
+                max: max_frame,
+            });
+        }
+        put_header(buf, FrameKind::Envelope, body_len);
+        buf.put_u32(0);
+        if inline {
+            buf.extend_from_slice(&env.payload);
+        }
+        return Ok(inline);
+    }
     let header = HeaderRef {
         sender: &env.sender,
         dest: &env.dest,
@@ -119,14 +159,20 @@ pub(crate) fn encode_envelope(
             max: max_frame,
         });
     }
-    buf.extend_from_slice(&env.payload);
+    if inline {
+        buf.extend_from_slice(&env.payload);
+    }
     let mut head = &mut buf[start..start + HEADER_LEN + 4];
     head.put_slice(&MAGIC);
     head.put_u8(VERSION);
     head.put_u8(FrameKind::Envelope as u8);
     head.put_u32(body_len as u32);
     head.put_u32(hdr_len as u32);
-    Ok(())
+    last.0 = env
+        .error
+        .is_none()
+        .then(|| (env.sender.clone(), env.dest.clone(), env.reply_to.clone()));
+    Ok(inline)
 }
 
 /// Appends an ack frame to `buf`.
@@ -153,9 +199,14 @@ pub(crate) enum Frame {
     Ack(u64),
 }
 
-/// Takes one complete frame off the front of `buf`, if there is one.
+/// Takes one complete frame off the front of `buf`, if there is one;
+/// `last` is the previous envelope header read on this connection.
 /// Errors mean the stream is corrupt and the connection must close.
-pub(crate) fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, ChannelError> {
+pub(crate) fn decode(
+    buf: &mut BytesMut,
+    max_frame: usize,
+    last: &mut Option<HeaderOwned>,
+) -> Result<Option<Frame>, ChannelError> {
     if buf.len() < HEADER_LEN {
         return Ok(None);
     }
@@ -207,9 +258,17 @@ pub(crate) fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Fram
                     "envelope header length {hdr_len} exceeds the frame"
                 )));
             }
-            let hdr: HeaderOwned = postcard::from_bytes(&body[..hdr_len])
-                .map_err(|e| ChannelError::Protocol(format!("bad envelope header: {e}")))?;
-            body.advance(hdr_len);
+            let hdr = if hdr_len == 0 {
+                last.clone().ok_or_else(|| {
+                    ChannelError::Protocol("repeated header with no previous envelope".into())
+                })?
+            } else {
+                let hdr: HeaderOwned = postcard::from_bytes(&body[..hdr_len])
+                    .map_err(|e| ChannelError::Protocol(format!("bad envelope header: {e}")))?;
+                body.advance(hdr_len);
+                *last = hdr.error.is_none().then(|| hdr.clone());
+                hdr
+            };
             Ok(Some(Frame::Envelope(Envelope {
                 sender: hdr.sender,
                 dest: hdr.dest,
@@ -239,18 +298,30 @@ mod tests {
     #[test]
     fn envelope_round_trips_byte_by_byte() {
         let mut wire = BytesMut::new();
-        encode_envelope(&mut wire, &env(b"hello"), 1 << 20).unwrap();
+        let mut last = LastHeader::default();
+        assert!(encode_envelope(&mut wire, &env(b"hello"), 1 << 20, &mut last).unwrap());
+        let first_len = wire.len();
+        encode_envelope(&mut wire, &env(b"again"), 1 << 20, &mut last).unwrap();
+        assert!(wire.len() - first_len < 20, "a repeated header is elided");
         encode_ack(&mut wire, 42);
         // Feed one byte at a time: partial frames are never decoded.
         let mut buf = BytesMut::new();
         let mut frames = Vec::new();
+        let mut prev = None;
         for b in wire.iter() {
             buf.put_u8(*b);
-            while let Some(f) = decode(&mut buf, 1 << 20).unwrap() {
+            while let Some(f) = decode(&mut buf, 1 << 20, &mut prev).unwrap() {
                 frames.push(f);
             }
         }
-        assert_eq!(frames.len(), 2);
+        assert_eq!(frames.len(), 3);
+        match &frames[1] {
+            Frame::Envelope(e) => {
+                assert_eq!(&e.payload[..], b"again");
+                assert_eq!(e.dest.index(), 5);
+            }
+            _ => panic!("expected an envelope"),
+        }
         match &frames[0] {
             Frame::Envelope(e) => {
                 assert_eq!(&e.payload[..], b"hello");
@@ -259,32 +330,54 @@ mod tests {
             }
             _ => panic!("expected an envelope"),
         }
-        assert!(matches!(frames[1], Frame::Ack(42)));
+        assert!(matches!(frames[2], Frame::Ack(42)));
     }
 
     #[test]
     fn corrupt_input_is_an_error_not_a_panic() {
         let mut big = BytesMut::new();
-        encode_envelope(&mut big, &env(&[0; 100]), 1 << 20).unwrap();
+        encode_envelope(
+            &mut big,
+            &env(&[0; 100]),
+            1 << 20,
+            &mut LastHeader::default(),
+        )
+        .unwrap();
         assert!(matches!(
-            decode(&mut big.clone(), 50),
+            decode(&mut big.clone(), 50, &mut None),
             Err(ChannelError::FrameTooLarge { .. })
         ));
-        assert!(encode_envelope(&mut BytesMut::new(), &env(&[0; 100]), 50).is_err());
+        assert!(
+            encode_envelope(
+                &mut BytesMut::new(),
+                &env(&[0; 100]),
+                50,
+                &mut LastHeader::default()
+            )
+            .is_err()
+        );
         let mut garbage = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
         assert!(matches!(
-            decode(&mut garbage, 1 << 20),
+            decode(&mut garbage, 1 << 20, &mut None),
             Err(ChannelError::Protocol(_))
         ));
         let mut bad_version = big.clone();
         bad_version[2] = 9;
-        assert!(decode(&mut bad_version, 1 << 20).is_err());
+        assert!(decode(&mut bad_version, 1 << 20, &mut None).is_err());
         let mut bad_kind = big.clone();
         bad_kind[3] = 77;
-        assert!(decode(&mut bad_kind, 1 << 20).is_err());
+        assert!(decode(&mut bad_kind, 1 << 20, &mut None).is_err());
         let mut bad_hdr = big.clone();
         bad_hdr[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&1_000u32.to_be_bytes());
-        assert!(decode(&mut bad_hdr, 1 << 20).is_err());
+        assert!(decode(&mut bad_hdr, 1 << 20, &mut None).is_err());
+        // A repeated header with nothing to repeat.
+        let mut orphan = BytesMut::new();
+        put_header(&mut orphan, FrameKind::Envelope, 4);
+        orphan.put_u32(0);
+        assert!(matches!(
+            decode(&mut orphan, 1 << 20, &mut None),
+            Err(ChannelError::Protocol(_))
+        ));
         // Random bytes after a valid header never panic.
         let mut x: u32 = 1;
         for len in 0..200usize {
@@ -294,7 +387,7 @@ mod tests {
                 x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                 b.put_u8((x >> 24) as u8);
             }
-            let _ = decode(&mut b, 1 << 20);
+            let _ = decode(&mut b, 1 << 20, &mut None);
         }
     }
 }

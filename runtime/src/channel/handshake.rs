@@ -86,7 +86,7 @@ async fn send<S: AsyncWrite + Unpin>(s: &mut S, msg: &Hello) -> Result<(), Chann
 
 async fn recv<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Hello, ChannelError> {
     loop {
-        match frame::decode(buf, MAX_HELLO)? {
+        match frame::decode(buf, MAX_HELLO, &mut None)? {
             Some(Frame::Hello(body)) => {
                 return postcard::from_bytes(&body)
                     .map_err(|e| ChannelError::Protocol(format!("bad handshake message: {e}")));

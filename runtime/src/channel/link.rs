@@ -80,7 +80,6 @@ pub(crate) struct Conn {
     shared: Arc<ConnShared>,
 }
 
-#[derive(Clone)]
 struct LinkHandle {
     id: u64,
     tx: mpsc::Sender<Envelope>,
@@ -161,14 +160,16 @@ impl<I: Inbound> Transport<I> {
         handle
     }
 
-    fn link_for(self: &Arc<Self>, peer: &ProcId) -> LinkHandle {
+    /// Applies `f` to the peer's link, creating the link if needed.
+    fn with_link<R>(self: &Arc<Self>, peer: &ProcId, f: impl FnOnce(&LinkHandle) -> R) -> R {
         let mut links = self.links();
         if let Some(h) = links.get(peer) {
-            return h.clone();
+            return f(h);
         }
         let h = self.spawn_link(peer.clone(), None);
-        links.insert(peer.clone(), h.clone());
-        h
+        let r = f(&h);
+        links.insert(peer.clone(), h);
+        r
     }
 
     fn remove_link(&self, peer: &ProcId, id: u64) {
@@ -180,18 +181,18 @@ impl<I: Inbound> Transport<I> {
 
     /// A receiver that changes whenever a connection to `peer` is lost.
     pub(crate) fn lost_watch(self: &Arc<Self>, peer: &ProcId) -> watch::Receiver<u64> {
-        self.link_for(peer).lost
+        self.with_link(peer, |h| h.lost.clone())
     }
 
     /// Queues an envelope for its destination proc (waits while the peer's
     /// queue is full). Failures come back through [`Inbound::bounce`].
     pub(crate) async fn send(self: &Arc<Self>, mut env: Envelope) {
         for _ in 0..2 {
-            let h = self.link_for(env.dest.actor().proc());
-            match h.tx.send(env).await {
+            let (id, tx) = self.with_link(env.dest.actor().proc(), |h| (h.id, h.tx.clone()));
+            match tx.send(env).await {
                 Ok(()) => return,
                 Err(mpsc::error::SendError(back)) => {
-                    self.remove_link(back.dest.actor().proc(), h.id);
+                    self.remove_link(back.dest.actor().proc(), id);
                     env = back;
                 }
             }
@@ -480,6 +481,7 @@ impl<I: Inbound> Link<I> {
         let mut acked: u64 = 0;
         let mut ack_sent: u64 = 0;
         let mut ack_deadline: Option<Instant> = None;
+        let mut last_header = frame::LastHeader::default();
         let mut buf = BytesMut::with_capacity(64 * 1024);
         loop {
             let a = shared.acked.load(Ordering::Acquire);
@@ -495,7 +497,9 @@ impl<I: Inbound> Link<I> {
             if shared.closed.is_cancelled() {
                 return (shared.reason(), unacked);
             }
-            while unacked.len() < window && buf.len() < BATCH_BYTES {
+            // A large payload is written from the envelope, after `buf`.
+            let mut tail: Option<bytes::Bytes> = None;
+            while unacked.len() < window && buf.len() < BATCH_BYTES && tail.is_none() {
                 let env = match self.pending.pop_front() {
                     Some(e) => e,
                     None => match self.rx.try_recv() {
@@ -503,8 +507,11 @@ impl<I: Inbound> Link<I> {
                         Err(_) => break,
                     },
                 };
-                match frame::encode_envelope(&mut buf, &env, max_frame) {
-                    Ok(()) => {
+                match frame::encode_envelope(&mut buf, &env, max_frame, &mut last_header) {
+                    Ok(inline) => {
+                        if !inline {
+                            tail = Some(env.payload.clone());
+                        }
                         unacked.push_back(env);
                         sent += 1;
                     }
@@ -512,7 +519,8 @@ impl<I: Inbound> Link<I> {
                 }
             }
             let r = shared.received.load(Ordering::Acquire);
-            if r > ack_sent {
+            // Never put an ack between a frame header and its tail payload.
+            if r > ack_sent && tail.is_none() {
                 let due = ack_deadline.is_some_and(|d| d <= Instant::now());
                 if !buf.is_empty() || r - ack_sent >= ACK_EVERY || due {
                     frame::encode_ack(&mut buf, r);
@@ -523,8 +531,15 @@ impl<I: Inbound> Link<I> {
                 }
             }
             if !buf.is_empty() {
+                let write = async {
+                    writer.write_all(&buf).await?;
+                    if let Some(t) = &tail {
+                        writer.write_all(t).await?;
+                    }
+                    Ok::<(), std::io::Error>(())
+                };
                 tokio::select! {
-                    res = writer.write_all(&buf) => if let Err(e) = res {
+                    res = write => if let Err(e) = res {
                         shared.close(format!("write failed: {e}"));
                         return (shared.reason(), unacked);
                     },
@@ -600,10 +615,11 @@ struct Reader<I: Inbound> {
 impl<I: Inbound> Reader<I> {
     async fn run(self, mut rd: BoxRead, mut buf: BytesMut) {
         let mut received: u64 = 0;
+        let mut last_header = None;
         loop {
             let before = received;
             loop {
-                match frame::decode(&mut buf, self.max_frame) {
+                match frame::decode(&mut buf, self.max_frame, &mut last_header) {
                     Ok(Some(Frame::Envelope(env))) => {
                         received += 1;
                         let Some(inbound) = self.inbound.upgrade() else {

@@ -132,7 +132,6 @@ struct Worker {
     init_failed: bool,
     volumes: Option<BTreeMap<String, PathBuf>>,
     lookups: Lookups,
-    problem: Option<(String, String)>,
     retry_at: Option<Instant>,
     write_retry_at: Option<Instant>,
     stopping: bool,
@@ -170,8 +169,16 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.pod_ip.as_deref())
             .and_then(|ip| ip.parse().ok());
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
         let (ip, owns_ip) = if inert {
             (reported.unwrap_or(Ipv4Addr::UNSPECIFIED), false)
+        } else if host_network {
+            // Like Kubernetes: a host-network pod's IP is the node's.
+            (shared.config.node_ip, false)
         } else {
             let mut pool = lock(&shared.ips);
             match reported.filter(|ip| pool.reserve(*ip)) {
@@ -208,6 +215,26 @@ impl Worker {
                 s.ctr.run = Run::waiting("ContainerCreating", None);
             }
         }
+        // Containers that ran under an earlier kubelet keep their restart
+        // counts; starting them again counts as a restart.
+        if !inert && let Some(status) = &pod.status {
+            let previous = status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .chain(status.container_statuses.iter().flatten());
+            for prev in previous {
+                let ran = prev.restart_count > 0
+                    || prev
+                        .state
+                        .as_ref()
+                        .is_some_and(|st| st.running.is_some() || st.terminated.is_some());
+                if let Some(slot) = slots.iter_mut().find(|s| s.ctr.name == prev.name) {
+                    slot.ctr.restarts = prev.restart_count.max(0);
+                    slot.ever_started = ran;
+                }
+            }
+        }
         let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
@@ -241,7 +268,6 @@ impl Worker {
             init_failed: false,
             volumes: None,
             lookups: Lookups::default(),
-            problem: None,
             retry_at: None,
             write_retry_at: None,
             stopping: false,
@@ -384,7 +410,6 @@ impl Worker {
             match self.prepare().await {
                 Ok(v) => {
                     self.volumes = Some(v);
-                    self.problem = None;
                 }
                 Err(e) => {
                     let reason = match e {
@@ -456,7 +481,6 @@ impl Worker {
                 .as_ref()
                 .map(qos_class)
                 .unwrap_or_else(|| "BestEffort".into()),
-            problem: self.problem.clone(),
             previous: &self.conditions,
         };
         f(&input)

@@ -226,25 +226,20 @@ impl Worker {
                           what: &str|
                  -> Option<ProbeState> {
                     let p = p?;
-                    match probe::probe_spec(
+                    let spec = probe::probe_spec_or_invalid(
                         p,
                         &container,
                         &format!("{}.{what}", slot.field),
                         pod_ip,
                         &launch,
-                    ) {
-                        Ok(spec) => Some(ProbeState {
-                            next_at: now + spec.initial_delay,
-                            spec,
-                            successes: 0,
-                            failures: 0,
-                            in_flight: false,
-                        }),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "ignoring invalid probe");
-                            None
-                        }
-                    }
+                    );
+                    Some(ProbeState {
+                        next_at: now + spec.initial_delay,
+                        spec,
+                        successes: 0,
+                        failures: 0,
+                        in_flight: false,
+                    })
                 };
                 if slot.init {
                     slot.startup = None;
