@@ -136,6 +136,11 @@ pub(super) async fn reconcile(
         &old_views,
         Time(k8s_openapi::jiff::Timestamp::now()),
     );
+    let stalled = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.reason.as_deref() == Some(rollout::DEADLINE_EXCEEDED));
     let dapi: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     dapi.patch_status(
         &name,
@@ -149,7 +154,7 @@ pub(super) async fn reconcile(
             .as_ref()
             .map(view)
             .is_some_and(|v| v.spec != desired || v.available != desired);
-    if rolling && !paused {
+    if rolling && !paused && !stalled {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     Ok(Action::requeue(Duration::from_secs(300)))
