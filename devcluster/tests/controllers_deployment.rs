@@ -197,6 +197,26 @@ async fn deployment_rolls_scales_and_cascades() {
     dapi.patch(name, &PatchParams::default(), &Patch::Strategic(roll))
         .await
         .unwrap();
+    // maxSurge 1, maxUnavailable 0: never more than 2 live pods, and a
+    // Ready pod at every moment, until only a new-template pod is left.
+    let start = Instant::now();
+    loop {
+        let pods = live_pods(&c, name).await;
+        let ready = pods
+            .iter()
+            .filter(|p| kubelet_common::condition(p, "Ready").as_deref() == Some("True"))
+            .count();
+        assert!(pods.len() <= 2, "{} live pods: surge above 1", pods.len());
+        assert!(ready >= 1, "no Ready pod during the rollout");
+        if pods.len() == 1 && hash_of(&pods[0]) != hash && ready == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < kubelet_common::WAIT,
+            "rollout did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     wait_complete(&c, name, 1).await;
     let rss = rs_api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(rss.len(), 2, "{rss:#?}");
