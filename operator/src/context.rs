@@ -124,17 +124,3 @@ where
         .await?;
     Ok(Arc::new(updated))
 }
-
-/// A JSON patch that sets `status` whole, guarded by `resource_version`:
-/// a status computed from a stale read fails with 409 (or 422 from servers
-/// that report a failed `test` that way) and is recomputed.
-pub fn status_patch(
-    resource_version: Option<String>,
-    status: &impl serde::Serialize,
-) -> Result<json_patch::Patch, crate::Error> {
-    let ops = serde_json::json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-        {"op": "add", "path": "/status", "value": status},
-    ]);
-    Ok(serde_json::from_value(ops)?)
-}

@@ -302,14 +302,8 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
 
     // Rank 3 (host 1) exits 3 with a message on stderr.
     let pm = meshes.get("pm").await.unwrap();
-    let uid: String = pm
-        .metadata
-        .uid
-        .unwrap()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(8)
-        .collect();
+    let world = c.api::<World>().get("w").await.unwrap();
+    let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
     let host1 = HostKey {
         world: WorldKey {
             namespace: NS.into(),
@@ -317,7 +311,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
         },
         rank: 1,
     };
-    let name = format!("pm.{uid}.3");
+    let name = format!("{id}.3");
     let failed = ProcStatus::Stopped {
         exit_code: 3,
         stderr_tail: vec!["boom: out of memory".into()],
@@ -591,14 +585,8 @@ async fn a_failed_critical_procmesh_fails_its_world() {
         (pm.status.as_ref()?.running == 2).then_some(pm)
     })
     .await;
-    let uid: String = pm
-        .metadata
-        .uid
-        .unwrap()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(8)
-        .collect();
+    let world = c.api::<World>().get("w").await.unwrap();
+    let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
     let host0 = HostKey {
         world: WorldKey {
             namespace: NS.into(),
@@ -613,7 +601,7 @@ async fn a_failed_critical_procmesh_fails_its_world() {
     };
     let push = c
         .sim
-        .set_status(&host0, &format!("boss.{uid}.0"), killed)
+        .set_status(&host0, &format!("{id}.0"), killed)
         .unwrap();
     c.ctx.hub.push_sender().send(push).await.unwrap();
     let worlds = c.api::<World>();
@@ -629,5 +617,49 @@ async fn a_failed_critical_procmesh_fails_its_world() {
         "{}",
         failed.message
     );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_change_replaces_the_procs() {
+    let c = Cluster::start().await;
+    running_world(&c).await;
+    let yaml = "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm, namespace: ctl}\n\
+         spec: {world: w, perHost: [{name: gpu, size: 2}], command: [sleep, 'ARG']}\n";
+    c.apply_yaml(&yaml.replace("ARG", "300")).await;
+    let meshes = c.api::<ProcMesh>();
+    eventually("ProcMesh Running", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        (s.running == 4).then_some(())
+    })
+    .await;
+    let world = c.api::<World>().get("w").await.unwrap();
+    let old_id =
+        hostmesh_operator::procmesh::desired::mesh_id(&meshes.get("pm").await.unwrap(), &world);
+    c.apply_yaml(&yaml.replace("ARG", "600")).await;
+    let new_id = eventually("new procs Running", || async {
+        let pm = meshes.get("pm").await.ok()?;
+        let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
+        let s = pm.status?;
+        (id != old_id && s.running == 4 && s.observed_generation == pm.metadata.generation)
+            .then_some(id)
+    })
+    .await;
+    // The agents now hold the old procs stopped and the new ones running.
+    let procs = c.sim.procs.lock().unwrap().clone();
+    let mut old_live = 0;
+    let mut new_live = 0;
+    for h in procs.values() {
+        for p in h.values() {
+            let live = !p.status.is_terminal();
+            if p.name.starts_with(&format!("{old_id}.")) && live {
+                old_live += 1;
+            }
+            if p.name.starts_with(&format!("{new_id}.")) && live {
+                new_live += 1;
+            }
+        }
+    }
+    assert_eq!((old_live, new_live), (0, 4));
     c.shutdown().await;
 }

@@ -544,3 +544,69 @@ async fn address_book_gives_master_addr_off_host_zero() {
     c.create_or_update(addr, req).await.unwrap();
     agent.line("[mesh/17] master=127.0.0.9:1234 group=1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_watches_many_agents() {
+    const HOSTS: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut agents = Vec::new();
+    for rank in 0..HOSTS {
+        let config = hostmesh_runtime::host::AgentConfig {
+            world: "many".into(),
+            namespace: None,
+            host_rank: rank,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            health: "127.0.0.1:0".parse().unwrap(),
+            secret_file: secret_file.clone(),
+            supervisor: None,
+            heartbeat_interval: Duration::from_millis(200),
+            limits: Default::default(),
+        };
+        agents.push(hostmesh_runtime::host::Agent::start(config).await.unwrap());
+    }
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    let book: Vec<String> = agents.iter().map(|a| a.addr().to_string()).collect();
+    for (rank, a) in agents.iter().enumerate() {
+        c.watch(rank, a.addr());
+        c.set_address_book(a.addr(), book.clone()).await.unwrap();
+    }
+    let mut snapshots = std::collections::HashSet::new();
+    for _ in 0..100_000 {
+        if snapshots.len() == HOSTS {
+            break;
+        }
+        let ev = next(&mut rx).await;
+        if let AgentEventKind::Push(AgentPush::Snapshot { host_rank, .. }) = ev.kind {
+            assert_eq!(host_rank, ev.host.rank);
+            assert_eq!(agents[host_rank].addr(), ev.host.addr);
+            snapshots.insert(host_rank);
+        }
+    }
+    assert_eq!(snapshots.len(), HOSTS);
+    for (rank, a) in agents.iter().enumerate() {
+        let mut req = sh(&format!("p{rank}"), rank, "exit 0");
+        req.spec.extent = vec![Dim::new("host", HOSTS), Dim::new("proc", 1)];
+        c.create_or_update(a.addr(), req).await.unwrap();
+    }
+    let mut done = std::collections::HashSet::new();
+    for _ in 0..100_000 {
+        if done.len() == HOSTS {
+            break;
+        }
+        let ev = next(&mut rx).await;
+        if let AgentEventKind::Push(AgentPush::Changed(ch)) = ev.kind
+            && ch.state.status.is_terminal()
+        {
+            assert_eq!(ch.host_rank, ev.host.rank);
+            assert_eq!(ch.state.name, format!("p{}", ev.host.rank));
+            assert!(matches!(
+                ch.state.status,
+                ProcStatus::Stopped { exit_code: 0, .. }
+            ));
+            done.insert(ev.host.rank);
+        }
+    }
+    assert_eq!(done.len(), HOSTS);
+}

@@ -15,6 +15,14 @@ pub enum KubeletError {
         #[source]
         source: kube::Error,
     },
+    /// The API server did not answer in time.
+    #[error("kubernetes API call timed out after {timeout:?} ({action})")]
+    ApiTimeout {
+        /// What the kubelet was doing.
+        action: String,
+        /// How long it waited.
+        timeout: std::time::Duration,
+    },
     /// The kubeconfig could not be read or used.
     #[error("cannot load kubeconfig {path:?}: {message}")]
     Kubeconfig {

@@ -39,7 +39,10 @@ impl Kubelet {
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
         let shared = Arc::new(Shared {
             client,
-            ips: Mutex::new(IpPool::new(config.pod_ip_block)),
+            ips: Mutex::new(IpPool::new(
+                config.pod_ip_block,
+                config.ip_claims_dir.clone(),
+            )),
             config,
             images,
             groups: groups.clone(),
@@ -148,8 +151,16 @@ impl KubeletHandle {
             let _ = heartbeat.await;
         }
         kill_all(&self.groups);
-        if let Err(e) = node::post_stopped(&self.shared).await {
-            tracing::warn!(error = %e, "cannot mark the node stopped");
+        // Best effort, bounded: the API server may already be gone.
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            node::post_stopped(&self.shared),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot mark the node stopped"),
+            Err(_) => tracing::warn!("marking the node stopped timed out"),
         }
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())

@@ -112,14 +112,6 @@ pub struct Hub {
     wake: Notify,
 }
 
-/// Where the hub sends reconcile requests.
-pub struct Triggers {
-    /// Worlds to reconcile.
-    pub worlds: mpsc::UnboundedReceiver<WorldKey>,
-    /// ProcMeshes to reconcile.
-    pub meshes: mpsc::UnboundedReceiver<MeshKey>,
-}
-
 impl Hub {
     /// A hub dialing agents through `connector`.
     pub fn new(connector: Arc<dyn AgentConnector>) -> Arc<Self> {

@@ -180,6 +180,33 @@ impl Hub {
             .unwrap_or_default()
     }
 
+    /// Every mesh id starting with `prefix` the hub knows of in `world`
+    /// (reported by agents, or sent or being stopped on this connection).
+    pub fn mesh_ids(&self, world: &WorldKey, prefix: &str) -> Vec<String> {
+        let st = self.lock();
+        let Some(w) = st.worlds.get(world) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = w
+            .procs
+            .keys()
+            .filter(|m| m.starts_with(prefix))
+            .cloned()
+            .collect();
+        for h in w.hosts.values() {
+            for n in h.sent.keys().chain(h.stopping.iter()) {
+                if let Some((m, _)) = parse_proc_name(n)
+                    && m.starts_with(prefix)
+                {
+                    ids.push(m.to_string());
+                }
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
     /// Whether any proc of `mesh_id` has not ended.
     pub fn procs_running(&self, world: &WorldKey, mesh_id: &str) -> bool {
         self.proc_states(world, mesh_id)

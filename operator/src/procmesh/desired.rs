@@ -7,7 +7,8 @@
 //!    contract, `RANK` .. `HOSTMESH_*`, from it and its address book).
 //! 2. User `env` entries named like a contract variable are dropped, so the
 //!    contract always holds (docs/api.md).
-//! 3. Proc names carry the ProcMesh's uid ([`mesh_id`]).
+//! 3. Proc names carry the ProcMesh's uid and a hash of the proc spec
+//!    ([`mesh_id`]).
 
 use hostmesh_crds::{ProcMesh, World};
 use hostmesh_runtime::host::protocol::{Dim, ProcSpec};
@@ -31,9 +32,9 @@ pub fn proc_rank(host_rank: u64, per_host: u64, local: u64) -> u64 {
     host_rank * per_host + local
 }
 
-/// `<name>.<first 8 characters of the uid>`: the prefix of the ProcMesh's
-/// proc names.
-pub fn mesh_id(pm: &ProcMesh) -> String {
+/// `<name>.<first 8 characters of the uid>-`: the prefix of every mesh id
+/// this ProcMesh ever had.
+pub fn mesh_prefix(pm: &ProcMesh) -> String {
     let uid = pm.uid().unwrap_or_default();
     let short: String = uid
         .chars()
@@ -41,10 +42,23 @@ pub fn mesh_id(pm: &ProcMesh) -> String {
         .take(8)
         .collect();
     format!(
-        "{}.{}",
+        "{}.{}-",
         pm.name_any(),
         if short.is_empty() { "0" } else { &short }
     )
+}
+
+/// `<mesh prefix><hash of the proc spec>`: the prefix of the proc names.
+/// A spec change (command, env, extent, ...) makes new names, so the new
+/// procs replace the old ones instead of conflicting with them.
+pub fn mesh_id(pm: &ProcMesh, world: &World) -> String {
+    let spec = serde_json::to_vec(&proc_spec(pm, world)).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &spec);
+    let hash: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}{hash}", mesh_prefix(pm))
 }
 
 /// The agent's spec for every proc of `pm` on `world`.
@@ -94,7 +108,7 @@ pub fn host_procs(
 ) -> Vec<CreateOrUpdate> {
     let per_host = pm.spec.per_host_extent().num_ranks();
     let spec = proc_spec(pm, world);
-    let id = mesh_id(pm);
+    let id = mesh_id(pm, world);
     (0..per_host)
         .map(|local| {
             let rank = proc_rank(host_rank, per_host, local);
@@ -134,7 +148,12 @@ pub(crate) mod tests {
         assert_eq!(reqs.len(), 8);
         let r = &reqs[3];
         assert_eq!(r.rank, 43);
-        assert_eq!(r.name, "train.0f1e2d3c.43");
+        let id = mesh_id(&mk_pm(""), &mk_world());
+        assert!(
+            id.starts_with("train.0f1e2d3c-") && id.len() == "train.0f1e2d3c-".len() + 8,
+            "{id}"
+        );
+        assert_eq!(r.name, format!("{id}.43"));
         assert_eq!(r.incarnation, 1);
         assert_eq!(r.spec.command, "python");
         assert_eq!(r.spec.args, ["train.py", "--lr", "1"]);
@@ -149,9 +168,14 @@ pub(crate) mod tests {
         assert_eq!(r.spec.proc_mesh, "train");
         assert_eq!(
             crate::hub::parse_proc_name(&r.name),
-            Some(("train.0f1e2d3c", 43))
+            Some((id.as_str(), 43))
         );
-        assert_eq!(crate::hub::mesh_name("train.0f1e2d3c"), "train");
+        assert_eq!(crate::hub::mesh_name(&id), "train");
+        // A changed command is a new mesh id; the same spec is the same id.
+        let mut changed = mk_pm("");
+        changed.spec.args.push("--more".into());
+        assert_ne!(mesh_id(&changed, &mk_world()), id);
+        assert_eq!(mesh_id(&mk_pm(""), &mk_world()), id);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use hostmesh_crds::world::HostState;
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -137,7 +137,16 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let key = world_key(pm);
     let world_extent = world.spec.extent();
     let hosts = world_extent.num_ranks();
-    let id = desired::mesh_id(pm);
+    let id = desired::mesh_id(pm, &world);
+    // Procs of an earlier spec go first (a spec change replaces the procs).
+    let replacing = stop_stale(
+        ctx,
+        &key,
+        &desired::mesh_prefix(pm),
+        Some(&id),
+        timings.stop_timeout,
+    )
+    .await;
     let states = ctx.hub.proc_states(&key, &id);
     let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
     let lost_hosts = lost_hosts(&world);
@@ -152,7 +161,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         now: Timestamp::now(),
     });
 
-    if let Some(inc) = &plan.spawn {
+    if let Some(inc) = plan.spawn.as_ref().filter(|_| !replacing) {
         let mut errors = Vec::new();
         for host in 0..hosts {
             let reqs = desired::host_procs(pm, &world, host, &|r| inc.get(r));
@@ -170,11 +179,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     }
     if plan.stop {
         info!(procmesh = %pm.name_any(), "ProcMesh failed: stopping its remaining procs");
-        if let Err(e) = ctx
-            .hub
-            .stop_procs(&key, &pm.name_any(), timings.stop_timeout)
-            .await
-        {
+        if let Err(e) = ctx.hub.stop_procs(&key, &id, timings.stop_timeout).await {
             warn!(procmesh = %pm.name_any(), error = %e, "stopping procs failed");
         }
     }
@@ -194,6 +199,15 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .await;
     }
     let deferred = write_status(pm, ctx, &plan.status, false).await?;
+    let deferred = if replacing {
+        Some(
+            deferred
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(1)),
+        )
+    } else {
+        deferred
+    };
     let default = match plan.status.phase {
         Some(ProcMeshPhase::Running | ProcMeshPhase::Failed | ProcMeshPhase::Succeeded) => {
             Duration::from_secs(60)
@@ -205,6 +219,32 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .flatten()
         .fold(default, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// Stops the procs of every mesh id under `prefix` except `keep`, and
+/// forgets those that have ended. Returns whether some are still running.
+async fn stop_stale(
+    ctx: &Context,
+    key: &crate::hub::WorldKey,
+    prefix: &str,
+    keep: Option<&str>,
+    grace: Duration,
+) -> bool {
+    let mut running = false;
+    for old in ctx.hub.mesh_ids(key, prefix) {
+        if Some(old.as_str()) == keep {
+            continue;
+        }
+        if let Err(e) = ctx.hub.stop_procs(key, &old, grace).await {
+            debug!(mesh = %old, error = %e, "stopping procs of an earlier spec");
+        }
+        if ctx.hub.procs_running(key, &old) {
+            running = true;
+        } else {
+            ctx.hub.forget_procs(key, &old);
+        }
+    }
+    running
 }
 
 /// Hosts of `world` that are gone, from its status runs.
@@ -294,20 +334,18 @@ pub async fn write_status(
     }
     let api: Api<ProcMesh> =
         Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    // Set whole, guarded by the resourceVersion it was computed from.
-    let patch = crate::context::status_patch(pm.resource_version(), &status)?;
-    api.patch_status(
-        &pm.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await?;
+    // Replaced whole, guarded by the resourceVersion it was computed from:
+    // a write based on a stale read fails with 409 and is recomputed.
+    let mut obj = pm.clone();
+    obj.status = Some(status.clone());
+    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
+        .await?;
     Ok(None)
 }
 
 async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let name = pm.name_any();
-    let id = desired::mesh_id(pm);
+    let prefix = desired::mesh_prefix(pm);
     let key = world_key(pm);
     let ns = pm.namespace().unwrap_or_default();
     let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
@@ -317,7 +355,9 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         .map(|t| t.stop_timeout)
         .unwrap_or(Duration::from_secs(30));
     if world.is_none() {
-        ctx.hub.forget_procs(&key, &id);
+        for id in ctx.hub.mesh_ids(&key, &prefix) {
+            ctx.hub.forget_procs(&key, &id);
+        }
         return Ok(Action::await_change());
     }
     let mut status = pm.status.clone().unwrap_or_default();
@@ -344,18 +384,18 @@ async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
-    let stop = ctx.hub.stop_procs(&key, &id, stop_timeout).await;
+    // Stops every proc this ProcMesh ever had; ended ones are forgotten.
+    let still_running = stop_stale(ctx, &key, &prefix, None, stop_timeout).await;
     let started = status.stopping_since.as_ref().map_or(now, |t| t.0);
     let deadline = started
         + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
             .unwrap_or(SignedDuration::MAX);
-    let still_running =
-        ctx.hub.proc_states(&key, &name).values().any(|o| {
-            !o.state.is_failure() && o.state != hostmesh_crds::procmesh::ProcState::Succeeded
-        });
-    if (stop.is_err() || still_running) && now < deadline {
+    if still_running && now < deadline {
         return Err(Error::Waiting(format!("procs of {name} still stopping")));
     }
-    ctx.hub.forget_procs(&key, &id);
+    for id in ctx.hub.mesh_ids(&key, &prefix) {
+        ctx.hub.forget_procs(&key, &id);
+    }
+    ctx.pacer.forget(&format!("procmesh/{ns}/{name}"));
     Ok(Action::await_change())
 }

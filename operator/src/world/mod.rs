@@ -6,9 +6,9 @@
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
 //!    existing pods are never patched (changes roll them, see [`plan`]).
 //! 2. The Secret is created once and never rewritten.
-//! 3. Status is written through the status subresource, whole (a JSON
-//!    patch that tests the resourceVersion it was computed from, so a
-//!    reconcile working from a stale cache cannot overwrite newer status),
+//! 3. Status is written through the status subresource, whole (replaced,
+//!    guarded by the resourceVersion it was computed from, so a reconcile
+//!    working from a stale cache cannot overwrite newer status),
 //!    only when it differs from what is stored, paced by [`crate::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
@@ -361,14 +361,12 @@ pub async fn write_status(
     }
     let api: Api<World> =
         Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
-    // Set whole, guarded by the resourceVersion it was computed from.
-    let patch = crate::context::status_patch(world.resource_version(), &status)?;
-    api.patch_status(
-        &world.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await?;
+    // Replaced whole, guarded by the resourceVersion it was computed from:
+    // a write based on a stale read fails with 409 and is recomputed.
+    let mut obj = world.clone();
+    obj.status = Some(status);
+    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
+        .await?;
     Ok(None)
 }
 
@@ -407,6 +405,10 @@ async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
         )));
     }
     ctx.hub.forget_world(&key_of(world));
+    ctx.pacer.forget(&format!(
+        "world/{}/{name}",
+        world.namespace().unwrap_or_default()
+    ));
     ctx.event(
         world,
         false,

@@ -150,6 +150,14 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let expired: Vec<u64> = (0..n)
         .filter(|r| hosts[*r as usize].state == HostState::Expired)
         .collect();
+    // Tell users when a host goes silent or unready (once per transition).
+    for r in &expired {
+        if runs::get(&prev.hosts, *r).is_none_or(|p| p.state != HostState::Expired) {
+            let note = format!("host {r}: no agent heartbeat within healthTimeout");
+            out.events
+                .push(event(Severity::Warning, "HostExpired", note));
+        }
+    }
     let troubled = !failed.is_empty()
         || !expired.is_empty()
         || hosts.iter().any(|h| h.state == HostState::NotReady);
@@ -571,8 +579,11 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             Some(Time(Timestamp::from_second(100).unwrap()))
         );
         w.status = Some(p.status);
+        assert_eq!(p.events[0].reason, "HostExpired");
+        assert_eq!(p.events.len(), 3, "one per host");
         let p = run(&w, &pods, Liveness::Expired, 149);
         assert!(p.delete.is_empty());
+        assert!(p.events.is_empty(), "once per transition");
         let p = run(&w, &pods, Liveness::Expired, 150);
         assert_eq!(p.delete.len(), 3);
     }

@@ -7,7 +7,8 @@
 //!    secret) can reach these handlers: the agent's proc is built with the
 //!    secret, and the transport refuses and logs any other peer.
 //! 2. Handlers never wait for a process: stops and shutdowns run as tasks,
-//!    so the agent keeps answering while procs wind down.
+//!    so the agent keeps answering while procs wind down; and no handler
+//!    returns an error (which would stop the actor): refusals are replies.
 //! 3. A subscriber gets a snapshot first, then every change and a heartbeat
 //!    every interval (`subscription.rs`); a subscriber whose pushes come back
 //!    undeliverable is dropped; one that subscribes again replaces itself.
@@ -210,10 +211,11 @@ impl Handler<Subscribe> for HostAgent {
             port: m.port.clone(),
             closed: closed.clone(),
         };
-        let pusher = cx
-            .spawn_child(pusher)
-            .await
-            .map_err(|e| ActorError::new(format!("cannot start a subscriber: {e}")))?;
+        // A failure here refuses this subscriber; it never stops the agent.
+        let pusher = match cx.spawn_child(pusher).await {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(format!("cannot start a subscriber: {e}"))),
+        };
         tracing::info!(subscriber = %m.port.id(), "subscribed");
         self.subscribers.insert(m.port.id().clone(), closed.clone());
         let sub = Subscription::new(self.manager.clone(), self.heartbeat);

@@ -100,6 +100,24 @@ struct Slot {
 }
 
 const RETRY: Duration = Duration::from_secs(2);
+/// Longest wait for one API call from a pod worker.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bounds one API call, so a hung API server cannot hold a pod worker (and
+/// with it the kubelet's shutdown) for long.
+async fn bounded<T>(
+    action: impl Fn() -> String,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(KubeletError::api(action(), e)),
+        Err(_) => Err(KubeletError::ApiTimeout {
+            action: action(),
+            timeout: API_TIMEOUT,
+        }),
+    }
+}
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs the worker for `pod` until the pod is deleted or the kubelet stops.
@@ -505,10 +523,9 @@ impl Worker {
         }
         let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.ns);
         let patch = serde_json::json!({ "status": value });
-        match api
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let (params, body) = (PatchParams::default(), Patch::Merge(&patch));
+        let call = api.patch_status(&self.name, &params, &body);
+        match bounded(|| format!("update status of pod {}", self.key()), call).await {
             Ok(_) => {
                 self.conditions = status.conditions.clone().unwrap_or_default();
                 self.written = Some(value);
@@ -531,9 +548,17 @@ impl Worker {
             }),
             ..Default::default()
         };
-        match api.delete(&self.name, &dp).await {
+        match bounded(
+            || format!("delete pod {}", self.key()),
+            api.delete(&self.name, &dp),
+        )
+        .await
+        {
             Ok(_) => tracing::info!(pod = %self.key(), "pod deleted"),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(KubeletError::Api {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 404 || s.code == 409 => {}
             Err(e) => tracing::warn!(pod = %self.key(), error = %e, "cannot finish pod deletion"),
         }
     }

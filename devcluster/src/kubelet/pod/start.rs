@@ -14,17 +14,19 @@ impl Worker {
         let cm_api: Api<ConfigMap> = Api::namespaced(client, &self.ns);
         let mut lookups = Lookups::default();
         for name in secrets {
-            let got = secret_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| KubeletError::api(format!("get secret {}/{name}", self.ns), e))?;
+            let got = bounded(
+                || format!("get secret {}/{name}", self.ns),
+                secret_api.get_opt(&name),
+            )
+            .await?;
             lookups.secrets.insert(name, got);
         }
         for name in cms {
-            let got = cm_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| KubeletError::api(format!("get configmap {}/{name}", self.ns), e))?;
+            let got = bounded(
+                || format!("get configmap {}/{name}", self.ns),
+                cm_api.get_opt(&name),
+            )
+            .await?;
             lookups.config_maps.insert(name, got);
         }
         for spec in token_specs(&self.pod).into_iter().filter(|_| tokens) {
@@ -55,9 +57,13 @@ impl Worker {
         }))
         .ok()?;
         let api: Api<ServiceAccount> = Api::namespaced(self.shared.client.clone(), &self.ns);
-        match api
-            .create_token_request(&sa, &PostParams::default(), &request)
-            .await
+        let params = PostParams::default();
+        let call = api.create_token_request(&sa, &params, &request);
+        match bounded(
+            || format!("token for serviceaccount {}/{sa}", self.ns),
+            call,
+        )
+        .await
         {
             Ok(r) => r.status.map(|s| s.token),
             Err(e) => {
