@@ -6,8 +6,9 @@ available), and checks the release.
 
 Usage:
   helm_install.py install CHART_DIR NAMESPACE VALUES_JSON
+  helm_install.py upgrade CHART_DIR NAMESPACE VALUES_JSON
   helm_install.py uninstall NAMESPACE
-Exit 0 on success; prints "installed ..." / "uninstalled ...".
+Exit 0 on success; prints "installed ..." / "upgraded ..." / "uninstalled ...".
 """
 
 import json
@@ -32,6 +33,15 @@ def install(chart, namespace, values):
     print(f"installed {RELEASE}: {status}", flush=True)
 
 
+def upgrade(chart, namespace, values):
+    cfg = config(namespace)
+    cfg.upgrade(chart, RELEASE, values, namespace=namespace, timeout=120, wait="watcher")
+    status = str(cfg.status(RELEASE))
+    if "deployed" not in status.lower():
+        sys.exit(f"release is not deployed after upgrade: {status}")
+    print(f"upgraded {RELEASE}: {status}", flush=True)
+
+
 def uninstall(namespace):
     cfg = config(namespace)
     cfg.uninstall(RELEASE, timeout=120, wait="watcher")
@@ -46,6 +56,8 @@ def uninstall(namespace):
 def main(argv):
     if len(argv) == 5 and argv[1] == "install":
         install(argv[2], argv[3], json.loads(argv[4]))
+    elif len(argv) == 5 and argv[1] == "upgrade":
+        upgrade(argv[2], argv[3], json.loads(argv[4]))
     elif len(argv) == 3 and argv[1] == "uninstall":
         uninstall(argv[2])
     else:

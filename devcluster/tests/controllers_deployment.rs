@@ -155,7 +155,28 @@ async fn deployment_rolls_scales_and_cascades() {
         .await
         .unwrap();
     wait_complete(&c, name, 3).await;
-    assert_eq!(live_pods(&c, name).await.len(), 3);
+    let three = live_pods(&c, name).await;
+    assert_eq!(three.len(), 3);
+    // A deleted pod is replaced by a new one.
+    let victim = three[0].metadata.name.clone().unwrap();
+    c.pods()
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted pod replaced", async || {
+        let pods = live_pods(&c, name).await;
+        let replaced = pods.len() == 3
+            && pods
+                .iter()
+                .all(|p| p.metadata.name.as_deref() != Some(victim.as_str()));
+        if replaced {
+            Ok(())
+        } else {
+            Err(format!("{} pods", pods.len()))
+        }
+    })
+    .await;
+    wait_complete(&c, name, 3).await;
     dapi.patch(name, &PatchParams::default(), &Patch::Merge(scale(1)))
         .await
         .unwrap();
@@ -176,6 +197,26 @@ async fn deployment_rolls_scales_and_cascades() {
     dapi.patch(name, &PatchParams::default(), &Patch::Strategic(roll))
         .await
         .unwrap();
+    // maxSurge 1, maxUnavailable 0: never more than 2 live pods, and a
+    // Ready pod at every moment, until only a new-template pod is left.
+    let start = Instant::now();
+    loop {
+        let pods = live_pods(&c, name).await;
+        let ready = pods
+            .iter()
+            .filter(|p| kubelet_common::condition(p, "Ready").as_deref() == Some("True"))
+            .count();
+        assert!(pods.len() <= 2, "{} live pods: surge above 1", pods.len());
+        assert!(ready >= 1, "no Ready pod during the rollout");
+        if pods.len() == 1 && hash_of(&pods[0]) != hash && ready == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < kubelet_common::WAIT,
+            "rollout did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     wait_complete(&c, name, 1).await;
     let rss = rs_api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(rss.len(), 2, "{rss:#?}");
@@ -266,6 +307,65 @@ async fn recreate_stops_old_pods_before_new_ones_start() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_complete(&c, name, 2).await;
+    ctl.shutdown().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_rollout_exceeds_its_progress_deadline() {
+    let c = Cluster::start(228).await;
+    let ctl = controllers::start(c.client.clone());
+    let yaml = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: stuck}\nspec:\n  replicas: 1\n  progressDeadlineSeconds: 2\n  selector: {matchLabels: {app: stuck}}\n  template:\n    metadata: {labels: {app: stuck}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: main\n        image: busybox\n        command: [sleep, \"3600\"]\n        readinessProbe: {exec: {command: [\"false\"]}, periodSeconds: 1}\n";
+    c.create::<Deployment>(yaml).await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    eventually("Progressing=False ProgressDeadlineExceeded", async || {
+        let d = api.get("stuck").await.map_err(|e| e.to_string())?;
+        let s = d.status.unwrap_or_default();
+        let p = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Progressing")
+            .cloned();
+        let a = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Available")
+            .cloned();
+        let ok = p.as_ref().is_some_and(|p| {
+            p.status == "False" && p.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        }) && a.is_some_and(|a| a.status == "False")
+            && s.available_replicas == Some(0)
+            && s.replicas == Some(1);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{:?}", s.conditions))
+        }
+    })
+    .await;
+    // kubectl reports the failure instead of waiting forever.
+    let kubeconfig = c.dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.api.as_ref().unwrap().kubeconfig_yaml()).unwrap();
+    let out = std::process::Command::new("kubectl")
+        .env("KUBECONFIG", &kubeconfig)
+        .args([
+            "rollout",
+            "status",
+            "deployment/stuck",
+            "-n",
+            "default",
+            "--timeout=60s",
+        ])
+        .output()
+        .expect("kubectl runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exceeded its progress deadline"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     ctl.shutdown().await;
     c.stop().await;
 }

@@ -2,7 +2,9 @@
 //! `helm-python-sdk`, waiting like `helm --wait`), the operator Deployment it
 //! describes is rolled out by the embedded cluster's controller-manager and
 //! runs as a pod (as the chart's non-root user), that operator makes a World
-//! Ready, and uninstall removes the operator process and the chart's objects.
+//! Ready, a `helm upgrade` that changes the pod template rolls the operator
+//! to a new pod (maxSurge 1, maxUnavailable 0) whose operator takes over the
+//! Lease and makes a second World Ready, and uninstall removes the operator process and the chart's objects.
 //!
 //! Credentials: the embedded API server issues no service account tokens
 //! yet (no TokenRequest, no `kube-api-access` volume; see
@@ -144,14 +146,82 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
             .unwrap_or_default();
         anyhow::anyhow!("{e}\n--- chart operator log ---\n{logs}")
     })?;
-    // ... and finalizes its deletion (so uninstall leaves nothing stuck).
-    env.delete("World", "helm-world").await?;
-    let worlds = env.hostmesh_api("World");
+
+    // An upgrade that changes the pod template rolls the operator.
+    let mut upgraded = values.clone();
+    upgraded["logLevel"] = serde_json::json!("debug");
+    let out = helm(
+        &env,
+        &[
+            "upgrade",
+            chart.to_str().unwrap_or_default(),
+            &ns,
+            &upgraded.to_string(),
+        ],
+    )?;
+    assert!(out.contains("upgraded"), "{out}");
+    let d = deployments.get(RELEASE_NAME).await?;
+    let st = d.status.clone().unwrap_or_default();
+    assert_eq!(
+        (
+            st.updated_replicas,
+            st.available_replicas,
+            st.observed_generation
+        ),
+        (Some(1), Some(1), d.metadata.generation),
+        "{st:?}"
+    );
     let start = std::time::Instant::now();
-    while worlds.get_opt("helm-world").await?.is_some() {
-        anyhow::ensure!(start.elapsed() < hostmesh_e2e::WAIT, "World not deleted");
+    let new_pod = loop {
+        let live: Vec<Pod> = pods
+            .list(&ListParams::default().labels(SELECTOR))
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if let [p] = live.as_slice()
+            && p.metadata.name.as_deref() != Some(pod_name.as_str())
+        {
+            break p.metadata.name.clone().unwrap_or_default();
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "the operator did not roll to one new pod: {:?}",
+            live.iter()
+                .map(|p| p.metadata.name.clone())
+                .collect::<Vec<_>>()
+        );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    if !env.real_cluster {
+        eventually("the old operator process exits", || {
+            find_pids(|e| e.get("POD_NAME") == Some(&pod_name)).is_empty()
+        })
+        .await?;
     }
+    // The new operator took over: it makes a second World Ready.
+    env.apply(&world_yaml("helm-world-2", &[("host", 1)], ""))
+        .await?;
+    env.wait_for("World", "helm-world-2", "Ready", |s| {
+        condition_true(s, "Ready")
+    })
+    .await?;
+
+    // ... and finalizes deletions (so uninstall leaves nothing stuck).
+    let worlds = env.hostmesh_api("World");
+    for w in ["helm-world", "helm-world-2"] {
+        env.delete("World", w).await?;
+        let start = std::time::Instant::now();
+        while worlds.get_opt(w).await?.is_some() {
+            anyhow::ensure!(
+                start.elapsed() < hostmesh_e2e::WAIT,
+                "World {w} not deleted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    let pod_name = new_pod;
 
     let out = helm(&env, &["uninstall", &ns])?;
     assert!(out.contains("uninstalled"), "{out}");

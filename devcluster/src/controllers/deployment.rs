@@ -45,6 +45,17 @@ pub(super) async fn reconcile(
         .ok_or_else(|| ControllerError::Invalid(format!("deployment {key}: spec is missing")))?;
     let strategy = rollout::strategy(&d)
         .map_err(|e| ControllerError::Invalid(format!("deployment {key}: {e}")))?;
+    let template_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    if !super::replicaset::selector_matches(&spec.selector, &template_labels) {
+        return Err(ControllerError::Invalid(format!(
+            "deployment {key}: spec.selector does not match spec.template.metadata.labels: make the template carry the selected labels"
+        )));
+    }
     let desired = spec.replicas.unwrap_or(1);
     let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = d.metadata.uid.clone().unwrap_or_default();
@@ -136,6 +147,11 @@ pub(super) async fn reconcile(
         &old_views,
         Time(k8s_openapi::jiff::Timestamp::now()),
     );
+    let stalled = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.reason.as_deref() == Some(rollout::DEADLINE_EXCEEDED));
     let dapi: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     dapi.patch_status(
         &name,
@@ -149,7 +165,7 @@ pub(super) async fn reconcile(
             .as_ref()
             .map(view)
             .is_some_and(|v| v.spec != desired || v.available != desired);
-    if rolling && !paused {
+    if rolling && !paused && !stalled {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     Ok(Action::requeue(Duration::from_secs(300)))

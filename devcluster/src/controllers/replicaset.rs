@@ -39,6 +39,18 @@ pub(super) async fn reconcile(
     })?;
     let selector = selector_string(&spec.selector)
         .map_err(|e| ControllerError::Invalid(format!("replicaset {ns}/{name}: {e}")))?;
+    let template_labels = spec
+        .template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    if !selector_matches(&spec.selector, &template_labels) {
+        // Pods it created would not be counted: it would create forever.
+        return Err(ControllerError::Invalid(format!(
+            "replicaset {ns}/{name}: spec.selector does not match spec.template.metadata.labels: make the template carry the selected labels"
+        )));
+    }
     let desired = spec.replicas.unwrap_or(1);
     let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -138,6 +150,37 @@ pub(super) fn selector_string(sel: &LabelSelector) -> Result<String, String> {
         return Err("spec.selector is empty: it must select the template's labels".into());
     }
     Ok(parts.join(","))
+}
+
+/// Whether `labels` satisfy `sel` (an empty selector matches nothing here:
+/// a controller must select its own pods).
+pub(super) fn selector_matches(
+    sel: &LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let exprs = sel.match_expressions.iter().flatten();
+    let has_terms = sel.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+        || sel
+            .match_expressions
+            .as_ref()
+            .is_some_and(|e| !e.is_empty());
+    has_terms
+        && sel
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k) == Some(v))
+        && exprs.into_iter().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            let got = labels.get(&e.key);
+            match e.operator.as_str() {
+                "In" => got.is_some_and(|v| values.contains(v)),
+                "NotIn" => got.is_none_or(|v| !values.contains(v)),
+                "Exists" => got.is_some(),
+                "DoesNotExist" => got.is_none(),
+                _ => false,
+            }
+        })
 }
 
 /// The UID of the controller ownerReference, if any.
@@ -240,6 +283,29 @@ mod tests {
                 .unwrap_err()
                 .contains("spec.selector")
         );
+    }
+
+    #[test]
+    fn selector_must_match_the_template() {
+        let s: LabelSelector = serde_saphyr::from_str(
+            "matchLabels: {app: a}\nmatchExpressions: [{key: tier, operator: NotIn, values: [x]}]",
+        )
+        .unwrap();
+        let labels = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(selector_matches(&s, &labels(&[("app", "a")])));
+        assert!(!selector_matches(
+            &s,
+            &labels(&[("app", "a"), ("tier", "x")])
+        ));
+        assert!(!selector_matches(&s, &labels(&[("app", "b")])));
+        assert!(!selector_matches(
+            &LabelSelector::default(),
+            &labels(&[("app", "a")])
+        ));
     }
 
     #[test]

@@ -194,7 +194,13 @@ pub fn scale_down_olds(olds: &[RsView], mut budget: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The Deployment's status from its ReplicaSets; conditions keep their
+/// Reason of `Progressing=False` once `progressDeadlineSeconds` passed with
+/// no progress.
+pub const DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+
+/// The Deployment's status from its ReplicaSets (`Progressing` turns False
+/// with [`DEADLINE_EXCEEDED`] after `progressDeadlineSeconds`, default 600,
+/// without a change in its counts); conditions keep their
 /// transition time when their status does not change.
 pub fn deployment_status(
     d: &Deployment,
@@ -240,20 +246,47 @@ pub fn deployment_status(
         },
         &now,
     ));
-    conditions.push(condition(
+    // Progress: any count or the generation moved since the last status.
+    let prev = d.status.as_ref();
+    let progressed = prev.is_none_or(|s| {
+        s.observed_generation != d.metadata.generation
+            || s.replicas != Some(replicas)
+            || s.updated_replicas != Some(updated)
+            || s.available_replicas != Some(available)
+    });
+    let deadline = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.progress_deadline_seconds)
+        .unwrap_or(600);
+    let prev_progressing = old.iter().find(|c| c.type_ == "Progressing");
+    let already_stalled =
+        prev_progressing.is_some_and(|c| c.reason.as_deref() == Some(DEADLINE_EXCEEDED));
+    let idle_for = prev_progressing
+        .and_then(|c| c.last_update_time.as_ref())
+        .map(|t| now.0.as_second() - t.0.as_second())
+        .unwrap_or(0);
+    let stalled = !complete && !progressed && (already_stalled || idle_for > i64::from(deadline));
+    let mut progressing = condition(
         &old,
         "Progressing",
-        true,
+        !stalled,
         if complete {
             (
                 "NewReplicaSetAvailable",
                 "ReplicaSet has successfully progressed.",
             )
+        } else if stalled {
+            (DEADLINE_EXCEEDED, "ReplicaSet has timed out progressing.")
         } else {
             ("ReplicaSetUpdated", "ReplicaSet is progressing.")
         },
         &now,
-    ));
+    );
+    if progressed && !complete {
+        progressing.last_update_time = Some(now.clone());
+    }
+    conditions.push(progressing);
     DeploymentStatus {
         observed_generation: d.metadata.generation,
         replicas: Some(replicas),
@@ -408,5 +441,37 @@ mod tests {
         assert_eq!(conds[0].status, "True");
         assert_eq!(conds[1].reason.as_deref(), Some("NewReplicaSetAvailable"));
         assert_eq!(s.available_replicas, Some(2));
+    }
+
+    #[test]
+    fn no_progress_past_the_deadline_fails_progressing() {
+        let mut d = deploy(
+            "metadata: {generation: 1}\nspec: {replicas: 1, progressDeadlineSeconds: 5, selector: {}, template: {}}",
+        );
+        let st = strategy(&d).unwrap();
+        let t0 = k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap();
+        let at = |s| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+        let stuck = rs(1, 0);
+        d.status = Some(deployment_status(&d, st, Some(&stuck), &[], Time(t0)));
+        // Same counts, within the deadline: still progressing.
+        let s = deployment_status(&d, st, Some(&stuck), &[], at(1_004));
+        assert_eq!(s.conditions.as_ref().unwrap()[1].status, "True");
+        // Same counts past the deadline: failed, and it stays failed.
+        let s = deployment_status(&d, st, Some(&stuck), &[], at(1_006));
+        let c = &s.conditions.as_ref().unwrap()[1];
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some(DEADLINE_EXCEEDED))
+        );
+        d.status = Some(s);
+        let s = deployment_status(&d, st, Some(&stuck), &[], at(1_007));
+        assert_eq!(s.conditions.as_ref().unwrap()[1].status, "False");
+        // Progress (the pod became available) clears it.
+        let s = deployment_status(&d, st, Some(&rs(1, 1)), &[], at(1_008));
+        let c = &s.conditions.as_ref().unwrap()[1];
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("NewReplicaSetAvailable"))
+        );
     }
 }
