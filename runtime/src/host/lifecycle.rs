@@ -71,9 +71,10 @@ pub(crate) async fn run(
         inner.limits.stderr_tail_lines,
         inner.limits.stderr_tail_bytes,
     )));
-    if let Some(out) = child.stdout.take() {
-        tokio::spawn(logs::pump(out, inner.stdout.source(prefix.clone()), None));
-    }
+    let out_pump = child
+        .stdout
+        .take()
+        .map(|out| tokio::spawn(logs::pump(out, inner.stdout.source(prefix.clone()), None)));
     let err_pump = child.stderr.take().map(|err| {
         tokio::spawn(logs::pump(
             err,
@@ -119,7 +120,10 @@ pub(crate) async fn run(
     inner.detach(&name, inc);
     // Invariant 3: sweep what the proc left in its group.
     spawn::signal_group(pid, libc::SIGKILL);
-    if let Some(p) = err_pump {
+    // Drain both pipes (bounded: a grandchild may hold them open) so the
+    // proc's last lines reach the agent's output and the stderr tail before
+    // its end is reported, and before a shutting-down agent closes its output.
+    for p in [out_pump, err_pump].into_iter().flatten() {
         let _ = tokio::time::timeout(TAIL_WAIT, p).await;
     }
     let stderr_tail = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
