@@ -99,11 +99,21 @@ async fn a_failing_rank_is_the_first_failure_with_code_and_stderr() -> anyhow::R
         "{status:#}"
     );
     let status = env
-        .wait_for("ProcMesh", "pm", "failed count 1", |s| s["failed"] == 1)
+        .wait_for(
+            "ProcMesh",
+            "pm",
+            "Failed with its other ranks stopped",
+            |s| s["phase"] == "Failed" && s["failed"] == 1 && s["running"] == 0,
+        )
         .await?;
-    // The per-rank runs say the same, compactly.
+    assert!(condition_true(&status, "Failed"), "{status:#}");
+    // With restartPolicy Never the mesh fails and its other ranks are
+    // stopped; the runs say so compactly: ranks 0-2 one run, rank 3 (with its
+    // exit code and stderr) another.
     let ranks = status["ranks"].as_array().cloned().unwrap_or_default();
-    assert!(ranks.len() <= 3, "runs are compact: {status:#}");
+    assert_eq!(ranks.len(), 2, "runs are compact: {status:#}");
+    assert_eq!(ranks[1]["start"], 3, "{status:#}");
+    assert_eq!(ranks[1]["exitCode"], 3, "{status:#}");
     // An Event names the rank.
     let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
     let start = std::time::Instant::now();
