@@ -25,7 +25,14 @@ pub(crate) fn run() -> anyhow::Result<()> {
     rt.block_on(async {
         let dir = std::env::temp_dir().join(format!("hostmesh-bench-e2e-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let env = DevEnv::start(&dir).await?;
+        // The agent image maps to the `hostmesh` binary built beside this one.
+        let hostmesh = std::env::current_exe()?.with_file_name("hostmesh");
+        anyhow::ensure!(
+            hostmesh.exists(),
+            "{} is missing: build it with `cargo build --release --bin hostmesh`",
+            hostmesh.display()
+        );
+        let env = DevEnv::start(&dir, hostmesh).await?;
         let outcome = suite(&env).await;
         env.shutdown().await;
         let _ = std::fs::remove_dir_all(&dir);

@@ -50,8 +50,9 @@ pub struct DevEnv {
 }
 
 impl DevEnv {
-    /// Starts everything with its files under `data_dir`.
-    pub async fn start(data_dir: &Path) -> Result<DevEnv, DevEnvError> {
+    /// Starts everything with its files under `data_dir`; the hostmesh agent
+    /// image maps to `hostmesh_binary` (the `hostmesh` executable).
+    pub async fn start(data_dir: &Path, hostmesh_binary: PathBuf) -> Result<DevEnv, DevEnvError> {
         let kubeconfig = data_dir.join("kubeconfig");
         let config = ApiServerConfig {
             kubeconfig: Some(kubeconfig.clone()),
@@ -63,7 +64,7 @@ impl DevEnv {
         install_crds(&client).await?;
         let mut kconfig =
             KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet")).for_api_server(&apiserver);
-        kconfig.hostmesh_binary = std::env::current_exe().ok();
+        kconfig.hostmesh_binary = Some(hostmesh_binary);
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();

@@ -159,7 +159,11 @@ pub async fn run(args: UpArgs) -> Result<(), UpError> {
         component: "data directory",
         reason: format!("{}: {e}", args.data_dir.display()),
     })?;
-    let cluster = crate::devenv::DevEnv::start(&args.data_dir)
+    let me = std::env::current_exe().map_err(|e| UpError::Start {
+        component: "cluster in a box",
+        reason: format!("cannot find the running hostmesh executable: {e}"),
+    })?;
+    let cluster = crate::devenv::DevEnv::start(&args.data_dir, me)
         .await
         .map_err(|e| UpError::Start {
             component: "cluster in a box",
