@@ -55,9 +55,11 @@ async fn suite(env: &DevEnv) -> anyhow::Result<()> {
             wait_ready(&client, "ProcMesh", "bench-procs").await?;
             procmesh_s = Some(start.elapsed().as_secs_f64());
         }
+        // The baseline runs copies of the same pods while the World (and the
+        // agent Secret they mount) still exists.
         let pods = host_pods(&client, &name).await?;
-        delete_world(&client, &name).await?;
         let base = bare_pods_ready(&client, pods).await?;
+        delete_world(&client, &name).await?;
         emit(&format!("world_ready_{hosts}_s"), world_s, "s", Some(base));
         if let Some(p) = procmesh_s {
             emit("procmesh_ready_64_s", p, "s", Some(base));
