@@ -1,6 +1,8 @@
 //! Cluster in a box: an embedded Kubernetes API server (`apiserver`) and a
-//! process kubelet (`kubelet`), so hostmesh runs and is tested against real
+//! process kubelet (`kubelet`), plus the Deployment/ReplicaSet controllers
+//! (`controllers`), so hostmesh runs and is tested against real
 //! Kubernetes clients with no cluster.
 
 pub mod apiserver;
+pub mod controllers;
 pub mod kubelet;

@@ -452,3 +452,25 @@ async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
     kubelet.shutdown().await.unwrap();
     api.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_sharing_a_machine_never_share_a_pod_ip() {
+    // Two clusters whose kubelets were given the same pod IP range.
+    let claims = tempfile::tempdir().unwrap();
+    let dir = claims.path().to_path_buf();
+    let a = Cluster::start_with(251, |cfg| cfg.ip_claims_dir = Some(dir.clone())).await;
+    let b = Cluster::start_with(251, |cfg| cfg.ip_claims_dir = Some(dir.clone())).await;
+    let spec = "spec:\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n";
+    let mut ips = std::collections::BTreeSet::new();
+    for (c, name) in [(&a, "a-0"), (&b, "b-0"), (&a, "a-1"), (&b, "b-1")] {
+        c.create_pod(&format!("metadata: {{name: {name}}}\n{spec}"))
+            .await;
+        let pod = c
+            .wait_pod(name, "running", |p| container_pid(p, "main").is_some())
+            .await;
+        ips.insert(pod.status.unwrap().pod_ip.unwrap());
+    }
+    assert_eq!(ips.len(), 4, "{ips:?}");
+    a.stop().await;
+    b.stop().await;
+}

@@ -1,17 +1,19 @@
 //! The cluster in a box as one value: the embedded API server, the process
-//! kubelet and the operator, started in this process in that order and
+//! kubelet, the Deployment/ReplicaSet controllers and the operator, started in this process in that order and
 //! stopped in the reverse order. `hostmesh up` is built on it.
 //!
 //! Invariants:
 //! 1. The CRDs are installed and Established before the operator starts.
 //! 2. [`DevEnv::shutdown`] deletes every World first (so procs stop through
-//!    the agents, gracefully), then stops the operator, then the kubelet
+//!    the agents, gracefully), then stops the operator, then the workload
+//!    controllers, then the kubelet
 //!    (which ends every process it started), then the API server.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::controllers::ControllersHandle;
 use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -40,6 +42,7 @@ pub enum DevEnvError {
 pub struct DevEnv {
     apiserver: ApiServerHandle,
     kubelet: KubeletHandle,
+    workloads: ControllersHandle,
     client: kube::Client,
     kubeconfig: PathBuf,
     operator_stop: oneshot::Sender<()>,
@@ -62,6 +65,7 @@ impl DevEnv {
             KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet")).for_api_server(&apiserver);
         kconfig.hostmesh_binary = std::env::current_exe().ok();
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
+        let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();
         let args = default_operator_args();
         let ctx = crate::Context::new(client.clone(), args, crate::hub::default_connector());
@@ -76,6 +80,7 @@ impl DevEnv {
         Ok(DevEnv {
             apiserver,
             kubelet,
+            workloads,
             client,
             kubeconfig,
             operator_stop,
@@ -98,6 +103,7 @@ impl DevEnv {
         delete_worlds(&self.client).await;
         let _ = self.operator_stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), self.operator).await;
+        self.workloads.shutdown().await;
         if let Err(e) = self.kubelet.shutdown().await {
             warn!(error = %e, "kubelet shutdown");
         }

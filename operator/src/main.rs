@@ -42,6 +42,8 @@ enum Command {
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
     /// Run the process kubelet: a Node that runs its pods as local processes.
     Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
+    /// Run the Deployment and ReplicaSet controllers (cluster in a box only).
+    ControllerManager(hostmesh_devcluster::controllers::ControllerManagerArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,6 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
+        Command::ControllerManager(args) => run_controller_manager(args),
         Command::Kubelet(args) => {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(
@@ -82,6 +85,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("process kubelet failed")
         }
     }
+}
+
+/// `hostmesh controller-manager`: logs to stderr until SIGINT/SIGTERM.
+fn run_controller_manager(
+    args: hostmesh_devcluster::controllers::ControllerManagerArgs,
+) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(hostmesh_devcluster::controllers::run(args))
+        .context("controller-manager failed")
 }
 
 /// `hostmesh up`: logs go to a file in the data directory so the terminal

@@ -7,6 +7,11 @@
 //!   process kubelet joins it as a tainted Node and the operator runs locally;
 //!   the Worlds the tests create select that Node ([`Env::pin_to_node`]).
 //!
+//! - On the embedded cluster `hostmesh controller-manager` also runs, so
+//!   Deployments (the Helm chart's operator) get ReplicaSets and pods.
+//! - [`Env::start_without_operator`] starts no operator of its own (the Helm
+//!   test runs the one the chart deploys).
+//!
 //! Every child process is killed when the [`Env`] drops (the kubelet first
 //! stops the pods' processes), so a failing test leaves nothing behind.
 
@@ -38,6 +43,7 @@ pub struct Env {
     dir: tempfile::TempDir,
     apiserver: Option<Child>,
     kubelet: Option<Child>,
+    controller_manager: Option<Child>,
     operator: Option<Child>,
 }
 
@@ -66,6 +72,16 @@ fn pod_ip_block() -> String {
 impl Env {
     /// Starts (or joins) a cluster and creates a namespace named after `test`.
     pub async fn start(test: &str) -> anyhow::Result<Env> {
+        Self::start_with(test, true).await
+    }
+
+    /// Like [`Env::start`], but no `hostmesh operator` process is started
+    /// (the test deploys its own, e.g. from the Helm chart).
+    pub async fn start_without_operator(test: &str) -> anyhow::Result<Env> {
+        Self::start_with(test, false).await
+    }
+
+    async fn start_with(test: &str, operator: bool) -> anyhow::Result<Env> {
         let dir = tempfile::Builder::new().prefix("hostmesh-e2e-").tempdir()?;
         let bin = hostmesh_bin();
         if !bin.exists() {
@@ -106,6 +122,7 @@ impl Env {
             dir,
             apiserver,
             kubelet: None,
+            controller_manager: None,
             operator: None,
         };
         env.install_crds(&bin)?;
@@ -137,7 +154,22 @@ impl Env {
                 .spawn()
                 .context("starting hostmesh kubelet")?,
         );
-        env.start_operator()?;
+        if !real_cluster {
+            let log = log_file(env.dir.path(), "controller-manager")?;
+            env.controller_manager = Some(
+                Command::new(&bin)
+                    .arg("controller-manager")
+                    .env("KUBECONFIG", &env.kubeconfig)
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+                    .context("starting hostmesh controller-manager")?,
+            );
+        }
+        if operator {
+            env.start_operator()?;
+        }
         let ns: k8s_openapi::api::core::v1::Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": env.namespace}}))?;
         Api::all(env.client.clone())
@@ -147,7 +179,8 @@ impl Env {
         Ok(env)
     }
 
-    /// The log a component wrote (`apiserver`, `kubelet`, `operator`), for
+    /// The log a component wrote (`apiserver`, `kubelet`,
+    /// `controller-manager`, `operator`), for
     /// failure messages.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
@@ -301,6 +334,10 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         self.kill_operator();
+        if let Some(mut c) = self.controller_manager.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         // The kubelet stops every pod's processes on SIGTERM.
         if let Some(mut k) = self.kubelet.take() {
             let _ = nix_terminate(&k);

@@ -44,6 +44,9 @@ pub(crate) struct WatchEvent {
     pub(crate) object: Arc<Value>,
     /// The object before the change (for selector transitions).
     pub(crate) previous: Option<Arc<Value>>,
+    /// The event's wire line as stored (encoded once, shared by every
+    /// watcher that needs it unchanged).
+    pub(crate) encoded: std::sync::OnceLock<bytes::Bytes>,
 }
 
 struct ResourceState {
@@ -184,6 +187,7 @@ impl State {
             r,
             limit,
             WatchEvent {
+                encoded: std::sync::OnceLock::new(),
                 type_,
                 rv,
                 object: obj.clone(),
@@ -212,6 +216,7 @@ impl State {
             r,
             limit,
             WatchEvent {
+                encoded: std::sync::OnceLock::new(),
                 type_: EventType::Deleted,
                 rv,
                 object: obj.clone(),

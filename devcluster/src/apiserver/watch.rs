@@ -85,6 +85,16 @@ impl Encoder {
         Bytes::from(line)
     }
 
+    /// Whether this watcher sends the stored object unchanged (no Table,
+    /// no metadata-only, no version or storage conversion).
+    fn plain(&self, obj: &Value) -> bool {
+        !self.table
+            && !self.metadata
+            && obj.get("apiVersion").and_then(Value::as_str)
+                == Some(self.target.info.api_version(&self.target.version).as_str())
+            && self.target.info.group != "events.k8s.io"
+    }
+
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
         let mut meta = json!({"resourceVersion": rv.to_string()});
         if initial_end {
@@ -307,5 +317,19 @@ async fn deliver(
         EventType::Modified if before => "DELETED",
         _ => return true,
     };
-    tx.send(enc.event(type_, &ev.object)).await.is_ok()
+    let same_type = matches!(
+        (ev.type_, type_),
+        (EventType::Added, "ADDED")
+            | (EventType::Modified, "MODIFIED")
+            | (EventType::Deleted, "DELETED")
+    );
+    let line = if same_type && enc.plain(&ev.object) {
+        // Fan-out: encode once per event, not once per watcher.
+        ev.encoded
+            .get_or_init(|| enc.event(type_, &ev.object))
+            .clone()
+    } else {
+        enc.event(type_, &ev.object)
+    };
+    tx.send(line).await.is_ok()
 }

@@ -154,6 +154,10 @@ pub struct KubeletConfig {
     /// real cluster would otherwise run that cluster's daemons (proxies,
     /// network agents) as root on this machine.
     pub run_daemonsets: bool,
+    /// Directory where pod IPs are claimed machine-wide (a locked file per
+    /// address), so kubelets on one machine never hand out the same IP even
+    /// with overlapping ranges; `None` turns the claims off.
+    pub ip_claims_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -198,6 +202,7 @@ impl KubeletConfig {
             log_port: 0,
             kubernetes_service: None,
             run_daemonsets: false,
+            ip_claims_dir: Some(std::env::temp_dir().join("hostmesh-pod-ips")),
         }
     }
 

@@ -39,7 +39,10 @@ impl Kubelet {
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
         let shared = Arc::new(Shared {
             client,
-            ips: Mutex::new(IpPool::new(config.pod_ip_block)),
+            ips: Mutex::new(IpPool::new(
+                config.pod_ip_block,
+                config.ip_claims_dir.clone(),
+            )),
             config,
             images,
             groups: groups.clone(),
