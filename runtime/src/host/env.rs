@@ -127,13 +127,13 @@ pub(crate) fn proc_env(
     let local = spec.local_world_size();
     let master_addr = if agent.host_rank == 0 {
         agent.addr.ip().to_string()
-    } else if let Some(h0) = address_book.first() {
+    } else if let Some(h0) = address_book.first().filter(|h| !h.trim().is_empty()) {
         host_of(h0).to_owned()
     } else {
         return Err(HostError::spec(
             &req.name,
             "MASTER_ADDR",
-            "this host is not rank 0 and no address book was set; send SetAddressBook first",
+            "this host is not rank 0 and the address book has no host 0; send SetAddressBook with host 0's address first",
         ));
     };
     let extent = spec
@@ -271,6 +271,10 @@ mod tests {
     fn master_addr_needs_address_book_off_rank_zero() {
         let e = proc_env(&agent(1), &[], &req(9)).unwrap_err().to_string();
         assert!(e.contains("SetAddressBook"), "{e}");
+        let e = proc_env(&agent(1), &[String::new(), "127.0.0.3:1".into()], &req(9))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("host 0"), "{e}");
         let env = proc_env(&agent(0), &[], &req(1)).unwrap();
         assert!(env.contains(&("MASTER_ADDR".into(), "127.0.0.9".into())));
     }
