@@ -124,3 +124,24 @@ where
         .await?;
     Ok(Arc::new(updated))
 }
+
+/// The error policy both controllers share: count the error under its
+/// label, retry a transient one after 1 s quietly, log anything else and
+/// retry after 5 s. `kind` names the controller in metrics and logs.
+pub fn requeue_on_error<K: kube::Resource>(
+    kind: &'static str,
+    obj: &K,
+    err: &crate::Error,
+    ctx: &Context,
+) -> kube::runtime::controller::Action {
+    use kube::ResourceExt as _;
+    use kube::runtime::controller::Action;
+    use std::time::Duration;
+    ctx.metrics.reconcile_error(kind, err.root().label());
+    if err.is_transient() {
+        tracing::debug!(kind, name = %obj.name_any(), error = %err, "reconcile retried");
+        return Action::requeue(Duration::from_secs(1));
+    }
+    warn!(kind, name = %obj.name_any(), error = %err, label = err.root().label(), "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}

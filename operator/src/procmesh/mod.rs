@@ -87,13 +87,7 @@ pub async fn controller(
 }
 
 fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_error("procmesh", err.root().label());
-    if err.is_transient() {
-        debug!(procmesh = %pm.name_any(), error = %err, "procmesh reconcile retried");
-        return Action::requeue(Duration::from_secs(1));
-    }
-    warn!(procmesh = %pm.name_any(), error = %err, label = err.root().label(), "procmesh reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    crate::context::requeue_on_error("procmesh", &*pm, err, &ctx)
 }
 
 /// Reconciles one ProcMesh.

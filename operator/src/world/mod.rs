@@ -37,7 +37,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::context::{Context, obj_ref};
 use crate::hub::{WorldAgents, WorldKey};
@@ -94,13 +94,7 @@ pub async fn controller(
 }
 
 fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_error("world", err.root().label());
-    if err.is_transient() {
-        debug!(world = %world.name_any(), error = %err, "world reconcile retried");
-        return Action::requeue(Duration::from_secs(1));
-    }
-    warn!(world = %world.name_any(), error = %err, label = err.root().label(), "world reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    crate::context::requeue_on_error("world", &*world, err, &ctx)
 }
 
 /// Reconciles one World.
