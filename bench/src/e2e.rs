@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use hostmesh_operator::devenv::DevEnv;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 
 use crate::report::emit;
@@ -55,11 +55,13 @@ async fn suite(env: &DevEnv) -> anyhow::Result<()> {
             wait_ready(&client, "ProcMesh", "bench-procs").await?;
             procmesh_s = Some(start.elapsed().as_secs_f64());
         }
-        // The baseline runs copies of the same pods while the World (and the
-        // agent Secret they mount) still exists.
+        // The baseline runs copies of the same pods (and of the agent Secret
+        // they mount) on the cluster the World has left, so both measure on
+        // an idle node.
         let pods = host_pods(&client, &name).await?;
-        let base = bare_pods_ready(&client, pods).await?;
+        let secrets = mounted_secrets(&client, &pods).await?;
         delete_world(&client, &name).await?;
+        let base = bare_pods_ready(&client, pods, secrets).await?;
         emit(&format!("world_ready_{hosts}_s"), world_s, "s", Some(base));
         if let Some(p) = procmesh_s {
             emit("procmesh_ready_64_s", p, "s", Some(base));
@@ -163,9 +165,39 @@ async fn delete_world(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     bail!("World {name} and its pods not gone after {WAIT:?}")
 }
 
-/// Creates `pods` again as plain pods (same spec, no owner, no operator) and
-/// returns the seconds until all are Ready.
-async fn bare_pods_ready(client: &kube::Client, pods: Vec<Pod>) -> anyhow::Result<f64> {
+/// The Secrets `pods` mount, as fresh objects (no owner, no server fields).
+async fn mounted_secrets(client: &kube::Client, pods: &[Pod]) -> anyhow::Result<Vec<Secret>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let names: std::collections::BTreeSet<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.volumes.as_ref())
+        .flatten()
+        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+        .collect();
+    let mut out = Vec::new();
+    for n in names {
+        let s = api.get(&n).await?;
+        let mut fresh = Secret::default();
+        fresh.metadata.name = Some(n);
+        fresh.data = s.data;
+        fresh.type_ = s.type_;
+        out.push(fresh);
+    }
+    Ok(out)
+}
+
+/// Creates `secrets`, then `pods` again as plain pods (same spec, no owner,
+/// no operator), and returns the seconds from the first pod create until all
+/// are Ready; deletes them all afterwards.
+async fn bare_pods_ready(
+    client: &kube::Client,
+    pods: Vec<Pod>,
+    secrets: Vec<Secret>,
+) -> anyhow::Result<f64> {
+    let secret_api: Api<Secret> = Api::namespaced(client.clone(), NS);
+    for s in &secrets {
+        secret_api.create(&PostParams::default(), s).await?;
+    }
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut names = Vec::new();
     let start = Instant::now();
@@ -208,6 +240,18 @@ async fn bare_pods_ready(client: &kube::Client, pods: Vec<Pod>) -> anyhow::Resul
     let secs = start.elapsed().as_secs_f64();
     for n in &names {
         api.delete(n, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    let deadline = Instant::now() + WAIT;
+    while !api.list(&ListParams::default()).await?.items.is_empty() {
+        if Instant::now() > deadline {
+            bail!("bare pods not gone after {WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for s in &secrets {
+        secret_api
+            .delete(s.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default())
             .await?;
     }
     Ok(secs)

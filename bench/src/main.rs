@@ -20,6 +20,16 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Logs of the components a suite runs in process go to stderr (stdout
+    // carries the JSON lines); `RUST_LOG` overrides the level.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     match cli.suite.as_str() {
         "agent" => agent::run(),
         "apiserver" => apiserver::run(),

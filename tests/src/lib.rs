@@ -171,15 +171,15 @@ impl Env {
                     .context("starting hostmesh controller-manager")?,
             );
         }
-        if operator {
-            env.start_operator()?;
-        }
         let ns: k8s_openapi::api::core::v1::Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": env.namespace}}))?;
         Api::all(env.client.clone())
             .create(&PostParams::default(), &ns)
             .await
             .context("creating the test namespace")?;
+        if operator {
+            env.start_operator()?;
+        }
         Ok(env)
     }
 
@@ -222,11 +222,15 @@ impl Env {
             .create(true)
             .append(true)
             .open(self.dir.path().join("operator.log"))?;
+        // Only the test's namespace: on a shared cluster, the operators of
+        // tests running side by side (or one installed there) never meet.
         let child = Command::new(hostmesh_bin())
             .arg("operator")
             .env("KUBECONFIG", &self.kubeconfig)
             .arg("--http-addr")
             .arg("127.0.0.1:0")
+            .arg("--watch-namespaces")
+            .arg(&self.namespace)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -276,13 +280,15 @@ impl Env {
         Ok(())
     }
 
-    /// Adds a node selector and toleration for the process kubelet's node to a
-    /// World's pod template.
+    /// Puts a World's host pods on the process kubelet's node: `nodeName`
+    /// (so no scheduler is involved: it works on clusters with or without
+    /// one), plus the matching node selector and the taint's toleration.
     pub fn pin_to_node(&self, obj: &mut DynamicObject) {
         if obj.types.as_ref().map(|t| t.kind.as_str()) != Some("World") {
             return;
         }
         let spec = &mut obj.data["spec"]["template"]["spec"];
+        spec["nodeName"] = serde_json::json!(self.node);
         spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": self.node});
         spec["tolerations"] =
             serde_json::json!([{"key": NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]);
@@ -337,6 +343,13 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        // On a cluster the suite did not start, leave nothing behind: the
+        // namespace goes while the operator still runs (its finalizers stop
+        // the procs), the Node once the kubelet is gone.
+        if self.real_cluster {
+            let ns = format!("namespace/{}", self.namespace);
+            let _ = self.kubectl(&["delete", &ns, "--wait=true", "--timeout=120s"]);
+        }
         self.kill_operator();
         if let Some(mut c) = self.controller_manager.take() {
             let _ = c.kill();
@@ -354,6 +367,10 @@ impl Drop for Env {
             }
             let _ = k.kill();
             let _ = k.wait();
+        }
+        if self.real_cluster {
+            let node = format!("node/{}", self.node);
+            let _ = self.kubectl(&["delete", &node, "--ignore-not-found"]);
         }
         if let Some(mut a) = self.apiserver.take() {
             let _ = a.kill();

@@ -25,17 +25,32 @@ async fn pod_uid(env: &Env, name: &str) -> anyhow::Result<String> {
     Ok(pods.get(name).await?.metadata.uid.unwrap_or_default())
 }
 
+/// Applies World `w` of two hosts with these timeouts and failure policy
+/// (World spec lines) and waits until it is Ready.
+async fn ready_world(env: &Env, spec: &str) -> anyhow::Result<()> {
+    env.apply(&world_yaml("w", &[("host", 2)], spec)).await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    Ok(())
+}
+
+/// Waits until World `w` has restarted at least once and is Ready again.
+async fn restarted_and_ready(env: &Env) -> anyhow::Result<()> {
+    env.wait_for("World", "w", "restarted and Ready again", |s| {
+        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_agent_s_host_is_replaced_and_the_others_left_alone() -> anyhow::Result<()> {
     let env = Env::start("host-replace").await?;
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
+    ready_world(
+        &env,
         "  healthTimeout: 3s\n  evictionTimeout: 1s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
-    ))
+    )
     .await?;
-    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
     let old_uid = pod_uid(&env, "w-host-1").await?;
     let untouched = pod_uid(&env, "w-host-0").await?;
     let pids = env.agent_pids("w", 1);
@@ -43,10 +58,7 @@ async fn a_killed_agent_s_host_is_replaced_and_the_others_left_alone() -> anyhow
     // The agent is the host container's process: its death fails the pod,
     // which the operator sees at once (no need to wait for heartbeats).
     signal(pids[0], "KILL")?;
-    env.wait_for("World", "w", "replaced and Ready again", |s| {
-        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
-    })
-    .await?;
+    restarted_and_ready(&env).await?;
     assert_ne!(
         pod_uid(&env, "w-host-1").await?,
         old_uid,
@@ -64,14 +76,11 @@ async fn a_killed_agent_s_host_is_replaced_and_the_others_left_alone() -> anyhow
 #[tokio::test(flavor = "multi_thread")]
 async fn a_silent_agent_expires_degrades_the_world_and_is_replaced() -> anyhow::Result<()> {
     let env = Env::start("host-expire").await?;
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
+    ready_world(
+        &env,
         "  healthTimeout: 2s\n  evictionTimeout: 2s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
-    ))
+    )
     .await?;
-    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
     let old_uid = pod_uid(&env, "w-host-1").await?;
     let pids = env.agent_pids("w", 1);
     assert_eq!(pids.len(), 1);
@@ -93,10 +102,7 @@ async fn a_silent_agent_expires_degrades_the_world_and_is_replaced() -> anyhow::
     };
     assert!(!status["degradedSince"].is_null(), "{status:#}");
     // Degraded past evictionTimeout: the failure policy replaces the host.
-    env.wait_for("World", "w", "replaced and Ready again", |s| {
-        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
-    })
-    .await?;
+    restarted_and_ready(&env).await?;
     assert_ne!(
         pod_uid(&env, "w-host-1").await?,
         old_uid,
@@ -108,14 +114,11 @@ async fn a_silent_agent_expires_degrades_the_world_and_is_replaced() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn with_recreate_gang_every_host_is_recreated() -> anyhow::Result<()> {
     let env = Env::start("host-gang").await?;
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
+    ready_world(
+        &env,
         "  healthTimeout: 3s\n  evictionTimeout: 1s\n  failurePolicy: {action: RecreateGang, maxRestarts: 3, backoff: 1s}\n",
-    ))
+    )
     .await?;
-    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
     let uids = [
         pod_uid(&env, "w-host-0").await?,
         pod_uid(&env, "w-host-1").await?,
@@ -123,10 +126,7 @@ async fn with_recreate_gang_every_host_is_recreated() -> anyhow::Result<()> {
     let pids = env.agent_pids("w", 0);
     assert_eq!(pids.len(), 1);
     signal(pids[0], "KILL")?;
-    env.wait_for("World", "w", "recreated and Ready again", |s| {
-        s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
-    })
-    .await?;
+    restarted_and_ready(&env).await?;
     assert_ne!(pod_uid(&env, "w-host-0").await?, uids[0]);
     assert_ne!(
         pod_uid(&env, "w-host-1").await?,

@@ -28,6 +28,14 @@ pub(crate) fn human_age(ts: Option<&str>) -> String {
 }
 
 fn human_duration(secs: i64) -> String {
+    // `5m30s`, or `5m` when the minor unit is zero.
+    fn pair(major: i64, major_unit: &str, minor: i64, minor_unit: &str) -> String {
+        if minor == 0 {
+            format!("{major}{major_unit}")
+        } else {
+            format!("{major}{major_unit}{minor}{minor_unit}")
+        }
+    }
     if secs < 0 {
         return "<invalid>".into();
     }
@@ -35,36 +43,19 @@ fn human_duration(secs: i64) -> String {
     if secs < 120 {
         format!("{secs}s")
     } else if m < 10 {
-        if secs % 60 == 0 {
-            format!("{m}m")
-        } else {
-            format!("{m}m{}s", secs % 60)
-        }
+        pair(m, "m", secs % 60, "s")
     } else if h < 3 {
         format!("{m}m")
     } else if h < 8 {
-        if m % 60 == 0 {
-            format!("{h}h")
-        } else {
-            format!("{h}h{}m", m % 60)
-        }
+        pair(h, "h", m % 60, "m")
     } else if h < 48 {
         format!("{h}h")
     } else if d < 8 {
-        if h % 24 == 0 {
-            format!("{d}d")
-        } else {
-            format!("{d}d{}h", h % 24)
-        }
+        pair(d, "d", h % 24, "h")
     } else if d < 365 * 2 {
         format!("{d}d")
     } else if d < 365 * 8 {
-        let y = d / 365;
-        if d % 365 == 0 {
-            format!("{y}y")
-        } else {
-            format!("{y}y{}d", d % 365)
-        }
+        pair(d / 365, "y", d % 365, "d")
     } else {
         format!("{}y", d / 365)
     }

@@ -38,7 +38,10 @@ struct WorldClient {
 /// Dials agents with the runtime's agent client.
 #[derive(Default)]
 pub struct RuntimeConnector {
-    worlds: tokio::sync::Mutex<HashMap<WorldKey, WorldClient>>,
+    /// Never held across an await, so forgetting a World or a host always
+    /// takes effect (a client left here would keep dialing addresses that
+    /// later belong to other Worlds' agents).
+    worlds: Mutex<HashMap<WorldKey, WorldClient>>,
 }
 
 fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<AgentPush> {
@@ -73,20 +76,36 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<AgentPush>
 }
 
 impl RuntimeConnector {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorldKey, WorldClient>> {
+        self.worlds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn existing(&self, target: &AgentTarget) -> Option<(AgentClient, Uids)> {
+        self.lock()
+            .get(&target.host.world)
+            .filter(|w| w.secret == target.secret)
+            .map(|w| (w.client.clone(), w.uids.clone()))
+    }
+
     async fn client_for(
         &self,
         target: &AgentTarget,
         pushes: mpsc::Sender<AgentPush>,
     ) -> Result<(AgentClient, Uids), String> {
-        let mut worlds = self.worlds.lock().await;
-        let world = target.host.world.clone();
-        if let Some(w) = worlds.get(&world).filter(|w| w.secret == target.secret) {
-            return Ok((w.client.clone(), w.uids.clone()));
+        if let Some(found) = self.existing(target) {
+            return Ok(found);
         }
         let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
         let client = AgentClient::new(CLIENT_NAME, &target.secret, ClientConfig::default(), tx)
             .await
             .map_err(|e| e.to_string())?;
+        let world = target.host.world.clone();
+        let mut worlds = self.lock();
+        // Another dial of this World made its client meanwhile: use that one
+        // (ours is dropped, which shuts its proc down).
+        if let Some(w) = worlds.get(&world).filter(|w| w.secret == target.secret) {
+            return Ok((w.client.clone(), w.uids.clone()));
+        }
         let uids: Uids = Arc::default();
         let (w, u) = (world.clone(), uids.clone());
         tokio::spawn(async move {
@@ -133,17 +152,16 @@ impl AgentConnector for Arc<RuntimeConnector> {
     }
 
     fn forget_host(&self, host: &HostKey) {
-        if let Ok(worlds) = self.worlds.try_lock()
-            && let Some(w) = worlds.get(&host.world)
-        {
+        if let Some(w) = self.lock().get(&host.world) {
             w.client.unwatch(host.rank as usize);
         }
     }
 
     fn forget_world(&self, world: &WorldKey) {
-        if let Ok(mut worlds) = self.worlds.try_lock() {
-            worlds.remove(world);
-        }
+        // Dropped outside the lock: dropping the last handle cancels the
+        // client's watches and shuts its proc down.
+        let gone = self.lock().remove(world);
+        drop(gone);
     }
 }
 

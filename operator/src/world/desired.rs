@@ -275,7 +275,9 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
             port: IntOrString::Int(i32::from(HEALTH_PORT)),
             ..Default::default()
         }),
-        period_seconds: Some(2),
+        // Every second (the smallest period): a new host counts as ready
+        // at most a second after its agent serves.
+        period_seconds: Some(1),
         failure_threshold: Some(3),
         ..Default::default()
     });
