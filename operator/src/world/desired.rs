@@ -91,15 +91,18 @@ pub fn service(world: &World) -> Result<Service, Error> {
     })
 }
 
-/// The agent Secret `<world>-agent` with `token` (created once, never
-/// rewritten: rotating it would cut every agent off).
-pub fn secret(world: &World, token: [u8; 32]) -> Result<Secret, Error> {
+/// The agent Secret `<world>-agent` with `token`: the 32 random bytes as
+/// 64 hex digits (text with no whitespace, so the key the agent derives from
+/// the file is exactly these bytes). Created once, never rewritten: rotating
+/// it would cut every agent off.
+pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, Error> {
+    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
     Ok(Secret {
         metadata: owned_meta(world, secret_name(&world.name_any()))?,
         type_: Some("Opaque".to_string()),
         data: Some(BTreeMap::from([(
             "token".to_string(),
-            ByteString(token.to_vec()),
+            ByteString(token.into_bytes()),
         )])),
         ..Default::default()
     })
@@ -442,7 +445,13 @@ spec:
         assert_eq!(s.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
         let sec = secret(&w, [7; 32]).unwrap();
         assert_eq!(sec.metadata.name.as_deref(), Some("trainer-agent"));
-        assert_eq!(sec.data.unwrap()["token"].0.len(), 32);
+        let token = sec.data.unwrap()["token"].0.clone();
+        assert_eq!(token, b"07".repeat(32));
+        // Whatever the random bytes, the agent's key is the token itself.
+        let edges = secret(&w, [0x0c; 32]).unwrap().data.unwrap()["token"]
+            .0
+            .clone();
+        assert_eq!(hostmesh_runtime::host::secret_key(&edges), &edges[..]);
         let mut no_uid = w.clone();
         no_uid.metadata.uid = None;
         assert!(service(&no_uid).is_err());

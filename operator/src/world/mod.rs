@@ -253,11 +253,12 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
 async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired::secret_name(&world.name_any());
+    // The key exactly as the agent derives it from the mounted file.
     let token = |s: &Secret| {
         s.data
             .as_ref()
             .and_then(|d| d.get("token"))
-            .map(|b| b.0.clone())
+            .map(|b| hostmesh_runtime::host::secret_key(&b.0).to_vec())
     };
     if let Some(s) = api.get_opt(&name).await? {
         return token(&s)

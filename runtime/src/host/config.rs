@@ -231,19 +231,27 @@ impl AgentArgs {
     }
 }
 
-/// Reads the shared secret: the whole file, surrounding whitespace removed;
-/// at least 16 bytes.
+/// The key a Secret's value stands for: the value with surrounding ASCII
+/// whitespace removed (so a value written with a trailing newline works).
+/// The agent and whoever dials it (the operator) must both derive the key
+/// with this function.
+pub fn secret_key(value: &[u8]) -> &[u8] {
+    value.trim_ascii()
+}
+
+/// Reads the shared secret: [`secret_key`] of the whole file; at least 16
+/// bytes.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>, HostError> {
     let bytes = std::fs::read(path).map_err(|e| HostError::Secret {
         path: path.to_owned(),
         reason: format!("cannot read it ({e})"),
     })?;
-    let trimmed = bytes.trim_ascii();
+    let trimmed = secret_key(&bytes);
     if trimmed.len() < 16 {
         return Err(HostError::Secret {
             path: path.to_owned(),
             reason: format!(
-                "holds {} bytes; a secret needs at least 16 (the operator writes 32 random bytes)",
+                "holds {} bytes; a secret needs at least 16 (the operator writes 64 random hex digits)",
                 trimmed.len()
             ),
         });

@@ -42,7 +42,7 @@ pub use client::{
     AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, HostId, SUPERVISOR_ACTOR,
     SupervisorInbox, agent_ref,
 };
-pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret};
+pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, coordinates};
 pub use error::HostError;
 pub use health::Readiness;
