@@ -143,3 +143,31 @@ async fn invalid_specs_are_rejected_or_flagged_naming_the_field() -> anyhow::Res
     .await?;
     Ok(())
 }
+
+/// A World whose agent Secret already exists (made by someone else, with a
+/// token a shell would write: whitespace around it) still becomes Ready: the
+/// operator and the agents derive the same key from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preexisting_agent_secret_with_whitespace_around_its_token_works() -> anyhow::Result<()> {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+
+    let env = Env::start("world-secret").await?;
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("ws-agent".into());
+    secret.data = Some(
+        [(
+            "token".to_string(),
+            ByteString(b"\x0c 0123456789abcdef0123456789abcdef\n".to_vec()),
+        )]
+        .into(),
+    );
+    Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    env.apply(&world_yaml("ws", &[("host", 2)], "")).await?;
+    env.wait_for("World", "ws", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    Ok(())
+}
