@@ -284,6 +284,48 @@ pub(crate) fn type_meta(body: &[u8]) -> Result<(String, String), ApiError> {
     Ok((av, kind))
 }
 
+/// Decodes the `spec` of a protobuf access review (`SelfSubjectAccessReview`,
+/// `SubjectAccessReview`, `SelfSubjectRulesReview`; what kubectl sends for
+/// `auth can-i`) into the JSON form `{"spec": {...}}`.
+pub(crate) fn decode_review(body: &[u8]) -> Result<Value, ApiError> {
+    let (_, kind, raw) = unknown(body)?;
+    let attrs = |b: &[u8], names: &[&str]| -> Result<Value, ApiError> {
+        let mut o = Map::new();
+        for (n, x) in fields(b)? {
+            if let Some(name) = usize::try_from(n).ok().and_then(|i| names.get(i.wrapping_sub(1))) {
+                o.insert((*name).into(), json!(string(&x)?));
+            }
+        }
+        Ok(Value::Object(o))
+    };
+    let mut spec = Map::new();
+    for (n, x) in fields(raw)? {
+        if n != 2 {
+            continue;
+        }
+        for (sn, sx) in fields(bytes(&x)?)? {
+            match (kind.as_str(), sn) {
+                ("SelfSubjectRulesReview", 1) => drop(spec.insert("namespace".into(), json!(string(&sx)?))),
+                ("SelfSubjectRulesReview", _) => {}
+                (_, 1) => drop(spec.insert(
+                    "resourceAttributes".into(),
+                    attrs(bytes(&sx)?, &["namespace", "verb", "group", "version", "resource", "subresource", "name"])?,
+                )),
+                (_, 2) => drop(spec.insert("nonResourceAttributes".into(), attrs(bytes(&sx)?, &["path", "verb"])?)),
+                (_, 3) => drop(spec.insert("user".into(), json!(string(&sx)?))),
+                (_, 4) => {
+                    let g = spec.entry("groups").or_insert_with(|| json!([]));
+                    if let Some(a) = g.as_array_mut() {
+                        a.push(json!(string(&sx)?));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(json!({"spec": spec}))
+}
+
 /// Decodes protobuf `DeleteOptions` into its JSON form.
 pub(crate) fn decode_delete_options(body: &[u8]) -> Result<Value, ApiError> {
     let (_, _, raw) = unknown(body)?;
