@@ -277,13 +277,6 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-/// The `apiVersion` and `kind` of a protobuf body (for requests whose
-/// content the server does not need, such as access reviews).
-pub(crate) fn type_meta(body: &[u8]) -> Result<(String, String), ApiError> {
-    let (av, kind, _) = unknown(body)?;
-    Ok((av, kind))
-}
-
 /// Decodes the `spec` of a protobuf access review (`SelfSubjectAccessReview`,
 /// `SubjectAccessReview`, `SelfSubjectRulesReview`; what kubectl sends for
 /// `auth can-i`) into the JSON form `{"spec": {...}}`.
