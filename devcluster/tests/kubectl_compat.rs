@@ -155,6 +155,73 @@ async fn version_and_api_resources() {
     env.server.shutdown().await;
 }
 
+const SA_RBAC: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: can-i}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: op, namespace: can-i}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pod-reader, namespace: can-i}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [get, list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: op-reads-pods, namespace: can-i}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}
+subjects:
+- {kind: ServiceAccount, name: op, namespace: can-i}
+"#;
+
+#[tokio::test]
+async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let env = start().await;
+    let f = env.write("rbac.yaml", SA_RBAC);
+    env.ok(&["apply", "-f", f.to_str().unwrap_or_default()]).await;
+    let api: kube::Api<ServiceAccount> =
+        kube::Api::namespaced(env.server.client().expect("client"), "can-i");
+    let req: TokenRequest =
+        serde_json::from_value(serde_json::json!({"spec": {"audiences": []}})).expect("request");
+    let token = api
+        .create_token_request("op", &Default::default(), &req)
+        .await
+        .expect("token")
+        .status
+        .expect("status")
+        .token;
+    let tok = format!("--token={token}");
+    let out = env.ok(&[&tok, "auth", "whoami"]).await;
+    assert!(out.contains("system:serviceaccount:can-i:op"), "{out}");
+    // `auth can-i` sends a protobuf SelfSubjectAccessReview.
+    let can = |args: &'static [&'static str]| {
+        let tok = tok.clone();
+        let env = &env;
+        async move {
+            let mut all = vec![tok.as_str(), "auth", "can-i"];
+            all.extend_from_slice(args);
+            env.run(&all).await.1.trim().to_string()
+        }
+    };
+    assert_eq!(can(&["list", "pods", "-n", "can-i"]).await, "yes");
+    assert_eq!(can(&["list", "pods", "-n", "default"]).await, "no");
+    assert_eq!(can(&["delete", "pods", "-n", "can-i"]).await, "no");
+    let (ok, _, err) = env.run(&[&tok, "get", "pods", "-n", "default"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains(r#"Error from server (Forbidden): pods is forbidden: User "system:serviceaccount:can-i:op" cannot list resource "pods" in API group "" in the namespace "default""#),
+        "{err}"
+    );
+    env.ok(&[&tok, "get", "pods", "-n", "can-i"]).await;
+    env.server.shutdown().await;
+}
+
 #[tokio::test]
 async fn client_side_apply_get_describe_delete() {
     let env = with_crd().await;
