@@ -42,9 +42,12 @@ where
 
 async fn namespace(client: &Client, name: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
-    api.create(&PostParams::default(), &obj(json!({"metadata": {"name": name}})))
-        .await
-        .expect("create namespace");
+    api.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": name}})),
+    )
+    .await
+    .expect("create namespace");
 }
 
 async fn service_account(client: &Client, ns: &str, name: &str) -> ServiceAccount {
@@ -159,8 +162,8 @@ async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
     );
     assert_eq!(tr.spec.expiration_seconds, Some(3600));
     let status = tr.status.expect("status");
-    let left = status.expiration_timestamp.0.as_second()
-        - k8s_openapi::jiff::Timestamp::now().as_second();
+    let left =
+        status.expiration_timestamp.0.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
     assert!((3500..=3700).contains(&left), "expires in {left} s");
     let op = client_with(&server, &status.token);
 
@@ -176,7 +179,11 @@ async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
     );
     assert_eq!(
         me["status"]["userInfo"]["groups"],
-        json!(["system:serviceaccounts", "system:serviceaccounts:team-a", "system:authenticated"])
+        json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:team-a",
+            "system:authenticated"
+        ])
     );
 
     // Discovery and health need no grant (system:discovery).
@@ -238,9 +245,15 @@ async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
     let s = api_error(all_pods.list(&ListParams::default()).await);
     assert!(s.message.ends_with("at the cluster scope"), "{}", s.message);
     // Reading is not writing.
-    let pod: Pod = obj(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}));
+    let pod: Pod = obj(
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    );
     let s = api_error(pods_a.create(&PostParams::default(), &pod).await);
-    assert!(s.message.contains("cannot create resource \"pods\""), "{}", s.message);
+    assert!(
+        s.message.contains("cannot create resource \"pods\""),
+        "{}",
+        s.message
+    );
 
     // Access reviews answer for the token's user.
     let attrs = |verb: &str, ns: &str| json!({"resourceAttributes": {"verb": verb, "resource": "pods", "namespace": ns}});
@@ -283,7 +296,10 @@ async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
         ),
     )
     .await;
-    nodes.list(&ListParams::default()).await.expect("list nodes");
+    nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
     assert_eq!(
         api_error(nodes.delete("n1", &DeleteParams::default()).await).code,
         403
@@ -297,7 +313,12 @@ async fn resource_names_and_subresources_are_matched_exactly() {
     namespace(&admin, "rn").await;
     service_account(&admin, "rn", "op").await;
     for name in ["allowed", "other"] {
-        let _: ConfigMap = create(&admin, Some("rn"), json!({"metadata": {"name": name}, "data": {"k": "v"}})).await;
+        let _: ConfigMap = create(
+            &admin,
+            Some("rn"),
+            json!({"metadata": {"name": name}, "data": {"k": "v"}}),
+        )
+        .await;
     }
     let _: Pod = create(
         &admin,
@@ -340,10 +361,7 @@ async fn resource_names_and_subresources_are_matched_exactly() {
         r#"configmaps "other" is forbidden: User "system:serviceaccount:rn:op" cannot get resource "configmaps" in API group "" in the namespace "rn""#
     );
     // A list names nothing, unless it selects the one allowed name.
-    assert_eq!(
-        api_error(cms.list(&ListParams::default()).await).code,
-        403
-    );
+    assert_eq!(api_error(cms.list(&ListParams::default()).await).code, 403);
     let one = cms
         .list(&ListParams::default().fields("metadata.name=allowed"))
         .await
@@ -355,7 +373,8 @@ async fn resource_names_and_subresources_are_matched_exactly() {
     pods.get_status("p").await.expect("pods/status");
     let s = api_error(pods.get("p").await);
     assert!(
-        s.message.contains(r#"cannot get resource "pods" in API group """#),
+        s.message
+            .contains(r#"cannot get resource "pods" in API group """#),
         "{}",
         s.message
     );
@@ -415,17 +434,29 @@ async fn expired_forged_and_orphaned_tokens_get_401() {
     }
     // A deleted and recreated ServiceAccount has a new uid: old tokens die.
     let sas: Api<ServiceAccount> = Api::namespaced(admin2.clone(), "default");
-    sas.delete("op", &DeleteParams::default()).await.expect("delete");
+    sas.delete("op", &DeleteParams::default())
+        .await
+        .expect("delete");
     let again = service_account(&admin2, "default", "op").await;
     assert_ne!(again.metadata.uid, sa.metadata.uid);
     assert_eq!(api_error(ok.list(&ListParams::default()).await).code, 401);
     // Too short a request is invalid.
     let api: Api<ServiceAccount> = Api::namespaced(admin2.clone(), "default");
     let req: TokenRequest = obj(json!({"spec": {"audiences": [], "expirationSeconds": 10}}));
-    let s = api_error(api.create_token_request("op", &PostParams::default(), &req).await);
+    let s = api_error(
+        api.create_token_request("op", &PostParams::default(), &req)
+            .await,
+    );
     assert_eq!(s.code, 422);
     assert!(s.message.contains("less than 10 minutes"), "{}", s.message);
-    let s = api_error(api.create_token_request("nobody", &PostParams::default(), &obj(json!({"spec": {"audiences": []}}))).await);
+    let s = api_error(
+        api.create_token_request(
+            "nobody",
+            &PostParams::default(),
+            &obj(json!({"spec": {"audiences": []}})),
+        )
+        .await,
+    );
     assert_eq!(s.code, 404);
     server.shutdown().await;
     server2.shutdown().await;
@@ -466,7 +497,10 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "adm");
     let ca = cms.get("kube-root-ca.crt").await.expect("kube-root-ca.crt");
     assert_eq!(
-        ca.data.unwrap_or_default().get("ca.crt").map(String::as_str),
+        ca.data
+            .unwrap_or_default()
+            .get("ca.crt")
+            .map(String::as_str),
         Some(server.ca_pem())
     );
     let _: ConfigMap = Api::namespaced(admin.clone(), "kube-system")
@@ -486,9 +520,18 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
     let spec = p.spec.expect("spec");
     let vol = spec.volumes.unwrap_or_default();
     assert_eq!(vol.len(), 1);
-    assert!(vol[0].name.starts_with("kube-api-access-"), "{:?}", vol[0].name);
+    assert!(
+        vol[0].name.starts_with("kube-api-access-"),
+        "{:?}",
+        vol[0].name
+    );
     assert!(vol[0].projected.is_some());
-    for c in spec.init_containers.unwrap_or_default().iter().chain(&spec.containers) {
+    for c in spec
+        .init_containers
+        .unwrap_or_default()
+        .iter()
+        .chain(&spec.containers)
+    {
         let m = &c.volume_mounts.clone().unwrap_or_default()[0];
         assert_eq!(
             (m.name.as_str(), m.mount_path.as_str(), m.read_only),
@@ -514,17 +557,27 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
     .await;
     assert!(p.spec.expect("spec").volumes.unwrap_or_default().is_empty());
     // A missing ServiceAccount refuses the pod.
-    let missing: Pod = obj(json!({"metadata": {"name": "m"}, "spec": {"serviceAccountName": "ghost", "containers": [{"name": "c", "image": "x"}]}}));
+    let missing: Pod = obj(
+        json!({"metadata": {"name": "m"}, "spec": {"serviceAccountName": "ghost", "containers": [{"name": "c", "image": "x"}]}}),
+    );
     let s = api_error(pods.create(&PostParams::default(), &missing).await);
     assert_eq!(s.code, 403);
     assert!(
-        s.message.contains(r#"error looking up service account adm/ghost: serviceaccount "ghost" not found"#),
+        s.message.contains(
+            r#"error looking up service account adm/ghost: serviceaccount "ghost" not found"#
+        ),
         "{}",
         s.message
     );
     // A token bound to a pod dies with the pod.
     let api: Api<ServiceAccount> = Api::namespaced(admin.clone(), "adm");
-    let uid = pods.get("p").await.expect("pod").metadata.uid.unwrap_or_default();
+    let uid = pods
+        .get("p")
+        .await
+        .expect("pod")
+        .metadata
+        .uid
+        .unwrap_or_default();
     let req: TokenRequest = obj(json!({"spec": {"audiences": [], "expirationSeconds": 3607,
         "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": uid}}}));
     let tr = api
@@ -536,7 +589,9 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
         whoami(&bound).await["status"]["userInfo"]["username"],
         "system:serviceaccount:adm:default"
     );
-    pods.delete("p", &DeleteParams::default()).await.expect("delete pod");
+    pods.delete("p", &DeleteParams::default())
+        .await
+        .expect("delete pod");
     poll("the pod to go", || {
         let pods = pods.clone();
         async move { matches!(pods.get_opt("p").await, Ok(None)) }

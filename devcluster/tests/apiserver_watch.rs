@@ -400,7 +400,11 @@ async fn metadata_only_get_list_and_watch() {
         .await
         .expect("list metadata");
     let names: Vec<_> = l.items.iter().map(|o| o.name_any()).collect();
-    assert_eq!(names, ["kube-root-ca.crt", "m"], "ours and the namespace's CA");
+    assert_eq!(
+        names,
+        ["kube-root-ca.crt", "m"],
+        "ours and the namespace's CA"
+    );
     let (reader, writer) = reflector::store();
     let meta_api: Api<kube::core::PartialObjectMeta<ConfigMap>> =
         Api::default_namespaced(server.client().expect("client"));

@@ -184,7 +184,8 @@ async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     let env = start().await;
     let f = env.write("rbac.yaml", SA_RBAC);
-    env.ok(&["apply", "-f", f.to_str().unwrap_or_default()]).await;
+    env.ok(&["apply", "-f", f.to_str().unwrap_or_default()])
+        .await;
     let api: kube::Api<ServiceAccount> =
         kube::Api::namespaced(env.server.client().expect("client"), "can-i");
     let req: TokenRequest =

@@ -416,8 +416,9 @@ pub async fn service_account_token(
     use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let req: TokenRequest =
-        serde_json::from_value(serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 600}}))?;
+    let req: TokenRequest = serde_json::from_value(
+        serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 600}}),
+    )?;
     let tr = api
         .create_token_request(name, &PostParams::default(), &req)
         .await

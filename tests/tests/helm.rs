@@ -188,7 +188,10 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     )?;
     let system_secrets: Api<Secret> = Api::namespaced(as_operator.clone(), "kube-system");
     denied(
-        system_secrets.list(&ListParams::default()).await.map(|_| ()),
+        system_secrets
+            .list(&ListParams::default())
+            .await
+            .map(|_| ()),
         &format!(
             r#"secrets is forbidden: User "{user}" cannot list resource "secrets" in API group "" in the namespace "kube-system""#
         ),

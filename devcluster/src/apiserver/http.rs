@@ -28,9 +28,9 @@ use tracing::{debug, warn};
 
 use super::auth::{self, Authenticator, User};
 use super::handlers::{self, Request};
-use super::serviceaccount::{self, TokenIssuer};
 use super::lifecycle::Part;
 use super::route::{self, Route, Target};
+use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
@@ -281,7 +281,9 @@ async fn resource(
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,
         (&Method::POST, Some("binding")) => handlers::bind(store, t, req)?,
-        (&Method::POST, Some("token")) => serviceaccount::token_request(&ctx.tokens, store, t, req)?,
+        (&Method::POST, Some("token")) => {
+            serviceaccount::token_request(&ctx.tokens, store, t, req)?
+        }
         (&Method::PUT, None) => handlers::update(store, t, req, Part::Main)?,
         (&Method::PUT, Some("status")) => handlers::update(store, t, req, Part::Status)?,
         (&Method::PUT, Some("finalize")) => handlers::finalize_namespace(store, t, req)?,

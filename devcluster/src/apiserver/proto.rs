@@ -285,7 +285,10 @@ pub(crate) fn decode_review(body: &[u8]) -> Result<Value, ApiError> {
     let attrs = |b: &[u8], names: &[&str]| -> Result<Value, ApiError> {
         let mut o = Map::new();
         for (n, x) in fields(b)? {
-            if let Some(name) = usize::try_from(n).ok().and_then(|i| names.get(i.wrapping_sub(1))) {
+            if let Some(name) = usize::try_from(n)
+                .ok()
+                .and_then(|i| names.get(i.wrapping_sub(1)))
+            {
                 o.insert((*name).into(), json!(string(&x)?));
             }
         }
@@ -298,13 +301,29 @@ pub(crate) fn decode_review(body: &[u8]) -> Result<Value, ApiError> {
         }
         for (sn, sx) in fields(bytes(&x)?)? {
             match (kind.as_str(), sn) {
-                ("SelfSubjectRulesReview", 1) => drop(spec.insert("namespace".into(), json!(string(&sx)?))),
+                ("SelfSubjectRulesReview", 1) => {
+                    drop(spec.insert("namespace".into(), json!(string(&sx)?)))
+                }
                 ("SelfSubjectRulesReview", _) => {}
                 (_, 1) => drop(spec.insert(
                     "resourceAttributes".into(),
-                    attrs(bytes(&sx)?, &["namespace", "verb", "group", "version", "resource", "subresource", "name"])?,
+                    attrs(
+                        bytes(&sx)?,
+                        &[
+                            "namespace",
+                            "verb",
+                            "group",
+                            "version",
+                            "resource",
+                            "subresource",
+                            "name",
+                        ],
+                    )?,
                 )),
-                (_, 2) => drop(spec.insert("nonResourceAttributes".into(), attrs(bytes(&sx)?, &["path", "verb"])?)),
+                (_, 2) => drop(spec.insert(
+                    "nonResourceAttributes".into(),
+                    attrs(bytes(&sx)?, &["path", "verb"])?,
+                )),
                 (_, 3) => drop(spec.insert("user".into(), json!(string(&sx)?))),
                 (_, 4) => {
                     let g = spec.entry("groups").or_insert_with(|| json!([]));

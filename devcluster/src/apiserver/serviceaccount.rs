@@ -54,7 +54,11 @@ fn uid_of(v: &Value) -> String {
 pub(crate) fn pod_service_account(pod: &Value) -> String {
     ["/spec/serviceAccountName", "/spec/serviceAccount"]
         .iter()
-        .find_map(|p| pod.pointer(p).and_then(Value::as_str).filter(|s| !s.is_empty()))
+        .find_map(|p| {
+            pod.pointer(p)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        })
         .unwrap_or("default")
         .to_string()
 }
@@ -194,14 +198,21 @@ pub(crate) fn token_request(
     let ns = ns_of(t).to_string();
     let body = req.json_body()?;
     let invalid = |field: &str, msg: String| {
-        ApiError::invalid("TokenRequest.authentication.k8s.io", &name, vec![(field.into(), msg)])
+        ApiError::invalid(
+            "TokenRequest.authentication.k8s.io",
+            &name,
+            vec![(field.into(), msg)],
+        )
     };
     let spec = body.get("spec").cloned().unwrap_or(json!({}));
     let requested = match spec.get("expirationSeconds") {
         None | Some(Value::Null) => 3600,
-        Some(v) => v
-            .as_i64()
-            .ok_or_else(|| invalid("spec.expirationSeconds", format!("Invalid value: {v}: must be an integer")))?,
+        Some(v) => v.as_i64().ok_or_else(|| {
+            invalid(
+                "spec.expirationSeconds",
+                format!("Invalid value: {v}: must be an integer"),
+            )
+        })?,
     };
     if requested < 600 {
         return Err(invalid(
@@ -212,7 +223,9 @@ pub(crate) fn token_request(
     if requested > 1 << 32 {
         return Err(invalid(
             "spec.expirationSeconds",
-            format!("Invalid value: {requested}: may not specify a duration larger than 2^32 seconds"),
+            format!(
+                "Invalid value: {requested}: may not specify a duration larger than 2^32 seconds"
+            ),
         ));
     }
     let audiences: Vec<String> = spec
@@ -250,7 +263,10 @@ pub(crate) fn token_request(
                     .get("/pods", &ns, pod_name)
                     .ok_or_else(|| ApiError::not_found("", "pods", pod_name))?;
                 let uid = uid_of(&live);
-                if let Some(want) = b.get("uid").and_then(Value::as_str).filter(|u| !u.is_empty())
+                if let Some(want) = b
+                    .get("uid")
+                    .and_then(Value::as_str)
+                    .filter(|u| !u.is_empty())
                     && want != uid
                 {
                     return Err(ApiError::conflict(format!(
@@ -272,7 +288,11 @@ pub(crate) fn token_request(
     let extended = pod.is_some()
         && granted == KUBELET_TOKEN_SECS
         && audiences.iter().any(|a| a == API_AUDIENCE);
-    let lifetime = if extended { EXTENDED_TOKEN_SECS } else { granted };
+    let lifetime = if extended {
+        EXTENDED_TOKEN_SECS
+    } else {
+        granted
+    };
     let now = chrono::Utc::now().timestamp();
     let claims = Claims::new(
         &ns,
@@ -327,11 +347,17 @@ mod tests {
         let vols = p["spec"]["volumes"].as_array().unwrap();
         assert_eq!(vols.len(), 2);
         let name = vols[1]["name"].as_str().unwrap();
-        assert!(name.starts_with("kube-api-access-") && name.len() == 21, "{name}");
+        assert!(
+            name.starts_with("kube-api-access-") && name.len() == 21,
+            "{name}"
+        );
         let sources = vols[1]["projected"]["sources"].as_array().unwrap();
         assert_eq!(sources[0]["serviceAccountToken"]["expirationSeconds"], 3607);
         assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
-        assert_eq!(sources[2]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"], "metadata.namespace");
+        assert_eq!(
+            sources[2]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
         let want = json!({"name": name, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH});
         assert_eq!(mounts(&p, "initContainers", 0), vec![want.clone()]);
         assert_eq!(mounts(&p, "containers", 0)[1], want);
@@ -380,9 +406,14 @@ mod tests {
     #[test]
     fn the_service_account_name_defaults_to_default() {
         assert_eq!(pod_service_account(&pod(json!({}))), "default");
-        assert_eq!(pod_service_account(&pod(json!({"serviceAccount": "legacy"}))), "legacy");
         assert_eq!(
-            pod_service_account(&pod(json!({"serviceAccountName": "op", "serviceAccount": "legacy"}))),
+            pod_service_account(&pod(json!({"serviceAccount": "legacy"}))),
+            "legacy"
+        );
+        assert_eq!(
+            pod_service_account(&pod(
+                json!({"serviceAccountName": "op", "serviceAccount": "legacy"})
+            )),
             "op"
         );
     }

@@ -183,7 +183,7 @@ fn random_hex() -> Result<String, Error> {
 
 /// The bytes of a hex string (the signing key); `None` if it is not hex.
 pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -363,7 +363,11 @@ mod tests {
 
     #[test]
     fn proc_fd_paths_are_written_without_allocating() {
-        for (fd, want) in [(0, "/proc/self/fd/0"), (7, "/proc/self/fd/7"), (1234567890, "/proc/self/fd/1234567890")] {
+        for (fd, want) in [
+            (0, "/proc/self/fd/0"),
+            (7, "/proc/self/fd/7"),
+            (1234567890, "/proc/self/fd/1234567890"),
+        ] {
             let mut buf = [0xffu8; 32];
             proc_fd_path(fd, &mut buf);
             let end = buf.iter().position(|b| *b == 0).unwrap();

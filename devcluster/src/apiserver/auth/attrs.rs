@@ -116,19 +116,14 @@ pub(crate) fn parse(method: &str, path: &str, query: &HashMap<String, String>) -
         a.subresource = s.to_string();
     }
     if a.name.is_empty() && a.verb == "get" {
-        let watching = query
-            .get("watch")
-            .is_some_and(|w| w == "true" || w == "1");
+        let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
         a.verb = if watching { "watch" } else { "list" }.into();
     }
     if a.name.is_empty() && matches!(a.verb.as_str(), "list" | "watch") {
         // A list or watch of one object by name (`fieldSelector=
         // metadata.name=x`, what kube-rs and client-go informers on one
         // object send) is judged against resourceNames like a get.
-        if let Some(name) = query
-            .get("fieldSelector")
-            .and_then(|f| exact_name(f))
-        {
+        if let Some(name) = query.get("fieldSelector").and_then(|f| exact_name(f)) {
             a.name = name;
         }
     }
@@ -195,9 +190,16 @@ mod tests {
                 ..Attributes::resource("get", "", "pods", "log", "a", "x")
             }
         );
-        let a = p("PUT", "/apis/hostmesh.dev/v1alpha1/namespaces/t/worlds/w/status");
+        let a = p(
+            "PUT",
+            "/apis/hostmesh.dev/v1alpha1/namespaces/t/worlds/w/status",
+        );
         assert_eq!(
-            (a.group.as_str(), a.resource.as_str(), a.subresource.as_str()),
+            (
+                a.group.as_str(),
+                a.resource.as_str(),
+                a.subresource.as_str()
+            ),
             ("hostmesh.dev", "worlds", "status")
         );
         let a = p("GET", "/api/v1/nodes/n1");
@@ -219,7 +221,15 @@ mod tests {
 
     #[test]
     fn discovery_and_health_are_non_resource_paths() {
-        for path in ["/api", "/api/v1", "/apis", "/apis/apps", "/apis/apps/v1", "/healthz", "/openapi/v3/apis/apps/v1"] {
+        for path in [
+            "/api",
+            "/api/v1",
+            "/apis",
+            "/apis/apps",
+            "/apis/apps/v1",
+            "/healthz",
+            "/openapi/v3/apis/apps/v1",
+        ] {
             let a = p("GET", path);
             assert!(!a.resource_request, "{path}");
             assert_eq!((a.verb.as_str(), a.path.as_str()), ("get", path));

@@ -89,9 +89,16 @@ impl Authenticator {
     }
 
     /// The user behind an `Authorization` header value, or 401.
-    pub(crate) fn authenticate(&self, store: &Store, header: Option<&str>) -> Result<User, ApiError> {
+    pub(crate) fn authenticate(
+        &self,
+        store: &Store,
+        header: Option<&str>,
+    ) -> Result<User, ApiError> {
         let token = header
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(ApiError::unauthorized)?;

@@ -122,13 +122,12 @@ pub(crate) fn rule_allows(rule: &Rule, a: &Attributes) -> bool {
     let resource_ok = rule.resources.iter().any(|r| {
         r == "*"
             || *r == combined
-            || (!a.subresource.is_empty()
-                && r.strip_prefix("*/") == Some(a.subresource.as_str()))
+            || (!a.subresource.is_empty() && r.strip_prefix("*/") == Some(a.subresource.as_str()))
     });
     if !resource_ok {
         return false;
     }
-    rule.resource_names.is_empty() || rule.resource_names.iter().any(|n| *n == a.name)
+    rule.resource_names.is_empty() || rule.resource_names.contains(&a.name)
 }
 
 /// The grants every authenticated user has in a real cluster
@@ -142,8 +141,17 @@ fn authenticated_defaults() -> Arc<[Rule]> {
                 Rule {
                     verbs: s(&["get"]),
                     non_resource_urls: s(&[
-                        "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi",
-                        "/openapi/*", "/readyz", "/version", "/version/",
+                        "/api",
+                        "/api/*",
+                        "/apis",
+                        "/apis/*",
+                        "/healthz",
+                        "/livez",
+                        "/openapi",
+                        "/openapi/*",
+                        "/readyz",
+                        "/version",
+                        "/version/",
                     ]),
                     ..Rule::default()
                 },
@@ -279,7 +287,11 @@ impl Index {
 
     /// The rule sets that apply to `user` in `namespace` ("": cluster
     /// scope only).
-    fn grants<'a>(&'a self, user: &'a User, namespace: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
+    fn grants<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a Rule> + 'a {
         let ns_grants = (!namespace.is_empty())
             .then(|| self.namespaced.get(namespace))
             .flatten();
@@ -298,7 +310,11 @@ impl Index {
         if user.is_superuser() {
             return true;
         }
-        let ns = if a.resource_request { a.namespace.as_str() } else { "" };
+        let ns = if a.resource_request {
+            a.namespace.as_str()
+        } else {
+            ""
+        };
         self.grants(user, ns).any(|r| rule_allows(r, a))
     }
 
@@ -348,7 +364,11 @@ pub(crate) fn forbidden(user: &User, a: &Attributes) -> ApiError {
         format!("{qualified} {:?} is forbidden: {reason}", a.name)
     };
     let mut details = serde_json::Map::new();
-    for (k, v) in [("name", &a.name), ("group", &a.group), ("kind", &a.resource)] {
+    for (k, v) in [
+        ("name", &a.name),
+        ("group", &a.group),
+        ("kind", &a.resource),
+    ] {
         if !v.is_empty() {
             details.insert(k.into(), json!(v));
         }
@@ -383,48 +403,105 @@ mod tests {
         assert!(!rule_allows(&r, &res("get", "apps", "pods", "", "a", "x")));
         assert!(!rule_allows(&r, &res("get", "", "services", "", "a", "x")));
         let star = rule(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}));
-        for verb in ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"] {
-            assert!(rule_allows(&star, &res(verb, "hostmesh.dev", "worlds", "status", "", "w")));
+        for verb in [
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        ] {
+            assert!(rule_allows(
+                &star,
+                &res(verb, "hostmesh.dev", "worlds", "status", "", "w")
+            ));
         }
         // A resource rule never matches a path, and vice versa.
-        assert!(!rule_allows(&star, &Attributes::non_resource("get", "/healthz")));
+        assert!(!rule_allows(
+            &star,
+            &Attributes::non_resource("get", "/healthz")
+        ));
     }
 
     #[test]
     fn subresources_need_their_own_rule() {
         let pods = rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}));
-        assert!(!rule_allows(&pods, &res("get", "", "pods", "log", "a", "x")));
+        assert!(!rule_allows(
+            &pods,
+            &res("get", "", "pods", "log", "a", "x")
+        ));
         let log = rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods/log"]}));
         assert!(rule_allows(&log, &res("get", "", "pods", "log", "a", "x")));
         assert!(!rule_allows(&log, &res("get", "", "pods", "", "a", "x")));
-        let any_status = rule(json!({"verbs": ["update"], "apiGroups": ["*"], "resources": ["*/status"]}));
-        assert!(rule_allows(&any_status, &res("update", "hostmesh.dev", "worlds", "status", "a", "w")));
-        assert!(!rule_allows(&any_status, &res("update", "hostmesh.dev", "worlds", "", "a", "w")));
+        let any_status =
+            rule(json!({"verbs": ["update"], "apiGroups": ["*"], "resources": ["*/status"]}));
+        assert!(rule_allows(
+            &any_status,
+            &res("update", "hostmesh.dev", "worlds", "status", "a", "w")
+        ));
+        assert!(!rule_allows(
+            &any_status,
+            &res("update", "hostmesh.dev", "worlds", "", "a", "w")
+        ));
         // `pods/*` is not a wildcard in Kubernetes either.
         let pods_star = rule(json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods/*"]}));
-        assert!(!rule_allows(&pods_star, &res("get", "", "pods", "log", "a", "x")));
+        assert!(!rule_allows(
+            &pods_star,
+            &res("get", "", "pods", "log", "a", "x")
+        ));
     }
 
     #[test]
     fn resource_names_only_match_named_requests() {
-        let r = rule(json!({"verbs": ["get", "update", "list"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["lock"]}));
-        assert!(rule_allows(&r, &res("get", "coordination.k8s.io", "leases", "", "a", "lock")));
-        assert!(!rule_allows(&r, &res("get", "coordination.k8s.io", "leases", "", "a", "other")));
+        let r = rule(
+            json!({"verbs": ["get", "update", "list"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["lock"]}),
+        );
+        assert!(rule_allows(
+            &r,
+            &res("get", "coordination.k8s.io", "leases", "", "a", "lock")
+        ));
+        assert!(!rule_allows(
+            &r,
+            &res("get", "coordination.k8s.io", "leases", "", "a", "other")
+        ));
         // A list names nothing (unless it selects one name).
-        assert!(!rule_allows(&r, &res("list", "coordination.k8s.io", "leases", "", "a", "")));
-        assert!(rule_allows(&r, &res("list", "coordination.k8s.io", "leases", "", "a", "lock")));
+        assert!(!rule_allows(
+            &r,
+            &res("list", "coordination.k8s.io", "leases", "", "a", "")
+        ));
+        assert!(rule_allows(
+            &r,
+            &res("list", "coordination.k8s.io", "leases", "", "a", "lock")
+        ));
     }
 
     #[test]
     fn non_resource_urls_match_exactly_or_by_prefix() {
         let r = rule(json!({"verbs": ["get"], "nonResourceURLs": ["/healthz", "/apis/*"]}));
-        assert!(rule_allows(&r, &Attributes::non_resource("get", "/healthz")));
-        assert!(!rule_allows(&r, &Attributes::non_resource("get", "/healthz/ping")));
-        assert!(rule_allows(&r, &Attributes::non_resource("get", "/apis/apps/v1")));
+        assert!(rule_allows(
+            &r,
+            &Attributes::non_resource("get", "/healthz")
+        ));
+        assert!(!rule_allows(
+            &r,
+            &Attributes::non_resource("get", "/healthz/ping")
+        ));
+        assert!(rule_allows(
+            &r,
+            &Attributes::non_resource("get", "/apis/apps/v1")
+        ));
         assert!(!rule_allows(&r, &Attributes::non_resource("get", "/apis")));
-        assert!(!rule_allows(&r, &Attributes::non_resource("post", "/healthz")));
+        assert!(!rule_allows(
+            &r,
+            &Attributes::non_resource("post", "/healthz")
+        ));
         let all = rule(json!({"verbs": ["*"], "nonResourceURLs": ["*"]}));
-        assert!(rule_allows(&all, &Attributes::non_resource("delete", "/anything")));
+        assert!(rule_allows(
+            &all,
+            &Attributes::non_resource("delete", "/anything")
+        ));
     }
 
     fn index(objs: Value) -> Index {
@@ -451,7 +528,10 @@ mod tests {
         let op = sa("a", "op");
         assert!(idx.allows(&op, &res("list", "", "pods", "", "a", "")));
         assert!(!idx.allows(&op, &res("list", "", "pods", "", "b", "")));
-        assert!(!idx.allows(&op, &res("list", "", "pods", "", "", "")), "all namespaces needs a ClusterRoleBinding");
+        assert!(
+            !idx.allows(&op, &res("list", "", "pods", "", "", "")),
+            "all namespaces needs a ClusterRoleBinding"
+        );
         assert!(idx.allows(&op, &res("create", "", "configmaps", "", "a", "")));
         assert!(!idx.allows(&op, &res("create", "", "configmaps", "", "b", "")));
         assert!(!idx.allows(&sa("b", "op"), &res("list", "", "pods", "", "a", "")));
@@ -483,12 +563,41 @@ mod tests {
         };
         assert!(idx.allows(&jane, &res("get", "", "nodes", "", "", "n")));
         assert!(idx.allows(&sa("a", "op"), &Attributes::non_resource("get", "/metrics")));
-        assert!(!idx.allows(&sa("a", "other"), &Attributes::non_resource("get", "/metrics")));
+        assert!(!idx.allows(
+            &sa("a", "other"),
+            &Attributes::non_resource("get", "/metrics")
+        ));
         // Defaults for every authenticated user: discovery and self reviews.
-        assert!(idx.allows(&sa("b", "x"), &Attributes::non_resource("get", "/apis/apps/v1")));
-        assert!(idx.allows(&sa("b", "x"), &Attributes::non_resource("get", "/openapi/v3")));
-        assert!(idx.allows(&sa("b", "x"), &res("create", "authorization.k8s.io", "selfsubjectaccessreviews", "", "", "")));
-        assert!(!idx.allows(&sa("b", "x"), &res("create", "authorization.k8s.io", "subjectaccessreviews", "", "", "")));
+        assert!(idx.allows(
+            &sa("b", "x"),
+            &Attributes::non_resource("get", "/apis/apps/v1")
+        ));
+        assert!(idx.allows(
+            &sa("b", "x"),
+            &Attributes::non_resource("get", "/openapi/v3")
+        ));
+        assert!(idx.allows(
+            &sa("b", "x"),
+            &res(
+                "create",
+                "authorization.k8s.io",
+                "selfsubjectaccessreviews",
+                "",
+                "",
+                ""
+            )
+        ));
+        assert!(!idx.allows(
+            &sa("b", "x"),
+            &res(
+                "create",
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                "",
+                "",
+                ""
+            )
+        ));
         assert!(!idx.allows(&sa("b", "x"), &Attributes::non_resource("get", "/metrics")));
         assert!(idx.allows(&User::admin(), &res("delete", "", "nodes", "", "", "n")));
     }
@@ -508,12 +617,18 @@ mod tests {
             e.message,
             r#"nodes "n1" is forbidden: User "system:serviceaccount:ns:sa" cannot delete resource "nodes" in API group "" at the cluster scope"#
         );
-        let e = forbidden(&u, &res("update", "hostmesh.dev", "worlds", "status", "t", "w"));
+        let e = forbidden(
+            &u,
+            &res("update", "hostmesh.dev", "worlds", "status", "t", "w"),
+        );
         assert_eq!(
             e.message,
             r#"worlds.hostmesh.dev "w" is forbidden: User "system:serviceaccount:ns:sa" cannot update resource "worlds/status" in API group "hostmesh.dev" in the namespace "t""#
         );
-        assert_eq!(e.details, Some(json!({"name": "w", "group": "hostmesh.dev", "kind": "worlds"})));
+        assert_eq!(
+            e.details,
+            Some(json!({"name": "w", "group": "hostmesh.dev", "kind": "worlds"}))
+        );
         let e = forbidden(&u, &Attributes::non_resource("get", "/metrics"));
         assert_eq!(
             e.message,

@@ -33,7 +33,10 @@ fn asked(spec: &Value) -> Result<Attributes, ApiError> {
         return Ok(a);
     }
     if let Some(n) = spec.get("nonResourceAttributes") {
-        return Ok(Attributes::non_resource(str_at(n, "/verb"), str_at(n, "/path")));
+        return Ok(Attributes::non_resource(
+            str_at(n, "/verb"),
+            str_at(n, "/path"),
+        ));
     }
     Err(ApiError::invalid(
         "SelfSubjectAccessReview",

@@ -230,7 +230,11 @@ mod tests {
         let s = Signer::new(b"k");
         let t = s.mint(&claims(vec!["vault".into()], 1_000, 600));
         assert_eq!(s.verify(&t, 1_000), Err(TokenError::WrongAudience));
-        let t = s.mint(&claims(vec!["vault".into(), API_AUDIENCE.into()], 1_000, 600));
+        let t = s.mint(&claims(
+            vec!["vault".into(), API_AUDIENCE.into()],
+            1_000,
+            600,
+        ));
         assert!(s.verify(&t, 1_000).is_ok());
         let t = s.mint(&claims(vec![], 5_000, 600));
         assert_eq!(s.verify(&t, 1_000), Err(TokenError::NotYetValid));
