@@ -197,6 +197,14 @@ async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
         .status
         .expect("status")
         .token;
+    // `kubectl create token` sends a protobuf TokenRequest.
+    let minted = env
+        .ok(&["create", "token", "op", "-n", "can-i", "--duration=20m"])
+        .await;
+    let whoami = env
+        .ok(&["--token", minted.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"])
+        .await;
+    assert_eq!(whoami, "system:serviceaccount:can-i:op");
     let tok = format!("--token={token}");
     let out = env.ok(&[&tok, "auth", "whoami"]).await;
     assert!(out.contains("system:serviceaccount:can-i:op"), "{out}");

@@ -270,6 +270,15 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     })
     .await?;
 
+    // Nothing the operator attempted was refused (a missing grant for a
+    // side path such as Events would not stop the World from getting Ready).
+    let logs = env.kubectl(&["logs", "-n", &ns, &format!("deploy/{RELEASE_NAME}")])?;
+    assert!(
+        !logs.contains("is forbidden"),
+        "the chart's RBAC refused the operator something:\n{}",
+        tail(&logs, 40)
+    );
+
     // ... and finalizes deletions (so uninstall leaves nothing stuck).
     let worlds = env.hostmesh_api("World");
     for w in ["helm-world", "helm-world-2"] {

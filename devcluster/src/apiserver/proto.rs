@@ -271,10 +271,50 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
     let (av, kind, raw) = unknown(body)?;
     match (av.as_str(), kind.as_str()) {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
+        ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap and Namespace only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace and TokenRequest only, not {av} {kind}: send application/json"
         ))),
     }
+}
+
+/// A TokenRequest (what `kubectl create token` sends): its `spec`
+/// {audiences = 1, boundObjectRef = 3 {kind, apiVersion, name, uid},
+/// expirationSeconds = 4}.
+fn token_request(raw: &[u8]) -> Result<Value, ApiError> {
+    let mut spec = Map::new();
+    for (n, x) in fields(raw)? {
+        if n != 2 {
+            continue;
+        }
+        for (sn, sx) in fields(bytes(&x)?)? {
+            match sn {
+                1 => {
+                    let a = spec.entry("audiences").or_insert_with(|| json!([]));
+                    if let Some(a) = a.as_array_mut() {
+                        a.push(json!(string(&sx)?));
+                    }
+                }
+                3 => {
+                    let mut r = Map::new();
+                    for (rn, rx) in fields(bytes(&sx)?)? {
+                        let k = match rn {
+                            1 => "kind",
+                            2 => "apiVersion",
+                            3 => "name",
+                            4 => "uid",
+                            _ => continue,
+                        };
+                        r.insert(k.into(), json!(string(&rx)?));
+                    }
+                    spec.insert("boundObjectRef".into(), Value::Object(r));
+                }
+                4 => drop(spec.insert("expirationSeconds".into(), json!(int(&sx)?))),
+                _ => {}
+            }
+        }
+    }
+    Ok(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}))
 }
 
 /// Decodes the `spec` of a protobuf access review (`SelfSubjectAccessReview`,
