@@ -1,7 +1,8 @@
 //! Compatibility with the real `kubectl` (the machine's wrapper picks the
 //! client matching the server's v1.33.0): apply client-side and
 //! server-side, get with CRD printer columns, get -w, describe, wait,
-//! delete, explain, logs through the kubelet proxy.
+//! delete, explain, logs through the kubelet proxy, and as a service
+//! account: `create token`, `auth whoami`, `auth can-i`, Forbidden errors.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -146,7 +147,8 @@ async fn version_and_api_resources() {
     for r in ["pods", "leases", "customresourcedefinitions", "events"] {
         assert!(out.contains(r), "{r} missing from api-resources:\n{out}");
     }
-    // One admin identity: access reviews allow, whoami names it.
+    // The kubeconfig is the admin (system:masters): access reviews allow,
+    // whoami names it.
     assert_eq!(
         env.ok(&["auth", "can-i", "delete", "pods"]).await.trim(),
         "yes"
@@ -202,7 +204,14 @@ async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
         .ok(&["create", "token", "op", "-n", "can-i", "--duration=20m"])
         .await;
     let whoami = env
-        .ok(&["--token", minted.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"])
+        .ok(&[
+            "--token",
+            minted.trim(),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
         .await;
     assert_eq!(whoami, "system:serviceaccount:can-i:op");
     let tok = format!("--token={token}");
