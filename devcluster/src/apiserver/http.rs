@@ -194,7 +194,8 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         user_agent,
         body,
     };
-    let user = user.unwrap_or_else(User::admin);
+    // Public paths are served to anyone; they never reach a resource.
+    let user = user.unwrap_or_else(User::anonymous);
     let resp = dispatch(&ctx, &user, &method, &path, &request).await;
     debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp

@@ -52,6 +52,16 @@ impl User {
         }
     }
 
+    /// A request without credentials (only the public health and version
+    /// paths serve one).
+    pub(crate) fn anonymous() -> Self {
+        Self {
+            name: "system:anonymous".into(),
+            uid: String::new(),
+            groups: vec!["system:unauthenticated".into()],
+        }
+    }
+
     /// The user a service account token stands for.
     pub(crate) fn service_account(ns: &str, name: &str, uid: &str) -> Self {
         Self {
