@@ -237,6 +237,17 @@ async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
         "{err}"
     );
     env.ok(&[&tok, "get", "pods", "-n", "can-i"]).await;
+    // `auth can-i --list` (a protobuf SelfSubjectRulesReview) lists the
+    // Role's rule and the discovery grants every user has.
+    let list = env
+        .ok(&[&tok, "auth", "can-i", "--list", "-n", "can-i"])
+        .await;
+    let pods = list
+        .lines()
+        .find(|l| l.starts_with("pods "))
+        .unwrap_or_default();
+    assert!(pods.contains("[get list]"), "{list}");
+    assert!(list.contains("[/apis/*]"), "{list}");
     env.server.shutdown().await;
 }
 
