@@ -481,8 +481,23 @@ async fn tokens_survive_a_restart_with_a_data_dir() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     server.shutdown().await;
-    let (server, _admin) = start(config).await;
+    let (server, _admin) = start(config.clone()).await;
     let me = whoami(&client_with(&server, &tok)).await;
+    assert_eq!(
+        me["status"]["userInfo"]["username"],
+        "system:serviceaccount:default:op"
+    );
+    server.shutdown().await;
+    // A data directory from before service account tokens (no key file)
+    // gets a new key; the admin kubeconfig keeps working.
+    std::fs::remove_file(dir.path().join("sa-signing-key")).expect("remove key");
+    let (server, admin) = start(config).await;
+    assert!(dir.path().join("sa-signing-key").exists());
+    let cms: Api<ConfigMap> = Api::namespaced(client_with(&server, &tok), "default");
+    let s = api_error(cms.list(&ListParams::default()).await);
+    assert_eq!(s.code, 401, "a token signed with the old key");
+    let fresh = token(&admin, "default", "op").await;
+    let me = whoami(&client_with(&server, &fresh)).await;
     assert_eq!(
         me["status"]["userInfo"]["username"],
         "system:serviceaccount:default:op"
