@@ -406,8 +406,11 @@ async fn selectors_paging_and_generate_name() {
             _ => break,
         }
     }
-    // kube-root-ca style extras do not exist here: exactly our seven.
-    assert_eq!(seen, ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]);
+    // Our seven, and the CA every namespace holds (as in a real cluster).
+    assert_eq!(
+        seen,
+        ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "kube-root-ca.crt"]
+    );
 
     let mut g = cm("", json!({}));
     g.metadata.name = None;

@@ -1,7 +1,8 @@
 //! Compatibility with the real `kubectl` (the machine's wrapper picks the
 //! client matching the server's v1.33.0): apply client-side and
 //! server-side, get with CRD printer columns, get -w, describe, wait,
-//! delete, explain, logs through the kubelet proxy.
+//! delete, explain, logs through the kubelet proxy, and as a service
+//! account: `create token`, `auth whoami`, `auth can-i`, Forbidden errors.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -146,12 +147,107 @@ async fn version_and_api_resources() {
     for r in ["pods", "leases", "customresourcedefinitions", "events"] {
         assert!(out.contains(r), "{r} missing from api-resources:\n{out}");
     }
-    // One admin identity: access reviews allow, whoami names it.
+    // The kubeconfig is the admin (system:masters): access reviews allow,
+    // whoami names it.
     assert_eq!(
         env.ok(&["auth", "can-i", "delete", "pods"]).await.trim(),
         "yes"
     );
     assert!(env.ok(&["auth", "whoami"]).await.contains("hostmesh-admin"));
+    env.server.shutdown().await;
+}
+
+const SA_RBAC: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: can-i}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: op, namespace: can-i}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pod-reader, namespace: can-i}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [get, list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: op-reads-pods, namespace: can-i}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}
+subjects:
+- {kind: ServiceAccount, name: op, namespace: can-i}
+"#;
+
+#[tokio::test]
+async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let env = start().await;
+    let f = env.write("rbac.yaml", SA_RBAC);
+    env.ok(&["apply", "-f", f.to_str().unwrap_or_default()])
+        .await;
+    let api: kube::Api<ServiceAccount> =
+        kube::Api::namespaced(env.server.client().expect("client"), "can-i");
+    let req: TokenRequest =
+        serde_json::from_value(serde_json::json!({"spec": {"audiences": []}})).expect("request");
+    let token = api
+        .create_token_request("op", &Default::default(), &req)
+        .await
+        .expect("token")
+        .status
+        .expect("status")
+        .token;
+    // `kubectl create token` sends a protobuf TokenRequest.
+    let minted = env
+        .ok(&["create", "token", "op", "-n", "can-i", "--duration=20m"])
+        .await;
+    let whoami = env
+        .ok(&[
+            "--token",
+            minted.trim(),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .await;
+    assert_eq!(whoami, "system:serviceaccount:can-i:op");
+    let tok = format!("--token={token}");
+    let out = env.ok(&[&tok, "auth", "whoami"]).await;
+    assert!(out.contains("system:serviceaccount:can-i:op"), "{out}");
+    // `auth can-i` sends a protobuf SelfSubjectAccessReview.
+    let can = |args: &'static [&'static str]| {
+        let tok = tok.clone();
+        let env = &env;
+        async move {
+            let mut all = vec![tok.as_str(), "auth", "can-i"];
+            all.extend_from_slice(args);
+            env.run(&all).await.1.trim().to_string()
+        }
+    };
+    assert_eq!(can(&["list", "pods", "-n", "can-i"]).await, "yes");
+    assert_eq!(can(&["list", "pods", "-n", "default"]).await, "no");
+    assert_eq!(can(&["delete", "pods", "-n", "can-i"]).await, "no");
+    let (ok, _, err) = env.run(&[&tok, "get", "pods", "-n", "default"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains(r#"Error from server (Forbidden): pods is forbidden: User "system:serviceaccount:can-i:op" cannot list resource "pods" in API group "" in the namespace "default""#),
+        "{err}"
+    );
+    env.ok(&[&tok, "get", "pods", "-n", "can-i"]).await;
+    // `auth can-i --list` (a protobuf SelfSubjectRulesReview) lists the
+    // Role's rule and the discovery grants every user has.
+    let list = env
+        .ok(&[&tok, "auth", "can-i", "--list", "-n", "can-i"])
+        .await;
+    let pods = list
+        .lines()
+        .find(|l| l.starts_with("pods "))
+        .unwrap_or_default();
+    assert!(pods.contains("[get list]"), "{list}");
+    assert!(list.contains("[/apis/*]"), "{list}");
     env.server.shutdown().await;
 }
 

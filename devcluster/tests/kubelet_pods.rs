@@ -132,6 +132,61 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_credentials_reach_the_api_server_as_the_service_account() {
+    // What kube-rs' in-cluster config reads: the service host and port from
+    // the environment, the token, CA and namespace from the volume the API
+    // server's admission added; curl checks the certificate against the CA.
+    let c = Cluster::start(250).await;
+    c.create_pod(
+        r#"
+metadata: {name: in-cluster}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c]
+    args:
+    - |
+      d=/var/run/secrets/kubernetes.io/serviceaccount
+      api=https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+      auth="Authorization: Bearer $(cat $d/token)"
+      echo "ns=$(cat $d/namespace)"
+      touch $d/x 2>/dev/null && echo writable || echo readonly
+      curl -sS --cacert $d/ca.crt -H "$auth" -H 'Content-Type: application/json' -X POST \
+        -d '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}' \
+        $api/apis/authentication.k8s.io/v1/selfsubjectreviews
+      echo
+      curl -sS --cacert $d/ca.crt -H "$auth" $api/api/v1/namespaces/$(cat $d/namespace)/pods
+"#,
+    )
+    .await;
+    c.wait_pod("in-cluster", "phase Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    let logs = c
+        .kubelet()
+        .logs("default", "in-cluster", "main", None)
+        .unwrap();
+    let mut lines = logs.lines();
+    assert_eq!(lines.next(), Some("ns=default"), "{logs}");
+    assert_eq!(lines.next(), Some("readonly"), "{logs}");
+    let me: serde_json::Value =
+        serde_json::from_str(lines.next().unwrap_or("")).expect("whoami JSON");
+    assert_eq!(
+        me["status"]["userInfo"]["username"], "system:serviceaccount:default:default",
+        "{logs}"
+    );
+    let denied: serde_json::Value =
+        serde_json::from_str(lines.next().unwrap_or("")).expect("Status JSON");
+    assert_eq!(denied["code"], 403, "{logs}");
+    assert_eq!(
+        denied["message"],
+        r#"pods is forbidden: User "system:serviceaccount:default:default" cannot list resource "pods" in API group "" in the namespace "default""#
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_secret_is_reported_until_it_exists() {
     let c = Cluster::start(233).await;
     c.create_pod(

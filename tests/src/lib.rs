@@ -404,6 +404,47 @@ pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// A client of the cluster in `kubeconfig` that authenticates with a
+/// bearer `token` instead of the kubeconfig's own credentials (to act as a
+/// service account).
+pub async fn client_with_token(kubeconfig: &Path, token: &str) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut kc = serde_json::to_value(kc)?;
+    let users = kc
+        .get_mut("users")
+        .and_then(serde_json::Value::as_array_mut)
+        .context("the kubeconfig has no users")?;
+    for u in users {
+        u["user"] = serde_json::json!({"token": token});
+    }
+    let kc: kube::config::Kubeconfig = serde_json::from_value(kc)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A token for ServiceAccount `namespace/name` from TokenRequest.
+pub async fn service_account_token(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let req: TokenRequest = serde_json::from_value(
+        serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 600}}),
+    )?;
+    let tr = api
+        .create_token_request(name, &PostParams::default(), &req)
+        .await
+        .with_context(|| format!("TokenRequest for serviceaccount {namespace}/{name}"))?;
+    tr.status
+        .map(|s| s.token)
+        .context("the TokenRequest came back without a token")
+}
+
 async fn wait_until(what: &str, f: impl Fn() -> bool) -> anyhow::Result<()> {
     let start = Instant::now();
     while start.elapsed() < WAIT {

@@ -6,19 +6,24 @@
 //! to a new pod (maxSurge 1, maxUnavailable 0) whose operator takes over the
 //! Lease and makes a second World Ready, and uninstall removes the operator process and the chart's objects.
 //!
-//! Credentials: the embedded API server issues no service account tokens
-//! yet (no TokenRequest, no `kube-api-access` volume; see
-//! `docs/controllers.md`), so on the embedded cluster the test hands the
-//! operator a kubeconfig through the chart's `extraEnv`. On a real cluster
-//! the operator uses the chart's ServiceAccount and RBAC as deployed.
+//! Credentials: the operator runs with the chart's ServiceAccount and RBAC
+//! only: the API server's ServiceAccount admission mounts a token for it,
+//! kube-rs finds it in-cluster (`KUBERNETES_SERVICE_HOST`, the token and
+//! CA files), and RBAC enforces the chart's Roles. The World becoming Ready
+//! proves the chart grants enough; a token of the same ServiceAccount is
+//! refused what the chart does not grant.
 
 use std::process::Command;
 
-use hostmesh_e2e::{Env, condition_true, eventually, find_pids, tail, world_yaml};
+use anyhow::Context as _;
+use hostmesh_e2e::{
+    Env, client_with_token, condition_true, eventually, find_pids, service_account_token, tail,
+    world_yaml,
+};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 
 const RELEASE_NAME: &str = "hostmesh-operator";
 const SELECTOR: &str = "app.kubernetes.io/instance=hm-e2e";
@@ -45,36 +50,17 @@ fn helm(env: &Env, args: &[&str]) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// A copy of the cluster's kubeconfig the operator's non-root user can read,
-/// outside `/tmp` (the chart mounts an emptyDir there).
-fn operator_kubeconfig(env: &Env) -> anyhow::Result<tempfile::TempDir> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let dir = tempfile::Builder::new()
-        .prefix("helm-kubeconfig-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-    let path = dir.path().join("kubeconfig");
-    std::fs::copy(&env.kubeconfig, &path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
-    Ok(dir)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()> {
     let env = Env::start_without_operator("helm").await?;
     let ns = env.namespace.clone();
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
-    let kc_dir = operator_kubeconfig(&env)?;
-    let mut extra_env = vec![
+    let extra_env = vec![
         // Bind the metrics port on the pod's own loopback IP, so operators of
         // parallel tests on this machine never collide on 0.0.0.0:8080.
         serde_json::json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
         serde_json::json!({"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"}),
     ];
-    if !env.real_cluster {
-        let kc = kc_dir.path().join("kubeconfig");
-        extra_env.push(serde_json::json!({"name": "KUBECONFIG", "value": kc}));
-    }
     let values = serde_json::json!({
         "replicas": 1,
         "fullnameOverride": RELEASE_NAME,
@@ -125,7 +111,27 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
             .unwrap_or_default()
             .to_owned();
         assert_eq!(uid, "65532", "the operator runs as the chart's runAsUser");
+        let environ = std::fs::read(format!("/proc/{}/environ", pids[0]))?;
+        assert!(
+            !environ
+                .split(|b| *b == 0)
+                .any(|kv| kv.starts_with(b"KUBECONFIG=")),
+            "the operator must find its credentials in-cluster, not in a kubeconfig"
+        );
     }
+    // Its credentials are the ServiceAccount's, mounted by the API server.
+    let spec = pod.spec.clone().unwrap_or_default();
+    assert_eq!(
+        spec.service_account_name.as_deref(),
+        Some(RELEASE_NAME),
+        "the chart's ServiceAccount"
+    );
+    let mounted = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount");
+    assert!(mounted, "no service account token mounted: {spec:#?}");
 
     // The operator from the chart reconciles a World to Ready.
     env.apply(&world_yaml("helm-world", &[("host", 2)], ""))
@@ -146,6 +152,62 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
             .unwrap_or_default();
         anyhow::anyhow!("{e}\n--- chart operator log ---\n{logs}")
     })?;
+
+    // The chart's RBAC is least privilege: the operator's ServiceAccount may
+    // do what the World above needed, and nothing outside its Roles.
+    let sa_token = service_account_token(&env.client, &ns, RELEASE_NAME).await?;
+    let as_operator = client_with_token(&env.kubeconfig, &sa_token).await?;
+    let user = format!("system:serviceaccount:{ns}:{RELEASE_NAME}");
+    let world_resource = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("hostmesh.dev", "v1alpha1", "World"),
+        "worlds",
+    );
+    let worlds_as_operator: Api<DynamicObject> =
+        Api::namespaced_with(as_operator.clone(), &ns, &world_resource);
+    worlds_as_operator
+        .get("helm-world")
+        .await
+        .context("the operator's ServiceAccount reads Worlds in its namespace")?;
+    let denied = |r: Result<(), kube::Error>, want: &str| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            assert_eq!(s.message, want);
+            Ok(())
+        }
+        other => Err(anyhow::anyhow!("expected 403 `{want}`, got {other:?}")),
+    };
+    let nodes: Api<Node> = Api::all(as_operator.clone());
+    denied(
+        nodes
+            .delete(&env.node, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        &format!(
+            r#"nodes "{}" is forbidden: User "{user}" cannot delete resource "nodes" in API group "" at the cluster scope"#,
+            env.node
+        ),
+    )?;
+    let system_secrets: Api<Secret> = Api::namespaced(as_operator.clone(), "kube-system");
+    denied(
+        system_secrets
+            .list(&ListParams::default())
+            .await
+            .map(|_| ()),
+        &format!(
+            r#"secrets is forbidden: User "{user}" cannot list resource "secrets" in API group "" in the namespace "kube-system""#
+        ),
+    )?;
+    // Even in its own namespace it reads Secrets by name only, never lists.
+    let own_secrets: Api<Secret> = Api::namespaced(as_operator.clone(), &ns);
+    denied(
+        own_secrets.list(&ListParams::default()).await.map(|_| ()),
+        &format!(
+            r#"secrets is forbidden: User "{user}" cannot list resource "secrets" in API group "" in the namespace "{ns}""#
+        ),
+    )?;
+    assert!(
+        nodes.get_opt(&env.node).await.is_err(),
+        "nodes are not the operator's business"
+    );
 
     // An upgrade that changes the pod template rolls the operator.
     let mut upgraded = values.clone();
@@ -207,6 +269,15 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
         condition_true(s, "Ready")
     })
     .await?;
+
+    // Nothing the operator attempted was refused (a missing grant for a
+    // side path such as Events would not stop the World from getting Ready).
+    let logs = env.kubectl(&["logs", "-n", &ns, &format!("deploy/{RELEASE_NAME}")])?;
+    assert!(
+        !logs.contains("is forbidden"),
+        "the chart's RBAC refused the operator something:\n{}",
+        tail(&logs, 40)
+    );
 
     // ... and finalizes deletions (so uninstall leaves nothing stuck).
     let worlds = env.hostmesh_api("World");

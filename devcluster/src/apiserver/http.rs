@@ -1,10 +1,14 @@
-//! Owns the wire: TLS accept loop, HTTP/1.1 and HTTP/2 via hyper, bearer
-//! token authentication, and dispatch of routed requests to the verbs.
+//! Owns the wire: TLS accept loop, HTTP/1.1 and HTTP/2 via hyper, and
+//! dispatch of routed requests to the verbs, after `auth` has said who
+//! asks and that they may.
 //!
 //! Invariants:
 //! 1. Every request except `/healthz`, `/livez`, `/readyz` and `/version`
-//!    carries the bearer token; others get 401 before any routing.
-//! 2. Every error is a `Status` object with the matching HTTP code.
+//!    carries a bearer token the server accepts; others get 401 before any
+//!    routing.
+//! 2. A request from a user who is not a superuser is authorized by RBAC
+//!    before routing (403 otherwise), from the URL alone.
+//! 3. Every error is a `Status` object with the matching HTTP code.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,12 +26,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::auth::{self, Authenticator, User};
 use super::handlers::{self, Request};
 use super::lifecycle::Part;
 use super::route::{self, Route, Target};
+use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
-use super::tls::constant_time_eq;
 use super::watch::{self, WatchConfig};
 use super::{discovery, logs, openapi};
 
@@ -37,6 +42,9 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
     pub(crate) store: Arc<Store>,
+    pub(crate) auth: Authenticator,
+    pub(crate) tokens: TokenIssuer,
+    /// The admin token (sent to kubelets when proxying `pods/log`).
     pub(crate) token: String,
     pub(crate) server_addr: String,
     pub(crate) watch: WatchConfig,
@@ -127,23 +135,6 @@ pub(crate) fn stream_response(rx: mpsc::Receiver<Bytes>, content_type: &str) -> 
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
 }
 
-fn authorized(ctx: &Ctx, req: &http::Request<Incoming>) -> bool {
-    let Some(h) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let Some(tok) = h
-        .strip_prefix("Bearer ")
-        .or_else(|| h.strip_prefix("bearer "))
-    else {
-        return false;
-    };
-    constant_time_eq(tok.trim().as_bytes(), ctx.token.as_bytes())
-}
-
 async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -151,14 +142,28 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         path.as_str(),
         "/healthz" | "/livez" | "/readyz" | "/version"
     );
-    if !public && !authorized(&ctx, &req) {
-        return error_response(&ApiError::unauthorized());
-    }
     let query: HashMap<String, String> = req
         .uri()
         .query()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
+    let user = if public {
+        None
+    } else {
+        let header = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let user = match ctx.auth.authenticate(&ctx.store, header) {
+            Ok(u) => u,
+            Err(e) => return error_response(&e),
+        };
+        let attrs = auth::attrs::parse(method.as_str(), &path, &query);
+        if let Err(e) = auth::authorize(&ctx.store, &user, &attrs) {
+            return error_response(&e);
+        }
+        Some(user)
+    };
     let hdr = |h: header::HeaderName| {
         req.headers()
             .get(h)
@@ -189,12 +194,20 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         user_agent,
         body,
     };
-    let resp = dispatch(&ctx, &method, &path, &request).await;
+    // Public paths are served to anyone; they never reach a resource.
+    let user = user.unwrap_or_else(User::anonymous);
+    let resp = dispatch(&ctx, &user, &method, &path, &request).await;
     debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
 }
 
-async fn dispatch(ctx: &Arc<Ctx>, method: &Method, path: &str, req: &Request) -> Response<Body> {
+async fn dispatch(
+    ctx: &Arc<Ctx>,
+    user: &User,
+    method: &Method,
+    path: &str,
+    req: &Request,
+) -> Response<Body> {
     let registry = ctx.store.registry();
     let route = match route::route(path, &registry) {
         Ok(r) => r,
@@ -227,7 +240,7 @@ async fn dispatch(ctx: &Arc<Ctx>, method: &Method, path: &str, req: &Request) ->
         Route::OpenApiV2 => get_only(openapi::v2(&registry)),
         Route::OpenApiV3 => get_only(openapi::v3_index(&registry)),
         Route::OpenApiV3Doc(g, v) => get_only(openapi::v3_doc(&registry, &g, &v)),
-        Route::Resource(t) => match resource(ctx, method, &t, req).await {
+        Route::Resource(t) => match resource(ctx, user, method, &t, req).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         },
@@ -236,6 +249,7 @@ async fn dispatch(ctx: &Arc<Ctx>, method: &Method, path: &str, req: &Request) ->
 
 async fn resource(
     ctx: &Arc<Ctx>,
+    user: &User,
     method: &Method,
     t: &Target,
     req: &Request,
@@ -255,7 +269,7 @@ async fn resource(
                 t.info.plural
             )));
         }
-        let (code, body) = handlers::review(t, req)?;
+        let (code, body) = auth::review::review(store, user, t, req)?;
         return Ok(json_response(code, &body));
     }
     let reply = match (method, sub) {
@@ -268,6 +282,9 @@ async fn resource(
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,
         (&Method::POST, Some("binding")) => handlers::bind(store, t, req)?,
+        (&Method::POST, Some("token")) => {
+            serviceaccount::token_request(&ctx.tokens, store, t, req)?
+        }
         (&Method::PUT, None) => handlers::update(store, t, req, Part::Main)?,
         (&Method::PUT, Some("status")) => handlers::update(store, t, req, Part::Status)?,
         (&Method::PUT, Some("finalize")) => handlers::finalize_namespace(store, t, req)?,

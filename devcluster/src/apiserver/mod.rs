@@ -1,10 +1,12 @@
 //! The embedded Kubernetes API server: HTTPS on loopback with a generated
-//! CA and a bearer token, Kubernetes semantics for the resources the
+//! CA, an admin bearer token, service account tokens and RBAC, Kubernetes
+//! semantics for the resources the
 //! operator, the process kubelet, kubectl and Helm use, state in memory and
 //! optionally in a directory (docs/apiserver.md).
 //!
-//! Module map: `tls` (credentials, kubeconfig), `http` (wire, auth,
-//! dispatch), `route` (paths), `registry` (served resources), `store`
+//! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
+//! `auth` (authentication, RBAC, access reviews), `serviceaccount`
+//! (TokenRequest, pod admission, namespace defaults), `route` (paths), `registry` (served resources), `store`
 //! (objects, resourceVersions, watch history), `handlers` (verbs; patch
 //! and delete in submodules),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
@@ -12,6 +14,7 @@
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
 //! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies).
 
+mod auth;
 mod convert;
 mod defaults;
 mod discovery;
@@ -30,6 +33,7 @@ mod registry;
 mod route;
 mod schema;
 mod selector;
+mod serviceaccount;
 mod ssa;
 mod status;
 mod store;
@@ -112,6 +116,10 @@ pub struct ApiServerConfig {
     pub default_watch_timeout: Duration,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Longest lifetime of a service account token (TokenRequests asking
+    /// for more are shortened, as with the real server's
+    /// `--service-account-max-token-expiration`); `None`: no limit.
+    pub max_token_expiration: Option<Duration>,
 }
 
 impl Default for ApiServerConfig {
@@ -124,6 +132,7 @@ impl Default for ApiServerConfig {
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(1800),
             max_body_bytes: 16 << 20,
+            max_token_expiration: None,
         }
     }
 }
@@ -224,11 +233,22 @@ impl ApiServer {
         if let Some(dir) = &config.data_dir {
             persist::load(dir, &store)?;
         }
+        // Set once, on a store nobody else holds yet.
+        let _ = store.root_ca.set(creds.ca_pem.clone());
         bootstrap(&store);
 
+        let sa_key = tls::unhex(&creds.sa_key)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| Error::Tls("the service account signing key is not hex: delete sa-signing-key in the data directory to make a new one".into()))?;
+        let authn = auth::Authenticator::new(creds.token.clone(), &sa_key);
         let shutdown = CancellationToken::new();
         let ctx = Arc::new(http::Ctx {
             store: store.clone(),
+            tokens: serviceaccount::TokenIssuer {
+                signer: authn.signer.clone(),
+                max_expiration: config.max_token_expiration,
+            },
+            auth: authn,
             token: creds.token.clone(),
             server_addr: format!("{host}:{}", addr.port()),
             watch: watch::WatchConfig {
@@ -260,7 +280,9 @@ impl ApiServer {
     }
 }
 
-/// Creates what a fresh cluster has: the standard namespaces.
+/// Creates what a fresh cluster has: the standard namespaces, and in every
+/// namespace a `default` ServiceAccount and the `kube-root-ca.crt`
+/// ConfigMap with the current CA.
 fn bootstrap(store: &store::Store) {
     let mut st = store.lock();
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -282,6 +304,13 @@ fn bootstrap(store: &store::Store) {
             });
             st.put("/serviceaccounts", ns, "default", sa);
         }
+    }
+    let namespaces: Vec<String> = st
+        .scan("/namespaces", None, None)
+        .map(|((_, name), _)| name.clone())
+        .collect();
+    for ns in namespaces {
+        serviceaccount::namespace_defaults(&mut st, &ns, store.root_ca.get().map(String::as_str));
     }
 }
 

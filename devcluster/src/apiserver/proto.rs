@@ -271,17 +271,111 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
     let (av, kind, raw) = unknown(body)?;
     match (av.as_str(), kind.as_str()) {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
+        ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap and Namespace only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace and TokenRequest only, not {av} {kind}: send application/json"
         ))),
     }
 }
 
-/// The `apiVersion` and `kind` of a protobuf body (for requests whose
-/// content the server does not need, such as access reviews).
-pub(crate) fn type_meta(body: &[u8]) -> Result<(String, String), ApiError> {
-    let (av, kind, _) = unknown(body)?;
-    Ok((av, kind))
+/// A TokenRequest (what `kubectl create token` sends): its `spec`
+/// {audiences = 1, boundObjectRef = 3 {kind, apiVersion, name, uid},
+/// expirationSeconds = 4}.
+fn token_request(raw: &[u8]) -> Result<Value, ApiError> {
+    let mut spec = Map::new();
+    for (n, x) in fields(raw)? {
+        if n != 2 {
+            continue;
+        }
+        for (sn, sx) in fields(bytes(&x)?)? {
+            match sn {
+                1 => {
+                    let a = spec.entry("audiences").or_insert_with(|| json!([]));
+                    if let Some(a) = a.as_array_mut() {
+                        a.push(json!(string(&sx)?));
+                    }
+                }
+                3 => {
+                    let mut r = Map::new();
+                    for (rn, rx) in fields(bytes(&sx)?)? {
+                        let k = match rn {
+                            1 => "kind",
+                            2 => "apiVersion",
+                            3 => "name",
+                            4 => "uid",
+                            _ => continue,
+                        };
+                        r.insert(k.into(), json!(string(&rx)?));
+                    }
+                    spec.insert("boundObjectRef".into(), Value::Object(r));
+                }
+                4 => drop(spec.insert("expirationSeconds".into(), json!(int(&sx)?))),
+                _ => {}
+            }
+        }
+    }
+    Ok(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}))
+}
+
+/// Decodes the `spec` of a protobuf access review (`SelfSubjectAccessReview`,
+/// `SubjectAccessReview`, `SelfSubjectRulesReview`; what kubectl sends for
+/// `auth can-i`) into the JSON form `{"spec": {...}}`.
+pub(crate) fn decode_review(body: &[u8]) -> Result<Value, ApiError> {
+    let (_, kind, raw) = unknown(body)?;
+    let attrs = |b: &[u8], names: &[&str]| -> Result<Value, ApiError> {
+        let mut o = Map::new();
+        for (n, x) in fields(b)? {
+            if let Some(name) = usize::try_from(n)
+                .ok()
+                .and_then(|i| names.get(i.wrapping_sub(1)))
+            {
+                o.insert((*name).into(), json!(string(&x)?));
+            }
+        }
+        Ok(Value::Object(o))
+    };
+    let mut spec = Map::new();
+    for (n, x) in fields(raw)? {
+        if n != 2 {
+            continue;
+        }
+        for (sn, sx) in fields(bytes(&x)?)? {
+            match (kind.as_str(), sn) {
+                ("SelfSubjectRulesReview", 1) => {
+                    drop(spec.insert("namespace".into(), json!(string(&sx)?)))
+                }
+                ("SelfSubjectRulesReview", _) => {}
+                (_, 1) => drop(spec.insert(
+                    "resourceAttributes".into(),
+                    attrs(
+                        bytes(&sx)?,
+                        &[
+                            "namespace",
+                            "verb",
+                            "group",
+                            "version",
+                            "resource",
+                            "subresource",
+                            "name",
+                        ],
+                    )?,
+                )),
+                (_, 2) => drop(spec.insert(
+                    "nonResourceAttributes".into(),
+                    attrs(bytes(&sx)?, &["path", "verb"])?,
+                )),
+                (_, 3) => drop(spec.insert("user".into(), json!(string(&sx)?))),
+                (_, 4) => {
+                    let g = spec.entry("groups").or_insert_with(|| json!([]));
+                    if let Some(a) = g.as_array_mut() {
+                        a.push(json!(string(&sx)?));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(json!({"spec": spec}))
 }
 
 /// Decodes protobuf `DeleteOptions` into its JSON form.

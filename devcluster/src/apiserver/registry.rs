@@ -93,6 +93,9 @@ impl ResourceInfo {
         if self.builtin && self.group.is_empty() && self.plural == "namespaces" {
             subs.push("finalize");
         }
+        if self.builtin && self.group.is_empty() && self.plural == "serviceaccounts" {
+            subs.push("token");
+        }
         subs
     }
 }

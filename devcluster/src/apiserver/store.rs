@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::{Notify, broadcast};
 
+use super::auth::rbac;
 use super::registry::{Registry, ResourceInfo};
 use super::status::ApiError;
 
@@ -80,9 +81,39 @@ pub(crate) struct State {
     resources: HashMap<String, ResourceState>,
     history_limit: usize,
     dirty: bool,
+    /// The RBAC index; dropped by every write to an RBAC resource and
+    /// rebuilt by the next request that needs it.
+    rbac: Option<Arc<rbac::Index>>,
 }
 
 impl State {
+    /// The RBAC index of the stored roles and bindings.
+    pub(crate) fn rbac_index(&mut self) -> Arc<rbac::Index> {
+        if let Some(i) = &self.rbac {
+            return i.clone();
+        }
+        let objs = |key: &str| -> Vec<Arc<Value>> {
+            self.resources
+                .get(key)
+                .map(|r| r.objects.values().cloned().collect())
+                .unwrap_or_default()
+        };
+        let (cr, r, crb, rb) = (
+            objs(rbac::CLUSTER_ROLES),
+            objs(rbac::ROLES),
+            objs(rbac::CLUSTER_ROLE_BINDINGS),
+            objs(rbac::ROLE_BINDINGS),
+        );
+        let index = Arc::new(rbac::Index::build(
+            cr.iter().map(|v| &**v),
+            r.iter().map(|v| &**v),
+            crb.iter().map(|v| &**v),
+            rb.iter().map(|v| &**v),
+        ));
+        self.rbac = Some(index.clone());
+        index
+    }
+
     fn res(&mut self, key: &str) -> &mut ResourceState {
         // A resource seen for the first time has had no events since the
         // floor (any write would have created its state).
@@ -198,6 +229,9 @@ impl State {
         if key == CRD_KEY {
             self.rebuild_registry();
         }
+        if rbac::is_rbac_key(key) {
+            self.rbac = None;
+        }
         obj
     }
 
@@ -226,6 +260,9 @@ impl State {
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
+        }
+        if rbac::is_rbac_key(key) {
+            self.rbac = None;
         }
         Some(obj)
     }
@@ -293,6 +330,8 @@ pub(crate) struct Store {
     pub(crate) gc: Notify,
     /// Woken after writes (persistence).
     pub(crate) persist: Notify,
+    /// The CA certificate (PEM) every namespace's `kube-root-ca.crt` holds.
+    pub(crate) root_ca: std::sync::OnceLock<String>,
 }
 
 /// A snapshot for persistence: resourceVersion and objects per resource.
@@ -313,9 +352,11 @@ impl Store {
                 resources: HashMap::new(),
                 history_limit: history_limit.max(1),
                 dirty: false,
+                rbac: None,
             }),
             gc: Notify::new(),
             persist: Notify::new(),
+            root_ca: std::sync::OnceLock::new(),
         }
     }
 
@@ -356,6 +397,7 @@ impl Store {
             }
         }
         st.rebuild_registry();
+        st.rbac = None;
     }
 
     /// A snapshot when something changed since the last one.

@@ -1,6 +1,7 @@
 //! Owns the API server's credentials: a generated CA, a serving certificate
-//! for loopback signed by it, a random bearer token, and the kubeconfig that
-//! hands all three to clients.
+//! for loopback signed by it, a random bearer token, the key service account
+//! tokens are signed with, and the kubeconfig that hands the first three to
+//! clients.
 //!
 //! Invariants:
 //! 1. The serving certificate names `127.0.0.1`, `::1`, `localhost` and the
@@ -23,6 +24,8 @@ pub(crate) struct Credentials {
     pub(crate) cert_pem: String,
     pub(crate) key_pem: String,
     pub(crate) token: String,
+    /// The service account token signing key (hex of 32 random bytes).
+    pub(crate) sa_key: String,
 }
 
 impl Credentials {
@@ -40,11 +43,22 @@ impl Credentials {
                 read("server-key.pem"),
                 read("token"),
             ) {
+                // A data directory from before service account tokens gets
+                // its key now.
+                let sa_key = match read(SA_KEY_FILE) {
+                    Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
+                    _ => {
+                        let k = random_hex()?;
+                        write_private(&dir.join(SA_KEY_FILE), &k)?;
+                        k
+                    }
+                };
                 return Ok(Self {
                     ca_pem,
                     cert_pem,
                     key_pem,
                     token: token.trim().to_string(),
+                    sa_key,
                 });
             }
         }
@@ -56,6 +70,7 @@ impl Credentials {
                 ("server.pem", &creds.cert_pem),
                 ("server-key.pem", &creds.key_pem),
                 ("token", &creds.token),
+                (SA_KEY_FILE, &creds.sa_key),
             ] {
                 write_private(&dir.join(f), body)?;
             }
@@ -98,15 +113,12 @@ impl Credentials {
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &issuer)?;
 
-        let mut raw = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
-            .map_err(|_| Error::Tls("the system random generator failed".into()))?;
-        let token = hex(&raw);
         Ok(Self {
             ca_pem: ca_cert.pem(),
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
-            token,
+            token: random_hex()?,
+            sa_key: random_hex()?,
         })
     }
 
@@ -156,6 +168,28 @@ pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), Error> {
         .map_err(|e| Error::io(&tmp, e))?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// The file the service account signing key is kept in.
+const SA_KEY_FILE: &str = "sa-signing-key";
+
+/// 32 random bytes as hex.
+fn random_hex() -> Result<String, Error> {
+    let mut raw = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+        .map_err(|_| Error::Tls("the system random generator failed".into()))?;
+    Ok(hex(&raw))
+}
+
+/// The bytes of a hex string (the signing key); `None` if it is not hex.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {

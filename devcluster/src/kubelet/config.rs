@@ -211,7 +211,14 @@ impl KubeletConfig {
     /// `KUBERNETES_SERVICE_HOST`/`_PORT`.
     pub fn for_api_server(mut self, api: &crate::apiserver::ApiServerHandle) -> Self {
         self.log_token = Some(api.token().to_string());
-        self.kubernetes_service = Some((api.addr().ip().to_string(), api.addr().port()));
+        // A server listening on every address is reached (and its
+        // certificate names it) on loopback.
+        let ip = match api.addr().ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            ip => ip,
+        };
+        self.kubernetes_service = Some((ip.to_string(), api.addr().port()));
         self
     }
 

@@ -11,6 +11,10 @@
 //!    and to every other container.
 //! 4. Nothing that allocates runs between `fork` and `exec`: every string the
 //!    child needs is prepared before the fork.
+//! 5. Every mount source is opened (`O_PATH`, in the new mount namespace)
+//!    before the first mount and bound from `/proc/self/fd/N`, so a mount
+//!    over a directory holding later sources (an `emptyDir` at `/tmp` while
+//!    the kubelet's data lives under `/tmp`) does not hide them.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -89,6 +93,31 @@ struct ChildSetup {
     cwd: Option<CString>,
 }
 
+/// Most volume mounts of one container (the child keeps their file
+/// descriptors in a fixed array: no allocation after the fork).
+const MAX_MOUNTS: usize = 128;
+
+/// Writes `/proc/self/fd/<fd>` and a NUL into `buf` without allocating.
+fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 12];
+    let mut n = fd.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 || len == digits.len() {
+            break;
+        }
+    }
+    for (i, d) in digits[..len].iter().rev().enumerate() {
+        buf[PREFIX.len() + i] = *d;
+    }
+    buf[PREFIX.len() + len] = 0;
+}
+
 fn cstring(p: &Path) -> std::io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| {
         std::io::Error::new(
@@ -125,9 +154,17 @@ impl ChildSetup {
                     libc::MS_REC | libc::MS_PRIVATE,
                     std::ptr::null(),
                 ))?;
-                for (source, target, read_only) in &self.mounts {
+                // Invariant 5: open every source before mounting anything.
+                let mut fds = [-1 as libc::c_int; MAX_MOUNTS];
+                for ((source, _, _), fd) in self.mounts.iter().zip(fds.iter_mut()) {
+                    *fd = libc::open(source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                    check(*fd)?;
+                }
+                for ((_, target, read_only), fd) in self.mounts.iter().zip(fds) {
+                    let mut path = [0u8; 32];
+                    proc_fd_path(fd, &mut path);
                     check(libc::mount(
-                        source.as_ptr(),
+                        path.as_ptr().cast(),
                         target.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND | libc::MS_REC,
@@ -200,6 +237,12 @@ pub(crate) fn spawn(
         Namespace::New => None,
     };
     let unshare = matches!(ns, Namespace::New) && !launch.mounts.is_empty();
+    if launch.mounts.len() > MAX_MOUNTS {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("more than {MAX_MOUNTS} volume mounts in one container"),
+        ));
+    }
     let mounts = launch
         .mounts
         .iter()
@@ -316,6 +359,61 @@ mod tests {
         assert!(status.success(), "{out}");
         assert_eq!(out, "inside");
         assert!(!target.join("f").exists(), "the mount leaked to the host");
+    }
+
+    #[test]
+    fn proc_fd_paths_are_written_without_allocating() {
+        for (fd, want) in [
+            (0, "/proc/self/fd/0"),
+            (7, "/proc/self/fd/7"),
+            (1234567890, "/proc/self/fd/1234567890"),
+        ] {
+            let mut buf = [0xffu8; 32];
+            proc_fd_path(fd, &mut buf);
+            let end = buf.iter().position(|b| *b == 0).unwrap();
+            assert_eq!(std::str::from_utf8(&buf[..end]).unwrap(), want);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mount_does_not_hide_the_sources_of_later_mounts() {
+        if !is_root() {
+            return;
+        }
+        // Invariant 5: the first mount covers the directory that holds the
+        // second mount's source (an emptyDir at /tmp over the kubelet's data).
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let empty = tmp.path().join("empty");
+        let later = data.join("vol");
+        let target = tmp.path().join("t");
+        for d in [&data, &empty, &later, &target] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(later.join("f"), "still here").unwrap();
+        let mut l = launch("sh", &["-c", "cat f && ! ls ../data/vol"]);
+        l.working_dir = Some(target.clone());
+        l.mounts = vec![
+            Mount {
+                source: empty,
+                target: data,
+                read_only: false,
+            },
+            Mount {
+                source: later,
+                target: target.clone(),
+                read_only: true,
+            },
+        ];
+        let log = tmp.path().join("log");
+        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert!(status.success(), "{out}");
+        assert!(out.starts_with("still here"), "{out}");
     }
 
     #[tokio::test]

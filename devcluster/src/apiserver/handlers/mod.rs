@@ -22,6 +22,7 @@ use super::proto;
 use super::registry::ResourceInfo;
 use super::route::Target;
 use super::selector::{FieldSelector, LabelSelector};
+use super::serviceaccount;
 use super::ssa::{self, Shape};
 use super::status::{ApiError, success_status};
 use super::store::{ObjKey, Store, check_namespace};
@@ -295,9 +296,14 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, None)?;
     let manager = req.manager();
     let generated = meta::meta_str(&obj, "name").is_none_or(str::is_empty);
+    let is_pod = t.info.builtin && t.info.group.is_empty() && t.info.plural == "pods";
     for _ in 0..8 {
         let mut o = obj.clone();
         lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
+        if is_pod {
+            let automount = serviceaccount::lookup(store, &ns, &o)?;
+            serviceaccount::admit_pod(&mut o, automount);
+        }
         ssa::record_update(
             None,
             &mut o,
@@ -337,25 +343,11 @@ pub(crate) fn insert_new(
     let stored = st.put(&info.key(), ns, &name, obj);
     let is_ns = info.builtin && info.group.is_empty() && info.plural == "namespaces";
     if is_ns {
-        default_service_account(&mut st, &name);
+        serviceaccount::namespace_defaults(&mut st, &name, store.root_ca.get().map(String::as_str));
     }
     drop(st);
     store.wrote(false);
     Ok((*stored).clone())
-}
-
-/// Every namespace gets a `default` ServiceAccount, as the controller
-/// manager would create.
-fn default_service_account(st: &mut super::store::State, ns: &str) {
-    if st.get("/serviceaccounts", ns, "default").is_some() {
-        return;
-    }
-    let sa = json!({
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": "default", "namespace": ns, "uid": meta::new_uid(), "creationTimestamp": meta::now()},
-    });
-    st.put("/serviceaccounts", ns, "default", sa);
 }
 
 /// PUT of the object or its status.
@@ -423,6 +415,9 @@ pub(crate) fn write_existing(
     }
     let gc = meta::is_deleting(&new);
     let stored = st.put(&key, ns, name, new);
+    if created && t.info.builtin && t.info.group.is_empty() && t.info.plural == "namespaces" {
+        serviceaccount::namespace_defaults(&mut st, name, store.root_ca.get().map(String::as_str));
+    }
     drop(st);
     store.wrote(gc);
     Ok((
@@ -494,38 +489,4 @@ pub(crate) fn track_update(
         return;
     }
     ssa::record_update(Some(old), new, manager, api_version, sub, shape);
-}
-
-/// POST of an access review or `SelfSubjectReview`: the server has one
-/// admin identity (the kubeconfig's token), so everything is allowed.
-pub(crate) fn review(t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
-    // The answer does not depend on the question: a protobuf body (what
-    // kubectl sends) only needs a well-formed envelope.
-    let mut body = if req.content_type.contains("protobuf") {
-        proto::type_meta(&req.body)?;
-        json!({})
-    } else {
-        req.json_body()?
-    };
-    if !body.is_object() {
-        return Err(ApiError::bad_request(format!(
-            "the body must be a {} object",
-            t.info.kind
-        )));
-    }
-    body["apiVersion"] = json!(t.info.api_version(&t.version));
-    body["kind"] = json!(t.info.kind);
-    let reason = "the embedded API server has a single admin identity";
-    body["status"] = match t.info.plural.as_str() {
-        "selfsubjectrulesreviews" => json!({
-            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
-            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-            "incomplete": false,
-        }),
-        "selfsubjectreviews" => json!({
-            "userInfo": {"username": "hostmesh-admin", "groups": ["system:masters", "system:authenticated"]},
-        }),
-        _ => json!({"allowed": true, "reason": reason}),
-    };
-    Ok((201, body))
 }

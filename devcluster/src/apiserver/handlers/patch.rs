@@ -8,6 +8,7 @@ use crate::apiserver::lifecycle::{self, Part};
 use crate::apiserver::meta::meta_mut;
 use crate::apiserver::patch as formats;
 use crate::apiserver::route::Target;
+use crate::apiserver::serviceaccount;
 use crate::apiserver::ssa;
 use crate::apiserver::status::ApiError;
 use crate::apiserver::store::Store;
@@ -42,6 +43,10 @@ pub(crate) fn patch(
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
         lifecycle::check_identity(&info, &t.version, &mut applied, &ns, Some(&name))?;
+        // ServiceAccount admission, should the apply create a pod (read
+        // before `write_existing` takes the store lock).
+        let is_pod = info.builtin && info.group.is_empty() && info.plural == "pods";
+        let automount = is_pod.then(|| serviceaccount::lookup(store, &ns, &applied));
         return write_existing(store, t, &name, req.dry_run(), |old| {
             if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("managedFields");
@@ -88,6 +93,9 @@ pub(crate) fn patch(
                     }
                     let mf = o.pointer("/metadata/managedFields").cloned();
                     lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
+                    if let Some(automount) = automount {
+                        serviceaccount::admit_pod(&mut o, automount?);
+                    }
                     if let Some(mf) = mf {
                         meta_mut(&mut o).insert("managedFields".into(), mf);
                     }

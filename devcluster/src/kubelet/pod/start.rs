@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Where the API server's admission mounts the service account volume.
+const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 impl Worker {
     /// Fetches the secrets and config maps the pod refers to, and with
     /// `tokens` the service account tokens its projected volumes ask for.
@@ -134,7 +137,7 @@ impl Worker {
         all.extend(env);
         let env = all;
         let volumes = self.volumes.clone().unwrap_or_default();
-        let launch = launch::build(
+        let mut launch = launch::build(
             &self.pod,
             &container,
             &slot.field,
@@ -142,6 +145,18 @@ impl Worker {
             env,
             &volumes,
         )?;
+        if !process::is_root() {
+            // Without mount namespaces the API credentials the server adds
+            // to every pod cannot appear at their path; the container runs
+            // without them rather than not at all.
+            let before = launch.mounts.len();
+            launch
+                .mounts
+                .retain(|m| m.target != std::path::Path::new(SERVICE_ACCOUNT_MOUNT));
+            if launch.mounts.len() != before {
+                tracing::debug!(pod = %self.key(), container = %container.name, "not root: the service account volume is not mounted");
+            }
+        }
         if !launch.mounts.is_empty() && !process::is_root() {
             return Err(KubeletError::PodSpec(format!(
                 "{}.volumeMounts: mounting volumes needs a kubelet running as root (mount namespaces)",
