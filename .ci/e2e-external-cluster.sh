@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=${HOSTMESH_BIN:-target/debug/hostmesh}
+bin=$(realpath "${HOSTMESH_BIN:-target/debug/hostmesh}")
 dir=$(mktemp -d)
 pids=()
 cleanup() {

@@ -243,7 +243,10 @@ async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
     let svc = c.api::<Service>().get("w").await.unwrap();
     assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
     let secret = c.api::<Secret>().get("w-agent").await.unwrap();
-    assert_eq!(secret.data.unwrap()["token"].0.len(), 32);
+    // 32 random bytes as hex: text with no whitespace the agent would trim.
+    let token = secret.data.unwrap()["token"].0.clone();
+    assert_eq!(token.len(), 64);
+    assert!(token.iter().all(u8::is_ascii_hexdigit), "{token:?}");
 
     let worlds = c.api::<World>();
     let s = eventually("status Creating 0/2", || async {
