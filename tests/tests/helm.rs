@@ -329,3 +329,92 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// The chart's default, every namespace: a ClusterRole and its binding grant
+/// enough for the operator (on its own ServiceAccount token) to make a World
+/// Ready, nothing it attempts is refused, and uninstall removes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let env = Env::start_without_operator("helm-cluster").await?;
+    if env.real_cluster {
+        // A cluster-wide operator would also reconcile other tests' Worlds.
+        eprintln!("skipped on a shared cluster: the operator would watch every namespace");
+        return Ok(());
+    }
+    let ns = env.namespace.clone();
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
+    let values = serde_json::json!({
+        "replicas": 1,
+        "fullnameOverride": RELEASE_NAME,
+        "logFormat": "text",
+        "extraEnv": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"},
+        ],
+    });
+    let out = helm(
+        &env,
+        &[
+            "install",
+            chart.to_str().unwrap_or_default(),
+            &ns,
+            &values.to_string(),
+        ],
+    )?;
+    assert!(out.contains("installed"), "{out}");
+    let name = format!("{RELEASE_NAME}-manager");
+    let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
+    cluster_roles.get(&name).await.context("the ClusterRole")?;
+    bindings
+        .get(&name)
+        .await
+        .context("the ClusterRoleBinding")?;
+
+    env.apply(&world_yaml("cw", &[("host", 2)], "")).await?;
+    env.wait_for("World", "cw", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let logs = env.kubectl(&["logs", "-n", &ns, &format!("deploy/{RELEASE_NAME}")])?;
+    assert!(
+        !logs.contains("is forbidden"),
+        "the chart's RBAC refused the operator something:\n{}",
+        tail(&logs, 40)
+    );
+    // Cluster-wide, still least privilege: no Node writes, no Secret lists.
+    let sa_token = service_account_token(&env.client, &ns, RELEASE_NAME).await?;
+    let as_operator = client_with_token(&env.kubeconfig, &sa_token).await?;
+    let nodes: Api<Node> = Api::all(as_operator.clone());
+    let refused = nodes.delete(&env.node, &DeleteParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "{refused:?}"
+    );
+    let secrets: Api<Secret> = Api::all(as_operator);
+    let refused = secrets.list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "{refused:?}"
+    );
+
+    env.delete("World", "cw").await?;
+    let worlds = env.hostmesh_api("World");
+    let start = std::time::Instant::now();
+    while worlds.get_opt("cw").await?.is_some() {
+        anyhow::ensure!(start.elapsed() < hostmesh_e2e::WAIT, "World cw not deleted");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let out = helm(&env, &["uninstall", &ns])?;
+    assert!(out.contains("uninstalled"), "{out}");
+    let start = std::time::Instant::now();
+    while cluster_roles.get_opt(&name).await?.is_some() || bindings.get_opt(&name).await?.is_some()
+    {
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "the ClusterRole or its binding survived uninstall"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
