@@ -339,8 +339,8 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
 
     let env = Env::start_without_operator("helm-cluster").await?;
     if env.real_cluster {
-        // A cluster-wide operator would also reconcile other tests' Worlds.
-        eprintln!("skipped on a shared cluster: the operator would watch every namespace");
+        // Skipped on a shared cluster: a cluster-wide operator would also
+        // reconcile other tests' (and users') Worlds.
         return Ok(());
     }
     let ns = env.namespace.clone();
