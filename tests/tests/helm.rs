@@ -50,24 +50,36 @@ fn helm(env: &Env, args: &[&str]) -> anyhow::Result<String> {
     Ok(text)
 }
 
+fn chart_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh")
+}
+
+/// The chart values of these tests: one replica, text logs, watching
+/// `namespace` only (a Role) or every namespace (a ClusterRole).
+fn chart_values(namespace: Option<&str>) -> serde_json::Value {
+    let mut values = serde_json::json!({
+        "replicas": 1,
+        "fullnameOverride": RELEASE_NAME,
+        "logFormat": "text",
+        // Bind the metrics port on the pod's own loopback IP, so operators of
+        // parallel tests on this machine never collide on 0.0.0.0:8080.
+        "extraEnv": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"},
+        ],
+    });
+    if let Some(ns) = namespace {
+        values["watchNamespaces"] = serde_json::json!([ns]);
+    }
+    values
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()> {
     let env = Env::start_without_operator("helm").await?;
     let ns = env.namespace.clone();
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
-    let extra_env = vec![
-        // Bind the metrics port on the pod's own loopback IP, so operators of
-        // parallel tests on this machine never collide on 0.0.0.0:8080.
-        serde_json::json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
-        serde_json::json!({"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"}),
-    ];
-    let values = serde_json::json!({
-        "replicas": 1,
-        "fullnameOverride": RELEASE_NAME,
-        "watchNamespaces": [ns],
-        "logFormat": "text",
-        "extraEnv": extra_env,
-    });
+    let chart = chart_dir();
+    let values = chart_values(Some(&ns));
     let out = helm(
         &env,
         &[
@@ -344,16 +356,8 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
         return Ok(());
     }
     let ns = env.namespace.clone();
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
-    let values = serde_json::json!({
-        "replicas": 1,
-        "fullnameOverride": RELEASE_NAME,
-        "logFormat": "text",
-        "extraEnv": [
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"},
-        ],
-    });
+    let chart = chart_dir();
+    let values = chart_values(None);
     let out = helm(
         &env,
         &[

@@ -296,14 +296,6 @@ fn bootstrap(store: &store::Store) {
             });
             st.put("/namespaces", "", ns, obj);
         }
-        if st.get("/serviceaccounts", ns, "default").is_none() {
-            let sa = json!({
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": "default", "namespace": ns, "uid": meta::new_uid(), "creationTimestamp": meta::now()},
-            });
-            st.put("/serviceaccounts", ns, "default", sa);
-        }
     }
     let namespaces: Vec<String> = st
         .scan("/namespaces", None, None)
