@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use hostmesh_crds::World;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, PodSpec, Probe, Secret, SecretVolumeSource, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe, SeccompProfile, Secret,
+    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -35,6 +35,8 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
 /// The agent's plain-HTTP health port.
 pub const HEALTH_PORT: u16 = 26601;
+/// User the install container runs as (the image's non-root user).
+const INSTALL_UID: i64 = 65532;
 /// Where the agent secret is mounted.
 pub const SECRET_DIR: &str = "/var/run/hostmesh/secret";
 /// The agent secret file.
@@ -106,6 +108,30 @@ pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, Error> {
         )])),
         ..Default::default()
     })
+}
+
+/// The injected install container meets the `restricted` Pod Security
+/// Standard on its own (non-root, no privilege escalation, no capabilities,
+/// the runtime's seccomp profile, read-only root: it writes only to its
+/// volume), so a World whose template is restricted stays admissible in a
+/// namespace that enforces it.
+fn install_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(INSTALL_UID),
+        run_as_group: Some(INSTALL_UID),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
 }
 
 /// Hash of everything a host pod is derived from (invariant 3).
@@ -219,6 +245,7 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
                 mount_path: BIN_DIR.to_string(),
                 ..Default::default()
             }]),
+            security_context: Some(install_security_context()),
             ..Default::default()
         };
         spec.init_containers
@@ -351,6 +378,17 @@ spec:
             init.command.as_ref().unwrap()[1..],
             ["install-agent", "--to", "/hostmesh/bin/hostmesh"]
         );
+        // Restricted Pod Security Standard, field by field.
+        let sc = init.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_ne!(sc.run_as_user, Some(0));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
+        assert!(sc.capabilities.as_ref().unwrap().add.is_none());
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
         assert_eq!(
             spec.containers[0].command.as_deref(),
             None,
