@@ -42,7 +42,7 @@ where
     M: Message,
 {
     Box::pin(async move {
-        let msg: M = postcard::from_bytes(&payload).map_err(|e| {
+        let msg: M = crate::payload::decode_shared(payload).map_err(|e| {
             HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
         })?;
         let reply = actor

@@ -11,6 +11,7 @@
 //!    the callee's proc, or its timeout; it never waits forever.
 
 mod handlers;
+mod mailbox;
 mod run;
 
 use std::future::Future;
@@ -19,7 +20,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use crate::error::{ActorError, Error};
 use crate::id::ActorId;
@@ -28,6 +28,7 @@ use crate::proc::{CanSend, Proc};
 use crate::supervision::{ActorStatus, SupervisionEvent, Undeliverable};
 
 pub use handlers::Handlers;
+pub(crate) use mailbox::{Mailbox, mailbox};
 pub(crate) use run::{Signal, Supervisor, start};
 
 /// An actor: state plus handlers, run by its proc one message at a time.
@@ -122,9 +123,9 @@ pub trait RemoteSpawn: Actor {
 pub struct Context<A: Actor> {
     proc: Proc,
     id: ActorId,
-    mailbox: mpsc::Sender<Signal>,
+    mailbox: Mailbox,
     stop: Mutex<Option<String>>,
-    children: Mutex<Vec<mpsc::Sender<Signal>>>,
+    children: Mutex<Vec<Mailbox>>,
     _a: PhantomData<fn() -> A>,
 }
 

@@ -7,12 +7,13 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::handlers::HandlerFailure;
+use super::mailbox::{Mailbox, MailboxRx, Next};
 use super::{Actor, Context, Handlers};
-use crate::channel::Envelope;
+use crate::channel::{Arrivals, Envelope};
 use crate::id::ActorId;
 use crate::port::{PortRef, UNDELIVERABLE_PORT};
 use crate::proc::{Proc, undeliverable_of};
@@ -22,6 +23,9 @@ use crate::supervision::{ActorStatus, SupervisionEvent};
 pub(crate) enum Signal {
     /// A message (or an undeliverable return) for the actor.
     Message(Box<Envelope>),
+    /// Messages in order, handed over in one wake-up (each counts against
+    /// the mailbox's capacity).
+    Batch(Vec<Arrivals>),
     /// A child stopped.
     Child(Box<SupervisionEvent>),
     /// Stop now.
@@ -31,7 +35,7 @@ pub(crate) enum Signal {
 /// Who hears about an actor's end.
 pub(crate) enum Supervisor {
     /// A parent on the same proc.
-    Parent(mpsc::Sender<Signal>),
+    Parent(Mailbox),
     /// A port, possibly remote (the owner of a mesh).
     Owner(PortRef<SupervisionEvent>),
     /// The proc's sink (failures only).
@@ -59,8 +63,8 @@ pub(crate) async fn start<A: Actor>(
     proc: Proc,
     id: ActorId,
     actor: A,
-    mailbox: mpsc::Sender<Signal>,
-    rx: mpsc::Receiver<Signal>,
+    mailbox: Mailbox,
+    rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
 ) -> Result<(), String> {
@@ -82,7 +86,7 @@ pub(crate) async fn start<A: Actor>(
 async fn run<A: Actor>(
     mut actor: A,
     cx: Context<A>,
-    mut rx: mpsc::Receiver<Signal>,
+    mut rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
     init_tx: oneshot::Sender<Result<(), String>>,
@@ -114,19 +118,19 @@ async fn run<A: Actor>(
 async fn message_loop<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
-    rx: &mut mpsc::Receiver<Signal>,
+    rx: &mut MailboxRx,
     handlers: &Handlers<A>,
     cause: &mut Option<Box<SupervisionEvent>>,
 ) -> ActorStatus {
     loop {
         // The context holds a sender, so the mailbox never closes here.
-        let Some(sig) = rx.recv().await else {
+        let Some(next) = rx.recv().await else {
             return ActorStatus::Stopped("mailbox closed".into());
         };
-        let outcome = match sig {
-            Signal::Message(env) => Box::pin(handle_envelope(actor, cx, handlers, *env)).await,
-            Signal::Stop(reason) => return ActorStatus::Stopped(reason),
-            Signal::Child(event) => {
+        let outcome = match next {
+            Next::Message(env) => handle_envelope(actor, cx, handlers, env).await,
+            Next::Stop(reason) => return ActorStatus::Stopped(reason),
+            Next::Child(event) => {
                 let r = Box::pin(
                     AssertUnwindSafe(actor.handle_supervision_event(cx, &event)).catch_unwind(),
                 )
@@ -164,27 +168,18 @@ async fn message_loop<A: Actor>(
     }
 }
 
-/// Handles one envelope; `Some(status)` when the actor must stop.
+/// Handles one envelope; `Some(status)` when the actor must stop. The
+/// common case (a handler that succeeds with no reply wanted) runs inline;
+/// everything else is boxed so that the actor's task stays small.
 async fn handle_envelope<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
     handlers: &Handlers<A>,
-    env: Envelope,
+    mut env: Envelope,
 ) -> Option<ActorStatus> {
     let port = env.dest.index();
     if port == UNDELIVERABLE_PORT {
-        let u = undeliverable_of(&env);
-        let r = AssertUnwindSafe(actor.handle_undeliverable(cx, u))
-            .catch_unwind()
-            .await;
-        return match r {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(ActorStatus::Failed(e.to_string())),
-            Err(p) => Some(ActorStatus::Failed(format!(
-                "undeliverable handler panicked: {}",
-                panic_message(&*p)
-            ))),
-        };
+        return Box::pin(handle_undeliverable(actor, cx, env)).await;
     }
     let Some(handler) = handlers.get(port) else {
         let reason = format!(
@@ -195,9 +190,45 @@ async fn handle_envelope<A: Actor>(
         return None;
     };
     let want_reply = env.reply_to.is_some();
-    let r = AssertUnwindSafe(handler(actor, cx, env.payload.clone(), want_reply))
+    // The payload moves into the handler (a bounce needs only the header).
+    let payload = std::mem::take(&mut env.payload);
+    let r = AssertUnwindSafe(handler(actor, cx, payload, want_reply))
         .catch_unwind()
         .await;
+    match r {
+        Ok(Ok(None)) => None,
+        r => Box::pin(after_handler(cx, env, r)).await,
+    }
+}
+
+async fn handle_undeliverable<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    env: Envelope,
+) -> Option<ActorStatus> {
+    let u = undeliverable_of(&env);
+    let r = AssertUnwindSafe(actor.handle_undeliverable(cx, u))
+        .catch_unwind()
+        .await;
+    match r {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(ActorStatus::Failed(e.to_string())),
+        Err(p) => Some(ActorStatus::Failed(format!(
+            "undeliverable handler panicked: {}",
+            panic_message(&*p)
+        ))),
+    }
+}
+
+type HandlerOutcome =
+    Result<Result<Option<bytes::Bytes>, HandlerFailure>, Box<dyn Any + Send + 'static>>;
+
+/// Sends the reply, bounces an undecodable message, or fails the actor.
+async fn after_handler<A: Actor>(
+    cx: &Context<A>,
+    env: Envelope,
+    r: HandlerOutcome,
+) -> Option<ActorStatus> {
     let failure = match r {
         Ok(Ok(None)) => return None,
         Ok(Ok(Some(reply))) => {
@@ -233,7 +264,7 @@ async fn handle_envelope<A: Actor>(
 
 async fn finish<A: Actor>(
     cx: Context<A>,
-    mut rx: mpsc::Receiver<Signal>,
+    mut rx: MailboxRx,
     status: ActorStatus,
     cause: Option<Box<SupervisionEvent>>,
     supervisor: Supervisor,
@@ -241,10 +272,10 @@ async fn finish<A: Actor>(
     debug!(actor = %cx.id, %status, "actor stopped");
     cx.proc.remove_actor(&cx.id);
     rx.close();
-    while let Ok(sig) = rx.try_recv() {
-        if let Signal::Message(env) = sig {
+    while let Some(next) = rx.try_recv() {
+        if let Next::Message(env) = next {
             let reason = format!("actor {} {status}", cx.id);
-            cx.proc.bounce(*env, reason);
+            cx.proc.bounce(env, reason);
         }
     }
     let children = std::mem::take(&mut *cx.children.lock().unwrap_or_else(|e| e.into_inner()));
@@ -258,8 +289,7 @@ async fn finish<A: Actor>(
     };
     match supervisor {
         Supervisor::Parent(tx) => {
-            if let Err(mpsc::error::SendError(Signal::Child(event))) =
-                tx.send(Signal::Child(Box::new(event))).await
+            if let Err(Signal::Child(event)) = tx.send(Signal::Child(Box::new(event))).await
                 && event.status.is_failure()
             {
                 cx.proc.report(*event);

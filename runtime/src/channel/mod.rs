@@ -33,7 +33,7 @@ mod link;
 
 use std::time::Duration;
 
-pub(crate) use frame::Envelope;
+pub(crate) use frame::{Arrivals, Envelope};
 pub(crate) use link::{Inbound, Listener, Transport};
 
 /// Tunables of the transport. The defaults suit a pod network.
