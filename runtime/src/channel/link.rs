@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use ring::hmac;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{Notify, Semaphore, TryAcquireError, mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -26,7 +26,7 @@ type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Acks are sent at once after this many unacknowledged envelopes...
-const ACK_EVERY: u64 = 256;
+const ACK_EVERY: u64 = 1024;
 /// ...or after this delay, whichever comes first (and always piggybacked on
 /// outgoing data).
 const ACK_DELAY: Duration = Duration::from_millis(2);
@@ -160,29 +160,44 @@ impl Run {
 }
 
 /// A link's outgoing queue: senders push, the link task takes everything
-/// queued at once (one lock, one wake-up per batch rather than per message).
+/// queued at once. One lock per message on the sending side, and a wake-up
+/// only when the link task is idle (it says so under the lock), so a busy
+/// stream costs no per-message atomics beyond the lock.
 struct LinkQueue {
     items: Mutex<QueueItems>,
-    /// One permit per free slot (`queue_capacity` messages); closed with
-    /// the queue.
-    space: Semaphore,
-    /// Wakes the link task.
+    /// Wakes the link task (used only when it said it is idle).
     ready: Notify,
+    /// Wakes senders waiting for room.
+    room: Notify,
+    capacity: usize,
     max_frame: usize,
 }
 
 #[derive(Default)]
 struct QueueItems {
     runs: VecDeque<Run>,
+    /// Messages in `runs` (at most `capacity`).
+    len: usize,
     closed: bool,
+    /// The link task is waiting for `ready`.
+    idle: bool,
+    /// Senders wait for room.
+    waiting: bool,
+}
+
+/// Why a push failed; the envelope comes back.
+enum PushError {
+    Full(Envelope),
+    Closed(Envelope),
 }
 
 impl LinkQueue {
     fn new(capacity: usize, max_frame: usize) -> Self {
         LinkQueue {
             items: Mutex::new(QueueItems::default()),
-            space: Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS)),
             ready: Notify::new(),
+            room: Notify::new(),
+            capacity: capacity.max(1),
             max_frame,
         }
     }
@@ -191,91 +206,119 @@ impl LinkQueue {
         self.items.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `env` if a slot is free now. `Err(Ok(env))`: full;
-    /// `Err(Err(env))`: closed.
-    #[allow(clippy::result_large_err)]
-    fn try_push(&self, env: Envelope) -> Result<(), Result<Envelope, Envelope>> {
-        match self.space.try_acquire() {
-            Ok(p) => p.forget(),
-            Err(TryAcquireError::NoPermits) => return Err(Ok(env)),
-            Err(TryAcquireError::Closed) => return Err(Err(env)),
-        }
-        self.push_with_permit(env).map_err(Err)
-    }
-
-    /// Queues `env`, waiting for a slot; gives it back if the queue closed.
-    #[allow(clippy::result_large_err)]
-    async fn push(&self, env: Envelope) -> Result<(), Envelope> {
-        match self.space.acquire().await {
-            Ok(p) => p.forget(),
-            Err(_) => return Err(env),
-        }
-        self.push_with_permit(env)
-    }
-
-    #[allow(clippy::result_large_err)]
-    fn push_with_permit(&self, env: Envelope) -> Result<(), Envelope> {
-        // A joined envelope is dropped after the lock is released (its ids
-        // were cloned on this thread: no cache line crosses to the link).
-        let joined = {
+    /// Queues `env` if there is room now.
+    fn try_push(&self, env: Envelope) -> Result<(), PushError> {
+        let (joined, wake) = {
             let mut items = self.items();
             if items.closed {
-                return Err(env);
+                return Err(PushError::Closed(env));
             }
+            if items.len >= self.capacity {
+                items.waiting = true;
+                return Err(PushError::Full(env));
+            }
+            items.len += 1;
             let env = match items.runs.back_mut() {
                 Some(run) => run.join(env, self.max_frame),
                 None => Err(env),
             };
-            match env {
+            let joined = match env {
                 Ok(joined) => Some(joined),
                 Err(env) => {
                     items.runs.push_back(Run::new(env));
                     None
                 }
-            }
+            };
+            (joined, std::mem::take(&mut items.idle))
         };
+        // A joined envelope is dropped here, outside the lock (its ids were
+        // cloned on this thread: no cache line crosses to the link task).
         drop(joined);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
         Ok(())
+    }
+
+    /// Queues `env`, waiting for room; gives it back if the queue closed.
+    #[allow(clippy::result_large_err)]
+    async fn push(&self, mut env: Envelope) -> Result<(), Envelope> {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            // Registered before trying, so a take in between is not missed.
+            room.as_mut().enable();
+            match self.try_push(env) {
+                Ok(()) => return Ok(()),
+                Err(PushError::Closed(back)) => return Err(back),
+                Err(PushError::Full(back)) => env = back,
+            }
+            room.await;
+        }
     }
 
     /// Moves whole runs to the back of `into` while they fit in `room`
     /// messages (at least one run when `must` is set); returns how many
-    /// messages.
+    /// messages. With nothing to take, marks the link task idle (it waits
+    /// for `ready` next).
     fn take(&self, into: &mut VecDeque<Run>, room: usize, must: bool) -> usize {
-        let n = {
+        let (n, wake) = {
             let mut items = self.items();
             let mut n = 0;
+            if into.is_empty() && items.len <= room {
+                std::mem::swap(&mut items.runs, into);
+                n = std::mem::take(&mut items.len);
+            }
             while let Some(run) = items.runs.front() {
                 if n + run.len() > room && !(must && n == 0) {
                     break;
                 }
                 n += run.len();
                 if let Some(run) = items.runs.pop_front() {
+                    items.len -= run.len();
                     into.push_back(run);
                 }
             }
-            n
+            items.idle = items.len == 0;
+            (n, n > 0 && std::mem::take(&mut items.waiting))
         };
-        if n > 0 {
-            self.space.add_permits(n);
+        if wake {
+            self.room.notify_waiters();
         }
         n
     }
 
+    /// Marks the link task idle if nothing is queued (`None`); else
+    /// returns the length of the first queued run (take it instead of
+    /// waiting, if it fits).
+    fn set_idle(&self) -> Option<usize> {
+        let mut items = self.items();
+        items.idle = items.len == 0;
+        items.runs.front().map(Run::len)
+    }
+
     /// Everything queued now (to bounce when the peer is unreachable).
     fn drain_all(&self) -> VecDeque<Run> {
-        let q = std::mem::take(&mut self.items().runs);
-        self.space.add_permits(q.iter().map(Run::len).sum());
+        let q = {
+            let mut items = self.items();
+            items.len = 0;
+            items.waiting = false;
+            std::mem::take(&mut items.runs)
+        };
+        self.room.notify_waiters();
         q
     }
 
     /// Refuses further pushes; returns what was queued.
     fn close(&self) -> VecDeque<Run> {
-        self.space.close();
-        let mut items = self.items();
-        items.closed = true;
-        std::mem::take(&mut items.runs)
+        let q = {
+            let mut items = self.items();
+            items.closed = true;
+            items.len = 0;
+            std::mem::take(&mut items.runs)
+        };
+        self.room.notify_waiters();
+        q
     }
 }
 
@@ -406,8 +449,8 @@ impl<I: Inbound> Transport<I> {
                 };
                 match h.queue.try_push(env) {
                     Ok(()) => return,
-                    Err(Ok(back)) => (h.id, (Some(h.queue.clone()), back)),
-                    Err(Err(back)) => (h.id, (None, back)),
+                    Err(PushError::Full(back)) => (h.id, (Some(h.queue.clone()), back)),
+                    Err(PushError::Closed(back)) => (h.id, (None, back)),
                 }
             };
             let back = match full {
@@ -604,6 +647,10 @@ impl<I: Inbound> Link<I> {
     async fn run(mut self, mut conn: Option<Conn>) {
         loop {
             if conn.is_none() && self.pending.is_empty() {
+                if self.queue.set_idle().is_some() {
+                    self.queue.take(&mut self.pending, self.t.config.window.max(1), true);
+                    continue;
+                }
                 tokio::select! {
                     biased;
                     _ = self.t.shutdown.cancelled() => return self.close("proc shut down"),
@@ -846,7 +893,16 @@ impl<I: Inbound> Link<I> {
                 }
                 continue;
             }
-            let can_take = in_flight < window && self.pending.is_empty();
+            // Wait for senders only after saying so under the queue's lock
+            // (else take what arrived meanwhile).
+            let mut can_take = in_flight < window && self.pending.is_empty();
+            if can_take && let Some(front) = self.queue.set_idle() {
+                if in_flight == 0 || in_flight + front <= window {
+                    continue;
+                }
+                // It does not fit the window: wait for acknowledgements.
+                can_take = false;
+            }
             tokio::select! {
                 biased;
                 _ = shared.closed.cancelled() => {}
