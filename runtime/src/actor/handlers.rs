@@ -26,9 +26,28 @@ type Dispatch<A> = for<'a> fn(
     bool,
 ) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>;
 
+/// Handler ports are already hashes (FNV-1a of a type path): the map uses
+/// them as they are instead of hashing them again for every message.
+#[derive(Default)]
+struct PortHasher(u64);
+
+impl std::hash::Hasher for PortHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// The message types an actor type handles; filled by [`Actor::register`].
 pub struct Handlers<A: Actor> {
-    map: HashMap<u64, Dispatch<A>>,
+    map: HashMap<u64, Dispatch<A>, std::hash::BuildHasherDefault<PortHasher>>,
 }
 
 fn dispatch<'a, A, M>(
@@ -61,7 +80,7 @@ where
 impl<A: Actor> Handlers<A> {
     pub(crate) fn build() -> Self {
         let mut h = Handlers {
-            map: HashMap::new(),
+            map: HashMap::default(),
         };
         A::register(&mut h);
         h

@@ -133,6 +133,9 @@ impl Mailbox {
 /// What the actor takes out of its mailbox.
 pub(crate) enum Next {
     Message(Envelope),
+    /// The payload of a message with the same header as the message taken
+    /// just before it.
+    Repeat(bytes::Bytes),
     Child(Box<crate::supervision::SupervisionEvent>),
     Stop(String),
 }
@@ -141,8 +144,8 @@ impl MailboxRx {
     /// The next message or signal; `None` when every sender is gone.
     pub(crate) async fn recv(&mut self) -> Option<Next> {
         loop {
-            if let Some(env) = self.pop_batch() {
-                return Some(Next::Message(env));
+            if let Some(next) = self.pop_batch(true) {
+                return Some(next);
             }
             let sig = self.rx.recv().await?;
             if let Some(next) = self.unpack(sig) {
@@ -154,8 +157,8 @@ impl MailboxRx {
     /// The next message or signal if one is queued.
     pub(crate) fn try_recv(&mut self) -> Option<Next> {
         loop {
-            if let Some(env) = self.pop_batch() {
-                return Some(Next::Message(env));
+            if let Some(next) = self.pop_batch(false) {
+                return Some(next);
             }
             let sig = self.rx.try_recv().ok()?;
             if let Some(next) = self.unpack(sig) {
@@ -164,11 +167,16 @@ impl MailboxRx {
         }
     }
 
-    fn pop_batch(&mut self) -> Option<Envelope> {
-        let env = loop {
+    /// The next message of the batch: with `repeats`, a message after the
+    /// first of its run comes as [`Next::Repeat`] (no header copied).
+    fn pop_batch(&mut self, repeats: bool) -> Option<Next> {
+        let next = loop {
             let run = self.batch.front_mut()?;
+            if repeats && let Some(p) = run.repeat() {
+                break Next::Repeat(p);
+            }
             match run.next() {
-                Some(env) => break env,
+                Some(env) => break Next::Message(env),
                 None => {
                     self.batch.pop_front();
                 }
@@ -181,7 +189,7 @@ impl MailboxRx {
         if self.batch.is_empty() || self.owed >= RETURN_EVERY {
             self.return_permits();
         }
-        Some(env)
+        Some(next)
     }
 
     fn return_permits(&mut self) {
@@ -203,7 +211,7 @@ impl MailboxRx {
                 // `pop_batch`.
                 self.owed -= 1;
                 self.batch.extend(runs);
-                self.pop_batch().map(Next::Message)
+                self.pop_batch(false)
             }
             Signal::Child(e) => {
                 self.return_permits();

@@ -125,6 +125,8 @@ pub struct Context<A: Actor> {
     id: ActorId,
     mailbox: Mailbox,
     stop: Mutex<Option<String>>,
+    /// Set with `stop`, so the message loop checks it without the lock.
+    stopping: std::sync::atomic::AtomicBool,
     children: Mutex<Vec<Mailbox>>,
     _a: PhantomData<fn() -> A>,
 }
@@ -149,6 +151,8 @@ impl<A: Actor> Context<A> {
     /// `Stopped(reason)`.
     pub fn stop(&self, reason: impl Into<String>) {
         *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.into());
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Spawns a child actor supervised by this one; it is named after this

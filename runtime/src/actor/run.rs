@@ -73,6 +73,7 @@ pub(crate) async fn start<A: Actor>(
         id,
         mailbox,
         stop: Mutex::new(None),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         children: Mutex::new(Vec::new()),
         _a: PhantomData,
     };
@@ -122,13 +123,23 @@ async fn message_loop<A: Actor>(
     handlers: &Handlers<A>,
     cause: &mut Option<Box<SupervisionEvent>>,
 ) -> ActorStatus {
+    // The header of the last message, for the repeats that follow it.
+    let mut last: Option<Envelope> = None;
     loop {
         // The context holds a sender, so the mailbox never closes here.
         let Some(next) = rx.recv().await else {
             return ActorStatus::Stopped("mailbox closed".into());
         };
         let outcome = match next {
-            Next::Message(env) => handle_envelope(actor, cx, handlers, env).await,
+            Next::Message(mut env) => {
+                let payload = std::mem::take(&mut env.payload);
+                let header = last.insert(env);
+                handle_message(actor, cx, handlers, header, payload).await
+            }
+            Next::Repeat(payload) => match &last {
+                Some(header) => handle_message(actor, cx, handlers, header, payload).await,
+                None => unreachable!("a repeat follows the message whose header it repeats"),
+            },
             Next::Stop(reason) => return ActorStatus::Stopped(reason),
             Next::Child(event) => {
                 let r = Box::pin(
@@ -162,42 +173,49 @@ async fn message_loop<A: Actor>(
         if let Some(status) = outcome {
             return status;
         }
-        if let Some(reason) = cx.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if cx.stopping.load(std::sync::atomic::Ordering::Acquire)
+            && let Some(reason) = cx.stop.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
             return ActorStatus::Stopped(reason);
         }
     }
 }
 
-/// Handles one envelope; `Some(status)` when the actor must stop. The
-/// common case (a handler that succeeds with no reply wanted) runs inline;
-/// everything else is boxed so that the actor's task stays small.
-async fn handle_envelope<A: Actor>(
+/// Handles one message (`header` with `payload`); `Some(status)` when the
+/// actor must stop. The common case (a handler that succeeds with no reply
+/// wanted) runs inline; everything else is boxed so that the actor's task
+/// stays small.
+async fn handle_message<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
     handlers: &Handlers<A>,
-    mut env: Envelope,
+    header: &Envelope,
+    payload: bytes::Bytes,
 ) -> Option<ActorStatus> {
-    let port = env.dest.index();
+    let whole = || Envelope {
+        payload: payload.clone(),
+        ..header.clone()
+    };
+    let port = header.dest.index();
     if port == UNDELIVERABLE_PORT {
-        return Box::pin(handle_undeliverable(actor, cx, env)).await;
+        return Box::pin(handle_undeliverable(actor, cx, whole())).await;
     }
     let Some(handler) = handlers.get(port) else {
         let reason = format!(
             "actor {} has no handler for this message type (port {port})",
             cx.id
         );
-        cx.proc.bounce(env, reason);
+        cx.proc.bounce(whole(), reason);
         return None;
     };
-    let want_reply = env.reply_to.is_some();
-    // The payload moves into the handler (a bounce needs only the header).
-    let payload = std::mem::take(&mut env.payload);
+    let want_reply = header.reply_to.is_some();
     let r = AssertUnwindSafe(handler(actor, cx, payload, want_reply))
         .catch_unwind()
         .await;
     match r {
         Ok(Ok(None)) => None,
-        r => Box::pin(after_handler(cx, env, r)).await,
+        // The payload went to the handler; what follows needs the header.
+        r => Box::pin(after_handler(cx, header.clone(), r)).await,
     }
 }
 

@@ -233,6 +233,8 @@ pub(crate) struct Arrivals {
     /// Payload ranges within `block`, and the next one to hand out.
     spans: Vec<(u32, u32)>,
     next: usize,
+    /// Whether an envelope was handed out already (see [`Arrivals::repeat`]).
+    handed: bool,
 }
 
 impl Arrivals {
@@ -245,6 +247,7 @@ impl Arrivals {
             block: Bytes::new(),
             spans: Vec::new(),
             next: 0,
+            handed: false,
         }
     }
 
@@ -272,6 +275,29 @@ impl Arrivals {
             block: self.block.clone(),
             spans: rest,
             next: 0,
+            handed: false,
+        }
+    }
+
+    /// The next payload alone, if an envelope of this run was handed out
+    /// before it (the taker knows the header from that envelope); else
+    /// `None` (take it with [`Iterator::next`]).
+    pub(crate) fn repeat(&mut self) -> Option<Bytes> {
+        if !self.handed {
+            return None;
+        }
+        self.payload()
+    }
+
+    fn payload(&mut self) -> Option<Bytes> {
+        self.handed = true;
+        match self.first.take() {
+            Some(p) => Some(p),
+            None => {
+                let (off, len) = *self.spans.get(self.next)?;
+                self.next += 1;
+                Some(self.block.slice(off as usize..(off + len) as usize))
+            }
         }
     }
 }
@@ -279,14 +305,7 @@ impl Arrivals {
 impl Iterator for Arrivals {
     type Item = Envelope;
     fn next(&mut self) -> Option<Envelope> {
-        let payload = match self.first.take() {
-            Some(p) => p,
-            None => {
-                let (off, len) = *self.spans.get(self.next)?;
-                self.next += 1;
-                self.block.slice(off as usize..(off + len) as usize)
-            }
-        };
+        let payload = self.payload()?;
         Some(Envelope {
             sender: self.header.sender.clone(),
             dest: self.header.dest.clone(),
@@ -336,6 +355,7 @@ pub(crate) fn take_repeats(buf: &mut BytesMut, max_frame: usize, header: &Envelo
         block,
         spans,
         next: 0,
+        handed: false,
     })
 }
 

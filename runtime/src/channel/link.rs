@@ -322,6 +322,28 @@ impl LinkQueue {
     }
 }
 
+/// The links of a transport, by peer.
+#[derive(Default)]
+struct Links {
+    map: HashMap<ProcId, LinkHandle>,
+    /// The peer sent to last (a stream to one peer skips the hash lookup).
+    last: Option<(ProcId, u64, Arc<LinkQueue>)>,
+}
+
+impl Links {
+    fn insert(&mut self, peer: ProcId, h: LinkHandle) {
+        self.remove(&peer);
+        self.map.insert(peer, h);
+    }
+
+    fn remove(&mut self, peer: &ProcId) {
+        if self.last.as_ref().is_some_and(|(p, _, _)| p == peer) {
+            self.last = None;
+        }
+        self.map.remove(peer);
+    }
+}
+
 struct LinkHandle {
     id: u64,
     queue: Arc<LinkQueue>,
@@ -341,7 +363,7 @@ pub(crate) struct Transport<I: Inbound> {
     config: ChannelConfig,
     key: Option<hmac::Key>,
     inbound: OnceLock<Weak<I>>,
-    links: Mutex<HashMap<ProcId, LinkHandle>>,
+    links: Mutex<Links>,
     next_id: AtomicU64,
     shutdown: CancellationToken,
 }
@@ -353,7 +375,7 @@ impl<I: Inbound> Transport<I> {
             config,
             key: secret.map(|s| hmac::Key::new(hmac::HMAC_SHA256, s)),
             inbound: OnceLock::new(),
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(Links::default()),
             next_id: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
         }
@@ -374,7 +396,7 @@ impl<I: Inbound> Transport<I> {
         }
     }
 
-    fn links(&self) -> std::sync::MutexGuard<'_, HashMap<ProcId, LinkHandle>> {
+    fn links(&self) -> std::sync::MutexGuard<'_, Links> {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -409,7 +431,7 @@ impl<I: Inbound> Transport<I> {
     /// Applies `f` to the peer's link, creating the link if needed.
     fn with_link<R>(self: &Arc<Self>, peer: &ProcId, f: impl FnOnce(&LinkHandle) -> R) -> R {
         let mut links = self.links();
-        if let Some(h) = links.get(peer) {
+        if let Some(h) = links.map.get(peer) {
             return f(h);
         }
         let h = self.spawn_link(peer.clone(), None);
@@ -420,7 +442,7 @@ impl<I: Inbound> Transport<I> {
 
     fn remove_link(&self, peer: &ProcId, id: u64) {
         let mut links = self.links();
-        if links.get(peer).is_some_and(|h| h.id == id) {
+        if links.map.get(peer).is_some_and(|h| h.id == id) {
             links.remove(peer);
         }
     }
@@ -439,18 +461,26 @@ impl<I: Inbound> Transport<I> {
             // task, so every increment would bounce a cache line).
             let (id, full) = {
                 let mut links = self.links();
-                let h = match links.get(env.dest.actor().proc()) {
-                    Some(h) => h,
-                    None => {
-                        let peer = env.dest.actor().proc().clone();
-                        let h = self.spawn_link(peer.clone(), None);
-                        links.entry(peer).or_insert(h)
-                    }
+                let peer = env.dest.actor().proc();
+                // The peer sent to last is found without hashing its id.
+                if !matches!(&links.last, Some((p, _, _)) if p == peer) {
+                    let h = match links.map.get(peer) {
+                        Some(h) => h,
+                        None => {
+                            let h = self.spawn_link(peer.clone(), None);
+                            links.map.entry(peer.clone()).or_insert(h)
+                        }
+                    };
+                    let last = (peer.clone(), h.id, h.queue.clone());
+                    links.last = Some(last);
+                }
+                let Some((_, id, queue)) = &links.last else {
+                    unreachable!("just set")
                 };
-                match h.queue.try_push(env) {
+                match queue.try_push(env) {
                     Ok(()) => return,
-                    Err(PushError::Full(back)) => (h.id, (Some(h.queue.clone()), back)),
-                    Err(PushError::Closed(back)) => (h.id, (None, back)),
+                    Err(PushError::Full(back)) => (*id, (Some(queue.clone()), back)),
+                    Err(PushError::Closed(back)) => (*id, (None, back)),
                 }
             };
             let back = match full {
@@ -470,7 +500,7 @@ impl<I: Inbound> Transport<I> {
     /// Attaches an established connection to the peer's link.
     fn register(self: &Arc<Self>, peer: ProcId, conn: Conn) {
         let mut links = self.links();
-        let conn = match links.get(&peer) {
+        let conn = match links.map.get(&peer) {
             Some(h) => match h.attach.send(conn) {
                 Ok(()) => return,
                 Err(mpsc::error::SendError(c)) => c,
