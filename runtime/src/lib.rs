@@ -51,6 +51,7 @@
 
 pub mod actor;
 pub mod actor_mesh;
+mod bufpool;
 pub mod channel;
 mod error;
 pub mod host;

@@ -52,6 +52,11 @@ thread_local! {
     /// per message; a block is freed when its last message is.
     static ARENA: std::cell::RefCell<bytes::BytesMut> =
         std::cell::RefCell::new(bytes::BytesMut::new());
+
+    /// Large messages are encoded into a few buffers per thread, reused once
+    /// the message is written (see [`crate::bufpool`]).
+    static LARGE: std::cell::RefCell<crate::bufpool::BufPool> =
+        std::cell::RefCell::new(crate::bufpool::BufPool::default());
 }
 
 pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
@@ -60,9 +65,17 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
     let size =
         postcard::experimental::serialized_size(msg).map_err(|e| Error::Encode(e.to_string()))?;
     if size > ARENA_MAX {
-        return postcard::to_extend(msg, Vec::with_capacity(size))
-            .map(Bytes::from)
-            .map_err(|e| Error::Encode(e.to_string()));
+        // Large: into a reused buffer of this thread (no fresh pages).
+        return LARGE.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let buf = pool.get(size);
+            let mut w = bytes::BufMut::writer(&mut *buf);
+            if let Err(e) = postcard::to_io(msg, &mut w) {
+                buf.clear();
+                return Err(Error::Encode(e.to_string()));
+            }
+            Ok(buf.split().freeze())
+        });
     }
     ARENA.with(|arena| {
         let mut arena = arena.borrow_mut();

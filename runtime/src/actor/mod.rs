@@ -251,12 +251,7 @@ impl<A: Actor> ActorRef<A> {
     {
         let payload = port::encode(msg)?;
         cx.proc()
-            .post(
-                cx.sender_id(),
-                self.id.port(handler_port::<M>()),
-                None,
-                payload,
-            )
+            .post_to(cx.sender_id(), &self.id, handler_port::<M>(), payload)
             .await;
         Ok(())
     }

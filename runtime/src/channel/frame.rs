@@ -10,7 +10,10 @@
 //! Envelopes carry no sequence number: each direction of a connection counts
 //! the envelopes it carries, and acks are cumulative counts. A header length
 //! of 0 means "the same header as the previous envelope on this connection"
-//! (streams of messages between one sender and one receiver skip the ids).
+//! (streams of messages between one sender and one receiver skip the ids:
+//! a 64-byte message costs 77 bytes on the wire). On the receiving side a
+//! stream of such frames becomes one [`Arrivals`]: payloads sliced from the
+//! read buffer, sharing one copy of the header.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,9 @@
-//! Per-peer links: dialing with backoff, accepting, the writer loop with its
-//! unacknowledged window, and the reader loop that hands envelopes to the proc.
+//! Per-peer links: the outgoing queue (runs of envelopes sharing a header,
+//! framed as they are queued), dialing with backoff, accepting (a peer's
+//! newer connection replaces the older one it dialed; a crossing one is kept
+//! as a standby), the writer loop with its unacknowledged window, and the
+//! reader loop that hands envelopes to the proc in batches (large frames are
+//! read into reused buffers of their own size).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -19,7 +23,7 @@ use tracing::{debug, warn};
 use super::frame::{self, Arrivals, Frame};
 use super::handshake;
 use super::{ChannelConfig, ChannelError, Envelope};
-use crate::id::{ChannelAddr, ProcId};
+use crate::id::{ActorId, ChannelAddr, ProcId};
 use crate::port::{OPEN_PORT_BIT, UNDELIVERABLE_PORT};
 
 type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
@@ -131,17 +135,28 @@ impl Run {
     /// left of `env`, to drop); else gives it back.
     #[allow(clippy::result_large_err)]
     fn join(&mut self, env: Envelope, max_frame: usize) -> Result<Envelope, Envelope> {
-        if self.frames.len() >= RUN_BYTES
-            || env.payload.len() > RUN_PAYLOAD_MAX
-            || self.head.payload.len() > RUN_PAYLOAD_MAX
-            || 4 + env.payload.len() > max_frame
-            || !frame::same_header(&self.head, &env)
-        {
+        if !self.fits(env.payload.len(), max_frame) || !frame::same_header(&self.head, &env) {
             return Err(env);
         }
-        frame::encode_repeat(&mut self.frames, &env.payload);
-        self.more += 1;
+        self.append(&env.payload);
         Ok(env)
+    }
+
+    /// Whether a payload of `len` bytes may join the run (header aside).
+    fn fits(&self, len: usize, max_frame: usize) -> bool {
+        self.frames.len() < RUN_BYTES
+            && len <= RUN_PAYLOAD_MAX
+            && self.head.payload.len() <= RUN_PAYLOAD_MAX
+            && 4 + len <= max_frame
+    }
+
+    fn append(&mut self, payload: &[u8]) {
+        if self.more == 0 {
+            // Room for a run of small messages, allocated once.
+            self.frames.reserve(RUN_BYTES / 4);
+        }
+        frame::encode_repeat(&mut self.frames, payload);
+        self.more += 1;
     }
 
     /// The run as envelopes, to bounce: the messages after the head carry
@@ -234,6 +249,43 @@ impl LinkQueue {
         // A joined envelope is dropped here, outside the lock (its ids were
         // cloned on this thread: no cache line crosses to the link task).
         drop(joined);
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Appends a message to the last run if it has the same header (see
+    /// [`Transport::try_repeat`]) and there is room now.
+    fn try_repeat(
+        &self,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        payload: bytes::Bytes,
+    ) -> Result<(), bytes::Bytes> {
+        let wake = {
+            let mut items = self.items();
+            if items.closed || items.len >= self.capacity {
+                return Err(payload);
+            }
+            let Some(run) = items.runs.back_mut() else {
+                return Err(payload);
+            };
+            let h = &run.head;
+            if !(h.error.is_none()
+                && h.reply_to.is_none()
+                && h.dest.index() == port
+                && h.dest.actor() == dest
+                && &h.sender == sender
+                && run.fits(payload.len(), self.max_frame))
+            {
+                return Err(payload);
+            }
+            run.append(&payload);
+            items.len += 1;
+            std::mem::take(&mut items.idle)
+        };
         if wake {
             self.ready.notify_one();
         }
@@ -450,6 +502,24 @@ impl<I: Inbound> Transport<I> {
     /// A receiver that changes whenever a connection to `peer` is lost.
     pub(crate) fn lost_watch(self: &Arc<Self>, peer: &ProcId) -> watch::Receiver<u64> {
         self.with_link(peer, |h| h.lost.clone())
+    }
+
+    /// Appends a message to the last run queued for `dest`'s proc if it
+    /// repeats that run's header (`sender` to handler port `port` of `dest`,
+    /// no reply port) and there is room now; else gives the payload back
+    /// (send it as an envelope).
+    pub(crate) fn try_repeat(
+        &self,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        payload: bytes::Bytes,
+    ) -> Result<(), bytes::Bytes> {
+        let links = self.links();
+        match &links.last {
+            Some((p, _, queue)) if p == dest.proc() => queue.try_repeat(sender, dest, port, payload),
+            _ => Err(payload),
+        }
     }
 
     /// Queues an envelope for its destination proc (waits while the peer's
@@ -1017,9 +1087,9 @@ impl<I: Inbound> Reader<I> {
         let mut template: Option<Envelope> = None;
         // Envelopes for one actor, handed over in one wake-up.
         let mut batch = Batch::default();
-        // The buffer of the last large frame, reused once its payload is
-        // dropped (no page faults from a fresh megabyte per frame).
-        let mut large = BytesMut::new();
+        // Buffers of large frames, reused once their payloads are dropped
+        // (no page faults from a fresh megabyte per frame).
+        let mut large_bufs = crate::bufpool::BufPool::default();
         loop {
             let before = received;
             loop {
@@ -1052,14 +1122,13 @@ impl<I: Inbound> Reader<I> {
             if let Some(len) = frame::pending_large(&buf) {
                 // Read a large frame straight into a buffer of its size.
                 let total = frame::HEADER_LEN + len;
-                large.clear();
-                large.reserve(total);
+                let large = large_bufs.get(total);
                 large.extend_from_slice(&buf);
                 buf.clear();
                 let mut rest = (&mut rd).take((total - large.len()) as u64);
                 let read = async {
                     while large.len() < total {
-                        if rest.read_buf(&mut large).await? == 0 {
+                        if rest.read_buf(large).await? == 0 {
                             return Err(std::io::ErrorKind::UnexpectedEof.into());
                         }
                     }
@@ -1072,7 +1141,7 @@ impl<I: Inbound> Reader<I> {
                     },
                     _ = self.shared.closed.cancelled() => return,
                 }
-                let frame = match frame::decode(&mut large, self.max_frame, &mut last_header) {
+                let frame = match frame::decode(large, self.max_frame, &mut last_header) {
                     Ok(Some(f)) => f,
                     Ok(None) => return self.fail("incomplete large frame".into()),
                     Err(e) => return self.fail(e.to_string()),

@@ -403,6 +403,21 @@ impl Proc {
         self.inner.route(env).await;
     }
 
+    /// Sends one message to handler port `port` of `dest` (no reply port).
+    /// The next of a stream of such messages to another proc is appended to
+    /// its link's queue without building an envelope.
+    pub(crate) async fn post_to(&self, sender: &ActorId, dest: &ActorId, port: u64, payload: Bytes) {
+        let payload = if dest.proc() != &self.inner.id {
+            match self.inner.transport.try_repeat(sender, dest, port, payload) {
+                Ok(()) => return,
+                Err(payload) => payload,
+            }
+        } else {
+            payload
+        };
+        self.post(sender, dest.port(port), None, payload).await;
+    }
+
     pub(crate) async fn route(&self, env: Envelope) {
         self.inner.route(env).await;
     }
