@@ -249,9 +249,13 @@ impl<A: Actor> ActorRef<A> {
     where
         A: Handler<M>,
     {
+        let port = handler_port::<M>();
+        let proc = cx.proc();
+        if proc.try_repeat(cx.sender_id(), &self.id, port, msg) {
+            return Ok(());
+        }
         let payload = port::encode(msg)?;
-        cx.proc()
-            .post_to(cx.sender_id(), &self.id, handler_port::<M>(), payload)
+        proc.post(cx.sender_id(), self.id.port(port), None, payload)
             .await;
         Ok(())
     }

@@ -119,11 +119,19 @@ pub(crate) fn same_header(a: &Envelope, b: &Envelope) -> bool {
         && a.reply_to == b.reply_to
 }
 
-/// Appends an envelope frame whose header repeats the previous frame's.
-pub(crate) fn encode_repeat(buf: &mut BytesMut, payload: &[u8]) {
-    put_header(buf, FrameKind::Envelope, 4 + payload.len());
+/// Appends an envelope frame whose header repeats the previous frame's and
+/// whose payload `encode` writes; `false` (and `buf` unchanged) if it fails.
+pub(crate) fn encode_repeat_with(buf: &mut BytesMut, encode: impl FnOnce(&mut BytesMut) -> bool) -> bool {
+    let start = buf.len();
+    put_header(buf, FrameKind::Envelope, 0);
     buf.put_u32(0);
-    buf.extend_from_slice(payload);
+    if !encode(buf) {
+        buf.truncate(start);
+        return false;
+    }
+    let body = (buf.len() - start - HEADER_LEN) as u32;
+    buf[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());
+    true
 }
 
 /// Payloads larger than this are not copied into the write buffer: the

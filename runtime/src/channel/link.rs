@@ -151,12 +151,24 @@ impl Run {
     }
 
     fn append(&mut self, payload: &[u8]) {
+        self.append_with(|buf| {
+            buf.extend_from_slice(payload);
+            true
+        });
+    }
+
+    /// Appends a frame whose payload `encode` writes; `false` (and nothing
+    /// appended) if it fails.
+    fn append_with(&mut self, encode: impl FnOnce(&mut BytesMut) -> bool) -> bool {
         if self.more == 0 {
             // Room for a run of small messages, allocated once.
             self.frames.reserve(RUN_BYTES / 4);
         }
-        frame::encode_repeat(&mut self.frames, payload);
+        if !frame::encode_repeat_with(&mut self.frames, encode) {
+            return false;
+        }
         self.more += 1;
+        true
     }
 
     /// The run as envelopes, to bounce: the messages after the head carry
@@ -262,15 +274,16 @@ impl LinkQueue {
         sender: &ActorId,
         dest: &ActorId,
         port: u64,
-        payload: bytes::Bytes,
-    ) -> Result<(), bytes::Bytes> {
+        len: usize,
+        encode: impl FnOnce(&mut BytesMut) -> bool,
+    ) -> bool {
         let wake = {
             let mut items = self.items();
             if items.closed || items.len >= self.capacity {
-                return Err(payload);
+                return false;
             }
             let Some(run) = items.runs.back_mut() else {
-                return Err(payload);
+                return false;
             };
             let h = &run.head;
             if !(h.error.is_none()
@@ -278,18 +291,20 @@ impl LinkQueue {
                 && h.dest.index() == port
                 && h.dest.actor() == dest
                 && &h.sender == sender
-                && run.fits(payload.len(), self.max_frame))
+                && run.fits(len, self.max_frame))
             {
-                return Err(payload);
+                return false;
             }
-            run.append(&payload);
+            if !run.append_with(encode) {
+                return false;
+            }
             items.len += 1;
             std::mem::take(&mut items.idle)
         };
         if wake {
             self.ready.notify_one();
         }
-        Ok(())
+        true
     }
 
     /// Queues `env`, waiting for room; gives it back if the queue closed.
@@ -506,19 +521,24 @@ impl<I: Inbound> Transport<I> {
 
     /// Appends a message to the last run queued for `dest`'s proc if it
     /// repeats that run's header (`sender` to handler port `port` of `dest`,
-    /// no reply port) and there is room now; else gives the payload back
-    /// (send it as an envelope).
+    /// no reply port) and there is room now: `encode` writes the payload
+    /// (about `len` bytes) straight into the run, with no envelope and no
+    /// payload buffer of its own. `false`: nothing was queued (send it as an
+    /// envelope).
     pub(crate) fn try_repeat(
         &self,
         sender: &ActorId,
         dest: &ActorId,
         port: u64,
-        payload: bytes::Bytes,
-    ) -> Result<(), bytes::Bytes> {
+        len: usize,
+        encode: impl FnOnce(&mut BytesMut) -> bool,
+    ) -> bool {
         let links = self.links();
         match &links.last {
-            Some((p, _, queue)) if p == dest.proc() => queue.try_repeat(sender, dest, port, payload),
-            _ => Err(payload),
+            Some((p, _, queue)) if p == dest.proc() => {
+                queue.try_repeat(sender, dest, port, len, encode)
+            }
+            _ => false,
         }
     }
 

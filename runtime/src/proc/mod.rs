@@ -403,19 +403,28 @@ impl Proc {
         self.inner.route(env).await;
     }
 
-    /// Sends one message to handler port `port` of `dest` (no reply port).
-    /// The next of a stream of such messages to another proc is appended to
-    /// its link's queue without building an envelope.
-    pub(crate) async fn post_to(&self, sender: &ActorId, dest: &ActorId, port: u64, payload: Bytes) {
-        let payload = if dest.proc() != &self.inner.id {
-            match self.inner.transport.try_repeat(sender, dest, port, payload) {
-                Ok(()) => return,
-                Err(payload) => payload,
-            }
-        } else {
-            payload
+    /// Queues `msg` for handler port `port` of `dest` on another proc if it
+    /// continues the run last queued there (the same sender and
+    /// destination): it is encoded straight into the link's queue, with no
+    /// envelope built. `false`: send it the ordinary way.
+    pub(crate) fn try_repeat<M: serde::Serialize>(
+        &self,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        msg: &M,
+    ) -> bool {
+        if dest.proc() == &self.inner.id {
+            return false;
+        }
+        let Ok(len) = postcard::experimental::serialized_size(msg) else {
+            return false;
         };
-        self.post(sender, dest.port(port), None, payload).await;
+        self.inner
+            .transport
+            .try_repeat(sender, dest, port, len, |buf| {
+                postcard::to_io(msg, bytes::BufMut::writer(buf)).is_ok()
+            })
     }
 
     pub(crate) async fn route(&self, env: Envelope) {
