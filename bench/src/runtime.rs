@@ -35,7 +35,9 @@ fn scale(n: usize) -> usize {
 /// lists comma-separated prefixes (`call_rtt`, `tell`, `bulk`, `cast`, `rss`).
 fn want(name: &str) -> bool {
     match std::env::var("HOSTMESH_BENCH_ONLY") {
-        Ok(only) => only.split(',').any(|p| !p.is_empty() && name.starts_with(p.trim())),
+        Ok(only) => only
+            .split(',')
+            .any(|p| !p.is_empty() && name.starts_with(p.trim())),
         Err(_) => true,
     }
 }

@@ -133,7 +133,10 @@ impl<'de> Deserialize<'de> for Payload {
             fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Payload, E> {
                 Ok(Payload(Bytes::from(v)))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Payload, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Payload, A::Error> {
                 let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
                 while let Some(b) = seq.next_element::<u8>()? {
                     v.push(b);

@@ -28,7 +28,9 @@ const T: Duration = Duration::from_secs(20);
 /// client's side and keeps the upstream side open, reading and discarding.
 async fn proxy_once(listener: TcpListener, upstream: SocketAddr, cut: Arc<Notify>) {
     let (client, _) = listener.accept().await.expect("accept");
-    let server = TcpStream::connect(upstream).await.expect("connect upstream");
+    let server = TcpStream::connect(upstream)
+        .await
+        .expect("connect upstream");
     client.set_nodelay(true).expect("nodelay");
     server.set_nodelay(true).expect("nodelay");
     let (mut cr, mut cw) = client.into_split();
@@ -147,7 +149,10 @@ async fn a_peer_dialing_again_under_the_same_id_replaces_its_old_connection() {
     // And keeps doing so.
     for i in 0..20 {
         let text = format!("again {i}");
-        assert_eq!(t0.call(&client, &Echo(text.clone()), T).await.unwrap(), text);
+        assert_eq!(
+            t0.call(&client, &Echo(text.clone()), T).await.unwrap(),
+            text
+        );
     }
     proxy_task.abort();
 }

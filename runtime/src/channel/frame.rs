@@ -121,7 +121,10 @@ pub(crate) fn same_header(a: &Envelope, b: &Envelope) -> bool {
 
 /// Appends an envelope frame whose header repeats the previous frame's and
 /// whose payload `encode` writes; `false` (and `buf` unchanged) if it fails.
-pub(crate) fn encode_repeat_with(buf: &mut BytesMut, encode: impl FnOnce(&mut BytesMut) -> bool) -> bool {
+pub(crate) fn encode_repeat_with(
+    buf: &mut BytesMut,
+    encode: impl FnOnce(&mut BytesMut) -> bool,
+) -> bool {
     let start = buf.len();
     put_header(buf, FrameKind::Envelope, 0);
     buf.put_u32(0);
@@ -331,7 +334,11 @@ impl Iterator for Arrivals {
 /// (`header`, whose envelope must have no error) as one [`Arrivals`]; `None`
 /// when the first frame is not such a frame or not complete. Anything else
 /// (including a malformed frame) is left for [`decode`].
-pub(crate) fn take_repeats(buf: &mut BytesMut, max_frame: usize, header: &Envelope) -> Option<Arrivals> {
+pub(crate) fn take_repeats(
+    buf: &mut BytesMut,
+    max_frame: usize,
+    header: &Envelope,
+) -> Option<Arrivals> {
     let mut pos = 0usize;
     let mut spans = Vec::new();
     while buf.len() - pos >= HEADER_LEN + 4 {

@@ -768,7 +768,8 @@ impl<I: Inbound> Link<I> {
         loop {
             if conn.is_none() && self.pending.is_empty() {
                 if self.queue.set_idle().is_some() {
-                    self.queue.take(&mut self.pending, self.t.config.window.max(1), true);
+                    self.queue
+                        .take(&mut self.pending, self.t.config.window.max(1), true);
                     continue;
                 }
                 tokio::select! {
@@ -794,7 +795,12 @@ impl<I: Inbound> Link<I> {
                         let reason = format!("cannot reach {}: {e}", self.peer);
                         warn!(proc = %self.t.local, peer = %self.peer, %reason, "dropping queued messages as undeliverable");
                         let rest = self.queue.drain_all();
-                        for env in self.pending.drain(..).chain(rest).flat_map(Run::into_envelopes) {
+                        for env in self
+                            .pending
+                            .drain(..)
+                            .chain(rest)
+                            .flat_map(Run::into_envelopes)
+                        {
                             self.t.bounce(env, reason.clone());
                         }
                         continue;
@@ -865,7 +871,12 @@ impl<I: Inbound> Link<I> {
     fn close(mut self, reason: &str) {
         self.t.remove_link(&self.peer, self.id);
         let rest = self.queue.close();
-        for env in self.pending.drain(..).chain(rest).flat_map(Run::into_envelopes) {
+        for env in self
+            .pending
+            .drain(..)
+            .chain(rest)
+            .flat_map(Run::into_envelopes)
+        {
             self.t.bounce(env, reason.to_string());
         }
     }
@@ -903,10 +914,7 @@ impl<I: Inbound> Link<I> {
     /// Writes queued envelopes over `conn` until it fails or the peer
     /// replaces it; returns the reason, the envelopes written but not
     /// acknowledged, and the replacing connection.
-    async fn run_connected(
-        &mut self,
-        conn: Conn,
-    ) -> (String, Unacked, Option<Conn>) {
+    async fn run_connected(&mut self, conn: Conn) -> (String, Unacked, Option<Conn>) {
         let Conn {
             mut writer,
             shared,
@@ -931,7 +939,9 @@ impl<I: Inbound> Link<I> {
             }
             let mut n = a.min(sent).saturating_sub(acked);
             while n > 0 {
-                let Some(front) = unacked.front_mut() else { break };
+                let Some(front) = unacked.front_mut() else {
+                    break;
+                };
                 let k = front.1.min(n as usize);
                 front.1 -= k;
                 n -= k as u64;

@@ -537,8 +537,7 @@ impl Inbound for ProcInner {
         let mailbox = lock(&self.actors).get(env.dest.actor()).cloned();
         match mailbox {
             Some(tx) => {
-                if let Err(Signal::Message(env)) = tx.send(Signal::Message(Box::new(env))).await
-                {
+                if let Err(Signal::Message(env)) = tx.send(Signal::Message(Box::new(env))).await {
                     let reason = format!("actor {} stopped", env.dest.actor());
                     self.bounce(*env, reason);
                 }
