@@ -24,35 +24,80 @@ thread_local! {
     static SOURCE: RefCell<Option<Bytes>> = const { RefCell::new(None) };
 }
 
-/// Decodes `buf` as postcard `T`, letting [`Payload`] fields borrow from
-/// `buf` (invariant 1).
-pub(crate) fn decode_shared<T: DeserializeOwned>(buf: Bytes) -> Result<T, postcard::Error> {
-    struct Restore(Option<Bytes>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            SOURCE.with(|s| {
-                if let Ok(mut s) = s.try_borrow_mut() {
-                    *s = prev;
-                }
-            });
+/// Where a message's encoded bytes are: a buffer of their own, or a range
+/// of a block shared with the messages received with it.
+pub(crate) enum Src<'b> {
+    Own(Bytes),
+    Range(&'b mut Bytes, std::ops::Range<usize>),
+}
+
+impl Src<'_> {
+    /// The bytes as a buffer of their own (a slice of the block).
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self {
+            Src::Own(b) => b,
+            Src::Range(block, r) => block
+                .get(r.clone())
+                .map_or_else(Bytes::new, |_| block.slice(r)),
         }
     }
-    // The buffer moves into the thread-local (no reference count traffic)
-    // and is decoded from there; a nested decode (a Deserialize impl that
-    // decodes again) finds it borrowed and copies instead.
+}
+
+/// Decodes `src` as postcard `T`, letting [`Payload`] fields borrow from
+/// its buffer (invariant 1). The buffer moves into a thread-local for the
+/// decode and back out (no reference count traffic).
+pub(crate) fn decode_shared<T: DeserializeOwned>(src: Src<'_>) -> Result<T, postcard::Error> {
+    /// Puts the previous thread-local back, and the block where it was.
+    struct Restore<'b> {
+        prev: Option<Bytes>,
+        block: Option<&'b mut Bytes>,
+    }
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            let prev = self.prev.take();
+            let ours = SOURCE.with(|s| match s.try_borrow_mut() {
+                Ok(mut s) => std::mem::replace(&mut *s, prev),
+                Err(_) => None,
+            });
+            if let (Some(block), Some(ours)) = (self.block.take(), ours) {
+                *block = ours;
+            }
+        }
+    }
+    let (buf, range, block) = match src {
+        Src::Own(b) => {
+            let len = b.len();
+            (b, 0..len, None)
+        }
+        Src::Range(block, range) => (std::mem::take(block), range, Some(block)),
+    };
+    // A nested decode (a Deserialize impl that decodes again) finds the
+    // thread-local borrowed and copies instead.
     let prev = SOURCE.with(move |s| match s.try_borrow_mut() {
         Ok(mut s) => Ok(s.replace(buf)),
         Err(_) => Err(buf),
     });
     let prev = match prev {
         Ok(prev) => prev,
-        Err(buf) => return postcard::from_bytes(&buf),
+        Err(buf) => {
+            let r = buf
+                .get(range)
+                .ok_or(postcard::Error::DeserializeUnexpectedEnd)
+                .and_then(postcard::from_bytes);
+            if let Some(block) = block {
+                *block = buf;
+            }
+            return r;
+        }
     };
-    let _restore = Restore(prev);
+    let _restore = Restore { prev, block };
     SOURCE.with(|s| {
         let src = s.borrow();
-        postcard::from_bytes(src.as_deref().unwrap_or_default())
+        let bytes = src.as_deref().unwrap_or_default();
+        match bytes.get(range) {
+            Some(b) => postcard::from_bytes(b),
+            None => Err(postcard::Error::DeserializeUnexpectedEnd),
+        }
     })
 }
 
@@ -186,7 +231,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let m: Msg = decode_shared(wire.clone()).unwrap();
+        let m: Msg = decode_shared(Src::Own(wire.clone())).unwrap();
         assert_eq!(m.id, 7);
         assert_eq!(&m.data[..], &[1u8; 1000][..]);
         let inside = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();

@@ -94,9 +94,11 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
 }
 
 pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, Error> {
-    crate::payload::decode_shared(env.payload.clone()).map_err(|e| Error::Decode {
-        from: env.sender.to_string(),
-        reason: e.to_string(),
+    crate::payload::decode_shared(crate::payload::Src::Own(env.payload.clone())).map_err(|e| {
+        Error::Decode {
+            from: env.sender.to_string(),
+            reason: e.to_string(),
+        }
     })
 }
 

@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 
 use super::{Actor, Context, Handler};
 use crate::error::ActorError;
+use crate::payload::Src;
 use crate::port::{Message, handler_port};
 
 /// Why a handler did not produce a reply.
@@ -19,12 +20,15 @@ pub(crate) enum HandlerFailure {
     Encode(String),
 }
 
-type Dispatch<A> = for<'a> fn(
-    &'a mut A,
-    &'a Context<A>,
-    Bytes,
-    bool,
-) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>;
+/// Decodes the message (at once) and returns the handler's future.
+type Dispatch<A> =
+    for<'a, 'b> fn(
+        &'a mut A,
+        &'a Context<A>,
+        Src<'b>,
+        bool,
+    )
+        -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>;
 
 /// Handler ports are already hashes (FNV-1a of a type path): the map uses
 /// them as they are instead of hashing them again for every message.
@@ -53,17 +57,17 @@ pub struct Handlers<A: Actor> {
 fn dispatch<'a, A, M>(
     actor: &'a mut A,
     cx: &'a Context<A>,
-    payload: Bytes,
+    src: Src<'_>,
     want_reply: bool,
-) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>
+) -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>
 where
     A: Handler<M>,
     M: Message,
 {
-    Box::pin(async move {
-        let msg: M = crate::payload::decode_shared(payload).map_err(|e| {
-            HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
-        })?;
+    let msg: M = crate::payload::decode_shared(src).map_err(|e| {
+        HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
+    })?;
+    Ok(Box::pin(async move {
         let reply = actor
             .handle(cx, msg)
             .await
@@ -74,7 +78,7 @@ where
         postcard::to_allocvec(&reply)
             .map(|v| Some(Bytes::from(v)))
             .map_err(|e| HandlerFailure::Encode(e.to_string()))
-    })
+    }))
 }
 
 impl<A: Actor> Handlers<A> {

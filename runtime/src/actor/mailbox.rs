@@ -132,10 +132,12 @@ impl Mailbox {
 
 /// What the actor takes out of its mailbox.
 pub(crate) enum Next {
-    Message(Envelope),
+    /// A message; with the block that the payloads of the [`Next::Repeat`]s
+    /// following it are ranges of, if any follow.
+    Message(Envelope, Option<bytes::Bytes>),
     /// The payload of a message with the same header as the message taken
-    /// just before it.
-    Repeat(bytes::Bytes),
+    /// just before it: a range of that message's block.
+    Repeat(std::ops::Range<usize>),
     Child(Box<crate::supervision::SupervisionEvent>),
     Stop(String),
 }
@@ -172,11 +174,14 @@ impl MailboxRx {
     fn pop_batch(&mut self, repeats: bool) -> Option<Next> {
         let next = loop {
             let run = self.batch.front_mut()?;
-            if repeats && let Some(p) = run.repeat() {
-                break Next::Repeat(p);
+            if repeats && let Some(r) = run.repeat() {
+                break Next::Repeat(r);
             }
             match run.next() {
-                Some(env) => break Next::Message(env),
+                Some(env) => {
+                    let block = (repeats && run.len() > 0).then(|| run.block().clone());
+                    break Next::Message(env, block);
+                }
                 None => {
                     self.batch.pop_front();
                 }
@@ -204,14 +209,14 @@ impl MailboxRx {
         match sig {
             Signal::Message(env) => {
                 self.return_permits();
-                Some(Next::Message(*env))
+                Some(Next::Message(*env, None))
             }
             Signal::Batch(runs) => {
                 // One permit per message: the first is counted by
                 // `pop_batch`.
                 self.owed -= 1;
                 self.batch.extend(runs);
-                self.pop_batch(false)
+                self.pop_batch(true)
             }
             Signal::Child(e) => {
                 self.return_permits();

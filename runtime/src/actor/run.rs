@@ -15,6 +15,7 @@ use super::mailbox::{Mailbox, MailboxRx, Next};
 use super::{Actor, Context, Handlers};
 use crate::channel::{Arrivals, Envelope};
 use crate::id::ActorId;
+use crate::payload::Src;
 use crate::port::{PortRef, UNDELIVERABLE_PORT};
 use crate::proc::{Proc, undeliverable_of};
 use crate::supervision::{ActorStatus, SupervisionEvent};
@@ -123,21 +124,27 @@ async fn message_loop<A: Actor>(
     handlers: &Handlers<A>,
     cause: &mut Option<Box<SupervisionEvent>>,
 ) -> ActorStatus {
-    // The header of the last message, for the repeats that follow it.
+    // The header of the last message, for the repeats that follow it, and
+    // the block their payloads are ranges of.
     let mut last: Option<Envelope> = None;
+    let mut block = bytes::Bytes::new();
     loop {
         // The context holds a sender, so the mailbox never closes here.
         let Some(next) = rx.recv().await else {
             return ActorStatus::Stopped("mailbox closed".into());
         };
         let outcome = match next {
-            Next::Message(mut env) => {
+            Next::Message(mut env, run_block) => {
                 let payload = std::mem::take(&mut env.payload);
+                block = run_block.unwrap_or_default();
                 let header = last.insert(env);
-                handle_message(actor, cx, handlers, header, payload).await
+                handle_message(actor, cx, handlers, header, Src::Own(payload)).await
             }
-            Next::Repeat(payload) => match &last {
-                Some(header) => handle_message(actor, cx, handlers, header, payload).await,
+            Next::Repeat(range) => match &last {
+                Some(header) => {
+                    let src = Src::Range(&mut block, range);
+                    handle_message(actor, cx, handlers, header, src).await
+                }
                 None => unreachable!("a repeat follows the message whose header it repeats"),
             },
             Next::Stop(reason) => return ActorStatus::Stopped(reason),
@@ -190,31 +197,38 @@ async fn handle_message<A: Actor>(
     cx: &Context<A>,
     handlers: &Handlers<A>,
     header: &Envelope,
-    payload: bytes::Bytes,
+    src: Src<'_>,
 ) -> Option<ActorStatus> {
-    let whole = || Envelope {
-        payload: payload.clone(),
-        ..header.clone()
-    };
     let port = header.dest.index();
     if port == UNDELIVERABLE_PORT {
-        return Box::pin(handle_undeliverable(actor, cx, whole())).await;
+        let env = Envelope {
+            payload: src.into_bytes(),
+            ..header.clone()
+        };
+        return Box::pin(handle_undeliverable(actor, cx, env)).await;
     }
     let Some(handler) = handlers.get(port) else {
         let reason = format!(
             "actor {} has no handler for this message type (port {port})",
             cx.id
         );
-        cx.proc.bounce(whole(), reason);
+        cx.proc.bounce(header.clone(), reason);
         return None;
     };
     let want_reply = header.reply_to.is_some();
-    let r = AssertUnwindSafe(handler(actor, cx, payload, want_reply))
-        .catch_unwind()
-        .await;
-    match r {
+    // The message is decoded at once (the payload goes to the handler; what
+    // follows needs only the header).
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(move || {
+        handler(actor, cx, src, want_reply)
+    })) {
+        Ok(Ok(fut)) => fut,
+        Ok(Err(failure)) => {
+            return Box::pin(after_handler(cx, header.clone(), Ok(Err(failure)))).await;
+        }
+        Err(p) => return Box::pin(after_handler(cx, header.clone(), Err(p))).await,
+    };
+    match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(None)) => None,
-        // The payload went to the handler; what follows needs the header.
         r => Box::pin(after_handler(cx, header.clone(), r)).await,
     }
 }
@@ -291,7 +305,7 @@ async fn finish<A: Actor>(
     cx.proc.remove_actor(&cx.id);
     rx.close();
     while let Some(next) = rx.try_recv() {
-        if let Next::Message(env) = next {
+        if let Next::Message(env, _) = next {
             let reason = format!("actor {} {status}", cx.id);
             cx.proc.bounce(env, reason);
         }

@@ -293,14 +293,22 @@ impl Arrivals {
         }
     }
 
-    /// The next payload alone, if an envelope of this run was handed out
-    /// before it (the taker knows the header from that envelope); else
-    /// `None` (take it with [`Iterator::next`]).
-    pub(crate) fn repeat(&mut self) -> Option<Bytes> {
-        if !self.handed {
+    /// The range in [`Arrivals::block`] of the next payload, if an envelope
+    /// of this run was handed out before it (the taker knows the header
+    /// from that envelope, and holds the block); else `None` (take it with
+    /// [`Iterator::next`]).
+    pub(crate) fn repeat(&mut self) -> Option<std::ops::Range<usize>> {
+        if !self.handed || self.first.is_some() {
             return None;
         }
-        self.payload()
+        let (off, len) = *self.spans.get(self.next)?;
+        self.next += 1;
+        Some(off as usize..(off + len) as usize)
+    }
+
+    /// The buffer the payloads after the first are slices of.
+    pub(crate) fn block(&self) -> &Bytes {
+        &self.block
     }
 
     fn payload(&mut self) -> Option<Bytes> {
