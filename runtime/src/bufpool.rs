@@ -12,10 +12,11 @@
 
 use bytes::BytesMut;
 
-/// Buffers kept per pool.
-pub(crate) const SLOTS: usize = 4;
-/// Largest buffer kept.
-pub(crate) const MAX_POOLED: usize = 16 << 20;
+/// Buffers kept per pool (a link queues at most 4 MiB of large payloads,
+/// so a sender of 1 MiB messages has about six in use at once).
+pub(crate) const SLOTS: usize = 8;
+/// Largest buffer kept (a pool holds at most 16 MiB).
+pub(crate) const MAX_POOLED: usize = 2 << 20;
 
 /// A few large buffers, reused once their contents are dropped.
 #[derive(Default)]

@@ -36,6 +36,10 @@ const ACK_EVERY: u64 = 1024;
 const ACK_DELAY: Duration = Duration::from_millis(2);
 /// A write batch stops growing at this many bytes.
 const BATCH_BYTES: usize = 256 * 1024;
+/// Senders wait while a link's queue holds this many payload bytes, so
+/// large messages queue megabytes, not gigabytes (`queue_capacity` counts
+/// messages whatever their size).
+const QUEUE_BYTES: usize = 4 << 20;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
 /// At most this many envelopes are handed to an actor in one batch.
@@ -205,11 +209,21 @@ struct QueueItems {
     runs: VecDeque<Run>,
     /// Messages in `runs` (at most `capacity`).
     len: usize,
+    /// Payload bytes of the runs' heads (large messages are always heads).
+    bytes: usize,
     closed: bool,
     /// The link task is waiting for `ready`.
     idle: bool,
     /// Senders wait for room.
     waiting: bool,
+}
+
+impl QueueItems {
+    /// No room for another message: `capacity` messages, or
+    /// [`QUEUE_BYTES`] of large payloads (one message always fits).
+    fn full(&self, capacity: usize) -> bool {
+        self.len >= capacity || (self.len > 0 && self.bytes >= QUEUE_BYTES)
+    }
 }
 
 /// Why a push failed; the envelope comes back.
@@ -240,7 +254,7 @@ impl LinkQueue {
             if items.closed {
                 return Err(PushError::Closed(env));
             }
-            if items.len >= self.capacity {
+            if items.full(self.capacity) {
                 items.waiting = true;
                 return Err(PushError::Full(env));
             }
@@ -252,6 +266,7 @@ impl LinkQueue {
             let joined = match env {
                 Ok(joined) => Some(joined),
                 Err(env) => {
+                    items.bytes += env.payload.len();
                     items.runs.push_back(Run::new(env));
                     None
                 }
@@ -279,7 +294,7 @@ impl LinkQueue {
     ) -> bool {
         let wake = {
             let mut items = self.items();
-            if items.closed || items.len >= self.capacity {
+            if items.closed || items.full(self.capacity) {
                 return false;
             }
             let Some(run) = items.runs.back_mut() else {
@@ -335,6 +350,7 @@ impl LinkQueue {
             if into.is_empty() && items.len <= room {
                 std::mem::swap(&mut items.runs, into);
                 n = std::mem::take(&mut items.len);
+                items.bytes = 0;
             }
             while let Some(run) = items.runs.front() {
                 if n + run.len() > room && !(must && n == 0) {
@@ -343,6 +359,7 @@ impl LinkQueue {
                 n += run.len();
                 if let Some(run) = items.runs.pop_front() {
                     items.len -= run.len();
+                    items.bytes -= run.head.payload.len();
                     into.push_back(run);
                 }
             }
@@ -369,6 +386,7 @@ impl LinkQueue {
         let q = {
             let mut items = self.items();
             items.len = 0;
+            items.bytes = 0;
             items.waiting = false;
             std::mem::take(&mut items.runs)
         };
@@ -382,6 +400,7 @@ impl LinkQueue {
             let mut items = self.items();
             items.closed = true;
             items.len = 0;
+            items.bytes = 0;
             std::mem::take(&mut items.runs)
         };
         self.room.notify_waiters();

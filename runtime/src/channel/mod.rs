@@ -22,7 +22,8 @@
 //!    each writes on its own connection and reads from both, and the other
 //!    connection takes over if the one written on fails.
 //! 3. Queues are bounded: each link queues at most `queue_capacity`
-//!    envelopes and writes whole runs of them (envelopes sharing a header)
+//!    envelopes (and at most 4 MiB of large payloads, one message always
+//!    fitting) and writes whole runs of them (envelopes sharing a header)
 //!    while at most `window` are unacknowledged on the connection (a single
 //!    run larger than the window is written alone); senders wait when the
 //!    queue is full (backpressure reaches the TCP socket, and the reader
