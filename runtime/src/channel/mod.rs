@@ -1,7 +1,7 @@
 //! Transport: framed, authenticated, bidirectional connections between procs.
 //!
-//! This module owns the wire ([`frame`]), the handshake ([`handshake`]) and
-//! the per-peer links ([`link`]). Streams of small messages are batched at
+//! This module owns the wire ([`frame`]), the handshake ([`handshake`]),
+//! the per-peer links ([`link`]) and their outgoing queues (`queue`). Streams of small messages are batched at
 //! every step: senders frame repeated-header envelopes as they queue them,
 //! the link writes everything queued in one system call, and the reader
 //! hands a read buffer's worth of envelopes for one actor over in one
@@ -44,6 +44,7 @@
 pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;
+mod queue;
 
 use std::time::Duration;
 
