@@ -1,5 +1,6 @@
 //! Messages and ports: typed references to ports ([`PortRef`],
-//! [`OncePortRef`]) and their receivers.
+//! [`OncePortRef`]) and their receivers, and message encoding (small
+//! messages into a per-thread arena, large ones into reused buffers).
 //!
 //! Port numbers:
 //! 1. `0` is every actor's undeliverable port (returned messages);

@@ -1,4 +1,5 @@
-//! The per-type table from handler port to a type-erased handler.
+//! The per-type table from handler port to a type-erased handler, which
+//! decodes the message at once and returns the handler's future.
 
 use std::collections::HashMap;
 

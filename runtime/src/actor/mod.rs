@@ -1,5 +1,6 @@
 //! Actors: the [`Actor`] trait with its hooks, typed [`Handler`]s, the
-//! per-message [`Context`], and [`ActorRef`] with `send` and `call`.
+//! per-message [`Context`], [`ActorRef`] with `send` and `call`, and the
+//! mailbox (`mailbox`) the actor task (`run`) takes its messages from.
 //!
 //! Invariants:
 //! 1. An actor handles one message at a time, in arrival order; messages

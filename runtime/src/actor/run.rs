@@ -1,5 +1,7 @@
-//! The actor task: init, the message loop, failure capture (errors and
-//! panics), cleanup, and reporting the final status to the supervisor.
+//! The actor task: init, the message loop (a run of messages sharing a
+//! header is handled without copying the header per message), failure
+//! capture (errors and panics), cleanup, and reporting the final status to
+//! the supervisor.
 
 use std::any::Any;
 use std::marker::PhantomData;
