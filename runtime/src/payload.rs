@@ -8,7 +8,7 @@
 //!
 //! Invariants:
 //! 1. Decoding never copies a `Payload` that lies inside the buffer being
-//!    decoded ([`decode_shared`] marks that buffer for the current thread).
+//!    decoded (`decode_shared` marks that buffer for the current thread).
 //! 2. The slice keeps its buffer alive (reference counted), so a payload kept
 //!    by a handler pins at most the buffer it arrived in.
 

@@ -1,12 +1,13 @@
 //! Transport: framed, authenticated, bidirectional connections between procs.
 //!
 //! This module owns the wire ([`frame`]), the handshake ([`handshake`]),
-//! the per-peer links ([`link`]) and their outgoing queues (`queue`). Streams of small messages are batched at
-//! every step: senders frame repeated-header envelopes as they queue them,
-//! the link writes everything queued in one system call, and the reader
-//! hands a read buffer's worth of envelopes for one actor over in one
-//! wake-up, as slices of that buffer. A proc has one [`Transport`]; everything a
-//! proc sends to another proc goes through the one link for that peer.
+//! the per-peer links ([`link`]) and their outgoing queues (`queue`). A
+//! proc has one [`Transport`]; everything a proc sends to another proc goes
+//! through the one link for that peer. Streams of small messages are
+//! batched at every step: senders frame repeated-header envelopes as they
+//! queue them, the link writes everything queued in one system call, and
+//! the reader hands a read buffer's worth of envelopes for one actor over
+//! in one wake-up, as slices of that buffer.
 //!
 //! Invariants:
 //! 1. One link per peer proc, shared by all of the proc's actors. A link
