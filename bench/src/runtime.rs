@@ -31,6 +31,17 @@ fn scale(n: usize) -> usize {
     }
 }
 
+/// Whether the section `name` runs: all do unless `HOSTMESH_BENCH_ONLY`
+/// lists comma-separated prefixes (`call_rtt`, `tell`, `bulk`, `cast`, `rss`).
+fn want(name: &str) -> bool {
+    match std::env::var("HOSTMESH_BENCH_ONLY") {
+        Ok(only) => only
+            .split(',')
+            .any(|p| !p.is_empty() && name.starts_with(p.trim())),
+        Err(_) => true,
+    }
+}
+
 /// Runs the suite (or, in a child, the peer).
 pub(crate) fn run() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -182,6 +193,9 @@ async fn suite() -> anyhow::Result<()> {
 
     // call round trip vs raw echo, 1 KiB (and 64 KiB: no Nagle cliff).
     for (size, name) in [(1024usize, "1k"), (64 * 1024, "64k")] {
+        if !want("call_rtt") {
+            break;
+        }
         let n = scale(if size > 4096 { 3_000 } else { 20_000 });
         let (rt_p50, rt_p99) = call_rtt(&c, &t0, size, n).await?;
         let (raw_p50, raw_p99) = raw_rtt(&peer.echo, size, n).await?;
@@ -190,15 +204,22 @@ async fn suite() -> anyhow::Result<()> {
     }
 
     // one-way throughput vs raw frames on one stream.
-    let n = scale(1_000_000);
-    let rt = tell_throughput(&c, &t0, 64, n).await?;
-    let raw = raw_throughput(&peer.sink, 64, n as u64).await?;
-    emit("tell_throughput_64b", rt, "msgs/s", Some(raw));
-    let n = scale(512);
-    let rt = tell_throughput(&c, &t0, 1 << 20, n).await? * (1 << 20) as f64;
-    let raw = raw_throughput(&peer.sink, 1 << 20, n as u64).await? * (1 << 20) as f64;
-    emit("bulk_throughput_1m", rt, "bytes/s", Some(raw));
+    if want("tell") {
+        let n = scale(1_000_000);
+        let rt = tell_throughput(&c, &t0, 64, n).await?;
+        let raw = raw_throughput(&peer.sink, 64, n as u64).await?;
+        emit("tell_throughput_64b", rt, "msgs/s", Some(raw));
+    }
+    if want("bulk") {
+        let n = scale(512);
+        let rt = tell_throughput(&c, &t0, 1 << 20, n).await? * (1 << 20) as f64;
+        let raw = raw_throughput(&peer.sink, 1 << 20, n as u64).await? * (1 << 20) as f64;
+        emit("bulk_throughput_1m", rt, "bytes/s", Some(raw));
+    }
     drop(peer);
+    if !want("cast") && !want("rss") {
+        return Ok(());
+    }
 
     // cast and gather over 4 processes.
     let peers = (0..4)
@@ -212,6 +233,9 @@ async fn suite() -> anyhow::Result<()> {
         ),
         (64, 300, vec!["cast_gather_256_p50", "cast_gather_256_p99"]),
     ] {
+        if !want("cast") {
+            break;
+        }
         let region: Region = format!("proc=4,actor={per}").parse()?;
         let mut ids = Vec::new();
         for p in &peers {
@@ -238,6 +262,9 @@ async fn suite() -> anyhow::Result<()> {
     drop(peers);
 
     // resident set of a proc with 10,000 idle actors.
+    if !want("rss") {
+        return Ok(());
+    }
     let empty = start_peer(0)?;
     let full = start_peer(10_000)?;
     let (e, f) = (rss_bytes(empty.child.id())?, rss_bytes(full.child.id())?);
@@ -294,7 +321,7 @@ async fn tell_throughput(
     size: usize,
     n: usize,
 ) -> anyhow::Result<f64> {
-    let msg = Blob(vec![7; size]);
+    let msg = Blob(vec![7; size].into());
     let before = t.call(c, &Count, T).await?;
     let start = Instant::now();
     for _ in 0..n {

@@ -4,7 +4,7 @@
 //! Modules, each owning one concern: [`mesh`] (extents, regions, value
 //! meshes), [`id`] (addresses and ids), [`channel`] (framing, handshake,
 //! links), [`proc`] (hosting and routing), [`actor`] (the actor model),
-//! [`port`] (typed ports), [`supervision`] (statuses and events),
+//! [`port`] (typed ports), [`payload`] (zero-copy byte fields), [`supervision`] (statuses and events),
 //! [`actor_mesh`] (spawn, cast and gather over many procs).
 //!
 //! Two procs, one `call` over authenticated TCP:
@@ -51,11 +51,13 @@
 
 pub mod actor;
 pub mod actor_mesh;
+mod bufpool;
 pub mod channel;
 mod error;
 pub mod host;
 pub mod id;
 pub mod mesh;
+pub mod payload;
 pub mod port;
 pub mod proc;
 pub mod supervision;
@@ -65,6 +67,7 @@ pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
 pub use channel::ChannelConfig;
 pub use error::{ActorError, Error};
 pub use id::{ActorId, ChannelAddr, PortId, ProcId};
+pub use payload::Payload;
 pub use port::{Message, OncePortRef, OnceReceiver, PortReceiver, PortRef};
 pub use proc::{CanSend, Proc, ProcBuilder, ProcConfig};
 pub use supervision::{ActorStatus, SupervisionEvent, Undeliverable};

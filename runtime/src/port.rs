@@ -1,5 +1,6 @@
 //! Messages and ports: typed references to ports ([`PortRef`],
-//! [`OncePortRef`]) and their receivers.
+//! [`OncePortRef`]) and their receivers, and message encoding (small
+//! messages into a per-thread arena, large ones into reused buffers).
 //!
 //! Port numbers:
 //! 1. `0` is every actor's undeliverable port (returned messages);
@@ -41,20 +42,64 @@ pub(crate) fn handler_port<M: 'static>() -> u64 {
     if p == UNDELIVERABLE_PORT { 1 } else { p }
 }
 
+/// Messages up to this size are encoded into a per-thread arena.
+const ARENA_MAX: usize = 4 * 1024;
+/// Size of each arena block.
+const ARENA_BLOCK: usize = 64 * 1024;
+
+thread_local! {
+    /// Small messages are encoded into one shared block per thread, each
+    /// message a reference-counted slice of it, instead of one allocation
+    /// per message; a block is freed when its last message is.
+    static ARENA: std::cell::RefCell<bytes::BytesMut> =
+        std::cell::RefCell::new(bytes::BytesMut::new());
+
+    /// Large messages are encoded into a few buffers per thread, reused once
+    /// the message is written (see [`crate::bufpool`]).
+    static LARGE: std::cell::RefCell<crate::bufpool::BufPool> =
+        std::cell::RefCell::new(crate::bufpool::BufPool::default());
+}
+
 pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
     // Size first, so a large message is written once into an exact buffer
     // instead of being copied as a growing vector doubles.
     let size =
         postcard::experimental::serialized_size(msg).map_err(|e| Error::Encode(e.to_string()))?;
-    postcard::to_extend(msg, Vec::with_capacity(size))
-        .map(Bytes::from)
-        .map_err(|e| Error::Encode(e.to_string()))
+    if size > ARENA_MAX {
+        // Large: into a reused buffer of this thread (no fresh pages).
+        return LARGE.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let buf = pool.get(size);
+            let mut w = bytes::BufMut::writer(&mut *buf);
+            if let Err(e) = postcard::to_io(msg, &mut w) {
+                buf.clear();
+                return Err(Error::Encode(e.to_string()));
+            }
+            Ok(buf.split().freeze())
+        });
+    }
+    ARENA.with(|arena| {
+        let mut arena = arena.borrow_mut();
+        if arena.capacity() - arena.len() < size {
+            // Reuses the block in place once every message cut from it is
+            // gone, else starts a new one.
+            arena.reserve(ARENA_BLOCK);
+        }
+        let mut w = bytes::BufMut::writer(&mut *arena);
+        if let Err(e) = postcard::to_io(msg, &mut w) {
+            arena.clear();
+            return Err(Error::Encode(e.to_string()));
+        }
+        Ok(arena.split().freeze())
+    })
 }
 
 pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, Error> {
-    postcard::from_bytes(&env.payload).map_err(|e| Error::Decode {
-        from: env.sender.to_string(),
-        reason: e.to_string(),
+    crate::payload::decode_shared(crate::payload::Src::Own(env.payload.clone())).map_err(|e| {
+        Error::Decode {
+            from: env.sender.to_string(),
+            reason: e.to_string(),
+        }
     })
 }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
 use crate::error::{ActorError, Error};
 use crate::id::{ActorId, ChannelAddr};
+use crate::payload::Payload;
 use crate::proc::{Proc, ProcConfig};
 
 /// Replies with the same text.
@@ -30,9 +31,10 @@ pub struct PanicNow(pub String);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sleep(pub u64);
 
-/// A payload; the reply is its length.
+/// A payload; the reply is its length. The bytes arrive as a slice of the
+/// receive buffer ([`Payload`]), not a copy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Blob(#[serde(with = "serde_bytes_compat")] pub Vec<u8>);
+pub struct Blob(pub Payload);
 
 /// Adds to the actor's counter (usually sent, not called).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -190,31 +192,4 @@ pub async fn start_server(config: &ServerConfig) -> Result<Proc, Error> {
             .await?;
     }
     Ok(proc)
-}
-
-/// `Vec<u8>` as one byte string (postcard already does this for `Vec<u8>`;
-/// kept explicit so the encoding of [`Blob`] is pinned).
-mod serde_bytes_compat {
-    use serde::{Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("bytes")
-            }
-            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-        }
-        d.deserialize_bytes(V)
-    }
 }

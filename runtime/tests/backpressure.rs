@@ -95,25 +95,34 @@ async fn a_blocked_receiver_bounds_what_a_sender_can_queue() {
             }
         }
     });
-    // Wait for the sender to make progress, then give it ample time to run
-    // into the bound. Whatever the timing, it can never pass the sum of the
-    // queues: link queue + unacked window + mailbox + the reader's and the
-    // handler's message (+ slack for the one being enqueued).
+    // Poll until the sender is blocked: it has made progress, then stopped
+    // making any (the same count over many polls). Whatever the timing, the
+    // count can never pass the sum of the queues: link queue + unacked
+    // window + mailbox + the handler's message (+ slack for the reader's
+    // batch and the one being enqueued); it is checked at every poll.
+    let bound = 4 + 8 + 4 + 2 + 4;
     let deadline = tokio::time::Instant::now() + T;
-    while sent.load(Ordering::SeqCst) < 4 {
+    let (mut last, mut stable) = (0, 0);
+    loop {
+        let queued = sent.load(Ordering::SeqCst);
+        assert!(
+            queued <= bound,
+            "{queued} messages queued past a blocked receiver (bound {bound})"
+        );
+        if queued >= 4 && queued == last {
+            stable += 1;
+            if stable >= 20 {
+                break;
+            }
+        } else {
+            (last, stable) = (queued, 0);
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the sender never progressed"
+            "the sender never blocked ({queued} sent)"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let bound = 4 + 8 + 4 + 2 + 4;
-    let queued = sent.load(Ordering::SeqCst);
-    assert!(
-        queued <= bound,
-        "{queued} messages queued past a blocked receiver (bound {bound})"
-    );
     assert!(!sender.is_finished());
     // Open the gate: everything arrives, nothing was dropped.
     gate.add_permits(N);

@@ -153,12 +153,12 @@ async fn large_and_small_messages_interleave_intact() {
         .enumerate()
     {
         let n = t
-            .call(&client, &Blob(vec![i as u8; *size]), T)
+            .call(&client, &Blob(vec![i as u8; *size].into()), T)
             .await
             .unwrap();
         assert_eq!(n, *size as u64);
-        t.send(&client, &Blob(vec![0; *size])).await.unwrap();
-        t.send(&client, &Blob(vec![1; 3])).await.unwrap();
+        t.send(&client, &Blob(vec![0; *size].into())).await.unwrap();
+        t.send(&client, &Blob(vec![1; 3].into())).await.unwrap();
     }
     assert_eq!(t.call(&client, &Count, T).await.unwrap(), 18);
 }

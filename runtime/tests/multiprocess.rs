@@ -229,7 +229,7 @@ async fn malformed_and_oversize_frames_close_only_their_connection() {
         t.call(&c2, &Echo("other".into()), T).await.unwrap(),
         "other"
     );
-    let big = hostmesh_runtime::testing::Blob(vec![7; 200_000]);
+    let big = hostmesh_runtime::testing::Blob(vec![7; 200_000].into());
     let e = t.call(&c, &big, T).await;
     assert!(e.is_err(), "oversize message rejected");
     assert_eq!(

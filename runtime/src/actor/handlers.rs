@@ -1,4 +1,5 @@
-//! The per-type table from handler port to a type-erased handler.
+//! The per-type table from handler port to a type-erased handler, which
+//! decodes the message at once and returns the handler's future.
 
 use std::collections::HashMap;
 
@@ -7,6 +8,7 @@ use futures::future::BoxFuture;
 
 use super::{Actor, Context, Handler};
 use crate::error::ActorError;
+use crate::payload::Src;
 use crate::port::{Message, handler_port};
 
 /// Why a handler did not produce a reply.
@@ -19,32 +21,54 @@ pub(crate) enum HandlerFailure {
     Encode(String),
 }
 
-type Dispatch<A> = for<'a> fn(
-    &'a mut A,
-    &'a Context<A>,
-    Bytes,
-    bool,
-) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>;
+/// Decodes the message (at once) and returns the handler's future.
+type Dispatch<A> =
+    for<'a, 'b> fn(
+        &'a mut A,
+        &'a Context<A>,
+        Src<'b>,
+        bool,
+    )
+        -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>;
+
+/// Handler ports are already hashes (FNV-1a of a type path): the map uses
+/// them as they are instead of hashing them again for every message.
+#[derive(Default)]
+struct PortHasher(u64);
+
+impl std::hash::Hasher for PortHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 /// The message types an actor type handles; filled by [`Actor::register`].
 pub struct Handlers<A: Actor> {
-    map: HashMap<u64, Dispatch<A>>,
+    map: HashMap<u64, Dispatch<A>, std::hash::BuildHasherDefault<PortHasher>>,
 }
 
 fn dispatch<'a, A, M>(
     actor: &'a mut A,
     cx: &'a Context<A>,
-    payload: Bytes,
+    src: Src<'_>,
     want_reply: bool,
-) -> BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>
+) -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>
 where
     A: Handler<M>,
     M: Message,
 {
-    Box::pin(async move {
-        let msg: M = postcard::from_bytes(&payload).map_err(|e| {
-            HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
-        })?;
+    let msg: M = crate::payload::decode_shared(src).map_err(|e| {
+        HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
+    })?;
+    Ok(Box::pin(async move {
         let reply = actor
             .handle(cx, msg)
             .await
@@ -55,13 +79,13 @@ where
         postcard::to_allocvec(&reply)
             .map(|v| Some(Bytes::from(v)))
             .map_err(|e| HandlerFailure::Encode(e.to_string()))
-    })
+    }))
 }
 
 impl<A: Actor> Handlers<A> {
     pub(crate) fn build() -> Self {
         let mut h = Handlers {
-            map: HashMap::new(),
+            map: HashMap::default(),
         };
         A::register(&mut h);
         h

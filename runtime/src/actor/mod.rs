@@ -1,5 +1,6 @@
 //! Actors: the [`Actor`] trait with its hooks, typed [`Handler`]s, the
-//! per-message [`Context`], and [`ActorRef`] with `send` and `call`.
+//! per-message [`Context`], [`ActorRef`] with `send` and `call`, and the
+//! mailbox (`mailbox`) the actor task (`run`) takes its messages from.
 //!
 //! Invariants:
 //! 1. An actor handles one message at a time, in arrival order; messages
@@ -11,6 +12,7 @@
 //!    the callee's proc, or its timeout; it never waits forever.
 
 mod handlers;
+mod mailbox;
 mod run;
 
 use std::future::Future;
@@ -19,7 +21,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use crate::error::{ActorError, Error};
 use crate::id::ActorId;
@@ -28,6 +29,7 @@ use crate::proc::{CanSend, Proc};
 use crate::supervision::{ActorStatus, SupervisionEvent, Undeliverable};
 
 pub use handlers::Handlers;
+pub(crate) use mailbox::{Mailbox, mailbox};
 pub(crate) use run::{Signal, Supervisor, start};
 
 /// An actor: state plus handlers, run by its proc one message at a time.
@@ -122,9 +124,11 @@ pub trait RemoteSpawn: Actor {
 pub struct Context<A: Actor> {
     proc: Proc,
     id: ActorId,
-    mailbox: mpsc::Sender<Signal>,
+    mailbox: Mailbox,
     stop: Mutex<Option<String>>,
-    children: Mutex<Vec<mpsc::Sender<Signal>>>,
+    /// Set with `stop`, so the message loop checks it without the lock.
+    stopping: std::sync::atomic::AtomicBool,
+    children: Mutex<Vec<Mailbox>>,
     _a: PhantomData<fn() -> A>,
 }
 
@@ -148,6 +152,8 @@ impl<A: Actor> Context<A> {
     /// `Stopped(reason)`.
     pub fn stop(&self, reason: impl Into<String>) {
         *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.into());
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Spawns a child actor supervised by this one; it is named after this
@@ -244,14 +250,13 @@ impl<A: Actor> ActorRef<A> {
     where
         A: Handler<M>,
     {
+        let port = handler_port::<M>();
+        let proc = cx.proc();
+        if proc.try_repeat(cx.sender_id(), &self.id, port, msg) {
+            return Ok(());
+        }
         let payload = port::encode(msg)?;
-        cx.proc()
-            .post(
-                cx.sender_id(),
-                self.id.port(handler_port::<M>()),
-                None,
-                payload,
-            )
+        proc.post(cx.sender_id(), self.id.port(port), None, payload)
             .await;
         Ok(())
     }

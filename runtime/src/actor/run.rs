@@ -1,5 +1,7 @@
-//! The actor task: init, the message loop, failure capture (errors and
-//! panics), cleanup, and reporting the final status to the supervisor.
+//! The actor task: init, the message loop (a run of messages sharing a
+//! header is handled without copying the header per message), failure
+//! capture (errors and panics), cleanup, and reporting the final status to
+//! the supervisor.
 
 use std::any::Any;
 use std::marker::PhantomData;
@@ -7,13 +9,15 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::handlers::HandlerFailure;
+use super::mailbox::{Mailbox, MailboxRx, Next};
 use super::{Actor, Context, Handlers};
-use crate::channel::Envelope;
+use crate::channel::{Arrivals, Envelope};
 use crate::id::ActorId;
+use crate::payload::Src;
 use crate::port::{PortRef, UNDELIVERABLE_PORT};
 use crate::proc::{Proc, undeliverable_of};
 use crate::supervision::{ActorStatus, SupervisionEvent};
@@ -22,6 +26,9 @@ use crate::supervision::{ActorStatus, SupervisionEvent};
 pub(crate) enum Signal {
     /// A message (or an undeliverable return) for the actor.
     Message(Box<Envelope>),
+    /// Messages in order, handed over in one wake-up (each counts against
+    /// the mailbox's capacity).
+    Batch(Vec<Arrivals>),
     /// A child stopped.
     Child(Box<SupervisionEvent>),
     /// Stop now.
@@ -31,7 +38,7 @@ pub(crate) enum Signal {
 /// Who hears about an actor's end.
 pub(crate) enum Supervisor {
     /// A parent on the same proc.
-    Parent(mpsc::Sender<Signal>),
+    Parent(Mailbox),
     /// A port, possibly remote (the owner of a mesh).
     Owner(PortRef<SupervisionEvent>),
     /// The proc's sink (failures only).
@@ -59,8 +66,8 @@ pub(crate) async fn start<A: Actor>(
     proc: Proc,
     id: ActorId,
     actor: A,
-    mailbox: mpsc::Sender<Signal>,
-    rx: mpsc::Receiver<Signal>,
+    mailbox: Mailbox,
+    rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
 ) -> Result<(), String> {
@@ -69,6 +76,7 @@ pub(crate) async fn start<A: Actor>(
         id,
         mailbox,
         stop: Mutex::new(None),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         children: Mutex::new(Vec::new()),
         _a: PhantomData,
     };
@@ -82,7 +90,7 @@ pub(crate) async fn start<A: Actor>(
 async fn run<A: Actor>(
     mut actor: A,
     cx: Context<A>,
-    mut rx: mpsc::Receiver<Signal>,
+    mut rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
     init_tx: oneshot::Sender<Result<(), String>>,
@@ -114,19 +122,35 @@ async fn run<A: Actor>(
 async fn message_loop<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
-    rx: &mut mpsc::Receiver<Signal>,
+    rx: &mut MailboxRx,
     handlers: &Handlers<A>,
     cause: &mut Option<Box<SupervisionEvent>>,
 ) -> ActorStatus {
+    // The header of the last message, for the repeats that follow it, and
+    // the block their payloads are ranges of.
+    let mut last: Option<Envelope> = None;
+    let mut block = bytes::Bytes::new();
     loop {
         // The context holds a sender, so the mailbox never closes here.
-        let Some(sig) = rx.recv().await else {
+        let Some(next) = rx.recv().await else {
             return ActorStatus::Stopped("mailbox closed".into());
         };
-        let outcome = match sig {
-            Signal::Message(env) => Box::pin(handle_envelope(actor, cx, handlers, *env)).await,
-            Signal::Stop(reason) => return ActorStatus::Stopped(reason),
-            Signal::Child(event) => {
+        let outcome = match next {
+            Next::Message(mut env, run_block) => {
+                let payload = std::mem::take(&mut env.payload);
+                block = run_block.unwrap_or_default();
+                let header = last.insert(env);
+                handle_message(actor, cx, handlers, header, Src::Own(payload)).await
+            }
+            Next::Repeat(range) => match &last {
+                Some(header) => {
+                    let src = Src::Range(&mut block, range);
+                    handle_message(actor, cx, handlers, header, src).await
+                }
+                None => unreachable!("a repeat follows the message whose header it repeats"),
+            },
+            Next::Stop(reason) => return ActorStatus::Stopped(reason),
+            Next::Child(event) => {
                 let r = Box::pin(
                     AssertUnwindSafe(actor.handle_supervision_event(cx, &event)).catch_unwind(),
                 )
@@ -158,46 +182,87 @@ async fn message_loop<A: Actor>(
         if let Some(status) = outcome {
             return status;
         }
-        if let Some(reason) = cx.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if cx.stopping.load(std::sync::atomic::Ordering::Acquire)
+            && let Some(reason) = cx.stop.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
             return ActorStatus::Stopped(reason);
         }
     }
 }
 
-/// Handles one envelope; `Some(status)` when the actor must stop.
-async fn handle_envelope<A: Actor>(
+/// Handles one message (`header` with `payload`); `Some(status)` when the
+/// actor must stop. The common case (a handler that succeeds with no reply
+/// wanted) runs inline; everything else is boxed so that the actor's task
+/// stays small.
+async fn handle_message<A: Actor>(
     actor: &mut A,
     cx: &Context<A>,
     handlers: &Handlers<A>,
-    env: Envelope,
+    header: &Envelope,
+    src: Src<'_>,
 ) -> Option<ActorStatus> {
-    let port = env.dest.index();
+    let port = header.dest.index();
     if port == UNDELIVERABLE_PORT {
-        let u = undeliverable_of(&env);
-        let r = AssertUnwindSafe(actor.handle_undeliverable(cx, u))
-            .catch_unwind()
-            .await;
-        return match r {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(ActorStatus::Failed(e.to_string())),
-            Err(p) => Some(ActorStatus::Failed(format!(
-                "undeliverable handler panicked: {}",
-                panic_message(&*p)
-            ))),
+        let env = Envelope {
+            payload: src.into_bytes(),
+            ..header.clone()
         };
+        return Box::pin(handle_undeliverable(actor, cx, env)).await;
     }
     let Some(handler) = handlers.get(port) else {
         let reason = format!(
             "actor {} has no handler for this message type (port {port})",
             cx.id
         );
-        cx.proc.bounce(env, reason);
+        cx.proc.bounce(header.clone(), reason);
         return None;
     };
-    let want_reply = env.reply_to.is_some();
-    let r = AssertUnwindSafe(handler(actor, cx, env.payload.clone(), want_reply))
+    let want_reply = header.reply_to.is_some();
+    // The message is decoded at once (the payload goes to the handler; what
+    // follows needs only the header).
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(move || {
+        handler(actor, cx, src, want_reply)
+    })) {
+        Ok(Ok(fut)) => fut,
+        Ok(Err(failure)) => {
+            return Box::pin(after_handler(cx, header.clone(), Ok(Err(failure)))).await;
+        }
+        Err(p) => return Box::pin(after_handler(cx, header.clone(), Err(p))).await,
+    };
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(Ok(None)) => None,
+        r => Box::pin(after_handler(cx, header.clone(), r)).await,
+    }
+}
+
+async fn handle_undeliverable<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    env: Envelope,
+) -> Option<ActorStatus> {
+    let u = undeliverable_of(&env);
+    let r = AssertUnwindSafe(actor.handle_undeliverable(cx, u))
         .catch_unwind()
         .await;
+    match r {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(ActorStatus::Failed(e.to_string())),
+        Err(p) => Some(ActorStatus::Failed(format!(
+            "undeliverable handler panicked: {}",
+            panic_message(&*p)
+        ))),
+    }
+}
+
+type HandlerOutcome =
+    Result<Result<Option<bytes::Bytes>, HandlerFailure>, Box<dyn Any + Send + 'static>>;
+
+/// Sends the reply, bounces an undecodable message, or fails the actor.
+async fn after_handler<A: Actor>(
+    cx: &Context<A>,
+    env: Envelope,
+    r: HandlerOutcome,
+) -> Option<ActorStatus> {
     let failure = match r {
         Ok(Ok(None)) => return None,
         Ok(Ok(Some(reply))) => {
@@ -233,7 +298,7 @@ async fn handle_envelope<A: Actor>(
 
 async fn finish<A: Actor>(
     cx: Context<A>,
-    mut rx: mpsc::Receiver<Signal>,
+    mut rx: MailboxRx,
     status: ActorStatus,
     cause: Option<Box<SupervisionEvent>>,
     supervisor: Supervisor,
@@ -241,10 +306,10 @@ async fn finish<A: Actor>(
     debug!(actor = %cx.id, %status, "actor stopped");
     cx.proc.remove_actor(&cx.id);
     rx.close();
-    while let Ok(sig) = rx.try_recv() {
-        if let Signal::Message(env) = sig {
+    while let Some(next) = rx.try_recv() {
+        if let Next::Message(env, _) = next {
             let reason = format!("actor {} {status}", cx.id);
-            cx.proc.bounce(*env, reason);
+            cx.proc.bounce(env, reason);
         }
     }
     let children = std::mem::take(&mut *cx.children.lock().unwrap_or_else(|e| e.into_inner()));
@@ -258,8 +323,7 @@ async fn finish<A: Actor>(
     };
     match supervisor {
         Supervisor::Parent(tx) => {
-            if let Err(mpsc::error::SendError(Signal::Child(event))) =
-                tx.send(Signal::Child(Box::new(event))).await
+            if let Err(Signal::Child(event)) = tx.send(Signal::Child(Box::new(event))).await
                 && event.status.is_failure()
             {
                 cx.proc.report(*event);

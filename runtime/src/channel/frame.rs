@@ -10,7 +10,10 @@
 //! Envelopes carry no sequence number: each direction of a connection counts
 //! the envelopes it carries, and acks are cumulative counts. A header length
 //! of 0 means "the same header as the previous envelope on this connection"
-//! (streams of messages between one sender and one receiver skip the ids).
+//! (streams of messages between one sender and one receiver skip the ids:
+//! a 64-byte message costs 77 bytes on the wire). On the receiving side a
+//! stream of such frames becomes one [`Arrivals`]: payloads sliced from the
+//! read buffer, sharing one copy of the header.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -107,6 +110,33 @@ impl LastHeader {
     }
 }
 
+/// Whether two envelopes share a header that can be elided (no error).
+pub(crate) fn same_header(a: &Envelope, b: &Envelope) -> bool {
+    a.error.is_none()
+        && b.error.is_none()
+        && a.sender == b.sender
+        && a.dest == b.dest
+        && a.reply_to == b.reply_to
+}
+
+/// Appends an envelope frame whose header repeats the previous frame's and
+/// whose payload `encode` writes; `false` (and `buf` unchanged) if it fails.
+pub(crate) fn encode_repeat_with(
+    buf: &mut BytesMut,
+    encode: impl FnOnce(&mut BytesMut) -> bool,
+) -> bool {
+    let start = buf.len();
+    put_header(buf, FrameKind::Envelope, 0);
+    buf.put_u32(0);
+    if !encode(buf) {
+        buf.truncate(start);
+        return false;
+    }
+    let body = (buf.len() - start - HEADER_LEN) as u32;
+    buf[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());
+    true
+}
+
 /// Payloads larger than this are not copied into the write buffer: the
 /// writer sends them straight from the envelope after the buffer.
 pub(crate) const INLINE_PAYLOAD_MAX: usize = 64 * 1024;
@@ -189,6 +219,172 @@ pub(crate) fn encode_hello<T: Serialize>(buf: &mut BytesMut, msg: &T) -> Result<
     Ok(())
 }
 
+/// Frames with a body at least this large are read into a buffer of their
+/// own size ([`pending_large`]) rather than through the shared read buffer.
+pub(crate) const LARGE_FRAME: usize = 64 * 1024;
+
+/// The body length of the incomplete frame at the front of `buf`, if its
+/// header is complete and the body is at least [`LARGE_FRAME`]. Call after
+/// [`decode`] returned `Ok(None)` (which checked the header).
+pub(crate) fn pending_large(buf: &BytesMut) -> Option<usize> {
+    if buf.len() < HEADER_LEN {
+        return None;
+    }
+    let len = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    (len >= LARGE_FRAME && buf.len() < HEADER_LEN + len).then_some(len)
+}
+
+/// Envelopes received in a row on one connection that share one header:
+/// an optional first payload, then payloads that are slices of one block of
+/// the read buffer. The reader hands these to an actor without building an
+/// envelope (and touching the ids' reference counts) per message; the
+/// actor's mailbox builds each envelope as it takes it.
+pub(crate) struct Arrivals {
+    /// The shared header (its payload is unused).
+    header: Envelope,
+    first: Option<Bytes>,
+    block: Bytes,
+    /// Payload ranges within `block`, and the next one to hand out.
+    spans: Vec<(u32, u32)>,
+    next: usize,
+    /// Whether an envelope was handed out already (see [`Arrivals::repeat`]).
+    handed: bool,
+}
+
+impl Arrivals {
+    /// One envelope.
+    pub(crate) fn one(mut env: Envelope) -> Self {
+        let first = std::mem::take(&mut env.payload);
+        Arrivals {
+            header: env,
+            first: Some(first),
+            block: Bytes::new(),
+            spans: Vec::new(),
+            next: 0,
+            handed: false,
+        }
+    }
+
+    /// The actor all of these go to.
+    pub(crate) fn dest(&self) -> &PortId {
+        &self.header.dest
+    }
+
+    /// How many envelopes are left.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.spans.len() - self.next
+    }
+
+    /// Leaves the first `n` envelopes here and returns the others.
+    pub(crate) fn split_off(&mut self, n: usize) -> Arrivals {
+        let skip = n - usize::from(self.first.is_some());
+        let at = self.next + skip;
+        let rest = self.spans.split_off(at);
+        Arrivals {
+            header: Envelope {
+                payload: Bytes::new(),
+                ..self.header.clone()
+            },
+            first: None,
+            block: self.block.clone(),
+            spans: rest,
+            next: 0,
+            handed: false,
+        }
+    }
+
+    /// The range in [`Arrivals::block`] of the next payload, if an envelope
+    /// of this run was handed out before it (the taker knows the header
+    /// from that envelope, and holds the block); else `None` (take it with
+    /// [`Iterator::next`]).
+    pub(crate) fn repeat(&mut self) -> Option<std::ops::Range<usize>> {
+        if !self.handed || self.first.is_some() {
+            return None;
+        }
+        let (off, len) = *self.spans.get(self.next)?;
+        self.next += 1;
+        Some(off as usize..(off + len) as usize)
+    }
+
+    /// The buffer the payloads after the first are slices of.
+    pub(crate) fn block(&self) -> &Bytes {
+        &self.block
+    }
+
+    fn payload(&mut self) -> Option<Bytes> {
+        self.handed = true;
+        match self.first.take() {
+            Some(p) => Some(p),
+            None => {
+                let (off, len) = *self.spans.get(self.next)?;
+                self.next += 1;
+                Some(self.block.slice(off as usize..(off + len) as usize))
+            }
+        }
+    }
+}
+
+impl Iterator for Arrivals {
+    type Item = Envelope;
+    fn next(&mut self) -> Option<Envelope> {
+        let payload = self.payload()?;
+        Some(Envelope {
+            sender: self.header.sender.clone(),
+            dest: self.header.dest.clone(),
+            reply_to: self.header.reply_to.clone(),
+            error: self.header.error.clone(),
+            payload,
+        })
+    }
+}
+
+/// Takes the frames at the front of `buf` that repeat the previous header
+/// (`header`, whose envelope must have no error) as one [`Arrivals`]; `None`
+/// when the first frame is not such a frame or not complete. Anything else
+/// (including a malformed frame) is left for [`decode`].
+pub(crate) fn take_repeats(
+    buf: &mut BytesMut,
+    max_frame: usize,
+    header: &Envelope,
+) -> Option<Arrivals> {
+    let mut pos = 0usize;
+    let mut spans = Vec::new();
+    while buf.len() - pos >= HEADER_LEN + 4 {
+        let b = &buf[pos..];
+        if b[0..2] != MAGIC || b[2] != VERSION || b[3] != FrameKind::Envelope as u8 {
+            break;
+        }
+        let len = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        if len > max_frame || len < 4 || b.len() < HEADER_LEN + len {
+            break;
+        }
+        if b[8..12] != [0, 0, 0, 0] {
+            break;
+        }
+        let start = pos + HEADER_LEN + 4;
+        spans.push((start as u32, (len - 4) as u32));
+        pos += HEADER_LEN + len;
+        if pos > u32::MAX as usize / 2 {
+            break;
+        }
+    }
+    if spans.is_empty() {
+        return None;
+    }
+    let block = buf.split_to(pos).freeze();
+    Some(Arrivals {
+        header: Envelope {
+            payload: Bytes::new(),
+            ..header.clone()
+        },
+        first: None,
+        block,
+        spans,
+        next: 0,
+        handed: false,
+    })
+}
+
 /// A decoded frame.
 // A frame is moved once from the decoder to its consumer; boxing the
 // envelope would cost an allocation per message for nothing.
@@ -232,7 +428,9 @@ pub(crate) fn decode(
         });
     }
     if buf.len() < HEADER_LEN + len {
-        buf.reserve(HEADER_LEN + len - buf.len());
+        if len < LARGE_FRAME {
+            buf.reserve(HEADER_LEN + len - buf.len());
+        }
         return Ok(None);
     }
     buf.advance(HEADER_LEN);

@@ -1,5 +1,9 @@
-//! Per-peer links: dialing with backoff, accepting, the writer loop with its
-//! unacknowledged window, and the reader loop that hands envelopes to the proc.
+//! Per-peer links: the outgoing queue (runs of envelopes sharing a header,
+//! framed as they are queued), dialing with backoff, accepting (a peer's
+//! newer connection replaces the older one it dialed; a crossing one is kept
+//! as a standby), the writer loop with its unacknowledged window, and the
+//! reader loop that hands envelopes to the proc in batches (large frames are
+//! read into reused buffers of their own size).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -11,22 +15,23 @@ use bytes::BytesMut;
 use ring::hmac;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::frame::{self, Frame};
+use super::frame::{self, Arrivals, Frame};
 use super::handshake;
+use super::queue::{LinkQueue, PushError, Run};
 use super::{ChannelConfig, ChannelError, Envelope};
-use crate::id::{ChannelAddr, ProcId};
-use crate::port::OPEN_PORT_BIT;
+use crate::id::{ActorId, ChannelAddr, ProcId};
+use crate::port::{OPEN_PORT_BIT, UNDELIVERABLE_PORT};
 
 type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Acks are sent at once after this many unacknowledged envelopes...
-const ACK_EVERY: u64 = 256;
+const ACK_EVERY: u64 = 1024;
 /// ...or after this delay, whichever comes first (and always piggybacked on
 /// outgoing data).
 const ACK_DELAY: Duration = Duration::from_millis(2);
@@ -34,12 +39,17 @@ const ACK_DELAY: Duration = Duration::from_millis(2);
 const BATCH_BYTES: usize = 256 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
+/// At most this many envelopes are handed to an actor in one batch.
+const MAX_BATCH: usize = 1024;
 
 /// What the transport needs from its proc.
 pub(crate) trait Inbound: Send + Sync + 'static {
     /// Delivers an envelope addressed to this proc (waits when the
     /// destination's queue is full).
     fn deliver(&self, env: Envelope) -> impl Future<Output = ()> + Send;
+    /// Delivers envelopes, in order, all addressed to one actor's handler
+    /// or undeliverable ports (never to opened ports), in one hand-off.
+    fn deliver_batch(&self, batch: Vec<Arrivals>) -> impl Future<Output = ()> + Send;
     /// Hands back an envelope that could not be delivered.
     fn bounce(&self, env: Envelope, reason: String);
 }
@@ -78,11 +88,43 @@ impl ConnShared {
 pub(crate) struct Conn {
     writer: BoxWrite,
     shared: Arc<ConnShared>,
+    /// Dialed by this proc (else accepted from the peer).
+    outbound: bool,
+}
+
+/// A second connection to the same peer that the link does not write on:
+/// its task reads and acknowledges, and gives the connection back when
+/// asked (to take over if the link's connection fails).
+struct Secondary {
+    release: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Option<Conn>>,
+}
+
+/// The links of a transport, by peer.
+#[derive(Default)]
+struct Links {
+    map: HashMap<ProcId, LinkHandle>,
+    /// The peer sent to last (a stream to one peer skips the hash lookup).
+    last: Option<(ProcId, u64, Arc<LinkQueue>)>,
+}
+
+impl Links {
+    fn insert(&mut self, peer: ProcId, h: LinkHandle) {
+        self.remove(&peer);
+        self.map.insert(peer, h);
+    }
+
+    fn remove(&mut self, peer: &ProcId) {
+        if self.last.as_ref().is_some_and(|(p, _, _)| p == peer) {
+            self.last = None;
+        }
+        self.map.remove(peer);
+    }
 }
 
 struct LinkHandle {
     id: u64,
-    tx: mpsc::Sender<Envelope>,
+    queue: Arc<LinkQueue>,
     attach: mpsc::UnboundedSender<Conn>,
     lost: watch::Receiver<u64>,
 }
@@ -99,7 +141,7 @@ pub(crate) struct Transport<I: Inbound> {
     config: ChannelConfig,
     key: Option<hmac::Key>,
     inbound: OnceLock<Weak<I>>,
-    links: Mutex<HashMap<ProcId, LinkHandle>>,
+    links: Mutex<Links>,
     next_id: AtomicU64,
     shutdown: CancellationToken,
 }
@@ -111,7 +153,7 @@ impl<I: Inbound> Transport<I> {
             config,
             key: secret.map(|s| hmac::Key::new(hmac::HMAC_SHA256, s)),
             inbound: OnceLock::new(),
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(Links::default()),
             next_id: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
         }
@@ -132,18 +174,21 @@ impl<I: Inbound> Transport<I> {
         }
     }
 
-    fn links(&self) -> std::sync::MutexGuard<'_, HashMap<ProcId, LinkHandle>> {
+    fn links(&self) -> std::sync::MutexGuard<'_, Links> {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn spawn_link(self: &Arc<Self>, peer: ProcId, initial: Option<Conn>) -> LinkHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(self.config.queue_capacity.max(1));
+        let queue = Arc::new(LinkQueue::new(
+            self.config.queue_capacity,
+            self.config.max_frame_len,
+        ));
         let (atx, arx) = mpsc::unbounded_channel();
         let (lost_tx, lost_rx) = watch::channel(0);
         let handle = LinkHandle {
             id,
-            tx,
+            queue: queue.clone(),
             attach: atx,
             lost: lost_rx,
         };
@@ -151,10 +196,11 @@ impl<I: Inbound> Transport<I> {
             t: self.clone(),
             peer,
             id,
-            rx,
+            queue,
             attach: arx,
             lost: lost_tx,
             pending: VecDeque::new(),
+            secondary: None,
         };
         tokio::spawn(link.run(initial));
         handle
@@ -163,7 +209,7 @@ impl<I: Inbound> Transport<I> {
     /// Applies `f` to the peer's link, creating the link if needed.
     fn with_link<R>(self: &Arc<Self>, peer: &ProcId, f: impl FnOnce(&LinkHandle) -> R) -> R {
         let mut links = self.links();
-        if let Some(h) = links.get(peer) {
+        if let Some(h) = links.map.get(peer) {
             return f(h);
         }
         let h = self.spawn_link(peer.clone(), None);
@@ -174,7 +220,7 @@ impl<I: Inbound> Transport<I> {
 
     fn remove_link(&self, peer: &ProcId, id: u64) {
         let mut links = self.links();
-        if links.get(peer).is_some_and(|h| h.id == id) {
+        if links.map.get(peer).is_some_and(|h| h.id == id) {
             links.remove(peer);
         }
     }
@@ -184,18 +230,69 @@ impl<I: Inbound> Transport<I> {
         self.with_link(peer, |h| h.lost.clone())
     }
 
+    /// Appends a message to the last run queued for `dest`'s proc if it
+    /// repeats that run's header (`sender` to handler port `port` of `dest`,
+    /// no reply port) and there is room now: `encode` writes the payload
+    /// (about `len` bytes) straight into the run, with no envelope and no
+    /// payload buffer of its own. `false`: nothing was queued (send it as an
+    /// envelope).
+    pub(crate) fn try_repeat(
+        &self,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        len: usize,
+        encode: impl FnOnce(&mut BytesMut) -> bool,
+    ) -> bool {
+        let links = self.links();
+        match &links.last {
+            Some((p, _, queue)) if p == dest.proc() => {
+                queue.try_repeat(sender, dest, port, len, encode)
+            }
+            _ => false,
+        }
+    }
+
     /// Queues an envelope for its destination proc (waits while the peer's
     /// queue is full). Failures come back through [`Inbound::bounce`].
     pub(crate) async fn send(self: &Arc<Self>, mut env: Envelope) {
         for _ in 0..2 {
-            let (id, tx) = self.with_link(env.dest.actor().proc(), |h| (h.id, h.tx.clone()));
-            match tx.send(env).await {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(back)) => {
-                    self.remove_link(back.dest.actor().proc(), id);
-                    env = back;
+            // Fast path: a free slot, queued under the links lock without
+            // touching any reference count (they are shared with the link
+            // task, so every increment would bounce a cache line).
+            let (id, full) = {
+                let mut links = self.links();
+                let peer = env.dest.actor().proc();
+                // The peer sent to last is found without hashing its id.
+                if !matches!(&links.last, Some((p, _, _)) if p == peer) {
+                    let h = match links.map.get(peer) {
+                        Some(h) => h,
+                        None => {
+                            let h = self.spawn_link(peer.clone(), None);
+                            links.map.entry(peer.clone()).or_insert(h)
+                        }
+                    };
+                    let last = (peer.clone(), h.id, h.queue.clone());
+                    links.last = Some(last);
                 }
-            }
+                let Some((_, id, queue)) = &links.last else {
+                    unreachable!("just set")
+                };
+                match queue.try_push(env) {
+                    Ok(()) => return,
+                    Err(PushError::Full(back)) => (*id, (Some(queue.clone()), back)),
+                    Err(PushError::Closed(back)) => (*id, (None, back)),
+                }
+            };
+            let back = match full {
+                (Some(queue), env) => match queue.push(env).await {
+                    Ok(()) => return,
+                    Err(back) => back,
+                },
+                (None, back) => back,
+            };
+            self.remove_link(back.dest.actor().proc(), id);
+            env = back;
         }
         let reason = format!("link to {} closed", env.dest.actor().proc());
         self.bounce(env, reason);
@@ -204,7 +301,7 @@ impl<I: Inbound> Transport<I> {
     /// Attaches an established connection to the peer's link.
     fn register(self: &Arc<Self>, peer: ProcId, conn: Conn) {
         let mut links = self.links();
-        let conn = match links.get(&peer) {
+        let conn = match links.map.get(&peer) {
             Some(h) => match h.attach.send(conn) {
                 Ok(()) => return,
                 Err(mpsc::error::SendError(c)) => c,
@@ -257,11 +354,18 @@ impl<I: Inbound> Transport<I> {
         let (peer, r, w, left) = tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| ChannelError::Timeout("dialing and handshaking"))??;
-        let conn = self.start_conn(peer.clone(), r, w, left);
+        let conn = self.start_conn(peer.clone(), r, w, left, true);
         Ok((peer, conn))
     }
 
-    fn start_conn(self: &Arc<Self>, peer: ProcId, r: BoxRead, w: BoxWrite, left: BytesMut) -> Conn {
+    fn start_conn(
+        self: &Arc<Self>,
+        peer: ProcId,
+        r: BoxRead,
+        w: BoxWrite,
+        left: BytesMut,
+        outbound: bool,
+    ) -> Conn {
         let shared = Arc::new(ConnShared {
             received: AtomicU64::new(0),
             acked: AtomicU64::new(0),
@@ -277,7 +381,11 @@ impl<I: Inbound> Transport<I> {
             shared: shared.clone(),
         };
         tokio::spawn(reader.run(r, left));
-        Conn { writer: w, shared }
+        Conn {
+            writer: w,
+            shared,
+            outbound,
+        }
     }
 
     /// Serves connections from `listener` until the transport shuts down.
@@ -314,7 +422,7 @@ impl<I: Inbound> Transport<I> {
             Ok(Ok((peer, left))) => {
                 debug!(proc = %self.local, %peer, %from, "accepted connection");
                 let (r, w) = stream.into_inner();
-                let conn = self.start_conn(peer.clone(), r, w, left);
+                let conn = self.start_conn(peer.clone(), r, w, left, false);
                 self.register(peer, conn);
             }
             Ok(Err(e)) => {
@@ -348,30 +456,40 @@ async fn accept(l: &Listener) -> std::io::Result<(BoxRead, BoxWrite, String)> {
     }
 }
 
+/// Envelopes written on a connection and not acknowledged yet: the head of
+/// each run written, with the run's length.
+type Unacked = VecDeque<(Envelope, usize)>;
+
 /// The task owning one peer's queue.
 struct Link<I: Inbound> {
     t: Arc<Transport<I>>,
     peer: ProcId,
     id: u64,
-    rx: mpsc::Receiver<Envelope>,
+    queue: Arc<LinkQueue>,
     attach: mpsc::UnboundedReceiver<Conn>,
     lost: watch::Sender<u64>,
     /// Taken from the queue, not yet written.
-    pending: VecDeque<Envelope>,
+    pending: VecDeque<Run>,
+    /// The newest connection the link does not write on, if any.
+    secondary: Option<Secondary>,
 }
 
 impl<I: Inbound> Link<I> {
     async fn run(mut self, mut conn: Option<Conn>) {
         loop {
             if conn.is_none() && self.pending.is_empty() {
+                if self.queue.set_idle().is_some() {
+                    self.queue
+                        .take(&mut self.pending, self.t.config.window.max(1), true);
+                    continue;
+                }
                 tokio::select! {
                     biased;
                     _ = self.t.shutdown.cancelled() => return self.close("proc shut down"),
                     c = self.attach.recv() => conn = c,
-                    e = self.rx.recv() => match e {
-                        Some(e) => self.pending.push_back(e),
-                        None => return,
-                    },
+                    _ = self.queue.ready.notified() => {
+                        self.queue.take(&mut self.pending, self.t.config.window.max(1), true);
+                    }
                 }
             }
             if conn.is_none() && !self.pending.is_empty() {
@@ -387,10 +505,13 @@ impl<I: Inbound> Link<I> {
                     Err(e) => {
                         let reason = format!("cannot reach {}: {e}", self.peer);
                         warn!(proc = %self.t.local, peer = %self.peer, %reason, "dropping queued messages as undeliverable");
-                        for env in self.pending.drain(..) {
-                            self.t.bounce(env, reason.clone());
-                        }
-                        while let Ok(env) = self.rx.try_recv() {
+                        let rest = self.queue.drain_all();
+                        for env in self
+                            .pending
+                            .drain(..)
+                            .chain(rest)
+                            .flat_map(Run::into_envelopes)
+                        {
                             self.t.bounce(env, reason.clone());
                         }
                         continue;
@@ -398,21 +519,35 @@ impl<I: Inbound> Link<I> {
                 }
             }
             let Some(c) = conn.take() else { continue };
-            let (reason, unacked) = self.run_connected(c).await;
+            let (reason, unacked, next) = self.run_connected(c).await;
+            // A newer connection from the peer replaces this one; else a
+            // secondary connection that is still open takes over.
+            conn = match next {
+                Some(c) => Some(c),
+                None => self.take_secondary().await,
+            };
             self.lost.send_modify(|g| *g += 1);
-            if !unacked.is_empty() {
-                warn!(proc = %self.t.local, peer = %self.peer, %reason, count = unacked.len(), "connection lost with messages unacknowledged");
+            let count: usize = unacked.iter().map(|(_, n)| n).sum();
+            if count > 0 {
+                warn!(proc = %self.t.local, peer = %self.peer, %reason, count, "connection lost with messages unacknowledged");
             } else {
                 debug!(proc = %self.t.local, peer = %self.peer, %reason, "connection lost");
             }
             let why = format!("connection to {} lost: {reason}", self.peer);
             let mut port_msgs = 0usize;
-            for env in unacked {
+            for (env, n) in unacked {
                 if env.dest.index() & OPEN_PORT_BIT != 0 {
                     // Replies and pushes to opened ports (invariant 4).
-                    port_msgs += 1;
+                    port_msgs += n;
                 } else {
-                    self.t.bounce(env, why.clone());
+                    let run = Run {
+                        head: env,
+                        frames: BytesMut::new(),
+                        more: n - 1,
+                    };
+                    for env in run.into_envelopes() {
+                        self.t.bounce(env, why.clone());
+                    }
                 }
             }
             if port_msgs > 0 {
@@ -422,20 +557,37 @@ impl<I: Inbound> Link<I> {
             if self.t.shutdown.is_cancelled() {
                 return self.close("proc shut down");
             }
-            if !self.peer.addr().is_dialable() {
+            if conn.is_none() && !self.peer.addr().is_dialable() {
                 return self.close(&why);
             }
         }
     }
 
+    /// The secondary connection, if it is still open.
+    async fn take_secondary(&mut self) -> Option<Conn> {
+        let s = self.secondary.take()?;
+        let _ = s.release.send(());
+        s.task.await.ok().flatten()
+    }
+
+    /// Keeps `c` as the secondary connection (acknowledging only).
+    fn set_secondary(&mut self, c: Conn) {
+        let (release, rx) = oneshot::channel();
+        let task = tokio::spawn(ack_only(c, rx));
+        // An older secondary keeps acknowledging until it closes.
+        self.secondary = Some(Secondary { release, task });
+    }
+
     /// Removes the link and returns everything queued as undeliverable.
     fn close(mut self, reason: &str) {
         self.t.remove_link(&self.peer, self.id);
-        self.rx.close();
-        for env in self.pending.drain(..) {
-            self.t.bounce(env, reason.to_string());
-        }
-        while let Ok(env) = self.rx.try_recv() {
+        let rest = self.queue.close();
+        for env in self
+            .pending
+            .drain(..)
+            .chain(rest)
+            .flat_map(Run::into_envelopes)
+        {
             self.t.bounce(env, reason.to_string());
         }
     }
@@ -470,13 +622,19 @@ impl<I: Inbound> Link<I> {
         }
     }
 
-    /// Writes queued envelopes over `conn` until it fails; returns the reason
-    /// and the envelopes written but not acknowledged.
-    async fn run_connected(&mut self, conn: Conn) -> (String, VecDeque<Envelope>) {
-        let Conn { mut writer, shared } = conn;
+    /// Writes queued envelopes over `conn` until it fails or the peer
+    /// replaces it; returns the reason, the envelopes written but not
+    /// acknowledged, and the replacing connection.
+    async fn run_connected(&mut self, conn: Conn) -> (String, Unacked, Option<Conn>) {
+        let Conn {
+            mut writer,
+            shared,
+            outbound,
+        } = conn;
         let window = self.t.config.window.max(1);
         let max_frame = self.t.config.max_frame_len;
-        let mut unacked: VecDeque<Envelope> = VecDeque::new();
+        // Written, not yet acknowledged: each head with its run's length.
+        let mut unacked: Unacked = VecDeque::new();
         let mut sent: u64 = 0;
         let mut acked: u64 = 0;
         let mut ack_sent: u64 = 0;
@@ -490,32 +648,57 @@ impl<I: Inbound> Link<I> {
                     "peer acknowledged {a} envelopes but only {sent} were sent"
                 ));
             }
-            while acked < a.min(sent) {
-                unacked.pop_front();
-                acked += 1;
+            let mut n = a.min(sent).saturating_sub(acked);
+            while n > 0 {
+                let Some(front) = unacked.front_mut() else {
+                    break;
+                };
+                let k = front.1.min(n as usize);
+                front.1 -= k;
+                n -= k as u64;
+                acked += k as u64;
+                if front.1 == 0 {
+                    unacked.pop_front();
+                }
             }
             if shared.closed.is_cancelled() {
-                return (shared.reason(), unacked);
+                return (shared.reason(), unacked, None);
             }
             // A large payload is written from the envelope, after `buf`.
             let mut tail: Option<bytes::Bytes> = None;
-            while unacked.len() < window && buf.len() < BATCH_BYTES && tail.is_none() {
-                let env = match self.pending.pop_front() {
-                    Some(e) => e,
-                    None => match self.rx.try_recv() {
-                        Ok(e) => e,
-                        Err(_) => break,
-                    },
+            let mut in_flight = (sent - acked) as usize;
+            while in_flight < window && buf.len() < BATCH_BYTES && tail.is_none() {
+                let Some(mut run) = self.pending.pop_front() else {
+                    // Everything queued that fits the window, in one take.
+                    let room = window - in_flight;
+                    if self.queue.take(&mut self.pending, room, in_flight == 0) == 0 {
+                        break;
+                    }
+                    continue;
                 };
-                match frame::encode_envelope(&mut buf, &env, max_frame, &mut last_header) {
+                let n = run.len();
+                match frame::encode_envelope(&mut buf, &run.head, max_frame, &mut last_header) {
                     Ok(inline) => {
                         if !inline {
-                            tail = Some(env.payload.clone());
+                            tail = Some(std::mem::take(&mut run.head.payload));
+                        } else if run.head.dest.index() != UNDELIVERABLE_PORT {
+                            // Written: only the header matters for a bounce
+                            // (an undeliverable notice keeps its payload).
+                            run.head.payload = bytes::Bytes::new();
                         }
-                        unacked.push_back(env);
-                        sent += 1;
+                        // The rest of the run follows its head (only an
+                        // inline head has followers).
+                        buf.extend_from_slice(&run.frames);
+                        unacked.push_back((run.head, n));
+                        sent += n as u64;
+                        in_flight += n;
                     }
-                    Err(e) => self.t.bounce(env, e.to_string()),
+                    Err(e) => {
+                        let reason = e.to_string();
+                        for env in run.into_envelopes() {
+                            self.t.bounce(env, reason.clone());
+                        }
+                    }
                 }
             }
             let r = shared.received.load(Ordering::Acquire);
@@ -541,9 +724,9 @@ impl<I: Inbound> Link<I> {
                 tokio::select! {
                     res = write => if let Err(e) = res {
                         shared.close(format!("write failed: {e}"));
-                        return (shared.reason(), unacked);
+                        return (shared.reason(), unacked, None);
                     },
-                    _ = shared.closed.cancelled() => return (shared.reason(), unacked),
+                    _ = shared.closed.cancelled() => return (shared.reason(), unacked, None),
                 }
                 buf.clear();
                 if buf.capacity() > 4 * BATCH_BYTES {
@@ -551,22 +734,35 @@ impl<I: Inbound> Link<I> {
                 }
                 continue;
             }
-            let can_take = unacked.len() < window;
+            // Wait for senders only after saying so under the queue's lock
+            // (else take what arrived meanwhile).
+            let mut can_take = in_flight < window && self.pending.is_empty();
+            if can_take && let Some(front) = self.queue.set_idle() {
+                if in_flight == 0 || in_flight + front <= window {
+                    continue;
+                }
+                // It does not fit the window: wait for acknowledgements.
+                can_take = false;
+            }
             tokio::select! {
                 biased;
                 _ = shared.closed.cancelled() => {}
                 _ = shared.wake.notified() => {}
                 c = self.attach.recv() => if let Some(c) = c {
-                    // A second connection from the same peer (both dialed at
-                    // once): read from it and ack on it, write on this one.
-                    tokio::spawn(ack_only(c));
-                },
-                e = self.rx.recv(), if can_take => match e {
-                    Some(e) => self.pending.push_back(e),
-                    None => {
-                        shared.close("transport dropped".into());
+                    if !outbound && !c.outbound {
+                        // The peer dialed again: it gave up the connection
+                        // it dialed before (it restarted under the same
+                        // name, or lost the connection on its side while
+                        // this side did not notice). Write on the new one.
+                        shared.close("replaced by a newer connection from the peer".into());
+                        return (shared.reason(), unacked, Some(c));
                     }
+                    // Both dialed at once (or this proc dialed again): read
+                    // from it and ack on it, write on this one; it takes
+                    // over if this one fails.
+                    self.set_secondary(c);
                 },
+                _ = self.queue.ready.notified(), if can_take => {}
                 _ = sleep_until(ack_deadline), if ack_deadline.is_some() => {}
                 _ = self.t.shutdown.cancelled() => shared.close("proc shut down".into()),
             }
@@ -581,13 +777,24 @@ async fn sleep_until(d: Option<Instant>) {
     }
 }
 
-/// Writer of a secondary connection: only acknowledges what it receives.
-async fn ack_only(conn: Conn) {
-    let Conn { mut writer, shared } = conn;
+/// Writer of a secondary connection: only acknowledges what it receives,
+/// until it closes (`None`) or `release` asks for the connection back.
+async fn ack_only(conn: Conn, mut release: oneshot::Receiver<()>) -> Option<Conn> {
+    let Conn {
+        mut writer,
+        shared,
+        outbound,
+    } = conn;
     let mut ack_sent = 0;
+    let mut wanted = true;
     loop {
         tokio::select! {
-            _ = shared.closed.cancelled() => return,
+            _ = shared.closed.cancelled() => return None,
+            r = &mut release, if wanted => match r {
+                Ok(()) => return Some(Conn { writer, shared, outbound }),
+                // The link replaced this connection as its secondary.
+                Err(_) => wanted = false,
+            },
             _ = shared.wake.notified() => {}
         }
         let r = shared.received.load(Ordering::Acquire);
@@ -596,7 +803,7 @@ async fn ack_only(conn: Conn) {
             frame::encode_ack(&mut buf, r);
             if let Err(e) = writer.write_all(&buf).await {
                 shared.close(format!("write failed: {e}"));
-                return;
+                return None;
             }
             ack_sent = r;
         }
@@ -616,41 +823,75 @@ impl<I: Inbound> Reader<I> {
     async fn run(self, mut rd: BoxRead, mut buf: BytesMut) {
         let mut received: u64 = 0;
         let mut last_header = None;
+        // The header of the last envelope for one of this proc's actors,
+        // while the frames that follow may repeat it.
+        let mut template: Option<Envelope> = None;
+        // Envelopes for one actor, handed over in one wake-up.
+        let mut batch = Batch::default();
+        // Buffers of large frames, reused once their payloads are dropped
+        // (no page faults from a fresh megabyte per frame).
+        let mut large_bufs = crate::bufpool::BufPool::default();
         loop {
             let before = received;
             loop {
-                match frame::decode(&mut buf, self.max_frame, &mut last_header) {
-                    Ok(Some(Frame::Envelope(env))) => {
-                        received += 1;
-                        let Some(inbound) = self.inbound.upgrade() else {
-                            self.shared.close("proc dropped".into());
-                            return;
-                        };
-                        if env.dest.actor().proc() != &self.local {
-                            let reason = format!(
-                                "{} reached proc {} by mistake",
-                                env.dest.actor().proc(),
-                                self.local
-                            );
-                            inbound.bounce(env, reason);
-                        } else {
-                            inbound.deliver(env).await;
-                        }
+                if let Some(t) = &template
+                    && let Some(run) = frame::take_repeats(&mut buf, self.max_frame, t)
+                {
+                    received += run.len() as u64;
+                    if !self.push(&mut batch, run).await {
+                        return;
                     }
-                    Ok(Some(Frame::Ack(n))) => {
-                        self.shared.acked.store(n, Ordering::Release);
-                        self.shared.wake.notify_one();
-                    }
-                    Ok(Some(Frame::Hello(_))) => {
-                        return self.fail("unexpected handshake frame after the handshake".into());
-                    }
+                    continue;
+                }
+                let frame = match frame::decode(&mut buf, self.max_frame, &mut last_header) {
+                    Ok(Some(f)) => f,
                     Ok(None) => break,
                     Err(e) => return self.fail(e.to_string()),
+                };
+                match self.on_frame(frame, &mut batch, &mut template).await {
+                    Ok(n) => received += n,
+                    Err(reason) => return self.fail(reason),
                 }
+            }
+            if !self.flush(&mut batch).await {
+                return;
             }
             if received > before {
                 self.shared.received.store(received, Ordering::Release);
                 self.shared.wake.notify_one();
+            }
+            if let Some(len) = frame::pending_large(&buf) {
+                // Read a large frame straight into a buffer of its size.
+                let total = frame::HEADER_LEN + len;
+                let large = large_bufs.get(total);
+                large.extend_from_slice(&buf);
+                buf.clear();
+                let mut rest = (&mut rd).take((total - large.len()) as u64);
+                let read = async {
+                    while large.len() < total {
+                        if rest.read_buf(large).await? == 0 {
+                            return Err(std::io::ErrorKind::UnexpectedEof.into());
+                        }
+                    }
+                    Ok::<(), std::io::Error>(())
+                };
+                tokio::select! {
+                    r = read => if let Err(e) = r {
+                        self.shared.close(format!("read failed: {e}"));
+                        return;
+                    },
+                    _ = self.shared.closed.cancelled() => return,
+                }
+                let frame = match frame::decode(large, self.max_frame, &mut last_header) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => return self.fail("incomplete large frame".into()),
+                    Err(e) => return self.fail(e.to_string()),
+                };
+                match self.on_frame(frame, &mut batch, &mut template).await {
+                    Ok(n) => received += n,
+                    Err(reason) => return self.fail(reason),
+                }
+                continue;
             }
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                 buf.reserve(READ_CHUNK);
@@ -672,8 +913,97 @@ impl<I: Inbound> Reader<I> {
         }
     }
 
+    /// Handles one decoded frame; returns the number of envelopes it
+    /// carried. Envelopes for actors collect in `batch`; others are
+    /// delivered at once, in order.
+    async fn on_frame(
+        &self,
+        frame: Frame,
+        batch: &mut Batch,
+        template: &mut Option<Envelope>,
+    ) -> Result<u64, String> {
+        match frame {
+            Frame::Envelope(env) => {
+                *template = None;
+                if env.dest.actor().proc() != &self.local {
+                    let Some(inbound) = self.inbound.upgrade() else {
+                        return Err("proc dropped".into());
+                    };
+                    let reason = format!(
+                        "{} reached proc {} by mistake",
+                        env.dest.actor().proc(),
+                        self.local
+                    );
+                    inbound.bounce(env, reason);
+                } else if env.dest.index() & OPEN_PORT_BIT != 0 {
+                    if !self.flush(batch).await {
+                        return Err("proc dropped".into());
+                    }
+                    let Some(inbound) = self.inbound.upgrade() else {
+                        return Err("proc dropped".into());
+                    };
+                    inbound.deliver(env).await;
+                } else {
+                    if env.error.is_none() {
+                        *template = Some(Envelope {
+                            payload: bytes::Bytes::new(),
+                            ..env.clone()
+                        });
+                    }
+                    if !self.push(batch, Arrivals::one(env)).await {
+                        return Err("proc dropped".into());
+                    }
+                }
+                Ok(1)
+            }
+            Frame::Ack(n) => {
+                self.shared.acked.store(n, Ordering::Release);
+                self.shared.wake.notify_one();
+                Ok(0)
+            }
+            Frame::Hello(_) => Err("unexpected handshake frame after the handshake".into()),
+        }
+    }
+
+    /// Adds `run` to the batch, first handing the batch over if it goes to
+    /// another actor or is full; `false` when the proc is gone.
+    async fn push(&self, batch: &mut Batch, run: Arrivals) -> bool {
+        let other = batch
+            .runs
+            .last()
+            .is_some_and(|l| l.dest().actor() != run.dest().actor());
+        if (other || batch.len >= MAX_BATCH) && !self.flush(batch).await {
+            return false;
+        }
+        batch.len += run.len();
+        batch.runs.push(run);
+        true
+    }
+
+    /// Hands the batch to its actor; `false` when the proc is gone.
+    async fn flush(&self, batch: &mut Batch) -> bool {
+        if batch.runs.is_empty() {
+            return true;
+        }
+        let Some(inbound) = self.inbound.upgrade() else {
+            self.shared.close("proc dropped".into());
+            return false;
+        };
+        batch.len = 0;
+        inbound.deliver_batch(std::mem::take(&mut batch.runs)).await;
+        true
+    }
+
     fn fail(&self, reason: String) {
         warn!(proc = %self.local, peer = %self.peer, %reason, "closing connection");
         self.shared.close(reason);
     }
+}
+
+/// Envelopes read for one actor, not handed over yet.
+#[derive(Default)]
+struct Batch {
+    runs: Vec<Arrivals>,
+    /// Envelopes in `runs`.
+    len: usize,
 }

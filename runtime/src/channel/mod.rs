@@ -1,8 +1,13 @@
 //! Transport: framed, authenticated, bidirectional connections between procs.
 //!
-//! This module owns the wire ([`frame`]), the handshake ([`handshake`]) and
-//! the per-peer links ([`link`]). A proc has one [`Transport`]; everything a
-//! proc sends to another proc goes through the one link for that peer.
+//! This module owns the wire ([`frame`]), the handshake ([`handshake`]),
+//! the per-peer links ([`link`]) and their outgoing queues (`queue`). A
+//! proc has one [`Transport`]; everything a proc sends to another proc goes
+//! through the one link for that peer. Streams of small messages are
+//! batched at every step: senders frame repeated-header envelopes as they
+//! queue them, the link writes everything queued in one system call, and
+//! the reader hands a read buffer's worth of envelopes for one actor over
+//! in one wake-up, as slices of that buffer.
 //!
 //! Invariants:
 //! 1. One link per peer proc, shared by all of the proc's actors. A link
@@ -10,10 +15,20 @@
 //!    sender to one receiver arrive in send order.
 //! 2. Connections are bidirectional: a connection accepted from a peer is
 //!    attached to that peer's link, so replies and pushes to a dialer travel
-//!    back over the connection it opened (a dialer needs no listener).
-//! 3. Queues are bounded: each link's queue has `queue_capacity` slots and at
-//!    most `window` envelopes are unacknowledged on a connection; senders
-//!    wait when both are full (backpressure reaches the TCP socket).
+//!    back over the connection it opened (a dialer needs no listener). A
+//!    newer connection dialed by the same peer replaces the older one it
+//!    dialed (the peer gave that one up: it restarted under the same proc
+//!    id, or lost the connection while this side did not notice); the old
+//!    one closes as on any loss. When both procs dial each other at once,
+//!    each writes on its own connection and reads from both, and the other
+//!    connection takes over if the one written on fails.
+//! 3. Queues are bounded: each link queues at most `queue_capacity`
+//!    envelopes (and at most 4 MiB of large payloads, one message always
+//!    fitting) and writes whole runs of them (envelopes sharing a header)
+//!    while at most `window` are unacknowledged on the connection (a single
+//!    run larger than the window is written alone); senders wait when the
+//!    queue is full (backpressure reaches the TCP socket, and the reader
+//!    waits for room in the destination actor's mailbox).
 //! 4. Nothing is dropped silently: an envelope that cannot be written, or was
 //!    written but not acknowledged when its connection failed, is handed back
 //!    to the proc as undeliverable (it may or may not have been processed).
@@ -30,10 +45,11 @@
 pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;
+mod queue;
 
 use std::time::Duration;
 
-pub(crate) use frame::Envelope;
+pub(crate) use frame::{Arrivals, Envelope};
 pub(crate) use link::{Inbound, Listener, Transport};
 
 /// Tunables of the transport. The defaults suit a pod network.

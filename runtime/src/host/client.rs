@@ -167,22 +167,20 @@ impl std::fmt::Debug for AgentClient {
 }
 
 impl AgentClient {
-    /// Starts a client proc authenticated with the World's `secret`;
-    /// events of every watched agent go to `events`. The proc is named
-    /// `<name>-<random>` when it does not listen, so a restarted client is a
-    /// new peer to the agents, never mistaken for its previous incarnation;
-    /// a listening client keeps `name` (agents dial it by address and name).
+    /// Starts a client proc named `name`, authenticated with the World's
+    /// `secret`; events of every watched agent go to `events`. A client
+    /// that does not listen has an `unbound:<random>` address, so a
+    /// restarted client is a new peer to the agents; a listening client
+    /// restarted at the same address is the same peer, and its new
+    /// connections replace the old ones on the agents' side (channel
+    /// invariant 2).
     pub async fn new(
         name: &str,
         secret: &[u8],
         config: ClientConfig,
         events: mpsc::Sender<AgentEvent>,
     ) -> Result<Self, ClientError> {
-        let proc_name = match config.listen {
-            Some(_) => name.to_owned(),
-            None => format!("{name}-{:08x}", rand::random::<u32>()),
-        };
-        let mut builder = Proc::builder(proc_name).secret(secret.to_vec());
+        let mut builder = Proc::builder(name).secret(secret.to_vec());
         if let Some(addr) = config.listen {
             builder = builder.listen(ChannelAddr::Tcp(addr));
         }

@@ -25,8 +25,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error, warn};
 
-use crate::actor::{self, Actor, ActorRef, Handlers, RemoteSpawn, Signal};
-use crate::channel::{ChannelConfig, Envelope, Inbound, Listener, Transport};
+use crate::actor::{self, Actor, ActorRef, Handlers, Mailbox, RemoteSpawn, Signal};
+use crate::channel::{Arrivals, ChannelConfig, Envelope, Inbound, Listener, Transport};
 use crate::error::Error;
 use crate::id::{ActorId, ChannelAddr, PortId, ProcId};
 use crate::port::{
@@ -227,7 +227,7 @@ pub(crate) struct ProcInner {
     system_id: ActorId,
     config: ProcConfig,
     transport: Arc<Transport<ProcInner>>,
-    actors: Mutex<HashMap<ActorId, mpsc::Sender<Signal>>>,
+    actors: Mutex<HashMap<ActorId, Mailbox>>,
     ports: Mutex<HashMap<u64, PortSink>>,
     next_port: AtomicU64,
     next_index: Mutex<HashMap<String, u32>>,
@@ -289,7 +289,7 @@ impl Proc {
         supervisor: actor::Supervisor,
     ) -> Result<ActorRef<A>, Error> {
         let id = self.id().actor(name, index)?;
-        let (tx, rx) = mpsc::channel(self.inner.config.mailbox_capacity.max(1));
+        let (tx, rx) = actor::mailbox(self.inner.config.mailbox_capacity);
         {
             let mut actors = lock(&self.inner.actors);
             if actors.contains_key(&id) {
@@ -327,7 +327,7 @@ impl Proc {
             .unwrap_or_else(|_| unreachable!("the cache is keyed by type id"))
     }
 
-    pub(crate) fn actor_mailbox(&self, id: &ActorId) -> Option<mpsc::Sender<Signal>> {
+    pub(crate) fn actor_mailbox(&self, id: &ActorId) -> Option<Mailbox> {
         lock(&self.inner.actors).get(id).cloned()
     }
 
@@ -401,6 +401,30 @@ impl Proc {
             payload,
         };
         self.inner.route(env).await;
+    }
+
+    /// Queues `msg` for handler port `port` of `dest` on another proc if it
+    /// continues the run last queued there (the same sender and
+    /// destination): it is encoded straight into the link's queue, with no
+    /// envelope built. `false`: send it the ordinary way.
+    pub(crate) fn try_repeat<M: serde::Serialize>(
+        &self,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        msg: &M,
+    ) -> bool {
+        if dest.proc() == &self.inner.id {
+            return false;
+        }
+        let Ok(len) = postcard::experimental::serialized_size(msg) else {
+            return false;
+        };
+        self.inner
+            .transport
+            .try_repeat(sender, dest, port, len, |buf| {
+                postcard::to_io(msg, bytes::BufMut::writer(buf)).is_ok()
+            })
     }
 
     pub(crate) async fn route(&self, env: Envelope) {
@@ -513,10 +537,7 @@ impl Inbound for ProcInner {
         let mailbox = lock(&self.actors).get(env.dest.actor()).cloned();
         match mailbox {
             Some(tx) => {
-                if let Err(mpsc::error::SendError(sig)) =
-                    tx.send(Signal::Message(Box::new(env))).await
-                    && let Signal::Message(env) = sig
-                {
+                if let Err(Signal::Message(env)) = tx.send(Signal::Message(Box::new(env))).await {
                     let reason = format!("actor {} stopped", env.dest.actor());
                     self.bounce(*env, reason);
                 }
@@ -525,6 +546,26 @@ impl Inbound for ProcInner {
                 let reason = format!("no actor {} on this proc", env.dest.actor());
                 self.bounce(env, reason);
             }
+        }
+    }
+
+    async fn deliver_batch(&self, batch: Vec<Arrivals>) {
+        let Some(first) = batch.first() else { return };
+        let mailbox = lock(&self.actors).get(first.dest().actor()).cloned();
+        let (back, stopped) = match mailbox {
+            Some(tx) => match tx.send_batch(batch).await {
+                Ok(()) => return,
+                Err(back) => (back, true),
+            },
+            None => (batch, false),
+        };
+        for env in back.into_iter().flatten() {
+            let reason = if stopped {
+                format!("actor {} stopped", env.dest.actor())
+            } else {
+                format!("no actor {} on this proc", env.dest.actor())
+            };
+            self.bounce(env, reason);
         }
     }
 
