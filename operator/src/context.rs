@@ -125,6 +125,50 @@ where
     Ok(Arc::new(updated))
 }
 
+/// The reconcile both controllers share around their own `apply` and
+/// `cleanup`: time it under `kind`, make sure `finalizer` is on the object,
+/// then run `apply` while it lives and `cleanup` once it is being deleted
+/// (kube's finalizer helper removes the finalizer when `cleanup` succeeds).
+pub async fn reconcile_finalized<K, A, FA, C, FC>(
+    kind: &'static str,
+    obj: Arc<K>,
+    ctx: &Context,
+    finalizer: &str,
+    apply: A,
+    cleanup: C,
+) -> Result<kube::runtime::controller::Action, crate::Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    A: FnOnce(Arc<K>) -> FA,
+    FA: std::future::Future<Output = Result<kube::runtime::controller::Action, crate::Error>>,
+    C: FnOnce(Arc<K>) -> FC,
+    FC: std::future::Future<Output = Result<kube::runtime::controller::Action, crate::Error>>,
+{
+    use kube::ResourceExt as _;
+    use kube::runtime::finalizer::{Event as Finalizer, finalizer as run_finalizer};
+    let _timer = ctx.metrics.reconcile(kind);
+    let ns = obj
+        .namespace()
+        .ok_or(crate::Error::MissingField("metadata.namespace"))?;
+    let api: kube::Api<K> = kube::Api::namespaced(ctx.client.clone(), &ns);
+    let obj = ensure_finalizer(&api, obj, finalizer).await?;
+    run_finalizer(&api, finalizer, obj, |event| async move {
+        match event {
+            Finalizer::Apply(o) => apply(o).await,
+            Finalizer::Cleanup(o) => cleanup(o).await,
+        }
+    })
+    .await
+    .map_err(|e| crate::Error::Finalizer(Box::new(e)))
+}
+
 /// The error policy both controllers share: count the error under its
 /// label, retry a transient one after 1 s quietly, log anything else and
 /// retry after 5 s. `kind` names the controller in metrics and logs.

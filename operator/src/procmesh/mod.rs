@@ -29,7 +29,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
@@ -92,20 +91,16 @@ fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<Context>) -> Action {
 
 /// Reconciles one ProcMesh.
 pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile("procmesh");
-    let ns = pm
-        .namespace()
-        .ok_or(Error::MissingField("ProcMesh metadata.namespace"))?;
-    let api: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), &ns);
-    let pm = crate::context::ensure_finalizer(&api, pm, FINALIZER).await?;
-    finalizer(&api, FINALIZER, pm, |event| async {
-        match event {
-            Finalizer::Apply(pm) => apply(&pm, &ctx).await,
-            Finalizer::Cleanup(pm) => cleanup(&pm, &ctx).await,
-        }
-    })
+    let ctx = &*ctx;
+    crate::context::reconcile_finalized(
+        "procmesh",
+        pm,
+        ctx,
+        FINALIZER,
+        |pm| async move { apply(&pm, ctx).await },
+        |pm| async move { cleanup(&pm, ctx).await },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 fn world_key(pm: &ProcMesh) -> WorldKey {

@@ -33,7 +33,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
@@ -99,20 +98,16 @@ fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<Context>) -> Action {
 
 /// Reconciles one World.
 pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile("world");
-    let ns = world
-        .namespace()
-        .ok_or(Error::MissingField("World metadata.namespace"))?;
-    let api: Api<World> = Api::namespaced(ctx.client.clone(), &ns);
-    let world = crate::context::ensure_finalizer(&api, world, FINALIZER).await?;
-    finalizer(&api, FINALIZER, world, |event| async {
-        match event {
-            Finalizer::Apply(w) => apply(&w, &ctx).await,
-            Finalizer::Cleanup(w) => cleanup(&w, &ctx).await,
-        }
-    })
+    let ctx = &*ctx;
+    crate::context::reconcile_finalized(
+        "world",
+        world,
+        ctx,
+        FINALIZER,
+        |w| async move { apply(&w, ctx).await },
+        |w| async move { cleanup(&w, ctx).await },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 fn key_of(world: &World) -> WorldKey {
