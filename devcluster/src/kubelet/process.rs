@@ -293,6 +293,20 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
 mod tests {
     use super::*;
 
+    /// Runs `l` in a new mount namespace with its output logged under
+    /// `dir`; asserts it succeeded and returns what it printed.
+    async fn run_ok(l: &Launch, dir: &std::path::Path) -> String {
+        let log = dir.join("log");
+        let status = spawn(l, Output::Log(log.clone()), Namespace::New)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert!(status.success(), "{out}");
+        out
+    }
+
     fn launch(program: &str, args: &[&str]) -> Launch {
         Launch {
             program: program.into(),
@@ -349,14 +363,7 @@ mod tests {
             target: target.clone(),
             read_only: true,
         }];
-        let log = tmp.path().join("log");
-        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
-            .unwrap()
-            .wait()
-            .await
-            .unwrap();
-        let out = std::fs::read_to_string(&log).unwrap();
-        assert!(status.success(), "{out}");
+        let out = run_ok(&l, tmp.path()).await;
         assert_eq!(out, "inside");
         assert!(!target.join("f").exists(), "the mount leaked to the host");
     }
@@ -405,14 +412,7 @@ mod tests {
                 read_only: true,
             },
         ];
-        let log = tmp.path().join("log");
-        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
-            .unwrap()
-            .wait()
-            .await
-            .unwrap();
-        let out = std::fs::read_to_string(&log).unwrap();
-        assert!(status.success(), "{out}");
+        let out = run_ok(&l, tmp.path()).await;
         assert!(out.starts_with("still here"), "{out}");
     }
 
@@ -439,14 +439,7 @@ mod tests {
             gid: 65534,
             groups: vec![65534, 2000],
         });
-        let log = tmp.path().join("log");
-        let status = spawn(&l, Output::Log(log.clone()), Namespace::New)
-            .unwrap()
-            .wait()
-            .await
-            .unwrap();
-        let out = std::fs::read_to_string(&log).unwrap();
-        assert!(status.success(), "{out}");
+        let out = run_ok(&l, tmp.path()).await;
         assert_eq!(out.trim(), "65534:65534:65534 2000 data");
     }
 
