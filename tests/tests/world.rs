@@ -171,3 +171,54 @@ async fn a_preexisting_agent_secret_with_whitespace_around_its_token_works() -> 
         .await?;
     Ok(())
 }
+
+/// A World whose template meets the `restricted` Pod Security Standard
+/// (non-root uid 65532, seccomp RuntimeDefault, no capabilities, no
+/// privilege escalation) becomes Ready in a namespace that enforces it: the
+/// operator's additions (the `hostmesh-install` init container, the agent
+/// Secret and binary volumes) are admissible, and the agent, not root,
+/// can read its Secret.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restricted_world_is_admitted_and_ready_where_restricted_is_enforced()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+
+    let env = Env::start("world-restricted").await?;
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            &env.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}})),
+        )
+        .await?;
+    let restricted = "        securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n      \
+                      securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}\n";
+    env.apply(&world_yaml("wr", &[("host", 2)], restricted))
+        .await?;
+    let status = env
+        .wait_for("World", "wr", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    assert_eq!(status["readyHosts"], 2, "{status:#}");
+    // The enforcement is real: a plain pod is refused in the namespace.
+    let plain: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))?;
+    let refused = Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+        .create(&kube::api::PostParams::default(), &plain)
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 403
+                && s.message
+                    .contains("violates PodSecurity \"restricted:latest\""),
+            "{s:?}"
+        ),
+        other => anyhow::bail!("a plain pod was not refused: {other:?}"),
+    }
+    Ok(())
+}

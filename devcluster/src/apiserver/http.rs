@@ -34,7 +34,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{discovery, logs, openapi};
+use super::{discovery, logs, openapi, podsecurity};
 
 /// The response body: a whole JSON document or a stream.
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -193,6 +193,7 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         accept,
         user_agent,
         body,
+        warnings: std::sync::Mutex::default(),
     };
     // Public paths are served to anyone; they never reach a resource.
     let user = user.unwrap_or_else(User::anonymous);
@@ -300,5 +301,20 @@ async fn resource(
             )));
         }
     };
-    Ok(json_response(reply.0, &reply.1))
+    let mut resp = json_response(reply.0, &reply.1);
+    let warnings = std::mem::take(
+        &mut *req
+            .warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for w in warnings {
+        match http::HeaderValue::from_str(&podsecurity::warning_header(&w)) {
+            Ok(v) => {
+                resp.headers_mut().append(header::WARNING, v);
+            }
+            Err(e) => debug!(error = %e, "a warning cannot be sent as a header"),
+        }
+    }
+    Ok(resp)
 }

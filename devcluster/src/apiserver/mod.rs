@@ -6,7 +6,8 @@
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
 //! `auth` (authentication, RBAC, access reviews), `serviceaccount`
-//! (TokenRequest, pod admission, namespace defaults), `route` (paths), `registry` (served resources), `store`
+//! (TokenRequest, pod admission, namespace defaults), `podsecurity` (Pod
+//! Security Standards admission), `route` (paths), `registry` (served resources), `store`
 //! (objects, resourceVersions, watch history), `handlers` (verbs; patch
 //! and delete in submodules),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
@@ -28,6 +29,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod persist;
+mod podsecurity;
 mod proto;
 mod registry;
 mod route;

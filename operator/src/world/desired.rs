@@ -110,6 +110,13 @@ pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, Error> {
     })
 }
 
+/// Mode of the agent Secret's file: read-only, and readable by whatever
+/// uid the template runs the agent as. The kubelet writes the file as root
+/// (root:root); a group-only mode (0440) would lock out a non-root agent
+/// unless the template also set `fsGroup`, which the operator does not
+/// impose on the user's pod. Only the host container mounts the volume.
+const SECRET_MODE: i32 = 0o444;
+
 /// The injected install container meets the `restricted` Pod Security
 /// Standard on its own (non-root, no privilege escalation, no capabilities,
 /// the runtime's seccomp profile, read-only root: it writes only to its
@@ -206,7 +213,7 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
         name: SECRET_VOLUME.to_string(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(secret_name(&world_name)),
-            default_mode: Some(0o440),
+            default_mode: Some(SECRET_MODE),
             ..Default::default()
         }),
         ..Default::default()
@@ -435,6 +442,16 @@ spec:
             .map(|m| m.mount_path.as_str())
             .collect();
         assert_eq!(mounts, [SECRET_DIR, BIN_DIR]);
+        // A non-root agent (no fsGroup) can read the root-written token.
+        let secret_vol = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == SECRET_VOLUME)
+            .and_then(|v| v.secret.as_ref())
+            .unwrap();
+        assert_eq!(secret_vol.default_mode, Some(0o444));
         let secret_vol = spec
             .volumes
             .as_ref()

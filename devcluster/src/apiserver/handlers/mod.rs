@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use super::convert;
 use super::lifecycle::{self, Part};
 use super::meta::{self, meta_mut};
+use super::podsecurity;
 use super::proto;
 use super::registry::ResourceInfo;
 use super::route::Target;
@@ -35,9 +36,22 @@ pub(crate) struct Request {
     pub(crate) accept: String,
     pub(crate) user_agent: String,
     pub(crate) body: Bytes,
+    /// Warnings admission gives the client (`Warning` response headers).
+    pub(crate) warnings: std::sync::Mutex<Vec<String>>,
 }
 
 impl Request {
+    /// Adds warnings for the response.
+    pub(crate) fn warn(&self, w: Vec<String>) {
+        if w.is_empty() {
+            return;
+        }
+        self.warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(w);
+    }
+
     /// A query parameter.
     pub(crate) fn q(&self, k: &str) -> Option<&str> {
         self.query.get(k).map(String::as_str)
@@ -297,12 +311,18 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
     let manager = req.manager();
     let generated = meta::meta_str(&obj, "name").is_none_or(str::is_empty);
     let is_pod = t.info.builtin && t.info.group.is_empty() && t.info.plural == "pods";
+    let security = podsecurity::Policy::lookup(store, &ns);
+    if t.info.builtin {
+        req.warn(security.warn_template(&t.info.plural, &obj));
+    }
     for _ in 0..8 {
         let mut o = obj.clone();
+        let mut warnings = Vec::new();
         lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
         if is_pod {
             let automount = serviceaccount::lookup(store, &ns, &o)?;
             serviceaccount::admit_pod(&mut o, automount);
+            warnings = security.admit_pod(&o)?;
         }
         ssa::record_update(
             None,
@@ -315,7 +335,10 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
         let o = convert::to_storage(&t.info, o);
         match insert_new(store, &t.info, &ns, o, req.dry_run()) {
             Err(e) if e.code == 409 && generated => continue,
-            r => return r.map(|v| (201, present(&t.info, &t.version, &v))),
+            r => {
+                req.warn(warnings);
+                return r.map(|v| (201, present(&t.info, &t.version, &v)));
+            }
         }
     }
     Err(ApiError::internal(

@@ -7,6 +7,7 @@ use super::{Request, name_of, ns_of, shape, track_update, write_existing};
 use crate::apiserver::lifecycle::{self, Part};
 use crate::apiserver::meta::meta_mut;
 use crate::apiserver::patch as formats;
+use crate::apiserver::podsecurity;
 use crate::apiserver::route::Target;
 use crate::apiserver::serviceaccount;
 use crate::apiserver::ssa;
@@ -47,7 +48,9 @@ pub(crate) fn patch(
         // before `write_existing` takes the store lock).
         let is_pod = info.builtin && info.group.is_empty() && info.plural == "pods";
         let automount = is_pod.then(|| serviceaccount::lookup(store, &ns, &applied));
-        return write_existing(store, t, &name, req.dry_run(), |old| {
+        let security = podsecurity::Policy::lookup(store, &ns);
+        let mut warnings = Vec::new();
+        let reply = write_existing(store, t, &name, req.dry_run(), |old| {
             if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("managedFields");
                 m.remove("resourceVersion");
@@ -95,6 +98,7 @@ pub(crate) fn patch(
                     lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
                     if let Some(automount) = automount {
                         serviceaccount::admit_pod(&mut o, automount?);
+                        warnings = security.admit_pod(&o)?;
                     }
                     if let Some(mf) = mf {
                         meta_mut(&mut o).insert("managedFields".into(), mf);
@@ -132,6 +136,10 @@ pub(crate) fn patch(
                 }
             }
         });
+        if reply.is_ok() {
+            req.warn(warnings);
+        }
+        return reply;
     }
     write_existing(store, t, &name, req.dry_run(), |old| {
         let Some(old) = old else {
