@@ -1,4 +1,5 @@
-//! [`Payload`]: a byte-string message field that decodes without a copy.
+//! [`Payload`]: a byte-string message field that decodes without a copy
+//! (when larger than 256 bytes).
 //!
 //! On the wire a `Payload` is an ordinary byte string (the same encoding as a
 //! `Vec<u8>` field, so the two are interchangeable between peers). When a
