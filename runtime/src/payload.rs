@@ -1,4 +1,5 @@
-//! [`Payload`]: a byte-string message field that decodes without a copy.
+//! [`Payload`]: a byte-string message field that decodes without a copy
+//! (when larger than 256 bytes).
 //!
 //! On the wire a `Payload` is an ordinary byte string (the same encoding as a
 //! `Vec<u8>` field, so the two are interchangeable between peers). When a
@@ -7,8 +8,12 @@
 //! read buffer) instead of a fresh copy; anywhere else it decodes as a copy.
 //!
 //! Invariants:
-//! 1. Decoding never copies a `Payload` that lies inside the buffer being
-//!    decoded (`decode_shared` marks that buffer for the current thread).
+//! 1. Decoding never copies a `Payload` of more than `COPY_MAX` (256)
+//!    bytes that lies inside the buffer being decoded (`decode_shared`
+//!    marks that buffer for the current thread). Smaller ones are copied:
+//!    a small allocation costs less than counting references on a buffer
+//!    that the reading thread touches too, and a message that small is
+//!    decoded straight from its bytes, with no thread-local involved.
 //! 2. The slice keeps its buffer alive (reference counted), so a payload kept
 //!    by a handler pins at most the buffer it arrived in.
 
@@ -43,6 +48,9 @@ impl Src<'_> {
     }
 }
 
+/// `Payload`s of at most this many bytes are copied, not shared.
+const COPY_MAX: usize = 256;
+
 /// Decodes `src` as postcard `T`, letting [`Payload`] fields borrow from
 /// its buffer (invariant 1). The buffer moves into a thread-local for the
 /// decode and back out (no reference count traffic).
@@ -63,6 +71,17 @@ pub(crate) fn decode_shared<T: DeserializeOwned>(src: Src<'_>) -> Result<T, post
                 *block = ours;
             }
         }
+    }
+    // Small: every `Payload` in it is copied anyway (no thread-local).
+    match &src {
+        Src::Own(b) if b.len() <= COPY_MAX => return postcard::from_bytes(b),
+        Src::Range(block, range) if range.len() <= COPY_MAX => {
+            return block
+                .get(range.clone())
+                .ok_or(postcard::Error::DeserializeUnexpectedEnd)
+                .and_then(postcard::from_bytes);
+        }
+        _ => {}
     }
     let (buf, range, block) = match src {
         Src::Own(b) => {
@@ -193,8 +212,12 @@ impl<'de> Deserialize<'de> for Payload {
     }
 }
 
-/// A slice of the buffer being decoded when `v` lies inside it, else a copy.
+/// A slice of the buffer being decoded when `v` lies inside it and is
+/// larger than [`COPY_MAX`], else a copy.
 fn share_or_copy(v: &[u8]) -> Bytes {
+    if v.len() <= COPY_MAX {
+        return Bytes::copy_from_slice(v);
+    }
     SOURCE.with(|s| {
         let Ok(src) = s.try_borrow() else {
             return Bytes::copy_from_slice(v);

@@ -60,6 +60,34 @@ thread_local! {
         std::cell::RefCell::new(crate::bufpool::BufPool::default());
 }
 
+/// Postcard output appended straight to a `BytesMut` (no `io::Write`
+/// layer between the serializer and the buffer).
+struct IntoBuf<'a>(&'a mut bytes::BytesMut);
+
+impl postcard::ser_flavors::Flavor for IntoBuf<'_> {
+    type Output = ();
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        bytes::BufMut::put_u8(self.0, data);
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// Appends `msg`, postcard-encoded, to `buf` (on error, `buf` may hold part
+/// of it: the caller truncates).
+pub(crate) fn encode_into<M: Serialize + ?Sized>(
+    msg: &M,
+    buf: &mut bytes::BytesMut,
+) -> Result<(), postcard::Error> {
+    postcard::serialize_with_flavor(msg, IntoBuf(buf))
+}
+
 pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
     // Size first, so a large message is written once into an exact buffer
     // instead of being copied as a growing vector doubles.
@@ -70,8 +98,7 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
         return LARGE.with(|pool| {
             let mut pool = pool.borrow_mut();
             let buf = pool.get(size);
-            let mut w = bytes::BufMut::writer(&mut *buf);
-            if let Err(e) = postcard::to_io(msg, &mut w) {
+            if let Err(e) = encode_into(msg, buf) {
                 buf.clear();
                 return Err(Error::Encode(e.to_string()));
             }
@@ -85,8 +112,7 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
             // gone, else starts a new one.
             arena.reserve(ARENA_BLOCK);
         }
-        let mut w = bytes::BufMut::writer(&mut *arena);
-        if let Err(e) = postcard::to_io(msg, &mut w) {
+        if let Err(e) = encode_into(msg, &mut arena) {
             arena.clear();
             return Err(Error::Encode(e.to_string()));
         }

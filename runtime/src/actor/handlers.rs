@@ -1,11 +1,14 @@
-//! The per-type table from handler port to a type-erased handler, which
-//! decodes the message at once and returns the handler's future.
+//! The per-type table from handler port to type-erased handlers: one that
+//! decodes a message at once and returns the handler's future, and one that
+//! handles the rest of a run (messages repeating one header) in a single
+//! future, so a stream of one message type costs no allocation per message.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
+use super::mailbox::MailboxRx;
 use super::{Actor, Context, Handler};
 use crate::error::ActorError;
 use crate::payload::Src;
@@ -31,6 +34,19 @@ type Dispatch<A> =
     )
         -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>;
 
+/// Handles the message at `range` of the block, then the ones repeating it
+/// that the mailbox holds, in one future, until the run ends, the actor is
+/// stopping, or a message fails (its failure is returned; the messages after
+/// it stay in the mailbox). Replies are not wanted (a run with a reply port
+/// goes through [`Dispatch`]).
+type DispatchRun<A> = for<'a> fn(
+    &'a mut A,
+    &'a Context<A>,
+    &'a mut Bytes,
+    std::ops::Range<usize>,
+    &'a mut MailboxRx,
+) -> BoxFuture<'a, Result<(), HandlerFailure>>;
+
 /// Handler ports are already hashes (FNV-1a of a type path): the map uses
 /// them as they are instead of hashing them again for every message.
 #[derive(Default)]
@@ -52,7 +68,7 @@ impl std::hash::Hasher for PortHasher {
 
 /// The message types an actor type handles; filled by [`Actor::register`].
 pub struct Handlers<A: Actor> {
-    map: HashMap<u64, Dispatch<A>, std::hash::BuildHasherDefault<PortHasher>>,
+    map: HashMap<u64, (Dispatch<A>, DispatchRun<A>), std::hash::BuildHasherDefault<PortHasher>>,
 }
 
 fn dispatch<'a, A, M>(
@@ -82,6 +98,38 @@ where
     }))
 }
 
+fn dispatch_run<'a, A, M>(
+    actor: &'a mut A,
+    cx: &'a Context<A>,
+    block: &'a mut Bytes,
+    first: std::ops::Range<usize>,
+    rx: &'a mut MailboxRx,
+) -> BoxFuture<'a, Result<(), HandlerFailure>>
+where
+    A: Handler<M>,
+    M: Message,
+{
+    Box::pin(async move {
+        let mut range = first;
+        loop {
+            let msg: M = crate::payload::decode_shared(Src::Range(block, range)).map_err(|e| {
+                HandlerFailure::Decode(format!("not a {}: {e}", std::any::type_name::<M>()))
+            })?;
+            actor
+                .handle(cx, msg)
+                .await
+                .map_err(HandlerFailure::Failed)?;
+            if cx.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(());
+            }
+            match rx.next_repeat() {
+                Some(next) => range = next,
+                None => return Ok(()),
+            }
+        }
+    })
+}
+
 impl<A: Actor> Handlers<A> {
     pub(crate) fn build() -> Self {
         let mut h = Handlers {
@@ -96,11 +144,19 @@ impl<A: Actor> Handlers<A> {
     where
         A: Handler<M>,
     {
-        self.map.insert(handler_port::<M>(), dispatch::<A, M>);
+        self.map.insert(
+            handler_port::<M>(),
+            (dispatch::<A, M>, dispatch_run::<A, M>),
+        );
         self
     }
 
     pub(crate) fn get(&self, port: u64) -> Option<Dispatch<A>> {
-        self.map.get(&port).copied()
+        self.map.get(&port).map(|h| h.0)
+    }
+
+    /// The per-type loop over a run for messages to `port`.
+    pub(crate) fn get_run(&self, port: u64) -> Option<DispatchRun<A>> {
+        self.map.get(&port).map(|h| h.1)
     }
 }

@@ -197,6 +197,22 @@ impl MailboxRx {
         Some(next)
     }
 
+    /// The payload range of the next message if it repeats the header of
+    /// the message taken just before it (the rest of a run, taken by the
+    /// actor's per-type loop without going back to [`MailboxRx::recv`]).
+    pub(crate) fn next_repeat(&mut self) -> Option<std::ops::Range<usize>> {
+        let run = self.batch.front_mut()?;
+        let range = run.repeat()?;
+        if run.len() == 0 {
+            self.batch.pop_front();
+        }
+        self.owed += 1;
+        if self.batch.is_empty() || self.owed >= RETURN_EVERY {
+            self.return_permits();
+        }
+        Some(range)
+    }
+
     fn return_permits(&mut self) {
         if self.owed > 0 {
             self.space.add_permits(self.owed);

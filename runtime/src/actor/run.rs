@@ -1,7 +1,8 @@
 //! The actor task: init, the message loop (a run of messages sharing a
-//! header is handled without copying the header per message), failure
-//! capture (errors and panics), cleanup, and reporting the final status to
-//! the supervisor.
+//! header is handled without copying the header per message, and its
+//! messages after the first by one per-type loop in a single future),
+//! failure capture (errors and panics), cleanup, and reporting the final
+//! status to the supervisor.
 
 use std::any::Any;
 use std::marker::PhantomData;
@@ -143,6 +144,21 @@ async fn message_loop<A: Actor>(
                 handle_message(actor, cx, handlers, header, Src::Own(payload)).await
             }
             Next::Repeat(range) => match &last {
+                Some(header)
+                    if header.reply_to.is_none()
+                        && let Some(run) = handlers.get_run(header.dest.index()) =>
+                {
+                    // The rest of the run in one future (no allocation per
+                    // message); a failure is the failing message's.
+                    let r = AssertUnwindSafe(run(actor, cx, &mut block, range, rx))
+                        .catch_unwind()
+                        .await;
+                    match r {
+                        Ok(Ok(())) => None,
+                        Ok(Err(f)) => Box::pin(after_handler(cx, header.clone(), Ok(Err(f)))).await,
+                        Err(p) => Box::pin(after_handler(cx, header.clone(), Err(p))).await,
+                    }
+                }
                 Some(header) => {
                     let src = Src::Range(&mut block, range);
                     handle_message(actor, cx, handlers, header, src).await

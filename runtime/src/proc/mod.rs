@@ -423,7 +423,7 @@ impl Proc {
         self.inner
             .transport
             .try_repeat(sender, dest, port, len, |buf| {
-                postcard::to_io(msg, bytes::BufMut::writer(buf)).is_ok()
+                crate::port::encode_into(msg, buf).is_ok()
             })
     }
 
