@@ -54,6 +54,22 @@ fn chart_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh")
 }
 
+/// `helm install` of the chart into the test's namespace with `values`.
+fn install(env: &Env, values: &serde_json::Value) -> anyhow::Result<()> {
+    let chart = chart_dir();
+    let out = helm(
+        env,
+        &[
+            "install",
+            chart.to_str().unwrap_or_default(),
+            &env.namespace,
+            &values.to_string(),
+        ],
+    )?;
+    anyhow::ensure!(out.contains("installed"), "{out}");
+    Ok(())
+}
+
 /// The chart values of these tests: one replica, text logs, watching
 /// `namespace` only (a Role) or every namespace (a ClusterRole).
 fn chart_values(namespace: Option<&str>) -> serde_json::Value {
@@ -80,16 +96,7 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     let ns = env.namespace.clone();
     let chart = chart_dir();
     let values = chart_values(Some(&ns));
-    let out = helm(
-        &env,
-        &[
-            "install",
-            chart.to_str().unwrap_or_default(),
-            &ns,
-            &values.to_string(),
-        ],
-    )?;
-    assert!(out.contains("installed"), "{out}");
+    install(&env, &values)?;
 
     // Helm waited for the rollout; the Deployment says so in Kubernetes' terms.
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &ns);
@@ -356,18 +363,7 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
         return Ok(());
     }
     let ns = env.namespace.clone();
-    let chart = chart_dir();
-    let values = chart_values(None);
-    let out = helm(
-        &env,
-        &[
-            "install",
-            chart.to_str().unwrap_or_default(),
-            &ns,
-            &values.to_string(),
-        ],
-    )?;
-    assert!(out.contains("installed"), "{out}");
+    install(&env, &chart_values(None))?;
     let name = format!("{RELEASE_NAME}-manager");
     let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
     let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
