@@ -4,6 +4,8 @@
 //! standby; on graceful shutdown the leader releases the Lease and the
 //! standby takes over (ops.rs invariants 1-2).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +18,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -48,26 +49,10 @@ fn command(identity: &str) -> OperatorCommand {
     .cmd
 }
 
-/// GET over a fresh loopback connection; `(status code, body)`.
-async fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
 async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle: &str) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some((c, body)) = get(addr, path).await
+        if let Some((c, body)) = common::get(addr, path).await
             && c == code
             && body.contains(needle)
         {
@@ -76,7 +61,7 @@ async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting for {code} {needle:?} from {addr}{path}; last: {:?}",
-            get(addr, path).await
+            common::get(addr, path).await
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -176,7 +161,7 @@ spec:
         "hostmesh_reconcile_duration_seconds_count{controller=\"world\"}",
     )
     .await;
-    let (_, standby_metrics) = get(b.addr, "/metrics").await.expect("b's metrics");
+    let (_, standby_metrics) = common::get(b.addr, "/metrics").await.expect("b's metrics");
     assert!(
         !standby_metrics.contains("hostmesh_reconciles_total{"),
         "{standby_metrics}"
@@ -194,7 +179,7 @@ spec:
         .expect("task")
         .expect("replica a exits cleanly");
     assert!(
-        get(a.addr, "/healthz").await.is_none(),
+        common::get(a.addr, "/healthz").await.is_none(),
         "a's endpoint closed"
     );
     wait_for_body(b.addr, "/readyz", 200, "[+]leader-election leader").await;

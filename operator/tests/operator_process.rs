@@ -2,48 +2,23 @@
 //! logs on stderr (one object per line), the HTTP endpoint, the Lease taken,
 //! and on SIGTERM a clean exit that releases the Lease.
 
+mod common;
+
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
-use hostmesh_operator::manifest;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n")?.1.to_owned()))
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = ApiServer::start(ApiServerConfig {
-        kubeconfig: Some(kubeconfig.clone()),
-        ..ApiServerConfig::default()
-    })
-    .await
-    .expect("embedded API server starts");
+    let server = common::server_with_crds(&kubeconfig).await;
     let client = server.client().expect("client");
-    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
-    manifest::apply_all(&client, &crds, "default", "test")
-        .await
-        .expect("install CRDs");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
         .args([
@@ -100,7 +75,7 @@ async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
 
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some((200, body)) = get(&addr, "/readyz").await
+        if let Some((200, body)) = common::get(&addr, "/readyz").await
             && body.contains("[+]leader-election leader")
         {
             break;

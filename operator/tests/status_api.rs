@@ -2,10 +2,11 @@
 //! CRDs are installed from `hostmesh crds`, a World and a ProcMesh get a
 //! status through the status subresource, and the command's view shows it.
 
+mod common;
+
 use std::time::Duration;
 
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
 use hostmesh_operator::manifest;
 use hostmesh_operator::status::{StatusArgs, run};
 use kube::Api;
@@ -34,18 +35,8 @@ spec:
 async fn status_reads_world_and_procmesh_from_the_api_server() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = ApiServer::start(ApiServerConfig {
-        kubeconfig: Some(kubeconfig.clone()),
-        ..ApiServerConfig::default()
-    })
-    .await
-    .expect("embedded API server starts");
+    let server = common::server_with_crds(&kubeconfig).await;
     let client = server.client().expect("client");
-
-    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
-    manifest::apply_all(&client, &crds, "default", "test")
-        .await
-        .expect("install CRDs");
     let objects = manifest::parse("objects", OBJECTS).expect("parse");
     // The CRDs may take a moment to be served: retry within a bound.
     let deadline = tokio::time::Instant::now() + WAIT;
