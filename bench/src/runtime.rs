@@ -49,7 +49,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         .build()?;
     match std::env::var(PEER_ENV) {
         Ok(actors) => rt.block_on(peer(actors.parse().context("peer actor count")?)),
-        Err(_) => rt.block_on(suite()),
+        Err(_) => rt.block_on(hostmesh_runtime::batched(suite())),
     }
 }
 

@@ -64,7 +64,7 @@ pub mod supervision;
 pub mod testing;
 
 pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
-pub use channel::ChannelConfig;
+pub use channel::{ChannelConfig, batched};
 pub use error::{ActorError, Error};
 pub use id::{ActorId, ChannelAddr, PortId, ProcId};
 pub use payload::Payload;

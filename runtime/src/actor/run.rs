@@ -82,7 +82,10 @@ pub(crate) async fn start<A: Actor>(
         _a: PhantomData,
     };
     let (init_tx, init_rx) = oneshot::channel();
-    tokio::spawn(run(actor, cx, rx, handlers, supervisor, init_tx));
+    // Sends from handlers are staged per poll (see `channel::stage`).
+    tokio::spawn(crate::channel::batched(run(
+        actor, cx, rx, handlers, supervisor, init_tx,
+    )));
     init_rx
         .await
         .unwrap_or_else(|_| Err("the actor task ended during init".into()))

@@ -119,6 +119,9 @@ pub(crate) fn same_header(a: &Envelope, b: &Envelope) -> bool {
         && a.reply_to == b.reply_to
 }
 
+/// Bytes a frame written by [`encode_repeat_with`] adds to its payload.
+pub(crate) const REPEAT_OVERHEAD: usize = HEADER_LEN + 4;
+
 /// Appends an envelope frame whose header repeats the previous frame's and
 /// whose payload `encode` writes; `false` (and `buf` unchanged) if it fails.
 pub(crate) fn encode_repeat_with(
@@ -126,8 +129,12 @@ pub(crate) fn encode_repeat_with(
     encode: impl FnOnce(&mut BytesMut) -> bool,
 ) -> bool {
     let start = buf.len();
-    put_header(buf, FrameKind::Envelope, 0);
-    buf.put_u32(0);
+    // The frame header and an empty envelope header, in one copy.
+    let mut head = [0u8; REPEAT_OVERHEAD];
+    head[..2].copy_from_slice(&MAGIC);
+    head[2] = VERSION;
+    head[3] = FrameKind::Envelope as u8;
+    buf.extend_from_slice(&head);
     if !encode(buf) {
         buf.truncate(start);
         return false;
@@ -135,6 +142,17 @@ pub(crate) fn encode_repeat_with(
     let body = (buf.len() - start - HEADER_LEN) as u32;
     buf[start + 4..start + 8].copy_from_slice(&body.to_be_bytes());
     true
+}
+
+/// Splits the first frame written by [`encode_repeat_with`] off `frames`
+/// and returns its payload (a slice of the same buffer, no copy).
+pub(crate) fn split_repeat(frames: &mut BytesMut) -> Bytes {
+    let body = frames
+        .get(4..8)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    let end = (HEADER_LEN + body).min(frames.len());
+    let frame = frames.split_to(end).freeze();
+    frame.slice((HEADER_LEN + 4).min(end)..)
 }
 
 /// Payloads larger than this are not copied into the write buffer: the

@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 use super::frame::{self, Arrivals, Frame};
 use super::handshake;
 use super::queue::{LinkQueue, PushError, Run};
+use super::stage::{self, Stage};
 use super::{ChannelConfig, ChannelError, Envelope};
 use crate::id::{ActorId, ChannelAddr, ProcId};
 use crate::port::{OPEN_PORT_BIT, UNDELIVERABLE_PORT};
@@ -129,14 +130,27 @@ struct LinkHandle {
     lost: watch::Receiver<u64>,
 }
 
+impl<I: Inbound> stage::Bounce for Transport<I> {
+    fn bounce_run(&self, run: Run, reason: String) {
+        for env in run.into_envelopes() {
+            self.bounce(env, reason.clone());
+        }
+    }
+}
+
 /// A listening socket.
 pub(crate) enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
 }
 
+/// Numbers transports, so a thread's staged run names its own.
+static NEXT_TRANSPORT: AtomicU64 = AtomicU64::new(1);
+
 /// One proc's transport.
 pub(crate) struct Transport<I: Inbound> {
+    /// Unique in this process (see `stage`).
+    uid: u64,
     local: ProcId,
     config: ChannelConfig,
     key: Option<hmac::Key>,
@@ -149,6 +163,7 @@ pub(crate) struct Transport<I: Inbound> {
 impl<I: Inbound> Transport<I> {
     pub(crate) fn new(local: ProcId, config: ChannelConfig, secret: Option<&[u8]>) -> Self {
         Transport {
+            uid: NEXT_TRANSPORT.fetch_add(1, Ordering::Relaxed),
             local,
             config,
             key: secret.map(|s| hmac::Key::new(hmac::HMAC_SHA256, s)),
@@ -230,20 +245,54 @@ impl<I: Inbound> Transport<I> {
         self.with_link(peer, |h| h.lost.clone())
     }
 
-    /// Appends a message to the last run queued for `dest`'s proc if it
-    /// repeats that run's header (`sender` to handler port `port` of `dest`,
-    /// no reply port) and there is room now: `encode` writes the payload
-    /// (about `len` bytes) straight into the run, with no envelope and no
-    /// payload buffer of its own. `false`: nothing was queued (send it as an
-    /// envelope).
+    /// Queues a message from `sender` to handler port `port` of `dest` (on
+    /// another proc) with no envelope and no payload buffer of its own:
+    /// `encode` writes the payload (about `len` bytes) straight into a run.
+    /// Inside a `batched` scope the run is this thread's stage (see
+    /// `stage`); elsewhere it is the last run queued for that proc, if it
+    /// has the same header and there is room now. `false`: nothing was
+    /// queued (send it as an envelope).
     pub(crate) fn try_repeat(
-        &self,
+        self: &Arc<Self>,
         sender: &ActorId,
         dest: &ActorId,
         port: u64,
         len: usize,
         encode: impl FnOnce(&mut BytesMut) -> bool,
     ) -> bool {
+        let mut encode = Some(encode);
+        // Inside a `batched` scope: stage it on this thread (no lock).
+        let staged = stage::with(|slot| {
+            let st = slot.as_mut()?;
+            if !st.continues(self.uid, sender, dest, port, len) {
+                return None;
+            }
+            let enc = encode.take()?;
+            let ok = st.append(len, enc);
+            let full = if st.is_full() { slot.take() } else { None };
+            Some((ok, full))
+        });
+        match staged {
+            Some(Some((ok, full))) => {
+                if let Some(full) = full {
+                    full.flush();
+                }
+                return ok;
+            }
+            Some(None) => {
+                return match encode.take() {
+                    Some(encode) if dest.proc() != &self.local => {
+                        self.start_stage(sender, dest, port, len, encode)
+                    }
+                    _ => false,
+                };
+            }
+            None => {}
+        }
+        let Some(encode) = encode else { return false };
+        if dest.proc() == &self.local {
+            return false;
+        }
         let links = self.links();
         match &links.last {
             Some((p, _, queue)) if p == dest.proc() => {
@@ -253,35 +302,105 @@ impl<I: Inbound> Transport<I> {
         }
     }
 
+    /// Starts a run staged on this thread with one message, flushing the
+    /// run it replaces; `false` (nothing staged) when the message is too
+    /// large to stage or the peer's queue has no room now.
+    fn start_stage(
+        self: &Arc<Self>,
+        sender: &ActorId,
+        dest: &ActorId,
+        port: u64,
+        len: usize,
+        encode: impl FnOnce(&mut BytesMut) -> bool,
+    ) -> bool {
+        let max_frame = self.config.max_frame_len;
+        let old = stage::with(Option::take).flatten();
+        // The queue of the run replaced, if it goes to the same peer.
+        let queue = old
+            .as_ref()
+            .filter(|o| o.owner == self.uid && &o.peer == dest.proc())
+            .map(|o| o.queue.clone());
+        if let Some(old) = old {
+            old.flush();
+        }
+        if !Stage::fits(len, max_frame) {
+            return false;
+        }
+        let queue = match queue {
+            Some(q) => q,
+            None => self.queue_for(dest.proc()),
+        };
+        if !queue.has_room() {
+            return false;
+        }
+        let bounce: Arc<dyn stage::Bounce> = self.clone();
+        let mut st = Stage::new(
+            self.uid,
+            dest.proc().clone(),
+            queue,
+            bounce,
+            max_frame,
+            sender,
+            dest.port(port),
+        );
+        if !st.append(len, encode) {
+            return false;
+        }
+        if stage::with(|slot| *slot = Some(st)).is_none() {
+            // Not staged after all (cannot happen inside a scope): the
+            // message is encoded, so queue nothing and let the caller
+            // send it the ordinary way.
+            return false;
+        }
+        true
+    }
+
+    /// The queue of the link to `peer` (created if needed).
+    fn queue_for(self: &Arc<Self>, peer: &ProcId) -> Arc<LinkQueue> {
+        let mut links = self.links();
+        self.select(&mut links, peer).1.clone()
+    }
+
+    /// Makes `peer`'s link (created if needed) the one sent to last, which
+    /// is found without hashing its id; returns its id and queue.
+    fn select<'a>(
+        self: &Arc<Self>,
+        links: &'a mut Links,
+        peer: &ProcId,
+    ) -> (u64, &'a Arc<LinkQueue>) {
+        if !matches!(&links.last, Some((p, _, _)) if p == peer) {
+            let h = match links.map.get(peer) {
+                Some(h) => h,
+                None => {
+                    let h = self.spawn_link(peer.clone(), None);
+                    links.map.entry(peer.clone()).or_insert(h)
+                }
+            };
+            let last = (peer.clone(), h.id, h.queue.clone());
+            links.last = Some(last);
+        }
+        let Some((_, id, queue)) = &links.last else {
+            unreachable!("just set")
+        };
+        (*id, queue)
+    }
+
     /// Queues an envelope for its destination proc (waits while the peer's
     /// queue is full). Failures come back through [`Inbound::bounce`].
     pub(crate) async fn send(self: &Arc<Self>, mut env: Envelope) {
+        // What this thread staged goes first (per sender order).
+        stage::flush();
         for _ in 0..2 {
             // Fast path: a free slot, queued under the links lock without
             // touching any reference count (they are shared with the link
             // task, so every increment would bounce a cache line).
             let (id, full) = {
                 let mut links = self.links();
-                let peer = env.dest.actor().proc();
-                // The peer sent to last is found without hashing its id.
-                if !matches!(&links.last, Some((p, _, _)) if p == peer) {
-                    let h = match links.map.get(peer) {
-                        Some(h) => h,
-                        None => {
-                            let h = self.spawn_link(peer.clone(), None);
-                            links.map.entry(peer.clone()).or_insert(h)
-                        }
-                    };
-                    let last = (peer.clone(), h.id, h.queue.clone());
-                    links.last = Some(last);
-                }
-                let Some((_, id, queue)) = &links.last else {
-                    unreachable!("just set")
-                };
+                let (id, queue) = self.select(&mut links, env.dest.actor().proc());
                 match queue.try_push(env) {
                     Ok(()) => return,
-                    Err(PushError::Full(back)) => (*id, (Some(queue.clone()), back)),
-                    Err(PushError::Closed(back)) => (*id, (None, back)),
+                    Err(PushError::Full(back)) => (id, (Some(queue.clone()), back)),
+                    Err(PushError::Closed(back)) => (id, (None, back)),
                 }
             };
             let back = match full {

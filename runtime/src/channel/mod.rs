@@ -46,11 +46,13 @@ pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;
 mod queue;
+pub mod stage;
 
 use std::time::Duration;
 
 pub(crate) use frame::{Arrivals, Envelope};
 pub(crate) use link::{Inbound, Listener, Transport};
+pub use stage::{Batched, batched};
 
 /// Tunables of the transport. The defaults suit a pod network.
 #[derive(Debug, Clone)]

@@ -12,6 +12,10 @@
 //!    the messages queued.
 //! 3. The link task is woken only after it said, under the lock, that it is
 //!    idle: a busy stream costs senders no wake-up.
+//! 4. A thread's staged run (see `stage`) is appended whole, even beyond
+//!    `capacity`: a stage starts only while the queue has room and holds
+//!    at most `capacity` messages, so the queue exceeds its bound by at
+//!    most one stage per sending thread.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -21,7 +25,7 @@ use tokio::sync::Notify;
 
 use super::Envelope;
 use super::frame;
-use crate::id::ActorId;
+use crate::id::{ActorId, PortId};
 
 /// Senders wait while a link's queue holds this many payload bytes, so
 /// large messages queue megabytes, not gigabytes (`queue_capacity` counts
@@ -30,9 +34,9 @@ pub(super) const QUEUE_BYTES: usize = 4 << 20;
 
 /// Messages of one run after its head are framed as they are queued, with
 /// the header elided, when their payload is at most this large...
-const RUN_PAYLOAD_MAX: usize = 4 * 1024;
+pub(super) const RUN_PAYLOAD_MAX: usize = 4 * 1024;
 /// ...until the run's frames reach this many bytes.
-const RUN_BYTES: usize = 32 * 1024;
+pub(super) const RUN_BYTES: usize = 32 * 1024;
 
 /// Queued envelopes that share one header (sender, destination, reply
 /// port): the first as an envelope, the others already framed with the
@@ -56,8 +60,36 @@ impl Run {
         }
     }
 
+    /// A run of `count` messages from `sender` to `dest` framed by
+    /// [`frame::encode_repeat_with`]: the first becomes the head.
+    fn from_frames(sender: &ActorId, dest: &PortId, mut frames: BytesMut, count: usize) -> Self {
+        let payload = frame::split_repeat(&mut frames);
+        Run {
+            head: Envelope {
+                sender: sender.clone(),
+                dest: dest.clone(),
+                reply_to: None,
+                error: None,
+                payload,
+            },
+            frames,
+            more: count.saturating_sub(1),
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         1 + self.more
+    }
+
+    /// Whether messages from `sender` to handler port `port` of `dest` may
+    /// follow this run's head with the header elided.
+    fn repeats(&self, sender: &ActorId, dest: &ActorId, port: u64) -> bool {
+        let h = &self.head;
+        h.error.is_none()
+            && h.reply_to.is_none()
+            && h.dest.index() == port
+            && h.dest.actor() == dest
+            && &h.sender == sender
     }
 
     /// Appends `env`'s frame if it shares the head's header (`Ok`: what is
@@ -225,14 +257,7 @@ impl LinkQueue {
             let Some(run) = items.runs.back_mut() else {
                 return false;
             };
-            let h = &run.head;
-            if !(h.error.is_none()
-                && h.reply_to.is_none()
-                && h.dest.index() == port
-                && h.dest.actor() == dest
-                && &h.sender == sender
-                && run.fits(len, self.max_frame))
-            {
+            if !(run.repeats(sender, dest, port) && run.fits(len, self.max_frame)) {
                 return false;
             }
             if !run.append_with(encode) {
@@ -245,6 +270,68 @@ impl LinkQueue {
             self.ready.notify_one();
         }
         true
+    }
+
+    /// Messages queued before senders wait.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether a message may be queued now (open and not full).
+    pub(super) fn has_room(&self) -> bool {
+        let items = self.items();
+        !items.closed && !items.full(self.capacity)
+    }
+
+    /// Appends a thread's staged run: `count` messages from `sender` to
+    /// `dest`, framed by [`frame::encode_repeat_with`] (invariant 4). A
+    /// closed queue gives them back as a run, to bounce.
+    pub(super) fn push_frames(
+        &self,
+        sender: &ActorId,
+        dest: &PortId,
+        frames: BytesMut,
+        count: usize,
+    ) -> Result<(), Box<Run>> {
+        if count == 0 {
+            return Ok(());
+        }
+        let wake = {
+            let mut items = self.items();
+            if items.closed {
+                return Err(Box::new(Run::from_frames(sender, dest, frames, count)));
+            }
+            items.len += count;
+            // Joins the last run when that moves no bytes or few (a
+            // whole staged run becomes a run of its own instead: the link
+            // elides its head's header anyway, as it repeats).
+            match items.runs.back_mut() {
+                Some(run)
+                    if run.repeats(sender, dest.actor(), dest.index())
+                        && run.head.payload.len() <= RUN_PAYLOAD_MAX
+                        && (run.frames.is_empty()
+                            || (frames.len() <= RUN_PAYLOAD_MAX
+                                && run.frames.len() + frames.len() <= RUN_BYTES)) =>
+                {
+                    if run.frames.is_empty() {
+                        run.frames = frames;
+                    } else {
+                        run.frames.extend_from_slice(&frames);
+                    }
+                    run.more += count;
+                }
+                _ => {
+                    let run = Run::from_frames(sender, dest, frames, count);
+                    items.bytes += run.head.payload.len();
+                    items.runs.push_back(run);
+                }
+            }
+            std::mem::take(&mut items.idle)
+        };
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
     }
 
     /// Queues `env`, waiting for room; gives it back if the queue closed.

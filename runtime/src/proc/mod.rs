@@ -403,10 +403,11 @@ impl Proc {
         self.inner.route(env).await;
     }
 
-    /// Queues `msg` for handler port `port` of `dest` on another proc if it
-    /// continues the run last queued there (the same sender and
-    /// destination): it is encoded straight into the link's queue, with no
-    /// envelope built. `false`: send it the ordinary way.
+    /// Queues `msg` for handler port `port` of `dest` on another proc
+    /// without building an envelope: staged on this thread inside a
+    /// [`crate::batched`] scope, else appended to the run last queued for
+    /// that proc if it has the same sender and destination. `false`: send
+    /// it the ordinary way.
     pub(crate) fn try_repeat<M: serde::Serialize>(
         &self,
         sender: &ActorId,
@@ -414,9 +415,6 @@ impl Proc {
         port: u64,
         msg: &M,
     ) -> bool {
-        if dest.proc() == &self.inner.id {
-            return false;
-        }
         let Ok(len) = postcard::experimental::serialized_size(msg) else {
             return false;
         };
