@@ -49,6 +49,9 @@ pub(crate) fn run() -> anyhow::Result<()> {
         .build()?;
     match std::env::var(PEER_ENV) {
         Ok(actors) => rt.block_on(peer(actors.parse().context("peer actor count")?)),
+        // The client streams from a task in a `batched` scope, as actor
+        // tasks do (sends are staged per poll; the raw baseline's
+        // `BufWriter` is the counterpart).
         Err(_) => rt.block_on(hostmesh_runtime::batched(suite())),
     }
 }
