@@ -1,13 +1,14 @@
-//! Bounded queues (channel invariant 3): a sender to a blocked actor stops
-//! after a bounded number of messages instead of growing memory, and every
-//! message is handled once the actor resumes.
+//! Bounded queues (channel invariants 3 and 7): a sender to a blocked actor
+//! stops after a bounded number of messages instead of growing memory,
+//! whether it sends the waiting way or stages its sends, and every message
+//! is handled once the actor resumes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hostmesh_runtime::{
-    Actor, ActorError, ChannelConfig, Context, Handler, Handlers, Proc, ProcConfig,
+    Actor, ActorError, ChannelConfig, Context, Handler, Handlers, Proc, ProcConfig, batched,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -62,6 +63,17 @@ fn small() -> ProcConfig {
 
 #[tokio::test]
 async fn a_blocked_receiver_bounds_what_a_sender_can_queue() {
+    blocked_receiver_bounds_the_sender(false).await;
+}
+
+#[tokio::test]
+async fn a_blocked_receiver_bounds_what_a_staging_sender_can_queue() {
+    blocked_receiver_bounds_the_sender(true).await;
+}
+
+/// Sends to a gated actor until the sender blocks, checking the bound at
+/// every poll; `staged`: from a `batched` scope (sends staged per thread).
+async fn blocked_receiver_bounds_the_sender(staged: bool) {
     let server = Proc::builder("server")
         .listen("tcp:127.0.0.1:0".parse().unwrap())
         .config(small())
@@ -86,7 +98,7 @@ async fn a_blocked_receiver_bounds_what_a_sender_can_queue() {
         .unwrap();
     const N: usize = 2_000;
     let sent = Arc::new(AtomicUsize::new(0));
-    let sender = tokio::spawn({
+    let send_all = {
         let (client, g, sent) = (client.clone(), g.clone(), sent.clone());
         async move {
             for i in 0..N {
@@ -94,13 +106,20 @@ async fn a_blocked_receiver_bounds_what_a_sender_can_queue() {
                 sent.fetch_add(1, Ordering::SeqCst);
             }
         }
-    });
+    };
+    let sender = if staged {
+        tokio::spawn(batched(send_all))
+    } else {
+        tokio::spawn(send_all)
+    };
     // Poll until the sender is blocked: it has made progress, then stopped
     // making any (the same count over many polls). Whatever the timing, the
     // count can never pass the sum of the queues: link queue + unacked
     // window + mailbox + the handler's message (+ slack for the reader's
-    // batch and the one being enqueued); it is checked at every poll.
-    let bound = 4 + 8 + 4 + 2 + 4;
+    // batch and the one being enqueued), plus, for a staging sender, one
+    // staged run of at most the queue's capacity (queue invariant 4); it
+    // is checked at every poll.
+    let bound = 4 + 8 + 4 + 2 + 4 + if staged { 4 } else { 0 };
     let deadline = tokio::time::Instant::now() + T;
     let (mut last, mut stable) = (0, 0);
     loop {
