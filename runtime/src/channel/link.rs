@@ -318,7 +318,7 @@ impl<I: Inbound> Transport<I> {
         // The queue of the run replaced, if it goes to the same peer.
         let queue = old
             .as_ref()
-            .filter(|o| o.owner == self.uid && &o.peer == dest.proc())
+            .filter(|o| o.owner == self.uid && o.peer() == dest.proc())
             .map(|o| o.queue.clone());
         if let Some(old) = old {
             old.flush();
@@ -334,15 +334,7 @@ impl<I: Inbound> Transport<I> {
             return false;
         }
         let bounce: Arc<dyn stage::Bounce> = self.clone();
-        let mut st = Stage::new(
-            self.uid,
-            dest.proc().clone(),
-            queue,
-            bounce,
-            max_frame,
-            sender,
-            dest.port(port),
-        );
+        let mut st = Stage::new(self.uid, queue, bounce, max_frame, sender, dest.port(port));
         if !st.append(len, encode) {
             return false;
         }

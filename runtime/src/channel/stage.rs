@@ -40,10 +40,9 @@ pub(super) trait Bounce: Send + Sync {
 pub(super) struct Stage {
     /// The transport it belongs to (its unique number).
     pub(super) owner: u64,
-    pub(super) peer: ProcId,
     pub(super) queue: Arc<LinkQueue>,
-    pub(super) bounce: Arc<dyn Bounce>,
-    pub(super) max_frame: usize,
+    bounce: Arc<dyn Bounce>,
+    max_frame: usize,
     sender: ActorId,
     dest: PortId,
     frames: BytesMut,
@@ -53,7 +52,6 @@ pub(super) struct Stage {
 impl Stage {
     pub(super) fn new(
         owner: u64,
-        peer: ProcId,
         queue: Arc<LinkQueue>,
         bounce: Arc<dyn Bounce>,
         max_frame: usize,
@@ -62,7 +60,6 @@ impl Stage {
     ) -> Self {
         Stage {
             owner,
-            peer,
             queue,
             bounce,
             max_frame,
@@ -71,6 +68,11 @@ impl Stage {
             frames: BytesMut::new(),
             count: 0,
         }
+    }
+
+    /// The proc the run goes to.
+    pub(super) fn peer(&self) -> &ProcId {
+        self.dest.actor().proc()
     }
 
     /// Whether a `len`-byte message from `sender` to handler port `port`
@@ -128,7 +130,6 @@ impl Stage {
     /// Hands the run to its link's queue (or back to its transport).
     pub(super) fn flush(self) {
         let Stage {
-            peer,
             queue,
             bounce,
             sender,
@@ -138,7 +139,8 @@ impl Stage {
             ..
         } = self;
         if let Err(run) = queue.push_frames(&sender, &dest, frames, count) {
-            bounce.bounce_run(*run, format!("link to {peer} closed"));
+            let reason = format!("link to {} closed", dest.actor().proc());
+            bounce.bounce_run(*run, reason);
         }
     }
 }
