@@ -103,7 +103,14 @@ async fn a_failing_rank_is_the_first_failure_with_code_and_stderr() -> anyhow::R
             "ProcMesh",
             "pm",
             "Failed with its other ranks stopped",
-            |s| s["phase"] == "Failed" && s["failed"] == 1 && s["running"] == 0,
+            |s| {
+                // A rank whose stop is under way says `Stopping` until its
+                // process has exited.
+                let settled = s["ranks"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().all(|run| run["state"] != "Stopping"));
+                s["phase"] == "Failed" && s["failed"] == 1 && s["running"] == 0 && settled
+            },
         )
         .await?;
     assert!(condition_true(&status, "Failed"), "{status:#}");
