@@ -44,7 +44,8 @@ pub struct Env {
     apiserver: Option<Child>,
     kubelet: Option<Child>,
     controller_manager: Option<Child>,
-    operator: Option<Child>,
+    /// Operator processes, oldest first.
+    operators: Vec<Child>,
 }
 
 /// The `hostmesh` binary under test: `HOSTMESH_BIN`, or the one cargo built
@@ -127,7 +128,7 @@ impl Env {
             apiserver,
             kubelet: None,
             controller_manager: None,
-            operator: None,
+            operators: Vec::new(),
         };
         env.install_crds(&bin)?;
         let log = log_file(env.dir.path(), "kubelet")?;
@@ -218,6 +219,30 @@ impl Env {
 
     /// Starts the operator process (again, after [`Env::kill_operator`]).
     pub fn start_operator(&mut self) -> anyhow::Result<()> {
+        self.spawn_operator(&[])
+    }
+
+    /// Starts an operator replica with leader election on a Lease in the
+    /// test's namespace, as the chart runs it (fast timings): the first
+    /// replica leads, a later one waits as a standby until the leader goes.
+    pub fn start_elected_operator(&mut self, identity: &str) -> anyhow::Result<()> {
+        let ns = self.namespace.clone();
+        self.spawn_operator(&[
+            "--leader-elect",
+            "--leader-elect-namespace",
+            &ns,
+            "--leader-elect-identity",
+            identity,
+            "--leader-elect-lease-duration",
+            "4s",
+            "--leader-elect-renew-deadline",
+            "3s",
+            "--leader-elect-retry-period",
+            "500ms",
+        ])
+    }
+
+    fn spawn_operator(&mut self, extra: &[&str]) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -231,21 +256,41 @@ impl Env {
             .arg("127.0.0.1:0")
             .arg("--watch-namespaces")
             .arg(&self.namespace)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .context("starting hostmesh operator")?;
-        self.operator = Some(child);
+        self.operators.push(child);
         Ok(())
     }
 
-    /// SIGKILLs the operator process.
+    /// SIGKILLs every operator process.
     pub fn kill_operator(&mut self) {
-        if let Some(mut c) = self.operator.take() {
+        for mut c in self.operators.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Stops the oldest operator process gracefully (SIGTERM, as a rolling
+    /// upgrade stops the old pod) and waits for it to exit.
+    pub async fn terminate_oldest_operator(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.operators.is_empty(), "no operator is running");
+        let mut c = self.operators.remove(0);
+        let signalled = nix_terminate(&c);
+        let start = Instant::now();
+        while signalled.is_ok() && start.elapsed() < WAIT {
+            if let Ok(Some(_)) = c.try_wait() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        signalled?;
+        bail!("the operator did not exit within {WAIT:?} of SIGTERM")
     }
 
     /// Runs kubectl against the cluster, failing with its output on error.
@@ -593,6 +638,23 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) -> anyhow::Resu
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     bail!("{what}: not true after {WAIT:?}")
+}
+
+/// Polls `f` for `period`, failing at once with `what` and `f`'s message
+/// when it reports a violation (an invariant that must hold throughout).
+pub async fn always_for(
+    what: &str,
+    period: Duration,
+    mut f: impl AsyncFnMut() -> anyhow::Result<Option<String>>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < period {
+        if let Some(violation) = f().await? {
+            bail!("{what}: violated after {:?}: {violation}", start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
 }
 
 /// A World manifest of `shape` (e.g. `[("replica", 2), ("host", 2)]`) with

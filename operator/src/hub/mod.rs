@@ -72,6 +72,9 @@ struct HostEntry {
     /// Stops sent over the current link, by proc name.
     stopping: HashSet<String>,
     book_sent: bool,
+    /// When this hub first had the agent's Snapshot (wall clock): before
+    /// it, the hub knows nothing of the host's procs (a new leader).
+    reported_at: Option<Timestamp>,
 }
 
 struct WorldEntry {
@@ -265,6 +268,11 @@ impl Hub {
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
+                if let Some(h) = w.hosts.get_mut(&host.rank)
+                    && h.pod_uid == pod_uid
+                {
+                    h.reported_at.get_or_insert_with(Timestamp::now);
+                }
                 let mut touched = HashSet::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
@@ -427,6 +435,7 @@ impl Hub {
                     sent: HashMap::new(),
                     stopping: HashSet::new(),
                     book_sent: false,
+                    reported_at: None,
                 });
                 if book_changed {
                     h.book_sent = false;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::procmesh::ProcState;
+use k8s_openapi::jiff::Timestamp;
 
 use super::{AgentLink, CreateOrUpdate, Hub, MeshKey, ProcObs, WorldKey};
 
@@ -177,6 +178,22 @@ impl Hub {
             .get(world)
             .and_then(|w| w.procs.get(mesh_id))
             .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Hosts of `world` whose agent's Snapshot this hub has, and since when
+    /// (a rank on any other host has not been heard from yet: unknown, not
+    /// missing).
+    pub fn reported_hosts(&self, world: &WorldKey) -> BTreeMap<u64, Timestamp> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .map(|w| {
+                w.hosts
+                    .iter()
+                    .filter_map(|(r, h)| h.reported_at.map(|t| (*r, t)))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

@@ -139,6 +139,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     let states = ctx.hub.proc_states(&key, &id);
     let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
     let lost_hosts = lost_hosts(&world);
+    let reported = ctx.hub.reported_hosts(&key);
     let plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
@@ -147,6 +148,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         extent,
         states: &states,
         lost_hosts: &lost_hosts,
+        reported: &reported,
         now: Timestamp::now(),
     });
 

@@ -11,7 +11,11 @@
 //! 3. Restarts stop at `maxRestarts` (total); a permanent failure (a rule
 //!    says Fail, or exit code 126/127 by default) or `Never` fails at once.
 //! 4. Ranks that are not running `spawnTimeout` after their spawn (counted
-//!    while the World is Running) are Timeout, a failure like any other.
+//!    while the World is Running) are Timeout, a failure like any other. The
+//!    clock of a rank starts no earlier than this operator's first report
+//!    from its host's agent: a rank not heard from yet (a new leader before
+//!    the agent's Snapshot) is unknown and keeps its recorded state; it is
+//!    never timed out from the original spawn time.
 //! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
 //!    a failure; after its restart it is Starting until the new host runs it.
 
@@ -52,6 +56,9 @@ pub struct PlanInput<'a> {
     pub states: &'a BTreeMap<u64, ProcObs>,
     /// Hosts that are gone (Expired, Failed, Terminating), with their state.
     pub lost_hosts: &'a BTreeMap<u64, String>,
+    /// Hosts whose agent has reported its procs to this operator, and since
+    /// when (invariant 4).
+    pub reported: &'a BTreeMap<u64, Timestamp>,
     /// Now.
     pub now: Timestamp,
 }
@@ -181,15 +188,22 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     if spawn_time.is_none() && world_running && !was_terminal {
         spawn_time = Some(now_t.clone());
     }
-    // The spawn clock only runs while the World is up.
-    let timed_out = world_running
-        && spawn_time
-            .as_ref()
-            .is_some_and(|t| t.0 + sd(input.timings.spawn_timeout) <= input.now);
+    // The spawn clock only runs while the World is up, and for a rank only
+    // once its agent has reported to this operator (invariant 4).
+    let deadline = |spawn: Option<&Time>, host: u64| {
+        let heard = input.reported.get(&host)?;
+        Some(spawn?.0.max(*heard) + sd(input.timings.spawn_timeout))
+    };
+    let spawned = spawn_time.clone();
+    let timed_out = |host: u64| {
+        world_running && deadline(spawned.as_ref(), host).is_some_and(|d| d <= input.now)
+    };
+    let unheard = |host: u64| !input.reported.contains_key(&host);
 
     let mut ranks: Vec<RankStatus> = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     for rank in 0..total {
         let want = inc.get(rank);
+        let host = rank / per_host.max(1);
         let s = match input.states.get(&rank) {
             Some(o)
                 if o.incarnation >= want
@@ -214,13 +228,21 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 reason: Some("Restarting".into()),
                 ..Default::default()
             },
+            // Not heard from yet: what status last recorded stands.
+            None if same_gen && unheard(host) && !prev.ranks.is_empty() => {
+                runs::get(&prev.ranks, rank).cloned().unwrap_or(RankStatus {
+                    state: ProcState::Starting,
+                    ..Default::default()
+                })
+            }
             None if spawn_time.is_some() => RankStatus {
                 state: ProcState::Starting,
+                reason: unheard(host).then(|| format!("waiting for host {host}'s agent to report")),
                 ..Default::default()
             },
             None => RankStatus::default(),
         };
-        let s = if timed_out && matches!(s.state, ProcState::Starting) && !was_terminal {
+        let s = if timed_out(host) && matches!(s.state, ProcState::Starting) && !was_terminal {
             RankStatus {
                 state: ProcState::Timeout,
                 reason: Some(format!(
@@ -402,12 +424,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         Vec::new()
     };
     if phase == ProcMeshPhase::Spawning && out.requeue_after.is_none() {
-        let left = spawn_time
-            .as_ref()
-            .map(|t| t.0 + sd(input.timings.spawn_timeout))
+        let left = (0..input.hosts)
+            .filter_map(|h| deadline(spawn_time.as_ref(), h))
             .filter(|d| *d > input.now)
+            .min()
             .and_then(|d| Duration::try_from(d.duration_since(input.now)).ok());
         out.requeue_after = left.map(|l| l + Duration::from_millis(100));
+    }
+    // A host whose agent has not reported yet: look again soon (its
+    // Snapshot need not name this mesh, so it may not trigger us).
+    if world_running && !was_terminal && (0..input.hosts).any(unheard) {
+        let soon = Duration::from_secs(1);
+        out.requeue_after = Some(out.requeue_after.map_or(soon, |d| d.min(soon)));
     }
 
     let mut conds = prev.conditions.clone();

@@ -42,6 +42,19 @@ fn run_lost(
     lost_hosts: &BTreeMap<u64, String>,
     now: i64,
 ) -> Plan {
+    // Both agents reported long ago: the spawn clock alone decides.
+    let reported = (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect();
+    run_reported(pm, world, states, lost_hosts, &reported, now)
+}
+
+fn run_reported(
+    pm: &ProcMesh,
+    world: Option<WorldPhase>,
+    states: &BTreeMap<u64, ProcObs>,
+    lost_hosts: &BTreeMap<u64, String>,
+    reported: &BTreeMap<u64, Timestamp>,
+    now: i64,
+) -> Plan {
     plan(&PlanInput {
         pm,
         timings: timings(pm),
@@ -50,6 +63,7 @@ fn run_lost(
         extent: "host=2,gpu=2".into(),
         states,
         lost_hosts,
+        reported,
         now: Timestamp::from_second(now).unwrap(),
     })
 }
@@ -237,4 +251,51 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     // No spawn timeout while the World is down.
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 1000);
     assert_eq!(p.status.failed, 0);
+}
+
+/// A new leader long after the spawn (past spawnTimeout) has heard from no
+/// agent yet: the ranks keep their recorded state, nothing times out, and
+/// it looks again soon. Once an agent reports, a rank it does not have gets
+/// a full spawnTimeout from that report.
+#[test]
+fn a_new_leader_never_times_out_ranks_it_has_not_heard_from() {
+    let mut pm = small("");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 100);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    pm.status = Some(p.status);
+
+    let nobody = BTreeMap::new();
+    let none = BTreeMap::new();
+    let p = run_reported(&pm, RUNNING, &none, &BTreeMap::new(), &nobody, 1_000);
+    assert_eq!(
+        p.status.phase,
+        Some(ProcMeshPhase::Running),
+        "{:?}",
+        p.status
+    );
+    assert_eq!(p.status.running, 4);
+    assert!(p.status.first_failure.is_none());
+    assert_eq!(p.status, *pm.status.as_ref().unwrap(), "nothing to write");
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(1)));
+
+    // Host 0 reports its two procs running; host 1 reports none of them.
+    let mut states = all(1, 2, ProcState::Running, 0);
+    let at = |s| Timestamp::from_second(s).unwrap();
+    let reported: BTreeMap<u64, Timestamp> = [(0, at(1_000)), (1, at(1_000))].into();
+    let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 1_001);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    assert!(p.status.first_failure.is_none(), "{:?}", p.status);
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(59_100)));
+    let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 1_060);
+    assert_eq!(p.status.first_failure.as_ref().map(|f| f.rank), Some(2));
+    assert_eq!(p.status.first_failure.unwrap().state, ProcState::Timeout);
+
+    // Host 1 has not reported: its ranks stay as recorded, with no timeout.
+    let reported: BTreeMap<u64, Timestamp> = [(0, at(1_000))].into();
+    for r in 2..4 {
+        states.remove(&r);
+    }
+    let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 5_000);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert!(p.status.first_failure.is_none());
 }
