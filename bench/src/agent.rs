@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hostmesh_runtime::host::protocol::{AgentPush, CreateOrUpdate, Dim, ProcSpec, ProcStatus};
-use hostmesh_runtime::host::{
+use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, Dim, ProcSpec, ProcStatus};
+use hostmesh_agent::{
     Agent, AgentClient, AgentConfig, AgentEvent, AgentEventKind, ClientConfig, Limits,
 };
 use tokio::sync::mpsc;
@@ -115,14 +115,14 @@ async fn suite() -> anyhow::Result<()> {
 fn plain(n: usize) -> ProcSpec {
     let mut spec = ProcSpec::command("sleep", &["60"]);
     spec.proc_mesh = "bench".into();
-    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", n)];
+    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", n as u32)];
     spec
 }
 
 fn echo(exe: &std::path::Path, n: usize) -> ProcSpec {
     let mut spec = ProcSpec::command(exe.to_string_lossy(), &["agent"]);
     spec.proc_mesh = "bench-echo".into();
-    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", n)];
+    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", n as u32)];
     spec.runtime_aware = true;
     spec.env = vec![(ECHO_ENV.into(), "1".into())];
     spec

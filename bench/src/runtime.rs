@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use hostmesh_mesh::Region;
 use hostmesh_runtime::actor_mesh::ActorMesh;
-use hostmesh_runtime::mesh::Region;
 use hostmesh_runtime::testing::{Blob, Count, Echo, ServerConfig, TestActor, start_server};
 use hostmesh_runtime::{ActorRef, Proc, ProcId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};

@@ -15,13 +15,11 @@
 pub mod conditions;
 pub mod duration;
 pub mod procmesh;
-pub mod runs;
-pub mod shape;
 pub mod validate;
 pub mod world;
 
+pub use hostmesh_mesh::{Dim, Shape, runs, shape};
 pub use procmesh::{ProcMesh, ProcMeshSpec, ProcMeshStatus};
-pub use shape::{Dim, Extent};
 pub use world::{World, WorldSpec, WorldStatus};
 
 use kube::CustomResourceExt as _;

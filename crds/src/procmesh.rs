@@ -14,8 +14,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DURATION_PATTERN;
-use crate::runs::Run;
-use crate::shape::{Dim, Extent, MAX_DIMS};
+use hostmesh_mesh::Run;
+use hostmesh_mesh::shape::{Dim, MAX_DIMS, Shape};
 
 /// Default `spawnTimeout`.
 pub const DEFAULT_SPAWN_TIMEOUT: &str = "60s";
@@ -97,8 +97,8 @@ pub struct ProcMeshSpec {
 
 impl ProcMeshSpec {
     /// The per-host extent.
-    pub fn per_host_extent(&self) -> Extent {
-        Extent::new(self.per_host.clone())
+    pub fn per_host_shape(&self) -> Shape {
+        Shape::new(self.per_host.clone())
     }
 }
 
@@ -337,10 +337,22 @@ pub const MAX_STDERR_RANKS: usize = 16;
 /// Most bytes of a reason kept in status.
 pub const MAX_REASON: usize = 256;
 
+/// Truncates `s` to its last `max` bytes (on a character boundary).
+pub fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    s[cut..].to_string()
+}
+
 /// Encodes per-rank proc states (rank order) as bounded runs: stderr tails
 /// cut to [`MAX_STDERR_TAIL`] bytes and kept for the first
 /// [`MAX_STDERR_RANKS`] failed ranks only, reasons cut to [`MAX_REASON`],
-/// at most [`crate::runs::MAX_RUNS`] runs. Returns the runs and whether they
+/// at most [`hostmesh_mesh::runs::MAX_RUNS`] runs. Returns the runs and whether they
 /// were truncated.
 pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankStatus>>, bool) {
     let mut with_stderr = 0usize;
@@ -349,16 +361,16 @@ pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankS
             && with_stderr < MAX_STDERR_RANKS
         {
             with_stderr += 1;
-            v.stderr_tail = Some(crate::runs::tail(&s, MAX_STDERR_TAIL));
+            v.stderr_tail = Some(crate::procmesh::tail(&s, MAX_STDERR_TAIL));
         }
         if let Some(r) = v.reason.as_mut()
             && r.len() > MAX_REASON
         {
-            *r = crate::runs::tail(r, MAX_REASON);
+            *r = crate::procmesh::tail(r, MAX_REASON);
         }
         v
     });
-    crate::runs::encode_bounded(bounded, crate::runs::MAX_RUNS)
+    hostmesh_mesh::runs::encode_bounded(bounded, hostmesh_mesh::runs::MAX_RUNS)
 }
 
 /// The root cause of a ProcMesh failure.
@@ -389,6 +401,12 @@ pub struct FirstFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_bytes_on_a_char_boundary() {
+        assert_eq!(tail("héllo", 4), "llo");
+        assert_eq!(tail("abc", 4), "abc");
+    }
 
     fn running() -> RankStatus {
         RankStatus {
@@ -430,7 +448,7 @@ mod tests {
         });
         let (runs, truncated) = rank_runs(v);
         assert!(truncated);
-        assert_eq!(runs.len(), crate::runs::MAX_RUNS);
+        assert_eq!(runs.len(), hostmesh_mesh::runs::MAX_RUNS);
         let status = ProcMeshStatus {
             ranks: runs,
             ranks_truncated: truncated,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::duration;
 use crate::procmesh::{self, ProcMeshSpec};
-use crate::shape::{Dim, MAX_DIM_SIZE, MAX_DIMS};
 use crate::world::{self, WorldSpec};
+use hostmesh_mesh::shape::{Dim, MAX_DIM_SIZE, MAX_DIMS};
 
 /// One problem with one field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,7 +124,7 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
             "is 0; a World needs at least 1 host",
         ));
     }
-    let n = spec.extent().num_ranks();
+    let n = spec.full_shape().num_ranks();
     if n > world::MAX_HOSTS {
         errs.push(FieldError::new(
             "spec.shape",
@@ -233,7 +233,7 @@ pub fn proc_mesh(
             ),
         )),
         Some(w) => {
-            let world_dims = w.extent();
+            let world_dims = w.full_shape();
             for (i, d) in spec.per_host.iter().enumerate() {
                 if world_dims.dims().iter().any(|wd| wd.name == d.name) {
                     errs.push(FieldError::new(
@@ -245,7 +245,7 @@ pub fn proc_mesh(
         }
     }
     check_dims("spec.perHost", &spec.per_host, &mut errs);
-    let per_host = spec.per_host_extent().num_ranks();
+    let per_host = spec.per_host_shape().num_ranks();
     if per_host > procmesh::MAX_PROCS_PER_HOST {
         errs.push(FieldError::new(
             "spec.perHost",
@@ -256,7 +256,7 @@ pub fn proc_mesh(
         ));
     }
     if let Some(w) = world {
-        let total = w.extent().num_ranks().saturating_mul(per_host);
+        let total = w.full_shape().num_ranks().saturating_mul(per_host);
         if total > procmesh::MAX_PROCS {
             errs.push(FieldError::new(
                 "spec.perHost",

@@ -8,8 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DURATION_PATTERN;
-use crate::runs::Run;
-use crate::shape::{Dim, Extent, MAX_DIMS};
+use hostmesh_mesh::Run;
+use hostmesh_mesh::shape::{Dim, MAX_DIMS, Shape};
 
 /// Default agent port.
 pub const DEFAULT_PORT: u16 = 26600;
@@ -91,10 +91,10 @@ fn default_port() -> u16 {
 
 impl WorldSpec {
     /// The World's shape (`shape`, or `host=<hosts>` for the shorthand).
-    pub fn extent(&self) -> Extent {
+    pub fn full_shape(&self) -> Shape {
         match (self.shape.is_empty(), self.hosts) {
-            (true, Some(n)) => Extent::new(vec![Dim::new("host", n)]),
-            _ => Extent::new(self.shape.clone()),
+            (true, Some(n)) => Shape::new(vec![Dim::new("host", n)]),
+            _ => Shape::new(self.shape.clone()),
         }
     }
 }
@@ -271,9 +271,9 @@ mod tests {
         assert_eq!(w.port, DEFAULT_PORT);
         assert_eq!(w.failure_policy.max_restarts, 3);
         assert_eq!(w.failure_policy.action, FailureAction::ReplaceHost);
-        assert_eq!(w.extent().to_string(), "replica=2,host=2");
+        assert_eq!(w.full_shape().to_string(), "replica=2,host=2");
         let short: WorldSpec =
             serde_saphyr::from_str("hosts: 3\ntemplate: {spec: {containers: []}}\n").unwrap();
-        assert_eq!(short.extent().to_string(), "host=3");
+        assert_eq!(short.full_shape().to_string(), "host=3");
     }
 }

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the host agent of one World host (docs/agent.md).
-    Agent(Box<hostmesh_runtime::host::AgentArgs>),
+    Agent(Box<hostmesh_agent::AgentArgs>),
     /// Copy this executable to PATH (the host pods' init container uses it).
     InstallAgent {
         /// Where to put the agent binary.
@@ -133,7 +133,7 @@ fn print_crds() -> anyhow::Result<()> {
 
 /// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
 /// then runs the agent until it is stopped.
-fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
+fn run_agent(args: hostmesh_agent::AgentArgs) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -147,7 +147,7 @@ fn run_agent(args: hostmesh_runtime::host::AgentArgs) -> anyhow::Result<()> {
         .thread_name("hostmesh-agent")
         .build()
         .context("cannot start the tokio runtime")?;
-    rt.block_on(hostmesh_runtime::host::run_agent(args))?;
+    rt.block_on(hostmesh_agent::run_agent(args))?;
     Ok(())
 }
 

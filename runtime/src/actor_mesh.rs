@@ -20,10 +20,10 @@ use bytes::Bytes;
 use crate::actor::{ActorRef, Handler, RemoteSpawn};
 use crate::error::Error;
 use crate::id::{ActorId, PortId, ProcId};
-use crate::mesh::{MeshRef, Region, ValueMesh};
 use crate::port::{self, Message, PortRef, handler_port};
 use crate::proc::{CanSend, Proc, SpawnActor};
 use crate::supervision::SupervisionEvent;
+use hostmesh_mesh::{MeshRef, Region, ValueMesh};
 
 /// Procs laid over a region (text form `name:proc,proc@region`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::channel::ChannelError;
 use crate::id::{ActorId, IdError};
-use crate::mesh::MeshError;
+use hostmesh_mesh::MeshError;
 
 /// Errors from procs, actors, ports and actor meshes.
 #[derive(Debug, thiserror::Error)]

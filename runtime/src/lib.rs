@@ -1,8 +1,8 @@
-//! hostmesh actor runtime: meshes, identities, an authenticated TCP
-//! transport, procs, actors, typed ports, supervision and actor meshes.
+//! hostmesh actor runtime: identities, an authenticated TCP transport,
+//! procs, actors, typed ports, supervision and actor meshes. Shapes and
+//! regions come from `hostmesh-mesh`.
 //!
-//! Modules, each owning one concern: [`mesh`] (extents, regions, value
-//! meshes), [`id`] (addresses and ids), [`channel`] (framing, handshake,
+//! Modules, each owning one concern: [`id`] (addresses and ids), [`channel`] (framing, handshake,
 //! links), [`proc`] (hosting and routing), [`actor`] (the actor model),
 //! [`port`] (typed ports), [`payload`] (zero-copy byte fields), [`supervision`] (statuses and events),
 //! [`actor_mesh`] (spawn, cast and gather over many procs).
@@ -54,9 +54,7 @@ pub mod actor_mesh;
 mod bufpool;
 pub mod channel;
 mod error;
-pub mod host;
 pub mod id;
-pub mod mesh;
 pub mod payload;
 pub mod port;
 pub mod proc;

@@ -102,7 +102,7 @@ impl fmt::Display for Undeliverable {
 }
 
 /// The status of a proc's process, as the reference's mapping sees it (the
-/// host agent's richer `host::protocol::ProcStatus` converts into it).
+/// host agent's richer `hostmesh_agent::protocol::ProcStatus` converts into it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ProcStatus {
     /// Spawned, not yet ready.

@@ -6,8 +6,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use hostmesh_mesh::Region;
 use hostmesh_runtime::actor_mesh::{ActorMesh, ProcMesh};
-use hostmesh_runtime::mesh::Region;
 use hostmesh_runtime::testing::{Count, Echo, Forward, PanicNow, Sleep, Tell, TestActor, WhoAmI};
 use hostmesh_runtime::{
     ActorRef, ActorStatus, ChannelConfig, Error, Proc, ProcConfig, ProcId, SupervisionEvent,

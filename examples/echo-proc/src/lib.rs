@@ -5,10 +5,10 @@
 //! Start it through a ProcMesh with `runtimeAware: true` (or
 //! `ProcSpec::runtime_aware`); the agent gives it the environment it needs
 //! (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`,
-//! `RANK`, ...). Spawn an `Echo` on it with `hostmesh_runtime::host::SpawnFor`
+//! `RANK`, ...). Spawn an `Echo` on it with `hostmesh_agent::SpawnFor`
 //! sent to its `mesh` actor, then `call` it with a `String`.
 
-use hostmesh_runtime::host::{JoinedProc, join_host};
+use hostmesh_agent::{JoinedProc, join_host};
 use hostmesh_runtime::{Actor, ActorError, Context, Handler, Handlers, RemoteSpawn};
 use tokio::signal::unix::{SignalKind, signal};
 

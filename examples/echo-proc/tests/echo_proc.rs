@@ -4,11 +4,9 @@
 
 use std::time::Duration;
 
+use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcSpec, ProcStatus};
+use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref};
 use hostmesh_echo_proc::{Echo, echo_type_name};
-use hostmesh_runtime::host::protocol::{CreateOrUpdate, Dim, ProcSpec, ProcStatus};
-use hostmesh_runtime::host::{
-    Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref,
-};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
 
 const SECRET: &[u8] = b"echo-proc-test-secret-0123456789";

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+pub use hostmesh_agent::protocol::{self, CreateOrUpdate};
 use hostmesh_crds::procmesh::ProcState;
-pub use hostmesh_runtime::host::protocol::{self, CreateOrUpdate};
 use tokio::sync::mpsc;
 
 /// A World, by namespace and name.

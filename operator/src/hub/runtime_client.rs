@@ -1,5 +1,5 @@
 //! The hub's connector over the runtime's agent client
-//! ([`hostmesh_runtime::host::AgentClient`]): one client per World (its
+//! ([`hostmesh_agent::AgentClient`]): one client per World (its
 //! secret), one watch per host, every agent event translated into a hub push.
 //!
 //! Invariants:
@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use hostmesh_runtime::host::protocol::AgentPush as RtPush;
-use hostmesh_runtime::host::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
+use hostmesh_agent::protocol::AgentPush as RtPush;
+use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
 use super::agent::{

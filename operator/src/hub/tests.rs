@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use hostmesh_agent::protocol::{ProcSpec, ProcStatus};
 use hostmesh_crds::procmesh::ProcState;
-use hostmesh_runtime::host::protocol::{ProcSpec, ProcStatus};
 
 use super::sim::{SimConnector, SimRequest, connector};
 use super::*;

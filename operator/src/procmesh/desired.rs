@@ -10,8 +10,8 @@
 //! 3. Proc names carry the ProcMesh's uid and a hash of the proc spec
 //!    ([`mesh_id`]).
 
+use hostmesh_agent::protocol::{Dim, ProcSpec};
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_runtime::host::protocol::{Dim, ProcSpec};
 use kube::ResourceExt as _;
 
 use crate::hub::{CreateOrUpdate, proc_name};
@@ -63,19 +63,8 @@ pub fn mesh_id(pm: &ProcMesh, world: &World) -> String {
 
 /// The agent's spec for every proc of `pm` on `world`.
 pub fn proc_spec(pm: &ProcMesh, world: &World) -> ProcSpec {
-    let mut extent: Vec<Dim> = world
-        .spec
-        .extent()
-        .dims()
-        .iter()
-        .map(|d| Dim::new(d.name.clone(), d.size as usize))
-        .collect();
-    extent.extend(
-        pm.spec
-            .per_host
-            .iter()
-            .map(|d| Dim::new(d.name.clone(), d.size as usize)),
-    );
+    let mut extent: Vec<Dim> = world.spec.full_shape().dims().to_vec();
+    extent.extend(pm.spec.per_host.iter().cloned());
     let mut argv = pm.spec.command.iter().chain(&pm.spec.args).cloned();
     ProcSpec {
         command: argv.next().unwrap_or_default(),
@@ -106,7 +95,7 @@ pub fn host_procs(
     host_rank: u64,
     incarnation: &dyn Fn(u64) -> u32,
 ) -> Vec<CreateOrUpdate> {
-    let per_host = pm.spec.per_host_extent().num_ranks();
+    let per_host = pm.spec.per_host_shape().num_ranks();
     let spec = proc_spec(pm, world);
     let id = mesh_id(pm, world);
     (0..per_host)

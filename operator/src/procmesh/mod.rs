@@ -124,7 +124,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
         return Err(Error::MissingField("World"));
     };
     let key = world_key(pm);
-    let world_extent = world.spec.extent();
+    let world_extent = world.spec.full_shape();
     let hosts = world_extent.num_ranks();
     let id = desired::mesh_id(pm, &world);
     // Procs of an earlier spec go first (a spec change replaces the procs).
@@ -137,7 +137,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     let states = ctx.hub.proc_states(&key, &id);
-    let extent = world_extent.concat(&pm.spec.per_host_extent()).to_string();
+    let extent = world_extent.concat(&pm.spec.per_host_shape()).to_string();
     let lost_hosts = lost_hosts(&world);
     let reported = ctx.hub.reported_hosts(&key);
     let plan = plan::plan(&plan::PlanInput {

@@ -137,7 +137,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let prev = pm.status.clone().unwrap_or_default();
     let same_gen = prev.observed_generation == generation;
     let now_t = Time(input.now);
-    let per_host = pm.spec.per_host_extent().num_ranks();
+    let per_host = pm.spec.per_host_shape().num_ranks();
     let total = input.hosts.saturating_mul(per_host);
     let policy = &pm.spec.restart_policy;
     let mut out = Plan::default();
@@ -284,7 +284,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 stderr_tail: s
                     .stderr_tail
                     .as_deref()
-                    .map(|t| hostmesh_crds::runs::tail(t, procmesh::MAX_STDERR_TAIL)),
+                    .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
             });
             out.events.push(PlannedEvent {
                 severity: Severity::Warning,

@@ -16,7 +16,7 @@ use super::MAX_RUNS_SHOWN;
 pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> String {
     let mut out = String::new();
     let status = world.status.clone().unwrap_or_default();
-    let extent = world.spec.extent();
+    let extent = world.spec.full_shape();
     let phase = status.phase.map_or("Unknown", |p| p.as_str());
     let _ = writeln!(
         out,

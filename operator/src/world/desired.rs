@@ -506,7 +506,7 @@ spec:
         let edges = secret(&w, [0x0c; 32]).unwrap().data.unwrap()["token"]
             .0
             .clone();
-        assert_eq!(hostmesh_runtime::host::secret_key(&edges), &edges[..]);
+        assert_eq!(hostmesh_agent::secret_key(&edges), &edges[..]);
         let mut no_uid = w.clone();
         no_uid.metadata.uid = None;
         assert!(service(&no_uid).is_err());

@@ -137,7 +137,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
     // Pods, by rank.
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let lp = ListParams::default().labels(&format!("{}={name}", desired::LABEL_WORLD));
-    let n = world.spec.extent().num_ranks();
+    let n = world.spec.full_shape().num_ranks();
     let mut pods = BTreeMap::new();
     let mut extra = Vec::new();
     for p in pods_api.list(&lp).await?.items {
@@ -253,7 +253,7 @@ async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>
         s.data
             .as_ref()
             .and_then(|d| d.get("token"))
-            .map(|b| hostmesh_runtime::host::secret_key(&b.0).to_vec())
+            .map(|b| hostmesh_agent::secret_key(&b.0).to_vec())
     };
     if let Some(s) = api.get_opt(&name).await? {
         return token(&s)

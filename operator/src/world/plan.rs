@@ -110,7 +110,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let prev = world.status.clone().unwrap_or_default();
     let generation = world.metadata.generation;
     let now_t = Time(input.now);
-    let n = world.spec.extent().num_ranks();
+    let n = world.spec.full_shape().num_ranks();
     let mut out = Plan {
         delete: input.extra_pods.clone(),
         ..Default::default()

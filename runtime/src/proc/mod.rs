@@ -433,8 +433,9 @@ impl Proc {
         self.inner.bounce(env, reason);
     }
 
-    /// Changes whenever the connection to `peer` is lost.
-    pub(crate) fn lost_watch(&self, peer: &ProcId) -> Option<watch::Receiver<u64>> {
+    /// Changes whenever the connection to `peer` is lost (`None` for this
+    /// proc itself).
+    pub fn lost_watch(&self, peer: &ProcId) -> Option<watch::Receiver<u64>> {
         (peer != &self.inner.id).then(|| self.inner.transport.lost_watch(peer))
     }
 
@@ -450,6 +451,35 @@ impl Proc {
 
     pub(crate) fn registry_spawn(&self, type_name: &str) -> Option<SpawnFn> {
         self.inner.registry.get(type_name).cloned()
+    }
+
+    /// Whether an actor type of that name was registered for remote spawn
+    /// ([`ProcBuilder::register`]).
+    pub fn is_registered(&self, type_name: &str) -> bool {
+        self.inner.registry.contains_key(type_name)
+    }
+
+    /// Spawns an actor of the registered type `type_name` named `name` from
+    /// its encoded `params`, reporting its supervision events to `events`;
+    /// `None` when no such type is registered.
+    pub async fn spawn_registered(
+        &self,
+        type_name: &str,
+        name: String,
+        params: Bytes,
+        events: Option<PortRef<SupervisionEvent>>,
+    ) -> Option<Result<ActorId, Error>> {
+        let spawn = self.registry_spawn(type_name)?;
+        Some(spawn(self.clone(), name, params, events).await)
+    }
+
+    /// Asks the actor `id` of this proc to stop, with `reason` in its
+    /// status; false when no such actor runs here.
+    pub async fn stop_actor(&self, id: &ActorId, reason: String) -> bool {
+        match self.actor_mailbox(id) {
+            Some(mb) => mb.send(crate::actor::Signal::Stop(reason)).await.is_ok(),
+            None => false,
+        }
     }
 }
 

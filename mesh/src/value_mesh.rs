@@ -4,9 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{MeshError, Region};
 
-/// Ranks `start..end` (end exclusive) all holding `value`.
+/// Ranks `start..end` (end exclusive) all holding `value`: the in-memory
+/// form of a [`Run`](crate::runs::Run) (which counts instead).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Run<T> {
+pub struct Span<T> {
     /// First rank of the run.
     pub start: usize,
     /// One past the last rank of the run.
@@ -29,13 +30,13 @@ pub struct Run<T> {
 )]
 pub struct ValueMesh<T> {
     region: Region,
-    runs: Vec<Run<T>>,
+    runs: Vec<Span<T>>,
 }
 
 #[derive(Serialize, Deserialize)]
 struct ValueMeshRepr<T> {
     region: Region,
-    runs: Vec<Run<T>>,
+    runs: Vec<Span<T>>,
 }
 
 impl<T: PartialEq> TryFrom<ValueMeshRepr<T>> for ValueMesh<T> {
@@ -60,7 +61,7 @@ impl<T: PartialEq> ValueMesh<T> {
         let n = region.num_ranks();
         ValueMesh {
             region,
-            runs: vec![Run {
+            runs: vec![Span {
                 start: 0,
                 end: n,
                 value,
@@ -76,11 +77,11 @@ impl<T: PartialEq> ValueMesh<T> {
                 want: region.num_ranks(),
             });
         }
-        let mut runs: Vec<Run<T>> = Vec::new();
+        let mut runs: Vec<Span<T>> = Vec::new();
         for (rank, value) in values.into_iter().enumerate() {
             match runs.last_mut() {
                 Some(last) if last.value == value => last.end = rank + 1,
-                _ => runs.push(Run {
+                _ => runs.push(Span {
                     start: rank,
                     end: rank + 1,
                     value,
@@ -92,10 +93,10 @@ impl<T: PartialEq> ValueMesh<T> {
 
     /// From runs; they must be sorted, non-empty and cover every rank with
     /// no gap or overlap. Neighbouring equal runs are merged.
-    pub fn from_runs(region: Region, runs: Vec<Run<T>>) -> Result<Self, MeshError> {
+    pub fn from_runs(region: Region, runs: Vec<Span<T>>) -> Result<Self, MeshError> {
         let n = region.num_ranks();
         let mut next = 0;
-        let mut merged: Vec<Run<T>> = Vec::with_capacity(runs.len());
+        let mut merged: Vec<Span<T>> = Vec::with_capacity(runs.len());
         for run in runs {
             if run.start != next {
                 return Err(MeshError::BadRuns(format!(
@@ -136,23 +137,23 @@ impl<T: PartialEq> ValueMesh<T> {
         if self.runs[i].value == value {
             return Ok(());
         }
-        let Run { start, end, .. } = self.runs[i];
+        let Span { start, end, .. } = self.runs[i];
         // Split the run into [start, rank), [rank, rank+1), [rank+1, end).
         let mut replacement = Vec::with_capacity(3);
         if start < rank {
-            replacement.push(Run {
+            replacement.push(Span {
                 start,
                 end: rank,
                 value: self.runs[i].value.clone(),
             });
         }
-        replacement.push(Run {
+        replacement.push(Span {
             start: rank,
             end: rank + 1,
             value,
         });
         if rank + 1 < end {
-            replacement.push(Run {
+            replacement.push(Span {
                 start: rank + 1,
                 end,
                 value: self.runs[i].value.clone(),
@@ -205,7 +206,7 @@ impl<T> ValueMesh<T> {
     }
 
     /// The runs, in rank order.
-    pub fn runs(&self) -> &[Run<T>] {
+    pub fn runs(&self) -> &[Span<T>] {
         &self.runs
     }
 
@@ -229,7 +230,7 @@ impl<T> ValueMesh<T> {
         let runs = self
             .runs
             .iter()
-            .map(|r| Run {
+            .map(|r| Span {
                 start: r.start,
                 end: r.end,
                 value: f(&r.value),
@@ -288,7 +289,7 @@ mod tests {
     #[test]
     fn runs_are_validated_and_serde_round_trips() {
         let r = region(5);
-        let run = |start, end, value| Run { start, end, value };
+        let run = |start, end, value| Span { start, end, value };
         let m = ValueMesh::from_runs(
             r.clone(),
             vec![run(0, 2, 'a'), run(2, 3, 'a'), run(3, 5, 'b')],

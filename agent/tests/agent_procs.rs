@@ -7,8 +7,8 @@ mod agent_common;
 use std::time::Duration;
 
 use agent_common::{eventually, harness, harness_with, process_gone, req, sh, wait_state};
-use hostmesh_runtime::host::protocol::{CreateOutcome, ProcStatus};
-use hostmesh_runtime::host::{HostError, Limits};
+use hostmesh_agent::protocol::{CreateOutcome, ProcStatus};
+use hostmesh_agent::{HostError, Limits};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_and_stderr_tail() {

@@ -1,6 +1,10 @@
-//! Meshes: the shapes every other part of the runtime addresses things by.
+//! hostmesh meshes: the shapes the runtime addresses things by and the API
+//! types describe, in one type family.
 //!
-//! This module owns:
+//! This crate owns:
+//! - [`Dim`] and [`Shape`]: the API's named dimensions as a user wrote them
+//!   (unvalidated; [`Shape::extent`] turns a valid one into an [`Extent`]);
+//! - [`runs`]: per-rank state in status as runs of equal values (`Run`);
 //! - [`Extent`]: ordered, named dimensions (`replica=2,host=4`), row-major;
 //! - [`Point`]: a rank together with its coordinates in an extent;
 //! - [`Region`]: a strided view into a base extent, produced by slicing one
@@ -22,12 +26,16 @@
 mod extent;
 mod mesh_ref;
 mod region;
+pub mod runs;
+pub mod shape;
 mod value_mesh;
 
 pub use extent::{Extent, Point};
 pub use mesh_ref::MeshRef;
 pub use region::Region;
-pub use value_mesh::{Run, ValueMesh};
+pub use runs::Run;
+pub use shape::{Dim, Shape};
+pub use value_mesh::{Span, ValueMesh};
 
 /// Errors from building, parsing or slicing meshes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

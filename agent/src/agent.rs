@@ -24,7 +24,7 @@ use super::error::HostError;
 use super::health::{self, Readiness};
 use super::manager::ProcManager;
 use super::server::{self, AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
-use crate::{ChannelAddr, Proc};
+use hostmesh_runtime::{ChannelAddr, Proc};
 
 /// A running agent (embedded in tests and benchmarks; `run_agent` for the
 /// binary).

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser as _;
-use hostmesh_runtime::host::protocol::{CreateOrUpdate, Dim, ProcSpec};
-use hostmesh_runtime::host::{Agent, AgentArgs};
+use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcSpec};
+use hostmesh_agent::{Agent, AgentArgs};
 
 use super::PATIENCE;
 
@@ -60,7 +60,7 @@ pub fn child_agent_main() {
         };
         let scripts = std::env::var("HOSTMESH_TEST_PROCS").unwrap_or_default();
         let mut pids = Vec::new();
-        let n = scripts.lines().count();
+        let n = u32::try_from(scripts.lines().count()).expect("a few test procs");
         for (rank, script) in scripts.lines().enumerate() {
             let mut spec = ProcSpec::command("sh", &["-c", script]);
             spec.proc_mesh = "mesh".into();

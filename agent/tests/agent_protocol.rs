@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use agent_common::PATIENCE;
 use agent_common::child::{ChildAgent, SECRET, child_agent_main, wait_all_gone};
-use hostmesh_runtime::host::protocol::{
+use hostmesh_agent::protocol::{
     AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcSpec, ProcState, ProcStatus,
 };
-use hostmesh_runtime::host::{
+use hostmesh_agent::{
     ActorState, AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, GetActorState,
     Keepalive, SpawnFor, join_host, mesh_ref,
 };
@@ -553,7 +553,7 @@ async fn one_client_watches_many_agents() {
     std::fs::write(&secret_file, SECRET).unwrap();
     let mut agents = Vec::new();
     for rank in 0..HOSTS {
-        let config = hostmesh_runtime::host::AgentConfig {
+        let config = hostmesh_agent::AgentConfig {
             world: "many".into(),
             namespace: None,
             host_rank: rank,
@@ -564,7 +564,7 @@ async fn one_client_watches_many_agents() {
             heartbeat_interval: Duration::from_millis(200),
             limits: Default::default(),
         };
-        agents.push(hostmesh_runtime::host::Agent::start(config).await.unwrap());
+        agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }
     let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
     let book: Vec<String> = agents.iter().map(|a| a.addr().to_string()).collect();
@@ -587,7 +587,7 @@ async fn one_client_watches_many_agents() {
     assert_eq!(snapshots.len(), HOSTS);
     for (rank, a) in agents.iter().enumerate() {
         let mut req = sh(&format!("p{rank}"), rank, "exit 0");
-        req.spec.extent = vec![Dim::new("host", HOSTS), Dim::new("proc", 1)];
+        req.spec.extent = vec![Dim::new("host", HOSTS as u32), Dim::new("proc", 1)];
         c.create_or_update(a.addr(), req).await.unwrap();
     }
     let mut done = std::collections::HashSet::new();

@@ -8,14 +8,13 @@
 //!    `2 * changes + 1` for a mesh with `changes` ranks that differ from
 //!    their neighbourhood.
 
-use hostmesh_runtime::mesh::{Extent as RtExtent, MeshError, Region, Run as RtRun, ValueMesh};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::shape::Extent;
+use crate::{MeshError, Region, Shape, Span, ValueMesh};
 
 /// A range of consecutive ranks holding the same value.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Run<T> {
     /// First rank of the run.
     pub start: u64,
@@ -75,20 +74,8 @@ pub fn encode_bounded<T: PartialEq>(
     (out, false)
 }
 
-/// Truncates `s` to its last `max` bytes (on a character boundary).
-pub fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = s.len() - max;
-    while !s.is_char_boundary(cut) {
-        cut += 1;
-    }
-    s[cut..].to_string()
-}
-
-/// Status runs from a runtime [`ValueMesh`] (the one conversion point
-/// between the runtime's mesh type and the API's runs).
+/// Status runs from a [`ValueMesh`] (the one conversion point between the
+/// in-memory spans and the API's runs).
 pub fn from_value_mesh<T: Clone>(mesh: &ValueMesh<T>) -> Vec<Run<T>> {
     mesh.runs()
         .iter()
@@ -100,32 +87,22 @@ pub fn from_value_mesh<T: Clone>(mesh: &ValueMesh<T>) -> Vec<Run<T>> {
         .collect()
 }
 
-/// A runtime [`ValueMesh`] over `extent` from status runs; fails when the
+/// A [`ValueMesh`] over `shape` from status runs; fails when the
 /// runs do not tile the extent exactly (a truncated or hand-edited status).
 pub fn to_value_mesh<T: PartialEq>(
-    extent: &Extent,
+    shape: &Shape,
     runs: Vec<Run<T>>,
 ) -> Result<ValueMesh<T>, MeshError> {
-    let region: Region = to_runtime_extent(extent)?.into();
+    let region: Region = shape.extent()?.into();
     let runs = runs
         .into_iter()
-        .map(|r| RtRun {
+        .map(|r| Span {
             start: r.start as usize,
             end: r.end() as usize,
             value: r.value,
         })
         .collect();
     ValueMesh::from_runs(region, runs)
-}
-
-/// The runtime's [`RtExtent`] for an API shape.
-pub fn to_runtime_extent(extent: &Extent) -> Result<RtExtent, MeshError> {
-    RtExtent::new(
-        extent
-            .dims()
-            .iter()
-            .map(|d| (d.name.clone(), d.size as usize)),
-    )
 }
 
 /// Expands runs back to one value per rank. Gaps or overlaps (from a
@@ -174,13 +151,11 @@ mod tests {
         let (runs, truncated) = encode_bounded(alternating[..10].to_vec(), MAX_RUNS);
         assert!(!truncated);
         assert_eq!(runs.len(), 10);
-        assert_eq!(tail("héllo", 4), "llo");
-        assert_eq!(tail("abc", 4), "abc");
     }
 
     #[test]
     fn value_mesh_round_trip() {
-        let extent = Extent::new(vec![crate::Dim::new("host", 4), crate::Dim::new("gpu", 8)]);
+        let extent = Shape::new(vec![crate::Dim::new("host", 4), crate::Dim::new("gpu", 8)]);
         let mut values = vec!["ok"; 32];
         values[9] = "bad";
         let runs = encode(values.clone());

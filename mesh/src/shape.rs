@@ -1,13 +1,17 @@
-//! Mesh shapes: ordered named dimensions (`replica=2,host=4`) and the
-//! row-major mapping between a rank and its coordinates.
+//! API shapes: [`Dim`] and [`Shape`], the ordered named dimensions of a
+//! World or a ProcMesh spec (`replica=2,host=4`) as a user wrote them, with
+//! the row-major mapping between a rank and its coordinates. A [`Shape`] is
+//! not validated (validation reports its problems by field); [`Shape::extent`]
+//! turns a valid one into the runtime's [`Extent`].
 //!
 //! Invariants:
 //! 1. A shape is an ordered list (the API server does not keep map order);
 //!    the last dimension varies fastest.
 //! 2. `rank = sum(coord[i] * stride[i])` with `stride[last] = 1`.
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::{Extent, MeshError};
 
 /// Largest size of one dimension.
 pub const MAX_DIM_SIZE: u32 = 16_384;
@@ -17,14 +21,18 @@ pub const MAX_DIMS: usize = 8;
 pub const DNS_LABEL_PATTERN: &str = "^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$";
 
 /// One named dimension of a mesh.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Dim {
     /// Dimension name: a DNS label (lower-case letters, digits and `-`,
     /// starting with a letter), e.g. `host` or `gpu`.
-    #[schemars(regex(pattern = DNS_LABEL_PATTERN), length(min = 1, max = 63))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = DNS_LABEL_PATTERN), length(min = 1, max = 63))
+    )]
     pub name: String,
     /// Number of positions along this dimension (at least 1).
-    #[schemars(range(min = 1, max = MAX_DIM_SIZE))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_DIM_SIZE)))]
     pub size: u32,
 }
 
@@ -40,14 +48,20 @@ impl Dim {
 
 /// An ordered shape: a list of dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Extent {
+pub struct Shape {
     dims: Vec<Dim>,
 }
 
-impl Extent {
+impl Shape {
     /// A shape from its dimensions, in order.
     pub fn new(dims: Vec<Dim>) -> Self {
-        Extent { dims }
+        Shape { dims }
+    }
+
+    /// The runtime's [`Extent`] of a valid shape; fails on an invalid one
+    /// (a bad name, a duplicate, a size of 0, more ranks than `usize`).
+    pub fn extent(&self) -> Result<Extent, MeshError> {
+        Extent::new(self.dims.iter().map(|d| (d.name.clone(), d.size as usize)))
     }
 
     /// The dimensions, outermost first.
@@ -64,10 +78,10 @@ impl Extent {
     }
 
     /// This shape followed by `inner`'s dimensions.
-    pub fn concat(&self, inner: &Extent) -> Extent {
+    pub fn concat(&self, inner: &Shape) -> Shape {
         let mut dims = self.dims.clone();
         dims.extend(inner.dims.iter().cloned());
-        Extent { dims }
+        Shape { dims }
     }
 
     /// Coordinates of `rank`, outermost first; `None` when out of range.
@@ -101,7 +115,7 @@ impl Extent {
     }
 }
 
-impl std::fmt::Display for Extent {
+impl std::fmt::Display for Shape {
     /// `replica=2,host=4,gpu=8`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, d) in self.dims.iter().enumerate() {
@@ -118,8 +132,8 @@ impl std::fmt::Display for Extent {
 mod tests {
     use super::*;
 
-    fn mk(dims: &[(&str, u32)]) -> Extent {
-        Extent::new(dims.iter().map(|(n, s)| Dim::new(*n, *s)).collect())
+    fn mk(dims: &[(&str, u32)]) -> Shape {
+        Shape::new(dims.iter().map(|(n, s)| Dim::new(*n, *s)).collect())
     }
 
     #[test]
@@ -142,7 +156,7 @@ mod tests {
         let w = mk(&[("replica", 2), ("host", 4)]);
         let p = mk(&[("gpu", 8)]);
         assert_eq!(w.concat(&p).to_string(), "replica=2,host=4,gpu=8");
-        assert_eq!(Extent::default().num_ranks(), 1);
+        assert_eq!(Shape::default().num_ranks(), 1);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hostmesh_runtime::host::protocol::{CreateOrUpdate, ProcSpec, ProcState};
-use hostmesh_runtime::host::{AgentIdentity, Limits, LogHub, ProcManager};
+use hostmesh_agent::protocol::{CreateOrUpdate, ProcSpec, ProcState};
+use hostmesh_agent::{AgentIdentity, Limits, LogHub, ProcManager};
 
 /// Generous bound for anything a test waits on.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -99,8 +99,8 @@ pub fn req(name: &str, rank: usize, command: &str, args: &[&str]) -> CreateOrUpd
     let mut spec = ProcSpec::command(command, args);
     spec.proc_mesh = "mesh".into();
     spec.extent = vec![
-        hostmesh_runtime::host::protocol::Dim::new("host", 1),
-        hostmesh_runtime::host::protocol::Dim::new("proc", 64),
+        hostmesh_agent::protocol::Dim::new("host", 1),
+        hostmesh_agent::protocol::Dim::new("proc", 64),
     ];
     CreateOrUpdate {
         name: name.into(),

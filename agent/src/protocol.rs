@@ -13,24 +13,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// One named dimension of a mesh extent, such as `gpu=8`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Dim {
-    /// Dimension name (`replica`, `host`, `gpu`).
-    pub name: String,
-    /// Number of positions along the dimension (at least 1).
-    pub size: usize,
-}
-
-impl Dim {
-    /// A dimension `name=size`.
-    pub fn new(name: impl Into<String>, size: usize) -> Self {
-        Dim {
-            name: name.into(),
-            size,
-        }
-    }
-}
+/// One named dimension of a proc mesh's extent, such as `gpu=8`: the mesh
+/// crate's, as in the API types.
+pub use hostmesh_mesh::Dim;
 
 /// What to run for one proc, and where it sits in its proc mesh.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -81,7 +66,7 @@ impl ProcSpec {
 
     /// Number of procs in the whole mesh.
     pub fn world_size(&self) -> usize {
-        self.extent.iter().map(|d| d.size).product()
+        self.extent.iter().map(|d| d.size as usize).product()
     }
 
     /// Number of procs on each host.
@@ -89,7 +74,7 @@ impl ProcSpec {
         let n = self.extent.len();
         self.extent[n.saturating_sub(self.per_host_dims)..]
             .iter()
-            .map(|d| d.size)
+            .map(|d| d.size as usize)
             .product()
     }
 }
@@ -266,7 +251,7 @@ pub enum AgentPush {
         host_rank: usize,
         /// Latest sequence number.
         seq: u64,
-        /// [`digest`](crate::host::digest) of all proc states.
+        /// [`digest`](crate::digest) of all proc states.
         digest: u64,
         /// Number of procs held.
         procs: usize,
@@ -320,7 +305,7 @@ pub struct SetAddressBook {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Subscribe {
     /// Where the pushes go.
-    pub port: crate::PortRef<AgentPush>,
+    pub port: hostmesh_runtime::PortRef<AgentPush>,
 }
 
 /// `CheckIn {name, addr}`: a runtime-aware proc reports that it runs and
@@ -333,11 +318,11 @@ pub struct CheckIn {
     pub addr: String,
 }
 
-impl From<&ProcStatus> for crate::supervision::ProcStatus {
+impl From<&ProcStatus> for hostmesh_runtime::supervision::ProcStatus {
     /// The runtime's view of a proc's status, for
-    /// [`actor_status_for_proc`](crate::supervision::actor_status_for_proc).
+    /// [`actor_status_for_proc`](hostmesh_runtime::supervision::actor_status_for_proc).
     fn from(s: &ProcStatus) -> Self {
-        use crate::supervision::ProcStatus as R;
+        use hostmesh_runtime::supervision::ProcStatus as R;
         match s {
             ProcStatus::Starting => R::Starting,
             ProcStatus::Ready { .. } => R::Ready,
@@ -361,7 +346,7 @@ impl From<&ProcStatus> for crate::supervision::ProcStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervision::{ActorStatus, actor_status_for_proc};
+    use hostmesh_runtime::supervision::{ActorStatus, actor_status_for_proc};
 
     #[test]
     fn agent_status_maps_to_actor_status() {

@@ -29,7 +29,9 @@ use super::protocol::{
     SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
 };
 use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
-use crate::{Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, Proc, ProcId};
+use hostmesh_runtime::{
+    Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, Proc, ProcId,
+};
 
 /// Name of the actor that receives pushes from agents that dial in.
 pub const SUPERVISOR_ACTOR: &str = "supervisor";
@@ -77,7 +79,7 @@ pub enum ClientError {
         addr: SocketAddr,
         /// Why.
         #[source]
-        source: crate::Error,
+        source: hostmesh_runtime::Error,
     },
     /// The agent refused the request.
     #[error("agent {addr} refused: {message}")]
@@ -89,7 +91,7 @@ pub enum ClientError {
     },
     /// The client proc could not start.
     #[error("cannot start the agent client: {0}")]
-    Start(#[source] crate::Error),
+    Start(#[source] hostmesh_runtime::Error),
 }
 
 /// Tunables of [`AgentClient`].
@@ -327,7 +329,7 @@ impl AgentClient {
         m: &M,
     ) -> Result<<HostAgent as Handler<M>>::Reply, ClientError>
     where
-        M: crate::Message,
+        M: hostmesh_runtime::Message,
         HostAgent: Handler<M>,
     {
         let agent = agent_ref(addr).map_err(|e| ClientError::Call {
@@ -346,7 +348,7 @@ impl AgentClient {
 }
 
 /// The host agent actor at `addr`.
-pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, crate::id::IdError> {
+pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, hostmesh_runtime::id::IdError> {
     let proc = ProcId::new(ChannelAddr::Tcp(addr), AGENT_PROC_NAME)?;
     Ok(ActorRef::attest(proc.actor(HOST_AGENT_ACTOR, 0)?))
 }
@@ -399,7 +401,7 @@ async fn watch_loop(inner: Arc<Inner>, host: HostId, cancel: CancellationToken) 
 async fn subscribe(
     inner: &Inner,
     addr: SocketAddr,
-) -> Result<crate::PortReceiver<AgentPush>, String> {
+) -> Result<hostmesh_runtime::PortReceiver<AgentPush>, String> {
     let agent = agent_ref(addr).map_err(|e| e.to_string())?;
     let (port, rx) = inner.proc.open_port::<AgentPush>();
     match agent

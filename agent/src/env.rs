@@ -111,8 +111,8 @@ pub fn coordinates(spec: &ProcSpec, rank: usize) -> Vec<usize> {
     let mut rest = rank;
     let mut coords = vec![0; spec.extent.len()];
     for (i, d) in spec.extent.iter().enumerate().rev() {
-        coords[i] = rest % d.size;
-        rest /= d.size;
+        coords[i] = rest % d.size as usize;
+        rest /= d.size as usize;
     }
     coords
 }
@@ -204,7 +204,7 @@ fn env_suffix(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::protocol::Dim;
+    use crate::protocol::Dim;
 
     fn req(rank: usize) -> CreateOrUpdate {
         let mut spec = ProcSpec::command("true", &[]);

@@ -26,7 +26,7 @@ use super::protocol::{
     RankStatus, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
-use crate::{
+use hostmesh_runtime::{
     Actor, ActorError, ActorRef, Context, Handler, Handlers, PortId, PortRef, Proc, Undeliverable,
 };
 
@@ -73,7 +73,7 @@ impl Actor for HostAgent {
     async fn handle_supervision_event(
         &mut self,
         _cx: &Context<Self>,
-        event: &crate::SupervisionEvent,
+        event: &hostmesh_runtime::SupervisionEvent,
     ) -> Result<bool, ActorError> {
         // A pusher ended (its subscriber went away): never the agent's end.
         tracing::debug!(%event, "subscriber pusher ended");
@@ -268,7 +268,7 @@ impl Actor for Pusher {
         Ok(())
     }
 
-    async fn cleanup(&mut self, _cx: &Context<Self>, _status: &crate::ActorStatus) {
+    async fn cleanup(&mut self, _cx: &Context<Self>, _status: &hostmesh_runtime::ActorStatus) {
         self.closed.store(true, Ordering::SeqCst);
     }
 }
@@ -333,13 +333,13 @@ pub(crate) fn dial_supervisor(proc: Proc, agent: ActorRef<HostAgent>, target: St
     });
 }
 
-async fn dial_once(proc: &Proc, target: &str) -> Result<crate::ProcId, String> {
+async fn dial_once(proc: &Proc, target: &str) -> Result<hostmesh_runtime::ProcId, String> {
     let addr = tokio::net::lookup_host(target)
         .await
         .map_err(|e| format!("cannot resolve {target}: {e}"))?
         .next()
         .ok_or_else(|| format!("{target} resolves to no address"))?;
-    proc.connect(&crate::ChannelAddr::Tcp(addr))
+    proc.connect(&hostmesh_runtime::ChannelAddr::Tcp(addr))
         .await
         .map_err(|e| e.to_string())
 }

@@ -7,8 +7,8 @@ mod agent_common;
 use std::time::Duration;
 
 use agent_common::{PATIENCE, harness, req};
-use hostmesh_runtime::host::protocol::{AgentPush, ProcStatus};
-use hostmesh_runtime::host::{Subscription, digest};
+use hostmesh_agent::protocol::{AgentPush, ProcStatus};
+use hostmesh_agent::{Subscription, digest};
 
 async fn next(sub: &mut Subscription) -> AgentPush {
     tokio::time::timeout(PATIENCE, sub.next())

@@ -26,8 +26,7 @@ use super::client::agent_ref;
 use super::error::HostError;
 use super::protocol::CheckIn;
 use super::server::HostAgent;
-use crate::actor::Signal;
-use crate::{
+use hostmesh_runtime::{
     Actor, ActorError, ActorId, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers,
     PortRef, Proc, ProcBuilder, SupervisionEvent,
 };
@@ -165,13 +164,8 @@ impl Actor for MeshAgent {
                 };
                 for (actor, client) in lapsed {
                     tracing::warn!(%actor, %client, "controller keepalive lapsed; stopping actor");
-                    if let Some(mb) = proc.actor_mailbox(&actor) {
-                        let _ = mb
-                            .send(Signal::Stop(format!(
-                                "keepalive from controller {client} lapsed"
-                            )))
-                            .await;
-                    }
+                    proc.stop_actor(&actor, format!("keepalive from controller {client} lapsed"))
+                        .await;
                 }
             }
         });
@@ -183,13 +177,13 @@ impl Handler<SpawnFor> for MeshAgent {
     type Reply = Result<ActorId, String>;
     async fn handle(&mut self, cx: &Context<Self>, m: SpawnFor) -> Result<Self::Reply, ActorError> {
         let proc = cx.proc_ref();
-        let Some(spawn) = proc.registry_spawn(&m.type_name) else {
+        if !proc.is_registered(&m.type_name) {
             return Ok(Err(format!(
                 "actor type {} is not registered on proc {}",
                 m.type_name,
                 proc.id()
             )));
-        };
+        }
         if m.keepalive_ms == 0 {
             return Ok(Err("keepalive_ms must be at least 1".into()));
         }
@@ -209,16 +203,18 @@ impl Handler<SpawnFor> for MeshAgent {
                 (Instant::now(), Duration::from_millis(m.keepalive_ms)),
             );
         }
-        let id = match spawn(
-            proc.clone(),
-            m.name.clone(),
-            m.params.into(),
-            self.events.clone(),
-        )
-        .await
-        {
-            Ok(id) => id,
-            Err(e) => return Ok(Err(e.to_string())),
+        let spawned = proc
+            .spawn_registered(
+                &m.type_name,
+                m.name.clone(),
+                m.params.into(),
+                self.events.clone(),
+            )
+            .await;
+        let id = match spawned {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => return Ok(Err(e.to_string())),
+            None => return Ok(Err(format!("actor type {} is not registered", m.type_name))),
         };
         self.book().actors.insert(
             m.name,
@@ -284,7 +280,9 @@ impl std::fmt::Debug for JoinedProc {
 }
 
 /// The `mesh` actor of the proc at `proc`.
-pub fn mesh_ref(proc: &crate::ProcId) -> Result<ActorRef<MeshAgent>, crate::id::IdError> {
+pub fn mesh_ref(
+    proc: &hostmesh_runtime::ProcId,
+) -> Result<ActorRef<MeshAgent>, hostmesh_runtime::id::IdError> {
     Ok(ActorRef::attest(proc.actor(MESH_ACTOR, 0)?))
 }
 
