@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use hostmesh_operator::devenv::DevEnv;
+use hostmesh_cli::devenv::DevEnv;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 
@@ -116,8 +116,8 @@ fn mesh_yaml(name: &str, world: &str) -> String {
 }
 
 async fn apply(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
-    let objects = hostmesh_operator::manifest::parse("bench", yaml)?;
-    hostmesh_operator::manifest::apply_all(client, &objects, NS, "hostmesh-bench").await?;
+    let objects = hostmesh_cli::manifest::parse("bench", yaml)?;
+    hostmesh_cli::manifest::apply_all(client, &objects, NS, "hostmesh-bench").await?;
     Ok(())
 }
 

@@ -11,17 +11,13 @@
 
 pub mod client_metrics;
 pub mod context;
-pub mod devenv;
 pub mod health;
 pub mod hub;
 pub mod leader;
-pub mod manifest;
 pub mod metrics;
 pub mod ops;
 pub mod procmesh;
-pub mod status;
 pub mod telemetry;
-pub mod up;
 pub mod world;
 pub mod writes;
 

@@ -4,16 +4,14 @@
 //! standby; on graceful shutdown the leader releases the Lease and the
 //! standby takes over (ops.rs invariants 1-2).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_crds::World;
+use hostmesh_operator::client_metrics;
 use hostmesh_operator::metrics::Metrics;
 use hostmesh_operator::ops::{OperatorCommand, run_with};
-use hostmesh_operator::{client_metrics, manifest};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -52,7 +50,7 @@ fn command(identity: &str) -> OperatorCommand {
 async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle: &str) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some((c, body)) = common::get(addr, path).await
+        if let Some((c, body)) = hostmesh_testkit::http::get(addr, path).await
             && c == code
             && body.contains(needle)
         {
@@ -61,7 +59,7 @@ async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting for {code} {needle:?} from {addr}{path}; last: {:?}",
-            common::get(addr, path).await
+            hostmesh_testkit::http::get(addr, path).await
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -104,14 +102,8 @@ async fn one_replica_leads_the_other_stands_by_and_takes_over_on_shutdown() {
         .with_env_filter("info,kube=warn")
         .with_test_writer()
         .try_init();
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("embedded API server starts");
-    let client = server.client().expect("client");
-    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
-    manifest::apply_all(&client, &crds, "default", "test")
-        .await
-        .expect("install CRDs");
+    let (server, client) = hostmesh_testkit::cluster::api_server().await;
+    hostmesh_testkit::cluster::install_crds(&client).await;
 
     let a = replica(server.kubeconfig_yaml(), "replica-a").await;
     wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
@@ -130,12 +122,7 @@ spec:
   hosts: 1
   template: {spec: {containers: [{name: host, image: busybox}]}}
 "#;
-    let objects = manifest::parse("world", world).expect("parse");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(e) = manifest::apply_all(&client, &objects, "default", "test").await {
-        assert!(tokio::time::Instant::now() < deadline, "apply World: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    create_world(&client, world).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let deadline = tokio::time::Instant::now() + WAIT;
     while secrets.get_opt("ha-agent").await.ok().flatten().is_none() {
@@ -161,7 +148,9 @@ spec:
         "hostmesh_reconcile_duration_seconds_count{controller=\"world\"}",
     )
     .await;
-    let (_, standby_metrics) = common::get(b.addr, "/metrics").await.expect("b's metrics");
+    let (_, standby_metrics) = hostmesh_testkit::http::get(b.addr, "/metrics")
+        .await
+        .expect("b's metrics");
     assert!(
         !standby_metrics.contains("hostmesh_reconciles_total{"),
         "{standby_metrics}"
@@ -179,7 +168,9 @@ spec:
         .expect("task")
         .expect("replica a exits cleanly");
     assert!(
-        common::get(a.addr, "/healthz").await.is_none(),
+        hostmesh_testkit::http::get(a.addr, "/healthz")
+            .await
+            .is_none(),
         "a's endpoint closed"
     );
     wait_for_body(b.addr, "/readyz", 200, "[+]leader-election leader").await;
@@ -218,24 +209,25 @@ async fn apply_world(client: &kube::Client, name: &str) {
         "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}, namespace: default}}\n\
          spec:\n  hosts: 1\n  template: {{spec: {{containers: [{{name: host, image: busybox}}]}}}}\n"
     );
-    let objects = manifest::parse("world", &world).expect("parse");
+    create_world(client, &world).await;
+}
+
+/// Creates the World in `yaml` in `default` (retried while the CRD or the
+/// namespace is not served yet).
+async fn create_world(client: &kube::Client, yaml: &str) {
+    let world: World = serde_saphyr::from_str(yaml).expect("a World manifest");
+    let api: Api<World> = Api::namespaced(client.clone(), "default");
     let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(e) = manifest::apply_all(client, &objects, "default", "test").await {
-        assert!(tokio::time::Instant::now() < deadline, "apply World: {e}");
+    while let Err(e) = api.create(&PostParams::default(), &world).await {
+        assert!(tokio::time::Instant::now() < deadline, "create World: {e}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 #[tokio::test]
 async fn a_leader_that_loses_its_lease_stands_by_and_leads_again_when_it_is_free() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("embedded API server starts");
-    let client = server.client().expect("client");
-    let crds = manifest::parse("crds", &hostmesh_crds::crd_yaml().expect("crds")).expect("parse");
-    manifest::apply_all(&client, &crds, "default", "test")
-        .await
-        .expect("install CRDs");
+    let (server, client) = hostmesh_testkit::cluster::api_server().await;
+    hostmesh_testkit::cluster::install_crds(&client).await;
     let a = replica(server.kubeconfig_yaml(), "replica-a").await;
     wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
     apply_world(&client, "first").await;

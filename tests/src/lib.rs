@@ -314,14 +314,13 @@ impl Env {
     /// Applies a YAML manifest into the test namespace; on a real cluster,
     /// pins Worlds to the process kubelet's node.
     pub async fn apply(&self, yaml: &str) -> anyhow::Result<()> {
-        let mut objects = hostmesh_operator::manifest::parse("test manifest", yaml)?;
+        let mut objects = hostmesh_cli::manifest::parse("test manifest", yaml)?;
         if self.real_cluster {
             for o in &mut objects {
                 self.pin_to_node(o);
             }
         }
-        hostmesh_operator::manifest::apply_all(&self.client, &objects, &self.namespace, "e2e")
-            .await?;
+        hostmesh_cli::manifest::apply_all(&self.client, &objects, &self.namespace, "e2e").await?;
         Ok(())
     }
 

@@ -32,12 +32,12 @@ enum Command {
     Operator(Box<hostmesh_operator::ops::OperatorCommand>),
     /// Run a World and ProcMesh manifest on an embedded cluster (API server,
     /// process kubelet and operator in this process) until Ctrl-C.
-    Up(hostmesh_operator::up::UpArgs),
+    Up(hostmesh_cli::up::UpArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
     Crds,
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
     /// failure, conditions (`hostmesh status world/NAME`).
-    Status(hostmesh_operator::status::StatusArgs),
+    Status(hostmesh_cli::status::StatusArgs),
     /// Serve the embedded Kubernetes API server until Ctrl-C.
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
     /// Run the process kubelet: a Node that runs its pods as local processes.
@@ -67,7 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Up(args) => run_up(args),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
-        Command::Status(args) => Ok(hostmesh_operator::status::run_blocking(&args)?),
+        Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
         Command::ControllerManager(args) => run_controller_manager(args),
         Command::Kubelet(args) => {
@@ -104,7 +104,7 @@ fn run_controller_manager(
 
 /// `hostmesh up`: logs go to a file in the data directory so the terminal
 /// shows only the live view.
-fn run_up(args: hostmesh_operator::up::UpArgs) -> anyhow::Result<()> {
+fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
     let log_path = args.data_dir.join("hostmesh.log");
@@ -119,7 +119,7 @@ fn run_up(args: hostmesh_operator::up::UpArgs) -> anyhow::Result<()> {
         )
         .try_init();
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    rt.block_on(hostmesh_operator::up::run(args))?;
+    rt.block_on(hostmesh_cli::up::run(args))?;
     Ok(())
 }
 

@@ -2,13 +2,11 @@
 //! CRDs are installed from `hostmesh crds`, a World and a ProcMesh get a
 //! status through the status subresource, and the command's view shows it.
 
-mod common;
-
 use std::time::Duration;
 
+use hostmesh_cli::manifest;
+use hostmesh_cli::status::{StatusArgs, run};
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_operator::manifest;
-use hostmesh_operator::status::{StatusArgs, run};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 
@@ -35,7 +33,7 @@ spec:
 async fn status_reads_world_and_procmesh_from_the_api_server() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = common::server_with_crds(&kubeconfig).await;
+    let server = hostmesh_testkit::cluster::server_with_crds(&kubeconfig).await;
     let client = server.client().expect("client");
     let objects = manifest::parse("objects", OBJECTS).expect("parse");
     // The CRDs may take a moment to be served: retry within a bound.

@@ -69,12 +69,16 @@ impl DevEnv {
         let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();
         let args = default_operator_args();
-        let ctx = crate::Context::new(client.clone(), args, crate::hub::default_connector());
+        let ctx = hostmesh_operator::Context::new(
+            client.clone(),
+            args,
+            hostmesh_operator::hub::default_connector(),
+        );
         let operator = tokio::spawn(async move {
             let stop = async move {
                 let _ = stop_rx.await;
             };
-            if let Err(e) = crate::controllers(ctx, stop).await {
+            if let Err(e) = hostmesh_operator::controllers(ctx, stop).await {
                 warn!(error = %e, "operator stopped with an error");
             }
         });
@@ -118,7 +122,7 @@ pub async fn install_crds(client: &kube::Client) -> Result<(), DevEnvError> {
     let crds: Vec<CustomResourceDefinition> =
         serde_saphyr::from_multiple(&yaml).map_err(|e| DevEnvError::Crds(e.to_string()))?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(crate::FIELD_MANAGER).force();
+    let params = PatchParams::apply(hostmesh_operator::FIELD_MANAGER).force();
     for crd in &crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &params, &Patch::Apply(crd)).await?;
@@ -171,11 +175,11 @@ async fn delete_worlds(client: &kube::Client) {
 }
 
 /// The operator's arguments with every default (and environment) applied.
-fn default_operator_args() -> crate::OperatorArgs {
+fn default_operator_args() -> hostmesh_operator::OperatorArgs {
     #[derive(clap::Parser)]
     struct Defaults {
         #[command(flatten)]
-        args: crate::OperatorArgs,
+        args: hostmesh_operator::OperatorArgs,
     }
     <Defaults as clap::Parser>::parse_from(["hostmesh-up"]).args
 }

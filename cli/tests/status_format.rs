@@ -1,10 +1,8 @@
 //! `hostmesh status` formatting, from YAML objects as the API server returns
 //! them (status.rs invariants 1-3).
 
+use hostmesh_cli::status::{MAX_RUNS_SHOWN, Target, format_procmesh, format_world, parse_target};
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_operator::status::{
-    MAX_RUNS_SHOWN, Target, format_procmesh, format_world, parse_target,
-};
 use k8s_openapi::jiff::Timestamp;
 
 fn now() -> Timestamp {

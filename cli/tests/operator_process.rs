@@ -2,8 +2,6 @@
 //! logs on stderr (one object per line), the HTTP endpoint, the Lease taken,
 //! and on SIGTERM a clean exit that releases the Lease.
 
-mod common;
-
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -17,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(60);
 async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = common::server_with_crds(&kubeconfig).await;
+    let server = hostmesh_testkit::cluster::server_with_crds(&kubeconfig).await;
     let client = server.client().expect("client");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
@@ -75,7 +73,7 @@ async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
 
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some((200, body)) = common::get(&addr, "/readyz").await
+        if let Some((200, body)) = hostmesh_testkit::http::get(&addr, "/readyz").await
             && body.contains("[+]leader-election leader")
         {
             break;
