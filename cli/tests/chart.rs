@@ -13,7 +13,7 @@ fn chart_lints_renders_and_meets_its_security_and_rbac_policy() {
         .expect("workspace root")
         .to_path_buf();
     let script = root.join(".ci/chart-check.py");
-    let out = Command::new("python3")
+    let out = Command::new(hostmesh_testkit::helm::python())
         .arg(&script)
         .arg(root.join("charts/hostmesh"))
         .output()

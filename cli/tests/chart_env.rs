@@ -27,7 +27,7 @@ for e in c.get("env", []):
         env.append([e["name"], {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system"}[e["valueFrom"]["fieldRef"]["fieldPath"]]])
 print(json.dumps({"env": env, "args": c.get("args", [])}))
 "#;
-    let out = Command::new("python3")
+    let out = Command::new(hostmesh_testkit::helm::python())
         .args(["-c", script])
         .arg(&chart)
         .arg(values)

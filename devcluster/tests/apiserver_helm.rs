@@ -30,7 +30,7 @@ else:
 
 fn helm(kubeconfig: &std::path::Path, action: &str) -> String {
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
-    let out = std::process::Command::new("python3")
+    let out = std::process::Command::new(hostmesh_testkit::helm::python())
         .arg("-c")
         .arg(SCRIPT)
         .arg(&chart)

@@ -1,12 +1,14 @@
 //! Test helpers shared by every suite, so each is written once: an
 //! embedded API server with or without the hostmesh CRDs ([`cluster`]),
 //! polling with a generous bound instead of sleeping ([`wait`]), a raw
-//! HTTP GET ([`http`]) and process checks ([`process`]).
+//! HTTP GET ([`http`]), process checks ([`process`]) and a Python with
+//! real Helm for the chart tests ([`helm`]).
 //!
 //! Every helper panics with what it waited for when its bound runs out:
 //! they are for tests, where a panic is the failure report.
 
 pub mod cluster;
+pub mod helm;
 pub mod http;
 pub mod process;
 pub mod wait;

@@ -30,7 +30,7 @@ const SELECTOR: &str = "app.kubernetes.io/instance=hm-e2e";
 
 fn helm(env: &Env, args: &[&str]) -> anyhow::Result<String> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("helm_install.py");
-    let out = Command::new("python3")
+    let out = Command::new(hostmesh_testkit::helm::python())
         .arg(&script)
         .args(args)
         .env("KUBECONFIG", &env.kubeconfig)

@@ -1,7 +1,8 @@
 //! Transport: framed, authenticated, bidirectional connections between procs.
 //!
 //! This module owns the wire ([`frame`]), the handshake ([`handshake`]),
-//! the per-peer links ([`link`]) and their outgoing queues (`queue`). A
+//! the per-peer links (`link`), their outgoing queues (`queue`), the
+//! connection readers (`reader`) and the proc's `transport` that holds them. A
 //! proc has one [`Transport`]; everything a proc sends to another proc goes
 //! through the one link for that peer. Streams of small messages are
 //! batched at every step: senders frame repeated-header envelopes as they
@@ -46,13 +47,15 @@ pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;
 mod queue;
+mod reader;
 pub mod stage;
+mod transport;
 
 use std::time::Duration;
 
 pub(crate) use frame::{Arrivals, Envelope};
-pub(crate) use link::{Inbound, Listener, Transport};
 pub use stage::{Batched, batched};
+pub(crate) use transport::{Inbound, Listener, Transport};
 
 /// Tunables of the transport. The defaults suit a pod network.
 #[derive(Debug, Clone)]
