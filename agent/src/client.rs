@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{
-    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcState, RankStatus,
+    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport, RankReport,
     SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
 };
 use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
@@ -277,7 +277,7 @@ impl AgentClient {
     }
 
     /// A proc's full state.
-    pub async fn get_state(&self, addr: SocketAddr, name: &str) -> Result<ProcState, ClientError> {
+    pub async fn get_state(&self, addr: SocketAddr, name: &str) -> Result<ProcReport, ClientError> {
         let m = GetState {
             name: name.to_owned(),
         };
@@ -291,7 +291,7 @@ impl AgentClient {
         &self,
         addr: SocketAddr,
         name: &str,
-    ) -> Result<RankStatus, ClientError> {
+    ) -> Result<RankReport, ClientError> {
         let m = GetRankStatus {
             name: name.to_owned(),
         };

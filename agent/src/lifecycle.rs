@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::logs::{self, Tail};
 use super::manager::Inner;
-use super::protocol::{CreateOrUpdate, ProcStatus, duration_ms};
+use super::protocol::{CreateOrUpdate, ProcPhase, duration_ms};
 use super::spawn::{self, ProcChild, SpawnRequest};
 
 /// Longest wait for a proc's stderr to reach end of file after it exited.
@@ -59,7 +59,7 @@ pub(crate) async fn run(
         Ok(c) => c,
         Err(reason) => {
             tracing::warn!(proc = %name, %reason, "proc failed to start");
-            inner.update(&name, inc, |s| s.status = ProcStatus::Failed { reason });
+            inner.update(&name, inc, |s| s.status = ProcPhase::Failed { reason });
             inner.detach(&name, inc);
             let _ = ended.send(true);
             return;
@@ -90,7 +90,7 @@ pub(crate) async fn run(
     inner.update(&name, inc, |s| {
         s.pid = Some(pid);
         if !spec.runtime_aware {
-            s.status = ProcStatus::Ready { pid, addr: None };
+            s.status = ProcPhase::Ready { pid, addr: None };
         }
     });
 
@@ -104,7 +104,7 @@ pub(crate) async fn run(
                 Some(Control::Stop(grace)) => break stop(&inner, &name, inc, pid, &mut child, grace).await,
                 Some(Control::CheckIn(addr)) => {
                     awaiting_check_in = false;
-                    inner.update(&name, inc, |s| s.status = ProcStatus::Ready { pid, addr: Some(addr) });
+                    inner.update(&name, inc, |s| s.status = ProcPhase::Ready { pid, addr: Some(addr) });
                 }
                 // The manager never drops the sender while the task runs;
                 // if it did, keep waiting for the process.
@@ -128,24 +128,24 @@ pub(crate) async fn run(
     }
     let stderr_tail = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
     let status = match exit {
-        _ if timed_out => ProcStatus::Timeout {
+        _ if timed_out => ProcPhase::Timeout {
             after_ms: duration_ms(spawn_timeout),
         },
         Ok(st) => match (st.code(), st.signal()) {
-            (Some(code), _) => ProcStatus::Stopped {
+            (Some(code), _) => ProcPhase::Stopped {
                 exit_code: code,
                 stderr_tail,
             },
-            (None, Some(signal)) => ProcStatus::Killed {
+            (None, Some(signal)) => ProcPhase::Killed {
                 signal,
                 core_dumped: st.core_dumped(),
                 stderr_tail,
             },
-            (None, None) => ProcStatus::Failed {
+            (None, None) => ProcPhase::Failed {
                 reason: format!("unrecognised exit status {st}"),
             },
         },
-        Err(e) => ProcStatus::Failed {
+        Err(e) => ProcPhase::Failed {
             reason: format!("cannot wait for the process: {e}"),
         },
     };
@@ -164,7 +164,7 @@ async fn stop(
 ) -> std::io::Result<std::process::ExitStatus> {
     inner.update(name, inc, |s| {
         s.stop_requested = true;
-        s.status = ProcStatus::Stopping { pid };
+        s.status = ProcPhase::Stopping { pid };
     });
     spawn::signal_group(pid, libc::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {

@@ -28,7 +28,7 @@ use super::error::HostError;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
-    CreateOrUpdate, CreateOutcome, ProcState, ProcStateChanged, ProcStatus, RankStatus,
+    CreateOrUpdate, CreateOutcome, ProcPhase, ProcReport, ProcStateChanged, RankReport,
 };
 use super::spawn::Spawner;
 
@@ -38,7 +38,7 @@ const EVENT_CAPACITY: usize = 8192;
 
 struct Entry {
     req: CreateOrUpdate,
-    state: ProcState,
+    state: ProcReport,
     control: Option<mpsc::Sender<Control>>,
     ended: watch::Receiver<bool>,
 }
@@ -159,13 +159,13 @@ impl ProcManager {
         let (ended_tx, ended_rx) = watch::channel(false);
         let mut command = vec![req.spec.command.clone()];
         command.extend(req.spec.args.iter().cloned());
-        let state = ProcState {
+        let state = ProcReport {
             proc_id: format!("tcp:{}/{}", self.inner.identity.addr, req.name),
             name: req.name.clone(),
             rank: req.rank,
             pid: None,
             command,
-            status: ProcStatus::Starting,
+            status: ProcPhase::Starting,
             started_at_ms: now_ms(),
             restarts: req.incarnation,
             stop_requested: false,
@@ -194,17 +194,17 @@ impl ProcManager {
     }
 
     /// The rank and status of a proc.
-    pub fn rank_status(&self, name: &str) -> Result<RankStatus, HostError> {
+    pub fn rank_status(&self, name: &str) -> Result<RankReport, HostError> {
         let table = self.inner.lock();
         let e = table.procs.get(name).ok_or_else(|| no_such(name))?;
-        Ok(RankStatus {
+        Ok(RankReport {
             rank: e.req.rank,
             status: e.state.status.clone(),
         })
     }
 
     /// The full state of a proc.
-    pub fn state(&self, name: &str) -> Result<ProcState, HostError> {
+    pub fn state(&self, name: &str) -> Result<ProcReport, HostError> {
         let table = self.inner.lock();
         table
             .procs
@@ -214,7 +214,7 @@ impl ProcManager {
     }
 
     /// Every proc's state, by name, and the sequence number it is current at.
-    pub fn snapshot(&self) -> (u64, Vec<ProcState>) {
+    pub fn snapshot(&self) -> (u64, Vec<ProcReport>) {
         let table = self.inner.lock();
         (
             table.seq,
@@ -250,7 +250,7 @@ impl ProcManager {
 
     /// Stops a proc: TERM to its process group, `grace`, then KILL. Returns
     /// its final status; a proc that already ended just returns its status.
-    pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcStatus, HostError> {
+    pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcPhase, HostError> {
         let (control, mut ended) = {
             let mut table = self.inner.lock();
             let e = table.procs.get_mut(name).ok_or_else(|| no_such(name))?;
@@ -320,7 +320,7 @@ impl Inner {
 
     /// Applies `f` to the proc's state if `incarnation` is still current,
     /// then publishes it (invariant 2).
-    pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcState)) {
+    pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcReport)) {
         let mut table = self.lock();
         match table.procs.get_mut(name) {
             Some(e) if e.req.incarnation == incarnation => f(&mut e.state),
@@ -392,8 +392,8 @@ pub(crate) fn now_ms() -> u64 {
 /// incarnation, status label and pid, in name order. The agent sends it in
 /// heartbeats; a supervisor computes it over its own picture and asks for a
 /// snapshot when they differ.
-pub fn digest(states: &[ProcState]) -> u64 {
-    let mut sorted: Vec<&ProcState> = states.iter().collect();
+pub fn digest(states: &[ProcReport]) -> u64 {
+    let mut sorted: Vec<&ProcReport> = states.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {

@@ -4,7 +4,7 @@
 //! Invariants:
 //! 1. A [`ProcSpec`] is compared whole: two `CreateOrUpdate`s of one name are
 //!    the same request exactly when rank, spec and incarnation are equal.
-//! 2. [`ProcStatus::is_terminal`] statuses never change again for the same
+//! 2. [`ProcPhase::is_terminal`] statuses never change again for the same
 //!    incarnation of a proc.
 //! 3. Every [`ProcStateChanged`] carries the proc's full state, so a
 //!    subscriber never needs an earlier message to interpret a later one.
@@ -107,7 +107,7 @@ pub enum CreateOutcome {
 
 /// The lifecycle state of one proc (DESIGN.md, "Runtime and supervision").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ProcStatus {
+pub enum ProcPhase {
     /// Being spawned, or spawned and waiting for a runtime-aware check-in.
     Starting,
     /// Running.
@@ -151,44 +151,44 @@ pub enum ProcStatus {
     },
 }
 
-impl ProcStatus {
+impl ProcPhase {
     /// Whether the proc has ended (no process is running for it).
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            ProcStatus::Stopped { .. }
-                | ProcStatus::Killed { .. }
-                | ProcStatus::Failed { .. }
-                | ProcStatus::Timeout { .. }
+            ProcPhase::Stopped { .. }
+                | ProcPhase::Killed { .. }
+                | ProcPhase::Failed { .. }
+                | ProcPhase::Timeout { .. }
         )
     }
 
     /// A short label (`Ready`, `Stopped`, ...), for logs and digests.
     pub fn label(&self) -> &'static str {
         match self {
-            ProcStatus::Starting => "Starting",
-            ProcStatus::Ready { .. } => "Ready",
-            ProcStatus::Stopping { .. } => "Stopping",
-            ProcStatus::Stopped { .. } => "Stopped",
-            ProcStatus::Killed { .. } => "Killed",
-            ProcStatus::Failed { .. } => "Failed",
-            ProcStatus::Timeout { .. } => "Timeout",
+            ProcPhase::Starting => "Starting",
+            ProcPhase::Ready { .. } => "Ready",
+            ProcPhase::Stopping { .. } => "Stopping",
+            ProcPhase::Stopped { .. } => "Stopped",
+            ProcPhase::Killed { .. } => "Killed",
+            ProcPhase::Failed { .. } => "Failed",
+            ProcPhase::Timeout { .. } => "Timeout",
         }
     }
 }
 
 /// `GetRankStatus` answer: the proc's rank and status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RankStatus {
+pub struct RankReport {
     /// The proc's rank.
     pub rank: usize,
     /// Its status.
-    pub status: ProcStatus,
+    pub status: ProcPhase,
 }
 
 /// `GetState` answer, and the content of every push.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcState {
+pub struct ProcReport {
     /// The proc's runtime id: `tcp:<agent address>/<name>`.
     pub proc_id: String,
     /// The proc name.
@@ -200,7 +200,7 @@ pub struct ProcState {
     /// The command line that was run (executable and arguments).
     pub command: Vec<String>,
     /// Current status.
-    pub status: ProcStatus,
+    pub status: ProcPhase,
     /// Start time of the current incarnation, milliseconds since the Unix
     /// epoch.
     pub started_at_ms: u64,
@@ -219,7 +219,7 @@ pub struct ProcStateChanged {
     /// The host's rank.
     pub host_rank: usize,
     /// The proc's new state.
-    pub state: ProcState,
+    pub state: ProcReport,
 }
 
 /// Grace period on the wire, in milliseconds.
@@ -240,7 +240,7 @@ pub enum AgentPush {
         /// Sequence number the snapshot is current at.
         seq: u64,
         /// All procs (running and ended) the agent holds.
-        procs: Vec<ProcState>,
+        procs: Vec<ProcReport>,
     },
     /// One proc changed state (sent at once).
     Changed(ProcStateChanged),
@@ -318,27 +318,27 @@ pub struct CheckIn {
     pub addr: String,
 }
 
-impl From<&ProcStatus> for hostmesh_runtime::supervision::ProcStatus {
+impl From<&ProcPhase> for hostmesh_runtime::supervision::ProcStatus {
     /// The runtime's view of a proc's status, for
     /// [`actor_status_for_proc`](hostmesh_runtime::supervision::actor_status_for_proc).
-    fn from(s: &ProcStatus) -> Self {
+    fn from(s: &ProcPhase) -> Self {
         use hostmesh_runtime::supervision::ProcStatus as R;
         match s {
-            ProcStatus::Starting => R::Starting,
-            ProcStatus::Ready { .. } => R::Ready,
-            ProcStatus::Stopping { .. } => R::Stopping,
-            ProcStatus::Stopped {
+            ProcPhase::Starting => R::Starting,
+            ProcPhase::Ready { .. } => R::Ready,
+            ProcPhase::Stopping { .. } => R::Stopping,
+            ProcPhase::Stopped {
                 exit_code,
                 stderr_tail,
             } => R::Stopped {
                 exit_code: *exit_code,
                 stderr_tail: stderr_tail.clone(),
             },
-            ProcStatus::Killed { signal, .. } => R::Killed { signal: *signal },
-            ProcStatus::Failed { reason } => R::Failed {
+            ProcPhase::Killed { signal, .. } => R::Killed { signal: *signal },
+            ProcPhase::Failed { reason } => R::Failed {
                 reason: reason.clone(),
             },
-            ProcStatus::Timeout { .. } => R::Timeout,
+            ProcPhase::Timeout { .. } => R::Timeout,
         }
     }
 }
@@ -350,26 +350,26 @@ mod tests {
 
     #[test]
     fn agent_status_maps_to_actor_status() {
-        let status = |s: &ProcStatus| actor_status_for_proc(Some(&s.into()));
+        let status = |s: &ProcPhase| actor_status_for_proc(Some(&s.into()));
         assert_eq!(
-            status(&ProcStatus::Ready { pid: 1, addr: None }),
+            status(&ProcPhase::Ready { pid: 1, addr: None }),
             ActorStatus::Running
         );
         assert!(matches!(
-            status(&ProcStatus::Stopped {
+            status(&ProcPhase::Stopped {
                 exit_code: 0,
                 stderr_tail: vec![]
             }),
             ActorStatus::Stopped(_)
         ));
         assert!(
-            status(&ProcStatus::Killed {
+            status(&ProcPhase::Killed {
                 signal: 9,
                 core_dumped: false,
                 stderr_tail: vec![]
             })
             .is_failure()
         );
-        assert!(status(&ProcStatus::Timeout { after_ms: 5 }).is_failure());
+        assert!(status(&ProcPhase::Timeout { after_ms: 5 }).is_failure());
     }
 }

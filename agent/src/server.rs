@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 
 use super::manager::ProcManager;
 use super::protocol::{
-    AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcState,
-    RankStatus, SetAddressBook, ShutdownHost, Stop, Subscribe,
+    AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport,
+    RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -103,7 +103,7 @@ impl Handler<CreateOrUpdate> for HostAgent {
 }
 
 impl Handler<GetRankStatus> for HostAgent {
-    type Reply = Result<RankStatus, String>;
+    type Reply = Result<RankReport, String>;
     async fn handle(
         &mut self,
         _cx: &Context<Self>,
@@ -114,7 +114,7 @@ impl Handler<GetRankStatus> for HostAgent {
 }
 
 impl Handler<GetState> for HostAgent {
-    type Reply = Result<ProcState, String>;
+    type Reply = Result<ProcReport, String>;
     async fn handle(
         &mut self,
         _cx: &Context<Self>,

@@ -7,7 +7,7 @@ mod agent_common;
 use std::time::Duration;
 
 use agent_common::{eventually, harness, harness_with, process_gone, req, sh, wait_state};
-use hostmesh_agent::protocol::{CreateOutcome, ProcStatus};
+use hostmesh_agent::protocol::{CreateOutcome, ProcPhase};
 use hostmesh_agent::{HostError, Limits};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,7 +18,7 @@ async fn exit_code_and_stderr_tail() {
         .unwrap();
     let st = wait_state(&h.manager, "boom", "Stopped", |s| s.status.is_terminal()).await;
     match st.status {
-        ProcStatus::Stopped {
+        ProcPhase::Stopped {
             exit_code,
             stderr_tail,
         } => {
@@ -50,7 +50,7 @@ async fn stderr_tail_is_bounded() {
         ))
         .unwrap();
     let st = wait_state(&h.manager, "loud", "ended", |s| s.status.is_terminal()).await;
-    let ProcStatus::Stopped { stderr_tail, .. } = st.status else {
+    let ProcPhase::Stopped { stderr_tail, .. } = st.status else {
         panic!("{st:?}");
     };
     assert_eq!(stderr_tail, vec!["line47", "line48", "line49"]);
@@ -63,7 +63,7 @@ async fn sigkill_is_reported_as_killed_9() {
         .create_or_update(req("sleeper", 1, "sleep", &["60"]))
         .unwrap();
     let st = wait_state(&h.manager, "sleeper", "Ready", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     let pid = st.pid.expect("a ready proc has a pid");
@@ -73,7 +73,7 @@ async fn sigkill_is_reported_as_killed_9() {
     assert!(
         matches!(
             st.status,
-            ProcStatus::Killed {
+            ProcPhase::Killed {
                 signal: 9,
                 core_dumped: false,
                 ..
@@ -92,7 +92,7 @@ async fn stop_sends_term_first() {
         .create_or_update(req("polite", 0, "sleep", &["60"]))
         .unwrap();
     wait_state(&h.manager, "polite", "Ready", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     let status = h
@@ -101,7 +101,7 @@ async fn stop_sends_term_first() {
         .await
         .unwrap();
     assert!(
-        matches!(status, ProcStatus::Killed { signal: 15, .. }),
+        matches!(status, ProcPhase::Killed { signal: 15, .. }),
         "{status:?}"
     );
     assert!(h.manager.state("polite").unwrap().stop_requested);
@@ -128,7 +128,7 @@ async fn term_ignoring_proc_is_killed_after_grace() {
         .await
         .unwrap();
     assert!(
-        matches!(status, ProcStatus::Killed { signal: 9, .. }),
+        matches!(status, ProcPhase::Killed { signal: 9, .. }),
         "TERM was ignored, so KILL ends it: {status:?}"
     );
     eventually("the stubborn shell reaped", || process_gone(pid)).await;
@@ -141,7 +141,7 @@ async fn missing_executable_is_failed_with_reason() {
         .create_or_update(req("ghost", 0, "/nonexistent/hostmesh-no-such-binary", &[]))
         .unwrap();
     let st = wait_state(&h.manager, "ghost", "Failed", |s| s.status.is_terminal()).await;
-    let ProcStatus::Failed { reason } = st.status else {
+    let ProcPhase::Failed { reason } = st.status else {
         panic!("{st:?}");
     };
     assert!(reason.contains("not found"), "{reason}");
@@ -152,7 +152,7 @@ async fn missing_executable_is_failed_with_reason() {
     h.manager.create_or_update(bad_dir).unwrap();
     let st = wait_state(&h.manager, "lost", "Failed", |s| s.status.is_terminal()).await;
     assert!(
-        matches!(&st.status, ProcStatus::Failed { reason } if reason.contains("working directory")),
+        matches!(&st.status, ProcPhase::Failed { reason } if reason.contains("working directory")),
         "{st:?}"
     );
 }
@@ -166,7 +166,7 @@ async fn create_is_idempotent_and_conflicts_are_refused() {
         CreateOutcome::Created
     );
     let first = wait_state(&h.manager, "idem", "Ready", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     assert_eq!(
@@ -208,7 +208,7 @@ async fn create_is_idempotent_and_conflicts_are_refused() {
         CreateOutcome::Restarted
     );
     let second = wait_state(&h.manager, "idem", "Ready again", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     assert_eq!(second.restarts, 1);
@@ -293,10 +293,7 @@ async fn flooding_proc_does_not_block_others() {
     })
     .await;
     let st = wait_state(&h.manager, "quiet", "ended", |s| s.status.is_terminal()).await;
-    assert!(matches!(
-        st.status,
-        ProcStatus::Stopped { exit_code: 0, .. }
-    ));
+    assert!(matches!(st.status, ProcPhase::Stopped { exit_code: 0, .. }));
     eventually("a gap line in the output", || {
         h.stdout.text().contains("lines dropped")
     })
@@ -313,7 +310,7 @@ async fn runtime_aware_proc_times_out_without_check_in() {
     r.spec.spawn_timeout_ms = Some(300);
     h.manager.create_or_update(r).unwrap();
     let st = wait_state(&h.manager, "silent", "Timeout", |s| s.status.is_terminal()).await;
-    assert_eq!(st.status, ProcStatus::Timeout { after_ms: 300 });
+    assert_eq!(st.status, ProcPhase::Timeout { after_ms: 300 });
     eventually("the silent proc reaped", || process_gone(st.pid.unwrap())).await;
 }
 
@@ -324,17 +321,17 @@ async fn runtime_aware_proc_is_starting_until_it_checks_in() {
     r.spec.runtime_aware = true;
     h.manager.create_or_update(r).unwrap();
     let st = wait_state(&h.manager, "chatty", "spawned", |s| s.pid.is_some()).await;
-    assert_eq!(st.status, ProcStatus::Starting);
+    assert_eq!(st.status, ProcPhase::Starting);
     h.manager
         .check_in("chatty", "127.0.0.1:40000".into())
         .unwrap();
     let st = wait_state(&h.manager, "chatty", "Ready", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     assert_eq!(
         st.status,
-        ProcStatus::Ready {
+        ProcPhase::Ready {
             pid: st.pid.unwrap(),
             addr: Some("127.0.0.1:40000".into())
         }
@@ -353,7 +350,7 @@ async fn shutdown_stops_everything_and_refuses_new_procs() {
     }
     for i in 0..6 {
         wait_state(&h.manager, &format!("p{i}"), "Ready", |s| {
-            matches!(s.status, ProcStatus::Ready { .. })
+            matches!(s.status, ProcPhase::Ready { .. })
         })
         .await;
     }
@@ -390,7 +387,7 @@ async fn procs_get_default_sigpipe() {
     let st = wait_state(&h.manager, "pipe", "ended", |s| s.status.is_terminal()).await;
     assert_eq!(
         st.status,
-        ProcStatus::Stopped {
+        ProcPhase::Stopped {
             exit_code: 0,
             stderr_tail: vec![]
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use agent_common::PATIENCE;
 use agent_common::child::{ChildAgent, SECRET, child_agent_main, wait_all_gone};
 use hostmesh_agent::protocol::{
-    AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcSpec, ProcState, ProcStatus,
+    AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcPhase, ProcReport, ProcSpec,
 };
 use hostmesh_agent::{
     ActorState, AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, GetActorState,
@@ -115,7 +115,7 @@ async fn next(rx: &mut mpsc::Receiver<AgentEvent>) -> AgentEvent {
 }
 
 /// Skips events until a `Snapshot`; returns its procs.
-async fn snapshot(rx: &mut mpsc::Receiver<AgentEvent>) -> Vec<ProcState> {
+async fn snapshot(rx: &mut mpsc::Receiver<AgentEvent>) -> Vec<ProcReport> {
     for _ in 0..1000 {
         if let AgentEventKind::Push(AgentPush::Snapshot { procs, .. }) = next(rx).await.kind {
             return procs;
@@ -128,8 +128,8 @@ async fn snapshot(rx: &mut mpsc::Receiver<AgentEvent>) -> Vec<ProcState> {
 async fn change(
     rx: &mut mpsc::Receiver<AgentEvent>,
     name: &str,
-    pred: impl Fn(&ProcState) -> bool,
-) -> ProcState {
+    pred: impl Fn(&ProcReport) -> bool,
+) -> ProcReport {
     for _ in 0..10_000 {
         if let AgentEventKind::Push(AgentPush::Changed(c)) = next(rx).await.kind
             && c.state.name == name
@@ -145,8 +145,8 @@ async fn poll_state(
     c: &AgentClient,
     addr: SocketAddr,
     name: &str,
-    pred: impl Fn(&ProcState) -> bool,
-) -> ProcState {
+    pred: impl Fn(&ProcReport) -> bool,
+) -> ProcReport {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let st = c.get_state(addr, name).await.unwrap();
@@ -210,7 +210,7 @@ async fn client_drives_procs_and_receives_every_change() {
     let st = change(&mut rx, "boom", |s| s.status.is_terminal()).await;
     assert_eq!(
         st.status,
-        ProcStatus::Stopped {
+        ProcPhase::Stopped {
             exit_code: 3,
             stderr_tail: vec!["boom".into()]
         }
@@ -228,7 +228,7 @@ async fn client_drives_procs_and_receives_every_change() {
         .await
         .unwrap();
     change(&mut rx, "sleeper", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
     let rs = c.get_rank_status(addr, "sleeper").await.unwrap();
@@ -238,7 +238,7 @@ async fn client_drives_procs_and_receives_every_change() {
         .unwrap();
     let st = change(&mut rx, "sleeper", |s| s.status.is_terminal()).await;
     assert!(
-        matches!(st.status, ProcStatus::Killed { signal: 15, .. }),
+        matches!(st.status, ProcPhase::Killed { signal: 15, .. }),
         "{st:?}"
     );
     assert!(st.stop_requested);
@@ -282,7 +282,7 @@ async fn supervisor_back_after_outage_receives_full_state() {
         .unwrap();
     poll_state(&other, addr, "done", |s| s.status.is_terminal()).await;
     poll_state(&other, addr, "running", |s| {
-        matches!(s.status, ProcStatus::Ready { .. })
+        matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
 
@@ -294,9 +294,9 @@ async fn supervisor_back_after_outage_receives_full_state() {
     assert_eq!(procs.len(), 2, "{procs:?}");
     assert!(matches!(
         procs[0].status,
-        ProcStatus::Stopped { exit_code: 0, .. }
+        ProcPhase::Stopped { exit_code: 0, .. }
     ));
-    assert!(matches!(procs[1].status, ProcStatus::Ready { .. }));
+    assert!(matches!(procs[1].status, ProcPhase::Ready { .. }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,9 +350,9 @@ async fn dialed_supervisor_restarted_receives_full_state() {
     assert_eq!(procs[0].name, "during-outage");
     assert!(matches!(
         procs[0].status,
-        ProcStatus::Stopped { exit_code: 7, .. }
+        ProcPhase::Stopped { exit_code: 7, .. }
     ));
-    assert!(matches!(procs[1].status, ProcStatus::Ready { .. }));
+    assert!(matches!(procs[1].status, ProcPhase::Ready { .. }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,10 +396,10 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     };
     c.create_or_update(addr, req).await.unwrap();
     let st = poll_state(&c, addr, "echo-2", |s| {
-        s.status.is_terminal() || matches!(s.status, ProcStatus::Ready { .. })
+        s.status.is_terminal() || matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
-    let ProcStatus::Ready {
+    let ProcPhase::Ready {
         addr: Some(proc_addr),
         ..
     } = st.status
@@ -465,7 +465,7 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
         .unwrap();
     let st = poll_state(&c, addr, "echo-2", |s| s.status.is_terminal()).await;
     assert!(
-        matches!(st.status, ProcStatus::Stopped { exit_code: 0, .. }),
+        matches!(st.status, ProcPhase::Stopped { exit_code: 0, .. }),
         "{st:?}"
     );
 }
@@ -603,7 +603,7 @@ async fn one_client_watches_many_agents() {
             assert_eq!(ch.state.name, format!("p{}", ev.host.rank));
             assert!(matches!(
                 ch.state.status,
-                ProcStatus::Stopped { exit_code: 0, .. }
+                ProcPhase::Stopped { exit_code: 0, .. }
             ));
             done.insert(ev.host.rank);
         }

@@ -7,7 +7,7 @@ mod agent_common;
 use std::time::Duration;
 
 use agent_common::{PATIENCE, harness, req};
-use hostmesh_agent::protocol::{AgentPush, ProcStatus};
+use hostmesh_agent::protocol::{AgentPush, ProcPhase};
 use hostmesh_agent::{Subscription, digest};
 
 async fn next(sub: &mut Subscription) -> AgentPush {
@@ -56,7 +56,7 @@ async fn snapshot_then_changes_then_heartbeat() {
     }
     assert!(matches!(
         late_final,
-        Some(ProcStatus::Stopped { exit_code: 4, .. })
+        Some(ProcPhase::Stopped { exit_code: 4, .. })
     ));
     // Heartbeats carry the digest of the current state.
     let mut matched = false;

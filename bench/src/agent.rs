@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, Dim, ProcSpec, ProcStatus};
+use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 use hostmesh_agent::{
     Agent, AgentClient, AgentConfig, AgentEvent, AgentEventKind, ClientConfig, Limits,
 };
@@ -155,7 +155,7 @@ impl Bench {
     async fn next_change(
         &mut self,
         names: &HashSet<String>,
-    ) -> anyhow::Result<(String, ProcStatus)> {
+    ) -> anyhow::Result<(String, ProcPhase)> {
         loop {
             let ev = tokio::time::timeout(PATIENCE, self.events.recv())
                 .await
@@ -193,7 +193,7 @@ impl Bench {
         let mut ready = HashSet::new();
         while ready.len() < n {
             match self.next_change(&set).await? {
-                (name, ProcStatus::Ready { .. }) => {
+                (name, ProcPhase::Ready { .. }) => {
                     ready.insert(name);
                 }
                 (name, s) if s.is_terminal() => anyhow::bail!("proc {name} ended: {s:?}"),
@@ -234,7 +234,7 @@ impl Bench {
             )
             .await?;
         let pid = loop {
-            if let (_, ProcStatus::Ready { pid, .. }) = self.next_change(&set).await? {
+            if let (_, ProcPhase::Ready { pid, .. }) = self.next_change(&set).await? {
                 break pid;
             }
         };
@@ -245,7 +245,7 @@ impl Bench {
             anyhow::bail!("kill: {}", std::io::Error::last_os_error());
         }
         loop {
-            if let (_, ProcStatus::Killed { .. }) = self.next_change(&set).await? {
+            if let (_, ProcPhase::Killed { .. }) = self.next_change(&set).await? {
                 return Ok(t0.elapsed().as_secs_f64() * 1e3);
             }
         }

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostmesh_crds::World;
-use hostmesh_operator::hub::protocol::{ProcSpec, ProcStatus};
+use hostmesh_operator::hub::protocol::{ProcPhase, ProcSpec};
 use hostmesh_operator::hub::sim::{SimConnector, connector};
 use hostmesh_operator::hub::{
-    AgentPush, CreateOrUpdate, HostKey, Hub, WorldAgents, WorldKey, proc_name,
+    CreateOrUpdate, HostKey, HostReport, Hub, WorldAgents, WorldKey, proc_name,
 };
 use hostmesh_operator::world::desired;
 use hostmesh_operator::world::observe::Liveness;
@@ -104,7 +104,7 @@ async fn status_writes() -> anyhow::Result<()> {
                 world: wk.clone(),
                 rank: h,
             };
-            tx.send(AgentPush::Heartbeat {
+            tx.send(HostReport::Heartbeat {
                 host: host.clone(),
                 pod_uid: format!("uid-{h}"),
             })
@@ -113,9 +113,9 @@ async fn status_writes() -> anyhow::Result<()> {
             // Proc churn on a tenth of the hosts each round (not failures).
             if (h + round).is_multiple_of(10) {
                 let status = if (round / 10).is_multiple_of(2) {
-                    ProcStatus::Starting
+                    ProcPhase::Starting
                 } else {
-                    ProcStatus::Ready { pid: 1, addr: None }
+                    ProcPhase::Ready { pid: 1, addr: None }
                 };
                 if let Some(p) = sim.set_status(&host, &proc_name("train.bench", h), status) {
                     tx.send(p).await?;
@@ -180,7 +180,7 @@ async fn expiry() -> anyhow::Result<()> {
                 world: wk.clone(),
                 rank: h,
             };
-            tx.send(AgentPush::Heartbeat {
+            tx.send(HostReport::Heartbeat {
                 host,
                 pod_uid: format!("uid-{h}"),
             })

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use hostmesh_mesh::Region;
 use hostmesh_runtime::actor_mesh::ActorMesh;
-use hostmesh_runtime::testing::{Blob, Count, Echo, ServerConfig, TestActor, start_server};
+use hostmesh_runtime::testing::{Blob, Count, EchoText, ServerConfig, TestActor, start_server};
 use hostmesh_runtime::{ActorRef, Proc, ProcId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -248,13 +248,13 @@ async fn suite() -> anyhow::Result<()> {
         }
         let mesh = ActorMesh::<TestActor>::attest("bench", region, ids)?;
         for _ in 0..scale(20) {
-            mesh.call_all(&c, &Echo("x".into()), T).await?;
+            mesh.call_all(&c, &EchoText("x".into()), T).await?;
         }
         let iters = scale(iters);
         let mut samples = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = Instant::now();
-            let v = mesh.call_all(&c, &Echo("x".into()), T).await?;
+            let v = mesh.call_all(&c, &EchoText("x".into()), T).await?;
             samples.push(t.elapsed().as_secs_f64() * 1e3);
             anyhow::ensure!(v.runs().len() == 1, "every actor answered the same");
         }
@@ -283,7 +283,7 @@ async fn call_rtt(
     size: usize,
     n: usize,
 ) -> anyhow::Result<(f64, f64)> {
-    let msg = Echo("x".repeat(size));
+    let msg = EchoText("x".repeat(size));
     for _ in 0..scale(1000).min(n) {
         t.call(c, &msg, T).await?;
     }

@@ -69,7 +69,7 @@ impl DevEnv {
         let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();
         let args = default_operator_args();
-        let ctx = hostmesh_operator::Context::new(
+        let ctx = hostmesh_operator::ControllerContext::new(
             client.clone(),
             args,
             hostmesh_operator::hub::default_connector(),

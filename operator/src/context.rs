@@ -12,7 +12,7 @@ use crate::OperatorArgs;
 use crate::hub::{AgentConnector, Hub};
 
 /// Shared reconcile context.
-pub struct Context {
+pub struct ControllerContext {
     /// Prometheus metrics (`ctx.metrics.reconcile("world")` per run,
     /// `reconcile_error` in the error policy; see docs/operations.md).
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -28,7 +28,7 @@ pub struct Context {
     pub pacer: crate::writes::StatusPacer,
 }
 
-impl Context {
+impl ControllerContext {
     /// A context for `client` dialing agents through `connector`.
     pub fn new(
         client: Client,
@@ -43,7 +43,7 @@ impl Context {
         )
     }
 
-    /// Like [`Context::new`], recording into the process's `metrics` (what
+    /// Like [`ControllerContext::new`], recording into the process's `metrics` (what
     /// `/metrics` serves).
     pub fn with_metrics(
         client: Client,
@@ -55,7 +55,7 @@ impl Context {
             controller: "hostmesh-operator".into(),
             instance: Some(args.instance.clone()),
         };
-        Arc::new(Context {
+        Arc::new(ControllerContext {
             metrics,
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -132,7 +132,7 @@ where
 pub async fn reconcile_finalized<K, A, FA, C, FC>(
     kind: &'static str,
     obj: Arc<K>,
-    ctx: &Context,
+    ctx: &ControllerContext,
     finalizer: &str,
     apply: A,
     cleanup: C,
@@ -176,7 +176,7 @@ pub fn requeue_on_error<K: kube::Resource>(
     kind: &'static str,
     obj: &K,
     err: &crate::Error,
-    ctx: &Context,
+    ctx: &ControllerContext,
 ) -> kube::runtime::controller::Action {
     use kube::ResourceExt as _;
     use kube::runtime::controller::Action;

@@ -28,7 +28,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 use tracing::info;
 
-pub use context::Context;
+pub use context::ControllerContext;
 
 /// Field manager for every server-side apply.
 pub const FIELD_MANAGER: &str = "hostmesh-operator";
@@ -160,7 +160,7 @@ pub async fn connect() -> Result<Client, Error> {
 /// Runs both controllers (one pair per watched namespace) and the hub
 /// until `shutdown` resolves.
 pub async fn controllers(
-    ctx: Arc<Context>,
+    ctx: Arc<ControllerContext>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let shutdown = shutdown.shared();
@@ -211,7 +211,7 @@ async fn route(mut rx: mpsc::UnboundedReceiver<hub::WorldKey>, routes: Routes) {
 /// until Ctrl-C or SIGTERM.
 pub async fn run(args: OperatorArgs) -> Result<(), Error> {
     let client = connect().await?;
-    let ctx = Context::new(client, args, hub::default_connector());
+    let ctx = ControllerContext::new(client, args, hub::default_connector());
     controllers(ctx, shutdown_signal()).await
 }
 

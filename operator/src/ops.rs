@@ -30,7 +30,7 @@ use crate::health::{self, HealthArgs, HealthState};
 use crate::leader::{LeaderElectionArgs, LeaderHandle};
 use crate::metrics::Metrics;
 use crate::telemetry::{self, TelemetryArgs};
-use crate::{Context, OperatorArgs, hub};
+use crate::{ControllerContext, OperatorArgs, hub};
 
 /// How often the leader recounts Worlds by phase.
 pub const PHASE_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
@@ -192,7 +192,7 @@ async fn lead_while_leader(
             },
         }
         info!("leading: starting the controllers");
-        let ctx = Context::with_metrics(
+        let ctx = ControllerContext::with_metrics(
             client.clone(),
             args.clone(),
             hub::default_connector(),

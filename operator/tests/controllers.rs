@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use hostmesh_crds::{ProcMesh, World};
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
-use hostmesh_operator::hub::protocol::ProcStatus;
+use hostmesh_operator::hub::protocol::ProcPhase;
 use hostmesh_operator::hub::sim::{SimConnector, SimRequest, connector};
 use hostmesh_operator::hub::{HostKey, WorldKey};
-use hostmesh_operator::{Context, OperatorArgs};
+use hostmesh_operator::{ControllerContext, OperatorArgs};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -26,7 +26,7 @@ struct Cluster {
     server: Option<ApiServerHandle>,
     client: Client,
     sim: Arc<SimConnector>,
-    ctx: Arc<Context>,
+    ctx: Arc<ControllerContext>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     run: Option<tokio::task::JoinHandle<()>>,
 }
@@ -68,7 +68,7 @@ impl Cluster {
             concurrency: 4,
             instance: "test".into(),
         };
-        let ctx = Context::new(client.clone(), args, connector(&sim));
+        let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn({
             let ctx = ctx.clone();
@@ -99,7 +99,7 @@ impl Cluster {
             let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
         }
         let args = self.ctx.args.clone();
-        self.ctx = Context::new(self.client.clone(), args, connector(&self.sim));
+        self.ctx = ControllerContext::new(self.client.clone(), args, connector(&self.sim));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let ctx = self.ctx.clone();
         self.run = Some(tokio::spawn(async move {
@@ -315,7 +315,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
         rank: 1,
     };
     let name = format!("{id}.3");
-    let failed = ProcStatus::Stopped {
+    let failed = ProcPhase::Stopped {
         exit_code: 3,
         stderr_tail: vec!["boom: out of memory".into()],
     };
@@ -597,7 +597,7 @@ async fn a_failed_critical_procmesh_fails_its_world() {
         },
         rank: 0,
     };
-    let killed = ProcStatus::Killed {
+    let killed = ProcPhase::Killed {
         signal: 9,
         core_dumped: false,
         stderr_tail: vec![],

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostmesh_operator::hub::sim::{SimConnector, connector};
-use hostmesh_operator::hub::{AgentPush, HostKey, Hub, WorldAgents, WorldKey};
+use hostmesh_operator::hub::{HostKey, HostReport, Hub, WorldAgents, WorldKey};
 use hostmesh_operator::metrics::Metrics;
 
 fn sample(text: &str, name: &str) -> Option<f64> {
@@ -47,7 +47,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         },
     )
     .await;
-    let beat = |rank: u64, uid: &str| AgentPush::Heartbeat {
+    let beat = |rank: u64, uid: &str| HostReport::Heartbeat {
         host: HostKey {
             world: world.clone(),
             rank,

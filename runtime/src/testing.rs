@@ -17,7 +17,7 @@ use crate::proc::{Proc, ProcConfig};
 
 /// Replies with the same text.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Echo(pub String);
+pub struct EchoText(pub String);
 
 /// Replies with the actor's id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -44,7 +44,7 @@ pub struct Tell(pub u64);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Count;
 
-/// Calls `to` with `Echo(text)` and replies with its answer (proc to proc).
+/// Calls `to` with `EchoText(text)` and replies with its answer (proc to proc).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Forward {
     /// The actor to call.
@@ -61,7 +61,7 @@ pub struct TestActor {
 
 impl Actor for TestActor {
     fn register(h: &mut Handlers<Self>) {
-        h.handle::<Echo>()
+        h.handle::<EchoText>()
             .handle::<WhoAmI>()
             .handle::<PanicNow>()
             .handle::<Sleep>()
@@ -94,9 +94,9 @@ impl TestActor {
     }
 }
 
-impl Handler<Echo> for TestActor {
+impl Handler<EchoText> for TestActor {
     type Reply = String;
-    async fn handle(&mut self, _cx: &Context<Self>, m: Echo) -> Result<String, ActorError> {
+    async fn handle(&mut self, _cx: &Context<Self>, m: EchoText) -> Result<String, ActorError> {
         Ok(if self.label.is_empty() {
             m.0
         } else {
@@ -153,7 +153,7 @@ impl Handler<Count> for TestActor {
 impl Handler<Forward> for TestActor {
     type Reply = String;
     async fn handle(&mut self, cx: &Context<Self>, m: Forward) -> Result<String, ActorError> {
-        m.to.call(cx, &Echo(m.text), Duration::from_secs(30))
+        m.to.call(cx, &EchoText(m.text), Duration::from_secs(30))
             .await
             .map_err(ActorError::new)
     }

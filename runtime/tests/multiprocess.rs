@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use hostmesh_mesh::Region;
 use hostmesh_runtime::actor_mesh::{ActorMesh, ProcMesh};
-use hostmesh_runtime::testing::{Count, Echo, Forward, PanicNow, Sleep, Tell, TestActor, WhoAmI};
+use hostmesh_runtime::testing::{
+    Count, EchoText, Forward, PanicNow, Sleep, Tell, TestActor, WhoAmI,
+};
 use hostmesh_runtime::{
     ActorRef, ActorStatus, ChannelConfig, Error, Proc, ProcConfig, ProcId, SupervisionEvent,
 };
@@ -84,7 +86,7 @@ async fn calls_cross_processes_and_procs_call_each_other() {
     let c = client().await;
     let ta = a.actor("t0");
     assert_eq!(
-        ta.call(&c, &Echo("hello".into()), T).await.unwrap(),
+        ta.call(&c, &EchoText("hello".into()), T).await.unwrap(),
         "hello"
     );
     assert_eq!(&ta.call(&c, &WhoAmI, T).await.unwrap(), ta.id());
@@ -111,14 +113,14 @@ async fn killed_peer_gives_errors_and_events_not_a_hang() {
         let _ = tx.send(e);
     });
     let t = a.actor("t0");
-    assert_eq!(t.call(&c, &Echo("x".into()), T).await.unwrap(), "x");
+    assert_eq!(t.call(&c, &EchoText("x".into()), T).await.unwrap(), "x");
     // Poll the long call once: its envelope is then queued on the link.
     let mut long = std::pin::pin!(t.call(&c, &Sleep(600_000), Duration::from_secs(600)));
     assert!(futures::FutureExt::now_or_never(long.as_mut()).is_none());
     // The link is FIFO and the peer delivers in order, so once t1 answers,
     // t0 holds the long call.
     let t1 = a.actor("t1");
-    assert_eq!(t1.call(&c, &Echo("y".into()), T).await.unwrap(), "y");
+    assert_eq!(t1.call(&c, &EchoText("y".into()), T).await.unwrap(), "y");
     a.child.kill().await.unwrap();
     let e = tokio::time::timeout(T, long)
         .await
@@ -140,7 +142,7 @@ async fn killed_peer_gives_errors_and_events_not_a_hang() {
     );
     // And a new call fails rather than hanging.
     let e = t
-        .call(&c, &Echo("y".into()), Duration::from_secs(600))
+        .call(&c, &EchoText("y".into()), Duration::from_secs(600))
         .await
         .unwrap_err();
     assert!(matches!(e, Error::CallFailed { .. }), "{e}");
@@ -195,7 +197,7 @@ async fn malformed_and_oversize_frames_close_only_their_connection() {
     let c = client().await;
     let t = a.actor("t0");
     assert_eq!(
-        t.call(&c, &Echo("before".into()), T).await.unwrap(),
+        t.call(&c, &EchoText("before".into()), T).await.unwrap(),
         "before"
     );
     let addr = match a.id.addr() {
@@ -221,22 +223,28 @@ async fn malformed_and_oversize_frames_close_only_their_connection() {
     // A connection that stays silent does not block others.
     let _silent = TcpStream::connect(addr).await.unwrap();
     // The authenticated connection still works.
-    assert_eq!(t.call(&c, &Echo("after".into()), T).await.unwrap(), "after");
+    assert_eq!(
+        t.call(&c, &EchoText("after".into()), T).await.unwrap(),
+        "after"
+    );
     // An envelope over the peer's maximum closes that connection: the
     // call fails, another client is unaffected, and the link reconnects.
     let c2 = client().await;
     assert_eq!(
-        t.call(&c2, &Echo("other".into()), T).await.unwrap(),
+        t.call(&c2, &EchoText("other".into()), T).await.unwrap(),
         "other"
     );
     let big = hostmesh_runtime::testing::Blob(vec![7; 200_000].into());
     let e = t.call(&c, &big, T).await;
     assert!(e.is_err(), "oversize message rejected");
     assert_eq!(
-        t.call(&c2, &Echo("still".into()), T).await.unwrap(),
+        t.call(&c2, &EchoText("still".into()), T).await.unwrap(),
         "still"
     );
-    assert_eq!(t.call(&c, &Echo("again".into()), T).await.unwrap(), "again");
+    assert_eq!(
+        t.call(&c, &EchoText("again".into()), T).await.unwrap(),
+        "again"
+    );
     drop(a);
 }
 

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hostmesh_runtime::testing::{Echo, TestActor};
+use hostmesh_runtime::testing::{EchoText, TestActor};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ChannelConfig, Proc, ProcConfig, ProcId};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -118,7 +118,7 @@ async fn a_peer_dialing_again_under_the_same_id_replaces_its_old_connection() {
         .expect("connect through the proxy");
     assert_eq!(found, server);
     let t0: ActorRef<TestActor> = ActorRef::attest(server.actor("t0", 0).unwrap());
-    let r = t0.call(&client, &Echo("one".into()), T).await.unwrap();
+    let r = t0.call(&client, &EchoText("one".into()), T).await.unwrap();
     assert_eq!(r, "one");
 
     // The client loses the connection; the server does not notice.
@@ -130,7 +130,7 @@ async fn a_peer_dialing_again_under_the_same_id_replaces_its_old_connection() {
     let mut last_err = None;
     loop {
         match t0
-            .call(&client, &Echo("two".into()), Duration::from_secs(2))
+            .call(&client, &EchoText("two".into()), Duration::from_secs(2))
             .await
         {
             Ok(r) => {
@@ -150,7 +150,7 @@ async fn a_peer_dialing_again_under_the_same_id_replaces_its_old_connection() {
     for i in 0..20 {
         let text = format!("again {i}");
         assert_eq!(
-            t0.call(&client, &Echo(text.clone()), T).await.unwrap(),
+            t0.call(&client, &EchoText(text.clone()), T).await.unwrap(),
             text
         );
     }

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hostmesh_agent::protocol::{CreateOrUpdate, ProcSpec, ProcState};
+use hostmesh_agent::protocol::{CreateOrUpdate, ProcReport, ProcSpec};
 use hostmesh_agent::{AgentIdentity, Limits, LogHub, ProcManager};
 
 /// Generous bound for anything a test waits on.
@@ -120,8 +120,8 @@ pub async fn wait_state(
     m: &ProcManager,
     name: &str,
     what: &str,
-    pred: impl Fn(&ProcState) -> bool,
-) -> ProcState {
+    pred: impl Fn(&ProcReport) -> bool,
+) -> ProcReport {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let st = m.state(name).unwrap();

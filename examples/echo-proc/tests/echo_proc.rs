@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcSpec, ProcStatus};
+use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref};
 use hostmesh_echo_proc::{Echo, echo_type_name};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
@@ -55,7 +55,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
     let proc_addr = loop {
         let st = client.get_state(addr, "echo-1").await.unwrap();
         match st.status {
-            ProcStatus::Ready { addr: Some(a), .. } => break a,
+            ProcPhase::Ready { addr: Some(a), .. } => break a,
             s if s.is_terminal() => panic!("echo proc ended: {s:?}"),
             _ => {}
         }
@@ -101,7 +101,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
         let st = client.get_state(addr, "echo-1").await.unwrap();
         if st.status.is_terminal() {
             assert!(
-                matches!(st.status, ProcStatus::Stopped { exit_code: 0, .. }),
+                matches!(st.status, ProcPhase::Stopped { exit_code: 0, .. }),
                 "{st:?}"
             );
             break;

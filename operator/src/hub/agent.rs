@@ -75,8 +75,8 @@ pub struct ProcObs {
 
 impl ProcObs {
     /// Summarizes an agent's proc state reported by host `host`.
-    pub fn from_agent(host: u64, s: &protocol::ProcState) -> Self {
-        use protocol::ProcStatus as S;
+    pub fn from_agent(host: u64, s: &protocol::ProcReport) -> Self {
+        use protocol::ProcPhase as S;
         let tail = |lines: &Vec<String>| (!lines.is_empty()).then(|| lines.join("\n"));
         let mut o = ProcObs {
             host,
@@ -131,7 +131,7 @@ impl ProcObs {
 
 /// What agents push to the hub.
 #[derive(Clone, Debug)]
-pub enum AgentPush {
+pub enum HostReport {
     /// Periodic heartbeat.
     Heartbeat {
         /// From.
@@ -144,7 +144,7 @@ pub enum AgentPush {
         /// From.
         host: HostKey,
         /// Its full new state.
-        state: protocol::ProcState,
+        state: protocol::ProcReport,
     },
     /// Every proc the agent has, sent when (re)subscribing.
     Snapshot {
@@ -153,7 +153,7 @@ pub enum AgentPush {
         /// Pod UID of the agent.
         pod_uid: String,
         /// Every proc's state.
-        procs: Vec<protocol::ProcState>,
+        procs: Vec<protocol::ProcReport>,
     },
     /// The connection dropped.
     Disconnected {
@@ -180,7 +180,7 @@ pub trait AgentConnector: Send + Sync + 'static {
     fn connect(
         &self,
         target: AgentTarget,
-        pushes: mpsc::Sender<AgentPush>,
+        pushes: mpsc::Sender<HostReport>,
     ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>>;
 
     /// Stops watching a host that left its World (default: nothing to do).

@@ -35,7 +35,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use agent::{
-    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, ProcObs, WorldKey,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, ProcObs, WorldKey,
     protocol,
 };
 use coalesce::Coalescer;
@@ -110,8 +110,8 @@ pub struct Hub {
     connector: Arc<dyn AgentConnector>,
     state: Mutex<State>,
     stats: Mutex<HubStats>,
-    push_tx: mpsc::Sender<AgentPush>,
-    push_rx: Mutex<Option<mpsc::Receiver<AgentPush>>>,
+    push_tx: mpsc::Sender<HostReport>,
+    push_rx: Mutex<Option<mpsc::Receiver<HostReport>>>,
     wake: Notify,
 }
 
@@ -160,7 +160,7 @@ impl Hub {
     }
 
     /// A sender for pushes (the connector's agents use it; so do tests).
-    pub fn push_sender(&self) -> mpsc::Sender<AgentPush> {
+    pub fn push_sender(&self) -> mpsc::Sender<HostReport> {
         self.push_tx.clone()
     }
 
@@ -250,16 +250,16 @@ impl Hub {
     }
 
     /// Applies one push to the hub's view.
-    pub fn handle_push(&self, push: AgentPush, now: Instant) {
+    pub fn handle_push(&self, push: HostReport, now: Instant) {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).pushes += 1;
         let mut st = self.lock();
         let st = &mut *st;
         match push {
-            AgentPush::Heartbeat { host, pod_uid } => {
+            HostReport::Heartbeat { host, pod_uid } => {
                 let gap = beat(st, &host, &pod_uid, now);
                 self.observe_heartbeat(gap);
             }
-            AgentPush::Snapshot {
+            HostReport::Snapshot {
                 host,
                 pod_uid,
                 procs,
@@ -300,7 +300,7 @@ impl Hub {
                     st.mesh_triggers.mark(key, false, now);
                 }
             }
-            AgentPush::ProcState { host, state } => {
+            HostReport::ProcState { host, state } => {
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
@@ -321,7 +321,7 @@ impl Hub {
                 };
                 st.mesh_triggers.mark(key, urgent, now);
             }
-            AgentPush::Disconnected { host } => {
+            HostReport::Disconnected { host } => {
                 if let Some(h) = st
                     .worlds
                     .get_mut(&host.world)

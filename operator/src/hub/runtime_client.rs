@@ -20,7 +20,7 @@ use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, WorldKey,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, WorldKey,
 };
 
 /// Name of the operator's client proc (agents see `<name>-<random>`).
@@ -44,7 +44,7 @@ pub struct RuntimeConnector {
     worlds: Mutex<HashMap<WorldKey, WorldClient>>,
 }
 
-fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<AgentPush> {
+fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport> {
     let host = HostKey {
         world: world.clone(),
         rank: ev.host.rank as u64,
@@ -58,17 +58,17 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<AgentPush>
     };
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
-        AgentEventKind::Disconnected { .. } => AgentPush::Disconnected { host },
-        AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => AgentPush::Snapshot {
+        AgentEventKind::Disconnected { .. } => HostReport::Disconnected { host },
+        AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => HostReport::Snapshot {
             host,
             pod_uid: uid(),
             procs,
         },
-        AgentEventKind::Push(RtPush::Changed(c)) => AgentPush::ProcState {
+        AgentEventKind::Push(RtPush::Changed(c)) => HostReport::ProcState {
             host,
             state: c.state,
         },
-        AgentEventKind::Push(RtPush::Heartbeat { .. }) => AgentPush::Heartbeat {
+        AgentEventKind::Push(RtPush::Heartbeat { .. }) => HostReport::Heartbeat {
             host,
             pod_uid: uid(),
         },
@@ -90,7 +90,7 @@ impl RuntimeConnector {
     async fn client_for(
         &self,
         target: &AgentTarget,
-        pushes: mpsc::Sender<AgentPush>,
+        pushes: mpsc::Sender<HostReport>,
     ) -> Result<(AgentClient, Uids), String> {
         if let Some(found) = self.existing(target) {
             return Ok(found);
@@ -133,7 +133,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
     fn connect(
         &self,
         target: AgentTarget,
-        pushes: mpsc::Sender<AgentPush>,
+        pushes: mpsc::Sender<HostReport>,
     ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
         let this = self.clone();
         Box::pin(async move {

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentPush, AgentTarget, CreateOrUpdate, HostKey, protocol,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, protocol,
 };
 
 /// A request a simulated agent received.
@@ -34,7 +34,7 @@ pub struct SimConnector {
     /// Addresses that refuse connections.
     pub refuse: Mutex<Vec<SocketAddr>>,
     /// Procs each agent holds, by host then name.
-    pub procs: Mutex<HashMap<HostKey, HashMap<String, protocol::ProcState>>>,
+    pub procs: Mutex<HashMap<HostKey, HashMap<String, protocol::ProcReport>>>,
     /// Heartbeat period of every agent (none: only the Snapshot on connect).
     pub heartbeat: Option<Duration>,
     /// Pod UIDs whose agent is dead: it stops heartbeating.
@@ -81,27 +81,27 @@ impl SimConnector {
         &self,
         host: &HostKey,
         name: &str,
-        status: protocol::ProcStatus,
-    ) -> Option<AgentPush> {
+        status: protocol::ProcPhase,
+    ) -> Option<HostReport> {
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let p = procs.get_mut(host)?.get_mut(name)?;
         p.status = status;
         p.seq += 1;
-        Some(AgentPush::ProcState {
+        Some(HostReport::ProcState {
             host: host.clone(),
             state: p.clone(),
         })
     }
 }
 
-fn new_state(req: &CreateOrUpdate) -> protocol::ProcState {
-    protocol::ProcState {
+fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
+    protocol::ProcReport {
         proc_id: format!("sim,{}", req.name),
         name: req.name.clone(),
         rank: req.rank,
         pid: Some(1),
         command: vec![req.spec.command.clone()],
-        status: protocol::ProcStatus::Ready { pid: 1, addr: None },
+        status: protocol::ProcPhase::Ready { pid: 1, addr: None },
         started_at_ms: 0,
         restarts: req.incarnation,
         stop_requested: false,
@@ -112,7 +112,7 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcState {
 struct SimLink {
     sim: Arc<SimConnector>,
     host: HostKey,
-    pushes: mpsc::Sender<AgentPush>,
+    pushes: mpsc::Sender<HostReport>,
 }
 
 impl SimLink {
@@ -121,8 +121,8 @@ impl SimLink {
         reqs.entry(self.host.clone()).or_default().push(r);
     }
 
-    async fn push(&self, state: protocol::ProcState) -> Result<(), String> {
-        let push = AgentPush::ProcState {
+    async fn push(&self, state: protocol::ProcReport) -> Result<(), String> {
+        let push = HostReport::ProcState {
             host: self.host.clone(),
             state,
         };
@@ -167,7 +167,7 @@ impl AgentLink for SimLink {
                     .and_then(|h| h.get_mut(&name))
                     .filter(|p| !p.status.is_terminal())
                     .map(|p| {
-                        p.status = protocol::ProcStatus::Killed {
+                        p.status = protocol::ProcPhase::Killed {
                             signal: 15,
                             core_dumped: false,
                             stderr_tail: vec![],
@@ -202,7 +202,7 @@ impl AgentConnector for SimHandle {
     fn connect(
         &self,
         target: AgentTarget,
-        pushes: mpsc::Sender<AgentPush>,
+        pushes: mpsc::Sender<HostReport>,
     ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
         let sim = self.0.clone();
         Box::pin(async move {
@@ -214,13 +214,13 @@ impl AgentConnector for SimHandle {
             {
                 return Err(format!("connection refused by {}", target.addr));
             }
-            let procs: Vec<protocol::ProcState> = {
+            let procs: Vec<protocol::ProcReport> = {
                 let all = sim.procs.lock().unwrap_or_else(|e| e.into_inner());
                 all.get(&target.host)
                     .map(|h| h.values().cloned().collect())
                     .unwrap_or_default()
             };
-            let snap = AgentPush::Snapshot {
+            let snap = HostReport::Snapshot {
                 host: target.host.clone(),
                 pod_uid: target.pod_uid.clone(),
                 procs,
@@ -242,7 +242,7 @@ impl AgentConnector for SimHandle {
                         if sim.is_dead(&uid) {
                             return;
                         }
-                        let beat = AgentPush::Heartbeat {
+                        let beat = HostReport::Heartbeat {
                             host: host.clone(),
                             pod_uid: uid.clone(),
                         };

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hostmesh_agent::protocol::{ProcSpec, ProcStatus};
+use hostmesh_agent::protocol::{ProcPhase, ProcSpec};
 use hostmesh_crds::procmesh::ProcState;
 
 use super::sim::{SimConnector, SimRequest, connector};
@@ -46,19 +46,19 @@ fn req(rank: u64, incarnation: u32) -> CreateOrUpdate {
     }
 }
 
-fn drain(hub: &Hub, rx: &mut mpsc::Receiver<AgentPush>) {
+fn drain(hub: &Hub, rx: &mut mpsc::Receiver<HostReport>) {
     while let Ok(p) = rx.try_recv() {
         hub.handle_push(p, Instant::now());
     }
 }
 
-fn mk_on(sim: &Arc<SimConnector>) -> (Arc<Hub>, mpsc::Receiver<AgentPush>) {
+fn mk_on(sim: &Arc<SimConnector>) -> (Arc<Hub>, mpsc::Receiver<HostReport>) {
     let hub = Hub::new(connector(sim));
     let rx = hub.push_rx.lock().unwrap().take().unwrap();
     (hub, rx)
 }
 
-fn mk() -> (Arc<SimConnector>, Arc<Hub>, mpsc::Receiver<AgentPush>) {
+fn mk() -> (Arc<SimConnector>, Arc<Hub>, mpsc::Receiver<HostReport>) {
     let sim = Arc::new(SimConnector::default());
     let (hub, rx) = mk_on(&sim);
     (sim, hub, rx)
@@ -84,7 +84,7 @@ async fn liveness_follows_heartbeats_and_expiry() {
         "expiry triggers the World at once"
     );
     hub.handle_push(
-        AgentPush::Heartbeat {
+        HostReport::Heartbeat {
             host: host(1),
             pod_uid: "a-1".into(),
         },
@@ -226,7 +226,7 @@ async fn proc_failures_trigger_at_once_and_storms_coalesce() {
     let t0 = Instant::now();
     hub.tick(t0, &tw, &tm);
     while rm.try_recv().is_ok() {}
-    let failed = ProcStatus::Stopped {
+    let failed = ProcPhase::Stopped {
         exit_code: 1,
         stderr_tail: vec!["boom".into()],
     };
@@ -246,7 +246,7 @@ async fn proc_failures_trigger_at_once_and_storms_coalesce() {
     );
     let t1 = t0 + Duration::from_millis(100);
     let push = sim
-        .set_status(&host(0), &proc_name("pm.abc", 0), ProcStatus::Starting)
+        .set_status(&host(0), &proc_name("pm.abc", 0), ProcPhase::Starting)
         .unwrap();
     hub.handle_push(push, t1);
     hub.tick(t1, &tw, &tm);

@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::Error;
-use crate::context::{Context, obj_ref};
+use crate::context::{ControllerContext, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
 
 /// Finalizer on ProcMeshes.
@@ -43,7 +43,7 @@ pub const FINALIZER: &str = "hostmesh.dev/procmesh";
 
 /// Runs the ProcMesh controller until `shutdown`.
 pub async fn controller(
-    ctx: Arc<Context>,
+    ctx: Arc<ControllerContext>,
     namespace: Option<String>,
     triggers: mpsc::UnboundedReceiver<MeshKey>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -85,12 +85,12 @@ pub async fn controller(
     .await;
 }
 
-fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
     crate::context::requeue_on_error("procmesh", &*pm, err, &ctx)
 }
 
 /// Reconciles one ProcMesh.
-pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
     let ctx = &*ctx;
     crate::context::reconcile_finalized(
         "procmesh",
@@ -110,7 +110,7 @@ fn world_key(pm: &ProcMesh) -> WorldKey {
     }
 }
 
-async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
+async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> {
     let ns = pm.namespace().unwrap_or_default();
     let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&pm.spec.world)
@@ -228,7 +228,7 @@ async fn apply(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
 /// Stops the procs of every mesh id under `prefix` except `keep`, and
 /// forgets those that have ended. Returns whether some are still running.
 async fn stop_stale(
-    ctx: &Context,
+    ctx: &ControllerContext,
     key: &crate::hub::WorldKey,
     prefix: &str,
     keep: Option<&str>,
@@ -267,7 +267,12 @@ fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
     out
 }
 
-async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result<Action, Error> {
+async fn invalid(
+    pm: &ProcMesh,
+    ctx: &ControllerContext,
+    msg: &str,
+    retry: bool,
+) -> Result<Action, Error> {
     let mut status = pm.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
     let generation = pm.metadata.generation;
@@ -317,7 +322,7 @@ async fn invalid(pm: &ProcMesh, ctx: &Context, msg: &str, retry: bool) -> Result
 /// write.
 pub async fn write_status(
     pm: &ProcMesh,
-    ctx: &Context,
+    ctx: &ControllerContext,
     status: &ProcMeshStatus,
     force: bool,
 ) -> Result<Option<Duration>, Error> {
@@ -347,7 +352,7 @@ pub async fn write_status(
     Ok(None)
 }
 
-async fn cleanup(pm: &ProcMesh, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> {
     let name = pm.name_any();
     let prefix = desired::mesh_prefix(pm);
     let key = world_key(pm);

@@ -38,7 +38,7 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::context::{Context, obj_ref};
+use crate::context::{ControllerContext, obj_ref};
 use crate::hub::{WorldAgents, WorldKey};
 use crate::{Error, FIELD_MANAGER};
 use observe::Liveness;
@@ -48,7 +48,7 @@ pub const FINALIZER: &str = "hostmesh.dev/world";
 
 /// Runs the World controller until `shutdown`.
 pub async fn controller(
-    ctx: Arc<Context>,
+    ctx: Arc<ControllerContext>,
     namespace: Option<String>,
     triggers: mpsc::UnboundedReceiver<WorldKey>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -92,12 +92,12 @@ pub async fn controller(
         .await;
 }
 
-fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
     crate::context::requeue_on_error("world", &*world, err, &ctx)
 }
 
 /// Reconciles one World.
-pub async fn reconcile(world: Arc<World>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(world: Arc<World>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
     let ctx = &*ctx;
     crate::context::reconcile_finalized(
         "world",
@@ -117,7 +117,7 @@ fn key_of(world: &World) -> WorldKey {
     }
 }
 
-async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
+async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> {
     let name = world.name_any();
     debug!(world = %name, rv = ?world.resource_version(), "reconciling");
     let ns = world.namespace().unwrap_or_default();
@@ -245,7 +245,7 @@ async fn apply(world: &World, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(requeue))
 }
 
-async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>, Error> {
+async fn ensure_secret(world: &World, ctx: &ControllerContext, ns: &str) -> Result<Vec<u8>, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired::secret_name(&world.name_any());
     // The key exactly as the agent derives it from the mounted file.
@@ -273,7 +273,11 @@ async fn ensure_secret(world: &World, ctx: &Context, ns: &str) -> Result<Vec<u8>
     }
 }
 
-async fn critical_failure(world: &World, ctx: &Context, ns: &str) -> Result<Option<String>, Error> {
+async fn critical_failure(
+    world: &World,
+    ctx: &ControllerContext,
+    ns: &str,
+) -> Result<Option<String>, Error> {
     let meshes: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), ns);
     let name = world.name_any();
     for pm in meshes.list(&ListParams::default()).await?.items {
@@ -295,7 +299,7 @@ async fn critical_failure(world: &World, ctx: &Context, ns: &str) -> Result<Opti
     Ok(None)
 }
 
-async fn invalid(world: &World, ctx: &Context, msg: &str) -> Result<Action, Error> {
+async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Action, Error> {
     let mut status = world.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
     let generation = world.metadata.generation;
@@ -331,7 +335,7 @@ async fn invalid(world: &World, ctx: &Context, msg: &str) -> Result<Action, Erro
 /// the delay after which to retry a deferred write.
 pub async fn write_status(
     world: &World,
-    ctx: &Context,
+    ctx: &ControllerContext,
     status: WorldStatus,
     force: bool,
 ) -> Result<Option<Duration>, Error> {
@@ -360,7 +364,7 @@ pub async fn write_status(
     Ok(None)
 }
 
-async fn cleanup(world: &World, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error> {
     let name = world.name_any();
     let ns = world.namespace().unwrap_or_default();
     // ProcMeshes first (invariant 4).
