@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostmesh_crds::World;
+use hostmesh_operator::controllers::world::desired;
+use hostmesh_operator::hub::Liveness;
 use hostmesh_operator::hub::protocol::{ProcPhase, ProcSpec};
 use hostmesh_operator::hub::sim::{SimConnector, connector};
 use hostmesh_operator::hub::{
     CreateOrUpdate, HostKey, HostReport, Hub, WorldAgents, WorldKey, proc_name,
 };
-use hostmesh_operator::world::desired;
-use hostmesh_operator::world::observe::Liveness;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::store;
 use kube::runtime::watcher;

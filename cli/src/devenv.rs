@@ -78,7 +78,7 @@ impl DevEnv {
             let stop = async move {
                 let _ = stop_rx.await;
             };
-            if let Err(e) = hostmesh_operator::controllers(ctx, stop).await {
+            if let Err(e) = hostmesh_operator::controllers::run(ctx, stop).await {
                 warn!(error = %e, "operator stopped with an error");
             }
         });

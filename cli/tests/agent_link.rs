@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostmesh_crds::procmesh::ProcState;
+use hostmesh_operator::hub::Liveness;
 use hostmesh_operator::hub::protocol::{Dim, ProcSpec};
 use hostmesh_operator::hub::{
     CreateOrUpdate, Hub, WorldAgents, WorldKey, default_connector, proc_name,
 };
-use hostmesh_operator::world::observe::Liveness;
 use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(60);

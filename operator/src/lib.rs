@@ -1,34 +1,28 @@
 //! hostmesh operator: the World and ProcMesh controllers and the supervision
 //! hub, wired together by [`run`].
 //!
-//! Module map: [`world`] (host pods from a World), [`procmesh`] (procs on
-//! those hosts), [`hub`] (agent connections, heartbeats, coalesced status
-//! triggers), [`context`] (what reconciles share). `run` is composed of
-//! small steps ([`connect`], [`controllers`]) so metrics, leader election and
-//! health endpoints can wrap it. The operability parts: [`metrics`],
-//! [`health`], [`leader`] (election), [`telemetry`] (logging), [`status`]
-//! (`hostmesh status`); [`manifest`] applies user manifests (`hostmesh up`).
+//! Module map: [`controllers`] (the World controller making host pods, the
+//! ProcMesh controller placing procs on them, and what both share), [`hub`]
+//! (agent connections, heartbeats and host liveness, coalesced status
+//! triggers). `run` is composed of small steps ([`connect`],
+//! [`controllers::run`]) so metrics, leader election and health endpoints
+//! can wrap it. The operability parts: [`metrics`], [`client_metrics`],
+//! [`health`], [`leader`] (election), [`telemetry`] (logging), [`ops`] (the
+//! `hostmesh operator` process). The embedded cluster, `hostmesh up` and
+//! `hostmesh status` live in the `hostmesh-cli` crate.
 
 pub mod client_metrics;
-pub mod context;
+pub mod controllers;
 pub mod health;
 pub mod hub;
 pub mod leader;
 pub mod metrics;
 pub mod ops;
-pub mod procmesh;
 pub mod telemetry;
-pub mod world;
-pub mod writes;
 
-use std::sync::Arc;
-
-use futures::FutureExt as _;
 use kube::Client;
-use tokio::sync::mpsc;
-use tracing::info;
 
-pub use context::ControllerContext;
+pub use controllers::ControllerContext;
 
 /// Field manager for every server-side apply.
 pub const FIELD_MANAGER: &str = "hostmesh-operator";
@@ -157,62 +151,12 @@ pub async fn connect() -> Result<Client, Error> {
     Ok(Client::try_default().await?)
 }
 
-/// Runs both controllers (one pair per watched namespace) and the hub
-/// until `shutdown` resolves.
-pub async fn controllers(
-    ctx: Arc<ControllerContext>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
-    let shutdown = shutdown.shared();
-    let (tw, rw) = mpsc::unbounded_channel();
-    let (tm, rm) = mpsc::unbounded_channel();
-    let hub = tokio::spawn(ctx.hub.clone().run(tw, tm, shutdown.clone()));
-    let namespaces = ctx.args.namespaces();
-    let (world_routes, world_rx) = routes(&namespaces);
-    let (mesh_routes, mesh_rx) = routes(&namespaces);
-    tokio::spawn(route(rw, world_routes));
-    tokio::spawn(route(rm, mesh_routes));
-    let mut runs = Vec::new();
-    for ((ns, wrx), mrx) in namespaces.into_iter().zip(world_rx).zip(mesh_rx) {
-        runs.push(world::controller(ctx.clone(), ns.clone(), wrx, shutdown.clone()).boxed());
-        runs.push(procmesh::controller(ctx.clone(), ns, mrx, shutdown.clone()).boxed());
-    }
-    futures::future::join_all(runs).await;
-    hub.abort();
-    info!("controllers stopped");
-    Ok(())
-}
-
-type Routes = Vec<(Option<String>, mpsc::UnboundedSender<hub::WorldKey>)>;
-
-fn routes(namespaces: &[Option<String>]) -> (Routes, Vec<mpsc::UnboundedReceiver<hub::WorldKey>>) {
-    namespaces
-        .iter()
-        .map(|ns| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            ((ns.clone(), tx), rx)
-        })
-        .unzip()
-}
-
-/// Forwards hub triggers to the controller watching the object's namespace.
-async fn route(mut rx: mpsc::UnboundedReceiver<hub::WorldKey>, routes: Routes) {
-    while let Some(key) = rx.recv().await {
-        let target = routes
-            .iter()
-            .find(|(ns, _)| ns.as_deref().is_none_or(|n| n == key.namespace));
-        if let Some((_, tx)) = target {
-            let _ = tx.send(key);
-        }
-    }
-}
-
 /// `hostmesh operator`: connects, then runs the controllers and the hub
 /// until Ctrl-C or SIGTERM.
 pub async fn run(args: OperatorArgs) -> Result<(), Error> {
     let client = connect().await?;
     let ctx = ControllerContext::new(client, args, hub::default_connector());
-    controllers(ctx, shutdown_signal()).await
+    controllers::run(ctx, shutdown_signal()).await
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -220,7 +220,7 @@ async fn lead_while_leader(
         // Invariant 4: a stop is bounded even if a reconcile hangs; the
         // controllers' future is dropped (cancelled) at the end of this block.
         let result = {
-            let controllers = crate::controllers(ctx, stop);
+            let controllers = crate::controllers::run(ctx, stop);
             tokio::pin!(controllers);
             tokio::select! {
                 result = &mut controllers => result,

@@ -73,7 +73,7 @@ impl Cluster {
         let run = tokio::spawn({
             let ctx = ctx.clone();
             async move {
-                let _ = hostmesh_operator::controllers(ctx, async move {
+                let _ = hostmesh_operator::controllers::run(ctx, async move {
                     let _ = stopped.await;
                 })
                 .await;
@@ -103,7 +103,7 @@ impl Cluster {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let ctx = self.ctx.clone();
         self.run = Some(tokio::spawn(async move {
-            let _ = hostmesh_operator::controllers(ctx, async move {
+            let _ = hostmesh_operator::controllers::run(ctx, async move {
                 let _ = stopped.await;
             })
             .await;
@@ -306,7 +306,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
     // Rank 3 (host 1) exits 3 with a message on stderr.
     let pm = meshes.get("pm").await.unwrap();
     let world = c.api::<World>().get("w").await.unwrap();
-    let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
+    let id = hostmesh_operator::controllers::procmesh::desired::mesh_id(&pm, &world);
     let host1 = HostKey {
         world: WorldKey {
             namespace: NS.into(),
@@ -538,8 +538,7 @@ async fn a_restarted_operator_rebuilds_from_agents_without_duplicates() {
             rank: 1,
         };
         let uid = c.api::<Pod>().get("w-host-1").await.ok()?.metadata.uid?;
-        (c.ctx.hub.liveness(&host.world, 1, &uid)
-            == hostmesh_operator::world::observe::Liveness::Alive)
+        (c.ctx.hub.liveness(&host.world, 1, &uid) == hostmesh_operator::hub::Liveness::Alive)
             .then_some(())
     })
     .await;
@@ -589,7 +588,7 @@ async fn a_failed_critical_procmesh_fails_its_world() {
     })
     .await;
     let world = c.api::<World>().get("w").await.unwrap();
-    let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
+    let id = hostmesh_operator::controllers::procmesh::desired::mesh_id(&pm, &world);
     let host0 = HostKey {
         world: WorldKey {
             namespace: NS.into(),
@@ -637,12 +636,14 @@ async fn a_spec_change_replaces_the_procs() {
     })
     .await;
     let world = c.api::<World>().get("w").await.unwrap();
-    let old_id =
-        hostmesh_operator::procmesh::desired::mesh_id(&meshes.get("pm").await.unwrap(), &world);
+    let old_id = hostmesh_operator::controllers::procmesh::desired::mesh_id(
+        &meshes.get("pm").await.unwrap(),
+        &world,
+    );
     c.apply_yaml(&yaml.replace("ARG", "600")).await;
     let new_id = eventually("new procs Running", || async {
         let pm = meshes.get("pm").await.ok()?;
-        let id = hostmesh_operator::procmesh::desired::mesh_id(&pm, &world);
+        let id = hostmesh_operator::controllers::procmesh::desired::mesh_id(&pm, &world);
         let s = pm.status?;
         (id != old_id && s.running == 4 && s.observed_generation == pm.metadata.generation)
             .then_some(id)

@@ -95,6 +95,17 @@ impl<K: Ord + Hash + Clone> HeartbeatIndex<K> {
     }
 }
 
+/// What the supervision hub knows about a host's agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// No heartbeat seen from this pod's agent yet.
+    Unknown,
+    /// Heartbeats arrive within `healthTimeout`.
+    Alive,
+    /// Heartbeats stopped for longer than `healthTimeout`.
+    Expired,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

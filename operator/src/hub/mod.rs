@@ -41,7 +41,7 @@ pub use agent::{
 use coalesce::Coalescer;
 use heartbeat::HeartbeatIndex;
 
-use crate::world::observe::Liveness;
+pub use heartbeat::Liveness;
 
 /// Interval between non-urgent status triggers per object.
 pub const COALESCE_INTERVAL: Duration = Duration::from_secs(1);

@@ -33,8 +33,8 @@ use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay};
 use crate::hub::ProcObs;
-use crate::world::plan::{PlannedEvent, Severity, backoff_delay};
 
 /// Exit codes that are permanent failures unless a rule says otherwise
 /// (cannot execute, command not found).

@@ -25,7 +25,7 @@ pub struct ControllerContext {
     /// Operator settings.
     pub args: OperatorArgs,
     /// Paces status writes per object.
-    pub pacer: crate::writes::StatusPacer,
+    pub pacer: crate::controllers::shared::writes::StatusPacer,
 }
 
 impl ControllerContext {
@@ -61,7 +61,9 @@ impl ControllerContext {
             client,
             hub: Hub::new(connector),
             args,
-            pacer: crate::writes::StatusPacer::new(crate::hub::COALESCE_INTERVAL),
+            pacer: crate::controllers::shared::writes::StatusPacer::new(
+                crate::hub::COALESCE_INTERVAL,
+            ),
         })
     }
 

@@ -9,7 +9,7 @@
 //! 3. Status is written through the status subresource, whole (replaced,
 //!    guarded by the resourceVersion it was computed from, so a reconcile
 //!    working from a stale cache cannot overwrite newer status),
-//!    only when it differs from what is stored, paced by [`crate::writes`].
+//!    only when it differs from what is stored, paced by [`crate::controllers::shared::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
 
@@ -38,10 +38,10 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::context::{ControllerContext, obj_ref};
+use crate::controllers::shared::{ControllerContext, obj_ref};
+use crate::hub::Liveness;
 use crate::hub::{WorldAgents, WorldKey};
 use crate::{Error, FIELD_MANAGER};
-use observe::Liveness;
 
 /// Finalizer on Worlds.
 pub const FINALIZER: &str = "hostmesh.dev/world";
@@ -93,13 +93,13 @@ pub async fn controller(
 }
 
 fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
-    crate::context::requeue_on_error("world", &*world, err, &ctx)
+    crate::controllers::shared::requeue_on_error("world", &*world, err, &ctx)
 }
 
 /// Reconciles one World.
 pub async fn reconcile(world: Arc<World>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
     let ctx = &*ctx;
-    crate::context::reconcile_finalized(
+    crate::controllers::shared::reconcile_finalized(
         "world",
         world,
         ctx,
@@ -222,7 +222,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     for ev in &plan.events {
         ctx.event(
             world,
-            ev.severity == plan::Severity::Warning,
+            ev.severity == crate::controllers::shared::Severity::Warning,
             ev.reason,
             ev.note.clone(),
         )
@@ -331,7 +331,7 @@ async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Ac
 }
 
 /// Writes `status` whole through the status subresource when it changed,
-/// paced per object ([`crate::writes`]; `force` skips the pacing). Returns
+/// paced per object ([`crate::controllers::shared::writes`]; `force` skips the pacing). Returns
 /// the delay after which to retry a deferred write.
 pub async fn write_status(
     world: &World,
@@ -344,7 +344,12 @@ pub async fn write_status(
         return Ok(None);
     }
     let urgent = force
-        || crate::writes::urgent(old.phase, status.phase, &old.conditions, &status.conditions);
+        || crate::controllers::shared::writes::urgent(
+            old.phase,
+            status.phase,
+            &old.conditions,
+            &status.conditions,
+        );
     let key = format!(
         "world/{}/{}",
         world.namespace().unwrap_or_default(),

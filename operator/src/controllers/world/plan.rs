@@ -27,7 +27,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::desired::ANNOTATION_TEMPLATE_HASH;
-use super::observe::{Liveness, observe_pod};
+use super::observe::observe_pod;
+use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay, event};
+use crate::hub::Liveness;
 
 /// Everything the plan is computed from.
 pub struct PlanInput<'a> {
@@ -51,26 +53,6 @@ pub struct PlanInput<'a> {
     pub now: Timestamp,
 }
 
-/// Warning or Normal, as Kubernetes Events have it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Severity {
-    /// Normal.
-    Normal,
-    /// Warning.
-    Warning,
-}
-
-/// An Event to publish on the World.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedEvent {
-    /// Normal or Warning.
-    pub severity: Severity,
-    /// CamelCase reason.
-    pub reason: &'static str,
-    /// Human message.
-    pub note: String,
-}
-
 /// What the reconcile must do.
 #[derive(Debug, Default)]
 pub struct Plan {
@@ -88,20 +70,6 @@ pub struct Plan {
 
 fn sd(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
-}
-
-/// The restart delay after `restarts` restarts: `backoff * 2^restarts`,
-/// capped at `max`.
-pub fn backoff_delay(backoff: Duration, max: Duration, restarts: u32) -> Duration {
-    backoff.saturating_mul(1u32 << restarts.min(20)).min(max)
-}
-
-fn event(severity: Severity, reason: &'static str, note: String) -> PlannedEvent {
-    PlannedEvent {
-        severity,
-        reason,
-        note,
-    }
 }
 
 /// Computes the plan (invariants 1-5).
@@ -423,7 +391,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::world::observe::tests::{READY as POD_READY, mk_pod};
+    use crate::controllers::world::observe::tests::{READY as POD_READY, mk_pod};
 
     const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, generation: 1}\n\
 spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: {spec: {containers: [{name: host, image: x}]}}\n";

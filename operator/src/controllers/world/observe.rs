@@ -2,19 +2,9 @@
 //! reason when there is one (Unschedulable, ImagePullBackOff, OOMKilled,
 //! Evicted), and readiness that needs both pod Ready and heartbeats.
 
+use crate::hub::Liveness;
 use hostmesh_crds::world::{HostState, HostStatus};
 use k8s_openapi::api::core::v1::Pod;
-
-/// What the supervision hub knows about a host's agent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Liveness {
-    /// No heartbeat seen from this pod's agent yet.
-    Unknown,
-    /// Heartbeats arrive within `healthTimeout`.
-    Alive,
-    /// Heartbeats stopped for longer than `healthTimeout`.
-    Expired,
-}
 
 /// Waiting reasons that mean "stuck starting": reported, never restarted.
 const STUCK_WAITING: &[&str] = &[

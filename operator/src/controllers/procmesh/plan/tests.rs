@@ -1,10 +1,10 @@
 //! ProcMesh plan tests from YAML, no client.
 
 use super::*;
-use crate::procmesh::desired::tests::mk_pm;
+use crate::controllers::procmesh::desired::tests::mk_pm;
 
 fn timings(pm: &ProcMesh) -> ProcMeshTimings {
-    let w = crate::procmesh::desired::tests::mk_world();
+    let w = crate::controllers::procmesh::desired::tests::mk_world();
     hostmesh_crds::validate::proc_mesh(&pm.spec, Some(&w.spec)).unwrap()
 }
 

@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::Error;
-use crate::context::{ControllerContext, obj_ref};
+use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
 
 /// Finalizer on ProcMeshes.
@@ -86,13 +86,13 @@ pub async fn controller(
 }
 
 fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
-    crate::context::requeue_on_error("procmesh", &*pm, err, &ctx)
+    crate::controllers::shared::requeue_on_error("procmesh", &*pm, err, &ctx)
 }
 
 /// Reconciles one ProcMesh.
 pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
     let ctx = &*ctx;
-    crate::context::reconcile_finalized(
+    crate::controllers::shared::reconcile_finalized(
         "procmesh",
         pm,
         ctx,
@@ -192,7 +192,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     for ev in &plan.events {
         ctx.event(
             pm,
-            ev.severity == crate::world::plan::Severity::Warning,
+            ev.severity == crate::controllers::shared::Severity::Warning,
             ev.reason,
             ev.note.clone(),
         )
@@ -317,7 +317,7 @@ async fn invalid(
 }
 
 /// Writes `status` whole through the status subresource when it changed,
-/// paced per object ([`crate::writes`]; a new first failure and `force`
+/// paced per object ([`crate::controllers::shared::writes`]; a new first failure and `force`
 /// skip the pacing). Returns the delay after which to retry a deferred
 /// write.
 pub async fn write_status(
@@ -332,7 +332,12 @@ pub async fn write_status(
     }
     let urgent = force
         || old.first_failure != status.first_failure
-        || crate::writes::urgent(old.phase, status.phase, &old.conditions, &status.conditions);
+        || crate::controllers::shared::writes::urgent(
+            old.phase,
+            status.phase,
+            &old.conditions,
+            &status.conditions,
+        );
     let key = format!(
         "procmesh/{}/{}",
         pm.namespace().unwrap_or_default(),

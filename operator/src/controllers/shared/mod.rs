@@ -1,0 +1,11 @@
+//! What the World and ProcMesh controllers share: the reconcile context
+//! and the finalizer-wrapped reconcile ([`context`]), status-write pacing
+//! ([`writes`]), and planned Events with the restart backoff ([`events`]).
+//! Neither controller imports the other; both import this.
+
+pub mod context;
+pub mod events;
+pub mod writes;
+
+pub use context::{ControllerContext, obj_ref, reconcile_finalized, requeue_on_error};
+pub use events::{PlannedEvent, Severity, backoff_delay, event};
