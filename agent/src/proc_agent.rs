@@ -74,7 +74,7 @@ pub struct GetActorState {
 pub struct ActorState {
     /// The actor's id.
     pub actor: ActorId,
-    /// Its status.
+    /// Whether the actor runs, stopped or failed (with the reason).
     pub status: ActorStatus,
     /// Its controlling client.
     pub client: String,

@@ -182,7 +182,8 @@ impl ProcPhase {
 pub struct RankReport {
     /// The proc's rank.
     pub rank: usize,
-    /// Its status.
+    /// Where the proc is in its life: starting, ready, stopping, or how
+    /// it ended.
     pub status: ProcPhase,
 }
 

@@ -15,9 +15,9 @@ use tokio::sync::mpsc;
 /// A World, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WorldKey {
-    /// Namespace.
+    /// The object's namespace.
     pub namespace: String,
-    /// Name.
+    /// The object's name (a World's or a ProcMesh's).
     pub name: String,
 }
 
@@ -59,7 +59,7 @@ impl std::fmt::Debug for AgentTarget {
 pub struct ProcObs {
     /// Host rank that reported it.
     pub host: u64,
-    /// State.
+    /// The API state the agent's report maps to (Running, Failed, ...).
     pub state: ProcState,
     /// Exit code, when it exited.
     pub exit_code: Option<i32>,

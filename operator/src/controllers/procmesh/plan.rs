@@ -30,7 +30,7 @@ use hostmesh_crds::procmesh::{
 use hostmesh_crds::validate::ProcMeshTimings;
 use hostmesh_crds::world::WorldPhase;
 use hostmesh_crds::{ProcMesh, runs};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay};
@@ -59,7 +59,8 @@ pub struct PlanInput<'a> {
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
     pub reported: &'a BTreeMap<u64, Timestamp>,
-    /// Now.
+    /// The wall-clock time the plan is computed at: spawn timeouts and
+    /// restart backoff are compared with it.
     pub now: Timestamp,
 }
 
@@ -130,81 +131,160 @@ fn describe(rank: u64, s: &RankStatus) -> String {
     }
 }
 
-/// Computes the plan (invariants 1-4).
+/// Computes the plan (invariants 1-4), phase by phase: carry over what the
+/// current generation recorded, settle each rank's incarnation, observe
+/// every rank, decide on failures and restarts, then derive the phase,
+/// the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
-    let pm = input.pm;
-    let generation = pm.metadata.generation;
-    let prev = pm.status.clone().unwrap_or_default();
-    let same_gen = prev.observed_generation == generation;
-    let now_t = Time(input.now);
-    let per_host = pm.spec.per_host_shape().num_ranks();
-    let total = input.hosts.saturating_mul(per_host);
-    let policy = &pm.spec.restart_policy;
-    let mut out = Plan::default();
-    let mut restarts = if same_gen { prev.restarts } else { 0 };
-    let mut last_restart = if same_gen {
-        prev.last_restart_time.clone()
-    } else {
-        None
-    };
-    let mut spawn_time = prev.spawn_time.clone();
-    let mut first_failure = if same_gen {
-        prev.first_failure.clone()
-    } else {
-        None
-    };
-    let was_terminal = same_gen
-        && matches!(
-            prev.phase,
-            Some(ProcMeshPhase::Failed | ProcMeshPhase::Succeeded)
-        );
-    let world_running = input.world_phase == Some(WorldPhase::Running);
+    let mut w = Working::carry_over(input);
+    w.settle_incarnations();
+    w.start_spawn_clock();
+    w.observe_ranks();
+    w.decide_failures();
+    let phase = w.phase();
+    w.finish(phase)
+}
 
-    // Incarnations: gang base, then what agents report (invariant 1).
-    let base = if policy.policy == RestartMode::Gang {
-        restarts
-    } else {
-        0
-    };
-    let mut inc = Incarnations {
-        base,
-        per_rank: HashMap::new(),
-    };
-    if same_gen {
-        for run in &prev.incarnations {
-            if run.value.incarnation > base {
-                for r in run.start..run.end().min(total) {
-                    inc.per_rank.insert(r, run.value.incarnation);
+/// The plan being computed: what the phases of [`plan`] read and write.
+struct Working<'i, 'a> {
+    input: &'i PlanInput<'a>,
+    prev: ProcMeshStatus,
+    generation: Option<i64>,
+    same_gen: bool,
+    now_t: Time,
+    per_host: u64,
+    total: u64,
+    world_running: bool,
+    /// The mesh already ended in this generation (Failed or Succeeded).
+    was_terminal: bool,
+    restarts: u32,
+    last_restart: Option<Time>,
+    spawn_time: Option<Time>,
+    first_failure: Option<FirstFailure>,
+    inc: Incarnations,
+    ranks: Vec<RankStatus>,
+    failure_reason: Option<String>,
+    progressing: Option<(&'static str, String)>,
+    retrying: bool,
+    out: Plan,
+}
+
+impl<'i, 'a> Working<'i, 'a> {
+    /// What the current generation recorded carries over; a spec change
+    /// starts afresh (invariant 2: `firstFailure` once per generation).
+    fn carry_over(input: &'i PlanInput<'a>) -> Self {
+        let pm = input.pm;
+        let generation = pm.metadata.generation;
+        let prev = pm.status.clone().unwrap_or_default();
+        let same_gen = prev.observed_generation == generation;
+        let per_host = pm.spec.per_host_shape().num_ranks();
+        let was_terminal = same_gen
+            && matches!(
+                prev.phase,
+                Some(ProcMeshPhase::Failed | ProcMeshPhase::Succeeded)
+            );
+        Working {
+            input,
+            generation,
+            same_gen,
+            now_t: Time(input.now),
+            per_host,
+            total: input.hosts.saturating_mul(per_host),
+            world_running: input.world_phase == Some(WorldPhase::Running),
+            was_terminal,
+            restarts: if same_gen { prev.restarts } else { 0 },
+            last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
+            spawn_time: prev.spawn_time.clone(),
+            first_failure: prev.first_failure.clone().filter(|_| same_gen),
+            inc: Incarnations::default(),
+            ranks: Vec::new(),
+            failure_reason: None,
+            progressing: None,
+            retrying: false,
+            out: Plan::default(),
+            prev,
+        }
+    }
+
+    /// Incarnations: the gang base, what status recorded, then what agents
+    /// report (invariant 1).
+    fn settle_incarnations(&mut self) {
+        let base = if self.input.pm.spec.restart_policy.policy == RestartMode::Gang {
+            self.restarts
+        } else {
+            0
+        };
+        self.inc = Incarnations {
+            base,
+            per_rank: HashMap::new(),
+        };
+        if self.same_gen {
+            for run in &self.prev.incarnations {
+                if run.value.incarnation > base {
+                    for r in run.start..run.end().min(self.total) {
+                        self.inc.per_rank.insert(r, run.value.incarnation);
+                    }
                 }
             }
         }
-    }
-    for (rank, obs) in input.states {
-        if obs.incarnation > inc.get(*rank) {
-            inc.per_rank.insert(*rank, obs.incarnation);
+        for (rank, obs) in self.input.states {
+            if obs.incarnation > self.inc.get(*rank) {
+                self.inc.per_rank.insert(*rank, obs.incarnation);
+            }
         }
     }
 
-    if spawn_time.is_none() && world_running && !was_terminal {
-        spawn_time = Some(now_t.clone());
+    /// The spawn clock starts once the World runs.
+    fn start_spawn_clock(&mut self) {
+        if self.spawn_time.is_none() && self.world_running && !self.was_terminal {
+            self.spawn_time = Some(self.now_t.clone());
+        }
     }
-    // The spawn clock only runs while the World is up, and for a rank only
-    // once its agent has reported to this operator (invariant 4).
-    let deadline = |spawn: Option<&Time>, host: u64| {
-        let heard = input.reported.get(&host)?;
-        Some(spawn?.0.max(*heard) + sd(input.timings.spawn_timeout))
-    };
-    let spawned = spawn_time.clone();
-    let timed_out = |host: u64| {
-        world_running && deadline(spawned.as_ref(), host).is_some_and(|d| d <= input.now)
-    };
-    let unheard = |host: u64| !input.reported.contains_key(&host);
 
-    let mut ranks: Vec<RankStatus> = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    for rank in 0..total {
-        let want = inc.get(rank);
-        let host = rank / per_host.max(1);
-        let s = match input.states.get(&rank) {
+    /// When the ranks of `host` time out: the spawn clock runs while the
+    /// World is up, and for a rank only once its agent has reported to this
+    /// operator (invariant 4).
+    fn deadline(&self, host: u64) -> Option<Timestamp> {
+        let heard = self.input.reported.get(&host)?;
+        let spawn = self.spawn_time.as_ref()?;
+        Some(spawn.0.max(*heard) + sd(self.input.timings.spawn_timeout))
+    }
+
+    fn unheard(&self, host: u64) -> bool {
+        !self.input.reported.contains_key(&host)
+    }
+
+    /// Every rank's status from its agent's report, its host's state and
+    /// the spawn clock (invariants 4-5).
+    fn observe_ranks(&mut self) {
+        let input = self.input;
+        self.ranks = Vec::with_capacity(usize::try_from(self.total).unwrap_or(0));
+        for rank in 0..self.total {
+            let host = rank / self.per_host.max(1);
+            let s = self.observe_rank(rank, host);
+            let timed_out = self.world_running
+                && self.deadline(host).is_some_and(|d| d <= input.now)
+                && matches!(s.state, ProcState::Starting)
+                && !self.was_terminal;
+            self.ranks.push(if timed_out {
+                RankStatus {
+                    state: ProcState::Timeout,
+                    reason: Some(format!(
+                        "not running {}s after spawn",
+                        input.timings.spawn_timeout.as_secs()
+                    )),
+                    ..Default::default()
+                }
+            } else {
+                s
+            });
+        }
+    }
+
+    fn observe_rank(&self, rank: u64, host: u64) -> RankStatus {
+        let input = self.input;
+        let want = self.inc.get(rank);
+        match input.states.get(&rank) {
             Some(o)
                 if o.incarnation >= want
                     && !o.state.is_failure()
@@ -229,154 +309,76 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 ..Default::default()
             },
             // Not heard from yet: what status last recorded stands.
-            None if same_gen && unheard(host) && !prev.ranks.is_empty() => {
-                runs::get(&prev.ranks, rank).cloned().unwrap_or(RankStatus {
-                    state: ProcState::Starting,
-                    ..Default::default()
-                })
+            None if self.same_gen && self.unheard(host) && !self.prev.ranks.is_empty() => {
+                runs::get(&self.prev.ranks, rank)
+                    .cloned()
+                    .unwrap_or(RankStatus {
+                        state: ProcState::Starting,
+                        ..Default::default()
+                    })
             }
-            None if spawn_time.is_some() => RankStatus {
+            None if self.spawn_time.is_some() => RankStatus {
                 state: ProcState::Starting,
-                reason: unheard(host).then(|| format!("waiting for host {host}'s agent to report")),
+                reason: self
+                    .unheard(host)
+                    .then(|| format!("waiting for host {host}'s agent to report")),
                 ..Default::default()
             },
             None => RankStatus::default(),
-        };
-        let s = if timed_out(host) && matches!(s.state, ProcState::Starting) && !was_terminal {
-            RankStatus {
-                state: ProcState::Timeout,
-                reason: Some(format!(
-                    "not running {}s after spawn",
-                    input.timings.spawn_timeout.as_secs()
-                )),
-                ..Default::default()
-            }
-        } else {
-            s
-        };
-        ranks.push(s);
+        }
     }
 
-    let failed: Vec<u64> = (0..total)
-        .filter(|r| ranks[*r as usize].state.is_failure())
-        .collect();
-    let mut failure_reason: Option<String> = None;
-    let mut progressing: Option<(&str, String)> = None;
-    let mut retrying = false;
-    if was_terminal {
-        failure_reason = (prev.phase == Some(ProcMeshPhase::Failed)).then(|| {
-            conditions::get(&prev.conditions, FAILED)
-                .map(|c| c.message.clone())
-                .unwrap_or_default()
-        });
-    } else if !failed.is_empty() {
-        let first = failed[0];
-        if first_failure.is_none() {
-            let s = &ranks[first as usize];
-            first_failure = Some(FirstFailure {
-                rank: first,
-                host: first / per_host,
-                time: now_t.clone(),
-                state: s.state,
-                reason: describe(first, s),
-                exit_code: s.exit_code,
-                signal: s.signal,
-                stderr_tail: s
-                    .stderr_tail
-                    .as_deref()
-                    .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
+    /// The first failure, then give up or restart per `restartPolicy`
+    /// (invariants 2-3).
+    fn decide_failures(&mut self) {
+        if self.was_terminal {
+            self.failure_reason = (self.prev.phase == Some(ProcMeshPhase::Failed)).then(|| {
+                conditions::get(&self.prev.conditions, FAILED)
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default()
             });
-            out.events.push(PlannedEvent {
-                severity: Severity::Warning,
-                reason: "ProcFailed",
-                note: describe(first, s),
-            });
+            return;
         }
+        let failed: Vec<u64> = (0..self.total)
+            .filter(|r| self.ranks[*r as usize].state.is_failure())
+            .collect();
+        if failed.is_empty() {
+            return;
+        }
+        self.record_first_failure(failed[0]);
+        let pm = self.input.pm;
+        let policy = &pm.spec.restart_policy;
         let summary = failed
             .iter()
             .take(3)
-            .map(|r| describe(*r, &ranks[*r as usize]))
+            .map(|r| describe(*r, &self.ranks[*r as usize]))
             .collect::<Vec<_>>()
             .join("; ");
-        let permanent = failed.iter().find(|r| !retryable(pm, &ranks[**r as usize]));
+        let permanent = failed
+            .iter()
+            .find(|r| !retryable(pm, &self.ranks[**r as usize]));
         let needed = match policy.policy {
             RestartMode::Gang => 1,
             _ => failed.len() as u32,
         };
         if policy.policy == RestartMode::Never {
-            failure_reason = Some(format!("{summary} (restartPolicy Never)"));
+            self.failure_reason = Some(format!("{summary} (restartPolicy Never)"));
         } else if let Some(r) = permanent {
-            failure_reason = Some(format!(
+            self.failure_reason = Some(format!(
                 "{} (permanent failure, not retried)",
-                describe(*r, &ranks[*r as usize])
+                describe(*r, &self.ranks[*r as usize])
             ));
-        } else if restarts.saturating_add(needed) > policy.max_restarts {
-            failure_reason = Some(format!(
+        } else if self.restarts.saturating_add(needed) > policy.max_restarts {
+            self.failure_reason = Some(format!(
                 "{summary}; restart limit {} reached",
                 policy.max_restarts
             ));
         } else {
-            retrying = true;
-            let delay = if restarts == 0 {
-                Duration::ZERO
-            } else {
-                backoff_delay(
-                    input.timings.backoff,
-                    Duration::from_secs(300),
-                    restarts - 1,
-                )
-            };
-            let next = last_restart.as_ref().map_or(input.now, |t| t.0 + sd(delay));
-            if next > input.now {
-                let left = Duration::try_from(next.duration_since(input.now)).unwrap_or_default();
-                out.requeue_after = Some(left);
-                progressing = Some((
-                    "BackoffWaiting",
-                    format!("{summary}; restarting in {}s", left.as_secs()),
-                ));
-            } else {
-                match policy.policy {
-                    RestartMode::Gang => {
-                        restarts += 1;
-                        inc.base = restarts;
-                        inc.per_rank.retain(|_, v| *v > restarts);
-                    }
-                    _ => {
-                        restarts += needed;
-                        for r in &failed {
-                            let next_inc = inc.get(*r) + 1;
-                            inc.per_rank.insert(*r, next_inc);
-                        }
-                    }
-                }
-                last_restart = Some(now_t.clone());
-                spawn_time = Some(now_t.clone());
-                for r in &failed {
-                    ranks[*r as usize] = RankStatus {
-                        state: ProcState::Starting,
-                        reason: Some("Restarting".into()),
-                        ..Default::default()
-                    };
-                }
-                if policy.policy == RestartMode::Gang {
-                    for s in ranks.iter_mut() {
-                        *s = RankStatus {
-                            state: ProcState::Starting,
-                            reason: Some("Restarting".into()),
-                            ..Default::default()
-                        };
-                    }
-                }
-                out.events.push(PlannedEvent {
-                    severity: Severity::Warning,
-                    reason: "Restarting",
-                    note: format!("{summary}; restart {restarts} of {}", policy.max_restarts),
-                });
-                progressing = Some(("Restarting", summary.clone()));
-            }
+            self.retrying = true;
+            self.restart_after_backoff(&failed, needed, summary);
         }
-        if let Some(why) = &failure_reason {
-            out.events.push(PlannedEvent {
+        if let Some(why) = &self.failure_reason {
+            self.out.events.push(PlannedEvent {
                 severity: Severity::Warning,
                 reason: "GaveUp",
                 note: why.clone(),
@@ -384,118 +386,245 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         }
     }
 
-    let count = |f: &dyn Fn(ProcState) -> bool| ranks.iter().filter(|s| f(s.state)).count() as u64;
-    let running = count(&|s| s == ProcState::Running);
-    let succeeded = count(&|s| s == ProcState::Succeeded);
-    let failed_n = count(&|s| s.is_failure());
-    let phase = if failure_reason.is_some() {
-        ProcMeshPhase::Failed
-    } else if total > 0 && succeeded == total {
-        ProcMeshPhase::Succeeded
-    } else if total > 0 && running + succeeded == total && running > 0 {
-        ProcMeshPhase::Running
-    } else if spawn_time.is_some() {
-        ProcMeshPhase::Spawning
-    } else {
-        ProcMeshPhase::Pending
-    };
-    if phase == ProcMeshPhase::Running && prev.phase != Some(ProcMeshPhase::Running) {
-        out.events.push(PlannedEvent {
-            severity: Severity::Normal,
-            reason: "Running",
-            note: format!("all {total} procs running"),
+    fn record_first_failure(&mut self, first: u64) {
+        if self.first_failure.is_some() {
+            return;
+        }
+        let s = &self.ranks[first as usize];
+        self.first_failure = Some(FirstFailure {
+            rank: first,
+            host: first / self.per_host,
+            time: self.now_t.clone(),
+            state: s.state,
+            reason: describe(first, s),
+            exit_code: s.exit_code,
+            signal: s.signal,
+            stderr_tail: s
+                .stderr_tail
+                .as_deref()
+                .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
+        });
+        self.out.events.push(PlannedEvent {
+            severity: Severity::Warning,
+            reason: "ProcFailed",
+            note: describe(first, s),
         });
     }
-    if phase == ProcMeshPhase::Failed && !was_terminal {
-        out.stop = true;
-    }
-    if !matches!(
-        phase,
-        ProcMeshPhase::Failed | ProcMeshPhase::Succeeded | ProcMeshPhase::Pending
-    ) && world_running
-    {
-        out.spawn = Some(inc.clone());
-    }
-    let incarnations = if inc.per_rank.values().any(|v| *v > inc.base) {
-        runs::encode((0..total).map(|r| Incarnation {
-            incarnation: inc.get(r),
-        }))
-    } else {
-        Vec::new()
-    };
-    if phase == ProcMeshPhase::Spawning && out.requeue_after.is_none() {
-        let left = (0..input.hosts)
-            .filter_map(|h| deadline(spawn_time.as_ref(), h))
-            .filter(|d| *d > input.now)
-            .min()
-            .and_then(|d| Duration::try_from(d.duration_since(input.now)).ok());
-        out.requeue_after = left.map(|l| l + Duration::from_millis(100));
-    }
-    // A host whose agent has not reported yet: look again soon (its
-    // Snapshot need not name this mesh, so it may not trigger us).
-    if world_running && !was_terminal && (0..input.hosts).any(unheard) {
-        let soon = Duration::from_secs(1);
-        out.requeue_after = Some(out.requeue_after.map_or(soon, |d| d.min(soon)));
+
+    /// Restarts the failed ranks (or the gang) once the backoff since the
+    /// last restart has passed; until then, says when.
+    fn restart_after_backoff(&mut self, failed: &[u64], needed: u32, summary: String) {
+        let input = self.input;
+        let delay = if self.restarts == 0 {
+            Duration::ZERO
+        } else {
+            backoff_delay(
+                input.timings.backoff,
+                Duration::from_secs(300),
+                self.restarts - 1,
+            )
+        };
+        let next = self
+            .last_restart
+            .as_ref()
+            .map_or(input.now, |t| t.0 + sd(delay));
+        if next > input.now {
+            let left = Duration::try_from(next.duration_since(input.now)).unwrap_or_default();
+            self.out.requeue_after = Some(left);
+            self.progressing = Some((
+                "BackoffWaiting",
+                format!("{summary}; restarting in {}s", left.as_secs()),
+            ));
+            return;
+        }
+        let gang = input.pm.spec.restart_policy.policy == RestartMode::Gang;
+        if gang {
+            self.restarts += 1;
+            self.inc.base = self.restarts;
+            let restarts = self.restarts;
+            self.inc.per_rank.retain(|_, v| *v > restarts);
+        } else {
+            self.restarts += needed;
+            for r in failed {
+                let next_inc = self.inc.get(*r) + 1;
+                self.inc.per_rank.insert(*r, next_inc);
+            }
+        }
+        self.last_restart = Some(self.now_t.clone());
+        self.spawn_time = Some(self.now_t.clone());
+        let restarting = RankStatus {
+            state: ProcState::Starting,
+            reason: Some("Restarting".into()),
+            ..Default::default()
+        };
+        if gang {
+            self.ranks.iter_mut().for_each(|s| *s = restarting.clone());
+        } else {
+            for r in failed {
+                self.ranks[*r as usize] = restarting.clone();
+            }
+        }
+        self.out.events.push(PlannedEvent {
+            severity: Severity::Warning,
+            reason: "Restarting",
+            note: format!(
+                "{summary}; restart {} of {}",
+                self.restarts, input.pm.spec.restart_policy.max_restarts
+            ),
+        });
+        self.progressing = Some(("Restarting", summary));
     }
 
-    let mut conds = prev.conditions.clone();
-    let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
-        conditions::set(c, t, s, r, m, generation, &now_t)
-    };
-    let counts = format!("{running}/{total} running, {succeeded} succeeded, {failed_n} failed");
-    let ready_reason = match phase {
-        ProcMeshPhase::Running => "AllProcsRunning",
-        ProcMeshPhase::Pending if !world_running => "WaitingForWorld",
-        _ => "ProcsNotRunning",
-    };
-    let ready_msg = if ready_reason == "WaitingForWorld" {
-        format!("World {} is not Running yet", pm.spec.world)
-    } else {
-        counts.clone()
-    };
-    set(
-        &mut conds,
-        READY,
-        phase == ProcMeshPhase::Running,
-        ready_reason,
-        &ready_msg,
-    );
-    match (&progressing, phase) {
-        (Some((r, m)), _) => set(&mut conds, PROGRESSING, true, r, m),
-        (None, ProcMeshPhase::Spawning) => set(&mut conds, PROGRESSING, true, "Spawning", &counts),
-        (None, _) => set(&mut conds, PROGRESSING, false, "Stable", ""),
-    }
-    set(
-        &mut conds,
-        DEGRADED,
-        retrying,
-        if retrying { "Restarting" } else { "NoFailures" },
-        if retrying { &counts } else { "" },
-    );
-    match &failure_reason {
-        Some(why) => set(&mut conds, FAILED, true, "ProcsFailed", why),
-        None => set(&mut conds, FAILED, false, "NotFailed", ""),
+    fn count(&self, f: impl Fn(ProcState) -> bool) -> u64 {
+        self.ranks.iter().filter(|s| f(s.state)).count() as u64
     }
 
-    let (rank_runs, truncated) = procmesh::rank_runs(ranks);
-    out.status = ProcMeshStatus {
-        phase: Some(phase),
-        extent: Some(input.extent.clone()),
-        running,
-        succeeded,
-        failed: failed_n,
-        ranks: rank_runs,
-        ranks_truncated: truncated,
-        first_failure,
-        conditions: conds,
-        observed_generation: generation,
-        restarts,
-        last_restart_time: last_restart,
-        incarnations,
-        stopping_since: None,
-        spawn_time,
-    };
-    out
+    /// The mesh's phase from its ranks and the decision.
+    fn phase(&self) -> ProcMeshPhase {
+        let running = self.count(|s| s == ProcState::Running);
+        let succeeded = self.count(|s| s == ProcState::Succeeded);
+        let total = self.total;
+        if self.failure_reason.is_some() {
+            ProcMeshPhase::Failed
+        } else if total > 0 && succeeded == total {
+            ProcMeshPhase::Succeeded
+        } else if total > 0 && running + succeeded == total && running > 0 {
+            ProcMeshPhase::Running
+        } else if self.spawn_time.is_some() {
+            ProcMeshPhase::Spawning
+        } else {
+            ProcMeshPhase::Pending
+        }
+    }
+
+    /// What to do (spawn, stop, requeue), the conditions and the status.
+    fn finish(mut self, phase: ProcMeshPhase) -> Plan {
+        let input = self.input;
+        let total = self.total;
+        if phase == ProcMeshPhase::Running && self.prev.phase != Some(ProcMeshPhase::Running) {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Normal,
+                reason: "Running",
+                note: format!("all {total} procs running"),
+            });
+        }
+        if phase == ProcMeshPhase::Failed && !self.was_terminal {
+            self.out.stop = true;
+        }
+        if !matches!(
+            phase,
+            ProcMeshPhase::Failed | ProcMeshPhase::Succeeded | ProcMeshPhase::Pending
+        ) && self.world_running
+        {
+            self.out.spawn = Some(self.inc.clone());
+        }
+        self.schedule_requeue(phase);
+        let conds = self.conditions(phase);
+        let incarnations = if self.inc.per_rank.values().any(|v| *v > self.inc.base) {
+            runs::encode((0..total).map(|r| Incarnation {
+                incarnation: self.inc.get(r),
+            }))
+        } else {
+            Vec::new()
+        };
+        let running = self.count(|s| s == ProcState::Running);
+        let succeeded = self.count(|s| s == ProcState::Succeeded);
+        let failed = self.count(|s| s.is_failure());
+        let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
+        self.out.status = ProcMeshStatus {
+            phase: Some(phase),
+            extent: Some(input.extent.clone()),
+            running,
+            succeeded,
+            failed,
+            ranks: rank_runs,
+            ranks_truncated: truncated,
+            first_failure: self.first_failure,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            incarnations,
+            stopping_since: None,
+            spawn_time: self.spawn_time,
+        };
+        self.out
+    }
+
+    /// Look again when the next rank times out, and soon while an agent
+    /// has not reported (its Snapshot need not name this mesh, so it may
+    /// not trigger us).
+    fn schedule_requeue(&mut self, phase: ProcMeshPhase) {
+        let now = self.input.now;
+        if phase == ProcMeshPhase::Spawning && self.out.requeue_after.is_none() {
+            let left = (0..self.input.hosts)
+                .filter_map(|h| self.deadline(h))
+                .filter(|d| *d > now)
+                .min()
+                .and_then(|d| Duration::try_from(d.duration_since(now)).ok());
+            self.out.requeue_after = left.map(|l| l + Duration::from_millis(100));
+        }
+        if self.world_running
+            && !self.was_terminal
+            && (0..self.input.hosts).any(|h| self.unheard(h))
+        {
+            let soon = Duration::from_secs(1);
+            self.out.requeue_after = Some(self.out.requeue_after.map_or(soon, |d| d.min(soon)));
+        }
+    }
+
+    /// Ready, Progressing, Degraded and Failed.
+    fn conditions(&self, phase: ProcMeshPhase) -> Vec<Condition> {
+        let running = self.count(|s| s == ProcState::Running);
+        let succeeded = self.count(|s| s == ProcState::Succeeded);
+        let failed = self.count(|s| s.is_failure());
+        let total = self.total;
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        let counts = format!("{running}/{total} running, {succeeded} succeeded, {failed} failed");
+        let ready_reason = match phase {
+            ProcMeshPhase::Running => "AllProcsRunning",
+            ProcMeshPhase::Pending if !self.world_running => "WaitingForWorld",
+            _ => "ProcsNotRunning",
+        };
+        let ready_msg = if ready_reason == "WaitingForWorld" {
+            format!("World {} is not Running yet", self.input.pm.spec.world)
+        } else {
+            counts.clone()
+        };
+        set(
+            &mut conds,
+            READY,
+            phase == ProcMeshPhase::Running,
+            ready_reason,
+            &ready_msg,
+        );
+        match (&self.progressing, phase) {
+            (Some((r, m)), _) => set(&mut conds, PROGRESSING, true, r, m),
+            (None, ProcMeshPhase::Spawning) => {
+                set(&mut conds, PROGRESSING, true, "Spawning", &counts)
+            }
+            (None, _) => set(&mut conds, PROGRESSING, false, "Stable", ""),
+        }
+        set(
+            &mut conds,
+            DEGRADED,
+            self.retrying,
+            if self.retrying {
+                "Restarting"
+            } else {
+                "NoFailures"
+            },
+            if self.retrying { &counts } else { "" },
+        );
+        match &self.failure_reason {
+            Some(why) => set(&mut conds, FAILED, true, "ProcsFailed", why),
+            None => set(&mut conds, FAILED, false, "NotFailed", ""),
+        }
+        conds
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use hostmesh_crds::validate::WorldTimings;
 use hostmesh_crds::world::{FailureAction, HostState, HostStatus, WorldPhase, WorldStatus};
 use hostmesh_crds::{World, runs};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::desired::ANNOTATION_TEMPLATE_HASH;
@@ -49,7 +49,8 @@ pub struct PlanInput<'a> {
     pub hash: &'a str,
     /// Set when a critical ProcMesh of this World failed.
     pub critical_failure: Option<String>,
-    /// Now.
+    /// The wall-clock time the plan is computed at: eviction and backoff
+    /// deadlines are compared with it.
     pub now: Timestamp,
 }
 
@@ -72,173 +73,234 @@ fn sd(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 
-/// Computes the plan (invariants 1-5).
+/// Computes the plan (invariants 1-5), phase by phase: observe every host,
+/// carry a recorded or critical failure over, act on failed and evicted
+/// hosts per `failurePolicy`, roll stale pods and create missing ones, then
+/// derive the phase, the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
-    let world = input.world;
-    let prev = world.status.clone().unwrap_or_default();
-    let generation = world.metadata.generation;
-    let now_t = Time(input.now);
-    let n = world.spec.full_shape().num_ranks();
-    let mut out = Plan {
-        delete: input.extra_pods.clone(),
-        ..Default::default()
-    };
+    let mut w = Working::new(input);
+    w.announce_expired();
+    w.carry_failure();
+    if w.failure_reason.is_none() {
+        w.act_on_failed_hosts();
+    }
+    if w.failure_reason.is_none() {
+        w.roll_and_create();
+    }
+    let phase = w.phase();
+    w.finish(phase)
+}
 
-    // A spec change clears a terminal failure and the restart count.
-    let same_gen = prev.observed_generation == generation;
-    let was_failed = same_gen && prev.phase == Some(WorldPhase::Failed);
-    let mut restarts = if same_gen { prev.restarts } else { 0 };
-    let mut last_restart = if same_gen {
-        prev.last_restart_time.clone()
-    } else {
-        None
-    };
+/// The plan being computed: what the phases of [`plan`] read and write.
+struct Working<'i, 'a> {
+    input: &'i PlanInput<'a>,
+    prev: WorldStatus,
+    generation: Option<i64>,
+    now_t: Time,
+    /// Hosts of the World.
+    n: u64,
+    /// The World already failed in this generation.
+    was_failed: bool,
+    restarts: u32,
+    last_restart: Option<Time>,
+    hosts: Vec<HostStatus>,
+    failure_reason: Option<String>,
+    progressing: Option<(&'static str, String)>,
+    waiting_backoff: bool,
+    out: Plan,
+}
 
-    let hosts: Vec<HostStatus> = (0..n)
-        .map(|r| {
-            let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
-            // Not ready yet is not "no longer ready": a host that was never
-            // Ready in status is still starting.
-            let was_up = runs::get(&prev.hosts, r)
-                .is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
-            if h.state == HostState::NotReady && !was_up {
-                HostStatus {
-                    state: HostState::Starting,
-                    reason: Some("AwaitingReadiness".into()),
+impl<'i, 'a> Working<'i, 'a> {
+    /// Observes every host; a spec change clears a terminal failure and the
+    /// restart count.
+    fn new(input: &'i PlanInput<'a>) -> Self {
+        let world = input.world;
+        let prev = world.status.clone().unwrap_or_default();
+        let generation = world.metadata.generation;
+        let n = world.spec.full_shape().num_ranks();
+        let same_gen = prev.observed_generation == generation;
+        let hosts = (0..n)
+            .map(|r| {
+                let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
+                // Not ready yet is not "no longer ready": a host that was
+                // never Ready in status is still starting.
+                let was_up = runs::get(&prev.hosts, r)
+                    .is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
+                if h.state == HostState::NotReady && !was_up {
+                    HostStatus {
+                        state: HostState::Starting,
+                        reason: Some("AwaitingReadiness".into()),
+                    }
+                } else {
+                    h
                 }
-            } else {
-                h
-            }
+            })
+            .collect();
+        Working {
+            input,
+            generation,
+            now_t: Time(input.now),
+            n,
+            was_failed: same_gen && prev.phase == Some(WorldPhase::Failed),
+            restarts: if same_gen { prev.restarts } else { 0 },
+            last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
+            hosts,
+            failure_reason: None,
+            progressing: None,
+            waiting_backoff: false,
+            out: Plan {
+                delete: input.extra_pods.clone(),
+                ..Default::default()
+            },
+            prev,
+        }
+    }
+
+    fn ranks_in(&self, state: HostState) -> Vec<u64> {
+        (0..self.n)
+            .filter(|r| self.hosts[*r as usize].state == state)
+            .collect()
+    }
+
+    fn troubled(&self) -> bool {
+        self.hosts.iter().any(|h| {
+            matches!(
+                h.state,
+                HostState::Failed | HostState::Expired | HostState::NotReady
+            )
         })
-        .collect();
-    let ready = hosts.iter().filter(|h| h.state == HostState::Ready).count() as u32;
-    let failed: Vec<u64> = (0..n)
-        .filter(|r| hosts[*r as usize].state == HostState::Failed)
-        .collect();
-    let expired: Vec<u64> = (0..n)
-        .filter(|r| hosts[*r as usize].state == HostState::Expired)
-        .collect();
-    // Tell users when a host goes silent or unready (once per transition).
-    for r in &expired {
-        if runs::get(&prev.hosts, *r).is_none_or(|p| p.state != HostState::Expired) {
-            let note = format!("host {r}: no agent heartbeat within healthTimeout");
-            out.events
-                .push(event(Severity::Warning, "HostExpired", note));
-        }
-    }
-    let troubled = !failed.is_empty()
-        || !expired.is_empty()
-        || hosts.iter().any(|h| h.state == HostState::NotReady);
-    let degraded_since = if troubled {
-        prev.degraded_since.clone().or_else(|| Some(now_t.clone()))
-    } else {
-        None
-    };
-
-    let mut failure_reason = if was_failed {
-        conditions::get(&prev.conditions, FAILED).map(|c| c.message.clone())
-    } else {
-        None
-    };
-    if let Some(why) = &input.critical_failure {
-        if failure_reason.is_none() {
-            out.events
-                .push(event(Severity::Warning, "WorldFailed", why.clone()));
-        }
-        failure_reason.get_or_insert_with(|| why.clone());
     }
 
-    let mut progressing: Option<(&str, String)> = None;
-    let mut waiting_backoff = false;
-    if failure_reason.is_none() {
-        // Hosts to act on now: failed ones, and those Expired for longer
-        // than evictionTimeout (invariant 3).
-        let mut act_on = failed.clone();
-        for r in &expired {
-            let since = (input.expired_since)(*r).unwrap_or(input.now);
+    /// Tells users when a host goes silent (once per transition).
+    fn announce_expired(&mut self) {
+        for r in self.ranks_in(HostState::Expired) {
+            if runs::get(&self.prev.hosts, r).is_none_or(|p| p.state != HostState::Expired) {
+                let note = format!("host {r}: no agent heartbeat within healthTimeout");
+                self.out
+                    .events
+                    .push(event(Severity::Warning, "HostExpired", note));
+            }
+        }
+    }
+
+    /// A failure recorded in this generation stands; a critical ProcMesh's
+    /// failure fails the World.
+    fn carry_failure(&mut self) {
+        if self.was_failed {
+            self.failure_reason =
+                conditions::get(&self.prev.conditions, FAILED).map(|c| c.message.clone());
+        }
+        if let Some(why) = &self.input.critical_failure {
+            if self.failure_reason.is_none() {
+                self.out
+                    .events
+                    .push(event(Severity::Warning, "WorldFailed", why.clone()));
+            }
+            self.failure_reason.get_or_insert_with(|| why.clone());
+        }
+    }
+
+    /// Hosts to act on now: failed ones, and those Expired for longer than
+    /// `evictionTimeout` (invariant 3); each restart waits out the backoff
+    /// and counts toward `maxRestarts`.
+    fn act_on_failed_hosts(&mut self) {
+        let input = self.input;
+        let mut act_on = self.ranks_in(HostState::Failed);
+        for r in self.ranks_in(HostState::Expired) {
+            let since = (input.expired_since)(r).unwrap_or(input.now);
             let at = since + sd(input.timings.eviction_timeout);
             if at <= input.now {
-                act_on.push(*r);
+                act_on.push(r);
             } else if let Ok(left) = Duration::try_from(at.duration_since(input.now)) {
-                out.requeue_after = Some(out.requeue_after.map_or(left, |d| d.min(left)));
+                self.requeue_within(left);
             }
         }
         act_on.sort_unstable();
-        if !act_on.is_empty() {
-            let describe = act_on
-                .iter()
-                .take(5)
-                .map(|r| {
-                    let h = &hosts[*r as usize];
-                    format!(
-                        "host {r} {:?} ({})",
-                        h.state,
-                        h.reason.as_deref().unwrap_or("no reason")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let fp = &world.spec.failure_policy;
-            if restarts >= fp.max_restarts {
-                let why = format!("{describe}; restart limit {} reached", fp.max_restarts);
-                out.events
-                    .push(event(Severity::Warning, "GaveUp", why.clone()));
-                failure_reason = Some(why);
-            } else {
-                let delay = if restarts == 0 {
-                    Duration::ZERO
-                } else {
-                    backoff_delay(
-                        input.timings.backoff,
-                        input.timings.max_backoff,
-                        restarts - 1,
-                    )
-                };
-                let next = last_restart.as_ref().map_or(input.now, |t| t.0 + sd(delay));
-                if next > input.now {
-                    waiting_backoff = true;
-                    let left =
-                        Duration::try_from(next.duration_since(input.now)).unwrap_or_default();
-                    out.requeue_after = Some(out.requeue_after.map_or(left, |r| r.min(left)));
-                    progressing = Some((
-                        "BackoffWaiting",
-                        format!("{describe}; restarting in {}s", left.as_secs()),
-                    ));
-                } else {
-                    restarts += 1;
-                    last_restart = Some(now_t.clone());
-                    let victims: Vec<u64> = match fp.action {
-                        FailureAction::ReplaceHost => act_on.clone(),
-                        FailureAction::RecreateGang => (0..n).collect(),
-                    };
-                    for r in victims {
-                        if let Some(p) = input.pods.get(&r)
-                            && p.metadata.deletion_timestamp.is_none()
-                            && let Some(name) = &p.metadata.name
-                        {
-                            out.delete.push(name.clone());
-                        }
-                    }
-                    let what = match fp.action {
-                        FailureAction::ReplaceHost => "replacing the failed hosts",
-                        FailureAction::RecreateGang => "recreating the whole World",
-                    };
-                    out.events.push(event(
-                        Severity::Warning,
-                        "HostFailed",
-                        format!(
-                            "{describe}; {what} (restart {restarts} of {})",
-                            fp.max_restarts
-                        ),
-                    ));
-                    progressing = Some(("Restarting", format!("{describe}; {what}")));
-                }
+        if act_on.is_empty() {
+            return;
+        }
+        let describe = act_on
+            .iter()
+            .take(5)
+            .map(|r| {
+                let h = &self.hosts[*r as usize];
+                format!(
+                    "host {r} {:?} ({})",
+                    h.state,
+                    h.reason.as_deref().unwrap_or("no reason")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let fp = &input.world.spec.failure_policy;
+        if self.restarts >= fp.max_restarts {
+            let why = format!("{describe}; restart limit {} reached", fp.max_restarts);
+            self.out
+                .events
+                .push(event(Severity::Warning, "GaveUp", why.clone()));
+            self.failure_reason = Some(why);
+            return;
+        }
+        let delay = if self.restarts == 0 {
+            Duration::ZERO
+        } else {
+            backoff_delay(
+                input.timings.backoff,
+                input.timings.max_backoff,
+                self.restarts - 1,
+            )
+        };
+        let next = self
+            .last_restart
+            .as_ref()
+            .map_or(input.now, |t| t.0 + sd(delay));
+        if next > input.now {
+            self.waiting_backoff = true;
+            let left = Duration::try_from(next.duration_since(input.now)).unwrap_or_default();
+            self.requeue_within(left);
+            self.progressing = Some((
+                "BackoffWaiting",
+                format!("{describe}; restarting in {}s", left.as_secs()),
+            ));
+            return;
+        }
+        self.restarts += 1;
+        self.last_restart = Some(self.now_t.clone());
+        let victims: Vec<u64> = match fp.action {
+            FailureAction::ReplaceHost => act_on,
+            FailureAction::RecreateGang => (0..self.n).collect(),
+        };
+        for r in victims {
+            if let Some(p) = input.pods.get(&r)
+                && p.metadata.deletion_timestamp.is_none()
+                && let Some(name) = &p.metadata.name
+            {
+                self.out.delete.push(name.clone());
             }
         }
+        let what = match fp.action {
+            FailureAction::ReplaceHost => "replacing the failed hosts",
+            FailureAction::RecreateGang => "recreating the whole World",
+        };
+        self.out.events.push(event(
+            Severity::Warning,
+            "HostFailed",
+            format!(
+                "{describe}; {what} (restart {} of {})",
+                self.restarts, fp.max_restarts
+            ),
+        ));
+        self.progressing = Some(("Restarting", format!("{describe}; {what}")));
     }
 
-    if failure_reason.is_none() {
-        // Roll pods with a stale template; create missing ones.
+    fn requeue_within(&mut self, left: Duration) {
+        self.out.requeue_after = Some(self.out.requeue_after.map_or(left, |d| d.min(left)));
+    }
+
+    /// Rolls pods with a stale template; creates missing ones (not while a
+    /// restart waits out its backoff).
+    fn roll_and_create(&mut self) {
+        let input = self.input;
         let mut rolled = 0;
         for (rank, p) in input.pods.iter() {
             let hash = p
@@ -249,143 +311,176 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             if hash.map(String::as_str) != Some(input.hash)
                 && p.metadata.deletion_timestamp.is_none()
                 && let Some(name) = &p.metadata.name
-                && !out.delete.contains(name)
-                && *rank < n
+                && !self.out.delete.contains(name)
+                && *rank < self.n
             {
-                out.delete.push(name.clone());
+                self.out.delete.push(name.clone());
                 rolled += 1;
             }
         }
         if rolled > 0 {
-            out.events.push(event(
+            self.out.events.push(event(
                 Severity::Normal,
                 "RollingHosts",
                 format!("template changed: recreating {rolled} host pods"),
             ));
-            progressing
+            self.progressing
                 .get_or_insert(("TemplateChanged", format!("recreating {rolled} host pods")));
         }
-        if !waiting_backoff {
-            out.create = (0..n).filter(|r| !input.pods.contains_key(r)).collect();
+        if !self.waiting_backoff {
+            self.out.create = (0..self.n)
+                .filter(|r| !input.pods.contains_key(r))
+                .collect();
         }
-        if !out.create.is_empty() {
-            progressing.get_or_insert((
+        if !self.out.create.is_empty() {
+            self.progressing.get_or_insert((
                 "CreatingHosts",
-                format!("creating {} host pods", out.create.len()),
+                format!("creating {} host pods", self.out.create.len()),
             ));
         }
     }
 
-    let phase = if failure_reason.is_some() {
-        WorldPhase::Failed
-    } else if troubled {
-        WorldPhase::Degraded
-    } else if u64::from(ready) == n {
-        WorldPhase::Running
-    } else {
-        WorldPhase::Creating
-    };
-    if phase == WorldPhase::Running && prev.phase != Some(WorldPhase::Running) {
-        out.events.push(event(
-            Severity::Normal,
-            "Running",
-            format!("all {n} hosts ready"),
-        ));
+    fn ready(&self) -> u32 {
+        self.hosts
+            .iter()
+            .filter(|h| h.state == HostState::Ready)
+            .count() as u32
     }
 
-    let mut conds = prev.conditions.clone();
-    let starting: Vec<String> = hosts
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| h.state == HostState::Starting && h.reason.is_some())
-        .take(3)
-        .map(|(r, h)| format!("host {r}: {}", h.reason.as_deref().unwrap_or_default()))
-        .collect();
-    let ready_msg = if starting.is_empty() {
-        format!("{ready}/{n} hosts ready")
-    } else {
-        format!("{ready}/{n} hosts ready; {}", starting.join(", "))
-    };
-    let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
-        conditions::set(c, t, s, r, m, generation, &now_t)
-    };
-    set(
-        &mut conds,
-        READY,
-        phase == WorldPhase::Running,
-        if phase == WorldPhase::Running {
-            "AllHostsReady"
+    /// The World's phase from its hosts and the decision.
+    fn phase(&self) -> WorldPhase {
+        if self.failure_reason.is_some() {
+            WorldPhase::Failed
+        } else if self.troubled() {
+            WorldPhase::Degraded
+        } else if u64::from(self.ready()) == self.n {
+            WorldPhase::Running
         } else {
-            "HostsNotReady"
-        },
-        &ready_msg,
-    );
-    match &progressing {
-        Some((r, m)) => set(&mut conds, PROGRESSING, true, r, m),
-        None if phase == WorldPhase::Creating => {
-            set(&mut conds, PROGRESSING, true, "HostsStarting", &ready_msg)
+            WorldPhase::Creating
         }
-        None => set(&mut conds, PROGRESSING, false, "Stable", "nothing to do"),
     }
-    if troubled {
-        let bad: Vec<String> = hosts
+
+    /// The conditions and the status.
+    fn finish(mut self, phase: WorldPhase) -> Plan {
+        let n = self.n;
+        let ready = self.ready();
+        if phase == WorldPhase::Running && self.prev.phase != Some(WorldPhase::Running) {
+            self.out.events.push(event(
+                Severity::Normal,
+                "Running",
+                format!("all {n} hosts ready"),
+            ));
+        }
+        let degraded_since = if self.troubled() {
+            self.prev
+                .degraded_since
+                .clone()
+                .or_else(|| Some(self.now_t.clone()))
+        } else {
+            None
+        };
+        let conds = self.conditions(phase);
+        let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
+        self.out.status = WorldStatus {
+            phase: Some(phase),
+            ready: Some(format!("{ready}/{n}")),
+            ready_hosts: ready,
+            desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+            hosts: host_runs,
+            hosts_truncated: truncated,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            degraded_since,
+        };
+        self.out
+    }
+
+    /// Ready, Progressing, Degraded and Failed.
+    fn conditions(&self, phase: WorldPhase) -> Vec<Condition> {
+        let (n, ready) = (self.n, self.ready());
+        let mut conds = self.prev.conditions.clone();
+        let starting: Vec<String> = self
+            .hosts
             .iter()
             .enumerate()
-            .filter(|(_, h)| {
-                matches!(
-                    h.state,
-                    HostState::Failed | HostState::Expired | HostState::NotReady
-                )
-            })
-            .take(5)
-            .map(|(r, h)| {
-                format!(
-                    "host {r} {:?} ({})",
-                    h.state,
-                    h.reason.as_deref().unwrap_or("no reason")
-                )
-            })
+            .filter(|(_, h)| h.state == HostState::Starting && h.reason.is_some())
+            .take(3)
+            .map(|(r, h)| format!("host {r}: {}", h.reason.as_deref().unwrap_or_default()))
             .collect();
+        let ready_msg = if starting.is_empty() {
+            format!("{ready}/{n} hosts ready")
+        } else {
+            format!("{ready}/{n} hosts ready; {}", starting.join(", "))
+        };
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
         set(
             &mut conds,
-            DEGRADED,
-            true,
-            "HostsUnhealthy",
-            &bad.join(", "),
-        );
-    } else {
-        set(&mut conds, DEGRADED, false, "AllHostsHealthy", "");
-    }
-    match &failure_reason {
-        Some(why) => set(
-            &mut conds,
-            FAILED,
-            true,
-            if input.critical_failure.is_some() {
-                "CriticalProcMeshFailed"
+            READY,
+            phase == WorldPhase::Running,
+            if phase == WorldPhase::Running {
+                "AllHostsReady"
             } else {
-                "RestartLimitReached"
+                "HostsNotReady"
             },
-            why,
-        ),
-        None => set(&mut conds, FAILED, false, "NotFailed", ""),
+            &ready_msg,
+        );
+        match &self.progressing {
+            Some((r, m)) => set(&mut conds, PROGRESSING, true, r, m),
+            None if phase == WorldPhase::Creating => {
+                set(&mut conds, PROGRESSING, true, "HostsStarting", &ready_msg)
+            }
+            None => set(&mut conds, PROGRESSING, false, "Stable", "nothing to do"),
+        }
+        if self.troubled() {
+            let bad: Vec<String> = self
+                .hosts
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| {
+                    matches!(
+                        h.state,
+                        HostState::Failed | HostState::Expired | HostState::NotReady
+                    )
+                })
+                .take(5)
+                .map(|(r, h)| {
+                    format!(
+                        "host {r} {:?} ({})",
+                        h.state,
+                        h.reason.as_deref().unwrap_or("no reason")
+                    )
+                })
+                .collect();
+            set(
+                &mut conds,
+                DEGRADED,
+                true,
+                "HostsUnhealthy",
+                &bad.join(", "),
+            );
+        } else {
+            set(&mut conds, DEGRADED, false, "AllHostsHealthy", "");
+        }
+        match &self.failure_reason {
+            Some(why) => set(
+                &mut conds,
+                FAILED,
+                true,
+                if self.input.critical_failure.is_some() {
+                    "CriticalProcMeshFailed"
+                } else {
+                    "RestartLimitReached"
+                },
+                why,
+            ),
+            None => set(&mut conds, FAILED, false, "NotFailed", ""),
+        }
+        conds
     }
-
-    let (host_runs, truncated) = runs::encode_bounded(hosts, runs::MAX_RUNS);
-    out.status = WorldStatus {
-        phase: Some(phase),
-        ready: Some(format!("{ready}/{n}")),
-        ready_hosts: ready,
-        desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
-        hosts: host_runs,
-        hosts_truncated: truncated,
-        conditions: conds,
-        observed_generation: generation,
-        restarts,
-        last_restart_time: last_restart,
-        degraded_since,
-    };
-    out
 }
 
 #[cfg(test)]
