@@ -7,44 +7,45 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::contract;
 use super::error::HostError;
 
 /// `hostmesh agent` arguments (flag or environment variable).
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
     /// World name (required).
-    #[arg(long, env = "HOSTMESH_WORLD")]
+    #[arg(long, env = contract::env::WORLD)]
     pub world: Option<String>,
     /// World namespace (informational).
-    #[arg(long, env = "HOSTMESH_NAMESPACE")]
+    #[arg(long, env = contract::env::NAMESPACE)]
     pub namespace: Option<String>,
     /// This host's rank in the World (required).
-    #[arg(long, env = "HOSTMESH_HOST_RANK")]
+    #[arg(long, env = contract::env::HOST_RANK)]
     pub host_rank: Option<String>,
     /// Address to listen on (downward API `status.podIP`).
-    #[arg(long, env = "HOSTMESH_POD_IP")]
+    #[arg(long, env = contract::env::POD_IP)]
     pub pod_ip: Option<String>,
     /// Runtime protocol port.
-    #[arg(long, env = "HOSTMESH_PORT", default_value = "26600")]
+    #[arg(long, env = contract::env::PORT, default_value_t = contract::AGENT_PORT.to_string())]
     pub port: String,
     /// Plain-HTTP health port (`/healthz`, `/readyz`); 0 picks a free port.
-    #[arg(long, env = "HOSTMESH_HEALTH_PORT", default_value = "26601")]
+    #[arg(long, env = contract::env::HEALTH_PORT, default_value_t = contract::HEALTH_PORT.to_string())]
     pub health_port: String,
     /// Full `ip:port` override of pod-ip/port.
-    #[arg(long, env = "HOSTMESH_LISTEN")]
+    #[arg(long, env = contract::env::LISTEN)]
     pub listen: Option<String>,
     /// File holding the World's shared secret.
     #[arg(
         long,
-        env = "HOSTMESH_SECRET_FILE",
-        default_value = "/var/run/hostmesh/secret/token"
+        env = contract::env::SECRET_FILE,
+        default_value = contract::SECRET_FILE
     )]
     pub secret_file: PathBuf,
     /// Optional supervisor address the agent dials itself.
-    #[arg(long, env = "HOSTMESH_SUPERVISOR")]
+    #[arg(long, env = contract::env::SUPERVISOR)]
     pub supervisor: Option<String>,
     /// Heartbeat interval to subscribers (`500ms`, `1s`, `2m`).
-    #[arg(long, env = "HOSTMESH_HEARTBEAT_INTERVAL", default_value = "1s")]
+    #[arg(long, env = contract::env::HEARTBEAT_INTERVAL, default_value = "1s")]
     pub heartbeat_interval: String,
     /// Grace period between TERM and KILL when the agent itself is stopped.
     #[arg(long, env = "HOSTMESH_STOP_GRACE", default_value = "10s")]

@@ -7,6 +7,7 @@
 //!
 //! Module map:
 //! - `config`: flags and environment, validated at start-up.
+//! - `contract`: what the operator's pod builder and the agent share.
 //! - `protocol`: the messages and the status types.
 //! - `env`: the proc environment contract.
 //! - `spawn`: starting (see `clone`), signalling and reaping proc processes.
@@ -25,6 +26,7 @@ mod agent;
 mod client;
 mod clone;
 mod config;
+pub mod contract;
 mod env;
 mod error;
 mod health;

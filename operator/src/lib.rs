@@ -64,6 +64,26 @@ impl OperatorArgs {
     }
 }
 
+/// What a reconcile waits for: it returns this as an error so that a
+/// finalizer stays on the object, and is retried within a second.
+#[derive(Debug, thiserror::Error)]
+pub enum Pending {
+    /// An earlier reconcile is creating the World's agent Secret.
+    #[error("the agent Secret of World {0} is being created")]
+    SecretCreating(String),
+    /// A World being deleted waits for its ProcMeshes to stop their procs.
+    #[error("{count} ProcMeshes of World {world} still stopping")]
+    ProcMeshesStopping {
+        /// The World.
+        world: String,
+        /// ProcMeshes not gone yet.
+        count: usize,
+    },
+    /// A ProcMesh being deleted waits for its procs to stop.
+    #[error("procs of ProcMesh {0} still stopping")]
+    ProcsStopping(String),
+}
+
 /// Errors of the operator library. Each has a short [`Error::label`] shared
 /// by metrics and Events.
 #[derive(Debug, thiserror::Error)]
@@ -77,12 +97,10 @@ pub enum Error {
     /// An object lacks a field the operator needs.
     #[error("missing field {0}")]
     MissingField(&'static str),
-    /// Talking to an agent failed.
-    #[error("agent: {0}")]
-    Agent(String),
-    /// Waiting for something before continuing (retried soon).
+    /// A reconcile must wait for something before it can go on (retried
+    /// soon; not a failure).
     #[error("waiting: {0}")]
-    Waiting(String),
+    Pending(#[from] Pending),
     /// Serializing an object failed.
     #[error("serialization: {0}")]
     Serde(#[from] serde_json::Error),
@@ -123,7 +141,7 @@ impl Error {
     /// (404), a write based on a stale read (409, or 422 from a failed
     /// resourceVersion `test` in a status patch).
     pub fn is_transient(&self) -> bool {
-        if matches!(self.root(), Error::Waiting(_)) {
+        if matches!(self.root(), Error::Pending(_)) {
             return true;
         }
         match self.api_status() {
@@ -139,8 +157,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Finalizer(_) => "finalizer",
             Error::MissingField(_) => "missing_field",
-            Error::Agent(_) => "agent",
-            Error::Waiting(_) => "waiting",
+            Error::Pending(_) => "waiting",
             Error::Serde(_) => "serde",
         }
     }

@@ -162,15 +162,43 @@ pub enum HostReport {
     },
 }
 
+/// Why a request to a host's agent failed: the hub-to-agent boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The hub has no live connection to that host's agent (yet).
+    #[error("host {0} has no agent connection yet")]
+    NotConnected(u64),
+    /// Dialing the agent failed (unreachable, or the handshake refused).
+    #[error("cannot connect to the agent at {addr}: {reason}")]
+    Connect {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The request did not complete, or the agent refused it.
+    #[error(transparent)]
+    Client(#[from] hostmesh_agent::ClientError),
+    /// The agent refused the request (a simulated agent's answer).
+    #[error("the agent refused: {0}")]
+    Refused(String),
+    /// The hub stopped taking the agent's pushes (the operator is stopping).
+    #[error("the supervision hub is gone")]
+    HubGone,
+}
+
 /// A connected agent.
 pub trait AgentLink: Send + Sync {
     /// Creates a proc, or restarts an ended one under a higher incarnation
     /// (idempotent).
-    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>>;
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>>;
     /// Stops the proc `name`: TERM, then KILL after `grace`.
-    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), String>>;
+    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), LinkError>>;
     /// Sends the World's address book (host rank to agent address).
-    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>>;
+    fn set_address_book(
+        &self,
+        hosts: Vec<(u64, SocketAddr)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>>;
 }
 
 /// Dials agents.
@@ -181,7 +209,7 @@ pub trait AgentConnector: Send + Sync + 'static {
         &self,
         target: AgentTarget,
         pushes: mpsc::Sender<HostReport>,
-    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>>;
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>>;
 
     /// Stops watching a host that left its World (default: nothing to do).
     fn forget_host(&self, _host: &HostKey) {}

@@ -35,8 +35,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, ProcObs, WorldKey,
-    protocol,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
+    ProcObs, WorldKey, protocol,
 };
 use coalesce::Coalescer;
 use heartbeat::HeartbeatIndex;

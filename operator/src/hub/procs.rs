@@ -13,7 +13,7 @@ use std::time::Duration;
 use hostmesh_crds::procmesh::ProcState;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{AgentLink, CreateOrUpdate, Hub, MeshKey, ProcObs, WorldKey};
+use super::{AgentLink, CreateOrUpdate, Hub, LinkError, MeshKey, ProcObs, WorldKey};
 
 /// Name of the proc of rank `rank` of the proc mesh `mesh_id` on its agent.
 pub fn proc_name(mesh_id: &str, rank: u64) -> String {
@@ -50,8 +50,8 @@ impl Hub {
         host_rank: u64,
         reqs: Vec<CreateOrUpdate>,
         grace: Duration,
-    ) -> Result<usize, String> {
-        let no_link = || format!("host {host_rank} has no agent connection yet");
+    ) -> Result<usize, LinkError> {
+        let no_link = || LinkError::NotConnected(host_rank);
         let (link, creates, stops) = {
             let mut st = self.lock();
             let w = st.worlds.get_mut(world).ok_or_else(no_link)?;
@@ -102,7 +102,7 @@ impl Hub {
         world: &WorldKey,
         mesh_id: &str,
         grace: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkError> {
         let work: Vec<(u64, Arc<dyn AgentLink>, Vec<String>)> = {
             let mut st = self.lock();
             let Some(w) = st.worlds.get_mut(world) else {
@@ -139,13 +139,11 @@ impl Hub {
                 })
                 .collect()
         };
-        let stops = work.iter().map(|(hr, link, names)| async move {
+        let stops = work.iter().map(|(_, link, names)| async move {
             for n in names {
-                link.stop(n.clone(), grace)
-                    .await
-                    .map_err(|e| format!("host {hr}: {e}"))?;
+                link.stop(n.clone(), grace).await?;
             }
-            Ok::<_, String>(())
+            Ok::<_, LinkError>(())
         });
         futures::future::join_all(stops)
             .await

@@ -20,7 +20,8 @@ use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, WorldKey,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
+    WorldKey,
 };
 
 /// Name of the operator's client proc (agents see `<name>-<random>`).
@@ -91,14 +92,13 @@ impl RuntimeConnector {
         &self,
         target: &AgentTarget,
         pushes: mpsc::Sender<HostReport>,
-    ) -> Result<(AgentClient, Uids), String> {
+    ) -> Result<(AgentClient, Uids), LinkError> {
         if let Some(found) = self.existing(target) {
             return Ok(found);
         }
         let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-        let client = AgentClient::new(CLIENT_NAME, &target.secret, ClientConfig::default(), tx)
-            .await
-            .map_err(|e| e.to_string())?;
+        let client =
+            AgentClient::new(CLIENT_NAME, &target.secret, ClientConfig::default(), tx).await?;
         let world = target.host.world.clone();
         let mut worlds = self.lock();
         // Another dial of this World made its client meanwhile: use that one
@@ -134,7 +134,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
         &self,
         target: AgentTarget,
         pushes: mpsc::Sender<HostReport>,
-    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>> {
         let this = self.clone();
         Box::pin(async move {
             let (client, uids) = this.client_for(&target, pushes).await?;
@@ -171,26 +171,29 @@ struct RuntimeLink {
 }
 
 impl AgentLink for RuntimeLink {
-    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>> {
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.client
                 .create_or_update(self.addr, req)
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(LinkError::from)
         })
     }
 
-    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), String>> {
+    fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.client
                 .stop(self.addr, &name, grace)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(LinkError::from)
         })
     }
 
-    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>> {
+    fn set_address_book(
+        &self,
+        hosts: Vec<(u64, SocketAddr)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             let n = hosts
                 .iter()
@@ -204,7 +207,7 @@ impl AgentLink for RuntimeLink {
             self.client
                 .set_address_book(self.addr, book)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(LinkError::from)
         })
     }
 }

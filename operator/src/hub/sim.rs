@@ -12,7 +12,8 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, protocol,
+    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
+    protocol,
 };
 
 /// A request a simulated agent received.
@@ -121,20 +122,17 @@ impl SimLink {
         reqs.entry(self.host.clone()).or_default().push(r);
     }
 
-    async fn push(&self, state: protocol::ProcReport) -> Result<(), String> {
+    async fn push(&self, state: protocol::ProcReport) -> Result<(), LinkError> {
         let push = HostReport::ProcState {
             host: self.host.clone(),
             state,
         };
-        self.pushes
-            .send(push)
-            .await
-            .map_err(|_| "hub gone".to_string())
+        self.pushes.send(push).await.map_err(|_| LinkError::HubGone)
     }
 }
 
 impl AgentLink for SimLink {
-    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), String>> {
+    fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.record(SimRequest::Create(req.clone()));
             let changed = {
@@ -142,7 +140,9 @@ impl AgentLink for SimLink {
                 let host = procs.entry(self.host.clone()).or_default();
                 match host.get(&req.name) {
                     Some(p) if p.restarts >= req.incarnation => None,
-                    Some(p) if !p.status.is_terminal() => return Err("StillRunning".to_string()),
+                    Some(p) if !p.status.is_terminal() => {
+                        return Err(LinkError::Refused("StillRunning".to_string()));
+                    }
                     _ => {
                         let s = new_state(&req);
                         host.insert(req.name.clone(), s.clone());
@@ -157,7 +157,7 @@ impl AgentLink for SimLink {
         })
     }
 
-    fn stop(&self, name: String, _grace: Duration) -> BoxFuture<'_, Result<(), String>> {
+    fn stop(&self, name: String, _grace: Duration) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.record(SimRequest::Stop(name.clone()));
             let stopped = {
@@ -183,7 +183,10 @@ impl AgentLink for SimLink {
         })
     }
 
-    fn set_address_book(&self, hosts: Vec<(u64, SocketAddr)>) -> BoxFuture<'_, Result<(), String>> {
+    fn set_address_book(
+        &self,
+        hosts: Vec<(u64, SocketAddr)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.record(SimRequest::Book(hosts));
             Ok(())
@@ -203,7 +206,7 @@ impl AgentConnector for SimHandle {
         &self,
         target: AgentTarget,
         pushes: mpsc::Sender<HostReport>,
-    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, String>> {
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>> {
         let sim = self.0.clone();
         Box::pin(async move {
             if sim
@@ -212,7 +215,10 @@ impl AgentConnector for SimHandle {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains(&target.addr)
             {
-                return Err(format!("connection refused by {}", target.addr));
+                return Err(LinkError::Connect {
+                    addr: target.addr,
+                    reason: "connection refused".to_string(),
+                });
             }
             let procs: Vec<protocol::ProcReport> = {
                 let all = sim.procs.lock().unwrap_or_else(|e| e.into_inner());
@@ -225,10 +231,7 @@ impl AgentConnector for SimHandle {
                 pod_uid: target.pod_uid.clone(),
                 procs,
             };
-            pushes
-                .send(snap)
-                .await
-                .map_err(|_| "hub gone".to_string())?;
+            pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {
                 let (sim, host, uid, pushes) = (
                     sim.clone(),

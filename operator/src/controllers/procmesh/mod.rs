@@ -251,8 +251,10 @@ async fn stop_stale(
     running
 }
 
-/// Hosts of `world` that are gone, from its status runs.
-fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
+/// Hosts of `world` that are gone (Expired, Failed, Terminating), with
+/// their state, from its status runs (the World controller is the source
+/// of truth for pod-level states the hub cannot see).
+fn lost_hosts(world: &World) -> BTreeMap<u64, HostState> {
     let mut out = BTreeMap::new();
     for run in world.status.iter().flat_map(|s| &s.hosts) {
         if matches!(
@@ -260,7 +262,7 @@ fn lost_hosts(world: &World) -> BTreeMap<u64, String> {
             HostState::Expired | HostState::Failed | HostState::Terminating
         ) {
             for r in run.start..run.end().min(run.start + 100_000) {
-                out.insert(r, format!("{:?}", run.value.state));
+                out.insert(r, run.value.state);
             }
         }
     }
@@ -405,7 +407,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error
         + SignedDuration::try_from(stop_timeout + Duration::from_secs(5))
             .unwrap_or(SignedDuration::MAX);
     if still_running && now < deadline {
-        return Err(Error::Waiting(format!("procs of {name} still stopping")));
+        return Err(crate::Pending::ProcsStopping(name).into());
     }
     for id in ctx.hub.mesh_ids(&key, &prefix) {
         ctx.hub.forget_procs(&key, &id);

@@ -28,7 +28,7 @@ use hostmesh_crds::procmesh::{
     RankStatus, RestartMode,
 };
 use hostmesh_crds::validate::ProcMeshTimings;
-use hostmesh_crds::world::WorldPhase;
+use hostmesh_crds::world::{HostState, WorldPhase};
 use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -55,7 +55,7 @@ pub struct PlanInput<'a> {
     /// Agents' reports by rank.
     pub states: &'a BTreeMap<u64, ProcObs>,
     /// Hosts that are gone (Expired, Failed, Terminating), with their state.
-    pub lost_hosts: &'a BTreeMap<u64, String>,
+    pub lost_hosts: &'a BTreeMap<u64, HostState>,
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
     pub reported: &'a BTreeMap<u64, Timestamp>,
@@ -292,7 +292,10 @@ impl<'i, 'a> Working<'i, 'a> {
             {
                 RankStatus {
                     state: ProcState::Lost,
-                    reason: Some(format!("host {} is {}", o.host, input.lost_hosts[&o.host])),
+                    reason: Some(format!(
+                        "host {} is {:?}",
+                        o.host, input.lost_hosts[&o.host]
+                    )),
                     ..Default::default()
                 }
             }

@@ -10,6 +10,7 @@
 //!    pod from (template, port, agent settings, agent image) and nothing it
 //!    does not, so admission-webhook mutations never look like drift.
 
+use hostmesh_agent::contract::{self, BIN_DIR, BIN_PATH, HEALTH_PORT, SECRET_DIR, SECRET_FILE};
 use std::collections::BTreeMap;
 
 use hostmesh_crds::World;
@@ -33,16 +34,8 @@ pub const LABEL_RANK: &str = "hostmesh.dev/rank";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Annotation: hash of the desired pod template.
 pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
-/// The agent's plain-HTTP health port.
-pub const HEALTH_PORT: u16 = 26601;
 /// User the install container runs as (the image's non-root user).
 const INSTALL_UID: i64 = 65532;
-/// Where the agent secret is mounted.
-pub const SECRET_DIR: &str = "/var/run/hostmesh/secret";
-/// The agent secret file.
-pub const SECRET_FILE: &str = "/var/run/hostmesh/secret/token";
-/// Where the agent binary is installed.
-pub const BIN_DIR: &str = "/hostmesh/bin";
 const BIN_VOLUME: &str = "hostmesh-bin";
 const SECRET_VOLUME: &str = "hostmesh-secret";
 
@@ -103,7 +96,7 @@ pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, Error> {
         metadata: owned_meta(world, secret_name(&world.name_any()))?,
         type_: Some("Opaque".to_string()),
         data: Some(BTreeMap::from([(
-            "token".to_string(),
+            contract::SECRET_KEY.to_string(),
             ByteString(token.into_bytes()),
         )])),
         ..Default::default()
@@ -245,7 +238,7 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
                 "hostmesh".to_string(),
                 "install-agent".to_string(),
                 "--to".to_string(),
-                format!("{BIN_DIR}/hostmesh"),
+                BIN_PATH.to_string(),
             ]),
             volume_mounts: Some(vec![VolumeMount {
                 name: BIN_VOLUME.to_string(),
@@ -258,7 +251,7 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
         spec.init_containers
             .get_or_insert_with(Vec::new)
             .insert(0, install);
-        format!("{BIN_DIR}/hostmesh")
+        BIN_PATH.to_string()
     };
 
     let idx = host_container_index(&spec.containers);
@@ -270,13 +263,16 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
         .extend(mounts);
     let port = world.spec.port;
     let envs = host.env.get_or_insert_with(Vec::new);
-    envs.retain(|e| !e.name.starts_with("HOSTMESH_"));
+    envs.retain(|e| !e.name.starts_with(contract::env::PREFIX));
     envs.extend([
-        env("HOSTMESH_WORLD", world_name.clone()),
-        env("HOSTMESH_NAMESPACE", world.namespace().unwrap_or_default()),
-        env("HOSTMESH_HOST_RANK", rank.to_string()),
+        env(contract::env::WORLD, world_name.clone()),
+        env(
+            contract::env::NAMESPACE,
+            world.namespace().unwrap_or_default(),
+        ),
+        env(contract::env::HOST_RANK, rank.to_string()),
         EnvVar {
-            name: "HOSTMESH_POD_IP".to_string(),
+            name: contract::env::POD_IP.to_string(),
             value: None,
             value_from: Some(EnvVarSource {
                 field_ref: Some(ObjectFieldSelector {
@@ -286,9 +282,9 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
                 ..Default::default()
             }),
         },
-        env("HOSTMESH_PORT", port.to_string()),
-        env("HOSTMESH_HEALTH_PORT", HEALTH_PORT.to_string()),
-        env("HOSTMESH_SECRET_FILE", SECRET_FILE),
+        env(contract::env::PORT, port.to_string()),
+        env(contract::env::HEALTH_PORT, HEALTH_PORT.to_string()),
+        env(contract::env::SECRET_FILE, SECRET_FILE),
     ]);
     let ports = host.ports.get_or_insert_with(Vec::new);
     ports.retain(|p| {
@@ -308,7 +304,7 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
     });
     host.readiness_probe = Some(Probe {
         http_get: Some(HTTPGetAction {
-            path: Some("/readyz".to_string()),
+            path: Some(contract::READYZ.to_string()),
             port: IntOrString::Int(i32::from(HEALTH_PORT)),
             ..Default::default()
         }),
@@ -349,6 +345,12 @@ spec:
       - {name: sidecar, image: proxy}
       - {name: host, image: trainer:1.4, command: [sleep], env: [{name: A, value: b}]}
 "#;
+
+    #[test]
+    fn the_api_default_port_is_the_agent_contract_s() {
+        assert_eq!(hostmesh_crds::world::DEFAULT_PORT, contract::AGENT_PORT);
+        assert_ne!(contract::AGENT_PORT, HEALTH_PORT);
+    }
 
     #[test]
     fn pod_has_contract_names_labels_and_owner() {

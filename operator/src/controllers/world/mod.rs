@@ -267,7 +267,7 @@ async fn ensure_secret(world: &World, ctx: &ControllerContext, ns: &str) -> Resu
             .ok_or(Error::MissingField("agent Secret data.token")),
         // Lost a race with ourselves (a previous reconcile): read it back.
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            Err(Error::Waiting("agent Secret being created".into()))
+            Err(crate::Pending::SecretCreating(world.name_any()).into())
         }
         Err(e) => Err(e.into()),
     }
@@ -398,10 +398,11 @@ async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error
                 }
             }
         }
-        return Err(Error::Waiting(format!(
-            "{} ProcMeshes of World {name} still stopping",
-            mine.len()
-        )));
+        return Err(crate::Pending::ProcMeshesStopping {
+            world: name.clone(),
+            count: mine.len(),
+        }
+        .into());
     }
     ctx.hub.forget_world(&key_of(world));
     ctx.pacer.forget(&format!(

@@ -39,7 +39,7 @@ fn run_lost(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
     states: &BTreeMap<u64, ProcObs>,
-    lost_hosts: &BTreeMap<u64, String>,
+    lost_hosts: &BTreeMap<u64, HostState>,
     now: i64,
 ) -> Plan {
     // Both agents reported long ago: the spawn clock alone decides.
@@ -51,7 +51,7 @@ fn run_reported(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
     states: &BTreeMap<u64, ProcObs>,
-    lost_hosts: &BTreeMap<u64, String>,
+    lost_hosts: &BTreeMap<u64, HostState>,
     reported: &BTreeMap<u64, Timestamp>,
     now: i64,
 ) -> Plan {
@@ -233,7 +233,7 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     for r in [2, 3] {
         states.get_mut(&r).unwrap().host = 1;
     }
-    let lost = BTreeMap::from([(1, "Expired".to_string())]);
+    let lost = BTreeMap::from([(1, HostState::Expired)]);
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
     let ff = p.status.first_failure.clone().unwrap();
     assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
