@@ -6,6 +6,23 @@ use crate::channel::ChannelError;
 use crate::id::{ActorId, IdError};
 use hostmesh_mesh::MeshError;
 
+/// Why an actor did not start: the actor-start boundary.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// Its constructor (`RemoteSpawn::new`) returned an error.
+    #[error("construction failed: {0}")]
+    New(String),
+    /// Its `init` hook returned an error.
+    #[error("init failed: {0}")]
+    Init(String),
+    /// Its `init` hook panicked.
+    #[error("init panicked: {0}")]
+    Panicked(String),
+    /// Its task ended before `init` finished (the runtime is shutting down).
+    #[error("the actor task ended during init")]
+    TaskEnded,
+}
+
 /// Errors from procs, actors, ports and actor meshes.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -79,13 +96,14 @@ pub enum Error {
         /// The proc asked (text form).
         proc: String,
     },
-    /// An actor's init hook failed.
+    /// An actor did not start.
     #[error("actor {actor} failed to start: {reason}")]
     SpawnFailed {
         /// The actor.
         actor: String,
         /// Why.
-        reason: String,
+        #[source]
+        reason: StartError,
     },
     /// Some ranks of a mesh operation failed; each entry is `(rank, reason)`.
     #[error("{op} failed on {} of {total} ranks: {}", failed.len(), summarize(failed))]

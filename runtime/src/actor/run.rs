@@ -17,6 +17,7 @@ use super::handlers::HandlerFailure;
 use super::mailbox::{Mailbox, MailboxRx, Next};
 use super::{Actor, Context, Handlers};
 use crate::channel::{Arrivals, Envelope};
+use crate::error::StartError;
 use crate::id::ActorId;
 use crate::payload::Src;
 use crate::port::{PortRef, UNDELIVERABLE_PORT};
@@ -71,7 +72,7 @@ pub(crate) async fn start<A: Actor>(
     rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let cx = Context {
         proc,
         id,
@@ -86,9 +87,7 @@ pub(crate) async fn start<A: Actor>(
     tokio::spawn(crate::channel::batched(run(
         actor, cx, rx, handlers, supervisor, init_tx,
     )));
-    init_rx
-        .await
-        .unwrap_or_else(|_| Err("the actor task ended during init".into()))
+    init_rx.await.unwrap_or(Err(StartError::TaskEnded))
 }
 
 async fn run<A: Actor>(
@@ -97,20 +96,21 @@ async fn run<A: Actor>(
     mut rx: MailboxRx,
     handlers: Arc<Handlers<A>>,
     supervisor: Supervisor,
-    init_tx: oneshot::Sender<Result<(), String>>,
+    init_tx: oneshot::Sender<Result<(), StartError>>,
 ) {
     // Sub-futures are boxed so an idle actor's task stays small.
     let init = Box::pin(AssertUnwindSafe(actor.init(&cx)).catch_unwind()).await;
     let init_err = match init {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(format!("init failed: {e}")),
-        Err(p) => Some(format!("init panicked: {}", panic_message(&*p))),
+        Ok(Err(e)) => Some(StartError::Init(e.to_string())),
+        Err(p) => Some(StartError::Panicked(panic_message(&*p))),
     };
     let mut cause = None;
     let status = match init_err {
         Some(reason) => {
-            let _ = init_tx.send(Err(reason.clone()));
-            ActorStatus::Failed(reason)
+            let status = ActorStatus::Failed(reason.to_string());
+            let _ = init_tx.send(Err(reason));
+            status
         }
         None => {
             let _ = init_tx.send(Ok(()));

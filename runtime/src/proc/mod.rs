@@ -134,7 +134,7 @@ impl ProcBuilder {
                     })?;
                 let actor = A::new(params).await.map_err(|e| Error::SpawnFailed {
                     actor: name.clone(),
-                    reason: e.to_string(),
+                    reason: crate::error::StartError::New(e.to_string()),
                 })?;
                 let r = proc
                     .spawn_with(&name, 0, actor, actor::Supervisor::from_owner(owner))
