@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::validate::FieldError;
+use crate::field::FieldError;
 
 /// The pattern duration fields must match in the schema.
 pub const DURATION_PATTERN: &str = "^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$";

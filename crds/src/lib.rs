@@ -14,6 +14,7 @@
 
 pub mod conditions;
 pub mod duration;
+pub mod field;
 pub mod procmesh;
 pub mod validate;
 pub mod world;

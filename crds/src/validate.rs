@@ -10,38 +10,7 @@ use crate::procmesh::{self, ProcMeshSpec};
 use crate::world::{self, WorldSpec};
 use hostmesh_mesh::shape::{Dim, MAX_DIM_SIZE, MAX_DIMS};
 
-/// One problem with one field.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    /// JSON path of the field, e.g. `spec.perHost[0].name`.
-    pub field: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-impl FieldError {
-    /// An error on `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for FieldError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-/// Joins errors into one message (for conditions and Events).
-pub fn join(errs: &[FieldError]) -> String {
-    errs.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+pub use crate::field::{FieldError, join};
 
 /// Whether `s` is a DNS label (RFC 1123, lower case, starts with a letter).
 pub fn is_dns_label(s: &str) -> bool {

@@ -15,13 +15,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Response, StatusCode, header};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http::{Method, Response, header};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -29,15 +27,13 @@ use tracing::{debug, warn};
 use super::auth::{self, Authenticator, User};
 use super::handlers::{self, Request};
 use super::lifecycle::Part;
+use super::response::{Body, error_response, full, json_response, stream_response};
 use super::route::{self, Route, Target};
 use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
 use super::{discovery, logs, openapi, podsecurity};
-
-/// The response body: a whole JSON document or a stream.
-pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -98,41 +94,6 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
         while conns.try_join_next().is_some() {}
     }
     conns.abort_all();
-}
-
-fn full(code: u16, content_type: &str, body: Bytes) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Full::new(body).boxed_unsync())
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
-}
-
-fn json_response(code: u16, v: &Value) -> Response<Body> {
-    full(
-        code,
-        "application/json",
-        Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
-    )
-}
-
-fn error_response(e: &ApiError) -> Response<Body> {
-    json_response(e.code, &e.to_status())
-}
-
-/// A streaming response fed by `rx`.
-pub(crate) fn stream_response(rx: mpsc::Receiver<Bytes>, content_type: &str) -> Response<Body> {
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, content_type)
-        .header(header::CACHE_CONTROL, "no-cache, private")
-        .body(StreamBody::new(stream).boxed_unsync())
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
 }
 
 async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
@@ -278,7 +239,9 @@ async fn resource(
             let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;
             return Ok(stream_response(rx, "application/json"));
         }
-        (&Method::GET, Some("log")) => return logs::proxy(ctx, t, req).await,
+        (&Method::GET, Some("log")) => {
+            return logs::proxy(&ctx.store, &ctx.token, ctx.shutdown.clone(), t, req).await;
+        }
         (&Method::GET, None) if t.name.is_none() => handlers::list(store, t, req)?,
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,

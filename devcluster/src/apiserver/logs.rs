@@ -7,18 +7,18 @@
 //! `limitBytes`, `previous`) and `Authorization: Bearer <api server token>`
 //! (docs/architecture.md, "Process kubelet").
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::Response;
 use http_body_util::BodyExt as _;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use super::handlers::Request;
-use super::http::{Body, Ctx, stream_response};
+use super::request::Request;
+use super::response::{Body, stream_response};
 use super::route::Target;
 use super::status::ApiError;
+use super::store::Store;
 
 const FORWARDED: &[&str] = &[
     "follow",
@@ -31,15 +31,18 @@ const FORWARDED: &[&str] = &[
 ];
 
 /// Proxies a log request to the kubelet.
+/// `token` is the API server's bearer token, which the kubelet accepts;
+/// the stream ends at `shutdown`.
 pub(crate) async fn proxy(
-    ctx: &Arc<Ctx>,
+    store: &Store,
+    token: &str,
+    shutdown: CancellationToken,
     t: &Target,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
     let name = t.name.clone().unwrap_or_default();
     let ns = t.ns.clone().unwrap_or_default();
-    let pod = ctx
-        .store
+    let pod = store
         .lock()
         .get(&t.info.key(), &ns, &name)
         .ok_or_else(|| ApiError::not_found("", "pods", &name))?;
@@ -89,10 +92,10 @@ pub(crate) async fn proxy(
             "pod {name} is not scheduled to a node yet: no logs to show"
         )));
     }
-    let node_obj =
-        ctx.store.lock().get("/nodes", "", &node).ok_or_else(|| {
-            ApiError::backend(format!("node {node} of pod {name} is not registered"))
-        })?;
+    let node_obj = store
+        .lock()
+        .get("/nodes", "", &node)
+        .ok_or_else(|| ApiError::backend(format!("node {node} of pod {name} is not registered")))?;
     let ip = node_obj
         .pointer("/status/addresses")
         .and_then(Value::as_array)
@@ -140,7 +143,7 @@ pub(crate) async fn proxy(
     });
     let request = http::Request::get(uri)
         .header(http::header::HOST, host.as_str())
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", ctx.token))
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
         .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let resp = sender
@@ -163,7 +166,6 @@ pub(crate) async fn proxy(
         return Err(e);
     }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {
         loop {
             let frame = tokio::select! {

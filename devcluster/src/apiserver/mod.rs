@@ -32,6 +32,8 @@ mod persist;
 mod podsecurity;
 mod proto;
 mod registry;
+mod request;
+mod response;
 mod route;
 mod schema;
 mod selector;

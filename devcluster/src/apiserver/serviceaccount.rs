@@ -23,8 +23,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::auth::token::{API_AUDIENCE, Claims, ObjRef, Signer};
-use super::handlers::{Request, name_of, ns_of};
 use super::meta;
+use super::request::{Request, name_of, ns_of};
 use super::route::Target;
 use super::status::ApiError;
 use super::store::{State, Store};
