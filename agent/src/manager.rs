@@ -295,10 +295,6 @@ impl ProcManager {
             .await;
     }
 
-    /// Whether shutdown has started.
-    pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::SeqCst)
-    }
 
     /// Writes out the proc output still queued (waiting at most 2 s) and
     /// stops forwarding.

@@ -73,10 +73,6 @@ impl Subscription {
         }
     }
 
-    /// Forces a snapshot as the next push (after a reconnect).
-    pub fn resync(&mut self) {
-        self.need_snapshot = true;
-    }
 
     fn snapshot(&mut self) -> AgentPush {
         let (seq, procs) = self.manager.snapshot();

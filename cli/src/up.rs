@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject};
@@ -289,10 +289,6 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// The default manifest path, relative to the working directory.
-pub fn default_manifest() -> &'static Path {
-    Path::new("examples/quickstart.yaml")
-}
 
 #[cfg(test)]
 mod tests {
