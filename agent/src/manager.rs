@@ -295,7 +295,6 @@ impl ProcManager {
             .await;
     }
 
-
     /// Writes out the proc output still queued (waiting at most 2 s) and
     /// stops forwarding.
     pub async fn close_output(&self) {

@@ -73,7 +73,6 @@ impl Subscription {
         }
     }
 
-
     fn snapshot(&mut self) -> AgentPush {
         let (seq, procs) = self.manager.snapshot();
         self.seq = seq;

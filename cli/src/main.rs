@@ -187,9 +187,23 @@ fn install_agent(to: &std::path::Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&tmp);
     // A hard link when the volume is on the same filesystem (the process
     // kubelet: no 200 MB copy per host pod); a copy otherwise (a real pod).
+    // The copy reads the running program through /proc/self/exe, which
+    // reaches it even where this user cannot enter the directories above it
+    // (the process kubelet runs the image's program from wherever it is).
     if std::fs::hard_link(&me, &tmp).is_err() {
-        std::fs::copy(&me, &tmp)
-            .with_context(|| format!("cannot copy {} to {}", me.display(), tmp.display()))?;
+        let source = std::path::Path::new("/proc/self/exe");
+        let source = if source.exists() {
+            source
+        } else {
+            me.as_path()
+        };
+        std::fs::copy(source, &tmp).with_context(|| {
+            format!(
+                "cannot copy the hostmesh executable ({}) to {}",
+                me.display(),
+                tmp.display()
+            )
+        })?;
     }
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
     std::fs::rename(&tmp, to).with_context(|| format!("cannot install {}", to.display()))?;

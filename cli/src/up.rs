@@ -289,7 +289,6 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,28 +19,31 @@ const PASSTHROUGH: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_LOG", "RUST
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The program and arguments of `container` (at `field`), after expansion
-/// with its environment.
+/// with its environment, and whether the program is the image's (from the
+/// image table) rather than a command of the container.
 pub(crate) fn program(
     container: &Container,
     field: &str,
     images: &ImageTable,
     env: &[(String, String)],
-) -> Result<(String, Vec<String>)> {
+) -> Result<(String, Vec<String>, bool)> {
     let command = expand_all(container.command.as_deref().unwrap_or_default(), env);
     let args = expand_all(container.args.as_deref().unwrap_or_default(), env);
     let image = container.image.clone().unwrap_or_default();
     let entry = images.lookup(&image);
     if let Some((first, rest)) = command.split_first() {
         let mut program = first.clone();
+        let mut from_image = false;
         if !program.contains('/')
             && let Some(e) = entry
             && e.program.file_name().is_some_and(|n| n == program.as_str())
         {
             program = e.program.to_string_lossy().into_owned();
+            from_image = true;
         }
         let mut all = rest.to_vec();
         all.extend(args);
-        return Ok((program, all));
+        return Ok((program, all, from_image));
     }
     match entry {
         Some(e) => {
@@ -49,7 +52,7 @@ pub(crate) fn program(
             } else {
                 args
             };
-            Ok((e.program.to_string_lossy().into_owned(), args))
+            Ok((e.program.to_string_lossy().into_owned(), args, true))
         }
         None => Err(KubeletError::ImageNotMapped(format!(
             "{field}.image: image {image:?} has no local program; give the container a command, or map the image in the kubelet's image table (--image-table)"
@@ -123,7 +126,7 @@ pub(crate) fn build(
     volumes: &BTreeMap<String, PathBuf>,
 ) -> Result<Launch> {
     let env = full_env(pod, own_env);
-    let (program, args) = program(container, field, images, &env)?;
+    let (program, args, image_program) = program(container, field, images, &env)?;
     let mounts = container_mounts(container, field, volumes)?;
     let working_dir = container
         .working_dir
@@ -146,6 +149,7 @@ pub(crate) fn build(
         working_dir,
         mounts,
         identity,
+        image_program,
     })
 }
 
@@ -211,7 +215,7 @@ mod tests {
 
     #[test]
     fn image_entry_supplies_program_and_default_args() {
-        let (p, a) = program(
+        let (p, a, _) = program(
             &c("name: x\nimage: ghcr.io/hostmesh/hostmesh:1\n"),
             "f",
             &table(),
@@ -222,7 +226,7 @@ mod tests {
             (p.as_str(), a),
             ("/opt/bin/hostmesh", vec!["agent".to_string()])
         );
-        let (_, a) = program(
+        let (_, a, _) = program(
             &c("name: x\nimage: ghcr.io/hostmesh/hostmesh:1\nargs: [crds]\n"),
             "f",
             &table(),
@@ -235,7 +239,7 @@ mod tests {
     #[test]
     fn bare_command_of_the_mapped_program_uses_the_table() {
         let env = vec![("D".to_string(), "/x".to_string())];
-        let (p, a) = program(
+        let (p, a, _) = program(
             &c("name: x\nimage: ghcr.io/hostmesh/hostmesh:1\ncommand: [hostmesh, install-agent]\nargs: [--to, $(D)/h]\n"),
             "f",
             &table(),
@@ -244,7 +248,7 @@ mod tests {
         .unwrap();
         assert_eq!(p, "/opt/bin/hostmesh");
         assert_eq!(a, vec!["install-agent", "--to", "/x/h"]);
-        let (p, _) = program(
+        let (p, _, _) = program(
             &c("name: x\nimage: busybox\ncommand: [/bin/sh]\n"),
             "f",
             &table(),

@@ -153,6 +153,7 @@ pub(crate) fn probe_spec(
         };
         let mut launch = exec_base.clone();
         launch.program = program.clone();
+        launch.image_program = false;
         launch.args = args.to_vec();
         Action::Exec(launch)
     } else {
@@ -295,6 +296,7 @@ mod tests {
             working_dir: None,
             mounts: vec![],
             identity: None,
+            image_program: false,
         }
     }
 

@@ -15,6 +15,13 @@
 //!    before the first mount and bound from `/proc/self/fd/N`, so a mount
 //!    over a directory holding later sources (an `emptyDir` at `/tmp` while
 //!    the kubelet's data lives under `/tmp`) does not hide them.
+//! 6. An image's program (`Launch::image_program`) belongs to the image, not
+//!    to the container's filesystem: the kubelet opens it before the fork,
+//!    with its own credentials, and the child executes that descriptor
+//!    (`execveat(AT_EMPTY_PATH)`). Neither a mount over its directory nor a
+//!    non-root user who cannot enter the directories above it (a checkout
+//!    under a 0700 home) hides it. A program the kubelet cannot open fails
+//!    the start with its path and the OS error.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -42,6 +49,9 @@ pub(crate) struct Launch {
     pub(crate) mounts: Vec<Mount>,
     /// User and groups to run as (`securityContext`); `None`: the kubelet's.
     pub(crate) identity: Option<Identity>,
+    /// `program` is the image's (from the image table), not a command
+    /// resolved in the container's filesystem (invariant 6).
+    pub(crate) image_program: bool,
 }
 
 impl std::fmt::Debug for Launch {
@@ -53,6 +63,7 @@ impl std::fmt::Debug for Launch {
             .field("working_dir", &self.working_dir)
             .field("mounts", &self.mounts)
             .field("identity", &self.identity)
+            .field("image_program", &self.image_program)
             .finish()
     }
 }
@@ -91,6 +102,83 @@ struct ChildSetup {
     mounts: Vec<(CString, CString, bool)>,
     identity: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     cwd: Option<CString>,
+    exec: Option<ExecFd>,
+}
+
+/// An image's program opened by the kubelet, with `argv` and `envp` laid
+/// out before the fork (invariants 4 and 6). The pointer arrays are kept as
+/// addresses so the setup can move into the child's closure; they point
+/// into `strings`, which lives as long as they do.
+struct ExecFd {
+    fd: OwnedFd,
+    strings: Vec<CString>,
+    argv: Vec<usize>,
+    envp: Vec<usize>,
+}
+
+impl ExecFd {
+    fn new(program: &str, launch: &Launch) -> std::io::Result<ExecFd> {
+        let path = cstring(Path::new(program))?;
+        // SAFETY: open(2) on a NUL-terminated path; the result is checked.
+        let raw = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if raw < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("cannot open the image's program {program}: {e}"),
+            ));
+        }
+        // SAFETY: `raw` is a descriptor open(2) just returned, owned by nobody else.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let nul = |s: &str| {
+            CString::new(s).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{s:?} contains a NUL byte"),
+                )
+            })
+        };
+        let mut strings = vec![path];
+        for a in &launch.args {
+            strings.push(nul(a)?);
+        }
+        let argc = strings.len();
+        for (k, v) in &launch.env {
+            strings.push(nul(&format!("{k}={v}"))?);
+        }
+        let addr = |c: &CString| c.as_ptr() as usize;
+        let mut argv: Vec<usize> = strings[..argc].iter().map(addr).collect();
+        argv.push(0);
+        let mut envp: Vec<usize> = strings[argc..].iter().map(addr).collect();
+        envp.push(0);
+        Ok(ExecFd {
+            fd,
+            strings,
+            argv,
+            envp,
+        })
+    }
+
+    /// Executes the program; returns only on failure.
+    ///
+    /// # Safety
+    /// Called in the child between fork and exec; makes one system call.
+    unsafe fn exec(&self) -> std::io::Error {
+        debug_assert!(!self.strings.is_empty());
+        // SAFETY: `argv` and `envp` are NULL-terminated arrays of pointers
+        // into `self.strings`, alive for this call; the descriptor is open.
+        unsafe {
+            libc::syscall(
+                libc::SYS_execveat,
+                self.fd.as_raw_fd(),
+                c"".as_ptr(),
+                self.argv.as_ptr(),
+                self.envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+        }
+        std::io::Error::last_os_error()
+    }
 }
 
 /// Most volume mounts of one container (the child keeps their file
@@ -201,6 +289,14 @@ impl ChildSetup {
             if let Some(cwd) = &self.cwd {
                 check(libc::chdir(cwd.as_ptr()))?;
             }
+            if let Some(exec) = &self.exec {
+                let e = exec.exec();
+                // A script needs its descriptor after exec (it is
+                // close-on-exec): run it by path instead, as before.
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -258,6 +354,11 @@ pub(crate) fn spawn(
             .as_ref()
             .map(|i| (i.uid, i.gid, i.groups.clone())),
         cwd: launch.working_dir.as_deref().map(cstring).transpose()?,
+        exec: if launch.image_program && launch.program.starts_with('/') {
+            Some(ExecFd::new(&launch.program, launch)?)
+        } else {
+            None
+        },
     };
     // SAFETY: `ChildSetup::apply` only makes async-signal-safe system calls
     // on memory prepared before the fork (invariant 4).
@@ -318,6 +419,7 @@ mod tests {
             working_dir: None,
             mounts: vec![],
             identity: None,
+            image_program: false,
         }
     }
 
@@ -414,6 +516,59 @@ mod tests {
         ];
         let out = run_ok(&l, tmp.path()).await;
         assert!(out.starts_with("still here"), "{out}");
+    }
+
+    /// Invariant 6: an image's program in a directory its user cannot
+    /// enter, with a volume mounted over that directory, still runs; the
+    /// same path as a container command does not.
+    #[tokio::test]
+    async fn an_image_program_runs_from_a_closed_directory_under_a_mount() {
+        use std::os::unix::fs::PermissionsExt as _;
+        if !is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let closed = tmp.path().join("closed");
+        let bin = closed.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let prog = bin.join("prog");
+        std::fs::copy("/bin/echo", &prog).unwrap();
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let mut l = launch(prog.to_str().unwrap(), &["from", "the", "image"]);
+        l.image_program = true;
+        l.identity = Some(Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![],
+        });
+        l.mounts = vec![Mount {
+            source: empty,
+            target: bin.clone(),
+            read_only: true,
+        }];
+        let out = run_ok(&l, tmp.path()).await;
+        assert_eq!(out.trim(), "from the image");
+
+        l.image_program = false;
+        let err = spawn(&l, Output::Piped, Namespace::New).expect_err("hidden from the user");
+        assert!(
+            matches!(err.raw_os_error(), Some(libc::EACCES) | Some(libc::ENOENT)),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_image_program_is_named_in_the_error() {
+        let mut l = launch("/nonexistent/hostmesh-test/prog", &[]);
+        l.image_program = true;
+        let err = spawn(&l, Output::Piped, Namespace::New).expect_err("no such program");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("/nonexistent/hostmesh-test/prog") && msg.contains("No such file"),
+            "{msg}"
+        );
     }
 
     #[tokio::test]

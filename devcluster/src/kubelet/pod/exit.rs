@@ -4,7 +4,30 @@
 
 use super::*;
 
+/// The tail of a failed container's log Kubernetes uses as its termination
+/// message under `FallbackToLogsOnError`: at most this many bytes...
+const FALLBACK_BYTES: usize = 2048;
+/// ...and this many lines.
+const FALLBACK_LINES: usize = 80;
+
 impl Worker {
+    /// The termination message of container `idx` that failed: the tail of
+    /// its log when its `terminationMessagePolicy` is `FallbackToLogsOnError`
+    /// (as a kubelet does; no message file is read here).
+    fn fallback_message(&self, idx: usize, name: &str) -> Option<String> {
+        let spec = self.container_spec(idx)?;
+        if spec.termination_message_policy.as_deref() != Some("FallbackToLogsOnError") {
+            return None;
+        }
+        let log = std::fs::read(logs::log_path(&self.dir, name, false)).ok()?;
+        let tail = &log[log.len().saturating_sub(FALLBACK_BYTES)..];
+        let text = String::from_utf8_lossy(tail);
+        let lines: Vec<&str> = text.lines().collect();
+        let kept = lines[lines.len().saturating_sub(FALLBACK_LINES)..].join("\n");
+        let kept = kept.trim();
+        (!kept.is_empty()).then(|| kept.to_string())
+    }
+
     pub(super) fn handle(&mut self, event: Event) {
         match event {
             Event::Exited {
@@ -34,6 +57,13 @@ impl Worker {
                     Run::Running { started_at, .. } => Some(*started_at),
                     _ => None,
                 };
+                let name = slot.ctr.name.clone();
+                let message = (code != 0)
+                    .then(|| self.fallback_message(idx, &name))
+                    .flatten();
+                let Some(slot) = self.slots.get_mut(idx) else {
+                    return;
+                };
                 let run = Run::Terminated {
                     pid,
                     exit_code: code,
@@ -43,7 +73,7 @@ impl Worker {
                     } else {
                         "Error".into()
                     },
-                    message: None,
+                    message,
                     started_at,
                     finished_at: Timestamp::now(),
                 };

@@ -37,6 +37,9 @@ pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
 /// User the install container runs as (the image's non-root user).
 const INSTALL_UID: i64 = 65532;
 const BIN_VOLUME: &str = "hostmesh-bin";
+/// A failed container's termination message is the tail of its log, so the
+/// agent's and the installer's own errors reach status.
+const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
 const SECRET_VOLUME: &str = "hostmesh-secret";
 
 /// Name of host pod `rank` of World `world`.
@@ -246,6 +249,8 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
                 ..Default::default()
             }]),
             security_context: Some(install_security_context()),
+            // Why a copy failed reaches the pod's status, and the World's.
+            termination_message_policy: Some(FALLBACK_TO_LOGS.to_string()),
             ..Default::default()
         };
         spec.init_containers
@@ -258,6 +263,8 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
     let host = &mut spec.containers[idx];
     host.command = Some(vec![agent_cmd, "agent".to_string()]);
     host.args = None;
+    host.termination_message_policy
+        .get_or_insert_with(|| FALLBACK_TO_LOGS.to_string());
     host.volume_mounts
         .get_or_insert_with(Vec::new)
         .extend(mounts);

@@ -6,6 +6,9 @@ use crate::hub::Liveness;
 use hostmesh_crds::world::{HostState, HostStatus};
 use k8s_openapi::api::core::v1::Pod;
 
+/// Longest host reason kept in status (a container's message is cut to it).
+const MAX_REASON: usize = 320;
+
 /// Waiting reasons that mean "stuck starting": reported, never restarted.
 const STUCK_WAITING: &[&str] = &[
     "ImagePullBackOff",
@@ -44,12 +47,29 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
                 return host(HostState::Failed, Some(r));
             }
             let term_reason = containers
-                .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
-                .find(|t| t.exit_code != 0 || t.reason.as_deref() == Some("OOMKilled"))
-                .map(|t| {
-                    t.reason
+                .filter_map(|c| Some((&c.name, c.state.as_ref()?.terminated.as_ref()?)))
+                .find(|(_, t)| t.exit_code != 0 || t.reason.as_deref() == Some("OOMKilled"))
+                .map(|(name, t)| {
+                    let reason = t
+                        .reason
                         .clone()
-                        .unwrap_or_else(|| format!("ExitCode{}", t.exit_code))
+                        .unwrap_or_else(|| format!("ExitCode{}", t.exit_code));
+                    // The kubelet's message names what failed (the program,
+                    // the path, the OS error): keep it with the container.
+                    match t.message.as_deref().map(str::trim) {
+                        Some(m) if !m.is_empty() => {
+                            let mut full = format!("{reason}: container {name}: {m}");
+                            if full.len() > MAX_REASON {
+                                let mut cut = MAX_REASON;
+                                while !full.is_char_boundary(cut) {
+                                    cut -= 1;
+                                }
+                                full.truncate(cut);
+                            }
+                            full
+                        }
+                        _ => reason,
+                    }
                 });
             return host(
                 HostState::Failed,
@@ -152,6 +172,11 @@ pub(crate) mod tests {
                 "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: OOMKilled}}}]\n",
                 HostState::Failed,
                 "OOMKilled",
+            ),
+            (
+                "  phase: Failed\n  initContainerStatuses: [{name: hostmesh-install, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 128, reason: StartError, message: 'failed to start \"/w/hostmesh\": Permission denied (os error 13)'}}}]\n",
+                HostState::Failed,
+                "StartError: container hostmesh-install: failed to start \"/w/hostmesh\": Permission denied (os error 13)",
             ),
             (
                 "  phase: Failed\n  reason: Evicted\n",
