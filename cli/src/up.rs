@@ -90,6 +90,18 @@ pub enum UpError {
     /// The API server answered with an error while watching progress.
     #[error("watching progress: {0}")]
     Kube(#[from] kube::Error),
+    /// An applied object was deleted (with kubectl) before it was Ready.
+    #[error(
+        "{kind} {namespace}/{name} was deleted before it was Ready; apply it again, or run without --exit-when-ready"
+    )]
+    Deleted {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
 }
 
 /// Readiness of one applied World or ProcMesh, read from its status.
@@ -206,16 +218,43 @@ async fn apply_and_watch(
     let mut announced_ready = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    // What was printed last: a line is printed again only when it changed.
+    let mut last_error: Option<String> = None;
+    let mut last_get_error: Option<String> = None;
     loop {
         let mut all = Vec::with_capacity(watched.len());
         for a in &watched {
-            let api: Api<DynamicObject> = Api::namespaced_with(
-                client.clone(),
-                a.namespace.as_deref().unwrap_or(&args.namespace),
-                &a.resource,
-            );
-            let obj = api.get(&a.name).await?;
-            all.push(progress_of(&a.resource.kind, &obj));
+            let namespace = a.namespace.as_deref().unwrap_or(&args.namespace);
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), namespace, &a.resource);
+            match api.get_opt(&a.name).await {
+                Ok(Some(obj)) => all.push(progress_of(&a.resource.kind, &obj)),
+                // Deleted by someone (kubectl delete): report it, keep serving.
+                Ok(None) => {
+                    if args.exit_when_ready {
+                        return Err(UpError::Deleted {
+                            kind: a.resource.kind.clone(),
+                            namespace: namespace.to_owned(),
+                            name: a.name.clone(),
+                        });
+                    }
+                    all.push(deleted(&a.resource.kind, namespace, &a.name));
+                }
+                // A passing API error: say it once, look again.
+                Err(e) => {
+                    let line = format!(
+                        "warning: reading {} {namespace}/{}: {e}",
+                        a.resource.kind, a.name
+                    );
+                    if last_get_error.as_ref() != Some(&line) {
+                        say(&line);
+                        last_get_error = Some(line);
+                    }
+                    if args.exit_when_ready && Instant::now() >= deadline {
+                        return Err(e.into());
+                    }
+                }
+            }
         }
         for p in &all {
             if shown.get(&p.key) != Some(p) {
@@ -234,9 +273,14 @@ async fn apply_and_watch(
             if args.exit_when_ready {
                 return Err(err);
             }
-            say(&format!("error: {err}"));
+            let line = format!("error: {err}");
+            if last_error.as_ref() != Some(&line) {
+                say(&line);
+                last_error = Some(line);
+            }
         }
-        let ready = all.iter().all(|p| p.ready);
+        let live: Vec<&Progress> = all.iter().filter(|p| p.phase != DELETED).collect();
+        let ready = all.len() == watched.len() && !live.is_empty() && live.iter().all(|p| p.ready);
         if ready && !announced_ready {
             announced_ready = true;
             if args.exit_when_ready {
@@ -261,6 +305,21 @@ async fn apply_and_watch(
             _ = &mut ctrl_c => return Ok(()),
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
+    }
+}
+
+/// The phase shown for an applied object someone deleted.
+const DELETED: &str = "Deleted";
+
+/// The progress line of an applied object that no longer exists.
+fn deleted(kind: &str, namespace: &str, name: &str) -> Progress {
+    Progress {
+        kind: kind.to_owned(),
+        key: format!("{namespace}/{name}"),
+        phase: DELETED.to_owned(),
+        ready: false,
+        failed: None,
+        detail: "deleted; still serving (Ctrl-C to tear down)".to_owned(),
     }
 }
 

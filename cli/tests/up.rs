@@ -41,3 +41,71 @@ fn up_runs_the_quickstart_from_a_directory_only_its_owner_can_enter() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("everything is Ready"), "{stdout}");
 }
+
+/// Deleting an applied object with kubectl is reported and `up` keeps
+/// serving (it used to tear the whole cluster down); Ctrl-C still ends it.
+#[test]
+fn up_reports_a_deleted_object_and_keeps_serving() {
+    use std::io::{BufRead as _, BufReader};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/quickstart.yaml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args(["up", quickstart])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start hostmesh up");
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |needle: &str, seen: &mut Vec<String>| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+                let hit = line.contains(needle);
+                seen.push(line);
+                if hit {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    let ready = wait_for("everything is Ready", &mut seen);
+    let kubeconfig = dir.path().join(".hostmesh/kubeconfig");
+    let kubectl = |args: &[&str]| {
+        Command::new("kubectl")
+            .env("KUBECONFIG", &kubeconfig)
+            .args(args)
+            .output()
+            .expect("kubectl runs")
+    };
+    let deleted = ready && kubectl(&["delete", "procmesh", "hello"]).status.success();
+    let reported = deleted && wait_for("Deleted", &mut seen);
+    let serving = reported && kubectl(&["get", "world", "quickstart"]).status.success();
+    let alive = child.try_wait().ok().flatten().is_none();
+    // SAFETY: kill(2) on the child's pid, which it has not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("hostmesh up exits");
+    assert!(
+        ready && deleted && reported && serving && alive,
+        "ready {ready} deleted {deleted} reported {reported} serving {serving} alive {alive}:\n{}",
+        seen.join("\n")
+    );
+    assert!(status.success(), "Ctrl-C ends it cleanly: {status}");
+}
