@@ -73,7 +73,7 @@ fn up_reports_a_deleted_object_and_keeps_serving() {
         }
     });
     let mut seen = Vec::new();
-    let mut wait_for = |needle: &str, seen: &mut Vec<String>| {
+    let wait_for = |needle: &str, seen: &mut Vec<String>| {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
