@@ -9,7 +9,8 @@ use std::process::Command;
 
 /// Renders the chart with `values` (JSON) and returns the operator
 /// container's `(name, value)` environment (downward-API entries get
-/// stand-in values) and its args.
+/// stand-in values, `$(NAME)` references are expanded as a kubelet does)
+/// and its args.
 fn rendered_env(values: &str) -> (Vec<(String, String)>, Vec<String>) {
     let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh");
     let script = r#"
@@ -20,11 +21,17 @@ out = chart.render(json.loads(sys.argv[2]), name="hm", namespace="hostmesh-syste
 dep = next(helm.values_from_yaml(d) for d in re.split(r"(?m)^---\s*$", out["hostmesh/templates/deployment.yaml"]) if d.strip())
 c = dep["spec"]["template"]["spec"]["containers"][0]
 env = []
+seen = {}
+def expand(v):
+    # $(NAME) of an earlier entry, as the kubelet expands it.
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: seen.get(m.group(1), m.group(0)), v)
 for e in c.get("env", []):
     if "value" in e:
-        env.append([e["name"], e["value"]])
+        value = expand(e["value"])
     else:
-        env.append([e["name"], {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system"}[e["valueFrom"]["fieldRef"]["fieldPath"]]])
+        value = {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system", "status.podIP": "127.0.0.1"}[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    seen[e["name"]] = value
+    env.append([e["name"], value])
 print(json.dumps({"env": env, "args": c.get("args", [])}))
 "#;
     let out = Command::new(hostmesh_testkit::helm::python())
@@ -116,5 +123,38 @@ fn inconsistent_election_timing_from_the_chart_is_reported_with_the_flag() {
     assert!(
         err.contains("--leader-elect-renew-deadline"),
         "the error names the flag:\n{err}"
+    );
+}
+
+#[test]
+fn the_operator_binds_the_pod_ip_and_extra_env_replaces_any_chart_entry() {
+    let (env, _) = rendered_env("{}");
+    let addr: Vec<&str> = env
+        .iter()
+        .filter(|(k, _)| k == "HOSTMESH_HTTP_ADDR")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        addr,
+        ["127.0.0.1:8080"],
+        "the pod's IP, not every interface"
+    );
+
+    let values = r#"{"extraEnv": [{"name": "HOSTMESH_HTTP_ADDR", "value": "0.0.0.0:9999"},
+        {"name": "HOSTMESH_LOG_LEVEL", "value": "debug"}, {"name": "EXTRA", "value": "1"}]}"#;
+    let (env, _) = rendered_env(values);
+    let get = |name: &str| {
+        env.iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(get("HOSTMESH_HTTP_ADDR"), ["0.0.0.0:9999"], "{env:?}");
+    assert_eq!(get("HOSTMESH_LOG_LEVEL"), ["debug"], "{env:?}");
+    assert_eq!(get("EXTRA"), ["1"], "{env:?}");
+    let err = run_operator_with(values);
+    assert!(
+        err.contains("cannot configure the Kubernetes client"),
+        "the operator must get as far as connecting:\n{err}"
     );
 }

@@ -51,7 +51,7 @@ pub enum HealthError {
 #[derive(Debug, Clone, clap::Args)]
 pub struct HealthArgs {
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
-    #[arg(long, env = "HOSTMESH_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "HOSTMESH_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 }
 

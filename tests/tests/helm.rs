@@ -77,12 +77,9 @@ fn chart_values(namespace: Option<&str>) -> serde_json::Value {
         "replicas": 1,
         "fullnameOverride": RELEASE_NAME,
         "logFormat": "text",
-        // Bind the metrics port on the pod's own loopback IP, so operators of
-        // parallel tests on this machine never collide on 0.0.0.0:8080.
-        "extraEnv": [
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "HOSTMESH_HTTP_ADDR", "value": "$(POD_IP):8080"},
-        ],
+        // The chart's default binds the metrics port on the pod's own IP, so
+        // operators of parallel tests on this machine (and a surge pod on a
+        // real node) never collide on one port.
     });
     if let Some(ns) = namespace {
         values["watchNamespaces"] = serde_json::json!([ns]);
