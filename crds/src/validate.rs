@@ -93,22 +93,40 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
             "is 0; a World needs at least 1 host",
         ));
     }
-    let n = spec.full_shape().num_ranks();
+    let shape = spec.full_shape();
+    let n = shape.num_ranks();
     if n > world::MAX_HOSTS {
+        let sizes: Vec<String> = shape.dims().iter().map(|d| d.size.to_string()).collect();
+        // The product saturates: say what was asked, not u64::MAX.
+        let count = match shape
+            .dims()
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(u64::from(d.size)))
+        {
+            Some(total) => total.to_string(),
+            None => "more than 2^64".to_string(),
+        };
         errs.push(FieldError::new(
             "spec.shape",
             format!(
-                "asks for {n} hosts; a World has at most {}, split it into several Worlds",
+                "asks for {} = {count} hosts; a World has at most {}, split it into several Worlds",
+                sizes.join(" x "),
                 world::MAX_HOSTS
             ),
         ));
     }
-    // Pod names `<world>-host-<rank>` are hostnames: DNS labels of <= 63.
-    let longest = format!("{name}-host-{}", n.saturating_sub(1));
-    if longest.len() > 63 || !is_dns_label(name) {
+    // The World names a headless Service: an RFC 1035 label (a letter
+    // first). Pod names `<world>-host-<rank>` are hostnames: at most 63.
+    let longest = format!("{name}-host-{}", n.min(world::MAX_HOSTS).saturating_sub(1));
+    if !is_dns_label(name) {
         errs.push(FieldError::new(
             "metadata.name",
-            format!("{name:?} makes host pod names like {longest:?} that are not DNS labels of at most 63 characters; use a shorter lower-case name"),
+            format!("{name:?} is not an RFC 1035 label: the World names a headless Service, so use lower-case letters, digits and '-', starting with a letter and ending with a letter or digit"),
+        ));
+    } else if longest.len() > 63 {
+        errs.push(FieldError::new(
+            "metadata.name",
+            format!("{name:?} makes host pod names like {longest:?}, longer than the 63 characters of a hostname; use a shorter name"),
         ));
     }
     let pod = spec.template.spec.as_ref();
@@ -359,6 +377,41 @@ mod tests {
         }
         let errs = world(&"x".repeat(60), &world_spec(OK_WORLD)).unwrap_err();
         assert_eq!(errs[0].field, "metadata.name");
+        assert!(
+            errs[0].message.contains("63 characters"),
+            "{}",
+            errs[0].message
+        );
+        // A name that starts with a digit is a DNS-1123 label but not the
+        // RFC 1035 label a Service name must be: say so, not "too long".
+        let errs = world("1world", &world_spec(OK_WORLD)).unwrap_err();
+        assert_eq!(errs[0].field, "metadata.name");
+        assert!(
+            errs[0].message.contains("starting with a letter"),
+            "{}",
+            errs[0].message
+        );
+        // 8 x 16384 overflows u64: the message says what was asked.
+        let dims = (0..8)
+            .map(|i| format!("{{name: d{i}, size: 16384}}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let yaml = format!(
+            "shape: [{dims}]\ntemplate: {{spec: {{containers: [{{name: h, image: x}}]}}}}\n"
+        );
+        let errs = world("w", &world_spec(&yaml)).unwrap_err();
+        let e = errs
+            .iter()
+            .find(|e| e.field == "spec.shape")
+            .expect("shape error");
+        assert!(e.message.contains("more than 2^64"), "{}", e.message);
+        assert!(!e.message.contains("18446744073709551615"), "{}", e.message);
+        let errs = world("w", &world_spec("shape: [{name: a, size: 200}, {name: b, size: 200}]\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n")).unwrap_err();
+        assert!(
+            errs[0].message.contains("200 x 200 = 40000 hosts"),
+            "{}",
+            errs[0].message
+        );
     }
 
     #[test]

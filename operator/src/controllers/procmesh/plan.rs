@@ -8,8 +8,11 @@
 //!    what its agent reports and the gang base (`status.restarts` under
 //!    Gang), so a restarted operator neither restarts nor duplicates procs.
 //! 2. `firstFailure` is set once per generation and never overwritten.
-//! 3. Restarts stop at `maxRestarts` (total); a permanent failure (a rule
-//!    says Fail, or exit code 126/127 by default) or `Never` fails at once.
+//! 3. Restarts stop at `maxRestarts` (total, counted per incident: the
+//!    failures one restart handles count once, however many ranks they
+//!    hit); a permanent failure (a rule says Fail, or exit code 126/127 by
+//!    default) or `Never` fails at once. Each rank's own restarts are its
+//!    incarnation.
 //! 4. Ranks that are not running `spawnTimeout` after their spawn (counted
 //!    while the World is Running) are Timeout, a failure like any other. The
 //!    clock of a rank starts no earlier than this operator's first report
@@ -360,10 +363,9 @@ impl<'i, 'a> Working<'i, 'a> {
         let permanent = failed
             .iter()
             .find(|r| !retryable(pm, &self.ranks[**r as usize]));
-        let needed = match policy.policy {
-            RestartMode::Gang => 1,
-            _ => failed.len() as u32,
-        };
+        // A restart counts once per incident, however many ranks it restarts
+        // (a lost host with 8 procs is one restart, as a gang restart is).
+        let needed = 1;
         if policy.policy == RestartMode::Never {
             self.failure_reason = Some(format!("{summary} (restartPolicy Never)"));
         } else if let Some(r) = permanent {

@@ -238,11 +238,12 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     let ff = p.status.first_failure.clone().unwrap();
     assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
     assert!(ff.reason.contains("host was lost"), "{}", ff.reason);
-    assert_eq!(p.status.restarts, 2);
+    // One incident, one restart, however many ranks the host held.
+    assert_eq!(p.status.restarts, 1);
     pm.status = Some(p.status);
     // Still lost on the next reconcile: the restarted ranks wait, no recount.
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 101);
-    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.restarts, 1);
     assert_eq!(p.status.ranks[1].value.state, ProcState::Starting);
     assert!(
         p.spawn.is_none(),
@@ -251,6 +252,33 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     // No spawn timeout while the World is down.
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 1000);
     assert_eq!(p.status.failed, 0);
+}
+
+/// Losing a host with more procs than `maxRestarts` is one restart of its
+/// ranks under OnFailure (it used to count each rank and give up).
+#[test]
+fn a_lost_host_is_one_restart_whatever_its_proc_count() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    pm.spec.per_host = vec![hostmesh_crds::Dim::new("gpu", 4)];
+    let mut states = all(2, 4, ProcState::Running, 0);
+    for r in 4..8 {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, HostState::Failed)]);
+    let p = run_lost(&pm, RUNNING, &states, &lost, 100);
+    assert_ne!(
+        p.status.phase,
+        Some(ProcMeshPhase::Failed),
+        "{:?}",
+        p.status
+    );
+    assert_eq!(p.status.restarts, 1);
+    assert!(!p.stop, "the healthy procs are left alone");
+    let inc = p.spawn.expect("the lost ranks are restarted");
+    assert_eq!(
+        (0..8).map(|r| inc.get(r)).collect::<Vec<_>>(),
+        [0, 0, 0, 0, 1, 1, 1, 1]
+    );
 }
 
 /// A new leader long after the spawn (past spawnTimeout) has heard from no
