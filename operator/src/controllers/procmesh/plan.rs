@@ -613,17 +613,13 @@ impl<'i, 'a> Working<'i, 'a> {
             }
             (None, _) => set(&mut conds, PROGRESSING, false, "Stable", ""),
         }
-        set(
-            &mut conds,
-            DEGRADED,
-            self.retrying,
-            if self.retrying {
-                "Restarting"
-            } else {
-                "NoFailures"
-            },
-            if self.retrying { &counts } else { "" },
-        );
+        // Degraded tells whether some ranks are down: restarting, or down
+        // for good next to Failed (never "NoFailures" beside Failed=True).
+        match (&self.failure_reason, self.retrying) {
+            (Some(_), _) => set(&mut conds, DEGRADED, true, "ProcsFailed", &counts),
+            (None, true) => set(&mut conds, DEGRADED, true, "Restarting", &counts),
+            (None, false) => set(&mut conds, DEGRADED, false, "NoFailures", ""),
+        }
         match &self.failure_reason {
             Some(why) => set(&mut conds, FAILED, true, "ProcsFailed", why),
             None => set(&mut conds, FAILED, false, "NotFailed", ""),

@@ -327,3 +327,18 @@ fn a_new_leader_never_times_out_ranks_it_has_not_heard_from() {
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
     assert!(p.status.first_failure.is_none());
 }
+
+/// A Failed mesh is Degraded too: never `NoFailures` beside `Failed=True`.
+#[test]
+fn a_failed_mesh_is_degraded_not_no_failures() {
+    let pm = small(", restartPolicy: {policy: Never}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    *states.get_mut(&1).unwrap() = obs(ProcState::Failed, Some(1), 0);
+    let p = run(&pm, RUNNING, &states, 100);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    let degraded = conditions::get(&p.status.conditions, DEGRADED).unwrap();
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "ProcsFailed")
+    );
+}
