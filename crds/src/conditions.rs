@@ -18,6 +18,9 @@ pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 /// Terminal failure; the message says why.
 pub const FAILED: &str = "Failed";
+/// The API server refused to create a host pod (admission: PodSecurity,
+/// quota, a webhook); the message is the server's, as on a ReplicaSet.
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 
 const MAX_MESSAGE: usize = 32 * 1024;
 

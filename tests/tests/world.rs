@@ -222,3 +222,55 @@ async fn a_restricted_world_is_admitted_and_ready_where_restricted_is_enforced()
     }
     Ok(())
 }
+
+/// A World whose host pods admission refuses (PodSecurity `restricted` in
+/// its namespace, a template that does not meet it) says so in status and
+/// in a Warning Event, with the API server's own message.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_host_pod_is_a_replica_failure_condition_and_an_event() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+
+    let env = Env::start("world-refused").await?;
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            &env.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+            }}})),
+        )
+        .await?;
+    env.apply(&world_yaml("wp", &[("host", 2)], "")).await?;
+    let status = env
+        .wait_for("World", "wp", "ReplicaFailure", |s| {
+            condition_true(s, "ReplicaFailure")
+        })
+        .await?;
+    let cond = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "ReplicaFailure"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(cond["reason"], "FailedCreate", "{status:#}");
+    let msg = cond["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("wp-host-") && msg.contains("violates PodSecurity"),
+        "{msg}"
+    );
+    let events = env.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        &env.namespace,
+        "--field-selector",
+        "involvedObject.name=wp",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+    ])?;
+    assert!(
+        events.contains("FailedCreate: host pod wp-host-"),
+        "a Warning Event carries the refusal: {events}"
+    );
+    Ok(())
+}

@@ -36,7 +36,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::Liveness;
@@ -213,11 +213,56 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
             Err(e) => return Err(e.into()),
         }
     }
+    // A pod the API server refuses (PodSecurity, quota, a webhook) is not
+    // retried in silence: its message goes into a ReplicaFailure condition
+    // and a Warning Event, as a ReplicaSet reports FailedCreate.
+    let mut refused: Option<String> = None;
     for rank in &plan.create {
         let pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
-        pods_api
-            .patch(&desired::pod_name(&name, *rank), &pp, &Patch::Apply(&pod))
-            .await?;
+        let pod_name = desired::pod_name(&name, *rank);
+        match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                debug!(world = %name, pod = %pod_name, code = e.code, message = %e.message, "the API server refused a host pod");
+                refused.get_or_insert(format!("host pod {pod_name}: {}", e.message));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut status = plan.status.clone();
+    let generation = world.metadata.generation;
+    let now = Time(Timestamp::now());
+    match &refused {
+        Some(msg) => {
+            let was = conditions::get(&status.conditions, conditions::REPLICA_FAILURE)
+                .filter(|c| c.status == "True")
+                .map(|c| c.message.clone());
+            if was.as_deref() != Some(msg.as_str()) {
+                warn!(world = %name, message = %msg, "the API server refused a host pod");
+                ctx.event(world, true, "FailedCreate", msg.clone()).await;
+            }
+            conditions::set(
+                &mut status.conditions,
+                conditions::REPLICA_FAILURE,
+                true,
+                "FailedCreate",
+                msg,
+                generation,
+                &now,
+            );
+        }
+        None if conditions::get(&status.conditions, conditions::REPLICA_FAILURE).is_some() => {
+            conditions::set(
+                &mut status.conditions,
+                conditions::REPLICA_FAILURE,
+                false,
+                "PodsCreated",
+                "",
+                generation,
+                &now,
+            );
+        }
+        None => {}
     }
     for ev in &plan.events {
         ctx.event(
@@ -228,8 +273,8 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         )
         .await;
     }
-    debug!(world = %name, phase = ?plan.status.phase, ready = ?plan.status.ready, restarts = plan.status.restarts, "writing status");
-    let deferred = write_status(world, ctx, plan.status.clone(), false).await?;
+    debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
+    let deferred = write_status(world, ctx, status.clone(), false).await?;
 
     let steady = plan.status.phase == Some(WorldPhase::Running)
         || plan.status.phase == Some(WorldPhase::Failed);
