@@ -43,6 +43,7 @@
 //! 6. Links to dialable peers reconnect with exponential backoff, up to
 //!    `reconnect_timeout`, before queued envelopes become undeliverable.
 
+mod admit;
 pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;
@@ -73,6 +74,11 @@ pub struct ChannelConfig {
     /// How long a link keeps redialing a peer before queued envelopes
     /// become undeliverable (default 5 s).
     pub reconnect_timeout: Duration,
+    /// Inbound connections still in their handshake at once; more are
+    /// closed at once (default 256).
+    pub max_pending_handshakes: usize,
+    /// Of those, from one source address (default 32).
+    pub max_pending_per_source: usize,
 }
 
 impl Default for ChannelConfig {
@@ -84,6 +90,8 @@ impl Default for ChannelConfig {
             handshake_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             reconnect_timeout: Duration::from_secs(5),
+            max_pending_handshakes: 256,
+            max_pending_per_source: 32,
         }
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::admit::{Admission, WarnLimiter};
 use super::frame::Arrivals;
 use super::handshake;
 use super::queue::{LinkQueue, PushError, Run};
@@ -97,10 +98,16 @@ pub(crate) struct Transport<I: Inbound> {
     links: Mutex<Links>,
     next_id: AtomicU64,
     pub(super) shutdown: CancellationToken,
+    /// Bounds on connections still in their handshake (`admit`).
+    admission: Arc<Admission>,
+    /// Handshake failures and refusals are logged at most this often.
+    warn: WarnLimiter,
 }
 
 impl<I: Inbound> Transport<I> {
     pub(crate) fn new(local: ProcId, config: ChannelConfig, secret: Option<&[u8]>) -> Self {
+        let admission =
+            Admission::new(config.max_pending_handshakes, config.max_pending_per_source);
         Transport {
             uid: NEXT_TRANSPORT.fetch_add(1, Ordering::Relaxed),
             local,
@@ -110,6 +117,8 @@ impl<I: Inbound> Transport<I> {
             links: Mutex::new(Links::default()),
             next_id: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
+            admission,
+            warn: WarnLimiter::default(),
         }
     }
 
@@ -448,10 +457,21 @@ impl<I: Inbound> Transport<I> {
                     a = accept(&listener) => a,
                 };
                 match accepted {
-                    Ok((r, w, hs)) => {
-                        let t = t.clone();
-                        tokio::spawn(async move { t.handshake_inbound(r, w, hs).await });
-                    }
+                    Ok((r, w, hs, source)) => match t.admission.admit(source) {
+                        Ok(slot) => {
+                            let t = t.clone();
+                            tokio::spawn(async move {
+                                t.handshake_inbound(r, w, hs).await;
+                                drop(slot);
+                            });
+                        }
+                        // Over a bound: closed at once (dropping both halves).
+                        Err(why) => {
+                            if let Some(held) = t.warn.allow(std::time::Instant::now()) {
+                                warn!(proc = %t.local, from = %hs, reason = %why, held_back = held, "refusing an inbound connection before its handshake");
+                            }
+                        }
+                    },
                     Err(e) => {
                         warn!(proc = %t.local, error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -476,10 +496,14 @@ impl<I: Inbound> Transport<I> {
                 self.register(peer, conn);
             }
             Ok(Err(e)) => {
-                warn!(proc = %self.local, %from, reason = %e, "closing inbound connection: handshake failed")
+                if let Some(held) = self.warn.allow(std::time::Instant::now()) {
+                    warn!(proc = %self.local, %from, reason = %e, held_back = held, "closing inbound connection: handshake failed");
+                }
             }
             Err(_) => {
-                warn!(proc = %self.local, %from, "closing inbound connection: handshake timed out")
+                if let Some(held) = self.warn.allow(std::time::Instant::now()) {
+                    warn!(proc = %self.local, %from, held_back = held, "closing inbound connection: handshake timed out");
+                }
             }
         }
     }
@@ -490,18 +514,22 @@ impl<I: Inbound> Transport<I> {
     }
 }
 
-async fn accept(l: &Listener) -> std::io::Result<(BoxRead, BoxWrite, String)> {
+/// An accepted connection's halves, its peer for logs, and its source
+/// address (`None` for a Unix socket).
+type Accepted = (BoxRead, BoxWrite, String, Option<std::net::IpAddr>);
+
+async fn accept(l: &Listener) -> std::io::Result<Accepted> {
     match l {
         Listener::Tcp(l) => {
             let (s, from) = l.accept().await?;
             s.set_nodelay(true)?;
             let (r, w) = s.into_split();
-            Ok((Box::new(r), Box::new(w), from.to_string()))
+            Ok((Box::new(r), Box::new(w), from.to_string(), Some(from.ip())))
         }
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
             let (r, w) = s.into_split();
-            Ok((Box::new(r), Box::new(w), "unix peer".into()))
+            Ok((Box::new(r), Box::new(w), "unix peer".into(), None))
         }
     }
 }
