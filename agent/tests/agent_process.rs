@@ -8,9 +8,9 @@ mod agent_common;
 
 use std::io::{Read as _, Write as _};
 
-use agent_common::PATIENCE;
 use agent_common::child::{ChildAgent, child_agent_main, wait_all_gone};
-use agent_common::process_gone;
+use hostmesh_testkit::PATIENCE;
+use hostmesh_testkit::process::gone;
 
 /// Entry point of the child agent process (agent_common/child.rs).
 #[test]
@@ -31,7 +31,7 @@ fn agent_sigkill_leaves_no_child_alive() {
     );
     let pids = agent.pids();
     assert_eq!(pids.len(), 3);
-    assert!(pids.iter().all(|p| !process_gone(*p)), "procs are running");
+    assert!(pids.iter().all(|p| !gone(*p)), "procs are running");
     agent.signal(libc::SIGKILL);
     let st = agent.wait();
     assert_eq!(

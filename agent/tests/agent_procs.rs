@@ -6,9 +6,11 @@ mod agent_common;
 
 use std::time::Duration;
 
-use agent_common::{eventually, harness, harness_with, process_gone, req, sh, wait_state};
+use agent_common::{harness, harness_with, req, sh, wait_state};
 use hostmesh_agent::protocol::{CreateOutcome, ProcPhase};
 use hostmesh_agent::{HostError, Limits};
+use hostmesh_testkit::eventually;
+use hostmesh_testkit::process::gone;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_and_stderr_tail() {
@@ -82,7 +84,7 @@ async fn sigkill_is_reported_as_killed_9() {
         "{st:?}"
     );
     assert!(!st.stop_requested, "nobody asked for this end");
-    eventually("the sleeper reaped", || process_gone(pid)).await;
+    eventually("the sleeper reaped", || gone(pid)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +133,7 @@ async fn term_ignoring_proc_is_killed_after_grace() {
         matches!(status, ProcPhase::Killed { signal: 9, .. }),
         "TERM was ignored, so KILL ends it: {status:?}"
     );
-    eventually("the stubborn shell reaped", || process_gone(pid)).await;
+    eventually("the stubborn shell reaped", || gone(pid)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,7 +313,7 @@ async fn runtime_aware_proc_times_out_without_check_in() {
     h.manager.create_or_update(r).unwrap();
     let st = wait_state(&h.manager, "silent", "Timeout", |s| s.status.is_terminal()).await;
     assert_eq!(st.status, ProcPhase::Timeout { after_ms: 300 });
-    eventually("the silent proc reaped", || process_gone(st.pid.unwrap())).await;
+    eventually("the silent proc reaped", || gone(st.pid.unwrap())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,7 +361,7 @@ async fn shutdown_stops_everything_and_refuses_new_procs() {
     assert_eq!(states.len(), 6);
     for s in &states {
         assert!(s.status.is_terminal() && s.stop_requested, "{s:?}");
-        assert!(process_gone(s.pid.unwrap()));
+        assert!(gone(s.pid.unwrap()));
     }
     assert!(matches!(
         h.manager.create_or_update(req("late", 7, "true", &[])),

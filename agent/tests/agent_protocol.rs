@@ -9,19 +9,17 @@ mod agent_common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use agent_common::PATIENCE;
 use agent_common::child::{ChildAgent, SECRET, child_agent_main, wait_all_gone};
 use hostmesh_agent::protocol::{
     AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcPhase, ProcReport, ProcSpec,
 };
 use hostmesh_agent::{
     ActorState, AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, GetActorState,
-    Keepalive, SpawnFor, join_host, mesh_ref,
+    Keepalive, SpawnFor, mesh_ref,
 };
-use hostmesh_runtime::{
-    Actor, ActorError, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers, ProcId,
-    RemoteSpawn,
-};
+use hostmesh_echo_proc::{Echo, echo_type_name};
+use hostmesh_runtime::{ActorRef, ActorStatus, ChannelAddr, ProcId};
+use hostmesh_testkit::{PATIENCE, eventually_ok};
 use tokio::sync::mpsc;
 
 /// Entry point of the child agent process (agent_common/child.rs).
@@ -31,35 +29,9 @@ fn child_agent() {
     child_agent_main();
 }
 
-/// An actor a runtime-aware proc offers: answers `<RANK>:<text>`.
-struct Echo {
-    rank: String,
-}
-
-impl Actor for Echo {
-    fn register(h: &mut Handlers<Self>) {
-        h.handle::<String>();
-    }
-}
-
-impl Handler<String> for Echo {
-    type Reply = String;
-    async fn handle(&mut self, _cx: &Context<Self>, s: String) -> Result<String, ActorError> {
-        Ok(format!("{}:{s}", self.rank))
-    }
-}
-
-impl RemoteSpawn for Echo {
-    type Params = ();
-    async fn new(_: ()) -> Result<Self, ActorError> {
-        Ok(Echo {
-            rank: std::env::var("RANK").unwrap_or_default(),
-        })
-    }
-}
-
-/// Entry point of a runtime-aware proc the agent starts: joins the host
-/// with `Echo` registered and runs until SIGTERM (then exits 0).
+/// Entry point of a runtime-aware proc the agent starts: the example echo
+/// proc, which joins the host with `Echo` registered and runs until SIGTERM
+/// (then exits 0).
 #[test]
 #[ignore = "entry point of the runtime-aware proc that the agent starts"]
 fn child_echo_proc() {
@@ -67,12 +39,7 @@ fn child_echo_proc() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-        let _joined = join_host(|b| b.register::<Echo>()).await.unwrap();
-        term.recv().await;
-    });
+    rt.block_on(hostmesh_echo_proc::run()).unwrap();
     std::process::exit(0);
 }
 
@@ -141,24 +108,18 @@ async fn change(
     panic!("no matching change for {name}");
 }
 
+/// Polls the agent for proc `name` until its state matches `pred`.
 async fn poll_state(
     c: &AgentClient,
     addr: SocketAddr,
     name: &str,
     pred: impl Fn(&ProcReport) -> bool,
 ) -> ProcReport {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok(&format!("{name} to match"), async || {
         let st = c.get_state(addr, name).await.unwrap();
-        if pred(&st) {
-            return st;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never matched; last {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if pred(&st) { Ok(st) } else { Err(st) }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,7 +371,7 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     let mesh = mesh_ref(&proc_id).unwrap();
     let timeout = Duration::from_secs(10);
     let spawn = SpawnFor {
-        type_name: std::any::type_name::<Echo>().into(),
+        type_name: echo_type_name().into(),
         name: "echo".into(),
         params: postcard::to_allocvec(&()).unwrap(),
         client: "operator-1".into(),
@@ -445,19 +406,15 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     assert_eq!(st.actor, id);
     assert_eq!(state(st), ActorStatus::Running);
     // ...and without them the actor stops.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let reason = eventually_ok("the actor to stop", async || {
         let st = mesh.call(c.proc(), &query, timeout).await.unwrap().unwrap();
-        if let ActorStatus::Stopped(reason) = &st.status {
-            assert!(reason.contains("keepalive"), "{reason}");
-            break;
+        match st.status {
+            ActorStatus::Stopped(reason) => Ok(reason),
+            other => Err(other),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "actor never stopped: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(reason.contains("keepalive"), "{reason}");
 
     // Stopping the proc: it exits 0 on TERM.
     c.stop(addr, "echo-2", Duration::from_secs(10))
@@ -508,17 +465,15 @@ async fn client_resubscribes_after_the_agent_restarts() {
     second.pids();
     // The client comes back by itself, and the snapshot shows the new
     // agent's state.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok("a snapshot of the new agent", async || {
         let procs = snapshot(&mut rx).await;
         if procs.len() == 1 && procs[0].command.last().is_some_and(|c| c.contains("61")) {
-            break;
+            Ok(())
+        } else {
+            Err(procs)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no snapshot of the new agent"
-        );
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

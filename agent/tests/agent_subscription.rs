@@ -6,9 +6,10 @@ mod agent_common;
 
 use std::time::Duration;
 
-use agent_common::{PATIENCE, harness, req};
+use agent_common::{harness, req};
 use hostmesh_agent::protocol::{AgentPush, ProcPhase};
 use hostmesh_agent::{Subscription, digest};
+use hostmesh_testkit::PATIENCE;
 
 async fn next(sub: &mut Subscription) -> AgentPush {
     tokio::time::timeout(PATIENCE, sub.next())

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hostmesh_crds::procmesh::ProcState;
 use hostmesh_operator::hub::Liveness;
@@ -14,9 +14,8 @@ use hostmesh_operator::hub::protocol::{Dim, ProcSpec};
 use hostmesh_operator::hub::{
     CreateOrUpdate, Hub, WorldAgents, WorldKey, default_connector, proc_name,
 };
+use hostmesh_testkit::{eventually_async, eventually_ok};
 use tokio::sync::mpsc;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 struct Agent {
     child: Child,
@@ -111,42 +110,25 @@ fn sleeper(rank: u64) -> CreateOrUpdate {
     }
 }
 
-async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_drives_a_real_agent() {
     let secret = b"0123456789abcdef0123456789abcdef";
     let agent = start_agent(secret, 1);
     let (hub, _stop) = running_hub();
     // The agent may still be starting: dial until it heartbeats.
-    until("agent heartbeats", || {
+    eventually_async("agent heartbeats", async || {
         let h = hub.clone();
         let a = agents(secret, agent.addr);
         tokio::spawn(async move { h.sync_world(&wk(), a).await });
         (hub.liveness(&wk(), 0, "pod-0") == Liveness::Alive).then_some(())
     })
     .await;
-    let start = Instant::now();
-    loop {
-        match hub
-            .ensure_procs(&wk(), 0, vec![sleeper(0)], Duration::from_secs(1))
+    eventually_ok("the proc created", async || {
+        hub.ensure_procs(&wk(), 0, vec![sleeper(0)], Duration::from_secs(1))
             .await
-        {
-            Ok(_) => break,
-            Err(e) => assert!(start.elapsed() < WAIT, "create failed: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    until("proc Running", || {
+    })
+    .await;
+    eventually_async("proc Running", async || {
         let s = hub.proc_states(&wk(), "pm.abc");
         (s.get(&0)?.state == ProcState::Running).then_some(())
     })
@@ -154,7 +136,7 @@ async fn hub_drives_a_real_agent() {
     hub.stop_procs(&wk(), "pm.abc", Duration::from_secs(2))
         .await
         .expect("stop reaches the agent");
-    let obs = until("proc stopped", || {
+    let obs = eventually_async("proc stopped", async || {
         let s = hub.proc_states(&wk(), "pm.abc");
         let o = s.get(&0)?.clone();
         (o.state == ProcState::Stopped).then_some(o)

@@ -4,12 +4,10 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
+use hostmesh_testkit::{PATIENCE, eventually_ok, poll};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
@@ -66,21 +64,19 @@ async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
         }
         bad
     });
-    let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(WAIT))
+    let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(PATIENCE))
         .await
         .expect("join")
         .expect("the operator logs its HTTP address");
 
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some((200, body)) = hostmesh_testkit::http::get(&addr, "/readyz").await
-            && body.contains("[+]leader-election leader")
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "operator never led");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_ok(
+        "the operator to lead",
+        async || match hostmesh_testkit::http::get(&addr, "/readyz").await {
+            Some((200, body)) if body.contains("[+]leader-election leader") => Ok(()),
+            other => Err(other),
+        },
+    )
+    .await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let holder = |l: Lease| l.spec.and_then(|s| s.holder_identity);
     assert_eq!(
@@ -94,17 +90,14 @@ async fn operator_process_logs_json_leads_and_releases_the_lease_on_sigterm() {
         .status()
         .expect("kill");
     assert!(status.success());
-    let deadline = std::time::Instant::now() + WAIT;
-    let exit = loop {
-        if let Some(exit) = child.try_wait().expect("try_wait") {
-            break exit;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("operator did not exit after SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let exit = poll(PATIENCE, async || {
+        child.try_wait().expect("try_wait").ok_or(())
+    })
+    .await;
+    let exit = exit.unwrap_or_else(|()| {
+        let _ = child.kill();
+        panic!("operator did not exit after SIGTERM");
+    });
     assert!(exit.success(), "clean exit after SIGTERM: {exit}");
     assert_eq!(
         holder(leases.get("hostmesh-operator").await.expect("lease")),

@@ -2,15 +2,12 @@
 //! CRDs are installed from `hostmesh crds`, a World and a ProcMesh get a
 //! status through the status subresource, and the command's view shows it.
 
-use std::time::Duration;
-
 use hostmesh_cli::manifest;
 use hostmesh_cli::status::{StatusArgs, run};
 use hostmesh_crds::{ProcMesh, World};
+use hostmesh_testkit::eventually_ok;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-
-const WAIT: Duration = Duration::from_secs(30);
 
 const OBJECTS: &str = r#"
 apiVersion: hostmesh.dev/v1alpha1
@@ -37,11 +34,10 @@ async fn status_reads_world_and_procmesh_from_the_api_server() {
     let client = server.client().expect("client");
     let objects = manifest::parse("objects", OBJECTS).expect("parse");
     // The CRDs may take a moment to be served: retry within a bound.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(e) = manifest::apply_all(&client, &objects, "default", "test").await {
-        assert!(tokio::time::Instant::now() < deadline, "apply objects: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok("the objects applied", async || {
+        manifest::apply_all(&client, &objects, "default", "test").await
+    })
+    .await;
 
     let worlds: Api<World> = Api::namespaced(client.clone(), "default");
     let status = serde_json::json!({"status": {

@@ -3,7 +3,7 @@
 //! applying, keyed list merging, status apply; plus the resources the
 //! operator's plumbing uses (Leases, Events).
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_testkit::cluster::api_server;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -34,10 +34,8 @@ fn managers(o: &impl kube::Resource) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn apply_creates_tracks_owners_conflicts_and_removes() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let (server, client) = api_server().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let alice = PatchParams::apply("alice");
     let bob = PatchParams::apply("bob");
 
@@ -129,12 +127,7 @@ async fn apply_creates_tracks_owners_conflicts_and_removes() {
         .header("content-type", "application/apply-patch+yaml")
         .body(b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n".to_vec())
         .expect("req");
-    let err = server
-        .client()
-        .expect("client")
-        .request_text(req)
-        .await
-        .expect_err("no manager");
+    let err = client.request_text(req).await.expect_err("no manager");
     assert!(
         matches!(err, kube::Error::Api(ref s) if s.code == 400 && s.message.contains("fieldManager")),
         "{err:?}"
@@ -144,10 +137,7 @@ async fn apply_creates_tracks_owners_conflicts_and_removes() {
 
 #[tokio::test]
 async fn apply_merges_keyed_lists_and_status() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
+    let (server, client) = api_server().await;
     let deploys: Api<Deployment> = Api::default_namespaced(client.clone());
     let deploy = |containers: serde_json::Value| {
         Patch::Apply(
@@ -235,10 +225,7 @@ async fn apply_merges_keyed_lists_and_status() {
 
 #[tokio::test]
 async fn leases_and_events_round_trip() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
+    let (server, client) = api_server().await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let l: Lease = serde_json::from_value(json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "node-1"},

@@ -5,21 +5,13 @@
 
 use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_testkit::cluster::api_server;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Discovery};
 use serde_json::json;
-
-async fn start() -> (ApiServerHandle, Client) {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
-    (server, client)
-}
 
 fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(json!({
@@ -104,7 +96,7 @@ fn api_status(e: kube::Error) -> (u16, String) {
 
 #[tokio::test]
 async fn discovery_lists_builtin_and_crd_resources() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let v = client.apiserver_version().await.expect("version");
     assert_eq!(v.git_version, "v1.33.0");
     install_widgets(&client).await;
@@ -146,9 +138,7 @@ async fn discovery_lists_builtin_and_crd_resources() {
 
 #[tokio::test]
 async fn wrong_token_is_rejected() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
+    let (server, _) = api_server().await;
     let yaml = server
         .kubeconfig_yaml()
         .replace(server.token(), "not-the-token");
@@ -166,7 +156,7 @@ async fn wrong_token_is_rejected() {
 
 #[tokio::test]
 async fn create_get_update_patch_delete() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let created = cms
         .create(&PostParams::default(), &cm("a", json!({"app": "x"})))
@@ -259,7 +249,7 @@ async fn create_get_update_patch_delete() {
 
 #[tokio::test]
 async fn strategic_merge_uses_merge_keys() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let deploys: Api<Deployment> = Api::default_namespaced(client);
     let d: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
@@ -318,7 +308,7 @@ async fn strategic_merge_uses_merge_keys() {
 
 #[tokio::test]
 async fn pod_spec_is_immutable_except_images_and_secrets_fold_string_data() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
@@ -369,7 +359,7 @@ async fn pod_spec_is_immutable_except_images_and_secrets_fold_string_data() {
 
 #[tokio::test]
 async fn selectors_paging_and_generate_name() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     for i in 0..7 {
         let tier = if i % 2 == 0 { "even" } else { "odd" };
@@ -426,7 +416,7 @@ async fn selectors_paging_and_generate_name() {
 
 #[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");
     let (code, msg) = api_status(
         cms.create(&PostParams::default(), &cm("a", json!({})))
@@ -447,7 +437,7 @@ async fn missing_namespace_and_bad_names_are_refused() {
 
 #[tokio::test]
 async fn crd_serves_resource_with_status_generation_and_validation() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let widgets = install_widgets(&client).await;
     let w = widgets
         .create(&PostParams::default(), &widget("w", 2))
@@ -560,7 +550,7 @@ async fn crd_serves_resource_with_status_generation_and_validation() {
 
 #[tokio::test]
 async fn crd_removal_stops_serving() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let widgets = install_widgets(&client).await;
     widgets
         .create(&PostParams::default(), &widget("w", 1))
@@ -626,7 +616,7 @@ async fn raw(
 
 #[tokio::test]
 async fn hostile_inputs_get_clear_errors_not_panics() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let pods = "/api/v1/namespaces/default/pods";
     let cms = "/api/v1/namespaces/default/configmaps";
     let json = "application/json";
@@ -760,7 +750,7 @@ async fn hostile_inputs_get_clear_errors_not_panics() {
 
 #[tokio::test]
 async fn crd_versions_share_storage_and_prefer_the_highest() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let mut crd = widget_crd();
     let v1 = crd["spec"]["versions"][0].clone();
     let mut beta = v1.clone();
@@ -813,7 +803,7 @@ async fn crd_versions_share_storage_and_prefer_the_highest() {
 #[tokio::test]
 async fn services_get_a_stable_cluster_ip_and_headless_stays_headless() {
     use k8s_openapi::api::core::v1::Service;
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let svcs: Api<Service> = Api::default_namespaced(client);
     let svc = |name: &str, cluster_ip: Option<&str>| -> Service {
         let mut spec = json!({"selector": {"app": name}, "ports": [{"port": 80}]});

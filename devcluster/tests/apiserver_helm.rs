@@ -3,9 +3,8 @@
 //! server: release Secrets (protobuf bodies from client-go), CRDs from the
 //! chart's `crds/`, RBAC, the operator Deployment, then removal.
 
-use std::time::Duration;
-
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_testkit::cluster::api_server_with_kubeconfig;
+use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, ListParams};
@@ -51,13 +50,7 @@ fn helm(kubeconfig: &std::path::Path, action: &str) -> String {
 async fn helm_installs_and_uninstalls_the_chart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = ApiServer::start(ApiServerConfig {
-        kubeconfig: Some(kubeconfig.clone()),
-        ..ApiServerConfig::default()
-    })
-    .await
-    .expect("start");
-    let client = server.client().expect("client");
+    let (server, client) = api_server_with_kubeconfig(&kubeconfig).await;
 
     let kc = kubeconfig.clone();
     let out = tokio::task::spawn_blocking(move || helm(&kc, "install"))
@@ -106,21 +99,11 @@ async fn helm_installs_and_uninstalls_the_chart() {
         .await
         .expect("join");
     assert!(out.contains("uninstalled"), "{out}");
-    let mut empty = false;
-    for _ in 0..200 {
-        if deploys
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .is_empty()
-        {
-            empty = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(empty, "uninstall removes the Deployment");
+    eventually_async("uninstall to remove the Deployment", async || {
+        let list = deploys.list(&ListParams::default()).await.expect("list");
+        list.items.is_empty().then_some(())
+    })
+    .await;
     assert!(
         secrets
             .list(&ListParams::default().labels("owner=helm"))

@@ -3,12 +3,12 @@
 //! deletion, pod binding and graceful deletion, and persistence across a
 //! restart.
 
-use std::time::Duration;
-
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_testkit::cluster::{api_server, api_server_with};
+use hostmesh_testkit::{PATIENCE, eventually_async};
 use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, Pod, Secret};
+use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt as _};
 use serde_json::json;
 
 fn cm(name: &str) -> ConfigMap {
@@ -30,30 +30,21 @@ fn owned_secret(name: &str, owner: &ConfigMap) -> Secret {
     .expect("secret")
 }
 
+/// Whether object `name` is deleted within the patience bound.
 async fn gone<K>(api: &Api<K>, name: &str) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    for _ in 0..400 {
-        if api.get_opt(name).await.expect("get").is_none() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
-}
-
-async fn start() -> (hostmesh_devcluster::apiserver::ApiServerHandle, Client) {
-    let s = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let c = s.client().expect("client");
-    (s, c)
+    let deleted = async || match api.get_opt(name).await.expect("get") {
+        None => Ok(()),
+        Some(o) => Err(o),
+    };
+    hostmesh_testkit::poll(PATIENCE, deleted).await.is_ok()
 }
 
 #[tokio::test]
 async fn finalizers_hold_deletion_until_removed() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(client);
     let mut c = cm("f");
     c.metadata.finalizers = Some(vec!["example.dev/cleanup".into()]);
@@ -92,7 +83,7 @@ async fn finalizers_hold_deletion_until_removed() {
 
 #[tokio::test]
 async fn garbage_collection_background_foreground_orphan() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let secrets: Api<Secret> = Api::default_namespaced(client.clone());
 
@@ -127,16 +118,11 @@ async fn garbage_collection_background_foreground_orphan() {
     cms.delete("fg", &DeleteParams::foreground())
         .await
         .expect("delete");
-    let mut held = None;
-    for _ in 0..200 {
+    eventually_async("the dependent to be in deletion", async || {
         let d = secrets.get("fg-dep").await.expect("dep");
-        if d.metadata.deletion_timestamp.is_some() {
-            held = Some(d);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(held.is_some(), "the dependent is being deleted");
+        d.metadata.deletion_timestamp.is_some().then_some(())
+    })
+    .await;
     let owner = cms.get("fg").await.expect("owner still there");
     assert!(owner.finalizers().iter().any(|f| f == "foregroundDeletion"));
     secrets
@@ -173,7 +159,7 @@ async fn garbage_collection_background_foreground_orphan() {
 
 #[tokio::test]
 async fn namespace_deletion_removes_contents() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let nss: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}),
@@ -227,7 +213,7 @@ async fn namespace_deletion_removes_contents() {
 
 #[tokio::test]
 async fn pod_binding_and_graceful_deletion() {
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
@@ -308,9 +294,8 @@ async fn persistence_keeps_objects_and_credentials_across_restart() {
         data_dir: Some(dir.path().to_path_buf()),
         ..ApiServerConfig::default()
     };
-    let server = ApiServer::start(cfg.clone()).await.expect("start");
+    let (server, client) = api_server_with(cfg.clone()).await;
     let token = server.token().to_string();
-    let client = server.client().expect("client");
     let cms: Api<ConfigMap> = Api::default_namespaced(client);
     let c = cms
         .create(&PostParams::default(), &cm("keep"))
@@ -324,9 +309,9 @@ async fn persistence_keeps_objects_and_credentials_across_restart() {
         .expect("num");
     server.shutdown().await;
 
-    let server = ApiServer::start(cfg).await.expect("restart");
+    let (server, client) = api_server_with(cfg).await;
     assert_eq!(server.token(), token, "same credentials");
-    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
     let got = cms.get("keep").await.expect("kept");
     assert_eq!(got.metadata.uid, c.metadata.uid);
     let next = cms
@@ -347,7 +332,7 @@ async fn persistence_keeps_objects_and_credentials_across_restart() {
 async fn kube_runtime_finalizer_helper_adds_and_removes_its_finalizer() {
     use kube::runtime::controller::Action;
     use kube::runtime::finalizer::{Event, finalizer};
-    let (server, client) = start().await;
+    let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(client);
     cms.create(&PostParams::default(), &cm("fin"))
         .await

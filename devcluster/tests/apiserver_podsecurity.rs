@@ -3,19 +3,11 @@
 //! (403, the real message, by create and by server-side apply) and admits a
 //! compliant one; a `warn` label admits with a `Warning` header.
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_testkit::cluster::api_server;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-
-async fn start() -> (ApiServerHandle, Client) {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
-    (server, client)
-}
 
 fn obj<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("valid object")
@@ -65,7 +57,7 @@ fn status_of(r: Result<Pod, kube::Error>) -> kube::core::Status {
 
 #[tokio::test]
 async fn enforce_restricted_refuses_a_non_compliant_pod_and_admits_a_compliant_one() {
-    let (_server, client) = start().await;
+    let (_server, client) = api_server().await;
     namespace(
         &client,
         "locked",
@@ -127,7 +119,7 @@ async fn enforce_restricted_refuses_a_non_compliant_pod_and_admits_a_compliant_o
 
 #[tokio::test]
 async fn warn_admits_with_a_warning_header() {
-    let (_server, client) = start().await;
+    let (_server, client) = api_server().await;
     namespace(
         &client,
         "warned",

@@ -7,20 +7,14 @@
 
 use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::apiserver::{ApiServerConfig, ApiServerHandle};
+use hostmesh_testkit::cluster::{api_server, api_server_with};
+use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, Discovery};
 use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(30);
-
-async fn start(config: ApiServerConfig) -> (ApiServerHandle, Client) {
-    let server = ApiServer::start(config).await.expect("start");
-    let client = server.client().expect("client");
-    (server, client)
-}
 
 fn obj<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("valid object")
@@ -86,18 +80,6 @@ fn api_error(r: Result<impl std::fmt::Debug, kube::Error>) -> kube::core::Status
     }
 }
 
-async fn poll<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = std::time::Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn whoami(client: &Client) -> Value {
     let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
     let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
@@ -151,7 +133,7 @@ fn role(kind: &str, name: &str, rules: Value) -> Value {
 
 #[tokio::test]
 async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
-    let (server, admin) = start(ApiServerConfig::default()).await;
+    let (server, admin) = api_server().await;
     namespace(&admin, "team-a").await;
     namespace(&admin, "team-b").await;
     let sa = service_account(&admin, "team-a", "op").await;
@@ -309,7 +291,7 @@ async fn a_service_account_token_is_the_service_account_and_rbac_decides() {
 
 #[tokio::test]
 async fn resource_names_and_subresources_are_matched_exactly() {
-    let (server, admin) = start(ApiServerConfig::default()).await;
+    let (server, admin) = api_server().await;
     namespace(&admin, "rn").await;
     service_account(&admin, "rn", "op").await;
     for name in ["allowed", "other"] {
@@ -395,27 +377,25 @@ async fn expired_forged_and_orphaned_tokens_get_401() {
         max_token_expiration: Some(Duration::from_secs(1)),
         ..ApiServerConfig::default()
     };
-    let (server, admin) = start(config).await;
+    let (server, admin) = api_server_with(config).await;
     service_account(&admin, "default", "short").await;
     // Asking for 10 minutes gets the server's maximum.
     let tr = mint(&admin, "default", "short", 600).await;
     assert_eq!(tr.spec.expiration_seconds, Some(1));
     let short = client_with(&server, &tr.status.expect("status").token);
-    poll("the token to expire", || {
-        let short = short.clone();
-        async move {
-            let cms: Api<ConfigMap> = Api::namespaced(short, "default");
-            matches!(cms.list(&ListParams::default()).await, Err(kube::Error::Api(s)) if s.code == 401)
-        }
+    let cms: Api<ConfigMap> = Api::namespaced(short, "default");
+    eventually_async("the token to expire", async || {
+        let listed = cms.list(&ListParams::default()).await;
+        matches!(listed, Err(kube::Error::Api(s)) if s.code == 401).then_some(())
     })
     .await;
 
-    let (other_server, other_admin) = start(ApiServerConfig::default()).await;
+    let (other_server, other_admin) = api_server().await;
     service_account(&other_admin, "default", "short").await;
     let foreign = token(&other_admin, "default", "short").await;
     other_server.shutdown().await;
 
-    let (server2, admin2) = start(ApiServerConfig::default()).await;
+    let (server2, admin2) = api_server().await;
     let sa = service_account(&admin2, "default", "op").await;
     let good = token(&admin2, "default", "op").await;
     let mut forged = good.clone();
@@ -469,7 +449,7 @@ async fn tokens_survive_a_restart_with_a_data_dir() {
         data_dir: Some(dir.path().to_path_buf()),
         ..ApiServerConfig::default()
     };
-    let (server, admin) = start(config.clone()).await;
+    let (server, admin) = api_server_with(config.clone()).await;
     service_account(&admin, "default", "op").await;
     let tok = token(&admin, "default", "op").await;
     let key = std::fs::read_to_string(dir.path().join("sa-signing-key")).expect("key file");
@@ -481,7 +461,7 @@ async fn tokens_survive_a_restart_with_a_data_dir() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     server.shutdown().await;
-    let (server, _admin) = start(config.clone()).await;
+    let (server, _admin) = api_server_with(config.clone()).await;
     let me = whoami(&client_with(&server, &tok)).await;
     assert_eq!(
         me["status"]["userInfo"]["username"],
@@ -491,7 +471,7 @@ async fn tokens_survive_a_restart_with_a_data_dir() {
     // A data directory from before service account tokens (no key file)
     // gets a new key; the admin kubeconfig keeps working.
     std::fs::remove_file(dir.path().join("sa-signing-key")).expect("remove key");
-    let (server, admin) = start(config).await;
+    let (server, admin) = api_server_with(config).await;
     assert!(dir.path().join("sa-signing-key").exists());
     let cms: Api<ConfigMap> = Api::namespaced(client_with(&server, &tok), "default");
     let s = api_error(cms.list(&ListParams::default()).await);
@@ -507,7 +487,7 @@ async fn tokens_survive_a_restart_with_a_data_dir() {
 
 #[tokio::test]
 async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
-    let (server, admin) = start(ApiServerConfig::default()).await;
+    let (server, admin) = api_server().await;
     namespace(&admin, "adm").await;
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "adm");
     let ca = cms.get("kube-root-ca.crt").await.expect("kube-root-ca.crt");
@@ -607,9 +587,8 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
     pods.delete("p", &DeleteParams::default())
         .await
         .expect("delete pod");
-    poll("the pod to go", || {
-        let pods = pods.clone();
-        async move { matches!(pods.get_opt("p").await, Ok(None)) }
+    eventually_async("the pod to go", async || {
+        matches!(pods.get_opt("p").await, Ok(None)).then_some(())
     })
     .await;
     let cms_bound: Api<ConfigMap> = Api::namespaced(bound, "adm");

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_devcluster::apiserver::ApiServerConfig;
+use hostmesh_testkit::cluster::{api_server, api_server_with};
+use hostmesh_testkit::eventually;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -25,16 +27,6 @@ fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
     .expect("configmap")
 }
 
-async fn eventually<F: Fn() -> bool>(what: &str, f: F) {
-    for _ in 0..400 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 /// Not the `kube-root-ca.crt` every namespace holds.
 fn ours(c: &ConfigMap) -> bool {
     c.metadata.name.as_deref() != Some("kube-root-ca.crt")
@@ -42,10 +34,8 @@ fn ours(c: &ConfigMap) -> bool {
 
 #[tokio::test]
 async fn watcher_sees_every_change_exactly_once_in_order() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
     let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let (reader, writer) = reflector::store();
     let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()));
@@ -131,10 +121,7 @@ async fn watcher_sees_every_change_exactly_once_in_order() {
 
 #[tokio::test]
 async fn controller_reconciles_each_object_and_converges() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
+    let (server, client) = api_server().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
 
@@ -213,13 +200,12 @@ use kube::ResourceExt as _;
 
 #[tokio::test]
 async fn watch_from_resource_version_replays_history_and_too_old_is_gone() {
-    let server = ApiServer::start(ApiServerConfig {
+    let (server, client) = api_server_with(ApiServerConfig {
         history_limit: 5,
         ..ApiServerConfig::default()
     })
-    .await
-    .expect("start");
-    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
     let first = api
         .create(&PostParams::default(), &cm("h", json!({})))
         .await
@@ -270,8 +256,8 @@ async fn bookmarks_timeouts_and_selector_transitions() {
         bookmark_interval: Duration::from_millis(100),
         ..ApiServerConfig::default()
     };
-    let server = ApiServer::start(cfg).await.expect("start");
-    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let (server, client) = api_server_with(cfg).await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
     let list = api.list(&ListParams::default()).await.expect("list");
     let rv = list.metadata.resource_version.expect("rv");
 
@@ -337,10 +323,8 @@ async fn bookmarks_timeouts_and_selector_transitions() {
 
 #[tokio::test]
 async fn streaming_list_sends_initial_events_then_end_bookmark() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
     for i in 0..3 {
         api.create(&PostParams::default(), &cm(&format!("i{i}"), json!({})))
             .await
@@ -375,10 +359,8 @@ async fn streaming_list_sends_initial_events_then_end_bookmark() {
 
 #[tokio::test]
 async fn metadata_only_get_list_and_watch() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let api: Api<ConfigMap> = Api::default_namespaced(server.client().expect("client"));
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
     api.create(&PostParams::default(), &cm("m", json!({"k": "v"})))
         .await
         .expect("create");
@@ -406,8 +388,7 @@ async fn metadata_only_get_list_and_watch() {
         "ours and the namespace's CA"
     );
     let (reader, writer) = reflector::store();
-    let meta_api: Api<kube::core::PartialObjectMeta<ConfigMap>> =
-        Api::default_namespaced(server.client().expect("client"));
+    let meta_api: Api<kube::core::PartialObjectMeta<ConfigMap>> = Api::default_namespaced(client);
     let stream = reflector(writer, watcher(meta_api, watcher::Config::default()));
     let task = tokio::spawn(async move {
         let mut s = std::pin::pin!(stream);
@@ -431,10 +412,7 @@ async fn metadata_only_get_list_and_watch() {
 #[tokio::test]
 async fn first_watch_of_a_quiet_resource_from_an_older_list_is_not_gone() {
     use k8s_openapi::api::core::v1::Secret;
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("start");
-    let client = server.client().expect("client");
+    let (server, client) = api_server().await;
     let secrets: Api<Secret> = Api::default_namespaced(client.clone());
     let rv = secrets
         .list(&ListParams::default())

@@ -6,31 +6,12 @@
 
 mod kubelet_common;
 
-use std::time::{Duration, Instant};
-
 use hostmesh_devcluster::controllers;
+use hostmesh_testkit::{eventually_async, eventually_ok};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kubelet_common::Cluster;
-
-/// Polls `f` until it returns `Some`, panicking after the wait with `what`
-/// and the last value `show` describes.
-async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let start = Instant::now();
-    let mut last = String::new();
-    while start.elapsed() < kubelet_common::WAIT {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => last = e,
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "{what}: not reached in {:?}; last: {last}",
-        kubelet_common::WAIT
-    );
-}
 
 fn deployment_yaml(name: &str, replicas: i32, arg: &str, strategy: &str) -> String {
     format!(
@@ -42,7 +23,7 @@ fn deployment_yaml(name: &str, replicas: i32, arg: &str, strategy: &str) -> Stri
 /// for its current generation, with the conditions Helm's kstatus reads.
 async fn wait_complete(c: &Cluster, name: &str, replicas: i32) -> Deployment {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
-    eventually(
+    eventually_ok(
         &format!("deployment {name} complete with {replicas}"),
         async || {
             let d = api.get(name).await.map_err(|e| e.to_string())?;
@@ -163,7 +144,7 @@ async fn deployment_rolls_scales_and_cascades() {
         .delete(&victim, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the deleted pod replaced", async || {
+    eventually_ok("the deleted pod replaced", async || {
         let pods = live_pods(&c, name).await;
         let replaced = pods.len() == 3
             && pods
@@ -181,7 +162,7 @@ async fn deployment_rolls_scales_and_cascades() {
         .await
         .unwrap();
     wait_complete(&c, name, 1).await;
-    eventually("one pod after scaling down", async || {
+    eventually_ok("one pod after scaling down", async || {
         let n = live_pods(&c, name).await.len();
         if n == 1 {
             Ok(())
@@ -199,8 +180,7 @@ async fn deployment_rolls_scales_and_cascades() {
         .unwrap();
     // maxSurge 1, maxUnavailable 0: never more than 2 live pods, and a
     // Ready pod at every moment, until only a new-template pod is left.
-    let start = Instant::now();
-    loop {
+    eventually_async("the rollout to finish", async || {
         let pods = live_pods(&c, name).await;
         let ready = pods
             .iter()
@@ -208,15 +188,9 @@ async fn deployment_rolls_scales_and_cascades() {
             .count();
         assert!(pods.len() <= 2, "{} live pods: surge above 1", pods.len());
         assert!(ready >= 1, "no Ready pod during the rollout");
-        if pods.len() == 1 && hash_of(&pods[0]) != hash && ready == 1 {
-            break;
-        }
-        assert!(
-            start.elapsed() < kubelet_common::WAIT,
-            "rollout did not finish"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (pods.len() == 1 && hash_of(&pods[0]) != hash && ready == 1).then_some(())
+    })
+    .await;
     wait_complete(&c, name, 1).await;
     let rss = rs_api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(rss.len(), 2, "{rss:#?}");
@@ -234,7 +208,7 @@ async fn deployment_rolls_scales_and_cascades() {
         "2"
     );
     let new_hash = new.metadata.labels.as_ref().unwrap()["pod-template-hash"].clone();
-    eventually("only new-template pods", async || {
+    eventually_ok("only new-template pods", async || {
         let pods = live_pods(&c, name).await;
         if pods.len() == 1 && hash_of(&pods[0]) == new_hash {
             Ok(())
@@ -246,7 +220,7 @@ async fn deployment_rolls_scales_and_cascades() {
 
     // Deleting the Deployment cascades to the ReplicaSets and pods.
     dapi.delete(name, &DeleteParams::default()).await.unwrap();
-    eventually("every pod and replicaset gone", async || {
+    eventually_ok("every pod and replicaset gone", async || {
         let pods = c
             .pods()
             .list(&ListParams::default())
@@ -286,8 +260,7 @@ async fn recreate_stops_old_pods_before_new_ones_start() {
         .await
         .unwrap();
     // Never a new-template pod alongside an old one, even a terminating one.
-    let start = Instant::now();
-    loop {
+    eventually_ok("the recreate to finish", async || {
         let pods = c
             .pods()
             .list(&ListParams::default().labels(&format!("app={name}")))
@@ -298,14 +271,12 @@ async fn recreate_stops_old_pods_before_new_ones_start() {
         let new = pods.len() - old;
         assert!(old == 0 || new == 0, "{old} old and {new} new pods at once");
         if old == 0 && new == 2 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{old} old, {new} new"))
         }
-        assert!(
-            start.elapsed() < kubelet_common::WAIT,
-            "recreate not done: {old} old, {new} new"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     wait_complete(&c, name, 2).await;
     ctl.shutdown().await;
     c.stop().await;
@@ -318,7 +289,7 @@ async fn a_stalled_rollout_exceeds_its_progress_deadline() {
     let yaml = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: stuck}\nspec:\n  replicas: 1\n  progressDeadlineSeconds: 2\n  selector: {matchLabels: {app: stuck}}\n  template:\n    metadata: {labels: {app: stuck}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: main\n        image: busybox\n        command: [sleep, \"3600\"]\n        readinessProbe: {exec: {command: [\"false\"]}, periodSeconds: 1}\n";
     c.create::<Deployment>(yaml).await;
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
-    eventually("Progressing=False ProgressDeadlineExceeded", async || {
+    eventually_ok("Progressing=False ProgressDeadlineExceeded", async || {
         let d = api.get("stuck").await.map_err(|e| e.to_string())?;
         let s = d.status.unwrap_or_default();
         let p = s

@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::apiserver::ApiServerHandle;
+use hostmesh_testkit::cluster::api_server_with_kubeconfig;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
 struct Env {
     server: ApiServerHandle,
+    client: kube::Client,
     kubeconfig: PathBuf,
     dir: tempfile::TempDir,
 }
@@ -20,14 +22,10 @@ struct Env {
 async fn start() -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = ApiServer::start(ApiServerConfig {
-        kubeconfig: Some(kubeconfig.clone()),
-        ..ApiServerConfig::default()
-    })
-    .await
-    .expect("start");
+    let (server, client) = api_server_with_kubeconfig(&kubeconfig).await;
     Env {
         server,
+        client,
         kubeconfig,
         dir,
     }
@@ -188,8 +186,7 @@ async fn auth_can_i_whoami_and_forbidden_as_a_service_account() {
     let f = env.write("rbac.yaml", SA_RBAC);
     env.ok(&["apply", "-f", f.to_str().unwrap_or_default()])
         .await;
-    let api: kube::Api<ServiceAccount> =
-        kube::Api::namespaced(env.server.client().expect("client"), "can-i");
+    let api: kube::Api<ServiceAccount> = kube::Api::namespaced(env.client.clone(), "can-i");
     let req: TokenRequest =
         serde_json::from_value(serde_json::json!({"spec": {"audiences": []}})).expect("request");
     let token = api

@@ -10,6 +10,8 @@ use std::io::{Read as _, Write as _};
 use futures::AsyncBufReadExt as _;
 use std::time::Duration;
 
+use hostmesh_testkit::process::gone;
+use hostmesh_testkit::{PATIENCE, eventually_ok};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -218,7 +220,7 @@ async fn logs_are_served_through_the_api_server() {
         .unwrap()
         .lines();
     async fn next<S: futures::Stream + Unpin>(lines: &mut S) -> Option<S::Item> {
-        tokio::time::timeout(WAIT, futures::StreamExt::next(lines))
+        tokio::time::timeout(PATIENCE, futures::StreamExt::next(lines))
             .await
             .expect("log line in time")
     }
@@ -265,7 +267,7 @@ spec:
     ];
     all.push(read_pid_file(&pids.join("polite-child")).await);
     all.push(read_pid_file(&pids.join("stubborn-child")).await);
-    assert!(all.iter().all(|p| !pid_gone(*p)));
+    assert!(all.iter().all(|p| !gone(*p)));
 
     c.pods()
         .delete("doomed", &DeleteParams::default())
@@ -301,7 +303,7 @@ async fn kubelet_shutdown_leaves_no_process_behind() {
         all.push(container_pid(&pod, "main").unwrap());
         all.push(read_pid_file(&pids.join(name)).await);
     }
-    assert!(all.iter().all(|p| !pid_gone(*p)));
+    assert!(all.iter().all(|p| !gone(*p)));
     c.stop().await;
     wait_pids_gone(&all).await;
 }
@@ -428,10 +430,7 @@ async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
         ..Default::default()
     };
     // First run: credentials are made and kept in the data dir, the port is fixed.
-    let first = hostmesh_devcluster::apiserver::ApiServer::start(api_config.clone())
-        .await
-        .unwrap();
-    let client = first.client().unwrap();
+    let (first, client) = hostmesh_testkit::cluster::api_server_with(api_config.clone()).await;
     api_config.listen = first.addr();
     first.shutdown().await;
 
@@ -440,9 +439,7 @@ async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
         client.clone(),
         config,
     ));
-    let api = hostmesh_devcluster::apiserver::ApiServer::start(api_config)
-        .await
-        .unwrap();
+    let (api, _) = hostmesh_testkit::cluster::api_server_with(api_config).await;
     let kubelet = kubelet
         .await
         .unwrap()
@@ -486,7 +483,7 @@ async fn shutdown_stops_everything_even_when_the_api_server_is_gone() {
     let pid = container_pid(&pod, "main").unwrap();
     c.api.take().unwrap().shutdown().await;
     let kubelet = c.kubelet.take().unwrap();
-    tokio::time::timeout(WAIT, kubelet.shutdown())
+    tokio::time::timeout(PATIENCE, kubelet.shutdown())
         .await
         .expect("shutdown finishes without the API server")
         .unwrap();
@@ -532,10 +529,8 @@ spec:
         .parse()
         .unwrap();
     // Later runs, started with the API server gone, still get the token.
-    let start = std::time::Instant::now();
-    let mut seen = String::new();
-    while start.elapsed() < WAIT {
-        seen = c
+    let seen = eventually_ok("a restart after the API server went away", async || {
+        let seen = c
             .kubelet()
             .logs("default", "looper", "main", None)
             .unwrap_or_default();
@@ -545,22 +540,15 @@ spec:
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         if run > runs_before + 1 {
-            break;
+            Ok(seen)
+        } else {
+            Err(seen)
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert!(seen.ends_with(" t0k\n"), "{seen:?}");
-    let run: u32 = seen
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        run > runs_before + 1,
-        "no restart after the API server went away: {seen:?}"
-    );
     let kubelet = c.kubelet.take().unwrap();
-    tokio::time::timeout(WAIT, kubelet.shutdown())
+    tokio::time::timeout(PATIENCE, kubelet.shutdown())
         .await
         .unwrap()
         .unwrap();

@@ -6,6 +6,7 @@
 mod kubelet_common;
 
 use hostmesh_devcluster::kubelet::ImageEntry;
+use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kubelet_common::*;
@@ -339,20 +340,16 @@ spec:
     // Restarts are recorded as Events, as `kubectl describe pod` shows them.
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(c.client.clone(), "default");
-    let mut backoff = false;
-    for _ in 0..600 {
+    eventually_async("a BackOff event for pod always", async || {
         let list = events.list(&Default::default()).await.unwrap();
-        backoff = list.items.iter().any(|e| {
+        let backoff = list.items.iter().any(|e| {
             e.reason.as_deref() == Some("BackOff")
                 && e.involved_object.name.as_deref() == Some("always")
                 && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("kubelet")
         });
-        if backoff {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(backoff, "no BackOff event for pod always");
+        backoff.then_some(())
+    })
+    .await;
     c.stop().await;
 }
 

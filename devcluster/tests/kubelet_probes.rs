@@ -4,6 +4,7 @@
 
 mod kubelet_common;
 
+use hostmesh_testkit::eventually;
 use kubelet_common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,14 +153,7 @@ spec:
 
 /// Polls until the flag file exists (the container created it).
 async fn read_flag(path: &std::path::Path) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < WAIT {
-        if path.exists() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("{} never appeared", path.display());
+    eventually(&format!("{} to appear", path.display()), || path.exists()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

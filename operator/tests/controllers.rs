@@ -4,23 +4,21 @@
 //! proc states.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::apiserver::ApiServerHandle;
 use hostmesh_operator::hub::protocol::ProcPhase;
 use hostmesh_operator::hub::sim::{SimConnector, SimRequest, connector};
 use hostmesh_operator::hub::{HostKey, WorldKey};
 use hostmesh_operator::{ControllerContext, OperatorArgs};
+use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt as _};
 
 const NS: &str = "ctl";
-const WAIT: Duration = Duration::from_secs(30);
 
 struct Cluster {
     server: Option<ApiServerHandle>,
@@ -45,16 +43,8 @@ impl Cluster {
                 }),
             )
             .try_init();
-        let server = ApiServer::start(ApiServerConfig::default())
-            .await
-            .expect("api server starts");
-        let client = server.client().expect("client");
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in [World::crd(), ProcMesh::crd()] {
-            crds.create(&PostParams::default(), &crd)
-                .await
-                .expect("CRD installs");
-        }
+        let (server, client) = hostmesh_testkit::cluster::api_server().await;
+        hostmesh_testkit::cluster::install_crds(&client).await;
         let ns: Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone())
@@ -165,22 +155,6 @@ impl Cluster {
     }
 }
 
-/// Polls `f` until it returns `Some`, for at most [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn cond(
     conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     t: &str,
@@ -197,7 +171,7 @@ spec:\n  shape: [{name: host, size: 2}]\n  template:\n    metadata: {labels: {te
 async fn running_world(c: &Cluster) {
     c.apply_yaml(WORLD).await;
     let pods = c.api::<Pod>();
-    eventually("two host pods", || async {
+    eventually_async("two host pods", || async {
         let l = pods
             .list(&ListParams::default().labels("hostmesh.dev/world=w"))
             .await
@@ -208,7 +182,7 @@ async fn running_world(c: &Cluster) {
     c.pod_ready("w-host-0", "127.0.9.1").await;
     c.pod_ready("w-host-1", "127.0.9.2").await;
     let worlds = c.api::<World>();
-    eventually("World Running", || async {
+    eventually_async("World Running", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
     })
@@ -220,7 +194,7 @@ async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
     let c = Cluster::start().await;
     c.apply_yaml(WORLD).await;
     let pods = c.api::<Pod>();
-    let list = eventually("two host pods", || async {
+    let list = eventually_async("two host pods", || async {
         let l = pods
             .list(&ListParams::default().labels("hostmesh.dev/world=w"))
             .await
@@ -249,7 +223,7 @@ async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
     assert!(token.iter().all(u8::is_ascii_hexdigit), "{token:?}");
 
     let worlds = c.api::<World>();
-    let s = eventually("status Creating 0/2", || async {
+    let s = eventually_async("status Creating 0/2", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.ready.as_deref() == Some("0/2")).then_some(s)
     })
@@ -260,7 +234,7 @@ async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
     // Pods become Ready; the agents answer (simulated): Running.
     c.pod_ready("w-host-0", "127.0.9.1").await;
     c.pod_ready("w-host-1", "127.0.9.2").await;
-    let s = eventually("World Running", || async {
+    let s = eventually_async("World Running", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(s)
     })
@@ -295,7 +269,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
     )
     .await;
     let meshes = c.api::<ProcMesh>();
-    let s = eventually("ProcMesh Running", || async {
+    let s = eventually_async("ProcMesh Running", || async {
         let s = meshes.get("pm").await.ok()?.status?;
         (s.running == 4).then_some(s)
     })
@@ -324,7 +298,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
         .set_status(&host1, &name, failed)
         .expect("proc exists on host 1");
     c.ctx.hub.push_sender().send(push).await.unwrap();
-    let s = eventually("first failure", || async {
+    let s = eventually_async("first failure", || async {
         let s = meshes.get("pm").await.ok()?.status?;
         s.first_failure.is_some().then_some(s)
     })
@@ -342,7 +316,7 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
         .delete("w", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("World and ProcMesh gone", || async {
+    eventually_async("World and ProcMesh gone", || async {
         let w = c.api::<World>().get_opt("w").await.ok()?;
         let m = meshes.get_opt("pm").await.ok()?;
         (w.is_none() && m.is_none()).then_some(())
@@ -370,20 +344,20 @@ async fn an_evicted_host_is_replaced_and_counted() {
         .await
         .unwrap();
     let worlds = c.api::<World>();
-    let s = eventually("restart counted", || async {
+    let s = eventually_async("restart counted", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.restarts == 1).then_some(s)
     })
     .await;
     let degraded = cond(&s.conditions, "Degraded");
     assert!(degraded.is_some());
-    eventually("host 1 recreated", || async {
+    eventually_async("host 1 recreated", || async {
         let p = pods.get_opt("w-host-1").await.ok()??;
         (p.metadata.uid != old).then_some(())
     })
     .await;
     c.pod_ready("w-host-1", "127.0.9.3").await;
-    eventually("Running again", || async {
+    eventually_async("Running again", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
     })
@@ -409,7 +383,7 @@ async fn invalid_procmesh_names_the_field() {
     let msgs: BTreeMap<&str, String> = {
         let mut out = BTreeMap::new();
         for name in ["clash", "orphan"] {
-            let m = eventually("Failed condition", || async {
+            let m = eventually_async("Failed condition", || async {
                 let s = meshes.get(name).await.ok()?.status?;
                 cond(&s.conditions, "Failed")
                     .filter(|(st, _)| st == "True")
@@ -441,7 +415,7 @@ async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
     ))
     .await;
     let pods = c.api::<Pod>();
-    eventually("two host pods", || async {
+    eventually_async("two host pods", || async {
         let l = pods
             .list(&ListParams::default().labels("hostmesh.dev/world=w"))
             .await
@@ -452,7 +426,7 @@ async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
     c.pod_ready("w-host-0", "127.0.9.1").await;
     c.pod_ready("w-host-1", "127.0.9.2").await;
     let worlds = c.api::<World>();
-    eventually("World Running", || async {
+    eventually_async("World Running", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
     })
@@ -460,7 +434,7 @@ async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
     let old = pods.get("w-host-1").await.unwrap().metadata.uid.unwrap();
     let untouched = pods.get("w-host-0").await.unwrap().metadata.uid;
     c.sim.kill(&old);
-    let s = eventually("host 1 Expired", || async {
+    let s = eventually_async("host 1 Expired", || async {
         let s = worlds.get("w").await.ok()?.status?;
         let expired = hostmesh_crds::runs::get(&s.hosts, 1)
             .is_some_and(|h| h.state == hostmesh_crds::world::HostState::Expired);
@@ -469,13 +443,13 @@ async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
     .await;
     assert_eq!(s.phase, Some(hostmesh_crds::world::WorldPhase::Degraded));
     assert!(s.degraded_since.is_some());
-    eventually("host 1 replaced", || async {
+    eventually_async("host 1 replaced", || async {
         let p = pods.get_opt("w-host-1").await.ok()??;
         (p.metadata.uid.as_deref() != Some(old.as_str())).then_some(())
     })
     .await;
     c.pod_ready("w-host-1", "127.0.9.3").await;
-    let s = eventually("Running again", || async {
+    let s = eventually_async("Running again", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(s)
     })
@@ -519,7 +493,7 @@ async fn a_restarted_operator_rebuilds_from_agents_without_duplicates() {
     )
     .await;
     let meshes = c.api::<ProcMesh>();
-    eventually("ProcMesh Running", || async {
+    eventually_async("ProcMesh Running", || async {
         let s = meshes.get("pm").await.ok()?.status?;
         (s.running == 4).then_some(())
     })
@@ -529,7 +503,7 @@ async fn a_restarted_operator_rebuilds_from_agents_without_duplicates() {
     // The new operator reconnects, reads the agents' snapshots and keeps
     // everything as it is.
     let worlds = c.api::<World>();
-    eventually("agents reconnected", || async {
+    eventually_async("agents reconnected", || async {
         let host = HostKey {
             world: WorldKey {
                 namespace: NS.into(),
@@ -582,7 +556,7 @@ async fn a_failed_critical_procmesh_fails_its_world() {
     )
     .await;
     let meshes = c.api::<ProcMesh>();
-    let pm = eventually("ProcMesh Running", || async {
+    let pm = eventually_async("ProcMesh Running", || async {
         let pm = meshes.get("boss").await.ok()?;
         (pm.status.as_ref()?.running == 2).then_some(pm)
     })
@@ -607,7 +581,7 @@ async fn a_failed_critical_procmesh_fails_its_world() {
         .unwrap();
     c.ctx.hub.push_sender().send(push).await.unwrap();
     let worlds = c.api::<World>();
-    let s = eventually("World Failed", || async {
+    let s = eventually_async("World Failed", || async {
         let s = worlds.get("w").await.ok()?.status?;
         (s.phase == Some(hostmesh_crds::world::WorldPhase::Failed)).then_some(s)
     })
@@ -630,7 +604,7 @@ async fn a_spec_change_replaces_the_procs() {
          spec: {world: w, perHost: [{name: gpu, size: 2}], command: [sleep, 'ARG']}\n";
     c.apply_yaml(&yaml.replace("ARG", "300")).await;
     let meshes = c.api::<ProcMesh>();
-    eventually("ProcMesh Running", || async {
+    eventually_async("ProcMesh Running", || async {
         let s = meshes.get("pm").await.ok()?.status?;
         (s.running == 4).then_some(())
     })
@@ -641,7 +615,7 @@ async fn a_spec_change_replaces_the_procs() {
         &world,
     );
     c.apply_yaml(&yaml.replace("ARG", "600")).await;
-    let new_id = eventually("new procs Running", || async {
+    let new_id = eventually_async("new procs Running", || async {
         let pm = meshes.get("pm").await.ok()?;
         let id = hostmesh_operator::controllers::procmesh::desired::mesh_id(&pm, &world);
         let s = pm.status?;

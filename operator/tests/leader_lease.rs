@@ -3,13 +3,13 @@
 //! and hand-over, takeover after a crashed leader's lease expires, and a
 //! leader stepping down when it loses the lease (leader.rs invariants 1-4).
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
 use hostmesh_operator::leader::{LeaderElector, LeaderHandle, LeaseConfig, Role};
+use hostmesh_testkit::cluster::api_server;
+use hostmesh_testkit::{PATIENCE, eventually, eventually_async};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -20,8 +20,6 @@ use tokio::task::JoinHandle;
 
 const NS: &str = "default";
 const LEASE: &str = "hostmesh-operator";
-/// Generous bound on every wait: conditions are polled, never slept on.
-const WAIT: Duration = Duration::from_secs(30);
 
 fn config(identity: &str) -> LeaseConfig {
     LeaseConfig {
@@ -59,7 +57,7 @@ impl Candidate {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        tokio::time::timeout(WAIT, &mut self.task)
+        tokio::time::timeout(PATIENCE, &mut self.task)
             .await
             .expect("elector stops in time")
             .expect("elector task");
@@ -70,32 +68,6 @@ impl Candidate {
         self.task.abort();
         let _ = self.task.await;
     }
-}
-
-async fn wait_until<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn server() -> (ApiServerHandle, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("embedded API server starts");
-    let client = server.client().expect("client");
-    (server, client)
 }
 
 async fn holder(client: &kube::Client) -> Option<String> {
@@ -128,12 +100,12 @@ fn watch_for_split_brain(a: &LeaderHandle, b: &LeaderHandle) -> Arc<AtomicBool> 
 
 #[tokio::test]
 async fn racing_candidates_elect_one_leader_and_hand_over_on_release() {
-    let (_server, client) = server().await;
+    let (_server, client) = api_server().await;
     let a = Candidate::start(client.clone(), "replica-a");
     let b = Candidate::start(client.clone(), "replica-b");
     let split = watch_for_split_brain(&a.handle, &b.handle);
 
-    wait_until("one candidate leads and the other stands by", || async {
+    eventually("one candidate leads and the other stands by", || {
         let roles = (
             a.handle.role_channel().borrow().clone(),
             b.handle.role_channel().borrow().clone(),
@@ -161,7 +133,7 @@ async fn racing_candidates_elect_one_leader_and_hand_over_on_release() {
 
     // Graceful stop releases the lease; the standby takes over.
     leader.stop().await;
-    wait_until("the standby leads after the release", || async {
+    eventually("the standby leads after the release", || {
         standby.handle.is_leader()
     })
     .await;
@@ -175,11 +147,11 @@ async fn racing_candidates_elect_one_leader_and_hand_over_on_release() {
 
 #[tokio::test]
 async fn a_standby_takes_over_after_a_crashed_leaders_lease_expires() {
-    let (_server, client) = server().await;
+    let (_server, client) = api_server().await;
     let a = Candidate::start(client.clone(), "replica-a");
-    wait_until("a leads", || async { a.handle.is_leader() }).await;
+    eventually("a leads", || a.handle.is_leader()).await;
     let b = Candidate::start(client.clone(), "replica-b");
-    wait_until("b stands by behind a", || async {
+    eventually("b stands by behind a", || {
         *b.handle.role_channel().borrow()
             == Role::Standby {
                 holder: Some("replica-a".into()),
@@ -189,32 +161,27 @@ async fn a_standby_takes_over_after_a_crashed_leaders_lease_expires() {
     a.crash().await;
     // The lease still names a: b waits for it to expire on its own clock.
     assert_eq!(holder(&client).await.as_deref(), Some("replica-a"));
-    wait_until("b leads after a's lease expired", || async {
-        b.handle.is_leader()
-    })
-    .await;
+    eventually("b leads after a's lease expired", || b.handle.is_leader()).await;
     assert_eq!(holder(&client).await.as_deref(), Some("replica-b"));
     b.stop().await;
-    wait_until("b released the lease", || async {
-        holder(&client).await.is_none()
+    eventually_async("b released the lease", async || {
+        holder(&client).await.is_none().then_some(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn a_leader_whose_lease_is_taken_steps_down() {
-    let (_server, client) = server().await;
+    let (_server, client) = api_server().await;
     let a = Candidate::start(client.clone(), "replica-a");
-    wait_until("a leads", || async { a.handle.is_leader() }).await;
+    eventually("a leads", || a.handle.is_leader()).await;
     let mut leader_rx = a.handle.is_leader_channel();
 
     // Someone else writes the lease (an operator of an older version, or a
     // manual edit): a must notice at its next renewal and stop leading.
     let api: Api<Lease> = Api::namespaced(client.clone(), NS);
-    wait_until("the lease is overwritten", || async {
-        let Ok(mut lease) = api.get(LEASE).await else {
-            return false;
-        };
+    eventually_async("the lease is overwritten", async || {
+        let mut lease = api.get(LEASE).await.ok()?;
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some("intruder".into());
         spec.lease_duration_seconds = Some(3600);
@@ -222,10 +189,10 @@ async fn a_leader_whose_lease_is_taken_steps_down() {
         // A 409 (a renewed in between) retries with the fresh version.
         api.replace(LEASE, &PostParams::default(), &lease)
             .await
-            .is_ok()
+            .ok()
     })
     .await;
-    tokio::time::timeout(WAIT, leader_rx.wait_for(|leader| !*leader))
+    tokio::time::timeout(PATIENCE, leader_rx.wait_for(|leader| !*leader))
         .await
         .expect("a steps down in time")
         .expect("elector alive");
@@ -242,12 +209,12 @@ async fn a_leader_whose_lease_is_taken_steps_down() {
 
 #[tokio::test]
 async fn a_leader_that_cannot_reach_the_api_server_steps_down() {
-    let (server, client) = server().await;
+    let (server, client) = api_server().await;
     let a = Candidate::start(client.clone(), "replica-a");
-    wait_until("a leads", || async { a.handle.is_leader() }).await;
+    eventually("a leads", || a.handle.is_leader()).await;
     let mut leader_rx = a.handle.is_leader_channel();
     server.shutdown().await;
-    tokio::time::timeout(WAIT, leader_rx.wait_for(|leader| !*leader))
+    tokio::time::timeout(PATIENCE, leader_rx.wait_for(|leader| !*leader))
         .await
         .expect("a steps down within its renew deadline")
         .expect("elector alive");

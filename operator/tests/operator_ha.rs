@@ -5,21 +5,20 @@
 //! standby takes over (ops.rs invariants 1-2).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use hostmesh_crds::World;
 use hostmesh_operator::client_metrics;
 use hostmesh_operator::metrics::Metrics;
 use hostmesh_operator::ops::{OperatorCommand, run_with};
+use hostmesh_testkit::http::get;
+use hostmesh_testkit::{PATIENCE, eventually_async, eventually_ok};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
 struct Cli {
@@ -47,22 +46,14 @@ fn command(identity: &str) -> OperatorCommand {
     .cmd
 }
 
+/// Polls `addr` `path` until it answers `code` with `needle` in the body.
 async fn wait_for_body(addr: std::net::SocketAddr, path: &str, code: u16, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some((c, body)) = hostmesh_testkit::http::get(addr, path).await
-            && c == code
-            && body.contains(needle)
-        {
-            return body;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {code} {needle:?} from {addr}{path}; last: {:?}",
-            hostmesh_testkit::http::get(addr, path).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("{code} {needle:?} from {addr}{path}");
+    eventually_ok(&what, async || match get(addr, path).await {
+        Some((c, body)) if c == code && body.contains(needle) => Ok(body),
+        other => Err(other),
+    })
+    .await
 }
 
 struct Replica {
@@ -123,15 +114,7 @@ spec:
   template: {spec: {containers: [{name: host, image: busybox}]}}
 "#;
     create_world(&client, world).await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while secrets.get_opt("ha-agent").await.ok().flatten().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the leader's World controller never created the agent Secret"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_secret(&client, "ha").await;
 
     // Its status writes are counted at the client, on the leader only.
     wait_for_body(
@@ -148,9 +131,7 @@ spec:
         "hostmesh_reconcile_duration_seconds_count{controller=\"world\"}",
     )
     .await;
-    let (_, standby_metrics) = hostmesh_testkit::http::get(b.addr, "/metrics")
-        .await
-        .expect("b's metrics");
+    let (_, standby_metrics) = get(b.addr, "/metrics").await.expect("b's metrics");
     assert!(
         !standby_metrics.contains("hostmesh_reconciles_total{"),
         "{standby_metrics}"
@@ -162,22 +143,20 @@ spec:
 
     // Graceful shutdown of the leader: it releases the Lease, b takes over.
     a.stop.send(()).expect("replica a running");
-    tokio::time::timeout(WAIT, a.task)
+    tokio::time::timeout(PATIENCE, a.task)
         .await
         .expect("replica a stops in time")
         .expect("task")
         .expect("replica a exits cleanly");
     assert!(
-        hostmesh_testkit::http::get(a.addr, "/healthz")
-            .await
-            .is_none(),
+        get(a.addr, "/healthz").await.is_none(),
         "a's endpoint closed"
     );
     wait_for_body(b.addr, "/readyz", 200, "[+]leader-election leader").await;
     wait_for_body(b.addr, "/metrics", 200, "hostmesh_leader 1\n").await;
 
     b.stop.send(()).expect("replica b running");
-    tokio::time::timeout(WAIT, b.task)
+    tokio::time::timeout(PATIENCE, b.task)
         .await
         .expect("replica b stops in time")
         .expect("task")
@@ -185,23 +164,15 @@ spec:
     server.shutdown().await;
 }
 
-/// Polls until the agent Secret of World `name` exists.
+/// Polls until the agent Secret of World `name` exists (a leader's World
+/// controller created it).
 async fn wait_for_secret(client: &kube::Client, name: &str) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while secrets
-        .get_opt(&format!("{name}-agent"))
-        .await
-        .ok()
-        .flatten()
-        .is_none()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no controller created the agent Secret of {name}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let secret = format!("{name}-agent");
+    eventually_async(&format!("the agent Secret of {name}"), async || {
+        secrets.get_opt(&secret).await.ok().flatten()
+    })
+    .await;
 }
 
 async fn apply_world(client: &kube::Client, name: &str) {
@@ -217,11 +188,10 @@ async fn apply_world(client: &kube::Client, name: &str) {
 async fn create_world(client: &kube::Client, yaml: &str) {
     let world: World = serde_saphyr::from_str(yaml).expect("a World manifest");
     let api: Api<World> = Api::namespaced(client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(e) = api.create(&PostParams::default(), &world).await {
-        assert!(tokio::time::Instant::now() < deadline, "create World: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok("the World to be created", async || {
+        api.create(&PostParams::default(), &world).await
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -250,32 +220,24 @@ async fn a_leader_that_loses_its_lease_stands_by_and_leads_again_when_it_is_free
                 .is_ok()
         }
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !set_holder(Some("intruder"), 3600).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "cannot take the Lease"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("the intruder to take the Lease", async || {
+        set_holder(Some("intruder"), 3600).await.then_some(())
+    })
+    .await;
     wait_for_body(a.addr, "/readyz", 200, "standby, leader is intruder").await;
     wait_for_body(a.addr, "/metrics", 200, "hostmesh_leader 0\n").await;
 
     // The intruder releases the Lease: a leads again with fresh controllers.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !set_holder(None, 1).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "cannot release the Lease"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("the intruder to release the Lease", async || {
+        set_holder(None, 1).await.then_some(())
+    })
+    .await;
     wait_for_body(a.addr, "/readyz", 200, "[+]leader-election leader").await;
     apply_world(&client, "second").await;
     wait_for_secret(&client, "second").await;
 
     a.stop.send(()).expect("replica a running");
-    tokio::time::timeout(WAIT, a.task)
+    tokio::time::timeout(PATIENCE, a.task)
         .await
         .expect("replica a stops in time")
         .expect("task")

@@ -23,14 +23,20 @@ pub async fn api_server() -> (ApiServerHandle, Client) {
     api_server_with(ApiServerConfig::default()).await
 }
 
-/// An API server writing its kubeconfig to `kubeconfig`, with the hostmesh
-/// CRDs installed.
-pub async fn server_with_crds(kubeconfig: &Path) -> ApiServerHandle {
-    let (server, client) = api_server_with(ApiServerConfig {
+/// An API server writing its kubeconfig to `kubeconfig` (for `kubectl`,
+/// Helm or a child process to reach it), and a client for it.
+pub async fn api_server_with_kubeconfig(kubeconfig: &Path) -> (ApiServerHandle, Client) {
+    api_server_with(ApiServerConfig {
         kubeconfig: Some(kubeconfig.to_path_buf()),
         ..ApiServerConfig::default()
     })
-    .await;
+    .await
+}
+
+/// An API server writing its kubeconfig to `kubeconfig`, with the hostmesh
+/// CRDs installed.
+pub async fn server_with_crds(kubeconfig: &Path) -> ApiServerHandle {
+    let (server, client) = api_server_with_kubeconfig(kubeconfig).await;
     install_crds(&client).await;
     server
 }

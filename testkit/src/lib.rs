@@ -5,7 +5,9 @@
 //! real Helm for the chart tests ([`helm`]).
 //!
 //! Every helper panics with what it waited for when its bound runs out:
-//! they are for tests, where a panic is the failure report.
+//! they are for tests, where a panic is the failure report. The one
+//! exception, [`poll`], returns the last error instead, for harnesses that
+//! report failures as errors.
 
 pub mod cluster;
 pub mod helm;
@@ -13,4 +15,4 @@ pub mod http;
 pub mod process;
 pub mod wait;
 
-pub use wait::{PATIENCE, eventually, eventually_async};
+pub use wait::{PATIENCE, eventually, eventually_async, eventually_ok, poll};

@@ -490,14 +490,9 @@ pub async fn service_account_token(
 }
 
 async fn wait_until(what: &str, f: impl Fn() -> bool) -> anyhow::Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if f() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("{what} did not appear in {WAIT:?}")
+    hostmesh_testkit::wait::poll(WAIT, async || f().then_some(()).ok_or(()))
+        .await
+        .map_err(|()| anyhow::anyhow!("{what} did not appear in {WAIT:?}"))
 }
 
 /// The last `n` lines of `s`.
@@ -546,7 +541,7 @@ pub fn find_pids(pred: impl Fn(&std::collections::HashMap<String, String>) -> bo
         let Ok(raw) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if is_zombie(pid) {
+        if u32::try_from(pid).map_or(true, hostmesh_testkit::process::gone) {
             continue;
         }
         let env: std::collections::HashMap<String, String> = raw
@@ -563,16 +558,6 @@ pub fn find_pids(pred: impl Fn(&std::collections::HashMap<String, String>) -> bo
     }
     pids.sort_unstable();
     pids
-}
-
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
 }
 
 impl Env {
@@ -629,14 +614,9 @@ pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
 
 /// Polls `f` until it returns true, failing after [`WAIT`] with `what`.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if f() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("{what}: not true after {WAIT:?}")
+    hostmesh_testkit::wait::poll(WAIT, async || f().then_some(()).ok_or(()))
+        .await
+        .map_err(|()| anyhow::anyhow!("{what}: not true after {WAIT:?}"))
 }
 
 /// Polls `f` for `period`, failing at once with `what` and `f`'s message

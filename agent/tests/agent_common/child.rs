@@ -15,8 +15,8 @@ use std::time::Duration;
 use clap::Parser as _;
 use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcSpec};
 use hostmesh_agent::{Agent, AgentArgs};
-
-use super::PATIENCE;
+use hostmesh_testkit::PATIENCE;
+use hostmesh_testkit::process::gone;
 
 /// The World secret every child agent uses.
 pub const SECRET: &str = "0123456789abcdef0123456789abcdef";
@@ -256,8 +256,8 @@ impl Drop for ChildAgent {
 /// Waits (bounded) until every pid is gone.
 pub fn wait_all_gone(pids: &[u32]) {
     let deadline = std::time::Instant::now() + PATIENCE;
-    while !pids.iter().all(|p| super::process_gone(*p)) {
-        let alive: Vec<_> = pids.iter().filter(|p| !super::process_gone(**p)).collect();
+    while !pids.iter().all(|p| gone(*p)) {
+        let alive: Vec<_> = pids.iter().filter(|p| !gone(**p)).collect();
         assert!(
             std::time::Instant::now() < deadline,
             "procs outlived the agent: {alive:?}"

@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use hostmesh_agent::protocol::{CreateOrUpdate, ProcReport, ProcSpec};
 use hostmesh_agent::{AgentIdentity, Limits, LogHub, ProcManager};
-
-/// Generous bound for anything a test waits on.
-pub const PATIENCE: Duration = Duration::from_secs(30);
+use hostmesh_testkit::eventually_ok;
 
 /// Output captured from a [`LogHub`].
 #[derive(Clone, Default)]
@@ -115,46 +113,16 @@ pub fn sh(name: &str, rank: usize, script: &str) -> CreateOrUpdate {
 }
 
 /// Polls the proc's state until `pred` holds; panics with the last state
-/// after [`PATIENCE`].
+/// after the patience bound.
 pub async fn wait_state(
     m: &ProcManager,
     name: &str,
     what: &str,
     pred: impl Fn(&ProcReport) -> bool,
 ) -> ProcReport {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_ok(&format!("proc {name} to become {what}"), async || {
         let st = m.state(name).unwrap();
-        if pred(&st) {
-            return st;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "proc {name} never became {what}; last state {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Polls `cond` until it holds, for at most [`PATIENCE`].
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Whether a process is gone (no such pid, or a zombie nobody reaps yet).
-pub fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
-    }
+        if pred(&st) { Ok(st) } else { Err(st) }
+    })
+    .await
 }

@@ -4,16 +4,15 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use hostmesh_devcluster::apiserver::ApiServerHandle;
 use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle};
+use hostmesh_testkit::process::gone;
+use hostmesh_testkit::{eventually_async, eventually_ok};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::Api;
 use kube::api::PostParams;
-
-/// How long any wait in these tests may take.
-pub const WAIT: Duration = Duration::from_secs(60);
 
 /// An API server and a kubelet.
 pub struct Cluster {
@@ -58,10 +57,7 @@ impl Cluster {
     pub async fn start_with(block: u8, tweak: impl FnOnce(&mut KubeletConfig)) -> Cluster {
         init_tracing();
         let dir = tempfile::tempdir().expect("tempdir");
-        let api = ApiServer::start(ApiServerConfig::default())
-            .await
-            .expect("API server starts");
-        let client = api.client().expect("client");
+        let (api, client) = hostmesh_testkit::cluster::api_server().await;
         let node = format!("node-{block}");
         let mut config = test_config(dir.path(), &node, block).for_api_server(&api);
         tweak(&mut config);
@@ -124,36 +120,30 @@ impl Cluster {
             .expect("create object")
     }
 
-    /// Polls pod `name` until `pred` holds; panics after [`WAIT`] with the
-    /// last status seen.
+    /// Polls pod `name` until `pred` holds; panics after
+    /// [`hostmesh_testkit::PATIENCE`] with the last status seen.
     pub async fn wait_pod(&self, name: &str, what: &str, pred: impl Fn(&Pod) -> bool) -> Pod {
-        let start = Instant::now();
+        let pods = self.pods();
         let mut last = None;
-        while start.elapsed() < WAIT {
-            if let Ok(Some(p)) = self.pods().get_opt(name).await {
+        eventually_ok(&format!("pod {name}: {what}"), async || {
+            if let Ok(Some(p)) = pods.get_opt(name).await {
                 if pred(&p) {
-                    return p;
+                    return Ok(p);
                 }
-                last = Some(p);
+                last = p.status;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "pod {name}: {what} not reached in {WAIT:?}; last status: {:#?}",
-            last.and_then(|p| p.status)
-        );
+            Err(last.clone())
+        })
+        .await
     }
 
     /// Polls until pod `name` no longer exists.
     pub async fn wait_pod_gone(&self, name: &str) {
-        let start = Instant::now();
-        while start.elapsed() < WAIT {
-            if matches!(self.pods().get_opt(name).await, Ok(None)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("pod {name} still exists after {WAIT:?}");
+        let pods = self.pods();
+        eventually_async(&format!("pod {name} to be deleted"), async || {
+            matches!(pods.get_opt(name).await, Ok(None)).then_some(())
+        })
+        .await;
     }
 
     /// Stops the kubelet, then the API server.
@@ -194,7 +184,7 @@ pub fn container<'a>(p: &'a Pod, name: &str) -> Option<&'a ContainerStatus> {
 }
 
 /// The pid of a running container, from its `process://<pid>` id.
-pub fn container_pid(p: &Pod, name: &str) -> Option<i32> {
+pub fn container_pid(p: &Pod, name: &str) -> Option<u32> {
     let c = container(p, name)?;
     c.state.as_ref()?.running.as_ref()?;
     c.container_id
@@ -204,41 +194,21 @@ pub fn container_pid(p: &Pod, name: &str) -> Option<i32> {
         .ok()
 }
 
-/// True when process `pid` is gone (or a zombie waiting for its parent).
-pub fn pid_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-/// Polls until every pid in `pids` is gone.
-pub async fn wait_pids_gone(pids: &[i32]) {
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if pids.iter().all(|p| pid_gone(*p)) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let alive: Vec<i32> = pids.iter().copied().filter(|p| !pid_gone(*p)).collect();
-    panic!("processes {alive:?} still alive after {WAIT:?}");
+/// Polls until every pid in `pids` is gone; panics with the ones alive.
+pub async fn wait_pids_gone(pids: &[u32]) {
+    eventually_ok("the processes to be gone", async || {
+        let alive: Vec<u32> = pids.iter().copied().filter(|p| !gone(*p)).collect();
+        if alive.is_empty() { Ok(()) } else { Err(alive) }
+    })
+    .await;
 }
 
 /// Polls until `path` holds a pid (written by a container).
-pub async fn read_pid_file(path: &std::path::Path) -> i32 {
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let Ok(pid) = text.trim().parse()
-        {
-            return pid;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no pid in {} after {WAIT:?}", path.display());
+pub async fn read_pid_file(path: &std::path::Path) -> u32 {
+    eventually_async(&format!("a pid in {}", path.display()), async || {
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    })
+    .await
 }
 
 /// The real python3 executable (not a shim), for containers that serve HTTP.

@@ -8,9 +8,9 @@ use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref};
 use hostmesh_echo_proc::{Echo, echo_type_name};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
+use hostmesh_testkit::eventually_ok;
 
 const SECRET: &[u8] = b"echo-proc-test-secret-0123456789";
-const PATIENCE: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_proc_joins_its_host_and_echoes() {
@@ -51,20 +51,15 @@ async fn echo_proc_joins_its_host_and_echoes() {
         )
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let proc_addr = loop {
-        let st = client.get_state(addr, "echo-1").await.unwrap();
-        match st.status {
-            ProcPhase::Ready { addr: Some(a), .. } => break a,
+    let proc_addr = eventually_ok(
+        "the echo proc Ready with its address",
+        async || match client.get_state(addr, "echo-1").await.unwrap().status {
+            ProcPhase::Ready { addr: Some(a), .. } => Ok(a),
             s if s.is_terminal() => panic!("echo proc ended: {s:?}"),
-            _ => {}
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never Ready: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+            s => Err(s),
+        },
+    )
+    .await;
 
     let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-1").unwrap();
     let timeout = Duration::from_secs(10);
@@ -96,17 +91,17 @@ async fn echo_proc_joins_its_host_and_echoes() {
         .stop(addr, "echo-1", Duration::from_secs(10))
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let st = eventually_ok("the echo proc to stop", async || {
         let st = client.get_state(addr, "echo-1").await.unwrap();
         if st.status.is_terminal() {
-            assert!(
-                matches!(st.status, ProcPhase::Stopped { exit_code: 0, .. }),
-                "{st:?}"
-            );
-            break;
+            Ok(st)
+        } else {
+            Err(st)
         }
-        assert!(tokio::time::Instant::now() < deadline, "never stopped");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert!(
+        matches!(st.status, ProcPhase::Stopped { exit_code: 0, .. }),
+        "{st:?}"
+    );
 }
