@@ -8,25 +8,11 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use hostmesh_runtime::channel::ChannelConfig;
-use hostmesh_runtime::{Actor, ActorError, Context, Handler, Handlers, Proc, ProcConfig};
+use hostmesh_runtime::testing::{EchoText, TestActor};
+use hostmesh_runtime::{Proc, ProcConfig};
 
 const SECRET: &[u8] = b"test-secret-0123456789abcdef";
 const PER_SOURCE: usize = 4;
-
-struct Echo;
-
-impl Actor for Echo {
-    fn register(h: &mut Handlers<Self>) {
-        h.handle::<String>();
-    }
-}
-
-impl Handler<String> for Echo {
-    type Reply = String;
-    async fn handle(&mut self, _cx: &Context<Self>, s: String) -> Result<String, ActorError> {
-        Ok(s)
-    }
-}
 
 /// Whether the server closed `s` (EOF or reset) within `within`.
 fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
@@ -59,7 +45,10 @@ async fn unauthenticated_connections_are_bounded_per_source() {
         .build()
         .await
         .unwrap();
-    let echo = server.spawn("echo", Echo).await.unwrap();
+    let echo = server
+        .spawn("echo", TestActor::with_label(""))
+        .await
+        .unwrap();
     let addr = server.id().addr().to_string();
     let addr = addr.trim_start_matches("tcp:").to_string();
 
@@ -120,7 +109,7 @@ async fn unauthenticated_connections_are_bounded_per_source() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match echo
-            .call(&client, &"hi".to_string(), Duration::from_secs(5))
+            .call(&client, &EchoText("hi".into()), Duration::from_secs(5))
             .await
         {
             Ok(r) => {

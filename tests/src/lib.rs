@@ -266,6 +266,25 @@ impl Env {
         Ok(())
     }
 
+    /// Labels the test's namespace (e.g. PodSecurity's
+    /// `pod-security.kubernetes.io/enforce`).
+    pub async fn label_namespace(&self, labels: &[(&str, &str)]) -> anyhow::Result<()> {
+        use k8s_openapi::api::core::v1::Namespace;
+        use kube::api::{Patch, PatchParams};
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        Api::<Namespace>::all(self.client.clone())
+            .patch(
+                &self.namespace,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": labels}})),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// SIGKILLs every operator process.
     pub fn kill_operator(&mut self) {
         for mut c in self.operators.drain(..) {

@@ -181,20 +181,12 @@ async fn a_preexisting_agent_secret_with_whitespace_around_its_token_works() -> 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restricted_world_is_admitted_and_ready_where_restricted_is_enforced()
 -> anyhow::Result<()> {
-    use k8s_openapi::api::core::v1::Namespace;
-    use kube::api::{Patch, PatchParams};
-
     let env = Env::start("world-restricted").await?;
-    Api::<Namespace>::all(env.client.clone())
-        .patch(
-            &env.namespace,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest",
-            }}})),
-        )
-        .await?;
+    env.label_namespace(&[
+        ("pod-security.kubernetes.io/enforce", "restricted"),
+        ("pod-security.kubernetes.io/enforce-version", "latest"),
+    ])
+    .await?;
     let restricted = "        securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n      \
                       securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}\n";
     env.apply(&world_yaml("wr", &[("host", 2)], restricted))
@@ -228,18 +220,8 @@ async fn a_restricted_world_is_admitted_and_ready_where_restricted_is_enforced()
 /// in a Warning Event, with the API server's own message.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_host_pod_is_a_replica_failure_condition_and_an_event() -> anyhow::Result<()> {
-    use k8s_openapi::api::core::v1::Namespace;
-    use kube::api::{Patch, PatchParams};
-
     let env = Env::start("world-refused").await?;
-    Api::<Namespace>::all(env.client.clone())
-        .patch(
-            &env.namespace,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
-                "pod-security.kubernetes.io/enforce": "restricted",
-            }}})),
-        )
+    env.label_namespace(&[("pod-security.kubernetes.io/enforce", "restricted")])
         .await?;
     env.apply(&world_yaml("wp", &[("host", 2)], "")).await?;
     let status = env
