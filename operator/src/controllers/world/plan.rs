@@ -101,6 +101,9 @@ struct Working<'i, 'a> {
     n: u64,
     /// The World already failed in this generation.
     was_failed: bool,
+    /// The World was up (Running or Degraded) in this generation: a host
+    /// that is not Ready now is a loss being recovered, not a creation.
+    was_up: bool,
     restarts: u32,
     last_restart: Option<Time>,
     hosts: Vec<HostStatus>,
@@ -142,6 +145,8 @@ impl<'i, 'a> Working<'i, 'a> {
             now_t: Time(input.now),
             n,
             was_failed: same_gen && prev.phase == Some(WorldPhase::Failed),
+            was_up: same_gen
+                && matches!(prev.phase, Some(WorldPhase::Running | WorldPhase::Degraded)),
             restarts: if same_gen { prev.restarts } else { 0 },
             last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
             hosts,
@@ -160,6 +165,12 @@ impl<'i, 'a> Working<'i, 'a> {
         (0..self.n)
             .filter(|r| self.hosts[*r as usize].state == state)
             .collect()
+    }
+
+    /// Hosts of a World that was up are not all Ready: it is recovering
+    /// (Degraded), not being created.
+    fn recovering(&self) -> bool {
+        self.was_up && u64::from(self.ready()) < self.n
     }
 
     fn troubled(&self) -> bool {
@@ -351,7 +362,7 @@ impl<'i, 'a> Working<'i, 'a> {
     fn phase(&self) -> WorldPhase {
         if self.failure_reason.is_some() {
             WorldPhase::Failed
-        } else if self.troubled() {
+        } else if self.troubled() || self.recovering() {
             WorldPhase::Degraded
         } else if u64::from(self.ready()) == self.n {
             WorldPhase::Running
@@ -371,7 +382,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 format!("all {n} hosts ready"),
             ));
         }
-        let degraded_since = if self.troubled() {
+        let degraded_since = if self.troubled() || self.recovering() {
             self.prev
                 .degraded_since
                 .clone()
@@ -461,6 +472,22 @@ impl<'i, 'a> Working<'i, 'a> {
                 true,
                 "HostsUnhealthy",
                 &bad.join(", "),
+            );
+        } else if self.recovering() {
+            let waiting: Vec<String> = self
+                .hosts
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.state != HostState::Ready)
+                .take(5)
+                .map(|(r, h)| format!("host {r} {:?}", h.state))
+                .collect();
+            set(
+                &mut conds,
+                DEGRADED,
+                true,
+                "HostsRecovering",
+                &format!("{}/{n} hosts ready; {}", ready, waiting.join(", ")),
             );
         } else {
             set(&mut conds, DEGRADED, false, "AllHostsHealthy", "");
@@ -708,5 +735,32 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         assert_eq!(backoff_delay(b, m, 2), Duration::from_secs(4));
         assert_eq!(backoff_delay(b, m, 3), m);
         assert_eq!(backoff_delay(b, m, 1000), m);
+    }
+
+    /// A World that was up and lost a host is Degraded while the host is
+    /// replaced (it used to go back to Creating), then Running again.
+    #[test]
+    fn a_world_that_was_up_recovers_as_degraded_not_creating() {
+        let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
+        let mut pods: BTreeMap<u64, Pod> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        w.status = Some(p.status);
+        // Host 1's pod is gone and its replacement is not up yet.
+        pods.remove(&1);
+        let p = run(&w, &pods, Liveness::Alive, 110);
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded), "{:?}", p.status);
+        let c = conditions::get(&p.status.conditions, DEGRADED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "HostsRecovering")
+        );
+        assert!(c.message.contains("host 1"), "{}", c.message);
+        assert!(p.status.degraded_since.is_some());
+        w.status = Some(p.status);
+        pods.insert(1, pod(1, POD_READY, "h1"));
+        let p = run(&w, &pods, Liveness::Alive, 120);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        assert!(p.status.degraded_since.is_none());
     }
 }
