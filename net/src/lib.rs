@@ -2,16 +2,21 @@
 //! `hostmesh` (the binary the init container copies into any image: no libc,
 //! musl, an older glibc) resolves names the same way everywhere.
 //!
-//! Why: a glibc `getaddrinfo` linked statically answers from `/etc/hosts` and
-//! DNS only as far as `/etc/nsswitch.conf` lets it. Without that file (scratch
-//! and many minimal images) glibc asks DNS first and reads `/etc/hosts` only
-//! when no DNS server answers, so the pod's own entries and `hostAliases` are
-//! shadowed; and a service that is not built in (`mdns4_minimal`, `resolve`,
-//! `myhostname`, `sss`, ...) is loaded with `dlopen` from the image's own libc,
-//! which a static program cannot do safely. The resolver here does what musl
-//! and Go do: the hosts file first, then the name servers, search list,
-//! `ndots`, `timeout` and `attempts` of `resolv.conf` (through
-//! `hickory-resolver`, pure Rust), whatever the image's libc.
+//! Why: a static glibc (2.36 here) still resolves through NSS. Its `files`
+//! and `dns` services are built in, so in a bare root filesystem it reads
+//! `/etc/hosts` and `/etc/resolv.conf` fine (checked in an empty chroot, with
+//! and without `/etc/nsswitch.conf`); but every other service the image's
+//! `nsswitch.conf` names for `hosts` (`myhostname`, `resolve`,
+//! `mdns4_minimal`, `sss`, ...) is loaded with `dlopen` from the image's own
+//! libc. glibc supports that only when the image's glibc is the exact version
+//! the binary was linked with (its own warning for static `dlopen`); in an
+//! older- or newer-glibc image, or on a laptop running `hostmesh status`, it
+//! puts a second, foreign libc into the process. The resolver here does what
+//! musl and Go do instead: the hosts file first, then the name servers,
+//! search list, `ndots`, `timeout` and `attempts` of `resolv.conf` (through
+//! `hickory-resolver`, pure Rust), whatever the image's libc and
+//! `nsswitch.conf`. Multicast DNS and other NSS-only sources are not
+//! consulted.
 //!
 //! Module map:
 //! - [`resolve`]: [`Resolver`] and [`lookup_host`] (`host:port` to socket
