@@ -75,7 +75,7 @@ fn the_entrypoint_is_on_path_and_the_user_is_not_root() {
         .expect("ENV PATH");
     assert!(
         path.split(':')
-            .any(|d| PathBuf::from(d) == bin.parent().unwrap()),
+            .any(|d| std::path::Path::new(d) == bin.parent().unwrap()),
         "{path} lacks the directory of {bin:?}: the init container runs `hostmesh` by name"
     );
     assert!(
