@@ -301,8 +301,33 @@ def check_bad_values():
             check(fragment in str(e), f"bad values {values}: error does not name {fragment!r}: {e}")
 
 
+def check_versions():
+    """One version everywhere: the chart's appVersion (the default image tag)
+    is the crate version that `hostmesh --version` prints and that the
+    operator's default agent image carries; the chart's default image
+    repository is the one the operator defaults to and the image files'
+    VERSION defaults name."""
+    import tomllib
+    cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    app_version = str(helm.values_from_yaml((CHART / "Chart.yaml").read_text()).get("appVersion"))
+    check(app_version == cargo,
+          f"Chart.yaml appVersion {app_version!r} != crate version {cargo!r} (Cargo.toml [workspace.package]); bump them together")
+    values = helm.values_from_yaml((CHART / "values.yaml").read_text())
+    repo = values["image"]["repository"]
+    operator = (ROOT / "operator" / "src" / "lib.rs").read_text()
+    check(f'concat!("{repo}:", env!("CARGO_PKG_VERSION"))' in operator,
+          f"the operator's default agent image (operator/src/lib.rs) is not {repo}:<crate version>, the chart's default image")
+    for name in ("Dockerfile", "image/Containerfile"):
+        path = ROOT / name
+        if check(path.exists(), f"{name} is missing"):
+            m = re.search(r"(?m)^ARG VERSION=(\S+)$", path.read_text())
+            check(m is not None and m.group(1) == cargo,
+                  f"{name}: ARG VERSION default {m.group(1) if m else None!r} != crate version {cargo!r}")
+
+
 def main():
     print(f"chart-check: Helm SDK {helm.helm_sdk_version()}, chart {CHART}", flush=True)
+    check_versions()
     for label, values in VALUE_SETS.items():
         check_lint(label, values)
         check_render(label, values)

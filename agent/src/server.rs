@@ -334,10 +334,12 @@ pub(crate) fn dial_supervisor(proc: Proc, agent: ActorRef<HostAgent>, target: St
 }
 
 async fn dial_once(proc: &Proc, target: &str) -> Result<hostmesh_runtime::ProcId, String> {
-    let addr = tokio::net::lookup_host(target)
+    // The hosts file, then DNS, without the C library (a static agent in
+    // any image resolves as in the pod).
+    let addr = *hostmesh_net::lookup_host(target)
         .await
-        .map_err(|e| format!("cannot resolve {target}: {e}"))?
-        .next()
+        .map_err(|e| e.to_string())?
+        .first()
         .ok_or_else(|| format!("{target} resolves to no address"))?;
     proc.connect(&hostmesh_runtime::ChannelAddr::Tcp(addr))
         .await

@@ -5,6 +5,7 @@
 mod agent;
 mod apiserver;
 mod e2e;
+mod image;
 mod operator;
 mod report;
 mod runtime;
@@ -14,7 +15,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image.
     suite: String,
 }
 
@@ -35,9 +36,10 @@ fn main() -> anyhow::Result<()> {
         "apiserver" => apiserver::run(),
         "operator" => operator::run(),
         "e2e" => e2e::run(),
+        "image" => image::run(),
         "runtime" => runtime::run(),
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image"
         ),
     }
 }

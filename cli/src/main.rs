@@ -7,10 +7,19 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+/// `hostmesh --version`: the crate version and the git revision it was
+/// built from (`unknown` without git; see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("HOSTMESH_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "hostmesh",
-    version,
+    version = VERSION,
     about = "Monarch-style host meshes on Kubernetes"
 )]
 struct Cli {

@@ -118,9 +118,11 @@ where
 
 /// A client for `config` whose status writes are counted in `metrics`.
 pub fn client(config: kube::Config, metrics: Arc<Metrics>) -> Result<kube::Client, kube::Error> {
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&StatusWriteLayer::new(metrics))
-        .build())
+    Ok(
+        hostmesh_net::kube_client_builder(config, hostmesh_net::Resolver::system())?
+            .with_layer(&StatusWriteLayer::new(metrics))
+            .build(),
+    )
 }
 
 #[cfg(test)]

@@ -163,9 +163,13 @@ impl Error {
     }
 }
 
-/// Connects to the cluster (kubeconfig or in-cluster).
+/// Connects to the cluster (kubeconfig or in-cluster), resolving the API
+/// server's name without the C library (`hostmesh_net`).
 pub async fn connect() -> Result<Client, Error> {
-    Ok(Client::try_default().await?)
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    Ok(hostmesh_net::kube_client(config)?)
 }
 
 /// `hostmesh operator`: connects, then runs the controllers and the hub

@@ -174,7 +174,7 @@ async fn client(args: &StatusArgs) -> Result<kube::Client, StatusError> {
             .await
             .map_err(|e| StatusError::Config(e.to_string()))?,
     };
-    kube::Client::try_from(config).map_err(|e| StatusError::Config(e.to_string()))
+    hostmesh_net::kube_client(config).map_err(|e| StatusError::Config(e.to_string()))
 }
 
 async fn get<K>(

@@ -148,7 +148,7 @@ pub async fn run(args: ControllerManagerArgs) -> Result<(), ControllerError> {
             .await
             .map_err(|e| ControllerError::Config(format!("set KUBECONFIG or --kubeconfig: {e}")))?,
     };
-    let client = kube::Client::try_from(config).map_err(ControllerError::Kube)?;
+    let client = hostmesh_net::kube_client(config).map_err(ControllerError::Kube)?;
     let handle = start(client);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ControllerError::Config(format!("cannot watch SIGTERM: {e}")))?;

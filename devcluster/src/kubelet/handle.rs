@@ -277,7 +277,7 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         }
     }
     let client =
-        kube::Client::try_from(kube_config).map_err(|e| KubeletError::api("build client", e))?;
+        hostmesh_net::kube_client(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
     let handle = Kubelet::start(client, config).await?;
