@@ -20,6 +20,7 @@
 //! is `HOSTMESH_TEST_IMAGE` when set (CI builds it first), else this test
 //! runs `image/build.sh` (a static release build: minutes the first time).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -406,27 +407,29 @@ async fn agent_runs_in(kind: &str, image: &str, procs: Vec<Expect>) {
             .await
             .unwrap_or_else(|e| panic!("[{kind}] create {}: {e}", p.name));
     }
-    for p in &procs {
-        let status = tokio::time::timeout(WAIT, async {
-            loop {
-                let ev = events.recv().await.expect("event channel open");
-                if let AgentEventKind::Push(AgentPush::Changed(c)) = ev.kind
-                    && c.state.name == p.name
-                    && c.state.status.is_terminal()
-                {
-                    return c.state.status;
-                }
+    // Final statuses as the supervisor receives them, in whatever order the
+    // procs end.
+    let mut ended: HashMap<String, ProcPhase> = HashMap::new();
+    let all_ended = tokio::time::timeout(WAIT, async {
+        while procs.iter().any(|p| !ended.contains_key(p.name)) {
+            let ev = events.recv().await.expect("event channel open");
+            if let AgentEventKind::Push(AgentPush::Changed(c)) = ev.kind
+                && c.state.status.is_terminal()
+            {
+                ended.insert(c.state.name, c.state.status);
             }
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "[{kind}] proc {} never ended; logs:\n{}",
-                p.name,
-                container.logs()
-            )
-        });
-        match &status {
+        }
+    })
+    .await;
+    assert!(
+        all_ended.is_ok(),
+        "[{kind}] not every proc ended ({:?} did); logs:\n{}",
+        ended.keys().collect::<Vec<_>>(),
+        container.logs()
+    );
+    for p in &procs {
+        let status = &ended[p.name];
+        match status {
             ProcPhase::Stopped {
                 exit_code,
                 stderr_tail,
