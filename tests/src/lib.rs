@@ -46,7 +46,15 @@ pub struct Env {
     controller_manager: Option<Child>,
     /// Operator processes, oldest first.
     operators: Vec<Child>,
+    /// The Lease of leader-elected operators ([`LEASE_NAMESPACE`]), removed
+    /// on drop.
+    lease: Option<String>,
 }
+
+/// Where leader-elected test operators keep their Lease: not the test's
+/// namespace, whose deletion (real-cluster cleanup) would take the Lease
+/// from the leader that must finalize the namespace's objects.
+pub const LEASE_NAMESPACE: &str = "default";
 
 /// The `hostmesh` binary under test: `HOSTMESH_BIN`, or the one cargo built
 /// next to this test executable.
@@ -129,6 +137,7 @@ impl Env {
             kubelet: None,
             controller_manager: None,
             operators: Vec::new(),
+            lease: None,
         };
         env.install_crds(&bin)?;
         let log = log_file(env.dir.path(), "kubelet")?;
@@ -222,15 +231,19 @@ impl Env {
         self.spawn_operator(&[])
     }
 
-    /// Starts an operator replica with leader election on a Lease in the
-    /// test's namespace, as the chart runs it (fast timings): the first
-    /// replica leads, a later one waits as a standby until the leader goes.
-    pub fn start_elected_operator(&mut self, identity: &str) -> anyhow::Result<()> {
-        let ns = self.namespace.clone();
+    /// Starts an operator replica with leader election, as the chart runs
+    /// it (fast timings), on a Lease named after the test in
+    /// [`LEASE_NAMESPACE`]: the first replica leads, a later one waits as a
+    /// standby until the leader goes. Returns the Lease's name.
+    pub fn start_elected_operator(&mut self, identity: &str) -> anyhow::Result<String> {
+        let lease = self.namespace.clone();
+        self.lease = Some(lease.clone());
         self.spawn_operator(&[
             "--leader-elect",
             "--leader-elect-namespace",
-            &ns,
+            LEASE_NAMESPACE,
+            "--leader-elect-lease",
+            &lease,
             "--leader-elect-identity",
             identity,
             "--leader-elect-lease-duration",
@@ -239,7 +252,8 @@ impl Env {
             "3s",
             "--leader-elect-retry-period",
             "500ms",
-        ])
+        ])?;
+        Ok(lease)
     }
 
     fn spawn_operator(&mut self, extra: &[&str]) -> anyhow::Result<()> {
@@ -414,6 +428,18 @@ impl Drop for Env {
             let _ = self.kubectl(&["delete", &ns, "--wait=true", "--timeout=120s"]);
         }
         self.kill_operator();
+        if self.real_cluster
+            && let Some(lease) = self.lease.take()
+        {
+            let _ = self.kubectl(&[
+                "delete",
+                "lease",
+                "-n",
+                LEASE_NAMESPACE,
+                &lease,
+                "--ignore-not-found",
+            ]);
+        }
         if let Some(mut c) = self.controller_manager.take() {
             let _ = c.kill();
             let _ = c.wait();

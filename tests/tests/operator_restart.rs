@@ -110,7 +110,7 @@ async fn operator_restart_long_after_spawn_keeps_procs_running() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread")]
 async fn leader_handover_in_an_upgrade_keeps_procs_running() -> anyhow::Result<()> {
     let mut env = Env::start_without_operator("operator-upgrade").await?;
-    env.start_elected_operator("old")?;
+    let lease_name = env.start_elected_operator("old")?;
     let pids = running_past_spawn_timeout(&env).await?;
     // A rolling upgrade: the new replica starts as a standby, then the old
     // one is stopped and hands the Lease over.
@@ -118,8 +118,8 @@ async fn leader_handover_in_an_upgrade_keeps_procs_running() -> anyhow::Result<(
     env.terminate_oldest_operator().await?;
     stays_healthy(&env, &pids).await?;
     let lease: k8s_openapi::api::coordination::v1::Lease =
-        kube::Api::namespaced(env.client.clone(), &env.namespace)
-            .get("hostmesh-operator")
+        kube::Api::namespaced(env.client.clone(), hostmesh_e2e::LEASE_NAMESPACE)
+            .get(&lease_name)
             .await?;
     let holder = lease.spec.and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some("new"), "the new replica leads");
