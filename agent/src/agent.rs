@@ -23,7 +23,7 @@ use super::env::AgentIdentity;
 use super::error::HostError;
 use super::health::{self, Readiness};
 use super::manager::ProcManager;
-use super::server::{self, AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
+use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
 use hostmesh_runtime::{ChannelAddr, Proc};
 
 /// A running agent (embedded in tests and benchmarks; `run_agent` for the
@@ -106,7 +106,7 @@ impl Agent {
             .await
             .map_err(|e| HostError::Runtime(format!("cannot start the host agent actor: {e}")))?;
         if let Some(sup) = &config.supervisor {
-            server::dial_supervisor(proc.clone(), agent, sup.clone());
+            super::supervisor::dial_supervisor(proc.clone(), agent, sup.clone());
         }
         let readiness = Readiness::default();
         let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;

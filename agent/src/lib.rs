@@ -19,6 +19,7 @@
 //! - `health`: `/healthz`, `/readyz`.
 //! - `server`: the `HostAgent` actor serving the agent protocol.
 //! - `client`: `AgentClient`, the supervisor side.
+//! - `supervisor`: the agent dialing its supervisor (`--supervisor`).
 //! - `proc_agent`: the proc side of runtime-aware procs (`join_host`, `mesh`).
 //! - `agent`: the process itself (`run_agent`).
 
@@ -38,6 +39,7 @@ pub mod protocol;
 mod server;
 mod spawn;
 mod subscription;
+mod supervisor;
 
 pub use agent::{Agent, Secret, run_agent};
 pub use client::{
