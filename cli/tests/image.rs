@@ -169,6 +169,76 @@ fn image_reports_its_version_and_runs_as_non_root_with_hostmesh_on_path() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("kind: CustomResourceDefinition"));
 }
 
+/// `hostmesh status` inside the image (no libc, no /etc/nsswitch.conf)
+/// reaches an API server that its kubeconfig names by a host name only the
+/// container's `/etc/hosts` knows: the Kubernetes client resolves through
+/// hostmesh-net, and sends the name as its Host.
+#[test]
+fn status_in_the_image_reaches_an_api_server_named_in_its_hosts_file() {
+    use std::io::{Read as _, Write as _};
+    if !podman_present() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // One request: record its Host, answer as an API server that has no
+    // such World.
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(WAIT)).unwrap();
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "request cut short");
+            req.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"worlds.hostmesh.dev \"trainer\" not found","reason":"NotFound","details":{"name":"trainer","group":"hostmesh.dev","kind":"worlds"},"code":404}"#;
+        let _ = conn.write_all(
+            format!(
+                "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        let text = String::from_utf8_lossy(&req).to_lowercase();
+        text.lines()
+            .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+            .unwrap_or_default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("config"),
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster: {{server: \"http://api.hostmesh.test:{port}\"}}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u, namespace: ml}}\n"
+        ),
+    )
+    .unwrap();
+    let mount = format!("{}:/kube:ro", dir.path().display());
+    let mut args = RUN.to_vec();
+    args.extend([
+        "--rm",
+        "--add-host",
+        "api.hostmesh.test:127.0.0.1",
+        "-v",
+        &mount,
+        image(),
+        "status",
+        "world/trainer",
+        "--kubeconfig",
+        "/kube/config",
+    ]);
+    let out = podman_raw(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("not found"), "{stderr}");
+    assert_eq!(server.join().unwrap(), format!("api.hostmesh.test:{port}"));
+}
+
 /// A temporary directory others may write to (an emptyDir is 0777).
 fn shared_dir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt as _;
