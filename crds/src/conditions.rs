@@ -36,14 +36,7 @@ pub fn set(
     now: &Time,
 ) {
     let status = if status { "True" } else { "False" }.to_string();
-    let mut message = message.to_string();
-    if message.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-    }
+    let message = crate::procmesh::head(message, MAX_MESSAGE).to_string();
     let new = |ltt: Time| Condition {
         type_: type_.to_string(),
         status: status.clone(),

@@ -337,6 +337,18 @@ pub const MAX_STDERR_RANKS: usize = 16;
 /// Most bytes of a reason kept in status.
 pub const MAX_REASON: usize = 256;
 
+/// Truncates `s` to its first `max` bytes (on a character boundary).
+pub fn head(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
 /// Truncates `s` to its last `max` bytes (on a character boundary).
 pub fn tail(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -406,6 +418,8 @@ mod tests {
     fn tail_keeps_the_last_bytes_on_a_char_boundary() {
         assert_eq!(tail("héllo", 4), "llo");
         assert_eq!(tail("abc", 4), "abc");
+        assert_eq!(head("hél", 2), "h");
+        assert_eq!(head("abc", 4), "abc");
     }
 
     fn running() -> RankStatus {

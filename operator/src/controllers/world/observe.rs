@@ -58,15 +58,8 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
                     // the path, the OS error): keep it with the container.
                     match t.message.as_deref().map(str::trim) {
                         Some(m) if !m.is_empty() => {
-                            let mut full = format!("{reason}: container {name}: {m}");
-                            if full.len() > MAX_REASON {
-                                let mut cut = MAX_REASON;
-                                while !full.is_char_boundary(cut) {
-                                    cut -= 1;
-                                }
-                                full.truncate(cut);
-                            }
-                            full
+                            let full = format!("{reason}: container {name}: {m}");
+                            hostmesh_crds::procmesh::head(&full, MAX_REASON).to_string()
                         }
                         _ => reason,
                     }
