@@ -35,10 +35,11 @@ fn find_or_install() -> Result<PathBuf, String> {
     if imports_helm(&system) {
         return Ok(system);
     }
-    let dir = target_dir()?.join("helm-venv");
+    let target = target_dir()?;
+    let dir = target.join("helm-venv");
     let python = dir.join("bin").join("python3");
-    std::fs::create_dir_all(target_dir()?).map_err(|e| format!("creating target dir: {e}"))?;
-    let lock_path = target_dir()?.join("helm-venv.lock");
+    std::fs::create_dir_all(&target).map_err(|e| format!("creating target dir: {e}"))?;
+    let lock_path = target.join("helm-venv.lock");
     let lock = std::fs::File::create(&lock_path)
         .map_err(|e| format!("creating {}: {e}", lock_path.display()))?;
     lock.lock()
