@@ -21,6 +21,10 @@
 //!    never timed out from the original spawn time.
 //! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
 //!    a failure; after its restart it is Starting until the new host runs it.
+//! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
+//!    mesh waits: its procs go with the hosts as Stopped, not as failures,
+//!    nothing is spawned or counted, and the spawn clock restarts when the
+//!    World runs again. A mesh that already ended stays ended.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -51,6 +55,8 @@ pub struct PlanInput<'a> {
     pub timings: ProcMeshTimings,
     /// Phase of its World.
     pub world_phase: Option<WorldPhase>,
+    /// Its World is suspended (`spec.suspend` or phase Suspended).
+    pub world_suspended: bool,
     /// Hosts of the World.
     pub hosts: u64,
     /// The full extent (World shape then perHost), for display.
@@ -140,6 +146,9 @@ fn describe(rank: u64, s: &RankStatus) -> String {
 /// the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::carry_over(input);
+    if input.world_suspended && !w.was_terminal {
+        return w.wait_suspended();
+    }
     w.settle_incarnations();
     w.start_spawn_clock();
     w.observe_ranks();
@@ -235,6 +244,59 @@ impl<'i, 'a> Working<'i, 'a> {
                 self.inc.per_rank.insert(*rank, obs.incarnation);
             }
         }
+    }
+
+    /// The World is suspended (invariant 6): every rank Stopped, nothing
+    /// spawned or counted, the conditions say why.
+    fn wait_suspended(mut self) -> Plan {
+        let input = self.input;
+        let world = &input.pm.spec.world;
+        let message = format!(
+            "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
+        );
+        let was = conditions::get(&self.prev.conditions, READY)
+            .is_some_and(|c| c.reason == "WorldSuspended");
+        if !was {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Normal,
+                reason: "WorldSuspended",
+                note: message.clone(),
+            });
+        }
+        let stopped = RankStatus {
+            state: ProcState::Stopped,
+            reason: Some("WorldSuspended".into()),
+            ..Default::default()
+        };
+        let ranks: Vec<RankStatus> = (0..self.total).map(|_| stopped.clone()).collect();
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        set(&mut conds, READY, false, "WorldSuspended", &message);
+        set(&mut conds, PROGRESSING, false, "WorldSuspended", &message);
+        set(&mut conds, DEGRADED, false, "NoFailures", "");
+        set(&mut conds, FAILED, false, "NotFailed", "");
+        let (rank_runs, truncated) = procmesh::rank_runs(ranks);
+        let prev = self.prev;
+        self.out.status = ProcMeshStatus {
+            phase: Some(ProcMeshPhase::Pending),
+            extent: Some(input.extent.clone()),
+            running: 0,
+            succeeded: 0,
+            failed: 0,
+            ranks: rank_runs,
+            ranks_truncated: truncated,
+            first_failure: self.first_failure,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            incarnations: prev.incarnations,
+            stopping_since: None,
+            spawn_time: None,
+        };
+        self.out
     }
 
     /// The spawn clock starts once the World runs.

@@ -14,11 +14,16 @@
 //! 4. Pods whose template hash differs from the desired one are recreated
 //!    (template changes roll); pods are otherwise never patched.
 //! 5. No pod is created for a rank whose previous pod is still terminating.
+//! 6. Suspending (`spec.suspend`) first writes the Suspended phase, and only
+//!    on the next pass deletes the host pods, so ProcMeshes see the World
+//!    suspended before their procs go and do not count them as failures.
+//!    Suspend and resume keep `restarts`; a resume, like a `RecreateGang`
+//!    restart, is a new `attempt`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY};
+use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY, SUSPENDED};
 use hostmesh_crds::validate::WorldTimings;
 use hostmesh_crds::world::{FailureAction, HostState, HostStatus, WorldPhase, WorldStatus};
 use hostmesh_crds::{World, runs};
@@ -79,6 +84,10 @@ fn sd(d: Duration) -> SignedDuration {
 /// derive the phase, the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::new(input);
+    if input.world.spec.suspend {
+        return w.suspend();
+    }
+    w.resume();
     w.announce_expired();
     w.carry_failure();
     if w.failure_reason.is_none() {
@@ -106,6 +115,7 @@ struct Working<'i, 'a> {
     was_up: bool,
     restarts: u32,
     last_restart: Option<Time>,
+    attempt: u32,
     hosts: Vec<HostStatus>,
     failure_reason: Option<String>,
     progressing: Option<(&'static str, String)>,
@@ -122,6 +132,9 @@ impl<'i, 'a> Working<'i, 'a> {
         let generation = world.metadata.generation;
         let n = world.spec.full_shape().num_ranks();
         let same_gen = prev.observed_generation == generation;
+        // Suspending and resuming change the spec but not the run: the
+        // restart count carries over (invariant 6).
+        let carry = same_gen || world.spec.suspend || prev.phase == Some(WorldPhase::Suspended);
         let hosts = (0..n)
             .map(|r| {
                 let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
@@ -147,8 +160,9 @@ impl<'i, 'a> Working<'i, 'a> {
             was_failed: same_gen && prev.phase == Some(WorldPhase::Failed),
             was_up: same_gen
                 && matches!(prev.phase, Some(WorldPhase::Running | WorldPhase::Degraded)),
-            restarts: if same_gen { prev.restarts } else { 0 },
-            last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
+            restarts: if carry { prev.restarts } else { 0 },
+            last_restart: prev.last_restart_time.clone().filter(|_| carry),
+            attempt: prev.attempt,
             hosts,
             failure_reason: None,
             progressing: None,
@@ -158,6 +172,80 @@ impl<'i, 'a> Working<'i, 'a> {
                 ..Default::default()
             },
             prev,
+        }
+    }
+
+    /// `spec.suspend`: the Suspended phase first, then every host pod goes
+    /// (invariant 6); nothing is created and no failure is acted on.
+    fn suspend(mut self) -> Plan {
+        let input = self.input;
+        let first = self.prev.phase != Some(WorldPhase::Suspended);
+        let mut live = 0;
+        for p in input.pods.values() {
+            if p.metadata.deletion_timestamp.is_none()
+                && let Some(name) = &p.metadata.name
+            {
+                live += 1;
+                if !first && !self.out.delete.contains(name) {
+                    self.out.delete.push(name.clone());
+                }
+            }
+        }
+        let remaining = input.pods.len();
+        if first {
+            self.out.events.push(event(
+                Severity::Normal,
+                "Suspended",
+                format!("spec.suspend is true: deleting {live} host pods; their agents stop the procs first"),
+            ));
+            // The pods go on the next pass, once the phase is written.
+            self.requeue_within(Duration::from_millis(100));
+        }
+        let message = if remaining == 0 {
+            "spec.suspend is true; no host pods".to_string()
+        } else {
+            format!("spec.suspend is true; {remaining} host pods still terminating")
+        };
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        set(&mut conds, SUSPENDED, true, "SpecSuspended", &message);
+        set(&mut conds, READY, false, "Suspended", &message);
+        set(&mut conds, PROGRESSING, false, "Suspended", &message);
+        set(&mut conds, DEGRADED, false, "Suspended", "");
+        set(&mut conds, FAILED, false, "NotFailed", "");
+        let n = self.n;
+        let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
+        self.out.status = WorldStatus {
+            phase: Some(WorldPhase::Suspended),
+            ready: Some(format!("0/{n}")),
+            ready_hosts: 0,
+            desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+            hosts: host_runs,
+            hosts_truncated: truncated,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            degraded_since: None,
+            attempt: self.attempt,
+        };
+        self.out
+    }
+
+    /// Coming back from Suspended is a new attempt (invariant 6).
+    fn resume(&mut self) {
+        if self.prev.phase == Some(WorldPhase::Suspended) {
+            self.attempt += 1;
+            self.out.events.push(event(
+                Severity::Normal,
+                "Resumed",
+                format!(
+                    "spec.suspend is false: creating the hosts again (attempt {})",
+                    self.attempt
+                ),
+            ));
         }
     }
 
@@ -279,7 +367,10 @@ impl<'i, 'a> Working<'i, 'a> {
         self.last_restart = Some(self.now_t.clone());
         let victims: Vec<u64> = match fp.action {
             FailureAction::ReplaceHost => act_on,
-            FailureAction::RecreateGang => (0..self.n).collect(),
+            FailureAction::RecreateGang => {
+                self.attempt += 1;
+                (0..self.n).collect()
+            }
         };
         for r in victims {
             if let Some(p) = input.pods.get(&r)
@@ -404,6 +495,7 @@ impl<'i, 'a> Working<'i, 'a> {
             restarts: self.restarts,
             last_restart_time: self.last_restart,
             degraded_since,
+            attempt: self.attempt,
         };
         self.out
     }
@@ -505,6 +597,15 @@ impl<'i, 'a> Working<'i, 'a> {
                 why,
             ),
             None => set(&mut conds, FAILED, false, "NotFailed", ""),
+        }
+        if conditions::get(&conds, SUSPENDED).is_some() {
+            set(
+                &mut conds,
+                SUSPENDED,
+                false,
+                "Resumed",
+                &format!("attempt {}", self.attempt),
+            );
         }
         conds
     }
@@ -633,6 +734,60 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         let p = run(&w, &pods, Liveness::Alive, 100);
         assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
         assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.attempt, 1, "a gang recreation is a new attempt");
+    }
+
+    #[test]
+    fn suspend_writes_the_phase_then_deletes_pods_and_resume_is_a_new_attempt() {
+        let mut w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        w.status = Some(p.status);
+        w.status.as_mut().unwrap().restarts = 1;
+        // Suspending is a spec change (a new generation).
+        w.spec.suspend = true;
+        w.metadata.generation = Some(2);
+        let p = run(&w, &pods, Liveness::Alive, 101);
+        assert!(
+            p.delete.is_empty(),
+            "the phase is written before any pod goes"
+        );
+        assert!(p.create.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        assert!(conditions::is_true(&p.status.conditions, SUSPENDED));
+        assert!(!conditions::is_true(&p.status.conditions, READY));
+        assert_eq!(p.status.restarts, 1, "suspending keeps the restart count");
+        assert_eq!(p.events[0].reason, "Suspended");
+        assert!(p.requeue_after.is_some());
+        w.status = Some(p.status);
+        let p = run(&w, &pods, Liveness::Alive, 102);
+        assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+        assert!(p.events.is_empty(), "announced once");
+        // Gone: nothing is created while suspended.
+        w.status = Some(p.status);
+        let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 103);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(cond.message, "spec.suspend is true; no host pods");
+        assert_eq!(p.status.attempt, 0);
+        // Resume: every host again, a new attempt, restarts kept.
+        w.status = Some(p.status);
+        w.spec.suspend = false;
+        w.metadata.generation = Some(3);
+        let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 104);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 1);
+        assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "Resumed")
+        );
+        assert!(p.events.iter().any(|e| e.reason == "Resumed"));
+        // A World never suspended has no Suspended condition.
+        let fresh = run(&mk_world("{}"), &BTreeMap::new(), Liveness::Unknown, 100);
+        assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
     }
 
     #[test]

@@ -59,6 +59,7 @@ fn run_reported(
         pm,
         timings: timings(pm),
         world_phase: world,
+        world_suspended: world == Some(WorldPhase::Suspended),
         hosts: 2,
         extent: "host=2,gpu=2".into(),
         states,
@@ -97,6 +98,45 @@ fn waits_for_world_then_spawns_then_runs() {
     assert_eq!(p.status.extent.as_deref(), Some("host=2,gpu=2"));
     assert!(conditions::is_true(&p.status.conditions, READY));
     assert_eq!(p.status.ranks.len(), 1);
+}
+
+#[test]
+fn a_suspended_world_stops_without_failures_and_respawns_on_resume() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 1}");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 100);
+    pm.status = Some(p.status);
+    // The World is suspended: its agents stop the procs (Stopped, or Killed
+    // by their TERM) and its hosts go; none of that is a failure.
+    let mut states = all(2, 2, ProcState::Stopped, 0);
+    states.insert(1, obs(ProcState::Killed, None, 0));
+    let suspended = Some(WorldPhase::Suspended);
+    let lost: BTreeMap<u64, HostState> = (0..2).map(|h| (h, HostState::Terminating)).collect();
+    let p = run_lost(&pm, suspended, &states, &lost, 101);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+    assert!(p.spawn.is_none() && !p.stop);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 0));
+    assert!(p.status.first_failure.is_none());
+    let ready = conditions::get(&p.status.conditions, READY).unwrap();
+    assert_eq!(ready.reason, "WorldSuspended");
+    assert!(ready.message.contains("is suspended"), "{}", ready.message);
+    assert_eq!(p.events[0].reason, "WorldSuspended");
+    pm.status = Some(p.status);
+    let p = run_lost(&pm, suspended, &BTreeMap::new(), &lost, 102);
+    assert!(p.events.is_empty(), "announced once");
+    assert_eq!(p.status.spawn_time, None);
+    // Resumed: it waits for the World, then spawns every rank afresh.
+    pm.status = Some(p.status);
+    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 200);
+    assert!(p.spawn.is_none());
+    assert_eq!(p.status.failed, 0);
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &BTreeMap::new(), 210);
+    assert_eq!(p.spawn, Some(Incarnations::default()));
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 211);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert_eq!(p.status.restarts, 0);
 }
 
 #[test]
