@@ -21,6 +21,8 @@
 //!    never timed out from the original spawn time.
 //! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
 //!    a failure; after its restart it is Starting until the new host runs it.
+//!    Once the mesh has ended, a rank without a current report keeps its
+//!    recorded state: nothing is starting on a replaced host.
 //! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
 //!    mesh waits: its procs go with the hosts as Stopped, not as failures,
 //!    nothing is spawned or counted, and the spawn clock restarts when the
@@ -371,6 +373,16 @@ impl<'i, 'a> Working<'i, 'a> {
                 reason: o.reason.clone(),
                 stderr_tail: o.stderr_tail.clone(),
             },
+            // An ended mesh starts nothing: a rank with no current report
+            // (its host was replaced since) keeps what status recorded.
+            _ if self.was_terminal => {
+                runs::get(&self.prev.ranks, rank)
+                    .cloned()
+                    .unwrap_or(RankStatus {
+                        state: ProcState::Stopped,
+                        ..Default::default()
+                    })
+            }
             Some(_) => RankStatus {
                 state: ProcState::Starting,
                 reason: Some("Restarting".into()),

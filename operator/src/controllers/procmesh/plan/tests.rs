@@ -382,3 +382,34 @@ fn a_failed_mesh_is_degraded_not_no_failures() {
         ("True", "ProcsFailed")
     );
 }
+
+/// A mesh that failed when its host was lost does not show that host's
+/// ranks as Starting once the host is replaced (nothing starts them).
+#[test]
+fn a_failed_mesh_keeps_a_replaced_hosts_ranks_as_recorded() {
+    let mut pm = small(", restartPolicy: {policy: Never}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, HostState::Failed)]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(p.status.failed, 2);
+    pm.status = Some(p.status);
+    // The World replaced host 1: its new agent reports nothing for the
+    // mesh, and the old reports are gone with the old pod.
+    states.retain(|_, o| o.host != 1);
+    let p = run(&pm, RUNNING, &states, 200);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(p.status.failed, 2, "{:?}", p.status.ranks);
+    assert!(
+        p.status
+            .ranks
+            .iter()
+            .all(|r| r.value.state != ProcState::Starting),
+        "{:?}",
+        p.status.ranks
+    );
+    assert!(p.spawn.is_none());
+}
