@@ -13,6 +13,7 @@
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
 
 pub mod desired;
+pub mod exit;
 pub mod plan;
 
 use std::collections::BTreeMap;

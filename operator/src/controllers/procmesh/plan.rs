@@ -128,12 +128,14 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
             .is_some_and(|c| PERMANENT_EXIT_CODES.contains(&c)))
 }
 
-fn describe(rank: u64, s: &RankStatus) -> String {
+/// A rank's failure in words: the signal by name, the exit code with what
+/// it means ([`super::exit`]), naming `program` where the code is about it.
+fn describe(rank: u64, s: &RankStatus, program: &str) -> String {
     let what = match (s.state, s.exit_code, s.signal) {
-        (_, _, Some(sig)) => format!("killed by signal {sig}"),
+        (_, _, Some(sig)) => super::exit::killed(sig),
         (ProcState::Timeout, _, _) => "did not start within spawnTimeout".to_string(),
         (ProcState::Lost, _, _) => "its host was lost".to_string(),
-        (_, Some(code), _) => format!("exited with code {code}"),
+        (_, Some(code), _) => super::exit::exited(code, program),
         (st, None, None) => format!("{st:?}"),
     };
     match &s.reason {
@@ -317,6 +319,16 @@ impl<'i, 'a> Working<'i, 'a> {
         Some(spawn.0.max(*heard) + sd(self.input.timings.spawn_timeout))
     }
 
+    /// The first word of the command (what exit codes 126/127 are about).
+    fn program(&self) -> &str {
+        self.input
+            .pm
+            .spec
+            .command
+            .first()
+            .map_or("", String::as_str)
+    }
+
     fn unheard(&self, host: u64) -> bool {
         !self.input.reported.contains_key(&host)
     }
@@ -431,7 +443,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let summary = failed
             .iter()
             .take(3)
-            .map(|r| describe(*r, &self.ranks[*r as usize]))
+            .map(|r| describe(*r, &self.ranks[*r as usize], self.program()))
             .collect::<Vec<_>>()
             .join("; ");
         let permanent = failed
@@ -445,7 +457,7 @@ impl<'i, 'a> Working<'i, 'a> {
         } else if let Some(r) = permanent {
             self.failure_reason = Some(format!(
                 "{} (permanent failure, not retried)",
-                describe(*r, &self.ranks[*r as usize])
+                describe(*r, &self.ranks[*r as usize], self.program())
             ));
         } else if self.restarts.saturating_add(needed) > policy.max_restarts {
             self.failure_reason = Some(format!(
@@ -475,18 +487,23 @@ impl<'i, 'a> Working<'i, 'a> {
             host: first / self.per_host,
             time: self.now_t.clone(),
             state: s.state,
-            reason: describe(first, s),
+            reason: describe(first, s, self.program()),
             exit_code: s.exit_code,
             signal: s.signal,
             stderr_tail: s
                 .stderr_tail
                 .as_deref()
                 .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
+            command: Some(super::exit::command_line(
+                &self.input.pm.spec.command,
+                &self.input.pm.spec.args,
+                procmesh::MAX_COMMAND,
+            )),
         });
         self.out.events.push(PlannedEvent {
             severity: Severity::Warning,
             reason: "ProcFailed",
-            note: describe(first, s),
+            note: describe(first, s, self.program()),
         });
     }
 

@@ -413,3 +413,32 @@ fn a_failed_mesh_keeps_a_replaced_hosts_ranks_as_recorded() {
     );
     assert!(p.spawn.is_none());
 }
+
+/// The root cause reads without a table: exit code 127 names the missing
+/// program, signals have names, and the command line is on record.
+#[test]
+fn first_failure_decodes_the_exit_and_records_the_command() {
+    let pm = small("");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, obs(ProcState::Failed, Some(127), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    let ff = p.status.first_failure.unwrap();
+    assert!(
+        ff.reason
+            .contains("rank 1 exited with code 127: command not found: \"python\""),
+        "{}",
+        ff.reason
+    );
+    assert_eq!(ff.command.as_deref(), Some("python train.py --lr 1"));
+    let mut killed = all(2, 2, ProcState::Running, 0);
+    let mut o = obs(ProcState::Killed, None, 0);
+    o.signal = Some(11);
+    killed.insert(3, o);
+    let p = run(&small(""), RUNNING, &killed, 100);
+    let ff = p.status.first_failure.unwrap();
+    assert!(
+        ff.reason.contains("rank 3 killed by signal SIGSEGV (11)"),
+        "{}",
+        ff.reason
+    );
+}
