@@ -75,6 +75,9 @@ struct HostEntry {
     /// When this hub first had the agent's Snapshot (wall clock): before
     /// it, the hub knows nothing of the host's procs (a new leader).
     reported_at: Option<Timestamp>,
+    /// Why the last connection to this agent dropped or failed, until a
+    /// heartbeat arrives again.
+    link_error: Option<String>,
 }
 
 struct WorldEntry {
@@ -321,12 +324,13 @@ impl Hub {
                 };
                 st.mesh_triggers.mark(key, urgent, now);
             }
-            HostReport::Disconnected { host } => {
+            HostReport::Disconnected { host, reason } => {
                 if let Some(h) = st
                     .worlds
                     .get_mut(&host.world)
                     .and_then(|w| w.hosts.get_mut(&host.rank))
                 {
+                    h.link_error = Some(reason);
                     debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
                     h.link = None;
                     h.sent.clear();
@@ -359,6 +363,27 @@ impl Hub {
         } else {
             Liveness::Unknown
         }
+    }
+
+    /// The key this hub dials `world`'s agents with, if it knows the World.
+    pub fn world_secret(&self, world: &WorldKey) -> Option<Arc<[u8]>> {
+        self.lock()
+            .worlds
+            .get(world)
+            .map(|w| w.agents.secret.clone())
+            .filter(|k| !k.is_empty())
+    }
+
+    /// Why the hub's last connection to host `rank`'s agent in pod `pod_uid`
+    /// dropped or failed (a refused handshake, an unreachable address), if
+    /// no heartbeat came since.
+    pub fn link_error(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<String> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .filter(|h| h.pod_uid == pod_uid)
+            .and_then(|h| h.link_error.clone())
     }
 
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
@@ -436,6 +461,7 @@ impl Hub {
                     stopping: HashSet::new(),
                     book_sent: false,
                     reported_at: None,
+                    link_error: None,
                 });
                 if book_changed {
                     h.book_sent = false;
@@ -552,10 +578,12 @@ pub fn default_connector() -> Arc<dyn AgentConnector> {
 /// not count (unknown World, host or pod), else the gap since the host's
 /// previous heartbeat (`Some(None)` for its first).
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
-    let w = st.worlds.get(&host.world)?;
-    if w.hosts.get(&host.rank).is_none_or(|h| h.pod_uid != pod_uid) {
-        return None;
-    }
+    let w = st.worlds.get_mut(&host.world)?;
+    let h = w
+        .hosts
+        .get_mut(&host.rank)
+        .filter(|h| h.pod_uid == pod_uid)?;
+    h.link_error = None;
     let timeout = w.agents.health_timeout;
     let gap = st.heartbeats.deadline(host).map(|deadline| {
         now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))
