@@ -30,10 +30,10 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::ResourceExt;
 use tracing::{debug, info};
 
 use super::replicaset::controller_ref;
@@ -87,17 +87,15 @@ pub(super) async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action
                     .await?;
                 written += 1;
             }
-            None => {
-                match slices_api.create(&PostParams::default(), &want).await {
-                    Ok(_) => written += 1,
-                    Err(kube::Error::Api(e)) if e.code == 409 => {
-                        return Err(ControllerError::Invalid(format!(
-                            "service {ns}/{name}: EndpointSlice {slice_name} exists but is not labelled {MANAGED_BY_LABEL}={MANAGED_BY}, {SERVICE_NAME_LABEL}={name}: delete it so this controller can manage it"
-                        )));
-                    }
-                    Err(e) => return Err(e.into()),
+            None => match slices_api.create(&PostParams::default(), &want).await {
+                Ok(_) => written += 1,
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    return Err(ControllerError::Invalid(format!(
+                        "service {ns}/{name}: EndpointSlice {slice_name} exists but is not labelled {MANAGED_BY_LABEL}={MANAGED_BY}, {SERVICE_NAME_LABEL}={name}: delete it so this controller can manage it"
+                    )));
                 }
-            }
+                Err(e) => return Err(e.into()),
+            },
         }
     }
     for stale in by_name.keys() {
@@ -205,7 +203,10 @@ pub fn desired_slices(svc: &Service, pods: &[Pod]) -> Vec<EndpointSlice> {
     }
     if groups.is_empty() {
         // A placeholder, as kube-controller-manager keeps one.
-        groups.insert((families[0].to_string(), String::new()), (Vec::new(), Vec::new()));
+        groups.insert(
+            (families[0].to_string(), String::new()),
+            (Vec::new(), Vec::new()),
+        );
     }
     let mut out = Vec::new();
     for ((family, ports_key), (ports, endpoints)) in groups {
@@ -316,17 +317,18 @@ fn endpoint_port(sp: &ServicePort, pod: &Pod) -> Option<EndpointPort> {
     let port = match &sp.target_port {
         None => sp.port,
         Some(IntOrString::Int(n)) => *n,
-        Some(IntOrString::String(name)) => pod
-            .spec
-            .as_ref()?
-            .containers
-            .iter()
-            .flat_map(|c| c.ports.iter().flatten())
-            .find(|p| {
-                p.name.as_deref() == Some(name.as_str())
-                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
-            })?
-            .container_port,
+        Some(IntOrString::String(name)) => {
+            pod.spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.ports.iter().flatten())
+                .find(|p| {
+                    p.name.as_deref() == Some(name.as_str())
+                        && p.protocol.as_deref().unwrap_or("TCP") == protocol
+                })?
+                .container_port
+        }
     };
     Some(EndpointPort {
         name: Some(sp.name.clone().unwrap_or_default()),
@@ -371,14 +373,16 @@ status:
     }
 
     fn headless() -> Service {
-        svc("metadata: {name: w, namespace: ns, uid: s1, labels: {team: a}}
+        svc(
+            "metadata: {name: w, namespace: ns, uid: s1, labels: {team: a}}
 spec:
   clusterIP: None
   selector: {app: w}
   ports:
   - {name: rpc, port: 80, targetPort: rpc}
   - {name: plain, port: 81, targetPort: 8081, protocol: UDP}
-")
+",
+        )
     }
 
     #[test]
@@ -386,7 +390,12 @@ spec:
         let pods = [
             pod("w-0", "10.1.0.2", true, ""),
             pod("w-1", "10.1.0.3", false, ""),
-            pod("w-2", "10.1.0.4", true, ", deletionTimestamp: '2026-01-01T00:00:00Z'"),
+            pod(
+                "w-2",
+                "10.1.0.4",
+                true,
+                ", deletionTimestamp: '2026-01-01T00:00:00Z'",
+            ),
         ];
         let slices = desired_slices(&headless(), &pods);
         assert_eq!(slices.len(), 1);
@@ -402,9 +411,16 @@ spec:
         assert_eq!(
             ports
                 .iter()
-                .map(|p| (p.name.clone().unwrap(), p.port.unwrap(), p.protocol.clone().unwrap()))
+                .map(|p| (
+                    p.name.clone().unwrap(),
+                    p.port.unwrap(),
+                    p.protocol.clone().unwrap()
+                ))
                 .collect::<Vec<_>>(),
-            [("rpc".into(), 7000, "TCP".into()), ("plain".into(), 8081, "UDP".into())]
+            [
+                ("rpc".into(), 7000, "TCP".into()),
+                ("plain".into(), 8081, "UDP".into())
+            ]
         );
         let conds: Vec<(Option<bool>, Option<bool>, Option<bool>)> = s
             .endpoints
@@ -444,7 +460,9 @@ spec:
 
     #[test]
     fn hostname_only_when_subdomain_is_the_service() {
-        let mut other = svc("metadata: {name: other, namespace: ns}\nspec: {selector: {app: w}, ports: [{port: 80}]}");
+        let mut other = svc(
+            "metadata: {name: other, namespace: ns}\nspec: {selector: {app: w}, ports: [{port: 80}]}",
+        );
         other.metadata.uid = Some("s2".into());
         let slices = desired_slices(&other, &[pod("w-0", "10.1.0.2", true, "")]);
         assert_eq!(slices[0].endpoints[0].hostname, None);
@@ -461,8 +479,14 @@ spec:
         let names: Vec<String> = slices.iter().map(ResourceExt::name_any).collect();
         assert_ne!(names[0], names[1]);
         assert!(names.iter().all(|n| n.starts_with("w-")));
-        let port_counts: Vec<usize> = slices.iter().map(|s| s.ports.clone().unwrap().len()).collect();
-        assert!(port_counts.contains(&1) && port_counts.contains(&2), "{port_counts:?}");
+        let port_counts: Vec<usize> = slices
+            .iter()
+            .map(|s| s.ports.clone().unwrap().len())
+            .collect();
+        assert!(
+            port_counts.contains(&1) && port_counts.contains(&2),
+            "{port_counts:?}"
+        );
     }
 
     #[test]
@@ -472,7 +496,9 @@ spec:
         assert!(slices[0].endpoints.is_empty());
         let manual = svc("metadata: {name: m, namespace: ns}\nspec: {ports: [{port: 80}]}");
         assert!(desired_slices(&manual, &[pod("w-0", "10.1.0.2", true, "")]).is_empty());
-        let ext = svc("metadata: {name: e, namespace: ns}\nspec: {type: ExternalName, externalName: x.org, selector: {app: w}}");
+        let ext = svc(
+            "metadata: {name: e, namespace: ns}\nspec: {type: ExternalName, externalName: x.org, selector: {app: w}}",
+        );
         assert!(desired_slices(&ext, &[pod("w-0", "10.1.0.2", true, "")]).is_empty());
     }
 
@@ -491,12 +517,23 @@ spec:
     #[test]
     fn large_services_are_chunked_with_stable_names() {
         let pods: Vec<Pod> = (0..250)
-            .map(|i| pod(&format!("w-{i:03}"), &format!("10.1.{}.{}", i / 200, i % 200 + 1), true, ""))
+            .map(|i| {
+                pod(
+                    &format!("w-{i:03}"),
+                    &format!("10.1.{}.{}", i / 200, i % 200 + 1),
+                    true,
+                    "",
+                )
+            })
             .collect();
         let a = desired_slices(&headless(), &pods);
         let b = desired_slices(&headless(), &pods);
         assert_eq!(a.len(), 3);
         assert_eq!(a.iter().map(|s| s.endpoints.len()).sum::<usize>(), 250);
-        assert!(a.iter().zip(&b).all(|(x, y)| same(x, y) && x.metadata.name == y.metadata.name));
+        assert!(
+            a.iter()
+                .zip(&b)
+                .all(|(x, y)| same(x, y) && x.metadata.name == y.metadata.name)
+        );
     }
 }

@@ -101,7 +101,11 @@ pub fn start(client: kube::Client) -> ControllersHandle {
     let replicasets = Controller::new(Api::<ReplicaSet>::all(client.clone()), wc.clone())
         .owns(Api::<Pod>::all(client.clone()), wc.clone())
         .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(replicaset::reconcile, error_policy::<ReplicaSet>, ctx.clone())
+        .run(
+            replicaset::reconcile,
+            error_policy::<ReplicaSet>,
+            ctx.clone(),
+        )
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "replicaset controller");

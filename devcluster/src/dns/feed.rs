@@ -110,7 +110,9 @@ where
     while let Some(event) = stream.next().await {
         match event {
             Ok(_) => changed.notify_one(),
-            Err(e) => tracing::warn!(resource = what, error = %e, "cluster DNS watch failed; retrying"),
+            Err(e) => {
+                tracing::warn!(resource = what, error = %e, "cluster DNS watch failed; retrying")
+            }
         }
     }
 }

@@ -185,9 +185,7 @@ impl ClusterDns {
                 Err(e) => last = Some(bind_err("tcp", bound, e)),
             }
         }
-        Err(last.unwrap_or_else(|| {
-            bind_err("tcp", addr, std::io::Error::other("no attempt made"))
-        }))
+        Err(last.unwrap_or_else(|| bind_err("tcp", addr, std::io::Error::other("no attempt made"))))
     }
 }
 

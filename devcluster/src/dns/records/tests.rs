@@ -49,7 +49,9 @@ fn answers(a: &Answer) -> Vec<String> {
 }
 
 fn headless() -> Service {
-    svc("metadata: {name: w, namespace: ns}\nspec: {clusterIP: None, selector: {app: w}, ports: [{name: rpc, port: 26600}]}")
+    svc(
+        "metadata: {name: w, namespace: ns}\nspec: {clusterIP: None, selector: {app: w}, ports: [{name: rpc, port: 26600}]}",
+    )
 }
 
 fn two_endpoints() -> EndpointSlice {
@@ -134,11 +136,19 @@ fn cluster_ip_service_a_srv_and_ptr() {
         ["10.96.0.20"]
     );
     assert_eq!(
-        answers(&q(&z, "_http._tcp.web.ns.svc.cluster.local.", RecordType::SRV)),
+        answers(&q(
+            &z,
+            "_http._tcp.web.ns.svc.cluster.local.",
+            RecordType::SRV
+        )),
         ["0 100 80 web.ns.svc.cluster.local."]
     );
     assert_eq!(
-        answers(&q(&z, "_dns._udp.web.ns.svc.cluster.local.", RecordType::SRV)),
+        answers(&q(
+            &z,
+            "_dns._udp.web.ns.svc.cluster.local.",
+            RecordType::SRV
+        )),
         ["0 100 53 web.ns.svc.cluster.local."]
     );
     assert_eq!(
