@@ -1,15 +1,16 @@
 //! The EndpointSlice controller against the embedded API server: pods
 //! (objects whose status the test writes) selected by a Service become
 //! endpoints with their readiness, hostname and resolved named port; a
-//! pod going away, or not ready, shows in the slice; deleting the Service
-//! removes its slices.
+//! pod going away, or not ready, shows in the slice and in the legacy
+//! Endpoints; deleting the Service removes its slices; a Service without a
+//! selector keeps its hand-written slices and Endpoints.
 
 mod endpoints_common;
 
 use endpoints_common::Env;
 use hostmesh_devcluster::controllers::endpointslice::{MANAGED_BY, MANAGED_BY_LABEL};
 use hostmesh_testkit::eventually_ok;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams};
 
@@ -63,6 +64,21 @@ async fn endpoints(
     Ok((eps, ports))
 }
 
+/// The ready and not-ready addresses of the Endpoints object `name`.
+async fn legacy(env: &Env, name: &str) -> Result<(Vec<String>, Vec<String>), String> {
+    let api: Api<Endpoints> = Api::namespaced(env.client.clone(), "default");
+    let ep = api.get(name).await.map_err(|e| e.to_string())?;
+    let mut ready = Vec::new();
+    let mut not_ready = Vec::new();
+    for s in ep.subsets.iter().flatten() {
+        ready.extend(s.addresses.iter().flatten().map(|a| a.ip.clone()));
+        not_ready.extend(s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()));
+    }
+    ready.sort();
+    not_ready.sort();
+    Ok((ready, not_ready))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn slices_follow_pods_readiness_hostnames_and_named_ports() {
     let env = Env::start().await;
@@ -108,6 +124,17 @@ async fn slices_follow_pods_readiness_hostnames_and_named_ports() {
     };
     assert_eq!(Some(slice_owner), svc.metadata.uid);
 
+    // The legacy Endpoints object says the same.
+    eventually_ok("Endpoints w with both addresses", async || {
+        let (ready, not_ready) = legacy(&env, "w").await?;
+        if ready == ["10.244.1.2", "10.244.1.3"] && not_ready.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{ready:?} {not_ready:?}"))
+        }
+    })
+    .await;
+
     // Not ready: still listed, ready and serving false.
     env.set_status("w-1", "10.244.1.3", false).await;
     eventually_ok("w-1 not ready", async || {
@@ -116,6 +143,16 @@ async fn slices_follow_pods_readiness_hostnames_and_named_ports() {
             Ok(())
         } else {
             Err(format!("{got:?}"))
+        }
+    })
+    .await;
+
+    eventually_ok("Endpoints w with w-1 not ready", async || {
+        let (ready, not_ready) = legacy(&env, "w").await?;
+        if ready == ["10.244.1.2"] && not_ready == ["10.244.1.3"] {
+            Ok(())
+        } else {
+            Err(format!("{ready:?} {not_ready:?}"))
         }
     })
     .await;
@@ -169,6 +206,10 @@ async fn services_without_selector_keep_their_own_slices() {
         "metadata: {name: manual-1, labels: {kubernetes.io/service-name: manual}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.2.2]}]",
     )
     .await;
+    env.create::<Endpoints>(
+        "metadata: {name: manual}\nsubsets: [{addresses: [{ip: 10.244.2.3}], ports: [{port: 80}]}]",
+    )
+    .await;
     // A selector Service reconciled after it shows the controller ran.
     env.create::<Service>("metadata: {name: sel}\nspec: {selector: {app: s}, ports: [{port: 80}]}")
         .await;
@@ -183,6 +224,11 @@ async fn services_without_selector_keep_their_own_slices() {
     .await;
     let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), "default");
     let manual = slices.get("manual-1").await.expect("manual slice kept");
+    assert_eq!(
+        legacy(&env, "manual").await.unwrap(),
+        (vec!["10.244.2.3".to_string()], vec![]),
+        "a hand-written Endpoints is left alone"
+    );
     assert_eq!(manual.endpoints[0].addresses, ["10.244.2.2"]);
     assert!(
         endpoints(&env, "manual").await.unwrap().1.is_empty(),

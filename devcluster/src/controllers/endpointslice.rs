@@ -21,6 +21,7 @@
 //! 4. A Service without a selector, or of type ExternalName, gets no
 //!    managed slice (existing managed ones are deleted).
 //! 5. A terminating Service is left to the garbage collector.
+//! 6. The legacy Endpoints object follows the same slices (`endpoints.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,6 +68,12 @@ pub(super) async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action
         }
         None => Vec::new(),
     };
+    let written_endpoints = super::endpoints::sync(
+        &ctx,
+        &svc,
+        super::endpoints::desired_endpoints(&svc, &desired),
+    )
+    .await?;
     let existing = slices_api
         .list(&ListParams::default().labels(&format!(
             "{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -75,7 +82,7 @@ pub(super) async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action
         .items;
     let mut by_name: BTreeMap<String, EndpointSlice> =
         existing.into_iter().map(|s| (s.name_any(), s)).collect();
-    let mut written = 0;
+    let mut written = usize::from(written_endpoints);
     for mut want in desired {
         let slice_name = want.name_any();
         match by_name.remove(&slice_name) {

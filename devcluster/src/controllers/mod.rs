@@ -15,6 +15,7 @@
 //!    reconciles finish first.
 
 mod deployment;
+pub mod endpoints;
 pub mod endpointslice;
 mod replicaset;
 pub mod rollout;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -115,6 +116,7 @@ pub fn start(client: kube::Client) -> ControllersHandle {
     let service_cache = services.store();
     let endpointslices = services
         .owns(Api::<EndpointSlice>::all(client.clone()), wc.clone())
+        .owns(Api::<Endpoints>::all(client.clone()), wc.clone())
         .watches(Api::<Pod>::all(client), wc, move |pod| {
             endpointslice::services_selecting(&service_cache, &pod)
         })

@@ -53,6 +53,10 @@ use tokio::task::JoinSet;
 
 pub use records::{Answer, Zone};
 
+/// A `tracing` directive for default log filters of processes that serve
+/// DNS: hickory-server logs every query at `info`.
+pub const QUIET_QUERY_LOGS: &str = "hickory_server=warn";
+
 /// The cluster DNS server's configuration.
 #[derive(Debug, Clone)]
 pub struct DnsConfig {
@@ -159,6 +163,22 @@ impl ClusterDns {
         server.register_socket(udp);
         server.register_listener(tcp, self.config.tcp_idle_timeout, 32);
         Serving { _server: server }
+    }
+
+    /// [`ClusterDns::serve`] for std sockets (e.g. bound on a thread that
+    /// entered a pod's network namespace); sets them non-blocking. Must be
+    /// called within a tokio runtime.
+    ///
+    /// # Errors
+    /// The I/O error when a socket cannot be registered with tokio.
+    pub fn serve_std(
+        &self,
+        udp: std::net::UdpSocket,
+        tcp: std::net::TcpListener,
+    ) -> std::io::Result<Serving> {
+        udp.set_nonblocking(true)?;
+        tcp.set_nonblocking(true)?;
+        Ok(self.serve(UdpSocket::from_std(udp)?, TcpListener::from_std(tcp)?))
     }
 
     /// Binds UDP and TCP on `addr` (with port 0: one free port for both)
