@@ -176,8 +176,8 @@ impl Zone {
         }
     }
 
-    /// A CNAME and, while the chain stays in the zone (at most 8 links),
-    /// what its target holds.
+    /// A CNAME and, while the chain stays in the zone (at most 8 links,
+    /// never around a loop), what its target holds.
     fn follow_cname(&self, first: Record, qtype: RecordType) -> Answer {
         let mut answers = vec![first];
         for _ in 0..8 {
@@ -188,20 +188,22 @@ impl Zone {
             if !self.origin.zone_of(&target) {
                 break;
             }
-            match self.lookup(&target, qtype) {
-                Answer::Found {
-                    answers: more,
-                    additionals: _,
-                } => {
-                    let chained = more.last().map(Record::record_type) == Some(RecordType::CNAME)
-                        && qtype != RecordType::CNAME;
-                    answers.extend(more);
-                    if !chained {
-                        break;
-                    }
+            let Some(rrs) = self.records.get(&target) else {
+                break;
+            };
+            if let Some(next) = rrs.iter().find(|r| r.record_type() == RecordType::CNAME) {
+                if answers.contains(next) {
+                    break;
                 }
-                _ => break,
+                answers.push(next.clone());
+                continue;
             }
+            answers.extend(
+                rrs.iter()
+                    .filter(|r| qtype == RecordType::ANY || r.record_type() == qtype)
+                    .cloned(),
+            );
+            break;
         }
         let additionals = self.srv_addresses(&answers);
         Answer::Found {

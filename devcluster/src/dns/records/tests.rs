@@ -192,6 +192,21 @@ fn external_name_is_a_cname_followed_inside_the_zone() {
 }
 
 #[test]
+fn cname_loops_end() {
+    let a = svc(
+        "metadata: {name: a, namespace: ns}\nspec: {type: ExternalName, externalName: b.ns.svc.cluster.local}",
+    );
+    let b = svc(
+        "metadata: {name: b, namespace: ns}\nspec: {type: ExternalName, externalName: a.ns.svc.cluster.local}",
+    );
+    let z = zone(&[a, b], &[], &[]);
+    assert_eq!(
+        answers(&q(&z, "a.ns.svc.cluster.local.", RecordType::A)),
+        ["a.ns.svc.cluster.local.", "b.ns.svc.cluster.local."]
+    );
+}
+
+#[test]
 fn pod_records_by_dashed_address() {
     let p = pod(
         "metadata: {name: p, namespace: ns}\nstatus: {podIP: 10.1.0.9, podIPs: [{ip: 10.1.0.9}, {ip: 'fd00::9'}]}",
