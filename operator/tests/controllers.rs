@@ -249,13 +249,14 @@ async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
         },
         rank: 0,
     };
-    let books: Vec<_> = c
-        .sim
-        .requests_of(&host0)
-        .into_iter()
-        .filter(|r| matches!(r, SimRequest::Book(_)))
-        .collect();
-    assert!(!books.is_empty());
+    eventually_async("the address book sent to host 0", || async {
+        c.sim
+            .requests_of(&host0)
+            .iter()
+            .any(|r| matches!(r, SimRequest::Book(_)))
+            .then_some(())
+    })
+    .await;
     c.shutdown().await;
 }
 
