@@ -6,3 +6,4 @@
 pub mod apiserver;
 pub mod controllers;
 pub mod kubelet;
+mod streams;

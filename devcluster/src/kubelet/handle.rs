@@ -49,6 +49,7 @@ impl Kubelet {
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
+            stream_limits: Default::default(),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = logs::bind(&shared).await?;

@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use super::error::{KubeletError, Result};
 use super::shared::{Shared, lock};
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 /// Path of a container's current or previous log in `dir` (the pod dir).
 pub(crate) fn log_path(dir: &Path, container: &str, previous: bool) -> PathBuf {
@@ -137,12 +137,13 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(io, svc)
+                .with_upgrades()
                 .await;
         });
     }
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body.into())).boxed());
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -181,6 +182,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             StatusCode::UNAUTHORIZED,
             "Unauthorized: a valid bearer token is required",
         );
+    }
+    if super::streaming::is_streaming_path(req.uri().path()) {
+        return super::streaming::handle(shared, req).await;
     }
     if req.method() != http::Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is supported");

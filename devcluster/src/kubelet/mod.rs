@@ -8,7 +8,8 @@
 //! conditions, container statuses), `launch` / `env` / `expand` / `volumes`
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
-//! endpoint behind `pods/log`), `events`, `ipam` (pod IPs), `config`,
+//! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
+//! endpoints), `events`, `ipam` (pod IPs), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
@@ -34,6 +35,7 @@ mod probe;
 mod process;
 mod shared;
 mod status;
+mod streaming;
 mod volumes;
 
 pub use config::{
