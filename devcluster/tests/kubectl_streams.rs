@@ -11,6 +11,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use hostmesh_testkit::{PATIENCE, eventually, eventually_async, eventually_ok};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kubelet_common::{Cluster, phase};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -346,7 +348,19 @@ spec:
         ("websocket", vec![]),
         ("spdy", vec![("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
     ] {
-        let (mut child, local, _stderr) = forward(&env, "echo", port, &envs).await;
+        let (mut child, local, mut _stderr) = forward(&env, "echo", port, &envs).await;
+        if tokio::net::TcpStream::connect(("127.0.0.1", local))
+            .await
+            .is_err()
+        {
+            child.kill().await.unwrap();
+            let mut rest = String::new();
+            while let Ok(Some(l)) = _stderr.next_line().await {
+                rest.push_str(&l);
+                rest.push('\n');
+            }
+            panic!("{label}: kubectl does not listen on {local}: {rest}");
+        }
         for round in 0..5u8 {
             let payload: Vec<u8> = (0..100_000u32)
                 .map(|i| (i as u8).wrapping_add(round))
@@ -396,23 +410,21 @@ spec:
 async fn exec_needs_create_on_pods_exec() {
     let env = Env::start(224).await;
     env.sleeper("guarded").await;
-    env.ok(&["create", "serviceaccount", "viewer"]).await;
-    env.ok(&[
-        "create",
-        "role",
-        "reader",
-        "--verb=get,list",
-        "--resource=pods",
-    ])
-    .await;
-    env.ok(&[
-        "create",
-        "rolebinding",
-        "reader",
-        "--role=reader",
-        "--serviceaccount=default:viewer",
-    ])
-    .await;
+    // kubectl's generators send protobuf for these kinds; they are made
+    // through the API as JSON.
+    env.cluster
+        .create::<ServiceAccount>("metadata: {name: viewer}")
+        .await;
+    env.cluster
+        .create::<Role>(
+            "metadata: {name: reader}\nrules: [{apiGroups: [''], resources: [pods], verbs: [get, list]}]",
+        )
+        .await;
+    env.cluster
+        .create::<RoleBinding>(
+            "metadata: {name: reader}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}\nsubjects: [{kind: ServiceAccount, name: viewer, namespace: default}]",
+        )
+        .await;
     let token = env
         .ok(&["create", "token", "viewer"])
         .await
@@ -432,22 +444,16 @@ async fn exec_needs_create_on_pods_exec() {
         .await;
     assert_ne!(code, 0);
     assert!(err.contains("pods/portforward"), "{err}");
-    env.ok(&[
-        "create",
-        "role",
-        "execer",
-        "--verb=create",
-        "--resource=pods/exec",
-    ])
-    .await;
-    env.ok(&[
-        "create",
-        "rolebinding",
-        "execer",
-        "--role=execer",
-        "--serviceaccount=default:viewer",
-    ])
-    .await;
+    env.cluster
+        .create::<Role>(
+            "metadata: {name: execer}\nrules: [{apiGroups: [''], resources: [pods/exec], verbs: [create]}]",
+        )
+        .await;
+    env.cluster
+        .create::<RoleBinding>(
+            "metadata: {name: execer}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: execer}\nsubjects: [{kind: ServiceAccount, name: viewer, namespace: default}]",
+        )
+        .await;
     let out = eventually_ok("the role applies", async || {
         let (code, out, err) = env
             .run(

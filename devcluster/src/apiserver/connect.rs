@@ -380,11 +380,7 @@ async fn carry(ws: WebSocketStream<TokioIo<Upgraded>>, kubelet: TokioIo<Upgraded
     let up = async {
         while let Some(Ok(m)) = source.next().await {
             match m {
-                Message::Binary(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
+                Message::Binary(b) if wr.write_all(&b).await.is_err() => break,
                 Message::Close(_) => break,
                 _ => {}
             }

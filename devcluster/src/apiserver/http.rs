@@ -128,10 +128,12 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
     };
     // exec, attach and port-forward take over the connection.
     if let Some(target) = connect::target(&ctx.store, &path) {
-        return match connect::serve(&ctx, &target, req, &query).await {
+        let resp = match connect::serve(&ctx, &target, req, &query).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         };
+        debug!(%method, %path, status = resp.status().as_u16(), "request");
+        return resp;
     }
     let hdr = |h: header::HeaderName| {
         req.headers()

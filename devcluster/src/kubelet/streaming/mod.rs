@@ -46,16 +46,19 @@ pub(crate) const MAX_SESSIONS_PER_POD: usize = 16;
 /// connection).
 pub(crate) const MAX_STREAMS: usize = 64;
 
+/// Sessions open on the kubelet, and per pod.
+type Counts = Arc<Mutex<(usize, HashMap<(String, String), usize>)>>;
+
 /// Bounds on concurrent sessions (invariant 1).
 #[derive(Debug, Default)]
 pub(crate) struct Limits {
-    counts: Arc<Mutex<(usize, HashMap<(String, String), usize>)>>,
+    counts: Counts,
 }
 
 /// A session's slot; released when dropped.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    counts: Arc<Mutex<(usize, HashMap<(String, String), usize>)>>,
+    counts: Counts,
     pod: (String, String),
 }
 

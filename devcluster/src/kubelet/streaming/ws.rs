@@ -67,11 +67,7 @@ pub(super) async fn serve(session: Session, io: TokioIo<Upgraded>, what: &str) {
                         let _ = tx.try_send(size);
                     }
                 }
-                Some(&CLOSE) if v5 => {
-                    if data.get(1) == Some(&STDIN) {
-                        stdin_tx = None;
-                    }
-                }
+                Some(&CLOSE) if v5 && data.get(1) == Some(&STDIN) => stdin_tx = None,
                 _ => {}
             }
         }

@@ -5,8 +5,9 @@
 //! Invariants:
 //! 1. Every SYN_STREAM is answered: a SYN_REPLY before anything else is
 //!    written on the stream (spdystream drops data on a stream it has no
-//!    reply for), or RST_STREAM REFUSED_STREAM beyond `max_streams` open
-//!    streams or once nobody takes new streams.
+//!    reply for), or RST_STREAM REFUSED_STREAM beyond `max_streams` live
+//!    streams (whose writer is still held) or once nobody takes new
+//!    streams.
 //! 2. A stream's inbox ends at the peer's FIN or RST_STREAM, or when the
 //!    session ends; data for a stream whose inbox was dropped is discarded.
 //! 3. The session ends (GOAWAY, then the connection is shut down) when the
@@ -128,11 +129,10 @@ async fn drive<IO>(
 {
     let mut framed = Framed::with_capacity(io, Codec::new(), 64 * 1024);
     let (out_tx, mut out_rx) = mpsc::channel::<Frame>(64);
-    let weak = out_tx.downgrade();
-    // The session's own strong sender lives in the stream channel's
-    // consumer's hands only: once every stream and the channel are gone,
-    // `out_rx` ends.
-    let mut first_writer = Some(out_tx);
+    // The session holds a writer while someone takes new streams; streams
+    // hold theirs. Once the stream channel and every stream are gone,
+    // `out_rx` ends (invariant 3).
+    let mut own_writer = Some(out_tx);
     let mut streams_tx = Some(streams_tx);
     let mut inboxes: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
     let mut last_seen = 0u32;
@@ -155,10 +155,7 @@ async fn drive<IO>(
             }
             _ = async { streams_tx.as_ref().expect("checked").closed().await }, if streams_tx.is_some() => {
                 streams_tx = None;
-                first_writer = None;
-                if inboxes.is_empty() && weak.strong_count() == 0 {
-                    break;
-                }
+                own_writer = None;
             }
             frame = framed.next() => {
                 let frame = match frame {
@@ -172,13 +169,14 @@ async fn drive<IO>(
                 match frame {
                     Frame::SynStream { id, flags, headers, .. } => {
                         last_seen = last_seen.max(id);
-                        let writer = weak.upgrade().or_else(|| first_writer.clone());
-                        let (Some(tx), Some(out)) = (streams_tx.as_ref(), writer) else {
+                        let (Some(tx), Some(out)) = (streams_tx.as_ref(), own_writer.clone()) else {
                             let _ = framed.send(Frame::RstStream { id, status: RST_REFUSED }).await;
                             continue;
                         };
                         inboxes.retain(|_, s| !s.is_closed());
-                        if inboxes.len() >= max_streams {
+                        // Streams whose writer is still held (ours is not one).
+                        let live = out.strong_count().saturating_sub(2);
+                        if live >= max_streams {
                             tracing::warn!(max_streams, "refusing a SPDY stream beyond the bound");
                             let _ = framed.send(Frame::RstStream { id, status: RST_REFUSED }).await;
                             continue;
@@ -201,7 +199,6 @@ async fn drive<IO>(
                         if tx.send(stream).await.is_err() {
                             inboxes.remove(&id);
                         }
-                        first_writer = None;
                     }
                     Frame::Data { id, flags, data } => {
                         if let Some(inbox) = inboxes.get(&id) {
