@@ -290,15 +290,13 @@ async fn echo_round(local: u16, payload: &[u8]) -> Vec<u8> {
     got
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn port_forward_carries_traffic_both_ways_and_reports_closed_ports() {
-    let env = Env::start(223).await;
-    let port = free_port();
+/// A pod `name` running a TCP echo server on `port` (all addresses).
+async fn echo_pod(env: &Env, name: &str, port: u16) {
     let py = kubelet_common::python();
     env.cluster
         .create_pod(&format!(
             r#"
-metadata: {{name: echo}}
+metadata: {{name: {name}}}
 spec:
   containers:
   - name: main
@@ -321,12 +319,12 @@ spec:
         ))
         .await;
     env.cluster
-        .wait_pod("echo", "Running", |p| phase(p) == "Running")
+        .wait_pod(name, "Running", |p| phase(p) == "Running")
         .await;
     // The server is up once it accepts on the pod's side.
     let pod_ip = env
         .cluster
-        .wait_pod("echo", "an IP", |p| {
+        .wait_pod(name, "an IP", |p| {
             p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some()
         })
         .await
@@ -344,6 +342,13 @@ spec:
         .then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn port_forward_carries_traffic_both_ways_and_reports_closed_ports() {
+    let env = Env::start(223).await;
+    let port = free_port();
+    echo_pod(&env, "echo", port).await;
     for (label, envs) in [
         ("websocket", vec![]),
         ("spdy", vec![("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]),
@@ -477,20 +482,15 @@ fn open_fds() -> usize {
         .unwrap_or(0)
 }
 
-/// Processes whose command line contains `marker`.
+/// `sleep <marker>` processes (the exec'd commands, not the kubectls).
 fn processes_with(marker: &str) -> usize {
+    let want = format!("sleep\0{marker}\0");
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .chars()
-                .all(|c| c.is_ascii_digit())
-        })
-        .filter(|e| {
             std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .map(|c| c == want.as_bytes())
                 .unwrap_or(false)
         })
         .count()
@@ -524,5 +524,29 @@ async fn concurrent_sessions_are_bounded_and_leak_nothing() {
         env.ok(&["exec", "busy", "--", "echo", "again"]).await,
         "again\n"
     );
+    // Port-forwarded connections leave no descriptor or thread behind
+    // either.
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let port = free_port();
+    echo_pod(&env, "echo", port).await;
+    let thread_baseline = threads();
+    let baseline = open_fds();
+    let (mut child, local, _stderr) = forward(&env, "echo", port, &[]).await;
+    for i in 0..20u8 {
+        assert_eq!(echo_round(local, &[i; 1000]).await, [i; 1000]);
+    }
+    child.kill().await.unwrap();
+    eventually("descriptors are released after port-forward", || {
+        open_fds() <= baseline + 4
+    })
+    .await;
+    eventually("no thread is left behind", || {
+        threads() <= thread_baseline + 2
+    })
+    .await;
     env.cluster.stop().await;
 }
