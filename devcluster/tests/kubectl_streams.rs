@@ -550,3 +550,65 @@ async fn concurrent_sessions_are_bounded_and_leak_nothing() {
     .await;
     env.cluster.stop().await;
 }
+
+/// A pod whose container runs in network and UTS namespaces of its own
+/// (made by the container itself with `unshare`, as the kubelet will do for
+/// every pod): exec joins them, and port-forward reaches a listener bound
+/// to 127.0.0.1 inside, as on a real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exec_and_port_forward_enter_the_pods_network_namespace() {
+    let env = Env::start(226).await;
+    let port = free_port();
+    let py = kubelet_common::python();
+    env.cluster
+        .create_pod(&format!(
+            r#"
+metadata: {{name: isolated}}
+spec:
+  containers:
+  - name: main
+    image: busybox
+    command: [unshare, --net, --uts, sh, -c]
+    args:
+    - |
+      ip link set lo up && hostname isolated-host && exec {py} -c '
+      import socket, threading
+      s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(("127.0.0.1", {port})); s.listen(8)
+      def serve(c):
+          while True:
+              d = c.recv(65536)
+              if not d: break
+              c.sendall(d)
+          c.close()
+      while True:
+          c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+      '
+"#
+        ))
+        .await;
+    env.cluster
+        .wait_pod("isolated", "Running", |p| phase(p) == "Running")
+        .await;
+    // exec runs in the container's UTS and network namespaces.
+    let out = eventually_ok("the listener is up inside", async || {
+        let (code, out, err) = env
+            .run(&[
+                "exec",
+                "isolated",
+                "--",
+                "sh",
+                "-c",
+                &format!("hostname; grep -c ':{port:04X} 00000000:0000 0A' /proc/net/tcp"),
+            ])
+            .await;
+        if code == 0 { Ok(out) } else { Err(err) }
+    })
+    .await;
+    assert_eq!(out, "isolated-host\n1\n");
+    let (mut child, local, _stderr) = forward(&env, "isolated", port, &[]).await;
+    let payload: Vec<u8> = (0..50_000u32).map(|i| i as u8).collect();
+    assert_eq!(echo_round(local, &payload).await, payload);
+    child.kill().await.unwrap();
+    env.cluster.stop().await;
+}
