@@ -612,3 +612,45 @@ spec:
     child.kill().await.unwrap();
     env.cluster.stop().await;
 }
+
+/// `kubectl attach` shows what the container writes from then on (the
+/// process kubelet's containers have no stdin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn attach_shows_the_containers_output() {
+    let env = Env::start(227).await;
+    env.cluster
+        .create_pod(
+            r#"
+metadata: {name: ticker}
+spec:
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done']
+"#,
+        )
+        .await;
+    env.cluster
+        .wait_pod("ticker", "Running", |p| phase(p) == "Running")
+        .await;
+    let mut child = env
+        .cmd(&["attach", "ticker", "-c", "main"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl attach runs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(PATIENCE, async {
+        while let Some(l) = lines.next_line().await.expect("read") {
+            if l.starts_with("tick ") {
+                return l;
+            }
+        }
+        panic!("kubectl attach ended without output");
+    })
+    .await
+    .expect("output in time");
+    assert!(line.starts_with("tick "), "{line}");
+    child.kill().await.unwrap();
+    env.cluster.stop().await;
+}
