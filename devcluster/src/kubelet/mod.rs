@@ -33,6 +33,7 @@ mod pod;
 mod pods;
 mod probe;
 mod process;
+mod serving;
 mod shared;
 mod status;
 mod streaming;
