@@ -42,9 +42,9 @@ use super::shared::{ExecTarget, Shared, lock};
 pub(crate) const MAX_SESSIONS: usize = 64;
 /// Concurrent streaming sessions into one pod.
 pub(crate) const MAX_SESSIONS_PER_POD: usize = 16;
-/// Concurrent SPDY streams of one session (port-forward: two per
-/// connection).
-pub(crate) const MAX_STREAMS: usize = 64;
+/// Live SPDY streams of one session (port-forward: two per connection, so
+/// 128 forwarded connections at once).
+pub(crate) const MAX_STREAMS: usize = 256;
 
 /// Sessions open on the kubelet, and per pod.
 type Counts = Arc<Mutex<(usize, HashMap<(String, String), usize>)>>;

@@ -157,7 +157,7 @@ async fn forward(target: ExecTarget, pod: String, error: Stream, data: Stream) {
         }
         let _ = wr.shutdown().await;
     };
-    let w = writer.clone();
+    let w = &writer;
     let down = async move {
         let mut buf = vec![0u8; 32 * 1024];
         loop {
