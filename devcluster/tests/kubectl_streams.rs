@@ -166,7 +166,7 @@ async fn exec_returns_output_exit_codes_and_reads_stdin() {
         tokio::process::Command::new("script")
             .args([
                 "-qec",
-                &format!("KUBECONFIG={kubeconfig} kubectl exec -it shell -- sh -c 'tty; stty size; exit 5'"),
+                &format!("stty cols 123 rows 45; KUBECONFIG={kubeconfig} kubectl exec -it shell -- sh -c 'tty; stty size; exit 5'"),
                 "/dev/null",
             ])
             .stdin(Stdio::null())

@@ -14,6 +14,7 @@
 //!    so nothing the command wrote before exiting is lost.
 
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::process::Stdio;
 
 use bytes::Bytes;
@@ -27,6 +28,9 @@ use crate::streams::channel::{Outcome, STDERR, STDOUT, TermSize};
 use super::super::process::{self, Launch, Namespace, Output};
 use super::super::shared::{ExecTarget, Shared, lock};
 use super::netns;
+
+/// How long a terminal session waits for the client's first size.
+const FIRST_SIZE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What an exec session connects to the command.
 pub(crate) struct ExecIo {
@@ -105,7 +109,7 @@ fn open_pty() -> std::io::Result<Pty> {
         let slave = std::fs::File::options()
             .read(true)
             .write(true)
-            .custom_flags_noctty()
+            .custom_flags(libc::O_NOCTTY)
             .open(&path)?;
         let flags = libc::fcntl(m, libc::F_GETFL);
         if flags < 0 || libc::fcntl(m, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
@@ -115,17 +119,6 @@ fn open_pty() -> std::io::Result<Pty> {
         // from here on; nothing else closes it while registered.
         let master = AsyncFd::register(master).map_err(std::io::Error::from)?;
         Ok(Pty { master, slave })
-    }
-}
-
-trait NoCtty {
-    fn custom_flags_noctty(&mut self) -> &mut Self;
-}
-
-impl NoCtty for std::fs::OpenOptions {
-    fn custom_flags_noctty(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        self.custom_flags(libc::O_NOCTTY)
     }
 }
 
@@ -238,11 +231,20 @@ pub(crate) async fn run(
         out,
         stdout,
         stderr,
-        resize,
+        mut resize,
     } = io;
     let pty = if tty {
         match open_pty() {
-            Ok(p) => Some(p),
+            Ok(p) => {
+                // The client sends its terminal's size first thing: wait
+                // for it (briefly), so the command starts with that size.
+                if let Some(r) = resize.as_mut()
+                    && let Ok(Some(size)) = tokio::time::timeout(FIRST_SIZE, r.recv()).await
+                {
+                    set_size(&p.master, size);
+                }
+                Some(p)
+            }
             Err(e) => return Outcome::Error(format!("cannot allocate a terminal: {e}")),
         }
     } else {
