@@ -200,6 +200,7 @@ fn kubelet_uri(t: &Target, pod: &Value, query: &[(String, String)]) -> Result<St
 async fn dial(
     host: &str,
     token: &str,
+    method: Method,
     uri: &str,
     headers: Vec<(header::HeaderName, HeaderValue)>,
 ) -> Result<(http::HeaderMap, Upgraded), ApiError> {
@@ -212,7 +213,9 @@ async fn dial(
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let mut b = http::Request::post(uri)
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(uri)
         .header(header::HOST, host)
         .header(header::AUTHORIZATION, format!("Bearer {token}"));
     for (k, v) in headers {
@@ -324,7 +327,13 @@ pub(crate) async fn serve(
         ]));
         h
     };
-    let (kubelet_head, kubelet_io) = dial(&host, &ctx.token, &uri, upgrade_headers).await?;
+    // WebSocket handshakes are GETs; SPDY upgrades are POSTs (client-go's).
+    let method = match (&kind, tunnel) {
+        (Kind::WebSocket { .. }, false) => Method::GET,
+        _ => Method::POST,
+    };
+    let (kubelet_head, kubelet_io) =
+        dial(&host, &ctx.token, method, &uri, upgrade_headers).await?;
     let on_client = hyper::upgrade::on(&mut req);
     let shutdown = ctx.shutdown.clone();
     let mut resp = Response::new(
