@@ -332,8 +332,7 @@ pub(crate) async fn serve(
         (Kind::WebSocket { .. }, false) => Method::GET,
         _ => Method::POST,
     };
-    let (kubelet_head, kubelet_io) =
-        dial(&host, &ctx.token, method, &uri, upgrade_headers).await?;
+    let (kubelet_head, kubelet_io) = dial(&host, &ctx.token, method, &uri, upgrade_headers).await?;
     let on_client = hyper::upgrade::on(&mut req);
     let shutdown = ctx.shutdown.clone();
     let mut resp = Response::new(
@@ -417,5 +416,82 @@ async fn carry(ws: WebSocketStream<TokioIo<Upgraded>>, kubelet: TokioIo<Upgraded
     tokio::select! {
         _ = up => {}
         _ = down => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod() -> Value {
+        json!({"spec": {
+            "containers": [{"name": "main"}, {"name": "side"}],
+            "initContainers": [{"name": "init"}],
+        }})
+    }
+
+    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn target(sub: &str) -> Target {
+        Target {
+            ns: "default".into(),
+            name: "p".into(),
+            sub: sub.into(),
+        }
+    }
+
+    #[test]
+    fn containers_are_checked_as_kubernetes_does() {
+        let p = pod();
+        assert_eq!(container(&p, "p", Some("side")).unwrap(), "side");
+        assert_eq!(container(&p, "p", Some("init")).unwrap(), "init");
+        let e = container(&p, "p", Some("nope")).unwrap_err();
+        assert_eq!(e.message, "container nope is not valid for pod p");
+        let e = container(&p, "p", None).unwrap_err();
+        assert!(
+            e.message.contains("choose one of: [main side]"),
+            "{}",
+            e.message
+        );
+        let one = json!({"spec": {"containers": [{"name": "only"}]}});
+        assert_eq!(container(&one, "p", None).unwrap(), "only");
+    }
+
+    #[test]
+    fn the_kubelet_gets_its_own_option_names() {
+        let uri = kubelet_uri(
+            &target("exec"),
+            &pod(),
+            &q(&[
+                ("container", "main"),
+                ("command", "sh"),
+                ("command", "-c"),
+                ("command", "echo a&b"),
+                ("stdin", "true"),
+                ("stdout", "true"),
+                ("tty", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            uri,
+            "/exec/default/p/main?command=sh&command=-c&command=echo+a%26b&input=1&output=1&tty=1"
+        );
+        let e = kubelet_uri(&target("exec"), &pod(), &q(&[("container", "main")])).unwrap_err();
+        assert!(e.message.contains("at least one command"), "{}", e.message);
+        assert_eq!(
+            kubelet_uri(&target("portforward"), &pod(), &q(&[("ports", "80,8080")])).unwrap(),
+            "/portForward/default/p"
+        );
+        for bad in ["0", "70000", "http"] {
+            let e = kubelet_uri(&target("portforward"), &pod(), &q(&[("ports", bad)])).unwrap_err();
+            assert!(e.message.contains("between 1 and 65535"), "{}", e.message);
+        }
     }
 }
