@@ -9,7 +9,8 @@
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
 //! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
-//! endpoints), `events`, `ipam` (pod IPs), `config`,
+//! endpoints), `serving` (HTTPS and client certificates for a real
+//! kube-apiserver), `events`, `ipam` (pod IPs), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
