@@ -9,13 +9,14 @@ mod image;
 mod operator;
 mod report;
 mod runtime;
+mod streams;
 
 use clap::Parser;
 
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams.
     suite: String,
 }
 
@@ -38,8 +39,9 @@ fn main() -> anyhow::Result<()> {
         "e2e" => e2e::run(),
         "image" => image::run(),
         "runtime" => runtime::run(),
+        "streams" => streams::run(),
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams"
         ),
     }
 }

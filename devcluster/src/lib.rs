@@ -8,3 +8,4 @@ pub mod apiserver;
 pub mod controllers;
 pub mod dns;
 pub mod kubelet;
+mod streams;

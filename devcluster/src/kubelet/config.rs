@@ -158,6 +158,14 @@ pub struct KubeletConfig {
     /// address), so kubelets on one machine never hand out the same IP even
     /// with overlapping ranges; `None` turns the claims off.
     pub ip_claims_dir: Option<PathBuf>,
+    /// CA (PEM) whose client certificates may use the kubelet endpoint, as
+    /// a real kube-apiserver does (`--client-ca-file`); the endpoint then
+    /// serves HTTPS (`serving`). `None`: plain HTTP with the bearer token.
+    pub client_ca: Option<String>,
+    /// Publish a `Hostname` address in the Node (off when the node name
+    /// does not resolve to `node_ip`, so an API server preferring
+    /// `Hostname` falls through to `InternalIP`).
+    pub advertise_hostname: bool,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -175,6 +183,8 @@ impl std::fmt::Debug for KubeletConfig {
             .field("taints", &self.taints)
             .field("log_token", &self.log_token.as_ref().map(|_| "<redacted>"))
             .field("log_port", &self.log_port)
+            .field("client_ca", &self.client_ca.is_some())
+            .field("advertise_hostname", &self.advertise_hostname)
             .finish_non_exhaustive()
     }
 }
@@ -203,6 +213,8 @@ impl KubeletConfig {
             kubernetes_service: None,
             run_daemonsets: false,
             ip_claims_dir: Some(std::env::temp_dir().join("hostmesh-pod-ips")),
+            client_ca: None,
+            advertise_hostname: true,
         }
     }
 
@@ -298,6 +310,15 @@ pub struct KubeletArgs {
     /// Also run pods owned by DaemonSets (off: a real cluster's daemons stay off this machine).
     #[arg(long)]
     pub run_daemonsets: bool,
+    /// CA whose client certificates may use the kubelet endpoint (kube-apiserver's
+    /// `--kubelet-client-certificate` is signed by it; kubeadm: /etc/kubernetes/pki/ca.crt).
+    /// The endpoint then serves HTTPS, as a real kubelet does.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+    /// The Node's InternalIP, where the API server reaches the kubelet endpoint
+    /// (default: the address this machine uses to reach the API server).
+    #[arg(long)]
+    pub node_ip: Option<Ipv4Addr>,
 }
 
 /// Parses `127.X.0.0/16` into `X`.
@@ -363,6 +384,14 @@ impl KubeletArgs {
         config.bind_unscheduled = self.bind_unscheduled;
         config.pod_ip_block = parse_pod_ip_range(&self.pod_ip_range)?;
         config.run_daemonsets = self.run_daemonsets;
+        if let Some(path) = &self.client_ca_file {
+            let pem = std::fs::read_to_string(path)
+                .map_err(|e| KubeletError::io("cannot read --client-ca-file", path, e))?;
+            config.client_ca = Some(pem);
+        }
+        if let Some(ip) = self.node_ip {
+            config.node_ip = ip;
+        }
         config.taints = self
             .taints
             .iter()

@@ -49,6 +49,7 @@ impl Kubelet {
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
+            stream_limits: Default::default(),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = logs::bind(&shared).await?;
@@ -276,6 +277,13 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
             config.kubernetes_service = Some((host.trim_matches(['[', ']']).to_string(), port));
         }
     }
+    if args.node_ip.is_none()
+        && let Some((host, port)) = &config.kubernetes_service
+        && let Some(ip) = local_ip_towards(host, *port).await
+    {
+        config.node_ip = ip;
+    }
+    config.advertise_hostname = hostname_reaches(&config.node_name, config.node_ip).await;
     let client =
         hostmesh_net::kube_client(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -286,4 +294,45 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
     }
     handle.shutdown().await
+}
+
+/// The address this machine uses to reach `host:port` (the API server), when
+/// that is not loopback: where the API server can reach this kubelet. No
+/// packet is sent (a UDP socket is only connected).
+async fn local_ip_towards(host: &str, port: u16) -> Option<Ipv4Addr> {
+    let target = hostmesh_net::lookup_host(&format!("{host}:{port}"))
+        .await
+        .ok()?
+        .into_iter()
+        .find(|a| a.is_ipv4())?;
+    if target.ip().is_loopback() {
+        return None;
+    }
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect(target).ok()?;
+    match socket.local_addr().ok()?.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Some(ip),
+        _ => None,
+    }
+}
+
+/// Whether the node name resolves to `node_ip` (then the Node may publish
+/// it as its `Hostname` address, which API servers try first by default).
+/// A kubelet on loopback (the embedded cluster) always publishes it.
+async fn hostname_reaches(name: &str, node_ip: Ipv4Addr) -> bool {
+    if node_ip.is_loopback() {
+        return true;
+    }
+    let resolves = hostmesh_net::lookup_host(&format!("{name}:0"))
+        .await
+        .map(|addrs| {
+            addrs
+                .iter()
+                .any(|a| a.ip() == std::net::IpAddr::V4(node_ip))
+        })
+        .unwrap_or(false);
+    if !resolves {
+        tracing::info!(node = %name, %node_ip, "the node name does not resolve to the node IP: the Node publishes only its InternalIP");
+    }
+    resolves
 }

@@ -8,7 +8,9 @@
 //! conditions, container statuses), `launch` / `env` / `expand` / `volumes`
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
-//! endpoint behind `pods/log`), `events`, `ipam` (pod IPs), `config`,
+//! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
+//! endpoints), `serving` (HTTPS and client certificates for a real
+//! kube-apiserver), `events`, `ipam` (pod IPs), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
@@ -32,8 +34,10 @@ mod pod;
 mod pods;
 mod probe;
 mod process;
+mod serving;
 mod shared;
 mod status;
+mod streaming;
 mod volumes;
 
 pub use config::{

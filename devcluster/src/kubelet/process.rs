@@ -85,6 +85,18 @@ pub(crate) enum Output {
     Log(PathBuf),
     /// Captured through pipes (exec probes).
     Piped,
+    /// Given streams (`kubectl exec`); with `controlling_tty`, stdin is a
+    /// terminal that becomes the session's controlling terminal.
+    Streams {
+        /// Standard input.
+        stdin: Stdio,
+        /// Standard output.
+        stdout: Stdio,
+        /// Standard error.
+        stderr: Stdio,
+        /// Make stdin the controlling terminal (`TIOCSCTTY`).
+        controlling_tty: bool,
+    },
 }
 
 /// Mount namespace to run in.
@@ -97,6 +109,7 @@ pub(crate) enum Namespace {
 
 struct ChildSetup {
     parent: libc::pid_t,
+    ctty: bool,
     unshare: bool,
     join: Option<OwnedFd>,
     mounts: Vec<(CString, CString, bool)>,
@@ -230,6 +243,9 @@ impl ChildSetup {
         // of them allocates or takes a lock.
         unsafe {
             check(libc::setsid())?;
+            if self.ctty {
+                check(libc::ioctl(0, libc::TIOCSCTTY, 0))?;
+            }
             if let Some(fd) = &self.join {
                 check(libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNS))?;
             }
@@ -313,6 +329,7 @@ pub(crate) fn spawn(
         .env_clear()
         .envs(launch.env.iter().map(|(k, v)| (k, v)));
     cmd.stdin(Stdio::null());
+    let mut ctty = false;
     match output {
         Output::Log(path) => {
             let file = File::options().create(true).append(true).open(&path)?;
@@ -322,6 +339,15 @@ pub(crate) fn spawn(
         Output::Piped => {
             cmd.stdout(Stdio::piped());
             cmd.stderr(Stdio::piped());
+        }
+        Output::Streams {
+            stdin,
+            stdout,
+            stderr,
+            controlling_tty,
+        } => {
+            cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+            ctty = controlling_tty;
         }
     }
     let join = match ns {
@@ -346,6 +372,7 @@ pub(crate) fn spawn(
         .collect::<std::io::Result<Vec<_>>>()?;
     let setup = ChildSetup {
         parent: std::process::id() as libc::pid_t,
+        ctty,
         unshare,
         join,
         mounts,
