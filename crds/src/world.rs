@@ -90,6 +90,47 @@ pub struct WorldSpec {
     /// and the ProcMeshes spawn their procs again. Restarts are not counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+    /// The controller that runs this World. The hostmesh operator runs
+    /// Worlds with the default, `hostmesh.dev/operator`, and leaves any
+    /// other value alone (e.g. `kueue.x-k8s.io/multikueue`, whose MultiKueue
+    /// dispatches the World to a worker cluster and copies its status back);
+    /// for such a World it maintains only the Kueue Workload. Immutable: it
+    /// is defaulted at creation and a change is refused.
+    #[serde(default = "default_managed_by")]
+    #[schemars(schema_with = "managed_by_schema")]
+    pub managed_by: String,
+}
+
+/// `spec.managedBy` of Worlds the hostmesh operator runs.
+pub const MANAGED_BY_HOSTMESH: &str = "hostmesh.dev/operator";
+
+/// Label naming the Kueue LocalQueue a World is queued in (Kueue's own
+/// label, as on Jobs).
+pub const LABEL_QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
+
+/// Label naming the Kueue `WorkloadPriorityClass` of a World (Kueue's own
+/// label); without it the host pods' `priorityClassName` is used.
+pub const LABEL_PRIORITY_CLASS: &str = "kueue.x-k8s.io/priority-class";
+
+fn default_managed_by() -> String {
+    MANAGED_BY_HOSTMESH.to_string()
+}
+
+/// `managedBy` is a string (a domain-prefixed path, at most 63 characters as
+/// for Jobs) that is defaulted at creation and may never change: the CEL
+/// transition rule `self == oldSelf` refuses an update that changes it, and
+/// the default makes it present on every stored World, so the rule always
+/// applies (it is only evaluated when the old object has the field).
+fn managed_by_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "default": MANAGED_BY_HOSTMESH,
+        "maxLength": 63,
+        "x-kubernetes-validations": [{
+            "rule": "self == oldSelf",
+            "message": "spec.managedBy is immutable",
+        }],
+    })
 }
 
 fn default_port() -> u16 {
@@ -97,6 +138,11 @@ fn default_port() -> u16 {
 }
 
 impl WorldSpec {
+    /// Whether the hostmesh operator runs this World (`spec.managedBy`).
+    pub fn managed_by_hostmesh(&self) -> bool {
+        self.managed_by == MANAGED_BY_HOSTMESH
+    }
+
     /// The World's shape (`shape`, or `host=<hosts>` for the shorthand).
     pub fn full_shape(&self) -> Shape {
         match (self.shape.is_empty(), self.hosts) {

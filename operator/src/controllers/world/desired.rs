@@ -17,13 +17,16 @@ use hostmesh_crds::World;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe, SeccompProfile, Secret,
-    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource as _, ResourceExt as _};
 
+use super::kueue::Placement;
+use super::kueue::workload::{LABEL_POD_SET, POD_SET};
 use crate::Error;
 
 /// Label: the World a pod belongs to.
@@ -152,6 +155,68 @@ pub fn template_hash(world: &World, agent_image: &str) -> String {
         .collect()
 }
 
+/// The pod hash when Kueue placed the hosts: the template hash and the
+/// placement (an admission with other flavors makes other pods; one with
+/// no node labels or tolerations keeps the template hash).
+pub fn placed_hash(template_hash: &str, placement: Option<&Placement>) -> String {
+    match placement.filter(|p| !p.is_empty()) {
+        None => template_hash.to_string(),
+        Some(p) => {
+            let input = serde_json::json!({"template": template_hash, "placement": p});
+            let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
+            digest.as_ref()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        }
+    }
+}
+
+/// The pod template of the World's Kueue pod set: host pod 0 without its
+/// identity (name, owner, rank label, hostname), so Kueue counts exactly
+/// the resources every host pod requests, the install container included.
+pub fn pod_set_template(
+    world: &World,
+    agent_image: &str,
+    hash: &str,
+) -> Result<PodTemplateSpec, Error> {
+    let pod = pod(world, 0, agent_image, hash, None)?;
+    let mut labels = pod.metadata.labels.unwrap_or_default();
+    labels.remove(LABEL_RANK);
+    let mut spec = pod.spec.unwrap_or_default();
+    spec.hostname = None;
+    Ok(PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: pod.metadata.annotations,
+            ..Default::default()
+        }),
+        spec: Some(spec),
+    })
+}
+
+/// Kueue invariant 4: the admitted flavors' node labels (winning over the
+/// template's on the same key) and tolerations, and Kueue's pod-set label.
+fn apply_placement(meta: &mut ObjectMeta, spec: &mut PodSpec, placement: &Placement) {
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_POD_SET.to_string(), POD_SET.to_string());
+    if !placement.node_selector.is_empty() {
+        spec.node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .extend(placement.node_selector.clone());
+    }
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for t in &placement.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+    if tolerations.is_empty() {
+        spec.tolerations = None;
+    }
+}
+
 /// Index of the host container in the template: the one named `host`, else
 /// the first.
 pub fn host_container_index(containers: &[Container]) -> usize {
@@ -169,8 +234,15 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-/// Host pod `rank` of `world` (invariants 1-3).
-pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Pod, Error> {
+/// Host pod `rank` of `world` (invariants 1-3), placed where Kueue admitted
+/// it when `placement` is given (kueue invariant 4).
+pub fn pod(
+    world: &World,
+    rank: u64,
+    agent_image: &str,
+    hash: &str,
+    placement: Option<&Placement>,
+) -> Result<Pod, Error> {
     let world_name = world.name_any();
     let name = pod_name(&world_name, rank);
     let template = &world.spec.template;
@@ -321,6 +393,9 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
         failure_threshold: Some(3),
         ..Default::default()
     });
+    if let Some(p) = placement {
+        apply_placement(&mut meta, &mut spec, p);
+    }
     Ok(Pod {
         metadata: meta,
         spec: Some(spec),
@@ -362,7 +437,7 @@ spec:
     #[test]
     fn pod_has_contract_names_labels_and_owner() {
         let w = mk_world(WORLD);
-        let p = pod(&w, 3, "agent:1", "abc").unwrap();
+        let p = pod(&w, 3, "agent:1", "abc", None).unwrap();
         assert_eq!(p.metadata.name.as_deref(), Some("trainer-host-3"));
         let labels = p.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "ml");
@@ -386,7 +461,7 @@ spec:
     #[test]
     fn agent_is_injected_into_host_container() {
         let w = mk_world(WORLD);
-        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        let spec = pod(&w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.name, "hostmesh-install");
         assert_eq!(init.image.as_deref(), Some("agent:1"));
@@ -478,7 +553,7 @@ spec:
     fn image_with_agent_gets_no_init_container() {
         let mut w = mk_world(WORLD);
         w.spec.agent.image_has_agent = true;
-        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        let spec = pod(&w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
         assert!(spec.init_containers.is_none());
         assert_eq!(
             spec.containers[1].command.as_ref().unwrap(),

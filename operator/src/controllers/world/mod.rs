@@ -12,8 +12,14 @@
 //!    only when it differs from what is stored, paced by [`crate::controllers::shared::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
+//! 5. A World whose `spec.managedBy` is not `hostmesh.dev/operator` is left
+//!    alone: no Service, Secret, pods or status; only its Kueue Workload is
+//!    kept (MultiKueue dispatches the World from it, see [`kueue`]).
+//! 6. A World that names a Kueue queue runs only as its Workload allows
+//!    ([`kueue`]); until then it is held with the suspend path.
 
 pub mod desired;
+pub mod kueue;
 pub mod observe;
 pub mod plan;
 
@@ -71,6 +77,7 @@ pub async fn controller(
         let key = rx.recv().await?;
         Some((obj_ref::<World>(&key.namespace, &key.name), rx))
     });
+    let workload_triggers = kueue::sync::triggers(client.clone(), namespace.clone());
     Controller::new(worlds, watcher::Config::default())
         .owns(pods, managed)
         .watches(meshes, watcher::Config::default(), |pm: ProcMesh| {
@@ -80,7 +87,7 @@ pub async fn controller(
                 .critical
                 .then(|| obj_ref::<World>(&ns, &pm.spec.world))
         })
-        .reconcile_on(hub_triggers)
+        .reconcile_on(futures::stream::select(hub_triggers, workload_triggers))
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -125,6 +132,26 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         Ok(t) => t,
         Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
     };
+    let hash = desired::template_hash(world, &ctx.args.agent_image);
+    if !world.spec.managed_by_hostmesh() {
+        // Invariant 5: only the Workload, for MultiKueue to dispatch.
+        debug!(world = %name, managed_by = %world.spec.managed_by, "managed by another controller");
+        if kueue::sync::queue_name(world).is_some() {
+            kueue::sync::gate(
+                &ctx.client,
+                kueue::sync::WorkloadInput {
+                    world,
+                    template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
+                    hosts: world.spec.full_shape().num_ranks(),
+                    template_hash: &hash,
+                    pods_left: 0,
+                },
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+        return Ok(Action::await_change());
+    }
     let pp = PatchParams::apply(FIELD_MANAGER).force();
 
     // Service and Secret.
@@ -140,7 +167,9 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     let n = world.spec.full_shape().num_ranks();
     let mut pods = BTreeMap::new();
     let mut extra = Vec::new();
-    for p in pods_api.list(&lp).await?.items {
+    let listed = pods_api.list(&lp).await?.items;
+    let pods_left = listed.len();
+    for p in listed {
         let rank = p
             .labels()
             .get(desired::LABEL_RANK)
@@ -191,7 +220,29 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         uids.get(&r)
             .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
     };
-    let hash = desired::template_hash(world, &ctx.args.agent_image);
+    // Invariant 6: what Kueue lets the World do.
+    let gate = if kueue::sync::queue_name(world).is_some() {
+        kueue::sync::gate(
+            &ctx.client,
+            kueue::sync::WorkloadInput {
+                world,
+                template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
+                hosts: n,
+                template_hash: &hash,
+                pods_left,
+            },
+        )
+        .await?
+    } else {
+        kueue::sync::Gate::OPEN
+    };
+    let (hold, placement, admitted) = match gate {
+        kueue::sync::Gate::Held { reason, message } => {
+            (Some(plan::Hold { reason, message }), None, None)
+        }
+        kueue::sync::Gate::Open { placement, message } => (None, placement, message),
+    };
+    let pod_hash = desired::placed_hash(&hash, placement.as_ref());
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
         world,
@@ -200,9 +251,11 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         extra_pods: extra,
         liveness: &liveness,
         expired_since: &expired_since,
-        hash: &hash,
+        hash: &pod_hash,
         critical_failure: critical,
         now: Timestamp::now(),
+        hold,
+        admitted,
     });
 
     for pod_name in &plan.delete {
@@ -218,7 +271,13 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     // and a Warning Event, as a ReplicaSet reports FailedCreate.
     let mut refused: Option<String> = None;
     for rank in &plan.create {
-        let pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
+        let pod = desired::pod(
+            world,
+            *rank,
+            &ctx.args.agent_image,
+            &pod_hash,
+            placement.as_ref(),
+        )?;
         let pod_name = desired::pod_name(&name, *rank);
         match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}
@@ -345,6 +404,7 @@ async fn critical_failure(
 }
 
 async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Action, Error> {
+    debug!(world = %world.name_any(), message = %msg, "invalid spec");
     let mut status = world.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
     let generation = world.metadata.generation;
@@ -448,6 +508,9 @@ async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error
             count: mine.len(),
         }
         .into());
+    }
+    if kueue::sync::queue_name(world).is_some() {
+        kueue::sync::release_on_delete(&ctx.client, world).await?;
     }
     ctx.hub.forget_world(&key_of(world));
     ctx.pacer.forget(&format!(
