@@ -4,19 +4,15 @@
 //! proc states.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::{ProcMesh, World};
-use hostmesh_devcluster::apiserver::ApiServerHandle;
 use hostmesh_operator::hub::protocol::ProcPhase;
-use hostmesh_operator::hub::sim::{SimConnector, SimRequest, connector};
+use hostmesh_operator::hub::sim::{SimConnector, SimRequest};
 use hostmesh_operator::hub::{HostKey, WorldKey};
-use hostmesh_operator::{ControllerContext, OperatorArgs};
 use hostmesh_testkit::eventually_async;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
-use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
 mod support;
 

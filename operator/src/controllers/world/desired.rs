@@ -434,6 +434,34 @@ spec:
         assert_ne!(contract::AGENT_PORT, HEALTH_PORT);
     }
 
+    /// Kueue invariant 4: the flavors' labels join (and win over) the
+    /// template's node selector, their tolerations are added once, and the
+    /// placement changes the pod hash only when it places anything.
+    #[test]
+    fn an_admission_places_the_pods_and_changes_their_hash() {
+        let w = mk_world(WORLD);
+        let placement = Placement {
+            node_selector: BTreeMap::from([("pool".to_string(), "a100".to_string())]),
+            tolerations: vec![k8s_openapi::api::core::v1::Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }],
+        };
+        let p = pod(&w, 1, "agent:1", "h", Some(&placement)).unwrap();
+        let spec = p.spec.unwrap();
+        assert_eq!(spec.node_selector.unwrap()["pool"], "a100");
+        assert_eq!(spec.tolerations.unwrap(), placement.tolerations);
+        assert_eq!(p.metadata.labels.unwrap()[LABEL_POD_SET], POD_SET);
+        assert_eq!(placed_hash("h", None), "h");
+        assert_eq!(placed_hash("h", Some(&Placement::default())), "h");
+        assert_ne!(placed_hash("h", Some(&placement)), "h");
+        let t = pod_set_template(&w, "agent:1", "h").unwrap();
+        assert!(!t.metadata.unwrap().labels.unwrap().contains_key(LABEL_RANK));
+        assert!(t.spec.unwrap().hostname.is_none());
+    }
+
     #[test]
     fn pod_has_contract_names_labels_and_owner() {
         let w = mk_world(WORLD);

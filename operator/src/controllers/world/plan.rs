@@ -836,6 +836,106 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
     }
 
+    fn run_held(
+        w: &World,
+        pods: &BTreeMap<u64, Pod>,
+        hold: Option<(&str, &str)>,
+        now: i64,
+    ) -> Plan {
+        plan(&PlanInput {
+            world: w,
+            timings: timings(w),
+            pods,
+            extra_pods: vec![],
+            liveness: &|_| Liveness::Alive,
+            expired_since: &|_| None,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(now).unwrap(),
+            hold: hold.map(|(r, m)| Hold {
+                reason: r.into(),
+                message: m.into(),
+            }),
+            admitted: hold
+                .is_none()
+                .then(|| "admitted by ClusterQueue cq".to_string()),
+        })
+    }
+
+    /// Invariant 7: held since creation, no pods, no Ready; the first
+    /// admission is attempt 0.
+    #[test]
+    fn a_world_held_since_creation_starts_as_attempt_0_when_admitted() {
+        let mut w = mk_world("{}");
+        let p = run_held(
+            &w,
+            &BTreeMap::new(),
+            Some(("AwaitingAdmission", "waiting for Kueue")),
+            100,
+        );
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            ("True", "AwaitingAdmission", "waiting for Kueue")
+        );
+        assert!(conditions::get(&p.status.conditions, READY).is_none());
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), None, 101);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 0);
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                "Admitted",
+                "admitted by ClusterQueue cq; attempt 0"
+            )
+        );
+        assert_eq!(p.events[0].reason, "Admitted");
+    }
+
+    /// Invariants 6, 7: an eviction takes the suspend path (phase first,
+    /// then the pods), is not a failure, and the re-admission is a new
+    /// attempt with the restart count kept.
+    #[test]
+    fn an_eviction_stops_a_running_world_and_readmission_is_a_new_attempt() {
+        let mut w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run_held(&w, &pods, None, 100);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        w.status = Some(p.status);
+        let evicted = Some(("Preempted", "evicted by Kueue (Preempted): for a workload"));
+        let p = run_held(&w, &pods, evicted, 101);
+        assert!(
+            p.delete.is_empty(),
+            "the phase is written before any pod goes"
+        );
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        assert!(!conditions::is_true(&p.status.conditions, FAILED));
+        assert!(!conditions::is_true(&p.status.conditions, READY));
+        w.status = Some(p.status);
+        let p = run_held(&w, &pods, evicted, 102);
+        assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(c.reason, "Preempted");
+        assert!(
+            c.message.ends_with("3 host pods still terminating"),
+            "{}",
+            c.message
+        );
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), evicted, 103);
+        assert_eq!(p.status.restarts, 0);
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), None, 104);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 1);
+        assert_eq!(p.status.restarts, 0);
+    }
+
     #[test]
     fn starting_hosts_are_reported_not_restarted() {
         let w = mk_world("{}");

@@ -103,8 +103,23 @@ pub struct WorkloadInput<'a> {
 }
 
 /// Keeps the World's Workload and returns what Kueue lets the World do
-/// (kueue invariants 1-5). Call only for a World that names a queue.
+/// (kueue invariants 1-5). Call only for a World that names a queue. The
+/// API server refusing the operator Kueue's objects (403: the chart's
+/// `kueue.enabled` is off) holds the World with reason `KueueForbidden`.
 pub async fn gate(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, Error> {
+    match gate_inner(client, input).await {
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => Ok(Gate::held(
+            "KueueForbidden",
+            format!(
+                "the operator may not use Kueue's API ({}): install the hostmesh chart with kueue.enabled=true (docs/scheduling.md)",
+                e.message
+            ),
+        )),
+        other => other,
+    }
+}
+
+async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, Error> {
     let world = input.world;
     let Some(queue) = queue_name(world) else {
         return Ok(Gate::OPEN);
