@@ -32,6 +32,11 @@ pub const AWAITING_ADMISSION: &str = "AwaitingAdmission";
 /// See [`AWAITING_ADMISSION`].
 pub const KUEUE_NOT_INSTALLED: &str = "KueueNotInstalled";
 
+/// With `spec.scheduling.gang`: True once every host pod is bound to a
+/// node; False while the gang waits on its scheduler, or when the
+/// provider's API is missing (the message names it).
+pub const GANG_SCHEDULED: &str = "GangScheduled";
+
 const MAX_MESSAGE: usize = 32 * 1024;
 
 /// Sets condition `type_` to `status` with `reason`/`message`, keeping the

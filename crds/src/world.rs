@@ -99,6 +99,57 @@ pub struct WorldSpec {
     #[serde(default = "default_managed_by")]
     #[schemars(schema_with = "managed_by_schema")]
     pub managed_by: String,
+    /// How the host pods are scheduled (docs/scheduling.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingSpec>,
+}
+
+/// Scheduling of the host pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// Gang scheduling: every host pod is bound, or none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangSpec>,
+}
+
+/// A gang scheduler for the host pods: the operator creates the provider's
+/// group object (owned by the World, `minMember` = hosts) and gives every
+/// host pod the scheduler name, labels and annotations the provider reads.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GangSpec {
+    /// `SchedulerPlugins` (coscheduling `PodGroup`,
+    /// `scheduling.x-k8s.io/v1alpha1`), `Volcano` (`PodGroup`,
+    /// `scheduling.volcano.sh/v1beta1`) or `Kubernetes` (the Workload API's
+    /// `PodGroup`, `scheduling.k8s.io/v1beta1`, Kubernetes 1.37).
+    pub provider: GangProvider,
+    /// The scheduler that places the pods. Default:
+    /// `scheduler-plugins-scheduler`, `volcano`, or the cluster's default
+    /// scheduler for `Kubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub scheduler_name: Option<String>,
+    /// `SchedulerPlugins`: seconds a gang may wait for room before its pods
+    /// are rejected and retried (`scheduleTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub schedule_timeout_seconds: Option<i32>,
+    /// `Volcano`: the Volcano queue of the PodGroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queue: Option<String>,
+}
+
+/// A gang scheduling provider.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum GangProvider {
+    /// kubernetes-sigs/scheduler-plugins coscheduling.
+    SchedulerPlugins,
+    /// Volcano.
+    Volcano,
+    /// Kubernetes' own gang scheduling (Workload API `PodGroup`).
+    Kubernetes,
 }
 
 /// `spec.managedBy` of Worlds the hostmesh operator runs.

@@ -142,12 +142,16 @@ fn install_security_context() -> SecurityContext {
 
 /// Hash of everything a host pod is derived from (invariant 3).
 pub fn template_hash(world: &World, agent_image: &str) -> String {
-    let input = serde_json::json!({
+    let mut input = serde_json::json!({
         "template": world.spec.template,
         "port": world.spec.port,
         "agent": world.spec.agent,
         "agentImage": agent_image,
     });
+    // Only when set, so Worlds without it keep their hash (gang invariant 2).
+    if let Some(s) = &world.spec.scheduling {
+        input["scheduling"] = serde_json::json!(s);
+    }
     let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
     digest.as_ref()[..8]
         .iter()

@@ -19,6 +19,7 @@
 //!    ([`kueue`]); until then it is held with the suspend path.
 
 pub mod desired;
+pub mod gang;
 pub mod kueue;
 pub mod observe;
 pub mod plan;
@@ -160,6 +161,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         .patch(&name, &pp, &Patch::Apply(&svc))
         .await?;
     let secret = ensure_secret(world, ctx, &ns).await?;
+    let gang_problem = ensure_gang_group(world, ctx).await?;
 
     // Pods, by rank.
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -279,6 +281,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
             placement.as_ref(),
         )?;
         let pod_name = desired::pod_name(&name, *rank);
+        let mut pod = serde_json::to_value(&pod)?;
+        if let Some(g) = gang::spec(world) {
+            gang::place_pod(&mut pod, world, g);
+        }
         match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
@@ -323,6 +329,31 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         }
         None => {}
     }
+    if let Some(g) = gang::spec(world)
+        && status.phase != Some(WorldPhase::Suspended)
+    {
+        let live: Vec<&Pod> = pods
+            .values()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let bound = live
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        let (ok, reason, message) = match &gang_problem {
+            Some((reason, message)) => (false, *reason, message.clone()),
+            None => gang::condition(world, g, live.len(), bound, n),
+        };
+        conditions::set(
+            &mut status.conditions,
+            conditions::GANG_SCHEDULED,
+            ok,
+            reason,
+            &message,
+            generation,
+            &now,
+        );
+    }
     for ev in &plan.events {
         ctx.event(
             world,
@@ -347,6 +378,56 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         .flatten()
         .fold(default_requeue, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// Applies the gang provider's group object (gang invariant 1), or says
+/// why it cannot: the provider's API is not served (gang invariant 3) or
+/// the operator may not write it.
+async fn ensure_gang_group(
+    world: &World,
+    ctx: &ControllerContext,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let Some(g) = gang::spec(world) else {
+        return Ok(None);
+    };
+    let ar = gang::resource(g.provider);
+    let served = match ctx.client.list_api_group_resources(&ar.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == ar.plural),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !served {
+        return Ok(Some((
+            "ProviderNotInstalled",
+            format!(
+                "spec.scheduling.gang.provider {:?} needs {}, which the API server does not serve: install the provider or choose another one",
+                g.provider,
+                gang::describe(g.provider)
+            ),
+        )));
+    }
+    let group = gang::group(world, g, world.spec.full_shape().num_ranks())?;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &world.namespace().unwrap_or_default(),
+        &ar,
+    );
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch(&world.name_any(), &pp, &Patch::Apply(&group))
+        .await
+    {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => Ok(Some((
+            "PodGroupRefused",
+            format!(
+                "the API server refused PodGroup {}: {}",
+                world.name_any(),
+                e.message
+            ),
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn ensure_secret(world: &World, ctx: &ControllerContext, ns: &str) -> Result<Vec<u8>, Error> {
