@@ -42,6 +42,11 @@ KUEUE_RULES = {
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch", "create", "patch", "delete"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
+GANG_RULES = {
+    ("scheduling.x-k8s.io", "podgroups"): {"create", "patch"},
+    ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "patch"},
+}
 KUEUE_CLUSTER_RULES = {
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
     ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
@@ -71,6 +76,7 @@ VALUE_SETS = {
     },
     "kueue-cluster-wide": {
         "kueue": {"enabled": True},
+        "gangScheduling": {"enabled": True},
     },
     "single-no-election": {
         "leaderElection": {"enabled": False},
@@ -207,7 +213,8 @@ def check_render(label, values):
     # RBAC: exactly the operator's needs, in the narrowest scope.
     watch = merged["watchNamespaces"]
     kueue = merged["kueue"]["enabled"]
-    expected = {**MANAGER_RULES, **KUEUE_RULES} if kueue else MANAGER_RULES
+    expected = {**MANAGER_RULES, **(KUEUE_RULES if kueue else {}),
+                **(GANG_RULES if merged["gangScheduling"]["enabled"] else {})}
     kueue_roles = [r for r in by_kind.get("ClusterRole", []) if r["metadata"]["name"].endswith("-kueue-reader")]
     if kueue:
         if check(len(kueue_roles) == 1, f"[{label}] kueue.enabled needs one kueue-reader ClusterRole"):

@@ -113,6 +113,14 @@ Role in each watched namespace. Every rule says why it is needed.
   resources: ["workloads/status"]
   verbs: ["patch"]
 {{- end }}
+{{- if .Values.gangScheduling.enabled }}
+# Gang scheduling (spec.scheduling.gang): one PodGroup per World for the
+# chosen provider, server-side applied (create, patch); garbage collection
+# deletes it with the World.
+- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
+{{- end }}
 {{- end }}
 
 {{- define "hostmesh.kueueClusterRules" -}}

@@ -418,7 +418,15 @@ async fn ensure_gang_group(
         .await
     {
         Ok(_) => Ok(None),
-        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => Ok(Some((
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(Some((
+            "PodGroupForbidden",
+            format!(
+                "the operator may not write PodGroup {} ({}): install the hostmesh chart with gangScheduling.enabled=true",
+                world.name_any(),
+                e.message
+            ),
+        ))),
+        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 422) => Ok(Some((
             "PodGroupRefused",
             format!(
                 "the API server refused PodGroup {}: {}",
