@@ -111,6 +111,47 @@ pub struct SchedulingSpec {
     /// Gang scheduling: every host pod is bound, or none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<GangSpec>,
+    /// Topology placement: the hosts that share a coordinate of a dimension
+    /// (and of every dimension before it) go to one topology domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub topology: Vec<TopologySpec>,
+}
+
+/// Puts each group of hosts (all hosts with equal coordinates up to and
+/// including `dimension`; for `replica=2,host=4` and `replica`, the 4
+/// hosts of each replica) on nodes that share the value of node label
+/// `key`, as pod affinity (and Kueue topology-aware-scheduling requests
+/// when the World is queued).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySpec {
+    /// A dimension of `shape` (`host` for the `hosts` shorthand).
+    #[schemars(length(min = 1, max = 57))]
+    pub dimension: String,
+    /// Node label whose value is the domain, e.g.
+    /// `topology.kubernetes.io/rack` or an NVLink-domain label.
+    #[schemars(length(min = 1, max = 316))]
+    pub key: String,
+    /// `Required` (default): the scheduler must co-locate the group;
+    /// `Preferred`: it tries to.
+    #[serde(default)]
+    pub mode: TopologyMode,
+    /// One group per domain: no host of another group (of any World that
+    /// groups by the same dimension name) shares the domain, as JobSet's
+    /// exclusive placement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
+}
+
+/// Whether a [`TopologySpec`] binds the scheduler.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum TopologyMode {
+    /// `requiredDuringSchedulingIgnoredDuringExecution`.
+    #[default]
+    Required,
+    /// `preferredDuringSchedulingIgnoredDuringExecution` (weight 100).
+    Preferred,
 }
 
 /// A gang scheduler for the host pods: the operator creates the provider's

@@ -187,8 +187,17 @@ pub fn pod_set_template(
     let pod = pod(world, 0, agent_image, hash, None)?;
     let mut labels = pod.metadata.labels.unwrap_or_default();
     labels.remove(LABEL_RANK);
+    // Host 0's topology group is not every host's (topology invariant 4
+    // asks Kueue through the pod set's topology request instead).
+    labels.retain(|k, _| !k.starts_with("hostmesh.dev/group-"));
     let mut spec = pod.spec.unwrap_or_default();
     spec.hostname = None;
+    spec.affinity = world
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.clone());
     Ok(PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
@@ -397,6 +406,11 @@ pub fn pod(
         failure_threshold: Some(3),
         ..Default::default()
     });
+    let (groups, affinity) = super::topology::placement(world, rank);
+    if let Some(a) = affinity {
+        meta.labels.get_or_insert_with(BTreeMap::new).extend(groups);
+        super::topology::merge_affinity(&mut spec.affinity, a);
+    }
     if let Some(p) = placement {
         apply_placement(&mut meta, &mut spec, p);
     }

@@ -23,6 +23,7 @@ pub mod gang;
 pub mod kueue;
 pub mod observe;
 pub mod plan;
+pub mod topology;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -102,14 +102,23 @@ pub fn desired(
     let owner = world
         .controller_owner_ref(&())
         .ok_or(Error::MissingField("World metadata.uid"))?;
+    let mut template = template;
+    let mut pod_set = json!({"name": POD_SET, "count": hosts});
+    // Topology invariant 4: Kueue's topology-aware scheduling.
+    if let Some((request, annotations)) = super::super::topology::kueue_request(world) {
+        pod_set["topologyRequest"] = request;
+        template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend(annotations);
+    }
+    pod_set["template"] = serde_json::to_value(&template)?;
     let mut spec = json!({
         "queueName": queue,
         "active": !world.spec.suspend,
-        "podSets": [{
-            "name": POD_SET,
-            "count": hosts,
-            "template": template,
-        }],
+        "podSets": [pod_set],
     });
     if let Some(p) = priority {
         spec["priorityClassRef"] = json!({"group": p.group, "kind": p.kind, "name": p.name});
