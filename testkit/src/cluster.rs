@@ -60,8 +60,9 @@ pub async fn install_crds(client: &Client) {
 
 /// Installs every CustomResourceDefinition in the YAML files of `dir` (a
 /// project's published CRDs kept as test data: one or more documents per
-/// file, other kinds skipped) and waits until each serves its storage
-/// version. Panics with the file's name when one cannot be read or created.
+/// file, other kinds skipped; one that already exists is kept) and waits
+/// until each serves its storage version. Panics with the file's name when
+/// one cannot be read or created.
 pub async fn install_crd_dir(client: &Client, dir: &Path) {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -94,9 +95,12 @@ pub async fn install_crd_dir(client: &Client, dir: &Path) {
                 &GroupVersionKind::gvk(&spec.group, &version, &spec.names.kind),
                 &spec.names.plural,
             ));
-            crds.create(&PostParams::default(), &crd)
-                .await
-                .unwrap_or_else(|e| panic!("create the CRD of {}: {e}", file.display()));
+            match crds.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                // Already installed (a real cluster running the project).
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("create the CRD of {}: {e}", file.display()),
+            }
         }
     }
     for ar in served {
