@@ -209,11 +209,18 @@ pub fn pod_set_template(
 }
 
 /// Kueue invariant 4: the admitted flavors' node labels (winning over the
-/// template's on the same key) and tolerations, and Kueue's pod-set label.
+/// template's on the same key) and tolerations, admission checks' labels and
+/// annotations (never over the operator's own), and Kueue's pod-set label.
 fn apply_placement(meta: &mut ObjectMeta, spec: &mut PodSpec, placement: &Placement) {
-    meta.labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(LABEL_POD_SET.to_string(), POD_SET.to_string());
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    for (k, v) in &placement.labels {
+        labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    labels.insert(LABEL_POD_SET.to_string(), POD_SET.to_string());
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in &placement.annotations {
+        annotations.entry(k.clone()).or_insert_with(|| v.clone());
+    }
     if !placement.node_selector.is_empty() {
         spec.node_selector
             .get_or_insert_with(BTreeMap::new)
@@ -466,6 +473,7 @@ spec:
                 effect: Some("NoSchedule".into()),
                 ..Default::default()
             }],
+            ..Default::default()
         };
         let p = pod(&w, 1, "agent:1", "h", Some(&placement)).unwrap();
         let spec = p.spec.unwrap();

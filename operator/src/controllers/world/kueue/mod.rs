@@ -25,7 +25,9 @@
 //!    and `NodeFailures`, as Kueue does), and `status.admission` removed.
 //! 4. Admission places the hosts: the assigned flavors' `nodeLabels` become
 //!    node selectors and their `tolerations` tolerations of every host pod
-//!    (a flavor's label wins over the template's on the same key).
+//!    (a flavor's label wins over the template's on the same key), plus
+//!    what admission checks add (`podSetUpdates`: node selectors,
+//!    tolerations, labels, annotations).
 //! 5. `spec.suspend` of the World is the Workload's `spec.active` negated,
 //!    so a suspended World gives its quota back (Kueue evicts it with
 //!    reason `Deactivated`).

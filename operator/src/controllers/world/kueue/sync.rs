@@ -262,6 +262,7 @@ async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, E
         Verdict::Admitted {
             cluster_queue,
             flavors,
+            updates,
         } => {
             let flavor_api: Api<DynamicObject> =
                 Api::all_with(client.clone(), &workload::resource_flavors());
@@ -285,7 +286,7 @@ async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, E
                 format!(" (flavors {})", flavors.join(", "))
             };
             Ok(Gate::Open {
-                placement: Some(Placement::of_flavors(&objs)),
+                placement: Some(Placement::of_flavors(&objs).merge(updates)),
                 message: Some(format!("admitted by ClusterQueue {cluster_queue}{list}")),
             })
         }

@@ -143,7 +143,7 @@ pub fn desired(
 }
 
 /// What Kueue decided about a Workload (kueue invariant 1).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Not admitted (yet): waiting for quota, an inactive queue, a missing
     /// LocalQueue; the message is Kueue's when it gave one.
@@ -157,6 +157,8 @@ pub enum Verdict {
         cluster_queue: String,
         /// Flavor names assigned to the host pod set (deduplicated, sorted).
         flavors: Vec<String>,
+        /// What admission checks add to the host pods (`podSetUpdates`).
+        updates: Placement,
     },
     /// Evicted (`Evicted=True`): preempted, deactivated, timed out.
     Evicted {
@@ -212,6 +214,7 @@ pub fn verdict(wl: &Value) -> Verdict {
         return Verdict::Admitted {
             cluster_queue: a["clusterQueue"].as_str().unwrap_or_default().to_string(),
             flavors,
+            updates: Placement::of_updates(wl),
         };
     }
     let name = wl
@@ -246,6 +249,12 @@ pub struct Placement {
     pub node_selector: BTreeMap<String, String>,
     /// Tolerations of the assigned flavors.
     pub tolerations: Vec<Toleration>,
+    /// Pod labels admission checks ask for.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Pod annotations admission checks ask for.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl Placement {
@@ -275,9 +284,61 @@ impl Placement {
         p
     }
 
+    /// What the Workload's admission checks add to the host pod set
+    /// (`status.admissionChecks[].podSetUpdates` named `hosts`), as Kueue
+    /// merges them into its own jobs' pods.
+    pub fn of_updates(wl: &Value) -> Placement {
+        let mut p = Placement::default();
+        let checks = wl
+            .pointer("/status/admissionChecks")
+            .and_then(Value::as_array);
+        for update in checks
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["podSetUpdates"].as_array())
+            .flatten()
+            .filter(|u| u["name"] == POD_SET)
+        {
+            let map = |v: &Value| -> BTreeMap<String, String> {
+                v.as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            };
+            p.node_selector.extend(map(&update["nodeSelector"]));
+            p.labels.extend(map(&update["labels"]));
+            p.annotations.extend(map(&update["annotations"]));
+            let tolerations: Vec<Toleration> =
+                serde_json::from_value(update["tolerations"].clone()).unwrap_or_default();
+            for t in tolerations {
+                if !p.tolerations.contains(&t) {
+                    p.tolerations.push(t);
+                }
+            }
+        }
+        p
+    }
+
+    /// `other` added to `self` (its map entries win).
+    pub fn merge(mut self, other: Placement) -> Placement {
+        self.node_selector.extend(other.node_selector);
+        self.labels.extend(other.labels);
+        self.annotations.extend(other.annotations);
+        for t in other.tolerations {
+            if !self.tolerations.contains(&t) {
+                self.tolerations.push(t);
+            }
+        }
+        self
+    }
+
     /// Nothing to apply.
     pub fn is_empty(&self) -> bool {
-        self.node_selector.is_empty() && self.tolerations.is_empty()
+        self.node_selector.is_empty()
+            && self.tolerations.is_empty()
+            && self.labels.is_empty()
+            && self.annotations.is_empty()
     }
 }
 
@@ -379,9 +440,24 @@ mod tests {
             v,
             Verdict::Admitted {
                 cluster_queue: "cq".into(),
-                flavors: vec!["a100".into(), "on-demand".into()]
+                flavors: vec!["a100".into(), "on-demand".into()],
+                updates: Placement::default(),
             }
         );
+        // An admission check's pod set update reaches the placement.
+        let v = verdict(&wl(json!({
+            "conditions": [c("QuotaReserved", "True", "QuotaReserved", ""), c("Admitted", "True", "Admitted", "")],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "hosts", "count": 4}]},
+            "admissionChecks": [{"name": "prov", "state": "Ready", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "podSetUpdates": [{"name": "hosts", "nodeSelector": {"provreq": "r1"}, "annotations": {"a": "b"},
+                                   "tolerations": [{"key": "k", "operator": "Exists"}]}]}],
+        })));
+        let Verdict::Admitted { updates, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(updates.node_selector["provreq"], "r1");
+        assert_eq!(updates.annotations["a"], "b");
+        assert_eq!(updates.tolerations.len(), 1);
         // Quota reserved but admission checks pending: not admitted.
         let v = verdict(&wl(json!({
             "conditions": [c("QuotaReserved", "True", "QuotaReserved", "")],
