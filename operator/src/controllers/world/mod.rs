@@ -145,7 +145,6 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                     world,
                     template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
                     hosts: world.spec.full_shape().num_ranks(),
-                    template_hash: &hash,
                     pods_left: 0,
                 },
             )
@@ -231,7 +230,6 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                 world,
                 template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
                 hosts: n,
-                template_hash: &hash,
                 pods_left,
             },
         )

@@ -95,8 +95,6 @@ pub struct WorkloadInput<'a> {
     pub template: PodTemplateSpec,
     /// Its number of hosts.
     pub hosts: u64,
-    /// The World's pod template hash (not including any placement).
-    pub template_hash: &'a str,
     /// Host pods of the World that still exist (terminating ones too): the
     /// quota is given back only at 0 (kueue invariant 3).
     pub pods_left: usize,
@@ -140,7 +138,7 @@ async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, E
     let ns = world.namespace().unwrap_or_default();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &workload::workloads());
     let name = workload::name(world);
-    let hash = workload::pod_set_hash(input.template_hash, input.hosts);
+    let hash = workload::pod_set_hash(world, input.hosts);
     let Some(wl) = api.get_opt(&name).await? else {
         let priority = match priority(client, world, &input.template).await? {
             Ok(p) => p,

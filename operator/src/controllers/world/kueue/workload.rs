@@ -68,10 +68,18 @@ pub fn name(world: &World) -> String {
     format!("{base}-{}", &hash[..5])
 }
 
-/// Hash of what the Workload's pod set is built from: the World's pod
-/// template hash and its number of hosts.
-pub fn pod_set_hash(template_hash: &str, hosts: u64) -> String {
-    format!("{template_hash}-{hosts}")
+/// Hash of what Kueue admits the World by: its pod template (resources,
+/// node selectors, affinity, priority), its number of hosts and its
+/// topology. Not the agent image or port: an operator upgrade rolls the
+/// host pods but does not requeue an admitted World (kueue invariant 2).
+pub fn pod_set_hash(world: &World, hosts: u64) -> String {
+    let topology = world.spec.scheduling.as_ref().map(|s| &s.topology);
+    let input = json!({"template": world.spec.template, "hosts": hosts, "topology": topology});
+    let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The priority a Workload carries: a Kueue `WorkloadPriorityClass` (World
