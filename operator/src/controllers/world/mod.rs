@@ -130,15 +130,12 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     let name = world.name_any();
     debug!(world = %name, rv = ?world.resource_version(), "reconciling");
     let ns = world.namespace().unwrap_or_default();
-    let timings = match validate::world(&name, &world.spec) {
-        Ok(t) => t,
-        Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
-    };
     let hash = desired::template_hash(world, &ctx.args.agent_image);
     if !world.spec.managed_by_hostmesh() {
-        // Invariant 5: only the Workload, for MultiKueue to dispatch.
+        // Invariant 5: no status, no objects; only the Workload, for
+        // MultiKueue to dispatch (and only from a valid spec).
         debug!(world = %name, managed_by = %world.spec.managed_by, "managed by another controller");
-        if kueue::sync::queue_name(world).is_some() {
+        if kueue::sync::queue_name(world).is_some() && validate::world(&name, &world.spec).is_ok() {
             kueue::sync::gate(
                 &ctx.client,
                 kueue::sync::WorkloadInput {
@@ -153,6 +150,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         }
         return Ok(Action::await_change());
     }
+    let timings = match validate::world(&name, &world.spec) {
+        Ok(t) => t,
+        Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
+    };
     let pp = PatchParams::apply(FIELD_MANAGER).force();
 
     // Service and Secret.

@@ -394,7 +394,8 @@ const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
 /// Worlds to reconcile because their Workload changed. Until Kueue's API
 /// is served this only looks for it every 30 s (Worlds that name a queue
 /// are requeued meanwhile anyway); then it watches Workloads in `ns` (all
-/// namespaces with `None`) and yields each one's controlling World.
+/// namespaces with `None`) and yields each one's controlling World. Its
+/// background task ends when the stream is dropped.
 pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = ObjectRef<World>> + Send {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -407,7 +408,10 @@ pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = Object
                 Ok(false) => {}
                 Err(e) => debug!(error = %e, "looking up Kueue's Workload API"),
             }
-            tokio::time::sleep(DISCOVERY_INTERVAL).await;
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(DISCOVERY_INTERVAL) => {}
+            }
         }
         let ar = workload::workloads();
         let api: Api<DynamicObject> = match &ns {
@@ -415,7 +419,16 @@ pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = Object
             None => Api::all_with(client.clone(), &ar),
         };
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).boxed());
-        while let Some(ev) = events.next().await {
+        // The controller going away (shutdown, lost leadership) drops the
+        // receiver: the watch ends with it instead of lingering.
+        loop {
+            let ev = tokio::select! {
+                _ = tx.closed() => return,
+                ev = events.next() => match ev {
+                    Some(ev) => ev,
+                    None => return,
+                },
+            };
             let objs = match ev {
                 Ok(
                     watcher::Event::Apply(o)
