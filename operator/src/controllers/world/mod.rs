@@ -366,8 +366,11 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
     let deferred = write_status(world, ctx, status.clone(), false).await?;
 
+    // A suspended or queued World with no pod left waits on a spec change,
+    // a pod event or its Workload's watch, not on polling.
     let steady = plan.status.phase == Some(WorldPhase::Running)
-        || plan.status.phase == Some(WorldPhase::Failed);
+        || plan.status.phase == Some(WorldPhase::Failed)
+        || (plan.status.phase == Some(WorldPhase::Suspended) && pods_left == 0);
     let default_requeue = if steady {
         Duration::from_secs(60)
     } else {
