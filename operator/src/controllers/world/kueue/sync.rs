@@ -123,6 +123,10 @@ async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, E
         return Ok(Gate::OPEN);
     };
     let is_served = served(client).await?;
+    if is_served {
+        // A Workload watch still waiting for Kueue's API starts now.
+        KUEUE_SERVED.notify_waiters();
+    }
     debug!(world = %world.name_any(), queue, served = is_served, "Kueue gate");
     if !is_served {
         return Ok(Gate::held(
@@ -391,9 +395,14 @@ pub async fn release_on_delete(client: &Client, world: &World) -> Result<(), Err
 /// How often a controller without Kueue looks for it again.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Woken by a reconcile that found Kueue's API served, so a watch waiting
+/// for it (Kueue installed after the operator started) starts at once
+/// instead of at the next [`DISCOVERY_INTERVAL`].
+static KUEUE_SERVED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 /// Worlds to reconcile because their Workload changed. Until Kueue's API
-/// is served this only looks for it every 30 s (Worlds that name a queue
-/// are requeued meanwhile anyway); then it watches Workloads in `ns` (all
+/// is served this only looks for it every 30 s, or at once when a
+/// reconcile finds it; then it watches Workloads in `ns` (all
 /// namespaces with `None`) and yields each one's controlling World. Its
 /// background task ends when the stream is dropped.
 pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = ObjectRef<World>> + Send {
@@ -410,6 +419,7 @@ pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = Object
             }
             tokio::select! {
                 _ = tx.closed() => return,
+                _ = KUEUE_SERVED.notified() => {}
                 _ = tokio::time::sleep(DISCOVERY_INTERVAL) => {}
             }
         }
