@@ -469,3 +469,102 @@ async fn managed_by_is_immutable_and_a_multikueue_world_only_gets_its_workload()
     );
     c.shutdown().await;
 }
+
+/// Kueue invariants 5 and 2: `spec.suspend` deactivates the Workload (Kueue
+/// then evicts it with reason `Deactivated`, and the quota goes back with
+/// `Requeued=False`); a changed template replaces the Workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_deactivates_the_workload_and_a_new_template_replaces_it() {
+    let c = start_with_kueue().await;
+    c.apply_yaml(QUEUED).await;
+    let wl = workload(&c).await;
+    let name = wl["metadata"]["name"].as_str().unwrap().to_string();
+    let hash = wl["metadata"]["annotations"]["hostmesh.dev/pod-set-hash"].clone();
+    admit(&c, &name, vec![]).await;
+    run_hosts(&c, ["127.0.9.1", "127.0.9.2"]).await;
+
+    let worlds = c.api::<World>();
+    worlds
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    let api = workloads(&c);
+    eventually_async("the Workload deactivated", || async {
+        let wl = api.get(&name).await.ok()?;
+        (wl.data["spec"]["active"] == false).then_some(())
+    })
+    .await;
+    // Kueue evicts a deactivated Workload.
+    let wl = serde_json::to_value(api.get(&name).await.unwrap()).unwrap();
+    let mut conds = wl["status"]["conditions"].as_array().cloned().unwrap();
+    conds.push(kueue_condition(
+        "Evicted",
+        "True",
+        "Deactivated",
+        "The workload is deactivated",
+    ));
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"conditions": conds}})),
+    )
+    .await
+    .unwrap();
+    let wl = eventually_async("the quota released", || async {
+        let wl = serde_json::to_value(api.get(&name).await.ok()?).ok()?;
+        wl["status"]["admission"].is_null().then_some(wl)
+    })
+    .await;
+    let requeued = wl["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Requeued")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (requeued["status"].as_str(), requeued["reason"].as_str()),
+        (Some("False"), Some("Deactivated"))
+    );
+    let s = world_status(&c, "suspended by spec", |s| {
+        suspended(s).is_some_and(|c| c.1 == "SpecSuspended")
+    })
+    .await;
+    assert_eq!(s.phase, Some(WorldPhase::Suspended));
+
+    // Resumed with another template: the stale Workload is replaced.
+    worlds
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"suspend": false, "template": {"spec": {"containers": [
+                {"name": "host", "image": "busybox", "resources": {"requests": {"cpu": "2"}}}]}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let wl = eventually_async("a new Workload", || async {
+        let l = api.list(&ListParams::default()).await.ok()?;
+        let wl = serde_json::to_value(l.items.into_iter().next()?).ok()?;
+        (wl["metadata"]["annotations"]["hostmesh.dev/pod-set-hash"] != hash
+            && wl["metadata"]["deletionTimestamp"].is_null())
+        .then_some(wl)
+    })
+    .await;
+    assert_eq!(wl["spec"]["active"], true);
+    assert_eq!(
+        wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+        "2"
+    );
+    let s = world_status(&c, "waiting for the new admission", |s| {
+        suspended(s).is_some_and(|c| c.1 == "AwaitingAdmission")
+    })
+    .await;
+    assert!(host_pods(&c).await.is_empty(), "{s:?}");
+    c.shutdown().await;
+}
