@@ -36,6 +36,22 @@ MANAGER_RULES = {
     ("", "secrets"): {"get", "create"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
+# With kueue.enabled (docs/scheduling.md): Workloads join the manager rules,
+# and a read-only ClusterRole gets the cluster-scoped Kueue configuration.
+KUEUE_RULES = {
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+}
+GANG_RULES = {
+    ("scheduling.x-k8s.io", "podgroups"): {"create", "patch"},
+    ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "patch"},
+}
+KUEUE_CLUSTER_RULES = {
+    ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+    ("scheduling.k8s.io", "priorityclasses"): {"get"},
+}
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
 NEVER_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 EXPECTED_CRDS = {"worlds.hostmesh.dev", "procmeshes.hostmesh.dev"}
@@ -53,6 +69,14 @@ VALUE_SETS = {
         "metrics": {"port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "serviceAccount": {"name": "hostmesh-op"},
+    },
+    "kueue-namespaced": {
+        "watchNamespaces": ["team-a"],
+        "kueue": {"enabled": True},
+    },
+    "kueue-cluster-wide": {
+        "kueue": {"enabled": True},
+        "gangScheduling": {"enabled": True},
     },
     "single-no-election": {
         "leaderElection": {"enabled": False},
@@ -188,12 +212,23 @@ def check_render(label, values):
 
     # RBAC: exactly the operator's needs, in the narrowest scope.
     watch = merged["watchNamespaces"]
-    cluster_roles = by_kind.get("ClusterRole", [])
+    kueue = merged["kueue"]["enabled"]
+    expected = {**MANAGER_RULES, **(KUEUE_RULES if kueue else {}),
+                **(GANG_RULES if merged["gangScheduling"]["enabled"] else {})}
+    kueue_roles = [r for r in by_kind.get("ClusterRole", []) if r["metadata"]["name"].endswith("-kueue-reader")]
+    if kueue:
+        if check(len(kueue_roles) == 1, f"[{label}] kueue.enabled needs one kueue-reader ClusterRole"):
+            kperms = rules_to_perms(kueue_roles[0]["rules"], f"[{label}] kueue-reader")
+            check(kperms == KUEUE_CLUSTER_RULES, f"[{label}] kueue-reader rules: {perm_diff(kperms, KUEUE_CLUSTER_RULES)}")
+    else:
+        check(not kueue_roles, f"[{label}] kueue-reader ClusterRole rendered with kueue.enabled false")
+    cluster_roles = [r for r in by_kind.get("ClusterRole", []) if r not in kueue_roles]
+    cluster_bindings = [b for b in by_kind.get("ClusterRoleBinding", []) if not b["metadata"]["name"].endswith("-kueue-reader")]
     roles = by_kind.get("Role", [])
     manager_roles = [r for r in roles if r["metadata"]["name"].endswith("-manager")]
     lease_roles = [r for r in roles if r["metadata"]["name"].endswith("-leader-election")]
     if watch:
-        check(not cluster_roles and not by_kind.get("ClusterRoleBinding"),
+        check(not cluster_roles and not cluster_bindings,
               f"[{label}] watchNamespaces set but a ClusterRole/Binding is rendered")
         check(sorted(r["metadata"]["namespace"] for r in manager_roles) == sorted(watch),
               f"[{label}] manager Roles not exactly in {watch}")
@@ -204,7 +239,7 @@ def check_render(label, values):
         manager_sets = [r["rules"] for r in cluster_roles]
     for rules in manager_sets:
         perms = rules_to_perms(rules, f"[{label}] manager")
-        check(perms == MANAGER_RULES, f"[{label}] manager rules differ from the operator's needs: {perm_diff(perms, MANAGER_RULES)}")
+        check(perms == expected, f"[{label}] manager rules differ from the operator's needs: {perm_diff(perms, expected)}")
     if merged["leaderElection"]["enabled"]:
         if check(len(lease_roles) == 1, f"[{label}] expected one leader-election Role"):
             lr = lease_roles[0]

@@ -6,6 +6,7 @@ mod agent;
 mod apiserver;
 mod e2e;
 mod image;
+mod kueue;
 mod operator;
 mod report;
 mod runtime;
@@ -16,7 +17,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kueue.
     suite: String,
 }
 
@@ -38,10 +39,11 @@ fn main() -> anyhow::Result<()> {
         "operator" => operator::run(),
         "e2e" => e2e::run(),
         "image" => image::run(),
+        "kueue" => kueue::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kueue"
         ),
     }
 }

@@ -266,7 +266,7 @@ fn rss() -> anyhow::Result<()> {
     for w in &worlds {
         let hash = desired::template_hash(w, "ghcr.io/hostmesh/hostmesh:0.1.0");
         for r in 0..10 {
-            let pod = desired::pod(w, r, "ghcr.io/hostmesh/hostmesh:0.1.0", &hash)?;
+            let pod = desired::pod(w, r, "ghcr.io/hostmesh/hostmesh:0.1.0", &hash, None)?;
             pods_w.apply_watcher_event(&watcher::Event::Apply(pod));
         }
     }

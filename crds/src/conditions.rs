@@ -24,6 +24,18 @@ pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 /// The World is suspended (`spec.suspend`): its host pods are deleted and
 /// its ProcMeshes wait, as a suspended Job's pods are.
 pub const SUSPENDED: &str = "Suspended";
+/// Reasons of the World's `Suspended` condition while Kueue holds it
+/// (`kueue.x-k8s.io/queue-name`): waiting for admission, Kueue's API not
+/// served, and, after an eviction, Kueue's own `Evicted` reason (`Preempted`,
+/// `PodsReadyTimeout`, `Deactivated`, ...).
+pub const AWAITING_ADMISSION: &str = "AwaitingAdmission";
+/// See [`AWAITING_ADMISSION`].
+pub const KUEUE_NOT_INSTALLED: &str = "KueueNotInstalled";
+
+/// With `spec.scheduling.gang`: True once every host pod is bound to a
+/// node; False while the gang waits on its scheduler, or when the
+/// provider's API is missing (the message names it).
+pub const GANG_SCHEDULED: &str = "GangScheduled";
 
 const MAX_MESSAGE: usize = 32 * 1024;
 

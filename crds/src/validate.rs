@@ -129,6 +129,53 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
             format!("{name:?} makes host pod names like {longest:?}, longer than the 63 characters of a hostname; use a shorter name"),
         ));
     }
+    for (i, t) in spec
+        .scheduling
+        .iter()
+        .flat_map(|s| s.topology.iter())
+        .enumerate()
+    {
+        let field = format!("spec.scheduling.topology[{i}]");
+        if !shape.dims().iter().any(|d| d.name == t.dimension) {
+            let names: Vec<&str> = shape.dims().iter().map(|d| d.name.as_str()).collect();
+            errs.push(FieldError::new(
+                format!("{field}.dimension"),
+                format!(
+                    "{:?} is not a dimension of the World; use one of {}",
+                    t.dimension,
+                    names.join(", ")
+                ),
+            ));
+        }
+        let name = t.key.rsplit('/').next().unwrap_or_default();
+        let prefix_ok = match t.key.split_once('/') {
+            None => true,
+            Some((prefix, rest)) => {
+                !rest.contains('/')
+                    && !prefix.is_empty()
+                    && prefix.len() <= 253
+                    && prefix.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.')
+                    })
+            }
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if !prefix_ok || !name_ok {
+            errs.push(FieldError::new(
+                format!("{field}.key"),
+                format!(
+                    "{:?} is not a node label key; use one such as topology.kubernetes.io/rack",
+                    t.key
+                ),
+            ));
+        }
+    }
     let pod = spec.template.spec.as_ref();
     let containers = pod.map(|p| p.containers.as_slice()).unwrap_or_default();
     if containers.is_empty() {
@@ -326,6 +373,16 @@ mod tests {
     #[test]
     fn world_errors_name_field_and_fix() {
         let cases = [
+            (
+                "hosts: 2\nscheduling: {topology: [{dimension: replica, key: topology.kubernetes.io/rack}]}\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.scheduling.topology[0].dimension",
+                "use one of host",
+            ),
+            (
+                "hosts: 2\nscheduling: {topology: [{dimension: host, key: 'a b/c'}]}\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.scheduling.topology[0].key",
+                "not a node label key",
+            ),
             (
                 "template: {spec: {containers: [{name: h, image: x}]}}\n",
                 "spec.shape",

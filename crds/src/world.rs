@@ -90,6 +90,139 @@ pub struct WorldSpec {
     /// and the ProcMeshes spawn their procs again. Restarts are not counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+    /// The controller that runs this World. The hostmesh operator runs
+    /// Worlds with the default, `hostmesh.dev/operator`, and leaves any
+    /// other value alone (e.g. `kueue.x-k8s.io/multikueue`, whose MultiKueue
+    /// dispatches the World to a worker cluster and copies its status back);
+    /// for such a World it maintains only the Kueue Workload. Immutable: it
+    /// is defaulted at creation and a change is refused.
+    #[serde(default = "default_managed_by")]
+    #[schemars(schema_with = "managed_by_schema")]
+    pub managed_by: String,
+    /// How the host pods are scheduled (docs/scheduling.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingSpec>,
+}
+
+/// Scheduling of the host pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// Gang scheduling: every host pod is bound, or none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangSpec>,
+    /// Topology placement: the hosts that share a coordinate of a dimension
+    /// (and of every dimension before it) go to one topology domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub topology: Vec<TopologySpec>,
+}
+
+/// Puts each group of hosts (all hosts with equal coordinates up to and
+/// including `dimension`; for `replica=2,host=4` and `replica`, the 4
+/// hosts of each replica) on nodes that share the value of node label
+/// `key`, as pod affinity (and Kueue topology-aware-scheduling requests
+/// when the World is queued).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySpec {
+    /// A dimension of `shape` (`host` for the `hosts` shorthand).
+    #[schemars(length(min = 1, max = 57))]
+    pub dimension: String,
+    /// Node label whose value is the domain, e.g.
+    /// `topology.kubernetes.io/rack` or an NVLink-domain label.
+    #[schemars(length(min = 1, max = 316))]
+    pub key: String,
+    /// `Required` (default): the scheduler must co-locate the group;
+    /// `Preferred`: it tries to.
+    #[serde(default)]
+    pub mode: TopologyMode,
+    /// One group per domain: no host of another group (of any World that
+    /// groups by the same dimension name) shares the domain, as JobSet's
+    /// exclusive placement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
+}
+
+/// Whether a [`TopologySpec`] binds the scheduler.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum TopologyMode {
+    /// `requiredDuringSchedulingIgnoredDuringExecution`.
+    #[default]
+    Required,
+    /// `preferredDuringSchedulingIgnoredDuringExecution` (weight 100).
+    Preferred,
+}
+
+/// A gang scheduler for the host pods: the operator creates the provider's
+/// group object (owned by the World, `minMember` = hosts) and gives every
+/// host pod the scheduler name, labels and annotations the provider reads.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GangSpec {
+    /// `SchedulerPlugins` (coscheduling `PodGroup`,
+    /// `scheduling.x-k8s.io/v1alpha1`), `Volcano` (`PodGroup`,
+    /// `scheduling.volcano.sh/v1beta1`) or `Kubernetes` (the Workload API's
+    /// `PodGroup`, `scheduling.k8s.io/v1beta1`, Kubernetes 1.37).
+    pub provider: GangProvider,
+    /// The scheduler that places the pods. Default:
+    /// `scheduler-plugins-scheduler`, `volcano`, or the cluster's default
+    /// scheduler for `Kubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub scheduler_name: Option<String>,
+    /// `SchedulerPlugins`: seconds a gang may wait for room before its pods
+    /// are rejected and retried (`scheduleTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub schedule_timeout_seconds: Option<i32>,
+    /// `Volcano`: the Volcano queue of the PodGroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queue: Option<String>,
+}
+
+/// A gang scheduling provider.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum GangProvider {
+    /// kubernetes-sigs/scheduler-plugins coscheduling.
+    SchedulerPlugins,
+    /// Volcano.
+    Volcano,
+    /// Kubernetes' own gang scheduling (Workload API `PodGroup`).
+    Kubernetes,
+}
+
+/// `spec.managedBy` of Worlds the hostmesh operator runs.
+pub const MANAGED_BY_HOSTMESH: &str = "hostmesh.dev/operator";
+
+/// Label naming the Kueue LocalQueue a World is queued in (Kueue's own
+/// label, as on Jobs).
+pub const LABEL_QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
+
+/// Label naming the Kueue `WorkloadPriorityClass` of a World (Kueue's own
+/// label); without it the host pods' `priorityClassName` is used.
+pub const LABEL_PRIORITY_CLASS: &str = "kueue.x-k8s.io/priority-class";
+
+fn default_managed_by() -> String {
+    MANAGED_BY_HOSTMESH.to_string()
+}
+
+/// `managedBy` is a string (a domain-prefixed path, at most 63 characters as
+/// for Jobs) that is defaulted at creation and may never change: the CEL
+/// transition rule `self == oldSelf` refuses an update that changes it, and
+/// the default makes it present on every stored World, so the rule always
+/// applies (it is only evaluated when the old object has the field).
+fn managed_by_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "default": MANAGED_BY_HOSTMESH,
+        "maxLength": 63,
+        "x-kubernetes-validations": [{
+            "rule": "self == oldSelf",
+            "message": "spec.managedBy is immutable",
+        }],
+    })
 }
 
 fn default_port() -> u16 {
@@ -97,6 +230,11 @@ fn default_port() -> u16 {
 }
 
 impl WorldSpec {
+    /// Whether the hostmesh operator runs this World (`spec.managedBy`).
+    pub fn managed_by_hostmesh(&self) -> bool {
+        self.managed_by == MANAGED_BY_HOSTMESH
+    }
+
     /// The World's shape (`shape`, or `host=<hosts>` for the shorthand).
     pub fn full_shape(&self) -> Shape {
         match (self.shape.is_empty(), self.hosts) {

@@ -57,3 +57,57 @@ pub async fn install_crds(client: &Client) {
     })
     .await;
 }
+
+/// Installs every CustomResourceDefinition in the YAML files of `dir` (a
+/// project's published CRDs kept as test data: one or more documents per
+/// file, other kinds skipped; one that already exists is kept) and waits
+/// until each serves its storage version. Panics with the file's name when
+/// one cannot be read or created.
+pub async fn install_crd_dir(client: &Client, dir: &Path) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    let mut served = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("parse {}: {e}", file.display()));
+        for doc in docs {
+            if doc["kind"] != "CustomResourceDefinition" {
+                continue;
+            }
+            let crd: CustomResourceDefinition = serde_json::from_value(doc)
+                .unwrap_or_else(|e| panic!("{}: not a CRD: {e}", file.display()));
+            let spec = &crd.spec;
+            let version = spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.clone())
+                .unwrap_or_else(|| panic!("{}: no storage version", file.display()));
+            served.push(ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(&spec.group, &version, &spec.names.kind),
+                &spec.names.plural,
+            ));
+            match crds.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                // Already installed (a real cluster running the project).
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("create the CRD of {}: {e}", file.display()),
+            }
+        }
+    }
+    for ar in served {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        crate::eventually_async(&format!("{} to serve", ar.plural), async || {
+            api.list(&ListParams::default()).await.ok().map(|_| ())
+        })
+        .await;
+    }
+}

@@ -99,4 +99,38 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.kueue.enabled }}
+# Kueue integration (docs/scheduling.md): the operator keeps one Workload per
+# queued World (create; delete to replace a stale one; patch spec.active and
+# Kueue's resource-in-use finalizer), reads it (get) and watches Workloads to
+# act on admission and eviction at once (list, watch).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# After an eviction, once the World's hosts are gone, the operator gives the
+# quota back in the Workload's status, as Kueue's own integrations do.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
+{{- if .Values.gangScheduling.enabled }}
+# Gang scheduling (spec.scheduling.gang): one PodGroup per World for the
+# chosen provider, server-side applied (create, patch); garbage collection
+# deletes it with the World.
+- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
+{{- end }}
+{{- end }}
+
+{{- define "hostmesh.kueueClusterRules" -}}
+# Kueue admission names ResourceFlavors; their node labels and tolerations
+# place the host pods (get by name only).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
+# A queued World's priority is its pods' PriorityClass value (get by name).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
 {{- end }}

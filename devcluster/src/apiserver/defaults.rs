@@ -179,8 +179,10 @@ fn fold_string_data(obj: &mut Value) {
 }
 
 /// Refuses updates the real server refuses: a pod's spec is immutable
-/// except container images, `activeDeadlineSeconds` and added tolerations
-/// (`spec.nodeName` changes only through `pods/binding`); the data of an
+/// except container images, `activeDeadlineSeconds`, added tolerations,
+/// removed `schedulingGates` and, while the pod is still gated, added
+/// `nodeSelector` entries (`spec.nodeName` changes only through
+/// `pods/binding`); the data of an
 /// immutable Secret or ConfigMap cannot change.
 pub(crate) fn check_update(info: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
     let name = super::meta::name(old).to_string();
@@ -199,9 +201,41 @@ pub(crate) fn check_update(info: &ResourceInfo, old: &Value, new: &Value) -> Res
             if let Some(o) = spec.as_object_mut() {
                 o.remove("activeDeadlineSeconds");
                 o.remove("tolerations");
+                // Checked below: gates may only be removed, and a gated
+                // pod's node selector may only grow (what Kueue's
+                // topology ungater and other schedulers-in-front write).
+                o.remove("schedulingGates");
+                o.remove("nodeSelector");
             }
             spec
         };
+        let gates = |v: &Value| {
+            v.pointer("/spec/schedulingGates")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let selector = |v: &Value| {
+            v.pointer("/spec/nodeSelector")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (old_gates, new_gates) = (gates(old), gates(new));
+        let gate_added = new_gates.iter().any(|g| !old_gates.contains(g));
+        let (old_sel, new_sel) = (selector(old), selector(new));
+        let selector_ok = old_sel == new_sel
+            || (!old_gates.is_empty() && old_sel.iter().all(|(k, v)| new_sel.get(k) == Some(v)));
+        if gate_added || !selector_ok {
+            return Err(ApiError::invalid(
+                "Pod",
+                &name,
+                vec![(
+                    "spec".into(),
+                    "Forbidden: spec.schedulingGates may only be removed, and spec.nodeSelector may only gain entries while the pod is still gated; delete and recreate the pod instead".into(),
+                )],
+            ));
+        }
         let tolerations = |v: &Value| {
             v.pointer("/spec/tolerations")
                 .and_then(Value::as_array)

@@ -332,6 +332,9 @@ pub(crate) fn prepare_update(
         }
     }
     admit(info, version, &mut new, strict)?;
+    if !info.builtin && part == Part::Main {
+        super::transition::check_update(info, version, old, &new)?;
+    }
     // The resourceVersion is assigned by the store.
     meta_mut(&mut new).insert(
         "resourceVersion".into(),

@@ -45,6 +45,7 @@ mod status;
 mod store;
 mod table;
 mod tls;
+mod transition;
 mod watch;
 
 use std::net::SocketAddr;

@@ -6,7 +6,10 @@
 //! 2. After a watch restart, workers of pods missing from the new listing
 //!    are told the pod is gone.
 //! 3. A pod is bound only when it has no node, uses the default scheduler,
-//!    is not being deleted and its `nodeSelector` matches this node's labels.
+//!    is not being deleted, has no `schedulingGates` (as the scheduler
+//!    leaves a gated pod alone until every gate is removed; the removal is a
+//!    pod update, which the watch delivers, and the pod is bound then) and
+//!    its `nodeSelector` matches this node's labels.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -217,6 +220,13 @@ pub(crate) fn should_bind(pod: &Pod, node_labels: &serde_json::Value) -> bool {
         return false;
     }
     if spec
+        .scheduling_gates
+        .as_ref()
+        .is_some_and(|g| !g.is_empty())
+    {
+        return false;
+    }
+    if spec
         .scheduler_name
         .as_deref()
         .is_some_and(|s| !s.is_empty() && s != "default-scheduler")
@@ -298,5 +308,19 @@ mod tests {
             ),
             &labels
         ));
+    }
+
+    /// Invariant 3: a gated pod waits; once its gates are removed it binds.
+    #[test]
+    fn a_pod_with_scheduling_gates_is_not_bound_until_they_are_removed() {
+        let labels = node::labels("n1");
+        let gated: Pod = serde_saphyr::from_str(
+            "spec: {schedulingGates: [{name: kueue.x-k8s.io/topology}], containers: [{name: c}]}",
+        )
+        .unwrap();
+        assert!(!should_bind(&gated, &labels));
+        let ungated: Pod =
+            serde_saphyr::from_str("spec: {schedulingGates: [], containers: [{name: c}]}").unwrap();
+        assert!(should_bind(&ungated, &labels));
     }
 }

@@ -17,13 +17,16 @@ use hostmesh_crds::World;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe, SeccompProfile, Secret,
-    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource as _, ResourceExt as _};
 
+use super::kueue::Placement;
+use super::kueue::workload::{LABEL_POD_SET, POD_SET};
 use crate::Error;
 
 /// Label: the World a pod belongs to.
@@ -152,17 +155,99 @@ fn install_security_context() -> SecurityContext {
 
 /// Hash of everything a host pod is derived from (invariant 3).
 pub fn template_hash(world: &World, agent_image: &str) -> String {
-    let input = serde_json::json!({
+    let mut input = serde_json::json!({
         "template": world.spec.template,
         "port": world.spec.port,
         "agent": world.spec.agent,
         "agentImage": agent_image,
     });
+    // Only when set, so Worlds without it keep their hash (gang invariant 2).
+    if let Some(s) = &world.spec.scheduling {
+        input["scheduling"] = serde_json::json!(s);
+    }
     let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
     digest.as_ref()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The pod hash when Kueue placed the hosts: the template hash and the
+/// placement (an admission with other flavors makes other pods; one with
+/// no node labels or tolerations keeps the template hash).
+pub fn placed_hash(template_hash: &str, placement: Option<&Placement>) -> String {
+    match placement.filter(|p| !p.is_empty()) {
+        None => template_hash.to_string(),
+        Some(p) => {
+            let input = serde_json::json!({"template": template_hash, "placement": p});
+            let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
+            digest.as_ref()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        }
+    }
+}
+
+/// The pod template of the World's Kueue pod set: host pod 0 without its
+/// identity (name, owner, rank label, hostname), so Kueue counts exactly
+/// the resources every host pod requests, the install container included.
+pub fn pod_set_template(
+    world: &World,
+    agent_image: &str,
+    hash: &str,
+) -> Result<PodTemplateSpec, Error> {
+    let pod = pod(world, 0, agent_image, hash, None)?;
+    let mut labels = pod.metadata.labels.unwrap_or_default();
+    labels.remove(LABEL_RANK);
+    // Host 0's topology group is not every host's (topology invariant 4
+    // asks Kueue through the pod set's topology request instead).
+    labels.retain(|k, _| !k.starts_with("hostmesh.dev/group-"));
+    let mut spec = pod.spec.unwrap_or_default();
+    spec.hostname = None;
+    spec.affinity = world
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.clone());
+    Ok(PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: pod.metadata.annotations,
+            ..Default::default()
+        }),
+        spec: Some(spec),
+    })
+}
+
+/// Kueue invariant 4: the admitted flavors' node labels (winning over the
+/// template's on the same key) and tolerations, admission checks' labels and
+/// annotations (never over the operator's own), and Kueue's pod-set label.
+fn apply_placement(meta: &mut ObjectMeta, spec: &mut PodSpec, placement: &Placement) {
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    for (k, v) in &placement.labels {
+        labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    labels.insert(LABEL_POD_SET.to_string(), POD_SET.to_string());
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in &placement.annotations {
+        annotations.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if !placement.node_selector.is_empty() {
+        spec.node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .extend(placement.node_selector.clone());
+    }
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for t in &placement.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+    if tolerations.is_empty() {
+        spec.tolerations = None;
+    }
 }
 
 /// Index of the host container in the template: the one named `host`, else
@@ -182,8 +267,15 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-/// Host pod `rank` of `world` (invariants 1-3).
-pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Pod, Error> {
+/// Host pod `rank` of `world` (invariants 1-3), placed where Kueue admitted
+/// it when `placement` is given (kueue invariant 4).
+pub fn pod(
+    world: &World,
+    rank: u64,
+    agent_image: &str,
+    hash: &str,
+    placement: Option<&Placement>,
+) -> Result<Pod, Error> {
     let world_name = world.name_any();
     let name = pod_name(&world_name, rank);
     let template = &world.spec.template;
@@ -334,6 +426,14 @@ pub fn pod(world: &World, rank: u64, agent_image: &str, hash: &str) -> Result<Po
         failure_threshold: Some(3),
         ..Default::default()
     });
+    let (groups, affinity) = super::topology::placement(world, rank);
+    if let Some(a) = affinity {
+        meta.labels.get_or_insert_with(BTreeMap::new).extend(groups);
+        super::topology::merge_affinity(&mut spec.affinity, a);
+    }
+    if let Some(p) = placement {
+        apply_placement(&mut meta, &mut spec, p);
+    }
     Ok(Pod {
         metadata: meta,
         spec: Some(spec),
@@ -372,10 +472,39 @@ spec:
         assert_ne!(contract::AGENT_PORT, HEALTH_PORT);
     }
 
+    /// Kueue invariant 4: the flavors' labels join (and win over) the
+    /// template's node selector, their tolerations are added once, and the
+    /// placement changes the pod hash only when it places anything.
+    #[test]
+    fn an_admission_places_the_pods_and_changes_their_hash() {
+        let w = mk_world(WORLD);
+        let placement = Placement {
+            node_selector: BTreeMap::from([("pool".to_string(), "a100".to_string())]),
+            tolerations: vec![k8s_openapi::api::core::v1::Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let p = pod(&w, 1, "agent:1", "h", Some(&placement)).unwrap();
+        let spec = p.spec.unwrap();
+        assert_eq!(spec.node_selector.unwrap()["pool"], "a100");
+        assert_eq!(spec.tolerations.unwrap(), placement.tolerations);
+        assert_eq!(p.metadata.labels.unwrap()[LABEL_POD_SET], POD_SET);
+        assert_eq!(placed_hash("h", None), "h");
+        assert_eq!(placed_hash("h", Some(&Placement::default())), "h");
+        assert_ne!(placed_hash("h", Some(&placement)), "h");
+        let t = pod_set_template(&w, "agent:1", "h").unwrap();
+        assert!(!t.metadata.unwrap().labels.unwrap().contains_key(LABEL_RANK));
+        assert!(t.spec.unwrap().hostname.is_none());
+    }
+
     #[test]
     fn pod_has_contract_names_labels_and_owner() {
         let w = mk_world(WORLD);
-        let p = pod(&w, 3, "agent:1", "abc").unwrap();
+        let p = pod(&w, 3, "agent:1", "abc", None).unwrap();
         assert_eq!(p.metadata.name.as_deref(), Some("trainer-host-3"));
         let labels = p.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "ml");
@@ -399,7 +528,7 @@ spec:
     #[test]
     fn agent_is_injected_into_host_container() {
         let w = mk_world(WORLD);
-        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        let spec = pod(&w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.name, "hostmesh-install");
         assert_eq!(init.image.as_deref(), Some("agent:1"));
@@ -491,7 +620,7 @@ spec:
     fn image_with_agent_gets_no_init_container() {
         let mut w = mk_world(WORLD);
         w.spec.agent.image_has_agent = true;
-        let spec = pod(&w, 0, "agent:1", "h").unwrap().spec.unwrap();
+        let spec = pod(&w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
         assert!(spec.init_containers.is_none());
         assert_eq!(
             spec.containers[1].command.as_ref().unwrap(),

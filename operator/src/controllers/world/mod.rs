@@ -13,11 +13,19 @@
 //!    only when it differs from what is stored, paced by [`crate::controllers::shared::writes`].
 //! 4. Deleting a World deletes its ProcMeshes first and waits until their
 //!    finalizers have stopped their procs; pods go by owner references.
+//! 5. A World whose `spec.managedBy` is not `hostmesh.dev/operator` is left
+//!    alone: no Service, Secret, pods or status; only its Kueue Workload is
+//!    kept (MultiKueue dispatches the World from it, see [`kueue`]).
+//! 6. A World that names a Kueue queue runs only as its Workload allows
+//!    ([`kueue`]); until then it is held with the suspend path.
 
 pub mod desired;
+pub mod gang;
+pub mod kueue;
 pub mod observe;
 pub mod plan;
 pub mod secret;
+pub mod topology;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -73,6 +81,7 @@ pub async fn controller(
         let key = rx.recv().await?;
         Some((obj_ref::<World>(&key.namespace, &key.name), rx))
     });
+    let workload_triggers = kueue::sync::triggers(client.clone(), namespace.clone());
     Controller::new(worlds, watcher::Config::default())
         .owns(pods, managed)
         .watches(meshes, watcher::Config::default(), |pm: ProcMesh| {
@@ -82,7 +91,7 @@ pub async fn controller(
                 .critical
                 .then(|| obj_ref::<World>(&ns, &pm.spec.world))
         })
-        .reconcile_on(hub_triggers)
+        .reconcile_on(futures::stream::select(hub_triggers, workload_triggers))
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -123,6 +132,26 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     let name = world.name_any();
     debug!(world = %name, rv = ?world.resource_version(), "reconciling");
     let ns = world.namespace().unwrap_or_default();
+    let hash = desired::template_hash(world, &ctx.args.agent_image);
+    if !world.spec.managed_by_hostmesh() {
+        // Invariant 5: no status, no objects; only the Workload, for
+        // MultiKueue to dispatch (and only from a valid spec).
+        debug!(world = %name, managed_by = %world.spec.managed_by, "managed by another controller");
+        if kueue::sync::queue_name(world).is_some() && validate::world(&name, &world.spec).is_ok() {
+            kueue::sync::gate(
+                &ctx.client,
+                kueue::sync::WorkloadInput {
+                    world,
+                    template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
+                    hosts: world.spec.full_shape().num_ranks(),
+                    pods_left: 0,
+                },
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+        return Ok(Action::await_change());
+    }
     let timings = match validate::world(&name, &world.spec) {
         Ok(t) => t,
         Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
@@ -141,6 +170,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         ctx.hub.world_secret(&key_of(world)).map(|k| k.to_vec()),
     )
     .await?;
+    let gang_problem = ensure_gang_group(world, ctx).await?;
 
     // Pods, by rank.
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -148,7 +178,9 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     let n = world.spec.full_shape().num_ranks();
     let mut pods = BTreeMap::new();
     let mut extra = Vec::new();
-    for p in pods_api.list(&lp).await?.items {
+    let listed = pods_api.list(&lp).await?.items;
+    let pods_left = listed.len();
+    for p in listed {
         let rank = p
             .labels()
             .get(desired::LABEL_RANK)
@@ -203,8 +235,29 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         uids.get(&r)
             .and_then(|uid| ctx.hub.link_error(&key, r, uid))
     };
-    let hash = desired::template_hash(world, &ctx.args.agent_image);
     let secret_hash = desired::secret_hash(&secret.key);
+    // Invariant 6: what Kueue lets the World do.
+    let gate = if kueue::sync::queue_name(world).is_some() {
+        kueue::sync::gate(
+            &ctx.client,
+            kueue::sync::WorkloadInput {
+                world,
+                template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
+                hosts: n,
+                pods_left,
+            },
+        )
+        .await?
+    } else {
+        kueue::sync::Gate::OPEN
+    };
+    let (hold, placement, admitted) = match gate {
+        kueue::sync::Gate::Held { reason, message } => {
+            (Some(plan::Hold { reason, message }), None, None)
+        }
+        kueue::sync::Gate::Open { placement, message } => (None, placement, message),
+    };
+    let pod_hash = desired::placed_hash(&hash, placement.as_ref());
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
         world,
@@ -216,9 +269,11 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         link_error: &link_error,
         secret_hash: &secret_hash,
         credentials_note: secret.replaced.clone(),
-        hash: &hash,
+        hash: &pod_hash,
         critical_failure: critical,
         now: Timestamp::now(),
+        hold,
+        admitted,
     });
 
     for pod_name in &plan.delete {
@@ -234,7 +289,13 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     // and a Warning Event, as a ReplicaSet reports FailedCreate.
     let mut refused: Option<String> = None;
     for rank in &plan.create {
-        let mut pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
+        let mut pod = desired::pod(
+            world,
+            *rank,
+            &ctx.args.agent_image,
+            &pod_hash,
+            placement.as_ref(),
+        )?;
         pod.metadata
             .annotations
             .get_or_insert_with(Default::default)
@@ -243,6 +304,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                 secret_hash.clone(),
             );
         let pod_name = desired::pod_name(&name, *rank);
+        let mut pod = serde_json::to_value(&pod)?;
+        if let Some(g) = gang::spec(world) {
+            gang::place_pod(&mut pod, world, g);
+        }
         match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
@@ -287,6 +352,31 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         }
         None => {}
     }
+    if let Some(g) = gang::spec(world)
+        && status.phase != Some(WorldPhase::Suspended)
+    {
+        let live: Vec<&Pod> = pods
+            .values()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let bound = live
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        let (ok, reason, message) = match &gang_problem {
+            Some((reason, message)) => (false, *reason, message.clone()),
+            None => gang::condition(world, g, live.len(), bound, n),
+        };
+        conditions::set(
+            &mut status.conditions,
+            conditions::GANG_SCHEDULED,
+            ok,
+            reason,
+            &message,
+            generation,
+            &now,
+        );
+    }
     for ev in &plan.events {
         ctx.event(
             world,
@@ -299,8 +389,11 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
     let deferred = write_status(world, ctx, status.clone(), false).await?;
 
+    // A suspended or queued World with no pod left waits on a spec change,
+    // a pod event or its Workload's watch, not on polling.
     let steady = plan.status.phase == Some(WorldPhase::Running)
-        || plan.status.phase == Some(WorldPhase::Failed);
+        || plan.status.phase == Some(WorldPhase::Failed)
+        || (plan.status.phase == Some(WorldPhase::Suspended) && pods_left == 0);
     let default_requeue = if steady {
         Duration::from_secs(60)
     } else {
@@ -311,6 +404,64 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         .flatten()
         .fold(default_requeue, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// Applies the gang provider's group object (gang invariant 1), or says
+/// why it cannot: the provider's API is not served (gang invariant 3) or
+/// the operator may not write it.
+async fn ensure_gang_group(
+    world: &World,
+    ctx: &ControllerContext,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let Some(g) = gang::spec(world) else {
+        return Ok(None);
+    };
+    let ar = gang::resource(g.provider);
+    let served = match ctx.client.list_api_group_resources(&ar.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == ar.plural),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !served {
+        return Ok(Some((
+            "ProviderNotInstalled",
+            format!(
+                "spec.scheduling.gang.provider {:?} needs {}, which the API server does not serve: install the provider or choose another one",
+                g.provider,
+                gang::describe(g.provider)
+            ),
+        )));
+    }
+    let group = gang::group(world, g, world.spec.full_shape().num_ranks())?;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &world.namespace().unwrap_or_default(),
+        &ar,
+    );
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch(&world.name_any(), &pp, &Patch::Apply(&group))
+        .await
+    {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(Some((
+            "PodGroupForbidden",
+            format!(
+                "the operator may not write PodGroup {} ({}): install the hostmesh chart with gangScheduling.enabled=true",
+                world.name_any(),
+                e.message
+            ),
+        ))),
+        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 422) => Ok(Some((
+            "PodGroupRefused",
+            format!(
+                "the API server refused PodGroup {}: {}",
+                world.name_any(),
+                e.message
+            ),
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn critical_failure(
@@ -340,6 +491,7 @@ async fn critical_failure(
 }
 
 async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Action, Error> {
+    debug!(world = %world.name_any(), message = %msg, "invalid spec");
     let mut status = world.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
     let generation = world.metadata.generation;
@@ -443,6 +595,9 @@ async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error
             count: mine.len(),
         }
         .into());
+    }
+    if kueue::sync::queue_name(world).is_some() {
+        kueue::sync::release_on_delete(&ctx.client, world).await?;
     }
     ctx.hub.forget_world(&key_of(world));
     ctx.pacer.forget(&format!(

@@ -23,7 +23,12 @@
 //!    suspended before their procs go and do not count them as failures.
 //!    Suspend and resume keep `restarts`; a resume, like a `RecreateGang`
 //!    restart, is a new `attempt`.
-//! 7. A host pod mounting another agent token than the Secret's (see its
+//! 7. A [`Hold`] (Kueue has not admitted the World, or evicted it) takes
+//!    the same path as `spec.suspend`, with its own reason and message, and
+//!    is never a failure. The `Ready` condition is first written by a pass
+//!    that runs the World, so a World held since its creation has none, and
+//!    its first start (its first admission) is attempt 0, not a resume.
+//! 8. A host pod mounting another agent token than the Secret's (see its
 //!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart.
 
 use std::collections::BTreeMap;
@@ -71,6 +76,22 @@ pub struct PlanInput<'a> {
     /// The wall-clock time the plan is computed at: eviction and backoff
     /// deadlines are compared with it.
     pub now: Timestamp,
+    /// Set when something outside the spec (Kueue) holds the World
+    /// suspended (invariant 7).
+    pub hold: Option<Hold>,
+    /// Who let the World run (`admitted by ClusterQueue ...`), said in the
+    /// `Suspended=False` condition when it leaves a hold.
+    pub admitted: Option<String>,
+}
+
+/// Why the World is held suspended though `spec.suspend` is false.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// Reason of the `Suspended` condition (`AwaitingAdmission`,
+    /// `KueueNotInstalled`, Kueue's eviction reason, ...).
+    pub reason: String,
+    /// Its message.
+    pub message: String,
 }
 
 /// What the reconcile must do.
@@ -111,7 +132,10 @@ fn ready_since(pod: &Pod) -> Option<Timestamp> {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::new(input);
     if input.world.spec.suspend {
-        return w.suspend();
+        return w.suspend("SpecSuspended", "spec.suspend is true", true);
+    }
+    if let Some(h) = &input.hold {
+        return w.suspend(&h.reason, &h.message, false);
     }
     w.replace_for_credentials();
     w.expire_silent();
@@ -164,7 +188,10 @@ impl<'i, 'a> Working<'i, 'a> {
         let same_gen = prev.observed_generation == generation;
         // Suspending and resuming change the spec but not the run: the
         // restart count carries over (invariant 6).
-        let carry = same_gen || world.spec.suspend || prev.phase == Some(WorldPhase::Suspended);
+        let carry = same_gen
+            || world.spec.suspend
+            || input.hold.is_some()
+            || prev.phase == Some(WorldPhase::Suspended);
         let hosts = (0..n)
             .map(|r| {
                 let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
@@ -206,9 +233,10 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    /// `spec.suspend`: the Suspended phase first, then every host pod goes
-    /// (invariant 6); nothing is created and no failure is acted on.
-    fn suspend(mut self) -> Plan {
+    /// `spec.suspend` or a [`Hold`]: the Suspended phase first, then every
+    /// host pod goes (invariants 6, 7); nothing is created and no failure is
+    /// acted on. `always_count` says the pod count in the message even at 0.
+    fn suspend(mut self, reason: &str, why: &str, always_count: bool) -> Plan {
         let input = self.input;
         let first = self.prev.phase != Some(WorldPhase::Suspended);
         let mut live = 0;
@@ -224,28 +252,34 @@ impl<'i, 'a> Working<'i, 'a> {
         }
         let remaining = input.pods.len();
         if first {
-            self.out.events.push(event(
-                Severity::Normal,
-                "Suspended",
-                format!("spec.suspend is true: deleting {live} host pods; their agents stop the procs first"),
-            ));
+            let note = if live == 0 {
+                why.to_string()
+            } else {
+                format!("{why}: deleting {live} host pods; their agents stop the procs first")
+            };
+            self.out
+                .events
+                .push(event(Severity::Normal, "Suspended", note));
             // The pods go on the next pass, once the phase is written.
             self.requeue_within(Duration::from_millis(100));
         }
-        let message = if remaining == 0 {
-            "spec.suspend is true; no host pods".to_string()
-        } else {
-            format!("spec.suspend is true; {remaining} host pods still terminating")
+        let message = match remaining {
+            0 if always_count => format!("{why}; no host pods"),
+            0 => why.to_string(),
+            n => format!("{why}; {n} host pods still terminating"),
         };
         let mut conds = self.prev.conditions.clone();
         let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
             conditions::set(c, t, s, r, m, self.generation, &self.now_t)
         };
-        set(&mut conds, SUSPENDED, true, "SpecSuspended", &message);
-        set(&mut conds, READY, false, "Suspended", &message);
-        set(&mut conds, PROGRESSING, false, "Suspended", &message);
-        set(&mut conds, DEGRADED, false, "Suspended", "");
-        set(&mut conds, FAILED, false, "NotFailed", "");
+        set(&mut conds, SUSPENDED, true, reason, &message);
+        // Invariant 7: a World that never ran gets no Ready condition yet.
+        if conditions::get(&conds, READY).is_some() {
+            set(&mut conds, READY, false, "Suspended", &message);
+            set(&mut conds, PROGRESSING, false, "Suspended", &message);
+            set(&mut conds, DEGRADED, false, "Suspended", "");
+            set(&mut conds, FAILED, false, "NotFailed", "");
+        }
         let n = self.n;
         let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
         self.out.status = WorldStatus {
@@ -265,19 +299,31 @@ impl<'i, 'a> Working<'i, 'a> {
         self.out
     }
 
-    /// Coming back from Suspended is a new attempt (invariant 6).
+    /// Coming back from Suspended is a new attempt (invariant 6), unless the
+    /// World never ran (invariant 7).
     fn resume(&mut self) {
-        if self.prev.phase == Some(WorldPhase::Suspended) {
-            self.attempt += 1;
-            self.out.events.push(event(
-                Severity::Normal,
-                "Resumed",
-                format!(
-                    "spec.suspend is false: creating the hosts again (attempt {})",
-                    self.attempt
-                ),
-            ));
+        if self.prev.phase != Some(WorldPhase::Suspended) {
+            return;
         }
+        let ran = conditions::get(&self.prev.conditions, READY).is_some();
+        if ran {
+            self.attempt += 1;
+        }
+        let why = match &self.input.admitted {
+            Some(a) => a.clone(),
+            None => "spec.suspend is false".to_string(),
+        };
+        let note = if ran {
+            format!("{why}: creating the hosts again (attempt {})", self.attempt)
+        } else {
+            format!("{why}: creating the hosts")
+        };
+        let reason = if self.input.admitted.is_some() {
+            "Admitted"
+        } else {
+            "Resumed"
+        };
+        self.out.events.push(event(Severity::Normal, reason, note));
     }
 
     fn ranks_in(&self, state: HostState) -> Vec<u64> {
@@ -303,7 +349,7 @@ impl<'i, 'a> Working<'i, 'a> {
 
     /// Pods that mount another agent token than the Secret's (a lost
     /// Secret was replaced, or its token changed) go, so their
-    /// replacements mount the current one (invariant 7). Pods without the
+    /// replacements mount the current one (invariant 8). Pods without the
     /// annotation (made by an older operator) are left alone.
     fn replace_for_credentials(&mut self) {
         let input = self.input;
@@ -705,13 +751,11 @@ impl<'i, 'a> Working<'i, 'a> {
             None => set(&mut conds, FAILED, false, "NotFailed", ""),
         }
         if conditions::get(&conds, SUSPENDED).is_some() {
-            set(
-                &mut conds,
-                SUSPENDED,
-                false,
-                "Resumed",
-                &format!("attempt {}", self.attempt),
-            );
+            let (reason, message) = match &self.input.admitted {
+                Some(a) => ("Admitted", format!("{a}; attempt {}", self.attempt)),
+                None => ("Resumed", format!("attempt {}", self.attempt)),
+            };
+            set(&mut conds, SUSPENDED, false, reason, &message);
         }
         conds
     }
@@ -761,6 +805,8 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(now).unwrap(),
+            hold: None,
+            admitted: None,
         })
     }
 
@@ -877,6 +923,8 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(100).unwrap(),
+            hold: None,
+            admitted: None,
         });
         assert_eq!(p.delete, ["w-host-0"]);
         assert_eq!(p.status.restarts, 0);
@@ -921,6 +969,8 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 hash: "h1",
                 critical_failure: None,
                 now: Timestamp::from_second(now).unwrap(),
+                hold: None,
+                admitted: None,
             })
         };
         let p = at(105, &w);
@@ -999,6 +1049,109 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
     }
 
+    fn run_held(
+        w: &World,
+        pods: &BTreeMap<u64, Pod>,
+        hold: Option<(&str, &str)>,
+        now: i64,
+    ) -> Plan {
+        plan(&PlanInput {
+            world: w,
+            timings: timings(w),
+            pods,
+            extra_pods: vec![],
+            liveness: &|_| Liveness::Alive,
+            expired_since: &|_| None,
+            link_error: &|_| None,
+            secret_hash: "s1",
+            credentials_note: None,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(now).unwrap(),
+            hold: hold.map(|(r, m)| Hold {
+                reason: r.into(),
+                message: m.into(),
+            }),
+            admitted: hold
+                .is_none()
+                .then(|| "admitted by ClusterQueue cq".to_string()),
+        })
+    }
+
+    /// Invariant 7: held since creation, no pods, no Ready; the first
+    /// admission is attempt 0.
+    #[test]
+    fn a_world_held_since_creation_starts_as_attempt_0_when_admitted() {
+        let mut w = mk_world("{}");
+        let p = run_held(
+            &w,
+            &BTreeMap::new(),
+            Some(("AwaitingAdmission", "waiting for Kueue")),
+            100,
+        );
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            ("True", "AwaitingAdmission", "waiting for Kueue")
+        );
+        assert!(conditions::get(&p.status.conditions, READY).is_none());
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), None, 101);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 0);
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                "Admitted",
+                "admitted by ClusterQueue cq; attempt 0"
+            )
+        );
+        assert_eq!(p.events[0].reason, "Admitted");
+    }
+
+    /// Invariants 6, 7: an eviction takes the suspend path (phase first,
+    /// then the pods), is not a failure, and the re-admission is a new
+    /// attempt with the restart count kept.
+    #[test]
+    fn an_eviction_stops_a_running_world_and_readmission_is_a_new_attempt() {
+        let mut w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run_held(&w, &pods, None, 100);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        w.status = Some(p.status);
+        let evicted = Some(("Preempted", "evicted by Kueue (Preempted): for a workload"));
+        let p = run_held(&w, &pods, evicted, 101);
+        assert!(
+            p.delete.is_empty(),
+            "the phase is written before any pod goes"
+        );
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        assert!(!conditions::is_true(&p.status.conditions, FAILED));
+        assert!(!conditions::is_true(&p.status.conditions, READY));
+        w.status = Some(p.status);
+        let p = run_held(&w, &pods, evicted, 102);
+        assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+        let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(c.reason, "Preempted");
+        assert!(
+            c.message.ends_with("3 host pods still terminating"),
+            "{}",
+            c.message
+        );
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), evicted, 103);
+        assert_eq!(p.status.restarts, 0);
+        w.status = Some(p.status);
+        let p = run_held(&w, &BTreeMap::new(), None, 104);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 1);
+        assert_eq!(p.status.restarts, 0);
+    }
+
     #[test]
     fn starting_hosts_are_reported_not_restarted() {
         let w = mk_world("{}");
@@ -1061,6 +1214,8 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(1).unwrap(),
+            hold: None,
+            admitted: None,
         };
         let p = plan(&input);
         assert_eq!(p.delete, ["w-host-7", "w-host-1"]);
