@@ -122,14 +122,28 @@ async fn apply_creates_tracks_owners_conflicts_and_removes() {
         "{err:?}"
     );
 
-    // fieldManager is required for apply.
+    // fieldManager is required for apply: 422 as kube-apiserver answers.
     let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a")
         .header("content-type", "application/apply-patch+yaml")
         .body(b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n".to_vec())
         .expect("req");
     let err = client.request_text(req).await.expect_err("no manager");
     assert!(
-        matches!(err, kube::Error::Api(ref s) if s.code == 400 && s.message.contains("fieldManager")),
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.reason == "Invalid"
+            && s.message == "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"),
+        "{err:?}"
+    );
+    // force only goes with apply.
+    let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a?force=true")
+        .header("content-type", "application/merge-patch+json")
+        .body(b"{}".to_vec())
+        .expect("req");
+    let err = client
+        .request_text(req)
+        .await
+        .expect_err("force without apply");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains("force: Forbidden")),
         "{err:?}"
     );
     server.shutdown().await;

@@ -415,6 +415,91 @@ async fn selectors_paging_and_generate_name() {
 }
 
 #[tokio::test]
+async fn invalid_selectors_are_bad_requests_and_unset_booleans_are_false() {
+    use k8s_openapi::api::core::v1::Node;
+    let (server, client) = api_server().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let bad = |e: kube::Error| match e {
+        kube::Error::Api(s) if s.code == 400 && s.reason == "BadRequest" => s.message,
+        other => panic!("expected 400 BadRequest, got {other:?}"),
+    };
+    for sel in [
+        "app=web=x",
+        "a b=c",
+        "-bad=x",
+        "app=-x",
+        "a in ()",
+        "n>x",
+        "a,,b",
+    ] {
+        let e = cms
+            .list(&ListParams::default().labels(sel))
+            .await
+            .expect_err(sel);
+        let msg = bad(e);
+        assert!(
+            msg.contains("unable to parse requirement")
+                || msg.contains("couldn't parse the selector"),
+            "{sel}: {msg}"
+        );
+    }
+    let msg = bad(cms
+        .list(&ListParams::default().fields("spec.foo=x"))
+        .await
+        .expect_err("unknown field"));
+    assert_eq!(
+        msg,
+        "\"spec.foo\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+    );
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let msg = bad(pods
+        .list(&ListParams::default().fields("spec.foo=x"))
+        .await
+        .expect_err("unknown pod field"));
+    assert_eq!(msg, "field label not supported: spec.foo");
+    // Watches refuse the same selectors.
+    match pods
+        .watch(&kube::api::WatchParams::default().fields("spec.foo=x"), "0")
+        .await
+    {
+        Err(e) => assert_eq!(bad(e), "field label not supported: spec.foo"),
+        Ok(_) => panic!("a watch with an unknown field is refused"),
+    }
+
+    let nodes: Api<Node> = Api::all(client);
+    for (name, spec) in [
+        ("plain", json!({})),
+        ("cordoned", json!({"unschedulable": true})),
+    ] {
+        let n: Node = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": spec}),
+        )
+        .expect("node");
+        nodes
+            .create(&PostParams::default(), &n)
+            .await
+            .expect("create node");
+    }
+    let names = |l: kube::core::ObjectList<Node>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect()
+    };
+    let schedulable = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=false"))
+        .await
+        .expect("list schedulable");
+    assert_eq!(names(schedulable), ["plain"]);
+    let cordoned = nodes
+        .list(&ListParams::default().fields("spec.unschedulable!=false"))
+        .await
+        .expect("list cordoned");
+    assert_eq!(names(cordoned), ["cordoned"]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
     let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");

@@ -251,6 +251,52 @@ async fn watch_from_resource_version_replays_history_and_too_old_is_gone() {
 }
 
 #[tokio::test]
+async fn watch_from_before_the_window_gets_410_too_old_in_the_stream() {
+    let (server, client) = api_server_with(ApiServerConfig {
+        watch_window: Duration::from_millis(200),
+        ..ApiServerConfig::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let first = api
+        .create(&PostParams::default(), &cm("w", json!({})))
+        .await
+        .expect("create");
+    let rv0 = first.metadata.resource_version.clone().expect("rv");
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"n": "1"}})),
+    )
+    .await
+    .expect("patch");
+    // Once the window has passed the events after rv0, a watch from rv0
+    // is answered with one ERROR event: 410 Expired, "too old resource
+    // version", as kube-apiserver's watch cache words it.
+    let status = hostmesh_testkit::wait::eventually_async("410 for a watch from rv0", async || {
+        let mut w = api
+            .watch(&WatchParams::default().timeout(1), &rv0)
+            .await
+            .expect("watch")
+            .boxed();
+        match w.try_next().await.expect("stream") {
+            Some(WatchEvent::Error(e)) => Some(e),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    assert!(
+        status
+            .message
+            .starts_with(&format!("too old resource version: {rv0} (")),
+        "{}",
+        status.message
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn bookmarks_timeouts_and_selector_transitions() {
     let cfg = ApiServerConfig {
         bookmark_interval: Duration::from_millis(100),

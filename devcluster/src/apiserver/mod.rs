@@ -114,6 +114,10 @@ pub struct ApiServerConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Watch events kept per resource (older resourceVersions get 410).
     pub history_limit: usize,
+    /// How long watch events stay in that history (kube-apiserver compacts
+    /// etcd every 5 minutes): a watch from an older resourceVersion gets
+    /// 410 Gone.
+    pub watch_window: Duration,
     /// How often watchers that asked for bookmarks get one.
     pub bookmark_interval: Duration,
     /// Watch duration when the client gives no `timeoutSeconds`.
@@ -133,6 +137,7 @@ impl Default for ApiServerConfig {
             data_dir: None,
             kubeconfig: None,
             history_limit: 10_000,
+            watch_window: Duration::from_secs(300),
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(1800),
             max_body_bytes: 16 << 20,
@@ -233,7 +238,7 @@ impl ApiServer {
             tls::write_private(p, &kubeconfig_yaml)?;
         }
 
-        let store = Arc::new(store::Store::new(config.history_limit));
+        let store = Arc::new(store::Store::new(config.history_limit, config.watch_window));
         if let Some(dir) = &config.data_dir {
             persist::load(dir, &store)?;
         }

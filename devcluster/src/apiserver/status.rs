@@ -115,6 +115,23 @@ impl ApiError {
         e
     }
 
+    /// 422: a request option (`PatchOptions`, `DeleteOptions`, ...) is
+    /// invalid, as `<kind>.meta.k8s.io "" is invalid: <field>: <message>`;
+    /// `reason` is the cause's (`FieldValueRequired`, `FieldValueForbidden`).
+    pub(crate) fn invalid_options(kind: &str, field: &str, reason: &str, message: &str) -> Self {
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{kind}.meta.k8s.io \"\" is invalid: {field}: {message}"),
+        );
+        e.details = Some(json!({
+            "group": "meta.k8s.io",
+            "kind": kind,
+            "causes": [{"reason": reason, "message": message, "field": field}],
+        }));
+        e
+    }
+
     /// 422: a patch could not be applied to the object.
     pub(crate) fn invalid_patch(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)

@@ -134,11 +134,11 @@ pub(crate) fn start(
     cfg: WatchConfig,
     shutdown: CancellationToken,
 ) -> Result<mpsc::Receiver<Bytes>, ApiError> {
-    let fields = FieldSelector::parse(req.q("fieldSelector").unwrap_or(""))?;
+    let fields = req.field_selector(&t.info)?;
     let filter = Filter {
         ns: t.ns.clone(),
         name: t.name.clone(),
-        labels: LabelSelector::parse(req.q("labelSelector").unwrap_or(""))?,
+        labels: req.label_selector()?,
         fields,
     };
     let timeout = match req.q("timeoutSeconds") {

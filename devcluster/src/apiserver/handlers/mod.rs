@@ -92,7 +92,7 @@ struct Continue {
 pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
     use base64::Engine as _;
     let labels = req.label_selector()?;
-    let fields = req.field_selector()?;
+    let fields = req.field_selector(&t.info)?;
     let limit = match req.q("limit") {
         Some(l) if !l.is_empty() => Some(l.parse::<usize>().map_err(|_| {
             ApiError::bad_request(format!("limit {l:?} is not a non-negative integer"))

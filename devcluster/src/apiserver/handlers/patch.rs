@@ -30,17 +30,31 @@ pub(crate) fn patch(
         .unwrap_or("")
         .trim()
         .to_string();
+    let apply = ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json";
+    if apply && req.q("fieldManager").is_none_or(str::is_empty) {
+        // As kube-apiserver: the client must name itself (kubectl
+        // sends `fieldManager=kubectl`).
+        return Err(ApiError::invalid_options(
+            "PatchOptions",
+            "fieldManager",
+            "FieldValueRequired",
+            "Required value: is required for apply patch",
+        ));
+    }
+    if !apply && req.q("force").is_some() {
+        return Err(ApiError::invalid_options(
+            "PatchOptions",
+            "force",
+            "FieldValueForbidden",
+            "Forbidden: may not be specified for non-apply patch",
+        ));
+    }
     let body = req.json_body()?;
     let manager = req.manager();
     let sub = if part == Part::Status { "status" } else { "" };
     let av = t.info.api_version(&t.version);
     let info = t.info.clone();
-    if ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json" {
-        if req.q("fieldManager").is_none_or(str::is_empty) {
-            return Err(ApiError::bad_request(
-                "fieldManager is required for apply requests: add ?fieldManager=<your controller name>",
-            ));
-        }
+    if apply {
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
         lifecycle::check_identity(&info, &t.version, &mut applied, &ns, Some(&name))?;
