@@ -237,6 +237,134 @@ async fn apply_merges_keyed_lists_and_status() {
     server.shutdown().await;
 }
 
+/// Sends a raw request; returns the status code and the body.
+async fn raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(body.as_bytes().to_vec())
+        .expect("request");
+    let resp = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .expect("send");
+    let code = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        code,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn time_and_micro_time_fields_take_their_exact_formats() {
+    let (server, client) = api_server().await;
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let json = "application/json";
+    let lease = |name: &str, renew: &str| {
+        format!(
+            r#"{{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {{"name": "{name}"}}, "spec": {{"renewTime": "{renew}"}}}}"#
+        )
+    };
+    // Nine fractional digits, three, or none: a MicroTime refuses them as
+    // the real decoder does (400 on create).
+    for (i, bad) in [
+        "2026-01-01T00:00:00.123456789Z",
+        "2026-01-01T00:00:00.123Z",
+        "2026-01-01T00:00:00Z",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (code, st) = raw(
+            &client,
+            "POST",
+            leases,
+            json,
+            &lease(&format!("bad{i}"), bad),
+        )
+        .await;
+        assert_eq!(code, 400, "{bad}: {st}");
+        let msg = st["message"].as_str().unwrap_or("");
+        assert!(
+            msg.starts_with("Lease in version \"v1\" cannot be handled as a Lease: parsing time")
+                && msg.contains("2006-01-02T15:04:05.000000Z07:00"),
+            "{msg}"
+        );
+    }
+    let (code, created) = raw(
+        &client,
+        "POST",
+        leases,
+        json,
+        &lease("l", "2026-01-01T02:00:00.123456+02:00"),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(
+        created["spec"]["renewTime"], "2026-01-01T00:00:00.123456Z",
+        "stored in UTC"
+    );
+    // A merge patch with nine digits: 422 on `patch`, as kube-apiserver
+    // answers the process kubelet's old renewals.
+    let (code, st) = raw(
+        &client,
+        "PATCH",
+        &format!("{leases}/l"),
+        "application/merge-patch+json",
+        r#"{"spec": {"renewTime": "2026-01-01T00:00:01.123456789Z"}}"#,
+    )
+    .await;
+    assert_eq!(
+        (code, st["reason"].as_str()),
+        (422, Some("Invalid")),
+        "{st}"
+    );
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Lease.coordination.k8s.io \"\" is invalid: patch: Invalid value:"),
+        "{st}"
+    );
+    // A Time takes RFC 3339; a fraction is accepted and dropped (Go's
+    // parser), anything else is refused.
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let (code, st) = raw(
+        &client,
+        "POST",
+        cms,
+        json,
+        r#"{"metadata": {"name": "c", "deletionTimestamp": "tomorrow"}}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "{st}");
+    let ev = r#"{"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p"},
+        "firstTimestamp": "2026-01-01T00:00:00.5Z", "eventTime": "2026-01-01T00:00:00.500000Z"}"#;
+    let (code, ev) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        json,
+        ev,
+    )
+    .await;
+    assert_eq!(code, 201, "{ev}");
+    assert_eq!(ev["firstTimestamp"], "2026-01-01T00:00:00Z");
+    assert_eq!(ev["eventTime"], "2026-01-01T00:00:00.500000Z");
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn leases_and_events_round_trip() {
     let (server, client) = api_server().await;

@@ -13,7 +13,7 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies).
+//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod auth;
 mod convert;
@@ -42,6 +42,7 @@ mod ssa;
 mod status;
 mod store;
 mod table;
+mod times;
 mod tls;
 mod watch;
 

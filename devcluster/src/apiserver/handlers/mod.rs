@@ -24,6 +24,7 @@ use super::ssa::{self, Shape};
 use super::status::{ApiError, success_status};
 use super::store::{ObjKey, Store, check_namespace};
 use super::table;
+use super::times;
 
 pub(crate) use super::request::{Request, name_of, ns_of};
 
@@ -190,6 +191,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
         ));
     }
     let mut obj = req.json_body()?;
+    times::check_body(&t.info, &t.version, &mut obj)?;
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, None)?;
     let manager = req.manager();
@@ -266,6 +268,7 @@ pub(crate) fn update(
 ) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();
     let mut obj = req.json_body()?;
+    times::check_body(&t.info, &t.version, &mut obj)?;
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, Some(&name))?;
     let manager = req.manager();

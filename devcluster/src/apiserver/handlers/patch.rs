@@ -13,6 +13,7 @@ use crate::apiserver::serviceaccount;
 use crate::apiserver::ssa;
 use crate::apiserver::status::ApiError;
 use crate::apiserver::store::Store;
+use crate::apiserver::times;
 
 /// PATCH of the object or its status, in any supported patch format.
 pub(crate) fn patch(
@@ -57,6 +58,7 @@ pub(crate) fn patch(
     if apply {
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
+        times::check_patched(&info, &mut applied)?;
         lifecycle::check_identity(&info, &t.version, &mut applied, &ns, Some(&name))?;
         // ServiceAccount admission, should the apply create a pod (read
         // before `write_existing` takes the store lock).
@@ -187,6 +189,7 @@ pub(crate) fn patch(
             Some(rv) => meta_mut(&mut target).insert("resourceVersion".into(), json!(rv)),
             None => meta_mut(&mut target).remove("resourceVersion"),
         };
+        times::check_patched(&info, &mut target)?;
         lifecycle::check_identity(&info, &t.version, &mut target, &ns, Some(&name))?;
         let Some(mut new) =
             lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())?
