@@ -500,6 +500,66 @@ async fn invalid_selectors_are_bad_requests_and_unset_booleans_are_false() {
 }
 
 #[tokio::test]
+async fn deployments_serve_the_scale_subresource() {
+    use k8s_openapi::api::autoscaling::v1::Scale;
+    let (server, client) = api_server().await;
+    let deps: Api<Deployment> = Api::default_namespaced(client.clone());
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web", "tier": "a"}},
+            "template": {"metadata": {"labels": {"app": "web", "tier": "a"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+    }))
+    .expect("deployment");
+    deps.create(&PostParams::default(), &d)
+        .await
+        .expect("create");
+    let s = deps.get_scale("web").await.expect("get scale");
+    assert_eq!(s.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(
+        s.status.as_ref().and_then(|s| s.selector.as_deref()),
+        Some("app=web,tier=a")
+    );
+    let s = deps
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .expect("patch scale");
+    assert_eq!(s.spec.as_ref().and_then(|s| s.replicas), Some(5));
+    let d = deps.get("web").await.expect("get");
+    assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(5));
+    assert_eq!(d.metadata.generation, Some(2), "a scale moves generation");
+    // PUT with the Scale's resourceVersion: a stale one is a conflict.
+    let mut stale: Scale = s.clone();
+    stale.metadata.resource_version = Some("1".into());
+    stale.spec.as_mut().expect("spec").replicas = Some(7);
+    let err = deps
+        .replace_scale("web", &PostParams::default(), &stale)
+        .await
+        .expect_err("stale scale");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err:?}"
+    );
+    let err = deps
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await
+        .expect_err("negative replicas");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
     let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");

@@ -612,3 +612,84 @@ async fn logs_are_proxied_to_the_kubelet() {
     assert!(!ok && err.contains("container nope is not valid"), "{err}");
     env.server.shutdown().await;
 }
+
+const SCALED_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pools.example.dev
+spec:
+  group: example.dev
+  scope: Namespaced
+  names: {plural: pools, singular: pool, kind: Pool}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer}}}
+          status: {type: object, properties: {replicas: {type: integer}, selector: {type: string}}}
+"#;
+
+#[tokio::test]
+async fn scale_deployments_and_custom_resources() {
+    let env = start().await;
+    let dep = env.write(
+        "web.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: c, image: busybox}]}\n",
+    );
+    env.ok(&["apply", "-f", p(&dep)]).await;
+    env.ok(&["scale", "deployment/web", "--replicas=3"]).await;
+    let out = env
+        .ok(&["get", "deployment/web", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(out.trim(), "3");
+    // A precondition that does not hold is refused.
+    let (ok, _, err) = env
+        .run(&[
+            "scale",
+            "deployment/web",
+            "--current-replicas=2",
+            "--replicas=5",
+        ])
+        .await;
+    assert!(!ok, "a wrong --current-replicas is refused");
+    assert!(err.contains("Expected replicas to be 2"), "{err}");
+
+    let crd = env.write("pools.yaml", SCALED_CRD);
+    env.ok(&["apply", "-f", p(&crd)]).await;
+    env.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/pools.example.dev",
+        "--timeout=30s",
+    ])
+    .await;
+    let pool = env.write(
+        "pool.yaml",
+        "apiVersion: example.dev/v1\nkind: Pool\nmetadata: {name: p1}\nspec: {replicas: 1}\n",
+    );
+    env.ok(&["apply", "-f", p(&pool)]).await;
+    env.ok(&["scale", "pool/p1", "--replicas=4"]).await;
+    let out = env
+        .ok(&["get", "pool/p1", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(out.trim(), "4");
+    let scale = env
+        .ok(&[
+            "get",
+            "--raw",
+            "/apis/example.dev/v1/namespaces/default/pools/p1/scale",
+        ])
+        .await;
+    let scale: serde_json::Value = serde_json::from_str(&scale).expect("scale json");
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["spec"]["replicas"], 4);
+}

@@ -33,7 +33,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{discovery, logs, openapi, podsecurity};
+use super::{discovery, logs, openapi, podsecurity, scale};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -242,6 +242,9 @@ async fn resource(
         (&Method::GET, Some("log")) => {
             return logs::proxy(&ctx.store, &ctx.token, ctx.shutdown.clone(), t, req).await;
         }
+        (&Method::GET, Some("scale")) => scale::get(store, t)?,
+        (&Method::PUT, Some("scale")) => scale::write(store, t, req, false)?,
+        (&Method::PATCH, Some("scale")) => scale::write(store, t, req, true)?,
         (&Method::GET, None) if t.name.is_none() => handlers::list(store, t, req)?,
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,

@@ -13,7 +13,7 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
+//! `scale` (the scale subresource), `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod auth;
 mod convert;
@@ -35,6 +35,7 @@ mod registry;
 mod request;
 mod response;
 mod route;
+mod scale;
 mod schema;
 mod selector;
 mod serviceaccount;
