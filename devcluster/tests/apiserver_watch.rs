@@ -456,6 +456,105 @@ async fn metadata_only_get_list_and_watch() {
 }
 
 #[tokio::test]
+async fn metadata_only_answers_for_every_verb() {
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    const AS_META: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    const AS_META_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let send = |method: &str, path: &str, ct: &str, accept: &str, body: &str| {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", ct)
+            .header("accept", accept)
+            .body(body.as_bytes().to_vec())
+            .expect("request");
+        let client = client.clone();
+        async move {
+            let text = client.request_text(req).await.expect("request");
+            serde_json::from_str::<serde_json::Value>(&text).expect("json")
+        }
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let json = "application/json";
+    let created = send(
+        "POST",
+        cms,
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm", "labels": {"a": "1"}}, "data": {"k": "v"}}"#,
+    )
+    .await;
+    assert_eq!(
+        created["kind"], "PartialObjectMetadata",
+        "create: {created}"
+    );
+    assert_eq!(created["apiVersion"], "meta.k8s.io/v1");
+    assert!(created.get("data").is_none(), "no data: {created}");
+    assert_eq!(created["metadata"]["labels"]["a"], "1");
+    let replaced = send(
+        "PUT",
+        &format!("{cms}/pm"),
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm", "labels": {"a": "2"}}, "data": {"k": "w"}}"#,
+    )
+    .await;
+    assert_eq!(
+        replaced["kind"], "PartialObjectMetadata",
+        "update: {replaced}"
+    );
+    // kube-rs's patch_metadata (a PATCH answered with metadata only).
+    let patched = api
+        .patch_metadata(
+            "pm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"b": "3"}}})),
+        )
+        .await
+        .expect("patch metadata");
+    assert_eq!(
+        patched.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    assert_eq!(
+        patched
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("b"))
+            .map(String::as_str),
+        Some("3")
+    );
+    let deleted = send("DELETE", &format!("{cms}/pm"), json, AS_META, "").await;
+    assert_eq!(
+        deleted["kind"], "PartialObjectMetadata",
+        "delete: {deleted}"
+    );
+    send(
+        "POST",
+        cms,
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm2", "labels": {"del": "y"}}}"#,
+    )
+    .await;
+    let gone = send(
+        "DELETE",
+        &format!("{cms}?labelSelector=del%3Dy"),
+        json,
+        AS_META_LIST,
+        "",
+    )
+    .await;
+    assert_eq!(
+        gone["kind"], "PartialObjectMetadataList",
+        "delete collection: {gone}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn first_watch_of_a_quiet_resource_from_an_older_list_is_not_gone() {
     use k8s_openapi::api::core::v1::Secret;
     let (server, client) = api_server().await;

@@ -267,6 +267,11 @@ async fn resource(
             )));
         }
     };
+    let reply = if req.wants_metadata() {
+        (reply.0, handlers::as_metadata(reply.1))
+    } else {
+        reply
+    };
     let mut resp = json_response(reply.0, &reply.1);
     let warnings = std::mem::take(
         &mut *req

@@ -37,6 +37,29 @@ pub(crate) fn metadata_only(obj: &Value) -> Value {
     })
 }
 
+/// A response body as a client that asked for metadata only
+/// (`as=PartialObjectMetadata`) gets it, whatever the verb: objects become
+/// `PartialObjectMetadata`, lists `PartialObjectMetadataList`; Status
+/// objects and bodies already reduced pass unchanged.
+pub(crate) fn as_metadata(body: Value) -> Value {
+    let kind = body.get("kind").and_then(Value::as_str).unwrap_or("");
+    if matches!(
+        kind,
+        "Status" | "PartialObjectMetadata" | "PartialObjectMetadataList" | "Table"
+    ) {
+        return body;
+    }
+    match body.get("items").and_then(Value::as_array) {
+        Some(items) if kind.ends_with("List") => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": body.get("metadata").cloned().unwrap_or(json!({})),
+            "items": items.iter().map(metadata_only).collect::<Vec<_>>(),
+        }),
+        _ => metadata_only(&body),
+    }
+}
+
 /// The shape used for managedFields of a resource.
 pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> Shape<'a> {
     Shape {
