@@ -5,7 +5,8 @@
 //! optionally in a directory (docs/apiserver.md).
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
-//! `auth` (authentication, RBAC, access reviews), `serviceaccount`
+//! `auth` (authentication, RBAC, access reviews), `policy` (default
+//! ClusterRoles and bindings, aggregation), `serviceaccount`
 //! (TokenRequest, pod admission, namespace defaults), `podsecurity` (Pod
 //! Security Standards admission), `route` (paths), `registry` (served resources), `store`
 //! (objects, resourceVersions, watch history), `handlers` (verbs; patch
@@ -30,6 +31,7 @@ mod openapi;
 mod patch;
 mod persist;
 mod podsecurity;
+mod policy;
 mod proto;
 mod registry;
 mod request;
@@ -272,6 +274,7 @@ impl ApiServer {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(http::serve(listener, acceptor, ctx));
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
+        tasks.spawn(policy::run(store.clone(), shutdown.clone()));
         if let Some(dir) = config.data_dir.clone() {
             tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
         }
@@ -291,9 +294,9 @@ impl ApiServer {
     }
 }
 
-/// Creates what a fresh cluster has: the standard namespaces, and in every
+/// Creates what a fresh cluster has: the standard namespaces, in every
 /// namespace a `default` ServiceAccount and the `kube-root-ca.crt`
-/// ConfigMap with the current CA.
+/// ConfigMap with the current CA, and the default RBAC objects.
 fn bootstrap(store: &store::Store) {
     let mut st = store.lock();
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -315,6 +318,8 @@ fn bootstrap(store: &store::Store) {
     for ns in namespaces {
         serviceaccount::namespace_defaults(&mut st, &ns, store.root_ca.get().map(String::as_str));
     }
+    drop(st);
+    policy::bootstrap(store);
 }
 
 impl ApiServerHandle {

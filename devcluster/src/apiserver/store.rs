@@ -91,9 +91,17 @@ pub(crate) struct State {
     /// The RBAC index; dropped by every write to an RBAC resource and
     /// rebuilt by the next request that needs it.
     rbac: Option<Arc<rbac::Index>>,
+    /// Counts writes to RBAC resources (the aggregation controller
+    /// re-aggregates when it moves).
+    rbac_writes: u64,
 }
 
 impl State {
+    /// How many writes to RBAC resources happened so far.
+    pub(crate) fn rbac_writes(&self) -> u64 {
+        self.rbac_writes
+    }
+
     /// The RBAC index of the stored roles and bindings.
     pub(crate) fn rbac_index(&mut self) -> Arc<rbac::Index> {
         if let Some(i) = &self.rbac {
@@ -239,6 +247,7 @@ impl State {
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
+            self.rbac_writes += 1;
         }
         obj
     }
@@ -272,6 +281,7 @@ impl State {
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
+            self.rbac_writes += 1;
         }
         Some(obj)
     }
@@ -380,6 +390,7 @@ impl Store {
                 window,
                 dirty: false,
                 rbac: None,
+                rbac_writes: 0,
             }),
             gc: Notify::new(),
             persist: Notify::new(),
