@@ -316,9 +316,9 @@ fn requirement(toks: &[Tok], whole: &str) -> Result<Req, ApiError> {
                         vs.push(String::new());
                     }
                     if vs.is_empty() {
-                        return Err(parse_err(format!(
-                            "values: Invalid value: []: for 'in', 'notin' operators, values set can't be empty"
-                        )));
+                        return Err(parse_err(
+                            "values: Invalid value: []: for 'in', 'notin' operators, values set can't be empty",
+                        ));
                     }
                     for (i, v) in vs.iter().enumerate() {
                         check_value(v).map_err(|e| value_err(&k, i, v, &e))?;
