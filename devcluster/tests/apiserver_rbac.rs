@@ -712,3 +712,86 @@ async fn default_cluster_roles_and_bindings_with_aggregation() {
     .await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn token_review_answers_for_service_account_tokens() {
+    let (server, admin) = api_server().await;
+    let sa = service_account(&admin, "default", "reviewed").await;
+    let review = |token: String, audiences: Vec<&str>| {
+        let admin = admin.clone();
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences}});
+        async move {
+            let req = http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap())
+                .unwrap();
+            admin.request::<Value>(req).await.expect("token review")
+        }
+    };
+    let r = review(token(&admin, "default", "reviewed").await, vec![]).await;
+    assert_eq!(r["kind"], "TokenReview");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(
+        r["status"]["user"]["username"],
+        "system:serviceaccount:default:reviewed"
+    );
+    assert_eq!(
+        r["status"]["user"]["uid"],
+        json!(sa.metadata.uid.expect("uid"))
+    );
+    assert!(
+        r["status"]["user"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:serviceaccounts:default"))
+    );
+    assert_eq!(
+        r["status"]["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+
+    // A token for another audience is valid for that audience only.
+    let api: Api<ServiceAccount> = Api::default_namespaced(admin.clone());
+    let tr: TokenRequest = obj(json!({"spec": {"audiences": ["vault"], "expirationSeconds": 600}}));
+    let vault = api
+        .create_token_request("reviewed", &PostParams::default(), &tr)
+        .await
+        .expect("token request")
+        .status
+        .expect("status")
+        .token;
+    let r = review(vault.clone(), vec!["vault"]).await;
+    assert_eq!(
+        (
+            r["status"]["authenticated"].clone(),
+            r["status"]["audiences"].clone()
+        ),
+        (json!(true), json!(["vault"])),
+        "{r}"
+    );
+    let r = review(vault, vec![]).await;
+    assert!(r["status"]["authenticated"] != json!(true), "{r}");
+    let r = review("not-a-token".into(), vec![]).await;
+    assert!(r["status"]["authenticated"] != json!(true));
+    assert!(
+        r["status"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("[invalid bearer token"),
+        "{r}"
+    );
+
+    // Creating TokenReviews takes RBAC (system:auth-delegator grants it).
+    let viewer = client_with(&server, &token(&admin, "default", "reviewed").await);
+    let req = http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&json!({"spec": {"token": "x"}})).unwrap())
+        .unwrap();
+    let err = viewer.request::<Value>(req).await.expect_err("forbidden");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}

@@ -693,3 +693,36 @@ async fn scale_deployments_and_custom_resources() {
     assert_eq!(scale["apiVersion"], "autoscaling/v1");
     assert_eq!(scale["spec"]["replicas"], 4);
 }
+
+#[tokio::test]
+async fn drain_evicts_the_pods_of_a_node() {
+    let env = start().await;
+    let node = env.write(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n",
+    );
+    env.ok(&["apply", "-f", p(&node)]).await;
+    for name in ["p1", "p2"] {
+        let pod = env.write(
+            &format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: n1\n  containers: [{{name: c, image: busybox}}]\n"),
+        );
+        env.ok(&["apply", "-f", p(&pod)]).await;
+    }
+    let out = env
+        .ok(&[
+            "drain",
+            "n1",
+            "--force",
+            "--grace-period=0",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(out.contains("evicted") && out.contains("drained"), "{out}");
+    let unschedulable = env
+        .ok(&["get", "node", "n1", "-o", "jsonpath={.spec.unschedulable}"])
+        .await;
+    assert_eq!(unschedulable.trim(), "true");
+    let left = env.ok(&["get", "pods", "-o", "name"]).await;
+    assert!(left.trim().is_empty(), "{left}");
+}

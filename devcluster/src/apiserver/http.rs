@@ -33,7 +33,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{discovery, logs, openapi, podsecurity, scale};
+use super::{discovery, disruption, logs, openapi, podsecurity, scale};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -231,7 +231,11 @@ async fn resource(
                 t.info.plural
             )));
         }
-        let (code, body) = auth::review::review(store, user, t, req)?;
+        let (code, body) = if t.info.plural == "tokenreviews" {
+            auth::review::token_review(&ctx.auth, store, t, req)?
+        } else {
+            auth::review::review(store, user, t, req)?
+        };
         return Ok(json_response(code, &body));
     }
     let reply = match (method, sub) {
@@ -249,6 +253,7 @@ async fn resource(
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,
         (&Method::POST, Some("binding")) => handlers::bind(store, t, req)?,
+        (&Method::POST, Some("eviction")) => disruption::evict(store, t, req)?,
         (&Method::POST, Some("token")) => {
             serviceaccount::token_request(&ctx.tokens, store, t, req)?
         }

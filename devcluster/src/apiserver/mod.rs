@@ -14,12 +14,14 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `scale` (the scale subresource), `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
+//! `scale` (the scale subresource), `disruption` (PodDisruptionBudget status,
+//! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod auth;
 mod convert;
 mod defaults;
 mod discovery;
+mod disruption;
 mod gc;
 mod handlers;
 mod http;
@@ -275,6 +277,7 @@ impl ApiServer {
         tasks.spawn(http::serve(listener, acceptor, ctx));
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
         tasks.spawn(policy::run(store.clone(), shutdown.clone()));
+        tasks.spawn(disruption::run(store.clone(), shutdown.clone()));
         if let Some(dir) = config.data_dir.clone() {
             tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
         }

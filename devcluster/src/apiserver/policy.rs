@@ -350,6 +350,19 @@ fn cluster_roles() -> Vec<Value> {
             None,
         ),
         cluster_role(
+            "system:auth-delegator",
+            json!({}),
+            vec![
+                rule(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),
+                rule(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                ),
+            ],
+            None,
+        ),
+        cluster_role(
             "system:public-info-viewer",
             json!({}),
             vec![urls(

@@ -352,6 +352,15 @@ const BUILTINS: &[Builtin] = &[
     b(
         "authentication.k8s.io",
         "v1",
+        "tokenreviews",
+        "TokenReview",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "authentication.k8s.io",
+        "v1",
         "selfsubjectreviews",
         "SelfSubjectReview",
         false,

@@ -94,6 +94,12 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// 429: the request would break a limit now (a disruption budget);
+    /// retrying later may succeed.
+    pub(crate) fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message)
+    }
+
     /// 415: the content type is not one this endpoint accepts.
     pub(crate) fn unsupported_media(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)

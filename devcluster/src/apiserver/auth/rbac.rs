@@ -561,6 +561,7 @@ mod tests {
             name: "jane".into(),
             uid: String::new(),
             groups: vec!["system:authenticated".into()],
+            extra: Vec::new(),
         };
         assert!(idx.allows(&jane, &res("get", "", "nodes", "", "", "n")));
         assert!(idx.allows(&sa("a", "op"), &Attributes::non_resource("get", "/metrics")));
