@@ -726,3 +726,72 @@ async fn drain_evicts_the_pods_of_a_node() {
     let left = env.ok(&["get", "pods", "-o", "name"]).await;
     assert!(left.trim().is_empty(), "{left}");
 }
+
+#[tokio::test]
+async fn client_certificates_authenticate_as_cn_and_o() {
+    let env = start().await;
+    let jane = env.write(
+        "jane.kubeconfig",
+        &env.server
+            .kubeconfig_with_client_cert("jane", &["dev", "ops"])
+            .expect("client cert"),
+    );
+    let as_jane = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", p(&jane)];
+        all.extend_from_slice(args);
+        all.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let args = as_jane(&["auth", "whoami", "-o", "json"]);
+    let out = env
+        .ok(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let who: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "jane");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        serde_json::json!(["dev", "ops", "system:authenticated"])
+    );
+    // RBAC applies to the certificate's user.
+    let args = as_jane(&["get", "pods"]);
+    let (ok, _, err) = env
+        .run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    assert!(!ok);
+    assert!(
+        err.contains(r#"User "jane" cannot list resource "pods""#),
+        "{err}"
+    );
+    // An admin certificate (system:masters) may do anything.
+    let admin = env.write(
+        "admin.kubeconfig",
+        &env.server
+            .kubeconfig_with_client_cert("kubernetes-admin", &["system:masters"])
+            .expect("admin cert"),
+    );
+    env.ok(&["--kubeconfig", p(&admin), "get", "pods"]).await;
+    // A certificate from another CA fails the handshake.
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "mallory");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    let forged = params.self_signed(&key).expect("self-signed");
+    let cert = env.write("forged.pem", &forged.pem());
+    let keyf = env.write("forged-key.pem", &key.serialize_pem());
+    let (ok, _, err) = env
+        .run(&[
+            "--kubeconfig",
+            p(&admin),
+            "--client-certificate",
+            p(&cert),
+            "--client-key",
+            p(&keyf),
+            "get",
+            "pods",
+        ])
+        .await;
+    assert!(!ok, "a certificate of another CA is refused: {err}");
+}

@@ -4,6 +4,7 @@
 //!
 //! Invariants:
 //! 1. Every request except `/healthz`, `/livez`, `/readyz` and `/version`
+//!    comes on a connection with a client certificate of the cluster CA or
 //!    carries a bearer token the server accepts; others get 401 before any
 //!    routing.
 //! 2. A request from a user who is not a superuser is authorized by RBAC
@@ -74,9 +75,18 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
                 }
             };
             let shutdown = ctx.shutdown.clone();
+            // A client certificate (verified against the CA by rustls)
+            // names the user of every request on this connection.
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| auth::x509::user_of(c));
             let svc = hyper::service::service_fn(move |req| {
                 let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(handle(ctx, req).await) }
+                let cert_user = cert_user.clone();
+                async move { Ok::<_, Infallible>(handle(ctx, req, cert_user).await) }
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
@@ -96,7 +106,11 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
     conns.abort_all();
 }
 
-async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
+async fn handle(
+    ctx: Arc<Ctx>,
+    req: http::Request<Incoming>,
+    cert_user: Option<User>,
+) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let public = matches!(
@@ -115,9 +129,14 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let user = match ctx.auth.authenticate(&ctx.store, header) {
-            Ok(u) => u,
-            Err(e) => return error_response(&e),
+        // As kube-apiserver's union authenticator: the client certificate
+        // first, then the bearer token.
+        let user = match cert_user {
+            Some(u) => u,
+            None => match ctx.auth.authenticate(&ctx.store, header) {
+                Ok(u) => u,
+                Err(e) => return error_response(&e),
+            },
         };
         let attrs = auth::attrs::parse(method.as_str(), &path, &query);
         if let Err(e) = auth::authorize(&ctx.store, &user, &attrs) {

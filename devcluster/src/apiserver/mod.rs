@@ -200,6 +200,7 @@ pub struct ApiServerHandle {
     tasks: tokio::task::JoinSet<()>,
     data_dir: Option<PathBuf>,
     store: Arc<store::Store>,
+    creds: tls::Credentials,
 }
 
 impl std::fmt::Debug for ApiServerHandle {
@@ -285,14 +286,15 @@ impl ApiServer {
         Ok(ApiServerHandle {
             addr,
             url,
-            ca_pem: creds.ca_pem,
-            token: creds.token,
+            ca_pem: creds.ca_pem.clone(),
+            token: creds.token.clone(),
             kubeconfig_yaml,
             kubeconfig_path: config.kubeconfig,
             shutdown,
             tasks,
             data_dir: config.data_dir,
             store,
+            creds,
         })
     }
 }
@@ -354,6 +356,36 @@ impl ApiServerHandle {
     /// Where the kubeconfig was written, if anywhere.
     pub fn kubeconfig_path(&self) -> Option<&Path> {
         self.kubeconfig_path.as_deref()
+    }
+
+    /// A client certificate and key (PEM) for `user` in `groups`, signed by
+    /// the cluster CA: the server authenticates it as that user (`CN`) and
+    /// groups (`O`); `system:masters` makes a superuser.
+    pub fn issue_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(String, String), Error> {
+        self.creds.issue_client_cert(user, groups)
+    }
+
+    /// A kubeconfig (YAML) that authenticates with a new client
+    /// certificate for `user` in `groups` instead of the token.
+    pub fn kubeconfig_with_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<String, Error> {
+        use base64::Engine as _;
+        let (cert, key) = self.issue_client_cert(user, groups)?;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        let ca = b64(&self.ca_pem);
+        Ok(format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hostmesh-dev\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: hostmesh-dev\n  context:\n    cluster: hostmesh-dev\n    user: {user}\n    namespace: default\ncurrent-context: hostmesh-dev\npreferences: {{}}\n",
+            url = self.url,
+            cert = b64(&cert),
+            key = b64(&key),
+        ))
     }
 
     /// A kube client for this server.

@@ -22,6 +22,7 @@ pub(crate) mod attrs;
 pub(crate) mod rbac;
 pub(crate) mod review;
 pub(crate) mod token;
+pub(crate) mod x509;
 
 use tracing::debug;
 
