@@ -560,6 +560,69 @@ async fn deployments_serve_the_scale_subresource() {
 }
 
 #[tokio::test]
+async fn size_limits_are_kubernetes_own() {
+    let (server, client) = api_server().await;
+    let post = |path: &'static str, body: String| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(body.into_bytes())
+                .expect("request");
+            match client.request_text(req).await {
+                Ok(_) => panic!("{path}: a request over a limit is refused"),
+                Err(kube::Error::Api(s)) => *s,
+                Err(e) => panic!("{path}: expected a Status, got {e:?}"),
+            }
+        }
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    // Over 3 MiB of body: 413 before anything else.
+    let huge = format!(
+        r#"{{"metadata": {{"name": "huge"}}, "data": {{"k": "{}"}}}}"#,
+        "x".repeat(3 * 1024 * 1024)
+    );
+    let s = post(cms, huge).await;
+    assert_eq!((s.code, s.reason.as_str()), (413, "RequestEntityTooLarge"));
+    assert_eq!(s.message, "Request entity too large: limit is 3145728");
+    // Annotations over 256 KiB: 422 on metadata.annotations.
+    let ann = format!(
+        r#"{{"metadata": {{"name": "ann", "annotations": {{"a": "{}"}}}}}}"#,
+        "x".repeat(256 * 1024)
+    );
+    let s = post(cms, ann).await;
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "ConfigMap \"ann\" is invalid: metadata.annotations: Too long: must have at most 262144 bytes"
+    );
+    // An object over etcd's 1.5 MiB: the error etcd gives, passed on.
+    let lease = format!(
+        r#"{{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {{"name": "big"}}, "spec": {{"holderIdentity": "{}"}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let s = post(
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        lease,
+    )
+    .await;
+    assert_eq!(
+        (s.code, s.message.as_str()),
+        (500, "etcdserver: request is too large")
+    );
+    // Under every limit: stored.
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "fits", "annotations": {"a": "x".repeat(200 * 1024)}}}),
+    )
+    .expect("cm");
+    Api::<ConfigMap>::default_namespaced(client.clone())
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("fits");
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
     let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");

@@ -34,7 +34,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{discovery, disruption, logs, openapi, podsecurity, scale};
+use super::{discovery, disruption, limits, logs, openapi, podsecurity, scale};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -161,6 +161,9 @@ async fn handle(
         .await
     {
         Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error_response(&limits::body_too_large(ctx.max_body));
+        }
         Err(e) => {
             return error_response(&ApiError::bad_request(format!(
                 "cannot read the request body: {e}"

@@ -12,7 +12,7 @@
 //! (objects, resourceVersions, watch history), `handlers` (verbs; patch
 //! and delete in submodules),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
-//! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
+//! formats, managedFields), `lists` (list merge semantics), `limits` (request and object size limits), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
 //! `scale` (the scale subresource), `disruption` (PodDisruptionBudget status,
 //! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies), `times` (Time and MicroTime formats).
@@ -26,6 +26,7 @@ mod gc;
 mod handlers;
 mod http;
 mod lifecycle;
+mod limits;
 mod lists;
 mod logs;
 mod meta;
@@ -128,7 +129,8 @@ pub struct ApiServerConfig {
     pub bookmark_interval: Duration,
     /// Watch duration when the client gives no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
-    /// Largest accepted request body, in bytes.
+    /// Largest accepted request body, in bytes (3 MiB, as kube-apiserver;
+    /// larger bodies are 413).
     pub max_body_bytes: usize,
     /// Longest lifetime of a service account token (TokenRequests asking
     /// for more are shortened, as with the real server's
@@ -146,7 +148,7 @@ impl Default for ApiServerConfig {
             watch_window: Duration::from_secs(300),
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(1800),
-            max_body_bytes: 16 << 20,
+            max_body_bytes: limits::MAX_REQUEST_BODY,
             max_token_expiration: None,
         }
     }

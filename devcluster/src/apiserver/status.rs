@@ -100,6 +100,17 @@ impl ApiError {
         Self::new(429, "TooManyRequests", message)
     }
 
+    /// 413: the request body is larger than the server reads.
+    pub(crate) fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", message)
+    }
+
+    /// An error kube-apiserver passes on from below without a reason (as
+    /// `ErrorToAPIStatus` does for errors that are not API errors).
+    pub(crate) fn unknown(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "", message)
+    }
+
     /// 415: the content type is not one this endpoint accepts.
     pub(crate) fn unsupported_media(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)
@@ -166,6 +177,11 @@ impl ApiError {
         });
         if let Some(d) = &self.details {
             s["details"] = d.clone();
+        }
+        if self.reason.is_empty()
+            && let Some(o) = s.as_object_mut()
+        {
+            o.remove("reason");
         }
         s
     }

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::convert;
 use super::lifecycle::{self, Part};
+use super::limits;
 use super::meta::{self, meta_mut};
 use super::podsecurity;
 use super::registry::ResourceInfo;
@@ -264,6 +265,7 @@ pub(crate) fn insert_new(
     dry_run: bool,
 ) -> Result<Value, ApiError> {
     let name = meta::name(&obj).to_string();
+    limits::check(info, &obj)?;
     let mut st = store.lock();
     check_namespace(&st, info, ns)?;
     if st.get(&info.key(), ns, &name).is_some() {
@@ -337,6 +339,7 @@ pub(crate) fn write_existing(
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
         return Ok((200, present(&t.info, &t.version, &old)));
     };
+    limits::check(&t.info, &new)?;
     if created {
         check_namespace(&st, &t.info, ns)?;
     }
