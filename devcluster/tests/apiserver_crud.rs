@@ -623,6 +623,40 @@ async fn size_limits_are_kubernetes_own() {
 }
 
 #[tokio::test]
+async fn json_fields_come_in_kubernetes_order() {
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    api.create(&PostParams::default(), &cm("ordered", json!({"a": "b"})))
+        .await
+        .expect("create");
+    let get = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(path).body(Vec::new()).expect("request");
+            client.request_text(req).await.expect("get")
+        }
+    };
+    let text = get("/api/v1/namespaces/default/configmaps/ordered").await;
+    assert!(
+        text.starts_with(r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"ordered","namespace":"default","uid":"#),
+        "{text}"
+    );
+    let list = get("/api/v1/namespaces/default/configmaps").await;
+    assert!(
+        list.starts_with(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"#),
+        "{list}"
+    );
+    let pods = get("/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=1").await;
+    assert!(pods.is_empty(), "no pods: {pods}");
+    let watch = get("/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3Dordered").await;
+    assert!(
+        watch.starts_with(r#"{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"ordered""#),
+        "{watch}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
     let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");
