@@ -795,3 +795,74 @@ async fn client_certificates_authenticate_as_cn_and_o() {
         .await;
     assert!(!ok, "a certificate of another CA is refused: {err}");
 }
+
+#[tokio::test]
+async fn create_services_and_rbac_objects_sent_as_protobuf() {
+    let env = start().await;
+    // kubectl sends these as application/vnd.kubernetes.protobuf.
+    env.ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"])
+        .await;
+    let svc = env.ok(&["get", "service", "web", "-o", "json"]).await;
+    let svc: serde_json::Value = serde_json::from_str(&svc).expect("json");
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert_eq!(svc["spec"]["selector"]["app"], "web");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(svc["spec"]["ports"][0]["protocol"], "TCP");
+    env.ok(&["create", "service", "nodeport", "np", "--tcp=81:http"])
+        .await;
+    let port = env
+        .ok(&[
+            "get",
+            "service",
+            "np",
+            "-o",
+            "jsonpath={.spec.ports[0].targetPort}",
+        ])
+        .await;
+    assert_eq!(port.trim(), "http");
+    env.ok(&[
+        "create",
+        "clusterrole",
+        "reader",
+        "--verb=get,list",
+        "--resource=pods",
+    ])
+    .await;
+    let rules = env
+        .ok(&[
+            "get",
+            "clusterrole",
+            "reader",
+            "-o",
+            "jsonpath={.rules[0].verbs}",
+        ])
+        .await;
+    assert_eq!(rules.trim(), r#"["get","list"]"#);
+    env.ok(&["create", "role", "r", "--verb=get", "--resource=configmaps"])
+        .await;
+    env.ok(&["create", "rolebinding", "rb", "--role=r", "--user=jane"])
+        .await;
+    env.ok(&[
+        "create",
+        "clusterrolebinding",
+        "crb",
+        "--clusterrole=reader",
+        "--group=devs",
+    ])
+    .await;
+    let subject = env
+        .ok(&[
+            "get",
+            "clusterrolebinding",
+            "crb",
+            "-o",
+            "jsonpath={.subjects[0].kind}/{.subjects[0].name}/{.roleRef.name}",
+        ])
+        .await;
+    assert_eq!(subject.trim(), "Group/devs/reader");
+    let can = env
+        .run(&["auth", "can-i", "get", "configmaps", "--as=jane"])
+        .await;
+    assert_eq!(can.1.trim(), "yes", "{can:?}");
+}
