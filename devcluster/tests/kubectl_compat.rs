@@ -861,8 +861,53 @@ async fn create_services_and_rbac_objects_sent_as_protobuf() {
         ])
         .await;
     assert_eq!(subject.trim(), "Group/devs/reader");
-    let can = env
-        .run(&["auth", "can-i", "get", "configmaps", "--as=jane"])
+    env.ok(&["create", "serviceaccount", "robot"]).await;
+    env.ok(&[
+        "create",
+        "priorityclass",
+        "high",
+        "--value=1000",
+        "--description=important",
+    ])
+    .await;
+    let value = env
+        .ok(&[
+            "get",
+            "priorityclass",
+            "high",
+            "-o",
+            "jsonpath={.value}/{.description}",
+        ])
         .await;
-    assert_eq!(can.1.trim(), "yes", "{can:?}");
+    assert_eq!(value.trim(), "1000/important");
+    env.ok(&[
+        "create",
+        "pdb",
+        "web",
+        "--selector=app=web",
+        "--min-available=50%",
+    ])
+    .await;
+    let pdb = env
+        .ok(&[
+            "get",
+            "pdb",
+            "web",
+            "-o",
+            "jsonpath={.spec.minAvailable}/{.spec.selector.matchLabels.app}",
+        ])
+        .await;
+    assert_eq!(pdb.trim(), "50%/web");
+    env.ok(&["create", "quota", "q", "--hard=pods=10,cpu=2"])
+        .await;
+    let hard = env
+        .ok(&[
+            "get",
+            "quota",
+            "q",
+            "-o",
+            "jsonpath={.spec.hard.pods}/{.spec.hard.cpu}",
+        ])
+        .await;
+    assert_eq!(hard.trim(), "10/2");
 }

@@ -4,11 +4,14 @@
 //! bodies and `DeleteOptions`. A body is the magic `k8s\0` followed by a
 //! `runtime.Unknown` {typeMeta{apiVersion, kind}, raw}; `raw` is the typed
 //! message, decoded here into the same JSON the JSON endpoints accept.
-//! Services and the RBAC kinds (`kubectl create service|clusterrole|role|
-//! rolebinding|clusterrolebinding`) are decoded through field tables
+//! Services, ServiceAccounts, ResourceQuotas, PriorityClasses,
+//! PodDisruptionBudgets and the RBAC kinds (`kubectl create service|
+//! serviceaccount|quota|priorityclass|pdb|clusterrole|role|rolebinding|
+//! clusterrolebinding`) are decoded through field tables
 //! (`Table`) taken from Kubernetes' `generated.proto`; Go writes every
 //! non-pointer field, so empty strings, zeros and false are dropped as
-//! unset. Other kinds get 415, which names JSON as the way to send them.
+//! unset; a set field a table does not know is 415, never dropped. Other
+//! kinds get 415, which names JSON as the way to send them.
 
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
@@ -287,6 +290,10 @@ enum Ty {
     Msg(Table),
     /// `repeated` message.
     Msgs(Table),
+    /// `map<string, Quantity>` (a Quantity is {string = 1}).
+    QuantityMap,
+    /// Read-only here (a status the server computes): not decoded.
+    Skip,
 }
 
 /// A message: its fields as (number, JSON name, type).
@@ -324,6 +331,47 @@ const SERVICE_SPEC: Table = &[
 const SERVICE: Table = &[
     (1, "metadata", Ty::Meta),
     (2, "spec", Ty::Msg(SERVICE_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const LOCAL_OBJECT_REFERENCE: Table = &[(1, "name", Ty::Str)];
+const OBJECT_REFERENCE: Table = &[
+    (1, "kind", Ty::Str),
+    (2, "namespace", Ty::Str),
+    (3, "name", Ty::Str),
+    (4, "uid", Ty::Str),
+    (5, "apiVersion", Ty::Str),
+    (6, "resourceVersion", Ty::Str),
+    (7, "fieldPath", Ty::Str),
+];
+const SERVICE_ACCOUNT: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "secrets", Ty::Msgs(OBJECT_REFERENCE)),
+    (3, "imagePullSecrets", Ty::Msgs(LOCAL_OBJECT_REFERENCE)),
+    (4, "automountServiceAccountToken", Ty::Bool),
+];
+const PRIORITY_CLASS: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "value", Ty::Int),
+    (3, "globalDefault", Ty::Bool),
+    (4, "description", Ty::Str),
+    (5, "preemptionPolicy", Ty::Str),
+];
+const PDB_SPEC: Table = &[
+    (1, "minAvailable", Ty::IntOrStr),
+    (2, "selector", Ty::Msg(LABEL_SELECTOR)),
+    (3, "maxUnavailable", Ty::IntOrStr),
+    (4, "unhealthyPodEvictionPolicy", Ty::Str),
+];
+const PDB: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(PDB_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const QUOTA_SPEC: Table = &[(1, "hard", Ty::QuantityMap), (2, "scopes", Ty::Strs)];
+const QUOTA: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(QUOTA_SPEC)),
+    (3, "status", Ty::Skip),
 ];
 const POLICY_RULE: Table = &[
     (1, "verbs", Ty::Strs),
@@ -365,11 +413,22 @@ const BINDING: Table = &[
 ];
 
 /// A message decoded through its table; unset (zero) scalars are left out.
+/// A set field the table does not know is refused (415), never dropped.
 fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
     let mut out = Map::new();
     for (n, x) in fields(b)? {
         let Some((_, name, ty)) = table.iter().find(|(num, _, _)| *num == n) else {
-            continue;
+            let unset = match &x {
+                Field::Varint(v) => *v == 0,
+                Field::Bytes(b) => b.is_empty(),
+                Field::Fixed => false,
+            };
+            if unset {
+                continue;
+            }
+            return Err(ApiError::unsupported_media(format!(
+                "protobuf field {n} of this object is not decoded here: send application/json"
+            )));
         };
         let name = (*name).to_string();
         match ty {
@@ -425,6 +484,25 @@ fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
                     a.push(item);
                 }
             }
+            Ty::QuantityMap => {
+                let (mut k, mut q) = (String::new(), String::new());
+                for (n, f) in fields(bytes(&x)?)? {
+                    match n {
+                        1 => k = string(&f)?,
+                        2 => {
+                            for (qn, qf) in fields(bytes(&f)?)? {
+                                if qn == 1 {
+                                    q = string(&qf)?;
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let m = out.entry(name).or_insert_with(|| json!({}));
+                m[k] = json!(q);
+            }
+            Ty::Skip => {}
         }
     }
     Ok(out)
@@ -436,6 +514,10 @@ fn table_of(api_version: &str, kind: &str) -> Option<Table> {
         ("v1", "Service") => SERVICE,
         ("rbac.authorization.k8s.io/v1", "ClusterRole" | "Role") => ROLE,
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding" | "RoleBinding") => BINDING,
+        ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
+        ("v1", "ResourceQuota") => QUOTA,
+        ("scheduling.k8s.io/v1", "PriorityClass") => PRIORITY_CLASS,
+        ("policy/v1", "PodDisruptionBudget") => PDB,
         _ => return None,
     })
 }
@@ -453,7 +535,7 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
         ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, TokenRequest and the RBAC kinds only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget and the RBAC kinds only, not {av} {kind}: send application/json"
         ))),
     }
 }
