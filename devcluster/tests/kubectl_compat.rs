@@ -898,6 +898,26 @@ async fn create_services_and_rbac_objects_sent_as_protobuf() {
         ])
         .await;
     assert_eq!(pdb.trim(), "50%/web");
+    env.ok(&[
+        "create",
+        "deployment",
+        "app",
+        "--image=busybox",
+        "--port=8080",
+        "--replicas=0",
+        "--",
+        "sleep",
+        "60",
+    ])
+    .await;
+    let dep = env.ok(&["get", "deployment", "app", "-o", "json"]).await;
+    let dep: serde_json::Value = serde_json::from_str(&dep).expect("json");
+    assert_eq!(dep["spec"]["replicas"], 0, "an explicit 0 is kept");
+    assert_eq!(dep["spec"]["selector"]["matchLabels"]["app"], "app");
+    let c = &dep["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "busybox");
+    assert_eq!(c["command"], serde_json::json!(["sleep", "60"]));
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
     env.ok(&["create", "quota", "q", "--hard=pods=10,cpu=2"])
         .await;
     let hard = env

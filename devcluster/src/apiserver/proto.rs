@@ -5,9 +5,9 @@
 //! `runtime.Unknown` {typeMeta{apiVersion, kind}, raw}; `raw` is the typed
 //! message, decoded here into the same JSON the JSON endpoints accept.
 //! Services, ServiceAccounts, ResourceQuotas, PriorityClasses,
-//! PodDisruptionBudgets and the RBAC kinds (`kubectl create service|
-//! serviceaccount|quota|priorityclass|pdb|clusterrole|role|rolebinding|
-//! clusterrolebinding`) are decoded through field tables
+//! PodDisruptionBudgets, Deployments and the RBAC kinds (`kubectl create
+//! service|serviceaccount|quota|priorityclass|pdb|deployment|clusterrole|
+//! role|rolebinding|clusterrolebinding`) are decoded through field tables
 //! (`Table`) taken from Kubernetes' `generated.proto`; Go writes every
 //! non-pointer field, so empty strings, zeros and false are dropped as
 //! unset; a set field a table does not know is 415, never dropped. Other
@@ -278,6 +278,8 @@ fn unknown(body: &[u8]) -> Result<(String, String, &[u8]), ApiError> {
 enum Ty {
     Str,
     Int,
+    /// A pointer integer (`*int32`): written only when set, so 0 counts.
+    OptInt,
     Bool,
     /// `repeated string`.
     Strs,
@@ -367,6 +369,78 @@ const PDB: Table = &[
     (2, "spec", Ty::Msg(PDB_SPEC)),
     (3, "status", Ty::Skip),
 ];
+const CONTAINER_PORT: Table = &[
+    (1, "name", Ty::Str),
+    (2, "hostPort", Ty::Int),
+    (3, "containerPort", Ty::Int),
+    (4, "protocol", Ty::Str),
+    (5, "hostIP", Ty::Str),
+];
+const ENV_VAR: Table = &[(1, "name", Ty::Str), (2, "value", Ty::Str)];
+const RESOURCES: Table = &[
+    (1, "limits", Ty::QuantityMap),
+    (2, "requests", Ty::QuantityMap),
+];
+const CONTAINER: Table = &[
+    (1, "name", Ty::Str),
+    (2, "image", Ty::Str),
+    (3, "command", Ty::Strs),
+    (4, "args", Ty::Strs),
+    (5, "workingDir", Ty::Str),
+    (6, "ports", Ty::Msgs(CONTAINER_PORT)),
+    (7, "env", Ty::Msgs(ENV_VAR)),
+    (8, "resources", Ty::Msg(RESOURCES)),
+    (13, "terminationMessagePath", Ty::Str),
+    (14, "imagePullPolicy", Ty::Str),
+    (16, "stdin", Ty::Bool),
+    (17, "stdinOnce", Ty::Bool),
+    (18, "tty", Ty::Bool),
+    (20, "terminationMessagePolicy", Ty::Str),
+];
+const POD_SPEC: Table = &[
+    (2, "containers", Ty::Msgs(CONTAINER)),
+    (3, "restartPolicy", Ty::Str),
+    (4, "terminationGracePeriodSeconds", Ty::OptInt),
+    (6, "dnsPolicy", Ty::Str),
+    (7, "nodeSelector", Ty::StrMap),
+    (8, "serviceAccountName", Ty::Str),
+    (9, "serviceAccount", Ty::Str),
+    (10, "nodeName", Ty::Str),
+    (11, "hostNetwork", Ty::Bool),
+    (12, "hostPID", Ty::Bool),
+    (13, "hostIPC", Ty::Bool),
+    (16, "hostname", Ty::Str),
+    (17, "subdomain", Ty::Str),
+    (19, "schedulerName", Ty::Str),
+    (20, "initContainers", Ty::Msgs(CONTAINER)),
+    (21, "automountServiceAccountToken", Ty::Bool),
+    (24, "priorityClassName", Ty::Str),
+    (25, "priority", Ty::OptInt),
+];
+const POD_TEMPLATE_SPEC: Table = &[(1, "metadata", Ty::Meta), (2, "spec", Ty::Msg(POD_SPEC))];
+const ROLLING_UPDATE: Table = &[
+    (1, "maxUnavailable", Ty::IntOrStr),
+    (2, "maxSurge", Ty::IntOrStr),
+];
+const DEPLOYMENT_STRATEGY: Table = &[
+    (1, "type", Ty::Str),
+    (2, "rollingUpdate", Ty::Msg(ROLLING_UPDATE)),
+];
+const DEPLOYMENT_SPEC: Table = &[
+    (1, "replicas", Ty::OptInt),
+    (2, "selector", Ty::Msg(LABEL_SELECTOR)),
+    (3, "template", Ty::Msg(POD_TEMPLATE_SPEC)),
+    (4, "strategy", Ty::Msg(DEPLOYMENT_STRATEGY)),
+    (5, "minReadySeconds", Ty::Int),
+    (6, "revisionHistoryLimit", Ty::OptInt),
+    (7, "paused", Ty::Bool),
+    (9, "progressDeadlineSeconds", Ty::OptInt),
+];
+const DEPLOYMENT: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(DEPLOYMENT_SPEC)),
+    (3, "status", Ty::Skip),
+];
 const QUOTA_SPEC: Table = &[(1, "hard", Ty::QuantityMap), (2, "scopes", Ty::Strs)];
 const QUOTA: Table = &[
     (1, "metadata", Ty::Meta),
@@ -444,6 +518,9 @@ fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
                     out.insert(name, json!(v));
                 }
             }
+            Ty::OptInt => {
+                out.insert(name, json!(int(&x)?));
+            }
             Ty::Bool => {
                 out.insert(name, json!(int(&x)? != 0));
             }
@@ -518,6 +595,7 @@ fn table_of(api_version: &str, kind: &str) -> Option<Table> {
         ("v1", "ResourceQuota") => QUOTA,
         ("scheduling.k8s.io/v1", "PriorityClass") => PRIORITY_CLASS,
         ("policy/v1", "PodDisruptionBudget") => PDB,
+        ("apps/v1", "Deployment") => DEPLOYMENT,
         _ => return None,
     })
 }
@@ -535,7 +613,7 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
         ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget and the RBAC kinds only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget, Deployment and the RBAC kinds only, not {av} {kind}: send application/json"
         ))),
     }
 }
