@@ -122,14 +122,28 @@ async fn apply_creates_tracks_owners_conflicts_and_removes() {
         "{err:?}"
     );
 
-    // fieldManager is required for apply.
+    // fieldManager is required for apply: 422 as kube-apiserver answers.
     let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a")
         .header("content-type", "application/apply-patch+yaml")
         .body(b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n".to_vec())
         .expect("req");
     let err = client.request_text(req).await.expect_err("no manager");
     assert!(
-        matches!(err, kube::Error::Api(ref s) if s.code == 400 && s.message.contains("fieldManager")),
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.reason == "Invalid"
+            && s.message == "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"),
+        "{err:?}"
+    );
+    // force only goes with apply.
+    let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a?force=true")
+        .header("content-type", "application/merge-patch+json")
+        .body(b"{}".to_vec())
+        .expect("req");
+    let err = client
+        .request_text(req)
+        .await
+        .expect_err("force without apply");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains("force: Forbidden")),
         "{err:?}"
     );
     server.shutdown().await;
@@ -220,6 +234,134 @@ async fn apply_merges_keyed_lists_and_status() {
         p.metadata.generation, generation,
         "status writes do not bump generation"
     );
+    server.shutdown().await;
+}
+
+/// Sends a raw request; returns the status code and the body.
+async fn raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(body.as_bytes().to_vec())
+        .expect("request");
+    let resp = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .expect("send");
+    let code = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        code,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn time_and_micro_time_fields_take_their_exact_formats() {
+    let (server, client) = api_server().await;
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let json = "application/json";
+    let lease = |name: &str, renew: &str| {
+        format!(
+            r#"{{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {{"name": "{name}"}}, "spec": {{"renewTime": "{renew}"}}}}"#
+        )
+    };
+    // Nine fractional digits, three, or none: a MicroTime refuses them as
+    // the real decoder does (400 on create).
+    for (i, bad) in [
+        "2026-01-01T00:00:00.123456789Z",
+        "2026-01-01T00:00:00.123Z",
+        "2026-01-01T00:00:00Z",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (code, st) = raw(
+            &client,
+            "POST",
+            leases,
+            json,
+            &lease(&format!("bad{i}"), bad),
+        )
+        .await;
+        assert_eq!(code, 400, "{bad}: {st}");
+        let msg = st["message"].as_str().unwrap_or("");
+        assert!(
+            msg.starts_with("Lease in version \"v1\" cannot be handled as a Lease: parsing time")
+                && msg.contains("2006-01-02T15:04:05.000000Z07:00"),
+            "{msg}"
+        );
+    }
+    let (code, created) = raw(
+        &client,
+        "POST",
+        leases,
+        json,
+        &lease("l", "2026-01-01T02:00:00.123456+02:00"),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(
+        created["spec"]["renewTime"], "2026-01-01T00:00:00.123456Z",
+        "stored in UTC"
+    );
+    // A merge patch with nine digits: 422 on `patch`, as kube-apiserver
+    // answers the process kubelet's old renewals.
+    let (code, st) = raw(
+        &client,
+        "PATCH",
+        &format!("{leases}/l"),
+        "application/merge-patch+json",
+        r#"{"spec": {"renewTime": "2026-01-01T00:00:01.123456789Z"}}"#,
+    )
+    .await;
+    assert_eq!(
+        (code, st["reason"].as_str()),
+        (422, Some("Invalid")),
+        "{st}"
+    );
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Lease.coordination.k8s.io \"\" is invalid: patch: Invalid value:"),
+        "{st}"
+    );
+    // A Time takes RFC 3339; a fraction is accepted and dropped (Go's
+    // parser), anything else is refused.
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let (code, st) = raw(
+        &client,
+        "POST",
+        cms,
+        json,
+        r#"{"metadata": {"name": "c", "deletionTimestamp": "tomorrow"}}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "{st}");
+    let ev = r#"{"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p"},
+        "firstTimestamp": "2026-01-01T00:00:00.5Z", "eventTime": "2026-01-01T00:00:00.500000Z"}"#;
+    let (code, ev) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        json,
+        ev,
+    )
+    .await;
+    assert_eq!(code, 201, "{ev}");
+    assert_eq!(ev["firstTimestamp"], "2026-01-01T00:00:00Z");
+    assert_eq!(ev["eventTime"], "2026-01-01T00:00:00.500000Z");
     server.shutdown().await;
 }
 

@@ -415,6 +415,248 @@ async fn selectors_paging_and_generate_name() {
 }
 
 #[tokio::test]
+async fn invalid_selectors_are_bad_requests_and_unset_booleans_are_false() {
+    use k8s_openapi::api::core::v1::Node;
+    let (server, client) = api_server().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let bad = |e: kube::Error| match e {
+        kube::Error::Api(s) if s.code == 400 && s.reason == "BadRequest" => s.message,
+        other => panic!("expected 400 BadRequest, got {other:?}"),
+    };
+    for sel in [
+        "app=web=x",
+        "a b=c",
+        "-bad=x",
+        "app=-x",
+        "a in ()",
+        "n>x",
+        "a,,b",
+    ] {
+        let e = cms
+            .list(&ListParams::default().labels(sel))
+            .await
+            .expect_err(sel);
+        let msg = bad(e);
+        assert!(
+            msg.contains("unable to parse requirement")
+                || msg.contains("couldn't parse the selector"),
+            "{sel}: {msg}"
+        );
+    }
+    let msg = bad(cms
+        .list(&ListParams::default().fields("spec.foo=x"))
+        .await
+        .expect_err("unknown field"));
+    assert_eq!(
+        msg,
+        "\"spec.foo\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+    );
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let msg = bad(pods
+        .list(&ListParams::default().fields("spec.foo=x"))
+        .await
+        .expect_err("unknown pod field"));
+    assert_eq!(msg, "field label not supported: spec.foo");
+    // Watches refuse the same selectors.
+    match pods
+        .watch(&kube::api::WatchParams::default().fields("spec.foo=x"), "0")
+        .await
+    {
+        Err(e) => assert_eq!(bad(e), "field label not supported: spec.foo"),
+        Ok(_) => panic!("a watch with an unknown field is refused"),
+    }
+
+    let nodes: Api<Node> = Api::all(client);
+    for (name, spec) in [
+        ("plain", json!({})),
+        ("cordoned", json!({"unschedulable": true})),
+    ] {
+        let n: Node = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": spec}),
+        )
+        .expect("node");
+        nodes
+            .create(&PostParams::default(), &n)
+            .await
+            .expect("create node");
+    }
+    let names = |l: kube::core::ObjectList<Node>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect()
+    };
+    let schedulable = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=false"))
+        .await
+        .expect("list schedulable");
+    assert_eq!(names(schedulable), ["plain"]);
+    let cordoned = nodes
+        .list(&ListParams::default().fields("spec.unschedulable!=false"))
+        .await
+        .expect("list cordoned");
+    assert_eq!(names(cordoned), ["cordoned"]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn deployments_serve_the_scale_subresource() {
+    use k8s_openapi::api::autoscaling::v1::Scale;
+    let (server, client) = api_server().await;
+    let deps: Api<Deployment> = Api::default_namespaced(client.clone());
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web", "tier": "a"}},
+            "template": {"metadata": {"labels": {"app": "web", "tier": "a"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+    }))
+    .expect("deployment");
+    deps.create(&PostParams::default(), &d)
+        .await
+        .expect("create");
+    let s = deps.get_scale("web").await.expect("get scale");
+    assert_eq!(s.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(
+        s.status.as_ref().and_then(|s| s.selector.as_deref()),
+        Some("app=web,tier=a")
+    );
+    let s = deps
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .expect("patch scale");
+    assert_eq!(s.spec.as_ref().and_then(|s| s.replicas), Some(5));
+    let d = deps.get("web").await.expect("get");
+    assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(5));
+    assert_eq!(d.metadata.generation, Some(2), "a scale moves generation");
+    // PUT with the Scale's resourceVersion: a stale one is a conflict.
+    let mut stale: Scale = s.clone();
+    stale.metadata.resource_version = Some("1".into());
+    stale.spec.as_mut().expect("spec").replicas = Some(7);
+    let err = deps
+        .replace_scale("web", &PostParams::default(), &stale)
+        .await
+        .expect_err("stale scale");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err:?}"
+    );
+    let err = deps
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await
+        .expect_err("negative replicas");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn size_limits_are_kubernetes_own() {
+    let (server, client) = api_server().await;
+    let post = |path: &'static str, body: String| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(body.into_bytes())
+                .expect("request");
+            match client.request_text(req).await {
+                Ok(_) => panic!("{path}: a request over a limit is refused"),
+                Err(kube::Error::Api(s)) => *s,
+                Err(e) => panic!("{path}: expected a Status, got {e:?}"),
+            }
+        }
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    // Over 3 MiB of body: 413 before anything else.
+    let huge = format!(
+        r#"{{"metadata": {{"name": "huge"}}, "data": {{"k": "{}"}}}}"#,
+        "x".repeat(3 * 1024 * 1024)
+    );
+    let s = post(cms, huge).await;
+    assert_eq!((s.code, s.reason.as_str()), (413, "RequestEntityTooLarge"));
+    assert_eq!(s.message, "Request entity too large: limit is 3145728");
+    // Annotations over 256 KiB: 422 on metadata.annotations.
+    let ann = format!(
+        r#"{{"metadata": {{"name": "ann", "annotations": {{"a": "{}"}}}}}}"#,
+        "x".repeat(256 * 1024)
+    );
+    let s = post(cms, ann).await;
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "ConfigMap \"ann\" is invalid: metadata.annotations: Too long: must have at most 262144 bytes"
+    );
+    // An object over etcd's 1.5 MiB: the error etcd gives, passed on.
+    let lease = format!(
+        r#"{{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {{"name": "big"}}, "spec": {{"holderIdentity": "{}"}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let s = post(
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        lease,
+    )
+    .await;
+    assert_eq!(
+        (s.code, s.message.as_str()),
+        (500, "etcdserver: request is too large")
+    );
+    // Under every limit: stored.
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "fits", "annotations": {"a": "x".repeat(200 * 1024)}}}),
+    )
+    .expect("cm");
+    Api::<ConfigMap>::default_namespaced(client.clone())
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("fits");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn json_fields_come_in_kubernetes_order() {
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    api.create(&PostParams::default(), &cm("ordered", json!({"a": "b"})))
+        .await
+        .expect("create");
+    let get = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(path).body(Vec::new()).expect("request");
+            client.request_text(req).await.expect("get")
+        }
+    };
+    let text = get("/api/v1/namespaces/default/configmaps/ordered").await;
+    assert!(
+        text.starts_with(r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"ordered","namespace":"default","uid":"#),
+        "{text}"
+    );
+    let list = get("/api/v1/namespaces/default/configmaps").await;
+    assert!(
+        list.starts_with(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"#),
+        "{list}"
+    );
+    let pods = get("/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=1").await;
+    assert!(pods.is_empty(), "no pods: {pods}");
+    let watch = get("/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3Dordered").await;
+    assert!(
+        watch.starts_with(r#"{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"ordered""#),
+        "{watch}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn missing_namespace_and_bad_names_are_refused() {
     let (server, client) = api_server().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "nope");

@@ -389,3 +389,126 @@ async fn a_corrupt_state_file_is_a_clear_startup_error() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn eviction_honours_pod_disruption_budgets() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::EvictParams;
+    let (server, _) = api_server().await;
+    // kube-rs retries 429 answers by default (for minutes); see each one.
+    let kc = kube::config::Kubeconfig::from_yaml(server.kubeconfig_yaml()).expect("kubeconfig");
+    let mut cfg = kube::Config::try_from(kc).expect("config");
+    cfg.default_retry = false;
+    let client = kube::Client::try_from(cfg).expect("client");
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    for name in ["a", "b"] {
+        let p: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "db"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &p)
+            .await
+            .expect("create pod");
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .expect("ready");
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client.clone());
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .expect("pdb");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("create pdb");
+    // The disruption controller keeps the status.
+    eventually_async("pdb status counts two healthy pods", async || {
+        let s = pdbs.get("db").await.ok()?.status?;
+        (s.current_healthy == 2 && s.desired_healthy == 2 && s.disruptions_allowed == 0)
+            .then_some(())
+    })
+    .await;
+    let err = pods
+        .evict("a", &EvictParams::default())
+        .await
+        .expect_err("budget");
+    let kube::Error::Api(status) = err else {
+        panic!("expected an API error, got {err:?}")
+    };
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (429, "TooManyRequests")
+    );
+    assert_eq!(
+        status.message,
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    let causes = status.details.map(|d| d.causes).unwrap_or_default();
+    assert_eq!(causes.len(), 1);
+    assert_eq!(causes[0].reason, "DisruptionBudget");
+    assert_eq!(
+        causes[0].message,
+        "The disruption budget db needs 2 healthy pods and has 2 currently"
+    );
+    let a = pods.get("a").await.expect("a");
+    assert!(a.metadata.deletion_timestamp.is_none(), "a stays");
+
+    // One disruption allowed: the first eviction deletes a, the second is
+    // refused while a is still going.
+    pdbs.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 1}})),
+    )
+    .await
+    .expect("relax the budget");
+    let ok = pods
+        .evict("a", &EvictParams::default())
+        .await
+        .expect("evict a");
+    assert_eq!(ok.code, 201);
+    let a = pods.get_opt("a").await.expect("get a");
+    assert!(
+        a.is_none_or(|a| a.metadata.deletion_timestamp.is_some()),
+        "a is being deleted"
+    );
+    let err = pods
+        .evict("b", &EvictParams::default())
+        .await
+        .expect_err("b is needed");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 429),
+        "{err:?}"
+    );
+    let s = pdbs.get("db").await.expect("pdb").status.expect("status");
+    assert!(
+        s.disrupted_pods
+            .as_ref()
+            .is_some_and(|d| d.contains_key("a"))
+            || s.current_healthy == 1,
+        "{s:?}"
+    );
+    // A pod without a budget is evicted, a missing one is 404.
+    pdbs.delete("db", &DeleteParams::default())
+        .await
+        .expect("delete pdb");
+    pods.evict("b", &EvictParams::default())
+        .await
+        .expect("evict b without a budget");
+    let err = pods
+        .evict("nope", &EvictParams::default())
+        .await
+        .expect_err("missing");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 404),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}

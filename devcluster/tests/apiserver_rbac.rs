@@ -598,3 +598,200 @@ async fn pods_get_api_credentials_and_namespaces_the_root_ca() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn default_cluster_roles_and_bindings_with_aggregation() {
+    let (server, admin) = api_server().await;
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin.clone());
+    for name in [
+        "cluster-admin",
+        "admin",
+        "edit",
+        "view",
+        "system:discovery",
+        "system:basic-user",
+        "system:public-info-viewer",
+    ] {
+        let r = roles
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            r.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/bootstrapping"))
+                .map(String::as_str),
+            Some("rbac-defaults"),
+            "{name}"
+        );
+    }
+    let groups = |b: k8s_openapi::api::rbac::v1::ClusterRoleBinding| -> Vec<String> {
+        b.subjects
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    };
+    assert_eq!(
+        groups(bindings.get("cluster-admin").await.expect("binding")),
+        ["system:masters"]
+    );
+    assert_eq!(
+        groups(bindings.get("system:discovery").await.expect("binding")),
+        ["system:authenticated"]
+    );
+    assert_eq!(
+        groups(
+            bindings
+                .get("system:public-info-viewer")
+                .await
+                .expect("binding")
+        ),
+        ["system:authenticated", "system:unauthenticated"]
+    );
+    let edit = roles.get("edit").await.expect("edit");
+    assert_eq!(
+        edit.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("rbac.authorization.k8s.io/aggregate-to-admin"))
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(edit.aggregation_rule.is_some());
+
+    // A service account bound to `view` in one namespace reads workloads
+    // there and writes nothing; bound to `edit` it writes configmaps.
+    service_account(&admin, "default", "viewer").await;
+    service_account(&admin, "default", "editor").await;
+    for (sa, role) in [("viewer", "view"), ("editor", "edit")] {
+        rbac(&admin, Some("default"), json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": sa},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": "default"}],
+        })).await;
+    }
+    let viewer = client_with(&server, &token(&admin, "default", "viewer").await);
+    let editor = client_with(&server, &token(&admin, "default", "editor").await);
+    let deploy = |verb: &str| json!({"resourceAttributes": {"namespace": "default", "verb": verb, "group": "apps", "resource": "deployments"}});
+    assert!(can_i(&viewer, deploy("list")).await);
+    assert!(!can_i(&viewer, deploy("create")).await);
+    assert!(can_i(&editor, deploy("create")).await);
+    let cms: Api<ConfigMap> = Api::default_namespaced(editor.clone());
+    cms.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": "by-editor"}})),
+    )
+    .await
+    .expect("edit may create configmaps");
+    let status = api_error(
+        Api::<ConfigMap>::default_namespaced(viewer.clone())
+            .create(
+                &PostParams::default(),
+                &obj(json!({"metadata": {"name": "by-viewer"}})),
+            )
+            .await,
+    );
+    assert_eq!(status.code, 403);
+    assert!(!can_i(&editor, json!({"resourceAttributes": {"namespace": "default", "verb": "create", "group": "rbac.authorization.k8s.io", "resource": "roles"}})).await);
+
+    // A ClusterRole labelled aggregate-to-view is folded into view (and so
+    // into edit and admin), as the aggregation controller does.
+    rbac(&admin, None, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "widgets-view", "labels": {"rbac.authorization.k8s.io/aggregate-to-view": "true"}},
+        "rules": [{"apiGroups": ["example.dev"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]}],
+    })).await;
+    eventually_async("view aggregates widgets-view", async || {
+        let widgets = json!({"resourceAttributes": {"namespace": "default", "verb": "list", "group": "example.dev", "resource": "widgets"}});
+        (can_i(&viewer, widgets.clone()).await && can_i(&editor, widgets).await).then_some(())
+    })
+    .await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn token_review_answers_for_service_account_tokens() {
+    let (server, admin) = api_server().await;
+    let sa = service_account(&admin, "default", "reviewed").await;
+    let review = |token: String, audiences: Vec<&str>| {
+        let admin = admin.clone();
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences}});
+        async move {
+            let req = http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap())
+                .unwrap();
+            admin.request::<Value>(req).await.expect("token review")
+        }
+    };
+    let r = review(token(&admin, "default", "reviewed").await, vec![]).await;
+    assert_eq!(r["kind"], "TokenReview");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(
+        r["status"]["user"]["username"],
+        "system:serviceaccount:default:reviewed"
+    );
+    assert_eq!(
+        r["status"]["user"]["uid"],
+        json!(sa.metadata.uid.expect("uid"))
+    );
+    assert!(
+        r["status"]["user"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:serviceaccounts:default"))
+    );
+    assert_eq!(
+        r["status"]["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+
+    // A token for another audience is valid for that audience only.
+    let api: Api<ServiceAccount> = Api::default_namespaced(admin.clone());
+    let tr: TokenRequest = obj(json!({"spec": {"audiences": ["vault"], "expirationSeconds": 600}}));
+    let vault = api
+        .create_token_request("reviewed", &PostParams::default(), &tr)
+        .await
+        .expect("token request")
+        .status
+        .expect("status")
+        .token;
+    let r = review(vault.clone(), vec!["vault"]).await;
+    assert_eq!(
+        (
+            r["status"]["authenticated"].clone(),
+            r["status"]["audiences"].clone()
+        ),
+        (json!(true), json!(["vault"])),
+        "{r}"
+    );
+    let r = review(vault, vec![]).await;
+    assert!(r["status"]["authenticated"] != json!(true), "{r}");
+    let r = review("not-a-token".into(), vec![]).await;
+    assert!(r["status"]["authenticated"] != json!(true));
+    assert!(
+        r["status"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("[invalid bearer token"),
+        "{r}"
+    );
+
+    // Creating TokenReviews takes RBAC (system:auth-delegator grants it).
+    let viewer = client_with(&server, &token(&admin, "default", "reviewed").await);
+    let req = http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&json!({"spec": {"token": "x"}})).unwrap())
+        .unwrap();
+    let err = viewer.request::<Value>(req).await.expect_err("forbidden");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403),
+        "{err:?}"
+    );
+    server.shutdown().await;
+}

@@ -251,6 +251,52 @@ async fn watch_from_resource_version_replays_history_and_too_old_is_gone() {
 }
 
 #[tokio::test]
+async fn watch_from_before_the_window_gets_410_too_old_in_the_stream() {
+    let (server, client) = api_server_with(ApiServerConfig {
+        watch_window: Duration::from_millis(200),
+        ..ApiServerConfig::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let first = api
+        .create(&PostParams::default(), &cm("w", json!({})))
+        .await
+        .expect("create");
+    let rv0 = first.metadata.resource_version.clone().expect("rv");
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"n": "1"}})),
+    )
+    .await
+    .expect("patch");
+    // Once the window has passed the events after rv0, a watch from rv0
+    // is answered with one ERROR event: 410 Expired, "too old resource
+    // version", as kube-apiserver's watch cache words it.
+    let status = hostmesh_testkit::wait::eventually_async("410 for a watch from rv0", async || {
+        let mut w = api
+            .watch(&WatchParams::default().timeout(1), &rv0)
+            .await
+            .expect("watch")
+            .boxed();
+        match w.try_next().await.expect("stream") {
+            Some(WatchEvent::Error(e)) => Some(e),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    assert!(
+        status
+            .message
+            .starts_with(&format!("too old resource version: {rv0} (")),
+        "{}",
+        status.message
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn bookmarks_timeouts_and_selector_transitions() {
     let cfg = ApiServerConfig {
         bookmark_interval: Duration::from_millis(100),
@@ -406,6 +452,105 @@ async fn metadata_only_get_list_and_watch() {
     })
     .await;
     task.abort();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_only_answers_for_every_verb() {
+    let (server, client) = api_server().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    const AS_META: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    const AS_META_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let send = |method: &str, path: &str, ct: &str, accept: &str, body: &str| {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", ct)
+            .header("accept", accept)
+            .body(body.as_bytes().to_vec())
+            .expect("request");
+        let client = client.clone();
+        async move {
+            let text = client.request_text(req).await.expect("request");
+            serde_json::from_str::<serde_json::Value>(&text).expect("json")
+        }
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let json = "application/json";
+    let created = send(
+        "POST",
+        cms,
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm", "labels": {"a": "1"}}, "data": {"k": "v"}}"#,
+    )
+    .await;
+    assert_eq!(
+        created["kind"], "PartialObjectMetadata",
+        "create: {created}"
+    );
+    assert_eq!(created["apiVersion"], "meta.k8s.io/v1");
+    assert!(created.get("data").is_none(), "no data: {created}");
+    assert_eq!(created["metadata"]["labels"]["a"], "1");
+    let replaced = send(
+        "PUT",
+        &format!("{cms}/pm"),
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm", "labels": {"a": "2"}}, "data": {"k": "w"}}"#,
+    )
+    .await;
+    assert_eq!(
+        replaced["kind"], "PartialObjectMetadata",
+        "update: {replaced}"
+    );
+    // kube-rs's patch_metadata (a PATCH answered with metadata only).
+    let patched = api
+        .patch_metadata(
+            "pm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"b": "3"}}})),
+        )
+        .await
+        .expect("patch metadata");
+    assert_eq!(
+        patched.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    assert_eq!(
+        patched
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("b"))
+            .map(String::as_str),
+        Some("3")
+    );
+    let deleted = send("DELETE", &format!("{cms}/pm"), json, AS_META, "").await;
+    assert_eq!(
+        deleted["kind"], "PartialObjectMetadata",
+        "delete: {deleted}"
+    );
+    send(
+        "POST",
+        cms,
+        json,
+        AS_META,
+        r#"{"metadata": {"name": "pm2", "labels": {"del": "y"}}}"#,
+    )
+    .await;
+    let gone = send(
+        "DELETE",
+        &format!("{cms}?labelSelector=del%3Dy"),
+        json,
+        AS_META_LIST,
+        "",
+    )
+    .await;
+    assert_eq!(
+        gone["kind"], "PartialObjectMetadataList",
+        "delete collection: {gone}"
+    );
     server.shutdown().await;
 }
 

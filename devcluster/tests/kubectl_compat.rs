@@ -612,3 +612,322 @@ async fn logs_are_proxied_to_the_kubelet() {
     assert!(!ok && err.contains("container nope is not valid"), "{err}");
     env.server.shutdown().await;
 }
+
+const SCALED_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pools.example.dev
+spec:
+  group: example.dev
+  scope: Namespaced
+  names: {plural: pools, singular: pool, kind: Pool}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer}}}
+          status: {type: object, properties: {replicas: {type: integer}, selector: {type: string}}}
+"#;
+
+#[tokio::test]
+async fn scale_deployments_and_custom_resources() {
+    let env = start().await;
+    let dep = env.write(
+        "web.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: c, image: busybox}]}\n",
+    );
+    env.ok(&["apply", "-f", p(&dep)]).await;
+    env.ok(&["scale", "deployment/web", "--replicas=3"]).await;
+    let out = env
+        .ok(&["get", "deployment/web", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(out.trim(), "3");
+    // A precondition that does not hold is refused.
+    let (ok, _, err) = env
+        .run(&[
+            "scale",
+            "deployment/web",
+            "--current-replicas=2",
+            "--replicas=5",
+        ])
+        .await;
+    assert!(!ok, "a wrong --current-replicas is refused");
+    assert!(err.contains("Expected replicas to be 2"), "{err}");
+
+    let crd = env.write("pools.yaml", SCALED_CRD);
+    env.ok(&["apply", "-f", p(&crd)]).await;
+    env.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/pools.example.dev",
+        "--timeout=30s",
+    ])
+    .await;
+    let pool = env.write(
+        "pool.yaml",
+        "apiVersion: example.dev/v1\nkind: Pool\nmetadata: {name: p1}\nspec: {replicas: 1}\n",
+    );
+    env.ok(&["apply", "-f", p(&pool)]).await;
+    env.ok(&["scale", "pool/p1", "--replicas=4"]).await;
+    let out = env
+        .ok(&["get", "pool/p1", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(out.trim(), "4");
+    let scale = env
+        .ok(&[
+            "get",
+            "--raw",
+            "/apis/example.dev/v1/namespaces/default/pools/p1/scale",
+        ])
+        .await;
+    let scale: serde_json::Value = serde_json::from_str(&scale).expect("scale json");
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["spec"]["replicas"], 4);
+}
+
+#[tokio::test]
+async fn drain_evicts_the_pods_of_a_node() {
+    let env = start().await;
+    let node = env.write(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n",
+    );
+    env.ok(&["apply", "-f", p(&node)]).await;
+    for name in ["p1", "p2"] {
+        let pod = env.write(
+            &format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: n1\n  containers: [{{name: c, image: busybox}}]\n"),
+        );
+        env.ok(&["apply", "-f", p(&pod)]).await;
+    }
+    let out = env
+        .ok(&[
+            "drain",
+            "n1",
+            "--force",
+            "--grace-period=0",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(out.contains("evicted") && out.contains("drained"), "{out}");
+    let unschedulable = env
+        .ok(&["get", "node", "n1", "-o", "jsonpath={.spec.unschedulable}"])
+        .await;
+    assert_eq!(unschedulable.trim(), "true");
+    let left = env.ok(&["get", "pods", "-o", "name"]).await;
+    assert!(left.trim().is_empty(), "{left}");
+}
+
+#[tokio::test]
+async fn client_certificates_authenticate_as_cn_and_o() {
+    let env = start().await;
+    let jane = env.write(
+        "jane.kubeconfig",
+        &env.server
+            .kubeconfig_with_client_cert("jane", &["dev", "ops"])
+            .expect("client cert"),
+    );
+    let as_jane = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", p(&jane)];
+        all.extend_from_slice(args);
+        all.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let args = as_jane(&["auth", "whoami", "-o", "json"]);
+    let out = env
+        .ok(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let who: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "jane");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        serde_json::json!(["dev", "ops", "system:authenticated"])
+    );
+    // RBAC applies to the certificate's user.
+    let args = as_jane(&["get", "pods"]);
+    let (ok, _, err) = env
+        .run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    assert!(!ok);
+    assert!(
+        err.contains(r#"User "jane" cannot list resource "pods""#),
+        "{err}"
+    );
+    // An admin certificate (system:masters) may do anything.
+    let admin = env.write(
+        "admin.kubeconfig",
+        &env.server
+            .kubeconfig_with_client_cert("kubernetes-admin", &["system:masters"])
+            .expect("admin cert"),
+    );
+    env.ok(&["--kubeconfig", p(&admin), "get", "pods"]).await;
+    // A certificate from another CA fails the handshake.
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "mallory");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    let forged = params.self_signed(&key).expect("self-signed");
+    let cert = env.write("forged.pem", &forged.pem());
+    let keyf = env.write("forged-key.pem", &key.serialize_pem());
+    let (ok, _, err) = env
+        .run(&[
+            "--kubeconfig",
+            p(&admin),
+            "--client-certificate",
+            p(&cert),
+            "--client-key",
+            p(&keyf),
+            "get",
+            "pods",
+        ])
+        .await;
+    assert!(!ok, "a certificate of another CA is refused: {err}");
+}
+
+#[tokio::test]
+async fn create_services_and_rbac_objects_sent_as_protobuf() {
+    let env = start().await;
+    // kubectl sends these as application/vnd.kubernetes.protobuf.
+    env.ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"])
+        .await;
+    let svc = env.ok(&["get", "service", "web", "-o", "json"]).await;
+    let svc: serde_json::Value = serde_json::from_str(&svc).expect("json");
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert_eq!(svc["spec"]["selector"]["app"], "web");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(svc["spec"]["ports"][0]["protocol"], "TCP");
+    env.ok(&["create", "service", "nodeport", "np", "--tcp=81:http"])
+        .await;
+    let port = env
+        .ok(&[
+            "get",
+            "service",
+            "np",
+            "-o",
+            "jsonpath={.spec.ports[0].targetPort}",
+        ])
+        .await;
+    assert_eq!(port.trim(), "http");
+    env.ok(&[
+        "create",
+        "clusterrole",
+        "reader",
+        "--verb=get,list",
+        "--resource=pods",
+    ])
+    .await;
+    let rules = env
+        .ok(&[
+            "get",
+            "clusterrole",
+            "reader",
+            "-o",
+            "jsonpath={.rules[0].verbs}",
+        ])
+        .await;
+    assert_eq!(rules.trim(), r#"["get","list"]"#);
+    env.ok(&["create", "role", "r", "--verb=get", "--resource=configmaps"])
+        .await;
+    env.ok(&["create", "rolebinding", "rb", "--role=r", "--user=jane"])
+        .await;
+    env.ok(&[
+        "create",
+        "clusterrolebinding",
+        "crb",
+        "--clusterrole=reader",
+        "--group=devs",
+    ])
+    .await;
+    let subject = env
+        .ok(&[
+            "get",
+            "clusterrolebinding",
+            "crb",
+            "-o",
+            "jsonpath={.subjects[0].kind}/{.subjects[0].name}/{.roleRef.name}",
+        ])
+        .await;
+    assert_eq!(subject.trim(), "Group/devs/reader");
+    env.ok(&["create", "serviceaccount", "robot"]).await;
+    env.ok(&[
+        "create",
+        "priorityclass",
+        "high",
+        "--value=1000",
+        "--description=important",
+    ])
+    .await;
+    let value = env
+        .ok(&[
+            "get",
+            "priorityclass",
+            "high",
+            "-o",
+            "jsonpath={.value}/{.description}",
+        ])
+        .await;
+    assert_eq!(value.trim(), "1000/important");
+    env.ok(&[
+        "create",
+        "pdb",
+        "web",
+        "--selector=app=web",
+        "--min-available=50%",
+    ])
+    .await;
+    let pdb = env
+        .ok(&[
+            "get",
+            "pdb",
+            "web",
+            "-o",
+            "jsonpath={.spec.minAvailable}/{.spec.selector.matchLabels.app}",
+        ])
+        .await;
+    assert_eq!(pdb.trim(), "50%/web");
+    env.ok(&[
+        "create",
+        "deployment",
+        "app",
+        "--image=busybox",
+        "--port=8080",
+        "--replicas=0",
+        "--",
+        "sleep",
+        "60",
+    ])
+    .await;
+    let dep = env.ok(&["get", "deployment", "app", "-o", "json"]).await;
+    let dep: serde_json::Value = serde_json::from_str(&dep).expect("json");
+    assert_eq!(dep["spec"]["replicas"], 0, "an explicit 0 is kept");
+    assert_eq!(dep["spec"]["selector"]["matchLabels"]["app"], "app");
+    let c = &dep["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "busybox");
+    assert_eq!(c["command"], serde_json::json!(["sleep", "60"]));
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    env.ok(&["create", "quota", "q", "--hard=pods=10,cpu=2"])
+        .await;
+    let hard = env
+        .ok(&[
+            "get",
+            "quota",
+            "q",
+            "-o",
+            "jsonpath={.spec.hard.pods}/{.spec.hard.cpu}",
+        ])
+        .await;
+    assert_eq!(hard.trim(), "10/2");
+}

@@ -54,6 +54,39 @@ async fn the_node_is_registered_ready_with_a_lease() {
         lease.spec.unwrap().holder_identity.as_deref(),
         Some(c.node.as_str())
     );
+    // renewTime is a MicroTime as written: six fractional digits (a real
+    // kube-apiserver refuses nine).
+    let raw = c
+        .client
+        .request_text(
+            http::Request::get(format!(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{}",
+                c.node
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let raw: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let renew = raw["spec"]["renewTime"].as_str().unwrap().to_string();
+    let frac = renew
+        .split_once('.')
+        .map(|(_, f)| f.trim_end_matches('Z'))
+        .unwrap_or("");
+    assert_eq!(frac.len(), 6, "renewTime {renew}");
+    // The kubelet is never newer than its API server (version skew).
+    let server_version = c.client.apiserver_version().await.unwrap().git_version;
+    assert_eq!(
+        node.status
+            .as_ref()
+            .unwrap()
+            .node_info
+            .as_ref()
+            .unwrap()
+            .kubelet_version,
+        server_version
+    );
 
     // A second kubelet cannot take the same data directory.
     let err = hostmesh_devcluster::kubelet::Kubelet::start(

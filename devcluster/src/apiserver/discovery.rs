@@ -116,15 +116,30 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
                 "attach" => ("PodAttachOptions", vec!["create", "get"]),
                 "portforward" => ("PodPortForwardOptions", vec!["create", "get"]),
                 "finalize" => (&r.kind, vec!["update"]),
+                "scale" => ("Scale", vec!["get", "patch", "update"]),
+                "eviction" => ("Eviction", vec!["create"]),
+                "token" => ("TokenRequest", vec!["create"]),
                 _ => (&r.kind, vec!["get"]),
             };
-            out.push(json!({
+            let mut e = json!({
                 "name": format!("{}/{sub}", r.plural),
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": kind,
                 "verbs": verbs,
-            }));
+            });
+            // Subresources served in another group's kind say so.
+            let other_group = match sub {
+                "scale" => Some(("autoscaling", "v1")),
+                "eviction" => Some(("policy", "v1")),
+                "token" => Some(("authentication.k8s.io", "v1")),
+                _ => None,
+            };
+            if let Some((g, v)) = other_group {
+                e["group"] = json!(g);
+                e["version"] = json!(v);
+            }
+            out.push(e);
         }
     }
     let gv = if group.is_empty() {

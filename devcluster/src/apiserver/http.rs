@@ -4,6 +4,7 @@
 //!
 //! Invariants:
 //! 1. Every request except `/healthz`, `/livez`, `/readyz` and `/version`
+//!    comes on a connection with a client certificate of the cluster CA or
 //!    carries a bearer token the server accepts; others get 401 before any
 //!    routing.
 //! 2. A request from a user who is not a superuser is authorized by RBAC
@@ -33,7 +34,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{connect, discovery, logs, openapi, podsecurity};
+use super::{connect, discovery, disruption, limits, logs, openapi, podsecurity, scale};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -74,9 +75,18 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
                 }
             };
             let shutdown = ctx.shutdown.clone();
+            // A client certificate (verified against the CA by rustls)
+            // names the user of every request on this connection.
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| auth::x509::user_of(c));
             let svc = hyper::service::service_fn(move |req| {
                 let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(handle(ctx, req).await) }
+                let cert_user = cert_user.clone();
+                async move { Ok::<_, Infallible>(handle(ctx, req, cert_user).await) }
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
@@ -97,7 +107,11 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
     conns.abort_all();
 }
 
-async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
+async fn handle(
+    ctx: Arc<Ctx>,
+    req: http::Request<Incoming>,
+    cert_user: Option<User>,
+) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let public = matches!(
@@ -116,9 +130,14 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let user = match ctx.auth.authenticate(&ctx.store, header) {
-            Ok(u) => u,
-            Err(e) => return error_response(&e),
+        // As kube-apiserver's union authenticator: the client certificate
+        // first, then the bearer token.
+        let user = match cert_user {
+            Some(u) => u,
+            None => match ctx.auth.authenticate(&ctx.store, header) {
+                Ok(u) => u,
+                Err(e) => return error_response(&e),
+            },
         };
         let attrs = auth::attrs::parse(method.as_str(), &path, &query);
         if let Err(e) = auth::authorize(&ctx.store, &user, &attrs) {
@@ -152,6 +171,9 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         .await
     {
         Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error_response(&limits::body_too_large(ctx.max_body));
+        }
         Err(e) => {
             return error_response(&ApiError::bad_request(format!(
                 "cannot read the request body: {e}"
@@ -241,7 +263,11 @@ async fn resource(
                 t.info.plural
             )));
         }
-        let (code, body) = auth::review::review(store, user, t, req)?;
+        let (code, body) = if t.info.plural == "tokenreviews" {
+            auth::review::token_review(&ctx.auth, store, t, req)?
+        } else {
+            auth::review::review(store, user, t, req)?
+        };
         return Ok(json_response(code, &body));
     }
     let reply = match (method, sub) {
@@ -252,10 +278,14 @@ async fn resource(
         (&Method::GET, Some("log")) => {
             return logs::proxy(&ctx.store, &ctx.token, ctx.shutdown.clone(), t, req).await;
         }
+        (&Method::GET, Some("scale")) => scale::get(store, t)?,
+        (&Method::PUT, Some("scale")) => scale::write(store, t, req, false)?,
+        (&Method::PATCH, Some("scale")) => scale::write(store, t, req, true)?,
         (&Method::GET, None) if t.name.is_none() => handlers::list(store, t, req)?,
         (&Method::GET, _) => handlers::get(store, t, req)?,
         (&Method::POST, None) => handlers::create(store, t, req)?,
         (&Method::POST, Some("binding")) => handlers::bind(store, t, req)?,
+        (&Method::POST, Some("eviction")) => disruption::evict(store, t, req)?,
         (&Method::POST, Some("token")) => {
             serviceaccount::token_request(&ctx.tokens, store, t, req)?
         }
@@ -273,6 +303,11 @@ async fn resource(
                 s.map(|s| format!("/{s}")).unwrap_or_default()
             )));
         }
+    };
+    let reply = if req.wants_metadata() {
+        (reply.0, handlers::as_metadata(reply.1))
+    } else {
+        reply
     };
     let mut resp = json_response(reply.0, &reply.1);
     let warnings = std::mem::take(

@@ -5,26 +5,31 @@
 //! optionally in a directory (docs/apiserver.md).
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
-//! `auth` (authentication, RBAC, access reviews), `serviceaccount`
+//! `auth` (authentication, RBAC, access reviews), `policy` (default
+//! ClusterRoles and bindings, aggregation), `serviceaccount`
 //! (TokenRequest, pod admission, namespace defaults), `podsecurity` (Pod
 //! Security Standards admission), `route` (paths), `registry` (served resources), `store`
 //! (objects, resourceVersions, watch history), `handlers` (verbs; patch
 //! and delete in submodules),
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
-//! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
+//! formats, managedFields), `lists` (list merge semantics), `limits` (request and object size limits), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `discovery`, `openapi`, `logs` (kubelet proxy), `connect` (exec, attach and
-//! port-forward to the kubelet), `gc`, `persist`, `proto` (protobuf bodies).
+//! `scale` (the scale subresource), `disruption` (PodDisruptionBudget status,
+//! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `connect`
+//! (exec, attach and port-forward to the kubelet), `gc`, `persist`, `proto`
+//! (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod auth;
 mod connect;
 mod convert;
 mod defaults;
 mod discovery;
+mod disruption;
 mod gc;
 mod handlers;
 mod http;
 mod lifecycle;
+mod limits;
 mod lists;
 mod logs;
 mod meta;
@@ -32,11 +37,13 @@ mod openapi;
 mod patch;
 mod persist;
 mod podsecurity;
+mod policy;
 mod proto;
 mod registry;
 mod request;
 mod response;
 mod route;
+mod scale;
 mod schema;
 mod selector;
 mod serviceaccount;
@@ -44,6 +51,7 @@ mod ssa;
 mod status;
 mod store;
 mod table;
+mod times;
 mod tls;
 mod transition;
 mod watch;
@@ -117,11 +125,16 @@ pub struct ApiServerConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Watch events kept per resource (older resourceVersions get 410).
     pub history_limit: usize,
+    /// How long watch events stay in that history (kube-apiserver compacts
+    /// etcd every 5 minutes): a watch from an older resourceVersion gets
+    /// 410 Gone.
+    pub watch_window: Duration,
     /// How often watchers that asked for bookmarks get one.
     pub bookmark_interval: Duration,
     /// Watch duration when the client gives no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
-    /// Largest accepted request body, in bytes.
+    /// Largest accepted request body, in bytes (3 MiB, as kube-apiserver;
+    /// larger bodies are 413).
     pub max_body_bytes: usize,
     /// Longest lifetime of a service account token (TokenRequests asking
     /// for more are shortened, as with the real server's
@@ -136,9 +149,10 @@ impl Default for ApiServerConfig {
             data_dir: None,
             kubeconfig: None,
             history_limit: 10_000,
+            watch_window: Duration::from_secs(300),
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(1800),
-            max_body_bytes: 16 << 20,
+            max_body_bytes: limits::MAX_REQUEST_BODY,
             max_token_expiration: None,
         }
     }
@@ -192,6 +206,7 @@ pub struct ApiServerHandle {
     tasks: tokio::task::JoinSet<()>,
     data_dir: Option<PathBuf>,
     store: Arc<store::Store>,
+    creds: tls::Credentials,
 }
 
 impl std::fmt::Debug for ApiServerHandle {
@@ -236,7 +251,7 @@ impl ApiServer {
             tls::write_private(p, &kubeconfig_yaml)?;
         }
 
-        let store = Arc::new(store::Store::new(config.history_limit));
+        let store = Arc::new(store::Store::new(config.history_limit, config.watch_window));
         if let Some(dir) = &config.data_dir {
             persist::load(dir, &store)?;
         }
@@ -268,6 +283,8 @@ impl ApiServer {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(http::serve(listener, acceptor, ctx));
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
+        tasks.spawn(policy::run(store.clone(), shutdown.clone()));
+        tasks.spawn(disruption::run(store.clone(), shutdown.clone()));
         if let Some(dir) = config.data_dir.clone() {
             tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
         }
@@ -275,21 +292,22 @@ impl ApiServer {
         Ok(ApiServerHandle {
             addr,
             url,
-            ca_pem: creds.ca_pem,
-            token: creds.token,
+            ca_pem: creds.ca_pem.clone(),
+            token: creds.token.clone(),
             kubeconfig_yaml,
             kubeconfig_path: config.kubeconfig,
             shutdown,
             tasks,
             data_dir: config.data_dir,
             store,
+            creds,
         })
     }
 }
 
-/// Creates what a fresh cluster has: the standard namespaces, and in every
+/// Creates what a fresh cluster has: the standard namespaces, in every
 /// namespace a `default` ServiceAccount and the `kube-root-ca.crt`
-/// ConfigMap with the current CA.
+/// ConfigMap with the current CA, and the default RBAC objects.
 fn bootstrap(store: &store::Store) {
     let mut st = store.lock();
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -311,6 +329,8 @@ fn bootstrap(store: &store::Store) {
     for ns in namespaces {
         serviceaccount::namespace_defaults(&mut st, &ns, store.root_ca.get().map(String::as_str));
     }
+    drop(st);
+    policy::bootstrap(store);
 }
 
 impl ApiServerHandle {
@@ -342,6 +362,36 @@ impl ApiServerHandle {
     /// Where the kubeconfig was written, if anywhere.
     pub fn kubeconfig_path(&self) -> Option<&Path> {
         self.kubeconfig_path.as_deref()
+    }
+
+    /// A client certificate and key (PEM) for `user` in `groups`, signed by
+    /// the cluster CA: the server authenticates it as that user (`CN`) and
+    /// groups (`O`); `system:masters` makes a superuser.
+    pub fn issue_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(String, String), Error> {
+        self.creds.issue_client_cert(user, groups)
+    }
+
+    /// A kubeconfig (YAML) that authenticates with a new client
+    /// certificate for `user` in `groups` instead of the token.
+    pub fn kubeconfig_with_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<String, Error> {
+        use base64::Engine as _;
+        let (cert, key) = self.issue_client_cert(user, groups)?;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        let ca = b64(&self.ca_pem);
+        Ok(format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hostmesh-dev\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: hostmesh-dev\n  context:\n    cluster: hostmesh-dev\n    user: {user}\n    namespace: default\ncurrent-context: hostmesh-dev\npreferences: {{}}\n",
+            url = self.url,
+            cert = b64(&cert),
+            key = b64(&key),
+        ))
     }
 
     /// A kube client for this server.

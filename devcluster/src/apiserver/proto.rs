@@ -4,7 +4,14 @@
 //! bodies and `DeleteOptions`. A body is the magic `k8s\0` followed by a
 //! `runtime.Unknown` {typeMeta{apiVersion, kind}, raw}; `raw` is the typed
 //! message, decoded here into the same JSON the JSON endpoints accept.
-//! Other kinds get 415, which names JSON as the way to send them.
+//! Services, ServiceAccounts, ResourceQuotas, PriorityClasses,
+//! PodDisruptionBudgets, Deployments and the RBAC kinds (`kubectl create
+//! service|serviceaccount|quota|priorityclass|pdb|deployment|clusterrole|
+//! role|rolebinding|clusterrolebinding`) are decoded through field tables
+//! (`Table`) taken from Kubernetes' `generated.proto`; Go writes every
+//! non-pointer field, so empty strings, zeros and false are dropped as
+//! unset; a set field a table does not know is 415, never dropped. Other
+//! kinds get 415, which names JSON as the way to send them.
 
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
@@ -266,14 +273,347 @@ fn unknown(body: &[u8]) -> Result<(String, String, &[u8]), ApiError> {
     Ok((av, kind, raw))
 }
 
+/// How one protobuf field becomes JSON.
+#[derive(Clone, Copy)]
+enum Ty {
+    Str,
+    Int,
+    /// A pointer integer (`*int32`): written only when set, so 0 counts.
+    OptInt,
+    Bool,
+    /// `repeated string`.
+    Strs,
+    /// `map<string, string>`.
+    StrMap,
+    /// `IntOrString` {type = 1, intVal = 2, strVal = 3}.
+    IntOrStr,
+    /// `ObjectMeta`.
+    Meta,
+    Msg(Table),
+    /// `repeated` message.
+    Msgs(Table),
+    /// `map<string, Quantity>` (a Quantity is {string = 1}).
+    QuantityMap,
+    /// Read-only here (a status the server computes): not decoded.
+    Skip,
+}
+
+/// A message: its fields as (number, JSON name, type).
+type Table = &'static [(u64, &'static str, Ty)];
+
+const SERVICE_PORT: Table = &[
+    (1, "name", Ty::Str),
+    (2, "protocol", Ty::Str),
+    (3, "port", Ty::Int),
+    (4, "targetPort", Ty::IntOrStr),
+    (5, "nodePort", Ty::Int),
+    (6, "appProtocol", Ty::Str),
+];
+const SERVICE_SPEC: Table = &[
+    (1, "ports", Ty::Msgs(SERVICE_PORT)),
+    (2, "selector", Ty::StrMap),
+    (3, "clusterIP", Ty::Str),
+    (4, "type", Ty::Str),
+    (5, "externalIPs", Ty::Strs),
+    (7, "sessionAffinity", Ty::Str),
+    (8, "loadBalancerIP", Ty::Str),
+    (9, "loadBalancerSourceRanges", Ty::Strs),
+    (10, "externalName", Ty::Str),
+    (11, "externalTrafficPolicy", Ty::Str),
+    (12, "healthCheckNodePort", Ty::Int),
+    (13, "publishNotReadyAddresses", Ty::Bool),
+    (17, "ipFamilyPolicy", Ty::Str),
+    (18, "clusterIPs", Ty::Strs),
+    (19, "ipFamilies", Ty::Strs),
+    (20, "allocateLoadBalancerNodePorts", Ty::Bool),
+    (21, "loadBalancerClass", Ty::Str),
+    (22, "internalTrafficPolicy", Ty::Str),
+    (23, "trafficDistribution", Ty::Str),
+];
+const SERVICE: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(SERVICE_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const LOCAL_OBJECT_REFERENCE: Table = &[(1, "name", Ty::Str)];
+const OBJECT_REFERENCE: Table = &[
+    (1, "kind", Ty::Str),
+    (2, "namespace", Ty::Str),
+    (3, "name", Ty::Str),
+    (4, "uid", Ty::Str),
+    (5, "apiVersion", Ty::Str),
+    (6, "resourceVersion", Ty::Str),
+    (7, "fieldPath", Ty::Str),
+];
+const SERVICE_ACCOUNT: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "secrets", Ty::Msgs(OBJECT_REFERENCE)),
+    (3, "imagePullSecrets", Ty::Msgs(LOCAL_OBJECT_REFERENCE)),
+    (4, "automountServiceAccountToken", Ty::Bool),
+];
+const PRIORITY_CLASS: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "value", Ty::Int),
+    (3, "globalDefault", Ty::Bool),
+    (4, "description", Ty::Str),
+    (5, "preemptionPolicy", Ty::Str),
+];
+const PDB_SPEC: Table = &[
+    (1, "minAvailable", Ty::IntOrStr),
+    (2, "selector", Ty::Msg(LABEL_SELECTOR)),
+    (3, "maxUnavailable", Ty::IntOrStr),
+    (4, "unhealthyPodEvictionPolicy", Ty::Str),
+];
+const PDB: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(PDB_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const CONTAINER_PORT: Table = &[
+    (1, "name", Ty::Str),
+    (2, "hostPort", Ty::Int),
+    (3, "containerPort", Ty::Int),
+    (4, "protocol", Ty::Str),
+    (5, "hostIP", Ty::Str),
+];
+const ENV_VAR: Table = &[(1, "name", Ty::Str), (2, "value", Ty::Str)];
+const RESOURCES: Table = &[
+    (1, "limits", Ty::QuantityMap),
+    (2, "requests", Ty::QuantityMap),
+];
+const CONTAINER: Table = &[
+    (1, "name", Ty::Str),
+    (2, "image", Ty::Str),
+    (3, "command", Ty::Strs),
+    (4, "args", Ty::Strs),
+    (5, "workingDir", Ty::Str),
+    (6, "ports", Ty::Msgs(CONTAINER_PORT)),
+    (7, "env", Ty::Msgs(ENV_VAR)),
+    (8, "resources", Ty::Msg(RESOURCES)),
+    (13, "terminationMessagePath", Ty::Str),
+    (14, "imagePullPolicy", Ty::Str),
+    (16, "stdin", Ty::Bool),
+    (17, "stdinOnce", Ty::Bool),
+    (18, "tty", Ty::Bool),
+    (20, "terminationMessagePolicy", Ty::Str),
+];
+const POD_SPEC: Table = &[
+    (2, "containers", Ty::Msgs(CONTAINER)),
+    (3, "restartPolicy", Ty::Str),
+    (4, "terminationGracePeriodSeconds", Ty::OptInt),
+    (6, "dnsPolicy", Ty::Str),
+    (7, "nodeSelector", Ty::StrMap),
+    (8, "serviceAccountName", Ty::Str),
+    (9, "serviceAccount", Ty::Str),
+    (10, "nodeName", Ty::Str),
+    (11, "hostNetwork", Ty::Bool),
+    (12, "hostPID", Ty::Bool),
+    (13, "hostIPC", Ty::Bool),
+    (16, "hostname", Ty::Str),
+    (17, "subdomain", Ty::Str),
+    (19, "schedulerName", Ty::Str),
+    (20, "initContainers", Ty::Msgs(CONTAINER)),
+    (21, "automountServiceAccountToken", Ty::Bool),
+    (24, "priorityClassName", Ty::Str),
+    (25, "priority", Ty::OptInt),
+];
+const POD_TEMPLATE_SPEC: Table = &[(1, "metadata", Ty::Meta), (2, "spec", Ty::Msg(POD_SPEC))];
+const ROLLING_UPDATE: Table = &[
+    (1, "maxUnavailable", Ty::IntOrStr),
+    (2, "maxSurge", Ty::IntOrStr),
+];
+const DEPLOYMENT_STRATEGY: Table = &[
+    (1, "type", Ty::Str),
+    (2, "rollingUpdate", Ty::Msg(ROLLING_UPDATE)),
+];
+const DEPLOYMENT_SPEC: Table = &[
+    (1, "replicas", Ty::OptInt),
+    (2, "selector", Ty::Msg(LABEL_SELECTOR)),
+    (3, "template", Ty::Msg(POD_TEMPLATE_SPEC)),
+    (4, "strategy", Ty::Msg(DEPLOYMENT_STRATEGY)),
+    (5, "minReadySeconds", Ty::Int),
+    (6, "revisionHistoryLimit", Ty::OptInt),
+    (7, "paused", Ty::Bool),
+    (9, "progressDeadlineSeconds", Ty::OptInt),
+];
+const DEPLOYMENT: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(DEPLOYMENT_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const QUOTA_SPEC: Table = &[(1, "hard", Ty::QuantityMap), (2, "scopes", Ty::Strs)];
+const QUOTA: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(QUOTA_SPEC)),
+    (3, "status", Ty::Skip),
+];
+const POLICY_RULE: Table = &[
+    (1, "verbs", Ty::Strs),
+    (2, "apiGroups", Ty::Strs),
+    (3, "resources", Ty::Strs),
+    (4, "resourceNames", Ty::Strs),
+    (5, "nonResourceURLs", Ty::Strs),
+];
+const LABEL_REQUIREMENT: Table = &[
+    (1, "key", Ty::Str),
+    (2, "operator", Ty::Str),
+    (3, "values", Ty::Strs),
+];
+const LABEL_SELECTOR: Table = &[
+    (1, "matchLabels", Ty::StrMap),
+    (2, "matchExpressions", Ty::Msgs(LABEL_REQUIREMENT)),
+];
+const AGGREGATION_RULE: Table = &[(1, "clusterRoleSelectors", Ty::Msgs(LABEL_SELECTOR))];
+const ROLE: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "rules", Ty::Msgs(POLICY_RULE)),
+    (3, "aggregationRule", Ty::Msg(AGGREGATION_RULE)),
+];
+const SUBJECT: Table = &[
+    (1, "kind", Ty::Str),
+    (2, "apiGroup", Ty::Str),
+    (3, "name", Ty::Str),
+    (4, "namespace", Ty::Str),
+];
+const ROLE_REF: Table = &[
+    (1, "apiGroup", Ty::Str),
+    (2, "kind", Ty::Str),
+    (3, "name", Ty::Str),
+];
+const BINDING: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "subjects", Ty::Msgs(SUBJECT)),
+    (3, "roleRef", Ty::Msg(ROLE_REF)),
+];
+
+/// A message decoded through its table; unset (zero) scalars are left out.
+/// A set field the table does not know is refused (415), never dropped.
+fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
+    let mut out = Map::new();
+    for (n, x) in fields(b)? {
+        let Some((_, name, ty)) = table.iter().find(|(num, _, _)| *num == n) else {
+            let unset = match &x {
+                Field::Varint(v) => *v == 0,
+                Field::Bytes(b) => b.is_empty(),
+                Field::Fixed => false,
+            };
+            if unset {
+                continue;
+            }
+            return Err(ApiError::unsupported_media(format!(
+                "protobuf field {n} of this object is not decoded here: send application/json"
+            )));
+        };
+        let name = (*name).to_string();
+        match ty {
+            Ty::Str => {
+                let v = string(&x)?;
+                if !v.is_empty() {
+                    out.insert(name, json!(v));
+                }
+            }
+            Ty::Int => {
+                let v = int(&x)?;
+                if v != 0 {
+                    out.insert(name, json!(v));
+                }
+            }
+            Ty::OptInt => {
+                out.insert(name, json!(int(&x)?));
+            }
+            Ty::Bool => {
+                out.insert(name, json!(int(&x)? != 0));
+            }
+            Ty::Strs => {
+                let a = out.entry(name).or_insert_with(|| json!([]));
+                if let Some(a) = a.as_array_mut() {
+                    a.push(json!(string(&x)?));
+                }
+            }
+            Ty::StrMap => {
+                let (k, v) = map_entry(&x, false)?;
+                let m = out.entry(name).or_insert_with(|| json!({}));
+                m[k] = v;
+            }
+            Ty::IntOrStr => {
+                let mut is_str = false;
+                let (mut i, mut st) = (0, String::new());
+                for (n, f) in fields(bytes(&x)?)? {
+                    match n {
+                        1 => is_str = int(&f)? == 1,
+                        2 => i = int(&f)?,
+                        3 => st = string(&f)?,
+                        _ => {}
+                    }
+                }
+                out.insert(name, if is_str { json!(st) } else { json!(i) });
+            }
+            Ty::Meta => {
+                out.insert(name, object_meta(bytes(&x)?)?);
+            }
+            Ty::Msg(t) => {
+                out.insert(name, Value::Object(message(bytes(&x)?, t)?));
+            }
+            Ty::Msgs(t) => {
+                let item = Value::Object(message(bytes(&x)?, t)?);
+                let a = out.entry(name).or_insert_with(|| json!([]));
+                if let Some(a) = a.as_array_mut() {
+                    a.push(item);
+                }
+            }
+            Ty::QuantityMap => {
+                let (mut k, mut q) = (String::new(), String::new());
+                for (n, f) in fields(bytes(&x)?)? {
+                    match n {
+                        1 => k = string(&f)?,
+                        2 => {
+                            for (qn, qf) in fields(bytes(&f)?)? {
+                                if qn == 1 {
+                                    q = string(&qf)?;
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let m = out.entry(name).or_insert_with(|| json!({}));
+                m[k] = json!(q);
+            }
+            Ty::Skip => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The field table of a kind decoded through tables.
+fn table_of(api_version: &str, kind: &str) -> Option<Table> {
+    Some(match (api_version, kind) {
+        ("v1", "Service") => SERVICE,
+        ("rbac.authorization.k8s.io/v1", "ClusterRole" | "Role") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding" | "RoleBinding") => BINDING,
+        ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
+        ("v1", "ResourceQuota") => QUOTA,
+        ("scheduling.k8s.io/v1", "PriorityClass") => PRIORITY_CLASS,
+        ("policy/v1", "PodDisruptionBudget") => PDB,
+        ("apps/v1", "Deployment") => DEPLOYMENT,
+        _ => return None,
+    })
+}
+
 /// Decodes a protobuf object body into JSON.
 pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
     let (av, kind, raw) = unknown(body)?;
+    if let Some(table) = table_of(&av, &kind) {
+        let mut obj = message(raw, table)?;
+        obj.insert("apiVersion".into(), json!(av));
+        obj.insert("kind".into(), json!(kind));
+        return Ok(Value::Object(obj));
+    }
     match (av.as_str(), kind.as_str()) {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
         ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace and TokenRequest only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget, Deployment and the RBAC kinds only, not {av} {kind}: send application/json"
         ))),
     }
 }

@@ -45,6 +45,31 @@ pub(crate) struct ResourceInfo {
     pub(crate) schemas: BTreeMap<String, Value>,
     /// Per version: printer columns of a CRD.
     pub(crate) columns: BTreeMap<String, Vec<PrinterColumn>>,
+    /// CRD `selectableFields` (field selector labels, without the dot).
+    pub(crate) selectable_fields: Vec<String>,
+    /// CRD `subresources.scale`: where replicas and the selector live.
+    pub(crate) scale: Option<ScalePaths>,
+}
+
+impl ScalePaths {
+    /// The paths of the built-in workloads (`apps/v1` Deployments,
+    /// ReplicaSets, StatefulSets).
+    fn builtin() -> Self {
+        Self {
+            spec_replicas: "spec.replicas".into(),
+            status_replicas: "status.replicas".into(),
+            label_selector: Some("spec.selector".into()),
+        }
+    }
+}
+
+/// The paths a CRD's `scale` subresource reads and writes (JSON paths
+/// without the leading dot, e.g. `spec.replicas`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ScalePaths {
+    pub(crate) spec_replicas: String,
+    pub(crate) status_replicas: String,
+    pub(crate) label_selector: Option<String>,
 }
 
 impl ResourceInfo {
@@ -87,8 +112,18 @@ impl ResourceInfo {
         if self.status {
             subs.push("status");
         }
+        if self.scale.is_some() {
+            subs.push("scale");
+        }
         if self.builtin && self.group.is_empty() && self.plural == "pods" {
-            subs.extend(["attach", "binding", "exec", "log", "portforward"]);
+            subs.extend([
+                "attach",
+                "binding",
+                "eviction",
+                "exec",
+                "log",
+                "portforward",
+            ]);
         }
         if self.builtin && self.group.is_empty() && self.plural == "namespaces" {
             subs.push("finalize");
@@ -324,6 +359,15 @@ const BUILTINS: &[Builtin] = &[
     b(
         "authentication.k8s.io",
         "v1",
+        "tokenreviews",
+        "TokenReview",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "authentication.k8s.io",
+        "v1",
         "selfsubjectreviews",
         "SelfSubjectReview",
         false,
@@ -380,6 +424,10 @@ impl Registry {
                     builtin: true,
                     schemas: BTreeMap::new(),
                     columns: BTreeMap::new(),
+                    selectable_fields: Vec::new(),
+                    scale: (r.group == "apps"
+                        && matches!(r.plural, "deployments" | "replicasets" | "statefulsets"))
+                    .then(ScalePaths::builtin),
                 })
             })
             .collect();
@@ -478,6 +526,8 @@ fn crd_info(crd: &Value) -> Option<ResourceInfo> {
     let mut schemas = BTreeMap::new();
     let mut columns = BTreeMap::new();
     let mut status = false;
+    let mut selectable_fields = Vec::new();
+    let mut scale = None;
     for v in spec.get("versions")?.as_array()? {
         let name = s(v.get("name"))?;
         if v.get("served").and_then(Value::as_bool) == Some(false) {
@@ -486,6 +536,28 @@ fn crd_info(crd: &Value) -> Option<ResourceInfo> {
         let storage = v.get("storage").and_then(Value::as_bool).unwrap_or(false);
         if v.pointer("/subresources/status").is_some() {
             status = true;
+        }
+        if let Some(sc) = v.pointer("/subresources/scale") {
+            let path = |k: &str| {
+                sc.get(k)
+                    .and_then(Value::as_str)
+                    .map(|p| p.trim_start_matches('.').to_string())
+            };
+            scale = Some(ScalePaths {
+                spec_replicas: path("specReplicasPath")?,
+                status_replicas: path("statusReplicasPath")?,
+                label_selector: path("labelSelectorPath"),
+            });
+        }
+        for f in v
+            .get("selectableFields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(p) = f.get("jsonPath").and_then(Value::as_str) {
+                selectable_fields.push(p.trim_start_matches('.').to_string());
+            }
         }
         if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
             schemas.insert(name.clone(), schema.clone());
@@ -529,5 +601,7 @@ fn crd_info(crd: &Value) -> Option<ResourceInfo> {
         builtin: false,
         schemas,
         columns,
+        selectable_fields,
+        scale,
     })
 }

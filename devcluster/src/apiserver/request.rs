@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::proto;
+use super::registry::ResourceInfo;
 use super::route::Target;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
@@ -110,8 +111,8 @@ impl Request {
         LabelSelector::parse(self.q("labelSelector").unwrap_or(""))
     }
 
-    pub(crate) fn field_selector(&self) -> Result<FieldSelector, ApiError> {
-        FieldSelector::parse(self.q("fieldSelector").unwrap_or(""))
+    pub(crate) fn field_selector(&self, info: &ResourceInfo) -> Result<FieldSelector, ApiError> {
+        FieldSelector::parse(self.q("fieldSelector").unwrap_or(""), Some(info))
     }
 }
 

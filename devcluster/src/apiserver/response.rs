@@ -1,6 +1,13 @@
 //! HTTP responses of the API server: the body type (a whole document or a
 //! stream), JSON and Status-object responses, and streaming responses for
 //! watches and proxied logs.
+//!
+//! JSON is written in Kubernetes' field order (`to_vec_ordered`): an
+//! object with `kind` or `apiVersion` starts with `kind`, `apiVersion`,
+//! `metadata`, then `spec`, `status` (lists: `items`), the other fields
+//! after; `metadata` starts with `name`, `generateName`, `namespace`,
+//! `uid`, `resourceVersion`, `generation`, `creationTimestamp`; a watch
+//! event is `type` then `object`.
 
 use std::convert::Infallible;
 
@@ -26,11 +33,92 @@ pub(crate) fn full(code: u16, content_type: &str, body: Bytes) -> Response<Body>
 }
 
 pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
-    full(
-        code,
-        "application/json",
-        Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
-    )
+    full(code, "application/json", Bytes::from(to_vec_ordered(v)))
+}
+
+/// Fields written first in an object with `kind` or `apiVersion`.
+const OBJECT_ORDER: &[&str] = &["kind", "apiVersion", "metadata", "spec", "status", "items"];
+/// Fields written first in `metadata` (as `ObjectMeta` declares them).
+const META_ORDER: &[&str] = &[
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+/// Fields written first in a watch event.
+const EVENT_ORDER: &[&str] = &["type", "object"];
+
+/// A JSON value serialized in Kubernetes' field order (module doc).
+struct Ordered<'a> {
+    value: &'a Value,
+    /// The order for this object, when the parent knows it.
+    order: Option<&'static [&'static str]>,
+}
+
+impl<'a> serde::Serialize for Ordered<'a> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap as _, SerializeSeq as _};
+        match self.value {
+            Value::Object(m) => {
+                let first = self.order.unwrap_or_else(|| {
+                    if m.contains_key("kind") || m.contains_key("apiVersion") {
+                        OBJECT_ORDER
+                    } else if m.len() == 2 && m.contains_key("type") && m.contains_key("object") {
+                        EVENT_ORDER
+                    } else {
+                        &[]
+                    }
+                });
+                let child = |k: &str, v: &'a Value| -> Ordered<'a> {
+                    let order = (first == OBJECT_ORDER && k == "metadata").then_some(META_ORDER);
+                    Ordered { value: v, order }
+                };
+                let mut map = s.serialize_map(Some(m.len()))?;
+                for k in first {
+                    if let Some(v) = m.get(*k) {
+                        map.serialize_entry(k, &child(k, v))?;
+                    }
+                }
+                for (k, v) in m {
+                    if !first.contains(&k.as_str()) {
+                        map.serialize_entry(k, &child(k, v))?;
+                    }
+                }
+                map.end()
+            }
+            Value::Array(a) => {
+                let mut seq = s.serialize_seq(Some(a.len()))?;
+                for v in a {
+                    seq.serialize_element(&Ordered {
+                        value: v,
+                        order: None,
+                    })?;
+                }
+                seq.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+/// `v` as JSON in Kubernetes' field order.
+pub(crate) fn to_vec_ordered(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(&Ordered {
+        value: v,
+        order: None,
+    })
+    .unwrap_or_default()
 }
 
 pub(crate) fn error_response(e: &ApiError) -> Response<Body> {

@@ -94,6 +94,23 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// 429: the request would break a limit now (a disruption budget, the
+    /// number of concurrent streams); retrying later may succeed.
+    pub(crate) fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message)
+    }
+
+    /// 413: the request body is larger than the server reads.
+    pub(crate) fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", message)
+    }
+
+    /// An error kube-apiserver passes on from below without a reason (as
+    /// `ErrorToAPIStatus` does for errors that are not API errors).
+    pub(crate) fn unknown(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "", message)
+    }
+
     /// 415: the content type is not one this endpoint accepts.
     pub(crate) fn unsupported_media(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)
@@ -115,14 +132,26 @@ impl ApiError {
         e
     }
 
+    /// 422: a request option (`PatchOptions`, `DeleteOptions`, ...) is
+    /// invalid, as `<kind>.meta.k8s.io "" is invalid: <field>: <message>`;
+    /// `reason` is the cause's (`FieldValueRequired`, `FieldValueForbidden`).
+    pub(crate) fn invalid_options(kind: &str, field: &str, reason: &str, message: &str) -> Self {
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{kind}.meta.k8s.io \"\" is invalid: {field}: {message}"),
+        );
+        e.details = Some(json!({
+            "group": "meta.k8s.io",
+            "kind": kind,
+            "causes": [{"reason": reason, "message": message, "field": field}],
+        }));
+        e
+    }
+
     /// 422: a patch could not be applied to the object.
     pub(crate) fn invalid_patch(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
-    }
-
-    /// 429: too many concurrent requests of a kind.
-    pub(crate) fn too_many_requests(message: impl Into<String>) -> Self {
-        Self::new(429, "TooManyRequests", message)
     }
 
     /// 500: a bug or an I/O failure on the server.
@@ -148,6 +177,11 @@ impl ApiError {
         });
         if let Some(d) = &self.details {
             s["details"] = d.clone();
+        }
+        if self.reason.is_empty()
+            && let Some(o) = s.as_object_mut()
+        {
+            o.remove("reason");
         }
         s
     }

@@ -13,6 +13,8 @@
 //!    answered with 410 Gone. It starts at the floor (0, or the restored
 //!    resourceVersion after a restart), never at "now": a resource nobody
 //!    wrote yet has missed nothing.
+//!    Events also leave the history once older than the watch window
+//!    (kube-apiserver's etcd compaction, every 5 minutes by default).
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 
@@ -48,6 +50,9 @@ pub(crate) struct WatchEvent {
     /// The event's wire line as stored (encoded once, shared by every
     /// watcher that needs it unchanged).
     pub(crate) encoded: std::sync::OnceLock<bytes::Bytes>,
+    /// When the write happened (events older than the window are
+    /// compacted).
+    pub(crate) at: std::time::Instant,
 }
 
 struct ResourceState {
@@ -80,13 +85,23 @@ pub(crate) struct State {
     pub(crate) registry: Registry,
     resources: HashMap<String, ResourceState>,
     history_limit: usize,
+    /// How long an event stays in the history.
+    window: std::time::Duration,
     dirty: bool,
     /// The RBAC index; dropped by every write to an RBAC resource and
     /// rebuilt by the next request that needs it.
     rbac: Option<Arc<rbac::Index>>,
+    /// Counts writes to RBAC resources (the aggregation controller
+    /// re-aggregates when it moves).
+    rbac_writes: u64,
 }
 
 impl State {
+    /// How many writes to RBAC resources happened so far.
+    pub(crate) fn rbac_writes(&self) -> u64 {
+        self.rbac_writes
+    }
+
     /// The RBAC index of the stored roles and bindings.
     pub(crate) fn rbac_index(&mut self) -> Arc<rbac::Index> {
         if let Some(i) = &self.rbac {
@@ -204,7 +219,7 @@ impl State {
         let rv = self.rv;
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let obj = Arc::new(obj);
-        let limit = self.history_limit;
+        let limit = (self.history_limit, self.window);
         let r = self.res(key);
         let previous = r
             .objects
@@ -219,6 +234,7 @@ impl State {
             limit,
             WatchEvent {
                 encoded: std::sync::OnceLock::new(),
+                at: std::time::Instant::now(),
                 type_,
                 rv,
                 object: obj.clone(),
@@ -231,6 +247,7 @@ impl State {
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
+            self.rbac_writes += 1;
         }
         obj
     }
@@ -244,13 +261,14 @@ impl State {
         let mut obj = (*previous).clone();
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let obj = Arc::new(obj);
-        let limit = self.history_limit;
+        let limit = (self.history_limit, self.window);
         let r = self.res(key);
         Self::record(
             r,
             limit,
             WatchEvent {
                 encoded: std::sync::OnceLock::new(),
+                at: std::time::Instant::now(),
                 type_: EventType::Deleted,
                 rv,
                 object: obj.clone(),
@@ -263,20 +281,33 @@ impl State {
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
+            self.rbac_writes += 1;
         }
         Some(obj)
     }
 
-    fn record(r: &mut ResourceState, limit: usize, ev: WatchEvent) {
+    fn record(r: &mut ResourceState, limit: (usize, std::time::Duration), ev: WatchEvent) {
         let ev = Arc::new(ev);
         r.history.push_back(ev.clone());
-        while r.history.len() > limit {
+        while r.history.len() > limit.0 {
             if let Some(old) = r.history.pop_front() {
                 r.compacted = old.rv;
             }
         }
+        Self::compact(r, limit.1);
         // No receivers is fine: nobody watches this resource right now.
         let _ = r.tx.send(ev);
+    }
+
+    /// Drops the events older than `window` (invariant 3).
+    fn compact(r: &mut ResourceState, window: std::time::Duration) {
+        while let Some(old) = r.history.front() {
+            if old.at.elapsed() <= window {
+                break;
+            }
+            r.compacted = old.rv;
+            r.history.pop_front();
+        }
     }
 
     fn rebuild_registry(&mut self) {
@@ -291,9 +322,11 @@ impl State {
     /// Events of a resource after `since`, and a receiver for later ones;
     /// 410 when the history no longer reaches back to `since`.
     pub(crate) fn subscribe(&mut self, key: &str, since: u64) -> Result<Subscription, ApiError> {
+        let window = self.window;
         let r = self.res(key);
+        Self::compact(r, window);
         if since < r.compacted {
-            return Err(too_old(since));
+            return Err(too_old(since, r.compacted));
         }
         let past = r.history.iter().filter(|e| e.rv > since).cloned().collect();
         Ok((past, r.tx.subscribe()))
@@ -306,18 +339,20 @@ impl State {
         key: &str,
         since: u64,
     ) -> Result<Vec<Arc<WatchEvent>>, ApiError> {
+        let window = self.window;
         let r = self.res(key);
+        Self::compact(r, window);
         if since < r.compacted {
-            return Err(too_old(since));
+            return Err(too_old(since, r.compacted));
         }
         Ok(r.history.iter().filter(|e| e.rv > since).cloned().collect())
     }
 }
 
-fn too_old(rv: u64) -> ApiError {
-    ApiError::gone(format!(
-        "too old resource version: {rv}: re-list and watch from the list's resourceVersion"
-    ))
+/// kube-apiserver's watch cache message: the asked resourceVersion and
+/// the newest one no longer kept.
+fn too_old(rv: u64, compacted: u64) -> ApiError {
+    ApiError::gone(format!("too old resource version: {rv} ({compacted})"))
 }
 
 /// The storage key of CRDs.
@@ -342,8 +377,9 @@ pub(crate) struct Snapshot {
 }
 
 impl Store {
-    /// An empty store keeping `history_limit` events per resource.
-    pub(crate) fn new(history_limit: usize) -> Self {
+    /// An empty store keeping at most `history_limit` events per resource,
+    /// none older than `window`.
+    pub(crate) fn new(history_limit: usize, window: std::time::Duration) -> Self {
         Self {
             state: Mutex::new(State {
                 rv: 0,
@@ -351,8 +387,10 @@ impl Store {
                 registry: Registry::new(),
                 resources: HashMap::new(),
                 history_limit: history_limit.max(1),
+                window,
                 dirty: false,
                 rbac: None,
+                rbac_writes: 0,
             }),
             gc: Notify::new(),
             persist: Notify::new(),

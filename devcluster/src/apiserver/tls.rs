@@ -8,6 +8,9 @@
 //!    listen IP, so clients verify it against the CA without special cases.
 //! 2. With a data directory the credentials are written there and reused on
 //!    restart, so an existing kubeconfig keeps working.
+//! 3. Clients may present a certificate signed by the CA (client-certificate
+//!    authentication, see `auth::x509`); one signed by anyone else fails the
+//!    handshake. The CA key, kept beside the CA, issues such certificates.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ pub(crate) struct Credentials {
     pub(crate) token: String,
     /// The service account token signing key (hex of 32 random bytes).
     pub(crate) sa_key: String,
+    /// The CA's private key (absent in data directories made before the
+    /// server could issue client certificates).
+    pub(crate) ca_key_pem: Option<String>,
 }
 
 impl Credentials {
@@ -59,6 +65,7 @@ impl Credentials {
                     key_pem,
                     token: token.trim().to_string(),
                     sa_key,
+                    ca_key_pem: read(CA_KEY_FILE).ok(),
                 });
             }
         }
@@ -74,22 +81,17 @@ impl Credentials {
             ] {
                 write_private(&dir.join(f), body)?;
             }
+            if let Some(k) = &creds.ca_key_pem {
+                write_private(&dir.join(CA_KEY_FILE), k)?;
+            }
         }
         Ok(creds)
     }
 
     fn generate(ip: std::net::IpAddr) -> Result<Self, Error> {
         let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "hostmesh-devcluster-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca_params = ca_params()?;
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, ca_key);
 
@@ -119,7 +121,47 @@ impl Credentials {
             key_pem: key.serialize_pem(),
             token: random_hex()?,
             sa_key: random_hex()?,
+            ca_key_pem: Some(ca_key_pem),
         })
+    }
+
+    /// A client certificate and key (PEM) for `user` in `groups` (CN and
+    /// O, as kube-apiserver reads them), signed by the CA (rcgen's default validity, as the serving certificate).
+    pub(crate) fn issue_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(String, String), Error> {
+        let ca_key = self.ca_key_pem.as_deref().ok_or_else(|| {
+            Error::Tls("this data directory has no CA key (ca-key.pem), so no client certificate can be issued: start with a new data directory".into())
+        })?;
+        let issuer = Issuer::new(ca_params()?, KeyPair::from_pem(ca_key)?);
+        // rcgen writes one value per attribute type: a second group goes
+        // under the same OID (2.5.4.10) spelled as a custom type; more do
+        // not fit. The server reads every O of certificates made elsewhere.
+        if groups.len() > 2 {
+            return Err(Error::Tls(format!(
+                "a client certificate issued here carries at most two groups (O), not {}: bind RBAC roles to the user or to fewer groups",
+                groups.len()
+            )));
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        let org_types = [
+            DnType::OrganizationName,
+            DnType::CustomDnType(vec![2, 5, 4, 10]),
+        ];
+        for (g, ty) in groups.iter().zip(org_types) {
+            params.distinguished_name.push(ty, *g);
+        }
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 
     /// The rustls server configuration (HTTP/2 and HTTP/1.1 via ALPN).
@@ -132,10 +174,25 @@ impl Credentials {
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .map_err(|e| Error::Tls(format!("bad serving key: {e}")))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
+            let ca = ca.map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+            roots
+                .add(ca)
+                .map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+        }
+        // Invariant 3: a client certificate is optional, but must be ours.
+        let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| Error::Tls(e.to_string()))?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Tls(e.to_string()))?
-            .with_no_client_auth()
+            .with_client_cert_verifier(clients)
             .with_single_cert(certs, key)
             .map_err(|e| Error::Tls(e.to_string()))?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -151,6 +208,25 @@ impl Credentials {
         )
     }
 }
+
+/// The CA's parameters (the same on every start, so certificates issued
+/// later name the CA exactly as its certificate does).
+fn ca_params() -> Result<CertificateParams, Error> {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "hostmesh-devcluster-ca");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(ca_params)
+}
+
+/// The file the CA key is kept in.
+const CA_KEY_FILE: &str = "ca-key.pem";
 
 /// Writes a file readable by its owner only.
 pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), Error> {

@@ -22,6 +22,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::handlers::{Request, present};
+use super::response::to_vec_ordered;
 use super::route::Target;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
@@ -80,7 +81,7 @@ impl Encoder {
         } else {
             o
         };
-        let mut line = serde_json::to_vec(&json!({"type": type_, "object": o})).unwrap_or_default();
+        let mut line = to_vec_ordered(&json!({"type": type_, "object": o}));
         line.push(b'\n');
         Bytes::from(line)
     }
@@ -105,16 +106,14 @@ impl Encoder {
             "apiVersion": self.target.info.api_version(&self.target.version),
             "metadata": meta,
         });
-        let mut line =
-            serde_json::to_vec(&json!({"type": "BOOKMARK", "object": o})).unwrap_or_default();
+        let mut line = to_vec_ordered(&json!({"type": "BOOKMARK", "object": o}));
         line.push(b'\n');
         Bytes::from(line)
     }
 }
 
 fn error_line(e: &ApiError) -> Bytes {
-    let mut line =
-        serde_json::to_vec(&json!({"type": "ERROR", "object": e.to_status()})).unwrap_or_default();
+    let mut line = to_vec_ordered(&json!({"type": "ERROR", "object": e.to_status()}));
     line.push(b'\n');
     Bytes::from(line)
 }
@@ -134,11 +133,11 @@ pub(crate) fn start(
     cfg: WatchConfig,
     shutdown: CancellationToken,
 ) -> Result<mpsc::Receiver<Bytes>, ApiError> {
-    let fields = FieldSelector::parse(req.q("fieldSelector").unwrap_or(""))?;
+    let fields = req.field_selector(&t.info)?;
     let filter = Filter {
         ns: t.ns.clone(),
         name: t.name.clone(),
-        labels: LabelSelector::parse(req.q("labelSelector").unwrap_or(""))?,
+        labels: req.label_selector()?,
         fields,
     };
     let timeout = match req.q("timeoutSeconds") {

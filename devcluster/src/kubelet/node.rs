@@ -8,12 +8,18 @@
 //!    duration while the kubelet runs.
 //! 3. On shutdown the Ready condition becomes Unknown (reason
 //!    `KubeletStopped`), as when a node stops posting status.
+//! 4. The Lease's `renewTime` is a `MicroTime`: exactly six fractional
+//!    digits (kube-apiserver refuses nine).
+//! 5. The reported `kubeletVersion` is the API server's own `gitVersion`
+//!    (read when registering): the version-skew policy forbids a kubelet
+//!    newer than its API server.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -21,6 +27,37 @@ use serde_json::json;
 
 use super::error::{KubeletError, Result};
 use super::shared::{Shared, lock};
+
+/// The version reported before the API server's is known (a kubelet that
+/// cannot read `/version` registers no Node anyway).
+const FALLBACK_VERSION: &str = "v1.33.0";
+
+/// The API server's `gitVersion` per running kubelet (keyed by the address
+/// of its `Shared`, which lives as long as the kubelet), read by `register`.
+static SERVER_VERSIONS: std::sync::Mutex<std::collections::BTreeMap<usize, String>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn shared_key(shared: &Shared) -> usize {
+    std::ptr::from_ref(shared) as usize
+}
+
+/// The kubelet version to report (invariant 5).
+fn kubelet_version(shared: &Shared) -> String {
+    lock(&SERVER_VERSIONS)
+        .get(&shared_key(shared))
+        .cloned()
+        .unwrap_or_else(|| FALLBACK_VERSION.to_string())
+}
+
+/// Forgets the API server version of a kubelet that stops.
+fn forget_version(shared: &Shared) {
+    lock(&SERVER_VERSIONS).remove(&shared_key(shared));
+}
+
+/// The current time as a `MicroTime` (invariant 4).
+fn micro_now() -> serde_json::Value {
+    serde_json::to_value(MicroTime(Timestamp::now())).unwrap_or(serde_json::Value::Null)
+}
 
 /// Namespace of node leases.
 pub(crate) const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -122,7 +159,7 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
             "kernelVersion": kernel_version(),
             "osImage": "hostmesh process kubelet",
             "containerRuntimeVersion": "process://0.1.0",
-            "kubeletVersion": "v1.33.0-hostmesh",
+            "kubeletVersion": kubelet_version(shared),
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
             "architecture": arch(),
@@ -133,6 +170,12 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
 /// Creates the Node if it does not exist and posts its status.
 pub(crate) async fn register(shared: &Shared) -> Result<()> {
     let name = &shared.config.node_name;
+    let version = shared
+        .client
+        .apiserver_version()
+        .await
+        .map_err(|e| KubeletError::api("read the API server's /version".to_string(), e))?;
+    lock(&SERVER_VERSIONS).insert(shared_key(shared), version.git_version);
     let api: Api<Node> = Api::all(shared.client.clone());
     let existing = api
         .get_opt(name)
@@ -174,6 +217,7 @@ pub(crate) async fn post_status(shared: &Shared) -> Result<()> {
 
 /// Marks the Node's Ready condition Unknown (the kubelet stopped).
 pub(crate) async fn post_stopped(shared: &Shared) -> Result<()> {
+    forget_version(shared);
     let name = &shared.config.node_name;
     let api: Api<Node> = Api::all(shared.client.clone());
     let now = Timestamp::now().to_string();
@@ -207,7 +251,7 @@ async fn ensure_lease_namespace(shared: &Shared) {
 pub(crate) async fn renew_lease(shared: &Shared) -> Result<()> {
     let name = &shared.config.node_name;
     let api: Api<Lease> = Api::namespaced(shared.client.clone(), LEASE_NAMESPACE);
-    let now = Timestamp::now().to_string();
+    let now = micro_now();
     let duration = shared.config.lease_duration.as_secs() as i32;
     match api
         .get_opt(name)

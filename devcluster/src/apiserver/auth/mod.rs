@@ -22,6 +22,7 @@ pub(crate) mod attrs;
 pub(crate) mod rbac;
 pub(crate) mod review;
 pub(crate) mod token;
+pub(crate) mod x509;
 
 use tracing::debug;
 
@@ -40,6 +41,8 @@ pub(crate) struct User {
     pub(crate) name: String,
     pub(crate) uid: String,
     pub(crate) groups: Vec<String>,
+    /// Extra attributes (`authentication.kubernetes.io/pod-name`, ...).
+    pub(crate) extra: Vec<(String, String)>,
 }
 
 impl User {
@@ -49,6 +52,7 @@ impl User {
             name: "hostmesh-admin".into(),
             uid: String::new(),
             groups: vec![MASTERS.into(), "system:authenticated".into()],
+            extra: Vec::new(),
         }
     }
 
@@ -59,6 +63,7 @@ impl User {
             name: "system:anonymous".into(),
             uid: String::new(),
             groups: vec!["system:unauthenticated".into()],
+            extra: Vec::new(),
         }
     }
 
@@ -72,6 +77,7 @@ impl User {
                 format!("system:serviceaccounts:{ns}"),
                 "system:authenticated".into(),
             ],
+            extra: Vec::new(),
         }
     }
 
@@ -112,14 +118,33 @@ impl Authenticator {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(ApiError::unauthorized)?;
+        self.token_user(store, token, &[token::API_AUDIENCE])
+            .map(|(user, _)| user)
+            .map_err(|e| {
+                debug!(reason = %e, "bearer token refused");
+                ApiError::unauthorized()
+            })
+    }
+
+    /// The user a bearer token stands for if it is valid for one of
+    /// `audiences`, with the audiences it is valid for; else why not.
+    pub(crate) fn token_user(
+        &self,
+        store: &Store,
+        token: &str,
+        audiences: &[&str],
+    ) -> Result<(User, Vec<String>), String> {
         if constant_time_eq(token.as_bytes(), self.admin_token.as_bytes()) {
-            return Ok(User::admin());
+            if !audiences.contains(&token::API_AUDIENCE) {
+                return Err("the admin token is valid for the API server's audience only".into());
+            }
+            return Ok((User::admin(), vec![token::API_AUDIENCE.to_string()]));
         }
         let now = chrono::Utc::now().timestamp();
-        let claims = self.signer.verify(token, now).map_err(|e| {
-            debug!(reason = %e, "bearer token refused");
-            ApiError::unauthorized()
-        })?;
+        let claims = self
+            .signer
+            .verify_for(token, now, audiences)
+            .map_err(|e| e.to_string())?;
         let k = &claims.kube;
         let st = store.lock();
         let uid_of = |key: &str, name: &str| {
@@ -133,20 +158,40 @@ impl Authenticator {
         if uid_of("/serviceaccounts", &k.serviceaccount.name).as_deref()
             != Some(k.serviceaccount.uid.as_str())
         {
-            debug!(namespace = %k.namespace, serviceaccount = %k.serviceaccount.name, "token of a service account that no longer exists");
-            return Err(ApiError::unauthorized());
+            return Err(format!(
+                "service account {}/{} no longer exists",
+                k.namespace, k.serviceaccount.name
+            ));
         }
         if let Some(pod) = &k.pod
             && uid_of("/pods", &pod.name).as_deref() != Some(pod.uid.as_str())
         {
-            debug!(namespace = %k.namespace, pod = %pod.name, "token bound to a pod that no longer exists");
-            return Err(ApiError::unauthorized());
+            return Err(format!(
+                "the token is bound to pod {}/{}, which no longer exists",
+                k.namespace, pod.name
+            ));
         }
-        Ok(User::service_account(
-            &k.namespace,
-            &k.serviceaccount.name,
-            &k.serviceaccount.uid,
-        ))
+        let mut user =
+            User::service_account(&k.namespace, &k.serviceaccount.name, &k.serviceaccount.uid);
+        if let Some(pod) = &k.pod {
+            user.extra = vec![
+                (
+                    "authentication.kubernetes.io/pod-name".into(),
+                    pod.name.clone(),
+                ),
+                (
+                    "authentication.kubernetes.io/pod-uid".into(),
+                    pod.uid.clone(),
+                ),
+            ];
+        }
+        let matched = claims
+            .aud
+            .iter()
+            .filter(|a| audiences.contains(&a.as_str()))
+            .cloned()
+            .collect();
+        Ok((user, matched))
     }
 }
 

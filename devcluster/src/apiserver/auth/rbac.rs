@@ -18,8 +18,9 @@
 //! 4. The index is rebuilt from the stored objects after any write to an
 //!    RBAC resource (the store drops it; the next request builds it), so
 //!    grants and revocations take effect with the next request.
-//! 5. No escalation checks (`escalate`, `bind`) and no aggregated
-//!    ClusterRoles: what is stored is what is granted.
+//! 5. No escalation checks (`escalate`, `bind`): what is stored is what is
+//!    granted. Aggregated ClusterRoles get their rules stored by the
+//!    aggregation controller (`policy`), as in Kubernetes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -560,6 +561,7 @@ mod tests {
             name: "jane".into(),
             uid: String::new(),
             groups: vec!["system:authenticated".into()],
+            extra: Vec::new(),
         };
         assert!(idx.allows(&jane, &res("get", "", "nodes", "", "", "n")));
         assert!(idx.allows(&sa("a", "op"), &Attributes::non_resource("get", "/metrics")));

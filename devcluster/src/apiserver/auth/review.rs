@@ -2,7 +2,8 @@
 //! the user named in a `SubjectAccessReview`): `SelfSubjectAccessReview`
 //! (`kubectl auth can-i`), `SubjectAccessReview`, `SelfSubjectRulesReview`
 //! (`kubectl auth can-i --list`) and `SelfSubjectReview` (`kubectl auth
-//! whoami`). They store nothing.
+//! whoami`); and `TokenReview`, answered by the authenticator. They store
+//! nothing.
 
 use serde_json::{Value, json};
 
@@ -111,6 +112,7 @@ pub(crate) fn review(
                     name: str_at(&spec, "/user").to_string(),
                     uid: str_at(&spec, "/uid").to_string(),
                     groups,
+                    extra: Vec::new(),
                 }
             } else {
                 user.clone()
@@ -127,6 +129,68 @@ pub(crate) fn review(
                 json!({"allowed": false})
             }
         }
+    };
+    Ok((201, body))
+}
+
+/// POST of a `TokenReview`: whether `spec.token` is a token this server
+/// accepts (for `spec.audiences`, else the API server's), and whose.
+pub(crate) fn token_review(
+    auth: &super::Authenticator,
+    store: &Store,
+    t: &Target,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
+    let mut body = req.json_body()?;
+    if !body.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a TokenReview object",
+        ));
+    }
+    body["apiVersion"] = json!(t.info.api_version(&t.version));
+    body["kind"] = json!("TokenReview");
+    if body.get("metadata").is_none() {
+        body["metadata"] = json!({});
+    }
+    let token = str_at(&body, "/spec/token").to_string();
+    if token.is_empty() {
+        return Err(ApiError::invalid(
+            "TokenReview",
+            "",
+            vec![(
+                "spec.token".into(),
+                "Required value: token must be specified".into(),
+            )],
+        ));
+    }
+    let asked: Vec<String> = body
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let audiences: Vec<&str> = if asked.is_empty() {
+        vec![super::token::API_AUDIENCE]
+    } else {
+        asked.iter().map(String::as_str).collect()
+    };
+    body["status"] = match auth.token_user(store, &token, &audiences) {
+        Ok((user, matched)) => {
+            let mut u = json!({"username": user.name, "uid": user.uid, "groups": user.groups});
+            if !user.extra.is_empty() {
+                let extra: serde_json::Map<String, Value> = user
+                    .extra
+                    .iter()
+                    .map(|(k, v)| (k.clone(), json!([v])))
+                    .collect();
+                u["extra"] = Value::Object(extra);
+            }
+            json!({"authenticated": true, "user": u, "audiences": matched})
+        }
+        Err(why) => json!({"user": {}, "error": format!("[invalid bearer token, {why}]")}),
     };
     Ok((201, body))
 }

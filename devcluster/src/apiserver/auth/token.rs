@@ -139,8 +139,21 @@ impl Signer {
         format!("{signing_input}.{}", B64.encode(tag.as_ref()))
     }
 
-    /// The claims of `token` if it is valid at `now` (unix seconds).
+    /// The claims of `token` if it is valid at `now` (unix seconds) for
+    /// this API server.
+    #[cfg(test)]
     pub(crate) fn verify(&self, token: &str, now: i64) -> Result<Claims, TokenError> {
+        self.verify_for(token, now, &[API_AUDIENCE])
+    }
+
+    /// The claims of `token` if it is valid at `now` for one of
+    /// `audiences` (a TokenReview may ask about other audiences).
+    pub(crate) fn verify_for(
+        &self,
+        token: &str,
+        now: i64,
+        audiences: &[&str],
+    ) -> Result<Claims, TokenError> {
         let mut parts = token.split('.');
         let (Some(header), Some(payload), Some(sig), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -162,7 +175,7 @@ impl Signer {
         if claims.nbf > now + SKEW_SECS {
             return Err(TokenError::NotYetValid);
         }
-        if !claims.aud.iter().any(|a| a == API_AUDIENCE) {
+        if !claims.aud.iter().any(|a| audiences.contains(&a.as_str())) {
             return Err(TokenError::WrongAudience);
         }
         Ok(claims)

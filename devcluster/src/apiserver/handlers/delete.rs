@@ -113,7 +113,7 @@ pub(crate) fn delete_collection(
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let labels = req.label_selector()?;
-    let fields = req.field_selector()?;
+    let fields = req.field_selector(&t.info)?;
     let opts = delete_opts(req)?;
     let names: Vec<(String, String)> = {
         let st = store.lock();

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::convert;
 use super::lifecycle::{self, Part};
+use super::limits;
 use super::meta::{self, meta_mut};
 use super::podsecurity;
 use super::registry::ResourceInfo;
@@ -24,6 +25,7 @@ use super::ssa::{self, Shape};
 use super::status::{ApiError, success_status};
 use super::store::{ObjKey, Store, check_namespace};
 use super::table;
+use super::times;
 
 pub(crate) use super::request::{Request, name_of, ns_of};
 
@@ -34,6 +36,29 @@ pub(crate) fn metadata_only(obj: &Value) -> Value {
         "apiVersion": "meta.k8s.io/v1",
         "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
     })
+}
+
+/// A response body as a client that asked for metadata only
+/// (`as=PartialObjectMetadata`) gets it, whatever the verb: objects become
+/// `PartialObjectMetadata`, lists `PartialObjectMetadataList`; Status
+/// objects and bodies already reduced pass unchanged.
+pub(crate) fn as_metadata(body: Value) -> Value {
+    let kind = body.get("kind").and_then(Value::as_str).unwrap_or("");
+    if matches!(
+        kind,
+        "Status" | "PartialObjectMetadata" | "PartialObjectMetadataList" | "Table"
+    ) {
+        return body;
+    }
+    match body.get("items").and_then(Value::as_array) {
+        Some(items) if kind.ends_with("List") => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": body.get("metadata").cloned().unwrap_or(json!({})),
+            "items": items.iter().map(metadata_only).collect::<Vec<_>>(),
+        }),
+        _ => metadata_only(&body),
+    }
 }
 
 /// The shape used for managedFields of a resource.
@@ -92,7 +117,7 @@ struct Continue {
 pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
     use base64::Engine as _;
     let labels = req.label_selector()?;
-    let fields = req.field_selector()?;
+    let fields = req.field_selector(&t.info)?;
     let limit = match req.q("limit") {
         Some(l) if !l.is_empty() => Some(l.parse::<usize>().map_err(|_| {
             ApiError::bad_request(format!("limit {l:?} is not a non-negative integer"))
@@ -190,6 +215,7 @@ pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, V
         ));
     }
     let mut obj = req.json_body()?;
+    times::check_body(&t.info, &t.version, &mut obj)?;
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, None)?;
     let manager = req.manager();
@@ -239,6 +265,7 @@ pub(crate) fn insert_new(
     dry_run: bool,
 ) -> Result<Value, ApiError> {
     let name = meta::name(&obj).to_string();
+    limits::check(info, &obj)?;
     let mut st = store.lock();
     check_namespace(&st, info, ns)?;
     if st.get(&info.key(), ns, &name).is_some() {
@@ -266,6 +293,7 @@ pub(crate) fn update(
 ) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();
     let mut obj = req.json_body()?;
+    times::check_body(&t.info, &t.version, &mut obj)?;
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, Some(&name))?;
     let manager = req.manager();
@@ -311,6 +339,7 @@ pub(crate) fn write_existing(
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
         return Ok((200, present(&t.info, &t.version, &old)));
     };
+    limits::check(&t.info, &new)?;
     if created {
         check_namespace(&st, &t.info, ns)?;
     }

@@ -13,6 +13,7 @@ use crate::apiserver::serviceaccount;
 use crate::apiserver::ssa;
 use crate::apiserver::status::ApiError;
 use crate::apiserver::store::Store;
+use crate::apiserver::times;
 
 /// PATCH of the object or its status, in any supported patch format.
 pub(crate) fn patch(
@@ -30,19 +31,34 @@ pub(crate) fn patch(
         .unwrap_or("")
         .trim()
         .to_string();
+    let apply = ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json";
+    if apply && req.q("fieldManager").is_none_or(str::is_empty) {
+        // As kube-apiserver: the client must name itself (kubectl
+        // sends `fieldManager=kubectl`).
+        return Err(ApiError::invalid_options(
+            "PatchOptions",
+            "fieldManager",
+            "FieldValueRequired",
+            "Required value: is required for apply patch",
+        ));
+    }
+    if !apply && req.q("force").is_some() {
+        return Err(ApiError::invalid_options(
+            "PatchOptions",
+            "force",
+            "FieldValueForbidden",
+            "Forbidden: may not be specified for non-apply patch",
+        ));
+    }
     let body = req.json_body()?;
     let manager = req.manager();
     let sub = if part == Part::Status { "status" } else { "" };
     let av = t.info.api_version(&t.version);
     let info = t.info.clone();
-    if ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json" {
-        if req.q("fieldManager").is_none_or(str::is_empty) {
-            return Err(ApiError::bad_request(
-                "fieldManager is required for apply requests: add ?fieldManager=<your controller name>",
-            ));
-        }
+    if apply {
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
+        times::check_patched(&info, &mut applied)?;
         lifecycle::check_identity(&info, &t.version, &mut applied, &ns, Some(&name))?;
         // ServiceAccount admission, should the apply create a pod (read
         // before `write_existing` takes the store lock).
@@ -173,6 +189,7 @@ pub(crate) fn patch(
             Some(rv) => meta_mut(&mut target).insert("resourceVersion".into(), json!(rv)),
             None => meta_mut(&mut target).remove("resourceVersion"),
         };
+        times::check_patched(&info, &mut target)?;
         lifecycle::check_identity(&info, &t.version, &mut target, &ns, Some(&name))?;
         let Some(mut new) =
             lifecycle::prepare_update(&info, &t.version, old, target, part, req.strict())?
