@@ -109,6 +109,8 @@ pub struct Timing {
     pub recover: Option<f64>,
     /// Scenario figures: (name suffix, value, unit).
     pub extra: Vec<(&'static str, f64, &'static str)>,
+    /// Why the run failed although it measured (its figures still count).
+    pub failure: Option<String>,
 }
 
 impl Timing {
@@ -116,7 +118,7 @@ impl Timing {
         Timing {
             detect: Some(detect),
             recover: Some(recover),
-            extra: Vec::new(),
+            ..Timing::default()
         }
     }
 }
@@ -130,7 +132,7 @@ pub struct Outcome {
     pub runs: usize,
     /// Why each failed run failed, with its run number.
     pub failures: Vec<(usize, String)>,
-    /// What the passing runs measured.
+    /// What the runs that got as far as measuring measured.
     pub timings: Vec<Timing>,
 }
 
@@ -147,7 +149,13 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
         let name = format!("chaos-{}-{run}", scenario.name());
         let result = tokio::time::timeout(RUN_BOUND, run_once(scenario, &name)).await;
         match result {
-            Ok(Ok(t)) => out.timings.push(t),
+            Ok(Ok(t)) => {
+                if let Some(reason) = &t.failure {
+                    failure(scenario.name(), run, reason);
+                    out.failures.push((run, reason.clone()));
+                }
+                out.timings.push(t);
+            }
             Ok(Err(e)) => {
                 let reason = format!("{e:#}");
                 failure(scenario.name(), run, &reason);
