@@ -1,6 +1,7 @@
 //! hostmesh benchmark suites. Run as
-//! `cargo run --release -p hostmesh-bench -- <suite>`; each suite prints one
-//! JSON object per line (`bench`, `value`, `unit`, `baseline`, `ratio`).
+//! `cargo run --release -p hostmesh-bench -- <suite>` (`chaos` also takes
+//! `--runs N` and `--scenarios a,b`); each suite prints one JSON object per
+//! line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod agent;
 mod apiserver;
@@ -8,17 +9,23 @@ mod e2e;
 mod image;
 mod kueue;
 mod operator;
-mod report;
 mod runtime;
 mod streams;
 
 use clap::Parser;
+use hostmesh_bench::{chaos, report};
 
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kueue.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kueue, chaos.
     suite: String,
+    /// chaos: runs of each scenario.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// chaos: the scenarios to run (comma-separated; all by default).
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,8 +49,16 @@ fn main() -> anyhow::Result<()> {
         "kueue" => kueue::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
+        "chaos" => {
+            let scenarios = cli
+                .scenarios
+                .iter()
+                .map(|s| chaos::Scenario::parse(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            chaos::run(cli.runs, &scenarios)
+        }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kueue"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kueue, chaos"
         ),
     }
 }

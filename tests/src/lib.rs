@@ -57,17 +57,20 @@ pub struct Env {
 pub const LEASE_NAMESPACE: &str = "default";
 
 /// The `hostmesh` binary under test: `HOSTMESH_BIN`, or the one cargo built
-/// next to this test executable.
+/// next to this test executable (or next to a binary such as
+/// `hostmesh-bench`, which lives in `target/<profile>/` itself).
 pub fn hostmesh_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("HOSTMESH_BIN") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/hostmesh
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
+    let dir = exe.parent().expect("an executable lives in a directory");
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
     profile_dir.join("hostmesh")
 }
 
