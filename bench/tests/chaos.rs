@@ -33,15 +33,9 @@ async fn a_deleted_host_pod_is_replaced() {
     passes(Scenario::PodDelete).await;
 }
 
-// Fails on the current operator: the restarted operator writes the World
-// `Degraded` (hosts `Starting`, `AwaitingHeartbeat`, or `Expired` with
-// `Unreachable: no heartbeat ... since the pod became Ready` when the pods
-// are older than `healthTimeout`) before its first heartbeats arrive; the
-// World is Running again within seconds, no host replaced. Issue 17 wants
-// the World to stay Running through the restart. Run it with `--ignored`;
-// drop the `ignore` once the takeover keeps the hosts' last known state.
+// The Secret comes back with the agents' token, and the restarted operator
+// keeps the World Running through the takeover (no Degraded flap).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a restarted operator shows the World Degraded until its first heartbeats (issue 17)"]
 async fn a_deleted_secret_comes_back_with_its_token() {
     passes(Scenario::SecretDelete).await;
 }

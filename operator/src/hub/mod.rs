@@ -84,6 +84,8 @@ struct HostEntry {
     /// Why the last connection to this agent dropped or failed, until a
     /// heartbeat arrives again.
     link_error: Option<String>,
+    /// When this hub first had this pod's agent to dial (wall clock).
+    watched_at: Timestamp,
 }
 
 struct WorldEntry {
@@ -380,6 +382,17 @@ impl Hub {
             .filter(|k| !k.is_empty())
     }
 
+    /// Since when this hub has been dialing host `rank`'s agent in pod
+    /// `pod_uid` (a new leader: since it took over).
+    pub fn watching_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .filter(|h| h.pod_uid == pod_uid)
+            .map(|h| h.watched_at)
+    }
+
     /// Why the hub's last connection to host `rank`'s agent in pod `pod_uid`
     /// dropped or failed (a refused handshake, an unreachable address), if
     /// no heartbeat came since.
@@ -432,6 +445,12 @@ impl Hub {
                 .collect();
             for r in gone {
                 entry.hosts.remove(&r);
+                // Its procs went with it: a later pod of this rank starts
+                // from nothing (a stale Succeeded or Running report must not
+                // stand for procs that no longer exist).
+                for states in entry.procs.values_mut() {
+                    states.retain(|_, o| o.host != r);
+                }
                 let key = HostKey {
                     world: world.clone(),
                     rank: r,
@@ -467,6 +486,7 @@ impl Hub {
                     book: None,
                     reported_at: None,
                     link_error: None,
+                    watched_at: Timestamp::now(),
                 });
                 if book_changed && let Some(tx) = &h.book {
                     tx.send_replace(book.clone());

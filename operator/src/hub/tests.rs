@@ -127,6 +127,22 @@ async fn a_hung_agent_blocks_no_sync_and_no_other_host() {
     );
 }
 
+/// A host that leaves (its pod deleted, say while the World is suspended)
+/// takes its procs' reports with it: a later pod of that rank starts from
+/// nothing, not from a stale Succeeded.
+#[tokio::test]
+async fn a_host_that_leaves_takes_its_proc_reports_with_it() {
+    let (_sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    assert_eq!(hub.proc_states(&wk(), "pm.abc").len(), 2);
+    hub.sync_world(&wk(), agents(0, "a")).await;
+    assert!(hub.proc_states(&wk(), "pm.abc").is_empty());
+}
+
 #[tokio::test]
 async fn address_book_and_no_duplicate_creates() {
     let (sim, hub, mut rx) = mk();

@@ -231,6 +231,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         uids.get(&r)
             .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
     };
+    let watching_since = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.watching_since(&key, r, uid))
+    };
     let link_error = |r: u64| {
         uids.get(&r)
             .and_then(|uid| ctx.hub.link_error(&key, r, uid))
@@ -267,6 +271,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         liveness: &liveness,
         expired_since: &expired_since,
         link_error: &link_error,
+        watching_since: &watching_since,
         secret_hash: &secret_hash,
         credentials_note: secret.replaced.clone(),
         hash: &pod_hash,
@@ -278,7 +283,15 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
 
     for pod_name in &plan.delete {
         info!(world = %name, pod = %pod_name, "deleting host pod");
-        match pods_api.delete(pod_name, &DeleteParams::default()).await {
+        let dp = if plan.quick.contains(pod_name) {
+            DeleteParams {
+                grace_period_seconds: Some(1),
+                ..DeleteParams::default()
+            }
+        } else {
+            DeleteParams::default()
+        };
+        match pods_api.delete(pod_name, &dp).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e.into()),

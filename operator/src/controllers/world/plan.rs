@@ -10,11 +10,15 @@
 //!    Failed with the reason, and Failed is kept until the spec changes.
 //! 3. An Expired host is acted on only after it has been Expired for
 //!    `evictionTimeout` (so a host is replaced `healthTimeout +
-//!    evictionTimeout` after its last heartbeat). A host whose pod has been
+//!    evictionTimeout` after its last heartbeat), its pod deleted with a
+//!    1 s grace period ([`Plan::quick`]). A host whose pod has been
 //!    Ready for `healthTimeout` while its agent never heartbeated (the
 //!    operator cannot reach it: a refused handshake after lost credentials,
 //!    an unreachable address) is Expired too, with the connection's error
-//!    as its reason, never an endless `Starting`.
+//!    as its reason, never an endless `Starting`. Both clocks start no
+//!    earlier than this operator's first dial of the host: a new leader
+//!    keeps a Ready host Ready until its agent is heard or `healthTimeout`
+//!    has passed, never Degraded or Expired from the pod's age.
 //! 4. Pods whose template hash differs from the desired one are recreated
 //!    (template changes roll); pods are otherwise never patched.
 //! 5. No pod is created for a rank whose previous pod is still terminating.
@@ -64,6 +68,9 @@ pub struct PlanInput<'a> {
     /// Why the operator's last connection to each rank's agent failed, if
     /// no heartbeat came since.
     pub link_error: &'a dyn Fn(u64) -> Option<String>,
+    /// Since when this operator has been dialing each rank's agent (in its
+    /// current pod); `None` before it has.
+    pub watching_since: &'a dyn Fn(u64) -> Option<Timestamp>,
     /// Hash of the agent token the pods must mount
     /// ([`super::desired::secret_hash`]).
     pub secret_hash: &'a str,
@@ -101,6 +108,11 @@ pub struct Plan {
     pub create: Vec<u64>,
     /// Pod names to delete.
     pub delete: Vec<String>,
+    /// Of `delete`, the pods of Expired hosts: their agent no longer
+    /// answers, so they are deleted with a grace period of 1 s rather than
+    /// the pod's own (invariant 3). The kubelet still confirms the
+    /// deletion, so two pods of one rank never both run.
+    pub quick: std::collections::BTreeSet<String>,
     /// Events to publish.
     pub events: Vec<PlannedEvent>,
     /// The new status, written whole.
@@ -111,6 +123,16 @@ pub struct Plan {
 
 fn sd(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
+/// This operator took over host `rank`'s Ready pod (the pod was Ready
+/// before it started watching it) less than `healthTimeout` ago: until the
+/// agent's first heartbeat, its recorded state stands (invariant 3).
+fn taking_over(input: &PlanInput<'_>, rank: u64, pod: &Pod) -> bool {
+    let (Some(ready), Some(watching)) = (ready_since(pod), (input.watching_since)(rank)) else {
+        return false;
+    };
+    ready < watching && input.now < watching + sd(input.timings.health_timeout)
 }
 
 /// Since when `pod` has been Ready, if it is.
@@ -199,7 +221,19 @@ impl<'i, 'a> Working<'i, 'a> {
                 // never Ready in status is still starting.
                 let was_up = runs::get(&prev.hosts, r)
                     .is_some_and(|p| matches!(p.state, HostState::Ready | HostState::NotReady));
-                if h.state == HostState::NotReady && !was_up {
+                let was_ready =
+                    runs::get(&prev.hosts, r).is_some_and(|p| p.state == HostState::Ready);
+                if h.reason.as_deref() == Some("AwaitingHeartbeat")
+                    && was_ready
+                    && input.pods.get(&r).is_some_and(|p| taking_over(input, r, p))
+                {
+                    // A new operator has not heard this agent yet: what
+                    // status recorded stands (invariant 3).
+                    HostStatus {
+                        state: HostState::Ready,
+                        reason: None,
+                    }
+                } else if h.state == HostState::NotReady && !was_up {
                     HostStatus {
                         state: HostState::Starting,
                         reason: Some("AwaitingReadiness".into()),
@@ -392,14 +426,27 @@ impl<'i, 'a> Working<'i, 'a> {
         let input = self.input;
         let health = sd(input.timings.health_timeout);
         for r in 0..self.n {
+            // A host kept Ready through a takeover is looked at again when
+            // its grace ends.
+            if let Some(p) = input.pods.get(&r)
+                && matches!((input.liveness)(r), Liveness::Unknown)
+                && taking_over(input, r, p)
+                && let Some(watching) = (input.watching_since)(r)
+                && let Ok(left) = Duration::try_from((watching + health).duration_since(input.now))
+            {
+                self.requeue_within(left);
+            }
             let h = &self.hosts[r as usize];
             if h.state != HostState::Starting || h.reason.as_deref() != Some("AwaitingHeartbeat") {
                 continue;
             }
-            let Some(since) = input.pods.get(&r).and_then(ready_since) else {
+            let (Some(ready), Some(watching)) = (
+                input.pods.get(&r).and_then(ready_since),
+                (input.watching_since)(r),
+            ) else {
                 continue;
             };
-            let at = since + health;
+            let at = ready.max(watching) + health;
             if at > input.now {
                 if let Ok(left) = Duration::try_from(at.duration_since(input.now)) {
                     self.requeue_within(left);
@@ -530,6 +577,9 @@ impl<'i, 'a> Working<'i, 'a> {
                 && let Some(name) = &p.metadata.name
             {
                 self.out.delete.push(name.clone());
+                if self.hosts[r as usize].state == HostState::Expired {
+                    self.out.quick.insert(name.clone());
+                }
             }
         }
         let what = match fp.action {
@@ -800,6 +850,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             liveness: &|_| live,
             expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
             link_error: &|_| None,
+            watching_since: &|_| None,
             secret_hash: "s1",
             credentials_note: None,
             hash: "h1",
@@ -892,6 +943,56 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         assert_eq!(p.status.attempt, 1, "a gang recreation is a new attempt");
     }
 
+    /// A new operator (watching since 500) that has not heard the agents
+    /// of pods Ready since 100 keeps them Ready, not Degraded, for
+    /// healthTimeout; then they are Expired as unreachable (invariant 3).
+    #[test]
+    fn a_new_operator_keeps_ready_hosts_until_it_can_tell() {
+        let mut w = mk_world("{}");
+        let ready_at = "  phase: Running\n  podIP: 10.244.0.2\n  conditions: [{type: Ready, status: 'True', lastTransitionTime: '1970-01-01T00:01:40Z'}]\n";
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
+        let at = |now: i64, w: &World, live: Liveness| {
+            plan(&PlanInput {
+                world: w,
+                timings: timings(w),
+                pods: &pods,
+                extra_pods: vec![],
+                liveness: &|_| live,
+                expired_since: &|_| None,
+                link_error: &|_| None,
+                watching_since: &|_| Some(Timestamp::from_second(500).unwrap()),
+                secret_hash: "s1",
+                credentials_note: None,
+                hash: "h1",
+                critical_failure: None,
+                now: Timestamp::from_second(now).unwrap(),
+                hold: None,
+                admitted: None,
+            })
+        };
+        // What the old operator recorded: Running.
+        let p = at(400, &w, Liveness::Alive);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        w.status = Some(p.status);
+        let p = at(501, &w, Liveness::Unknown);
+        assert_eq!(
+            p.status.phase,
+            Some(WorldPhase::Running),
+            "{:?}",
+            p.status.hosts
+        );
+        assert!(p.events.is_empty(), "{:?}", p.events);
+        assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(9)));
+        // Heard: nothing changes.
+        let p = at(502, &w, Liveness::Alive);
+        assert_eq!(p.status.phase, Some(WorldPhase::Running));
+        // Never heard within healthTimeout of the takeover: unreachable.
+        let p = at(511, &w, Liveness::Unknown);
+        let h0 = runs::get(&p.status.hosts, 0).unwrap();
+        assert_eq!(h0.state, HostState::Expired, "{h0:?}");
+        assert!(p.delete.is_empty());
+    }
+
     /// Pods mounting another token than the Secret's are replaced once,
     /// with an Event that says why; pods without the annotation stay.
     #[test]
@@ -918,6 +1019,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             liveness: &|_| Liveness::Alive,
             expired_since: &|_| None,
             link_error: &|_| None,
+            watching_since: &|_| None,
             secret_hash: "s1",
             credentials_note: Some("Secret w-agent and its copy were deleted".into()),
             hash: "h1",
@@ -963,6 +1065,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 expired_since: &|_| None,
                 secret_hash: "s1",
                 credentials_note: None,
+                watching_since: &|_| Some(Timestamp::from_second(90).unwrap()),
                 link_error: &|r| {
                     (r == 0).then(|| "10.244.0.2:26600 failed authentication: it does not hold our shared secret".to_string())
                 },
@@ -993,6 +1096,10 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         assert!(p.delete.is_empty(), "evictionTimeout has not passed");
         let p = at(171, &w);
         assert_eq!(p.delete, ["w-host-0"]);
+        assert!(
+            p.quick.contains("w-host-0"),
+            "a hung host does not get its grace period"
+        );
         assert_eq!(p.status.restarts, 1);
     }
 
@@ -1063,6 +1170,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             liveness: &|_| Liveness::Alive,
             expired_since: &|_| None,
             link_error: &|_| None,
+            watching_since: &|_| None,
             secret_hash: "s1",
             credentials_note: None,
             hash: "h1",
@@ -1209,6 +1317,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             liveness: &|_| Liveness::Alive,
             expired_since: &|_| None,
             link_error: &|_| None,
+            watching_since: &|_| None,
             secret_hash: "s1",
             credentials_note: None,
             hash: "h1",
