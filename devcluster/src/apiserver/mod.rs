@@ -21,6 +21,7 @@ mod defaults;
 mod discovery;
 mod gc;
 mod handlers;
+mod kubernetes_service;
 mod http;
 mod lifecycle;
 mod lists;
@@ -240,6 +241,7 @@ impl ApiServer {
         // Set once, on a store nobody else holds yet.
         let _ = store.root_ca.set(creds.ca_pem.clone());
         bootstrap(&store);
+        kubernetes_service::ensure(&mut store.lock(), &host, addr.port());
 
         let sa_key = tls::unhex(&creds.sa_key)
             .filter(|k| !k.is_empty())

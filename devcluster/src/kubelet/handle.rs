@@ -14,6 +14,7 @@ use super::config::{KubeletArgs, KubeletConfig};
 use super::error::{KubeletError, Result};
 use super::ipam::IpPool;
 use super::logs;
+use super::net::{NodeNetwork, PodNetwork};
 use super::node;
 use super::pods;
 use super::process;
@@ -37,12 +38,28 @@ impl Kubelet {
         std::fs::create_dir_all(&pods_dir)
             .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
+        let (network, ips) = match config.pod_network {
+            PodNetwork::Sandbox => {
+                let net =
+                    NodeNetwork::start(config.pod_ip_range, config.ip_claims_dir.clone()).await?;
+                // The /24 is the node's alone: no per-address claims.
+                let ips = IpPool::new(net.subnet, &[net.gateway], None);
+                (Some(net), ips)
+            }
+            PodNetwork::Host => (
+                None,
+                IpPool::new(
+                    config.pod_ip_range,
+                    &[Ipv4Addr::LOCALHOST],
+                    config.ip_claims_dir.clone(),
+                ),
+            ),
+        };
         let shared = Arc::new(Shared {
             client,
-            ips: Mutex::new(IpPool::new(
-                config.pod_ip_block,
-                config.ip_claims_dir.clone(),
-            )),
+            ips: Mutex::new(ips),
+            network,
+            api_service: tokio::sync::Mutex::new(None),
             config,
             images,
             groups: groups.clone(),
@@ -51,19 +68,17 @@ impl Kubelet {
             log_port: Mutex::new(0),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
-        let listener = logs::bind(&shared).await?;
-        let log_port = match &listener {
-            Some(l) => Some(
-                l.local_addr()
-                    .map_err(|e| {
-                        KubeletError::io("cannot read the log endpoint address", "socket", e)
-                    })?
-                    .port(),
-            ),
-            None => None,
+        let listener = match bind_and_register(&shared).await {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(net) = &shared.network {
+                    net.stop().await;
+                }
+                return Err(e);
+            }
         };
-        *lock(&shared.log_port) = log_port.unwrap_or(0);
-        register_with_retries(&shared).await?;
+        let log_port = *lock(&shared.log_port);
+        let log_port = listener.as_ref().map(|_| log_port);
         if let Some(listener) = listener {
             tokio::spawn(logs::serve(shared.clone(), listener));
         }
@@ -151,6 +166,9 @@ impl KubeletHandle {
             let _ = heartbeat.await;
         }
         kill_all(&self.groups);
+        if let Some(net) = &self.shared.network {
+            net.stop().await;
+        }
         // Best effort, bounded: the API server may already be gone.
         match tokio::time::timeout(
             std::time::Duration::from_secs(5),
@@ -165,6 +183,22 @@ impl KubeletHandle {
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
     }
+}
+
+/// Binds the log endpoint (publishing its port) and registers the Node.
+async fn bind_and_register(shared: &Shared) -> Result<Option<tokio::net::TcpListener>> {
+    let listener = logs::bind(shared).await?;
+    let log_port = match &listener {
+        Some(l) => Some(
+            l.local_addr()
+                .map_err(|e| KubeletError::io("cannot read the log endpoint address", "socket", e))?
+                .port(),
+        ),
+        None => None,
+    };
+    *lock(&shared.log_port) = log_port.unwrap_or(0);
+    register_with_retries(shared).await?;
+    Ok(listener)
 }
 
 /// Registers the Node, retrying for about half a minute while the API server

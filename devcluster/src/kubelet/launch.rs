@@ -150,6 +150,7 @@ pub(crate) fn build(
         mounts,
         identity,
         image_program,
+        pod_ns: None,
     })
 }
 
