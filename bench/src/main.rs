@@ -6,6 +6,7 @@ mod agent;
 mod apiserver;
 mod e2e;
 mod image;
+mod kubelet;
 mod operator;
 mod report;
 mod runtime;
@@ -15,7 +16,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, kubelet.
     suite: String,
 }
 
@@ -37,9 +38,10 @@ fn main() -> anyhow::Result<()> {
         "operator" => operator::run(),
         "e2e" => e2e::run(),
         "image" => image::run(),
+        "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, kubelet"
         ),
     }
 }
