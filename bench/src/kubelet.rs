@@ -43,7 +43,8 @@ async fn measure(network: PodNetwork) -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let api = hostmesh_devcluster::apiserver::ApiServer::start(Default::default()).await?;
     let client = api.client()?;
-    let mut config = KubeletConfig::new("bench-node", dir.path().join("kubelet")).for_api_server(&api);
+    let mut config =
+        KubeletConfig::new("bench-node", dir.path().join("kubelet")).for_api_server(&api);
     if network == PodNetwork::Host {
         config = config.host_network(240);
     }
@@ -99,7 +100,10 @@ async fn wait_running(pods: &Api<Pod>, n: usize) -> anyhow::Result<()> {
                 p.status
                     .as_ref()
                     .and_then(|s| s.container_statuses.as_ref())
-                    .is_some_and(|cs| cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())))
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    })
             })
             .count();
         if running >= n {

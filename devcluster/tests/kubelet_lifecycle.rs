@@ -144,7 +144,10 @@ spec:
         let status = pod.status.unwrap();
         let ip = status.pod_ip.unwrap();
         let addr: std::net::Ipv4Addr = ip.parse().unwrap();
-        assert!(cidr.contains(addr) && addr != cidr.addr(), "{ip} not in {cidr}");
+        assert!(
+            cidr.contains(addr) && addr != cidr.addr(),
+            "{ip} not in {cidr}"
+        );
         assert_ne!(addr.octets()[3], 1, "{ip} is the gateway");
         assert_eq!(status.pod_ips.unwrap()[0].ip, ip);
         assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));

@@ -2,13 +2,14 @@
 //! kubelet's bridge. Two pods of one headless Service bind the same port,
 //! see their own hostname and FQDN, and reach each other and the machine
 //! reaches them; nothing routes out of the pod range; a pod range that
-//! overlaps a route of the machine is refused.
+//! overlaps a route of the machine is refused; the cluster DNS seam gets
+//! sockets inside each pod.
 
 mod kubelet_common;
 
 use std::net::Ipv4Addr;
 
-use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig};
+use hostmesh_devcluster::kubelet::{ClusterDns, DnsSockets, Kubelet, KubeletConfig};
 use hostmesh_testkit::eventually_async;
 use kubelet_common::*;
 
@@ -127,7 +128,6 @@ spec:
     c.stop().await;
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_range_overlapping_a_route_of_the_machine_is_refused() {
     // A route the kubelet does not own: a link of the test's with an
@@ -136,14 +136,17 @@ async fn a_pod_range_overlapping_a_route_of_the_machine_is_refused() {
     let link = TestLink::create("hmtestlink0", "10.251.7.1/24");
     let dir = tempfile::tempdir().unwrap();
     let (api, client) = hostmesh_testkit::cluster::api_server().await;
-    let mut config = KubeletConfig::new("overlap-node", dir.path().join("kubelet")).for_api_server(&api);
+    let mut config =
+        KubeletConfig::new("overlap-node", dir.path().join("kubelet")).for_api_server(&api);
     config.pod_ip_range = "10.251.0.0/16".parse().unwrap();
     let err = Kubelet::start(client.clone(), config)
         .await
         .expect_err("an overlapping pod range is refused");
     let msg = err.to_string();
     assert!(
-        msg.contains("10.251.0.0/16") && msg.contains("10.251.7.0/24") && msg.contains("hmtestlink0"),
+        msg.contains("10.251.0.0/16")
+            && msg.contains("10.251.7.0/24")
+            && msg.contains("hmtestlink0"),
         "{msg}"
     );
     drop(link);
@@ -203,5 +206,65 @@ async fn host_network_mode_keeps_pods_on_loopback() {
     })
     .await;
     assert_eq!(logs.trim(), "127.0.0.1");
+    c.stop().await;
+}
+
+/// A stand-in for the cluster DNS server behind the kubelet's seam: it
+/// answers every UDP datagram and every TCP connection with the pod it
+/// serves, so the test sees which sockets reached which server.
+struct WhoAmI;
+
+impl ClusterDns for WhoAmI {
+    fn serve(&self, sockets: DnsSockets) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let me = format!("{}/{}", sockets.pod.namespace, sockets.pod.name);
+            let mut buf = [0u8; 512];
+            loop {
+                tokio::select! {
+                    Ok((_, from)) = sockets.udp.recv_from(&mut buf) => {
+                        let _ = sockets.udp.send_to(me.as_bytes(), from).await;
+                    }
+                    Ok((mut conn, _)) = sockets.tcp.accept() => {
+                        use tokio::io::AsyncWriteExt as _;
+                        let _ = conn.write_all(me.as_bytes()).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_dns_seam_gets_sockets_inside_each_pod() {
+    let c = Cluster::start_with(204, |cfg| {
+        cfg.cluster_dns = Some(std::sync::Arc::new(WhoAmI));
+    })
+    .await;
+    let python = python();
+    c.create_pod(&format!(
+        r#"
+metadata: {{name: asker}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: python
+    command: [{python}, -c]
+    args:
+    - |
+      import socket
+      u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+      u.settimeout(10)
+      u.sendto(b"q", ("10.96.0.10", 53))
+      print("udp", u.recvfrom(512)[0].decode())
+      t = socket.create_connection(("10.96.0.10", 53), timeout=10)
+      print("tcp", t.recv(512).decode())
+"#
+    ))
+    .await;
+    c.wait_pod("asker", "phase Succeeded", |p| phase(p) == "Succeeded")
+        .await;
+    let logs = c.kubelet().logs("default", "asker", "main", None).unwrap();
+    assert_eq!(logs, "udp default/asker\ntcp default/asker\n");
     c.stop().await;
 }

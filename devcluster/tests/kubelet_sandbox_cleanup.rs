@@ -76,12 +76,16 @@ async fn a_hundred_pods_leave_no_namespace_veth_or_route_behind() {
     let cidr = c.pod_cidr().await;
     let bridge = bridge_of(cidr);
     assert!(
-        std::path::Path::new("/sys/class/net").join(&bridge).exists(),
+        std::path::Path::new("/sys/class/net")
+            .join(&bridge)
+            .exists(),
         "the kubelet made its bridge {bridge}"
     );
     let mut seen_ips = BTreeSet::new();
     for round in 0..CYCLES / PARALLEL {
-        let names: Vec<String> = (0..PARALLEL).map(|i| format!("churn-{round}-{i}")).collect();
+        let names: Vec<String> = (0..PARALLEL)
+            .map(|i| format!("churn-{round}-{i}"))
+            .collect();
         for name in &names {
             c.create_pod(&format!(
                 "metadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: main, image: busybox, command: [sleep, '600']}}\n"
@@ -103,7 +107,10 @@ async fn a_hundred_pods_leave_no_namespace_veth_or_route_behind() {
         );
         assert_eq!(bridge_ports(&bridge).len(), PARALLEL, "round {round}");
         for name in &names {
-            c.pods().delete(name, &DeleteParams::default()).await.unwrap();
+            c.pods()
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap();
         }
         for name in &names {
             c.wait_pod_gone(name).await;
@@ -112,7 +119,10 @@ async fn a_hundred_pods_leave_no_namespace_veth_or_route_behind() {
     assert!(seen_ips.len() >= PARALLEL, "{seen_ips:?}");
     eventually_ok("every sandbox to be gone", async || {
         let left = (
-            held_netns().difference(&before).cloned().collect::<Vec<_>>(),
+            held_netns()
+                .difference(&before)
+                .cloned()
+                .collect::<Vec<_>>(),
             veths_in(cidr),
             bridge_ports(&bridge),
             foreign_routes(cidr, &bridge),
@@ -126,7 +136,9 @@ async fn a_hundred_pods_leave_no_namespace_veth_or_route_behind() {
     .await;
     c.stop().await;
     assert!(
-        !std::path::Path::new("/sys/class/net").join(&bridge).exists(),
+        !std::path::Path::new("/sys/class/net")
+            .join(&bridge)
+            .exists(),
         "stopping the kubelet removes {bridge}"
     );
     assert_eq!(held_netns(), before);

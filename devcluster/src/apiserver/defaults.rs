@@ -394,7 +394,15 @@ mod tests {
     fn cluster_ips_skip_the_kubernetes_and_dns_addresses() {
         // Every address of a full round of the /16.
         let seen: Vec<String> = (0..65_000).map(|_| next_cluster_ip()).collect();
-        assert!(!seen.iter().any(|ip| ip == "10.96.0.1" || ip == "10.96.0.10"));
-        assert!(!seen.iter().any(|ip| ip.ends_with(".0") || ip.ends_with(".255")));
+        assert!(
+            !seen
+                .iter()
+                .any(|ip| ip == "10.96.0.1" || ip == "10.96.0.10")
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|ip| ip.ends_with(".0") || ip.ends_with(".255"))
+        );
     }
 }

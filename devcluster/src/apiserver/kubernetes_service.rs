@@ -65,5 +65,10 @@ pub(crate) fn ensure(st: &mut State, host: &str, port: u16) {
         "endpoints": [{"addresses": [host], "conditions": {"ready": true, "serving": true, "terminating": false}}],
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     });
-    upsert(st, "discovery.k8s.io/endpointslices", slice, &["endpoints", "ports"]);
+    upsert(
+        st,
+        "discovery.k8s.io/endpointslices",
+        slice,
+        &["endpoints", "ports"],
+    );
 }

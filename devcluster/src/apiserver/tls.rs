@@ -84,15 +84,27 @@ impl Credentials {
                     });
                 }
                 // Invariant 2: a serving certificate from before the in-cluster names.
-                let ca_key = read(CA_KEY_FILE).ok().and_then(|k| KeyPair::from_pem(&k).ok());
+                let ca_key = read(CA_KEY_FILE)
+                    .ok()
+                    .and_then(|k| KeyPair::from_pem(&k).ok());
                 let fresh = match ca_key {
                     Some(k) => {
-                        tracing::info!("re-issuing the serving certificate with the in-cluster names of the kubernetes Service");
+                        tracing::info!(
+                            "re-issuing the serving certificate with the in-cluster names of the kubernetes Service"
+                        );
                         let (cert_pem, key_pem) = serving_cert(&Issuer::new(ca_params()?, k), ip)?;
-                        Self { ca_pem, cert_pem, key_pem, token, sa_key }
+                        Self {
+                            ca_pem,
+                            cert_pem,
+                            key_pem,
+                            token,
+                            sa_key,
+                        }
                     }
                     None => {
-                        tracing::warn!("the stored CA has no key to re-issue the serving certificate with the in-cluster names: making a new CA; clients need the new kubeconfig");
+                        tracing::warn!(
+                            "the stored CA has no key to re-issue the serving certificate with the in-cluster names: making a new CA; clients need the new kubeconfig"
+                        );
                         let (mut creds, ca_key) = Self::generate(ip)?;
                         write_private(&dir.join(CA_KEY_FILE), &ca_key)?;
                         creds.token = token;

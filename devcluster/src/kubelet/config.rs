@@ -206,7 +206,9 @@ impl KubeletConfig {
             max_pods: 110,
             bind_unscheduled: true,
             pod_network: PodNetwork::Sandbox,
-            pod_ip_range: DEFAULT_POD_RANGE.parse().expect("the default pod range parses"),
+            pod_ip_range: DEFAULT_POD_RANGE
+                .parse()
+                .expect("the default pod range parses"),
             cluster_dns: None,
             node_ip: Ipv4Addr::LOCALHOST,
             lease_duration: Duration::from_secs(40),
@@ -469,7 +471,9 @@ mod tests {
         let host = PodNetwork::Host;
         let sandbox = PodNetwork::Sandbox;
         assert_eq!(
-            parse_pod_ip_range(host, Some("127.16.0.0/16")).unwrap().to_string(),
+            parse_pod_ip_range(host, Some("127.16.0.0/16"))
+                .unwrap()
+                .to_string(),
             "127.16.0.0/16"
         );
         assert_eq!(

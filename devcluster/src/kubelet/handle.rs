@@ -1,7 +1,7 @@
 //! Starting and stopping the kubelet: [`Kubelet::start`] registers the Node
 //! and spawns the node and pod loops; [`KubeletHandle`] stops them, reads
 //! container logs, and (when dropped without `shutdown`) kills every process
-//! the kubelet started.
+//! the kubelet started and deletes the pod bridge.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -260,6 +260,22 @@ impl Drop for KubeletHandle {
         if self.tasks.is_some() {
             self.shared.shutdown.cancel();
             kill_all(&self.groups);
+            // The bridge outlives the process otherwise; the pods' sandboxes
+            // go with their descriptors. A thread of its own: this may run
+            // inside (or outside) a runtime.
+            if let Some(net) = &self.shared.network {
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        match tokio::runtime::Builder::new_current_thread()
+                            .enable_io()
+                            .build()
+                        {
+                            Ok(rt) => rt.block_on(net.stop()),
+                            Err(e) => tracing::warn!(error = %e, "cannot delete the pod bridge"),
+                        }
+                    });
+                });
+            }
         }
     }
 }

@@ -154,7 +154,10 @@ mod tests {
         let all: Vec<Ipv4Addr> = (0..253).map(|_| pool.allocate().unwrap()).collect();
         assert_eq!(all[0], Ipv4Addr::new(10, 244, 3, 2));
         assert!(!all.contains(&gateway));
-        assert!(matches!(pool.allocate(), Err(KubeletError::IpsExhausted(_))));
+        assert!(matches!(
+            pool.allocate(),
+            Err(KubeletError::IpsExhausted(_))
+        ));
     }
 
     #[test]
@@ -202,6 +205,8 @@ mod tests {
         for _ in 0..usable {
             pool.allocate().unwrap();
         }
-        assert!(matches!(pool.allocate(), Err(KubeletError::IpsExhausted(r)) if r == "127.9.0.0/16"));
+        assert!(
+            matches!(pool.allocate(), Err(KubeletError::IpsExhausted(r)) if r == "127.9.0.0/16")
+        );
     }
 }

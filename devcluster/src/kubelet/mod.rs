@@ -47,8 +47,8 @@ pub use config::{
     parse_taint,
 };
 pub use error::{KubeletError, Result};
+pub use handle::{Kubelet, KubeletHandle, run};
 pub use net::{
     BRIDGE_PREFIX, CLUSTER_DNS_IP, CLUSTER_DOMAIN, ClusterDns, DnsPod, DnsSockets, Ipv4Net,
     PodNetwork, VETH_PREFIX,
 };
-pub use handle::{Kubelet, KubeletHandle, run};

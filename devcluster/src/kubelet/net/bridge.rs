@@ -57,7 +57,11 @@ pub(crate) fn conflicts(range: Ipv4Net, routes: &[Route]) -> Vec<&Route> {
     routes
         .iter()
         .filter(|r| r.dest.prefix() > 0 && r.dest.overlaps(&range))
-        .filter(|r| !r.dev.as_deref().is_some_and(|d| d.starts_with(BRIDGE_PREFIX)))
+        .filter(|r| {
+            !r.dev
+                .as_deref()
+                .is_some_and(|d| d.starts_with(BRIDGE_PREFIX))
+        })
         .collect()
 }
 
@@ -85,7 +89,8 @@ impl NodeNetwork {
         nsthread::new_pod_namespaces("probe")
             .await
             .map_err(|e| missing_privilege("cannot create a network and UTS namespace", &e))?;
-        let nl = Netlink::host().map_err(|e| missing_privilege("cannot open a netlink socket", &e))?;
+        let nl =
+            Netlink::host().map_err(|e| missing_privilege("cannot open a netlink socket", &e))?;
         let routes = nl
             .routes()
             .await
@@ -94,7 +99,10 @@ impl NodeNetwork {
             return Err(KubeletError::Config(format!(
                 "the pod range {range} overlaps the route to {}{} already on this machine; choose another --pod-ip-range",
                 r.dest,
-                r.dev.as_deref().map(|d| format!(" (dev {d})")).unwrap_or_default()
+                r.dev
+                    .as_deref()
+                    .map(|d| format!(" (dev {d})"))
+                    .unwrap_or_default()
             )));
         }
         for subnet in range.subnets(24) {
@@ -121,13 +129,15 @@ impl NodeNetwork {
                     .map_err(|e| KubeletError::io("cannot delete stale bridge", &name, e))?;
             }
             let gateway = subnet.nth(1);
-            let bridge_index = nl
-                .create_bridge(&name, gateway, 24)
-                .await
-                .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::PermissionDenied => missing_privilege("cannot create the bridge", &e),
-                    _ => KubeletError::io("cannot create bridge", &name, e),
-                })?;
+            let bridge_index =
+                nl.create_bridge(&name, gateway, 24)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::PermissionDenied => {
+                            missing_privilege("cannot create the bridge", &e)
+                        }
+                        _ => KubeletError::io("cannot create bridge", &name, e),
+                    })?;
             tracing::info!(bridge = %name, %subnet, "pod network ready");
             return Ok(Self {
                 range,
@@ -148,7 +158,9 @@ impl NodeNetwork {
         match Netlink::host() {
             Ok(nl) => match nl.delete(&self.bridge).await {
                 Ok(_) => tracing::info!(bridge = %self.bridge, "deleted the pod bridge"),
-                Err(e) => tracing::warn!(bridge = %self.bridge, error = %e, "cannot delete the pod bridge"),
+                Err(e) => {
+                    tracing::warn!(bridge = %self.bridge, error = %e, "cannot delete the pod bridge")
+                }
             },
             Err(e) => tracing::warn!(error = %e, "cannot open netlink to delete the pod bridge"),
         }
@@ -159,6 +171,20 @@ impl NodeNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_privileges_name_what_is_missing_and_the_way_out() {
+        let e = std::io::Error::from_raw_os_error(libc::EPERM);
+        let msg = missing_privilege("cannot create a network and UTS namespace", &e).to_string();
+        for part in [
+            "CAP_NET_ADMIN",
+            "network and UTS namespace",
+            "--pod-network=host",
+            "ermitted",
+        ] {
+            assert!(msg.contains(part), "{part}: {msg}");
+        }
+    }
 
     #[test]
     fn bridge_names_fit_an_interface_name() {

@@ -65,7 +65,11 @@ impl Ipv4Net {
         } else {
             1u64 << (prefix - self.prefix)
         };
-        let step = if prefix >= 32 { 1 } else { 1u64 << (32 - prefix) };
+        let step = if prefix >= 32 {
+            1
+        } else {
+            1u64 << (32 - prefix)
+        };
         (0..count).map(move |i| Ipv4Net {
             addr: Ipv4Addr::from(base.wrapping_add((i * step) as u32)),
             prefix,
@@ -104,7 +108,10 @@ impl std::str::FromStr for Ipv4Net {
             .filter(|p| *p <= 32)
             .ok_or_else(|| format!("{s:?}: the prefix length {bits:?} is not 0..=32"))?;
         Ipv4Net::new(addr, prefix).ok_or_else(|| {
-            format!("{s:?}: host bits are set; the range starts at {}", Ipv4Addr::from(u32::from(addr) & mask(prefix)))
+            format!(
+                "{s:?}: host bits are set; the range starts at {}",
+                Ipv4Addr::from(u32::from(addr) & mask(prefix))
+            )
         })
     }
 }
@@ -120,9 +127,24 @@ mod tests {
     #[test]
     fn parses_and_rejects_with_reasons() {
         assert_eq!(net("10.244.0.0/16").to_string(), "10.244.0.0/16");
-        assert!("10.244.1.0/16".parse::<Ipv4Net>().unwrap_err().contains("host bits"));
-        assert!("10.244.0.0".parse::<Ipv4Net>().unwrap_err().contains("CIDR"));
-        assert!("10.244.0.0/33".parse::<Ipv4Net>().unwrap_err().contains("prefix"));
+        assert!(
+            "10.244.1.0/16"
+                .parse::<Ipv4Net>()
+                .unwrap_err()
+                .contains("host bits")
+        );
+        assert!(
+            "10.244.0.0"
+                .parse::<Ipv4Net>()
+                .unwrap_err()
+                .contains("CIDR")
+        );
+        assert!(
+            "10.244.0.0/33"
+                .parse::<Ipv4Net>()
+                .unwrap_err()
+                .contains("prefix")
+        );
     }
 
     #[test]

@@ -19,7 +19,12 @@ use crate::kubelet::error::{KubeletError, Result};
 
 /// A pod's hostname (invariant 1).
 pub(crate) fn hostname(pod: &Pod) -> String {
-    if let Some(h) = pod.spec.as_ref().and_then(|s| s.hostname.clone()).filter(|h| !h.is_empty()) {
+    if let Some(h) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+    {
         return h;
     }
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -33,7 +38,12 @@ pub(crate) fn hostname(pod: &Pod) -> String {
 /// `<hostname>.<subdomain>.<ns>.svc.cluster.local`, when the pod has a
 /// subdomain.
 pub(crate) fn fqdn(pod: &Pod) -> Option<String> {
-    let sub = pod.spec.as_ref()?.subdomain.clone().filter(|s| !s.is_empty())?;
+    let sub = pod
+        .spec
+        .as_ref()?
+        .subdomain
+        .clone()
+        .filter(|s| !s.is_empty())?;
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     Some(format!("{}.{sub}.{ns}.svc.{CLUSTER_DOMAIN}", hostname(pod)))
 }
@@ -49,7 +59,11 @@ pub(crate) fn hosts(pod: &Pod, ip: Ipv4Addr) -> String {
         Some(f) => out.push_str(&format!("{ip}\t{f}\t{host}\n")),
         None => out.push_str(&format!("{ip}\t{host}\n")),
     }
-    let aliases = pod.spec.as_ref().and_then(|s| s.host_aliases.clone()).unwrap_or_default();
+    let aliases = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_aliases.clone())
+        .unwrap_or_default();
     if !aliases.is_empty() {
         out.push_str("\n# Entries added by HostAliases.\n");
         for a in aliases {
@@ -68,25 +82,24 @@ pub(crate) fn resolv_conf(pod: &Pod, host_resolv: &str) -> Result<String> {
     let spec = pod.spec.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
-    let (mut servers, mut searches, mut options): (Vec<String>, Vec<String>, Vec<(String, Option<String>)>) =
-        match policy {
-            "ClusterFirst" | "ClusterFirstWithHostNet" | "" => (
-                vec![CLUSTER_DNS_IP.to_string()],
-                vec![
-                    format!("{ns}.svc.{CLUSTER_DOMAIN}"),
-                    format!("svc.{CLUSTER_DOMAIN}"),
-                    CLUSTER_DOMAIN.to_string(),
-                ],
-                vec![("ndots".into(), Some("5".into()))],
-            ),
-            "Default" => parse_resolv(host_resolv),
-            "None" => (Vec::new(), Vec::new(), Vec::new()),
-            other => {
-                return Err(KubeletError::PodSpec(format!(
-                    "spec.dnsPolicy: {other:?} is not ClusterFirst, ClusterFirstWithHostNet, Default or None"
-                )));
-            }
-        };
+    let (mut servers, mut searches, mut options): Resolv = match policy {
+        "ClusterFirst" | "ClusterFirstWithHostNet" | "" => (
+            vec![CLUSTER_DNS_IP.to_string()],
+            vec![
+                format!("{ns}.svc.{CLUSTER_DOMAIN}"),
+                format!("svc.{CLUSTER_DOMAIN}"),
+                CLUSTER_DOMAIN.to_string(),
+            ],
+            vec![("ndots".into(), Some("5".into()))],
+        ),
+        "Default" => parse_resolv(host_resolv),
+        "None" => (Vec::new(), Vec::new(), Vec::new()),
+        other => {
+            return Err(KubeletError::PodSpec(format!(
+                "spec.dnsPolicy: {other:?} is not ClusterFirst, ClusterFirstWithHostNet, Default or None"
+            )));
+        }
+    };
     if let Some(cfg) = spec.dns_config {
         servers.extend(cfg.nameservers.unwrap_or_default());
         searches.extend(cfg.searches.unwrap_or_default());
@@ -120,6 +133,7 @@ pub(crate) fn resolv_conf(pod: &Pod, host_resolv: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Name servers, search domains and options (`name`, `value`).
 type Resolv = (Vec<String>, Vec<String>, Vec<(String, Option<String>)>);
 
 fn parse_resolv(text: &str) -> Resolv {
@@ -154,19 +168,29 @@ mod tests {
 
     #[test]
     fn hostname_and_fqdn_follow_the_spec() {
-        let p = pod("metadata: {name: w-0, namespace: ml}\nspec: {hostname: host-0, subdomain: w, containers: []}\n");
+        let p = pod(
+            "metadata: {name: w-0, namespace: ml}\nspec: {hostname: host-0, subdomain: w, containers: []}\n",
+        );
         assert_eq!(hostname(&p), "host-0");
         assert_eq!(fqdn(&p).as_deref(), Some("host-0.w.ml.svc.cluster.local"));
-        let long = format!("metadata: {{name: {}-x}}\nspec: {{containers: []}}\n", "a".repeat(62));
+        let long = format!(
+            "metadata: {{name: {}-x}}\nspec: {{containers: []}}\n",
+            "a".repeat(62)
+        );
         assert_eq!(hostname(&pod(&long)), "a".repeat(62));
         let hosts = hosts(&p, Ipv4Addr::new(10, 244, 0, 5));
-        assert!(hosts.contains("10.244.0.5\thost-0.w.ml.svc.cluster.local\thost-0\n"), "{hosts}");
+        assert!(
+            hosts.contains("10.244.0.5\thost-0.w.ml.svc.cluster.local\thost-0\n"),
+            "{hosts}"
+        );
         assert!(hosts.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
     }
 
     #[test]
     fn host_aliases_are_listed() {
-        let p = pod("metadata: {name: p}\nspec:\n  hostAliases: [{ip: 10.1.2.3, hostnames: [foo, bar]}]\n  containers: []\n");
+        let p = pod(
+            "metadata: {name: p}\nspec:\n  hostAliases: [{ip: 10.1.2.3, hostnames: [foo, bar]}]\n  containers: []\n",
+        );
         assert!(hosts(&p, Ipv4Addr::new(10, 244, 0, 2)).contains("10.1.2.3\tfoo\tbar\n"));
     }
 
@@ -182,14 +206,26 @@ mod tests {
             resolv_conf(&p, "nameserver 1.1.1.1\nsearch corp\n").unwrap(),
             "nameserver 1.1.1.1\nsearch corp\n"
         );
-        let p = pod("metadata: {name: p}\nspec:\n  dnsPolicy: None\n  dnsConfig: {nameservers: [9.9.9.9], searches: [a.b], options: [{name: ndots, value: '2'}, {name: edns0}]}\n  containers: []\n");
+        let p = pod(
+            "metadata: {name: p}\nspec:\n  dnsPolicy: None\n  dnsConfig: {nameservers: [9.9.9.9], searches: [a.b], options: [{name: ndots, value: '2'}, {name: edns0}]}\n  containers: []\n",
+        );
         assert_eq!(
             resolv_conf(&p, "").unwrap(),
             "nameserver 9.9.9.9\nsearch a.b\noptions ndots:2 edns0\n"
         );
         let p = pod("metadata: {name: p}\nspec: {dnsPolicy: None, containers: []}\n");
-        assert!(resolv_conf(&p, "").unwrap_err().to_string().contains("spec.dnsConfig"));
+        assert!(
+            resolv_conf(&p, "")
+                .unwrap_err()
+                .to_string()
+                .contains("spec.dnsConfig")
+        );
         let p = pod("metadata: {name: p}\nspec: {dnsPolicy: Sometimes, containers: []}\n");
-        assert!(resolv_conf(&p, "").unwrap_err().to_string().contains("spec.dnsPolicy"));
+        assert!(
+            resolv_conf(&p, "")
+                .unwrap_err()
+                .to_string()
+                .contains("spec.dnsPolicy")
+        );
     }
 }

@@ -118,7 +118,12 @@ impl Netlink {
 
     /// The index of link `name`, if it exists.
     pub(crate) async fn index(&self, name: &str) -> std::io::Result<Option<u32>> {
-        let mut stream = self.handle.link().get().match_name(name.to_string()).execute();
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
         match stream.try_next().await {
             Ok(link) => Ok(link.map(|l| l.header.index)),
             Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
@@ -204,7 +209,12 @@ impl Netlink {
     }
 
     /// Adds `ip/prefix` to link `index`.
-    pub(crate) async fn add_address(&self, index: u32, ip: Ipv4Addr, prefix: u8) -> std::io::Result<()> {
+    pub(crate) async fn add_address(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        prefix: u8,
+    ) -> std::io::Result<()> {
         self.handle
             .address()
             .add(index, IpAddr::V4(ip), prefix)
@@ -214,7 +224,12 @@ impl Netlink {
     }
 
     /// Adds a route to `dest` through `gateway` on link `index`.
-    pub(crate) async fn add_route(&self, dest: Ipv4Net, gateway: Ipv4Addr, index: u32) -> std::io::Result<()> {
+    pub(crate) async fn add_route(
+        &self,
+        dest: Ipv4Net,
+        gateway: Ipv4Addr,
+        index: u32,
+    ) -> std::io::Result<()> {
         let msg = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(dest.addr(), dest.prefix())
             .gateway(gateway)
@@ -230,7 +245,8 @@ impl Netlink {
 
     /// Every IPv4 route of every table.
     pub(crate) async fn routes(&self) -> std::io::Result<Vec<Route>> {
-        let names: std::collections::BTreeMap<u32, String> = self.links().await?.into_iter().collect();
+        let names: std::collections::BTreeMap<u32, String> =
+            self.links().await?.into_iter().collect();
         let mut out = Vec::new();
         let mut stream = self
             .handle

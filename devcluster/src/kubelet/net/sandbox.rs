@@ -71,7 +71,10 @@ fn fail(what: &str, e: std::io::Error) -> std::io::Error {
 
 impl Sandbox {
     /// Makes the sandbox of one pod on `node` (invariant 4).
-    pub(crate) async fn create(node: &NodeNetwork, spec: SandboxSpec<'_>) -> std::io::Result<Sandbox> {
+    pub(crate) async fn create(
+        node: &NodeNetwork,
+        spec: SandboxSpec<'_>,
+    ) -> std::io::Result<Sandbox> {
         let ns = new_pod_namespaces(spec.hostname)
             .await
             .map_err(|e| fail("cannot create the pod's network and UTS namespaces", e))?;
@@ -93,13 +96,20 @@ impl Sandbox {
         let host = Netlink::host()?;
         // A veth of this name can only be left by a pod whose teardown failed.
         host.delete(&self.host_veth).await?;
-        host.create_veth(&self.host_veth, node.bridge_index, "eth0", self.ns.net.as_fd())
-            .await?;
+        host.create_veth(
+            &self.host_veth,
+            node.bridge_index,
+            "eth0",
+            self.ns.net.as_fd(),
+        )
+        .await?;
         drop(host);
         let inside = Netlink::inside(self.ns.net.as_fd()).await?;
         let lo = inside.up("lo").await?;
         let eth0 = inside.up("eth0").await?;
-        inside.add_address(eth0, spec.ip, node.subnet.prefix()).await?;
+        inside
+            .add_address(eth0, spec.ip, node.subnet.prefix())
+            .await?;
         if node.range.prefix() < node.subnet.prefix() {
             inside.add_route(node.range, node.gateway, eth0).await?;
         }
@@ -120,7 +130,8 @@ impl Sandbox {
             .await?
             .map_err(|e| fail(&format!("cannot listen on {addr} in the pod"), e))?;
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            self.tasks.spawn(proxy::serve(listener, api.upstream.clone()));
+            self.tasks
+                .spawn(proxy::serve(listener, api.upstream.clone()));
         }
         if let Some(dns) = spec.dns {
             let (udp, tcp) = bind_dns_sockets(self.ns.net.as_fd(), CLUSTER_DNS_IP)

@@ -48,12 +48,13 @@ impl Worker {
             api: api.as_ref(),
             dns: self.shared.config.cluster_dns.as_ref(),
         };
-        let sandbox = Sandbox::create(node, spec)
-            .await
-            .map_err(|source| KubeletError::Sandbox {
-                pod: self.key(),
-                source,
-            })?;
+        let sandbox =
+            Sandbox::create(node, spec)
+                .await
+                .map_err(|source| KubeletError::Sandbox {
+                    pod: self.key(),
+                    source,
+                })?;
         tracing::debug!(pod = %self.key(), ip = %self.ip, "sandbox ready");
         self.sandbox = Some(sandbox);
         self.api = api;
@@ -105,10 +106,17 @@ async fn api_service(shared: &Shared) -> Option<ApiService> {
         format!("{host}:{port}")
     };
     let services: Api<Service> = Api::namespaced(shared.client.clone(), "default");
-    let svc = match bounded(|| "get service default/kubernetes".into(), services.get_opt("kubernetes")).await {
+    let svc = match bounded(
+        || "get service default/kubernetes".into(),
+        services.get_opt("kubernetes"),
+    )
+    .await
+    {
         Ok(Some(s)) => s,
         Ok(None) => {
-            tracing::warn!("no default/kubernetes Service: pods get the API server's own address, which they cannot reach");
+            tracing::warn!(
+                "no default/kubernetes Service: pods get the API server's own address, which they cannot reach"
+            );
             return None;
         }
         Err(e) => {
