@@ -10,13 +10,14 @@ mod kubelet;
 mod operator;
 mod report;
 mod runtime;
+mod streams;
 
 use clap::Parser;
 
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, kubelet.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet.
     suite: String,
 }
 
@@ -40,8 +41,9 @@ fn main() -> anyhow::Result<()> {
         "image" => image::run(),
         "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
+        "streams" => streams::run(),
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, kubelet"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet"
         ),
     }
 }

@@ -76,6 +76,8 @@ impl DevEnv {
         kconfig.hostmesh_binary = Some(hostmesh_binary);
         if pod_network == PodNetwork::Host {
             kconfig = kconfig.host_network(0);
+        } else {
+            kconfig.cluster_dns = hostmesh_devcluster::kubelet::cluster_dns(&client);
         }
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let workloads = hostmesh_devcluster::controllers::start(client.clone());

@@ -82,8 +82,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Kubelet(args) => {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
+                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                        format!("info,{}", hostmesh_devcluster::dns::QUIET_QUERY_LOGS).into()
+                    }),
                 )
                 .with_writer(std::io::stderr)
                 .try_init();
@@ -123,8 +124,12 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(log))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(format!(
+                    "info,{}",
+                    hostmesh_devcluster::dns::QUIET_QUERY_LOGS
+                ))
+            }),
         )
         .try_init();
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -55,6 +55,7 @@ status:
     state: Failed
     reason: exited with code 3
     exitCode: 3
+    command: "python train.py --shard 5"
     stderrTail: "loading\nTraceback (most recent call last):\n\u001b[31mValueError: bad shard\u001b[0m\n"
   ranks:
   - {start: 0, count: 5, state: Running}
@@ -124,6 +125,10 @@ fn procmesh_view_names_the_first_failure_with_a_clean_stderr_tail() {
         "{text}"
     );
     assert!(text.contains("  reason: exited with code 3\n"), "{text}");
+    assert!(
+        text.contains("  command: python train.py --shard 5\n"),
+        "{text}"
+    );
     assert!(
         text.contains("    | Traceback (most recent call last):\n"),
         "{text}"

@@ -21,6 +21,9 @@ pub const FAILED: &str = "Failed";
 /// The API server refused to create a host pod (admission: PodSecurity,
 /// quota, a webhook); the message is the server's, as on a ReplicaSet.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+/// The World is suspended (`spec.suspend`): its host pods are deleted and
+/// its ProcMeshes wait, as a suspended Job's pods are.
+pub const SUSPENDED: &str = "Suspended";
 
 const MAX_MESSAGE: usize = 32 * 1024;
 

@@ -27,6 +27,8 @@ pub const MAX_PROCS_PER_HOST: u64 = 1024;
 pub const MAX_PROCS: u64 = 200_000;
 /// Most bytes of stderr kept per failed rank in status.
 pub const MAX_STDERR_TAIL: usize = 1024;
+/// Most bytes of the command line kept in `firstFailure.command`.
+pub const MAX_COMMAND: usize = 512;
 
 /// Desired state of a ProcMesh.
 // kube's printcolumn(...) lists trip clippy's duplicated-attribute check.
@@ -408,6 +410,10 @@ pub struct FirstFailure {
     /// Last bytes of its stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_tail: Option<String>,
+    /// The command line that ran (quoted as a shell would take it, at most
+    /// [`MAX_COMMAND`] bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 #[cfg(test)]

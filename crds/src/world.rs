@@ -83,6 +83,13 @@ pub struct WorldSpec {
     /// How the agent gets into the host pods.
     #[serde(default)]
     pub agent: AgentSpec,
+    /// Suspend the World, with Job semantics: the host pods are deleted
+    /// (their agents stop the procs gracefully first), the status is kept
+    /// and the `Suspended` condition is True; ProcMeshes on it wait.
+    /// Setting it back to false recreates the hosts (a new `status.attempt`)
+    /// and the ProcMeshes spawn their procs again. Restarts are not counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 fn default_port() -> u16 {
@@ -193,6 +200,11 @@ pub struct WorldStatus {
     /// Since when the World has been Degraded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded_since: Option<Time>,
+    /// How many times the whole World was brought up again: each resume
+    /// after `suspend` and each `RecreateGang` restart adds one. Procs see
+    /// it as `HOSTMESH_ATTEMPT` (0 on the first run).
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 /// Phase of a World.
@@ -208,6 +220,8 @@ pub enum WorldPhase {
     Degraded,
     /// Beyond the restart limit, or a critical ProcMesh failed.
     Failed,
+    /// `spec.suspend` is true: no host pods, status kept.
+    Suspended,
     /// Being deleted.
     Terminating,
 }
@@ -221,6 +235,7 @@ impl WorldPhase {
             WorldPhase::Running => "Running",
             WorldPhase::Degraded => "Degraded",
             WorldPhase::Failed => "Failed",
+            WorldPhase::Suspended => "Suspended",
             WorldPhase::Terminating => "Terminating",
         }
     }

@@ -128,6 +128,9 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
         if !f.reason.is_empty() {
             let _ = writeln!(out, "  reason: {}", clean(&f.reason));
         }
+        if let Some(cmd) = f.command.as_deref().filter(|c| !c.is_empty()) {
+            let _ = writeln!(out, "  command: {}", clean(cmd));
+        }
         if let Some(tail) = f.stderr_tail.as_deref().filter(|t| !t.is_empty()) {
             let _ = writeln!(out, "  stderr (last lines):");
             for line in tail

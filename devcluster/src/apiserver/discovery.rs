@@ -112,6 +112,9 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
                 "status" => (&r.kind, vec!["get", "patch", "update"]),
                 "binding" => ("Binding", vec!["create"]),
                 "log" => (&r.kind, vec!["get"]),
+                "exec" => ("PodExecOptions", vec!["create", "get"]),
+                "attach" => ("PodAttachOptions", vec!["create", "get"]),
+                "portforward" => ("PodPortForwardOptions", vec!["create", "get"]),
                 "finalize" => (&r.kind, vec!["update"]),
                 _ => (&r.kind, vec!["get"]),
             };

@@ -33,7 +33,7 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{discovery, logs, openapi, podsecurity};
+use super::{connect, discovery, logs, openapi, podsecurity};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -80,7 +80,8 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+            let conn =
+                builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(tls), svc);
             tokio::pin!(conn);
             tokio::select! {
                 r = conn.as_mut() => {
@@ -125,6 +126,15 @@ async fn handle(ctx: Arc<Ctx>, req: http::Request<Incoming>) -> Response<Body> {
         }
         Some(user)
     };
+    // exec, attach and port-forward take over the connection.
+    if let Some(target) = connect::target(&ctx.store, &path) {
+        let resp = match connect::serve(&ctx, &target, req, &query).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+        debug!(%method, %path, status = resp.status().as_u16(), "request");
+        return resp;
+    }
     let hdr = |h: header::HeaderName| {
         req.headers()
             .get(h)

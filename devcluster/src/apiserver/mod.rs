@@ -13,9 +13,11 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `discovery`, `openapi`, `logs` (kubelet proxy), `gc`, `persist`, `proto` (protobuf bodies).
+//! `discovery`, `openapi`, `logs` (kubelet proxy), `connect` (exec, attach and
+//! port-forward to the kubelet), `gc`, `persist`, `proto` (protobuf bodies).
 
 mod auth;
+mod connect;
 mod convert;
 mod defaults;
 mod discovery;

@@ -88,7 +88,7 @@ impl ResourceInfo {
             subs.push("status");
         }
         if self.builtin && self.group.is_empty() && self.plural == "pods" {
-            subs.extend(["binding", "log"]);
+            subs.extend(["attach", "binding", "exec", "log", "portforward"]);
         }
         if self.builtin && self.group.is_empty() && self.plural == "namespaces" {
             subs.push("finalize");

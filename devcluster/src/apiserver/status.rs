@@ -120,6 +120,11 @@ impl ApiError {
         Self::new(422, "Invalid", message)
     }
 
+    /// 429: too many concurrent requests of a kind.
+    pub(crate) fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message)
+    }
+
     /// 500: a bug or an I/O failure on the server.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

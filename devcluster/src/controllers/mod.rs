@@ -1,8 +1,9 @@
-//! A minimal controller-manager for the cluster in a box: the Deployment and
-//! ReplicaSet controllers (kube-rs `Controller`s), so that charts and
-//! manifests with Deployments run on the embedded API server and the process
-//! kubelet, and `kubectl rollout status` / `helm --wait` see Kubernetes'
-//! status fields. See `docs/controllers.md`.
+//! A minimal controller-manager for the cluster in a box: the Deployment,
+//! ReplicaSet and EndpointSlice controllers (kube-rs `Controller`s), so that
+//! charts and manifests with Deployments run on the embedded API server and
+//! the process kubelet, `kubectl rollout status` / `helm --wait` see
+//! Kubernetes' status fields, and Services get the EndpointSlices the
+//! cluster DNS reads. See `docs/controllers.md`.
 //!
 //! Invariants:
 //! 1. Deployment -> ReplicaSet -> Pod links are controller ownerReferences,
@@ -10,10 +11,12 @@
 //!    controllers never delete an object they do not own.
 //! 2. Every reconcile reads the children from the API server (not a cache)
 //!    and writes `status` through the status subresource.
-//! 3. [`ControllersHandle::shutdown`] stops both controllers; in-flight
+//! 3. [`ControllersHandle::shutdown`] stops every controller; in-flight
 //!    reconciles finish first.
 
 mod deployment;
+pub mod endpoints;
+pub mod endpointslice;
 mod replicaset;
 pub mod rollout;
 
@@ -23,7 +26,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -57,7 +61,7 @@ pub struct ControllersHandle {
 }
 
 impl ControllersHandle {
-    /// Stops both controllers and waits (at most 10 s) for them to finish.
+    /// Stops the controllers and waits (at most 10 s) for them to finish.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
@@ -71,8 +75,8 @@ impl ControllersHandle {
     }
 }
 
-/// Starts the Deployment and ReplicaSet controllers on `client`, watching
-/// every namespace.
+/// Starts the Deployment, ReplicaSet and EndpointSlice controllers on
+/// `client`, watching every namespace.
 pub fn start(client: kube::Client) -> ControllersHandle {
     let (stop, stop_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
@@ -96,18 +100,41 @@ pub fn start(client: kube::Client) -> ControllersHandle {
             }
         });
     let replicasets = Controller::new(Api::<ReplicaSet>::all(client.clone()), wc.clone())
-        .owns(Api::<Pod>::all(client), wc)
-        .graceful_shutdown_on(stopped(stop_rx))
-        .run(replicaset::reconcile, error_policy::<ReplicaSet>, ctx)
+        .owns(Api::<Pod>::all(client.clone()), wc.clone())
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(
+            replicaset::reconcile,
+            error_policy::<ReplicaSet>,
+            ctx.clone(),
+        )
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "replicaset controller");
             }
         });
-    info!("deployment and replicaset controllers started");
+    let services = Controller::new(Api::<Service>::all(client.clone()), wc.clone());
+    let service_cache = services.store();
+    let endpointslices = services
+        .owns(Api::<EndpointSlice>::all(client.clone()), wc.clone())
+        .owns(Api::<Endpoints>::all(client.clone()), wc.clone())
+        .watches(Api::<Pod>::all(client), wc, move |pod| {
+            endpointslice::services_selecting(&service_cache, &pod)
+        })
+        .graceful_shutdown_on(stopped(stop_rx))
+        .run(endpointslice::reconcile, error_policy::<Service>, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "endpointslice controller");
+            }
+        });
+    info!("deployment, replicaset and endpointslice controllers started");
     ControllersHandle {
         stop,
-        tasks: vec![tokio::spawn(deployments), tokio::spawn(replicasets)],
+        tasks: vec![
+            tokio::spawn(deployments),
+            tokio::spawn(replicasets),
+            tokio::spawn(endpointslices),
+        ],
     }
 }
 

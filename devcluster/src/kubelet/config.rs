@@ -170,6 +170,14 @@ pub struct KubeletConfig {
     /// share a subnet or an address; `None` turns the claims off. Every
     /// kubelet on a machine must use the same directory.
     pub ip_claims_dir: Option<PathBuf>,
+    /// CA (PEM) whose client certificates may use the kubelet endpoint, as
+    /// a real kube-apiserver does (`--client-ca-file`); the endpoint then
+    /// serves HTTPS (`serving`). `None`: plain HTTP with the bearer token.
+    pub client_ca: Option<String>,
+    /// Publish a `Hostname` address in the Node (off when the node name
+    /// does not resolve to `node_ip`, so an API server preferring
+    /// `Hostname` falls through to `InternalIP`).
+    pub advertise_hostname: bool,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -189,6 +197,8 @@ impl std::fmt::Debug for KubeletConfig {
             .field("taints", &self.taints)
             .field("log_token", &self.log_token.as_ref().map(|_| "<redacted>"))
             .field("log_port", &self.log_port)
+            .field("client_ca", &self.client_ca.is_some())
+            .field("advertise_hostname", &self.advertise_hostname)
             .finish_non_exhaustive()
     }
 }
@@ -221,6 +231,8 @@ impl KubeletConfig {
             kubernetes_service: None,
             run_daemonsets: false,
             ip_claims_dir: Some(default_claims_dir()),
+            client_ca: None,
+            advertise_hostname: true,
         }
     }
 
@@ -327,6 +339,15 @@ pub struct KubeletArgs {
     /// Also run pods owned by DaemonSets (off: a real cluster's daemons stay off this machine).
     #[arg(long)]
     pub run_daemonsets: bool,
+    /// CA whose client certificates may use the kubelet endpoint (kube-apiserver's
+    /// `--kubelet-client-certificate` is signed by it; kubeadm: /etc/kubernetes/pki/ca.crt).
+    /// The endpoint then serves HTTPS, as a real kubelet does.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+    /// The Node's InternalIP, where the API server reaches the kubelet endpoint
+    /// (default: the address this machine uses to reach the API server).
+    #[arg(long)]
+    pub node_ip: Option<Ipv4Addr>,
 }
 
 /// Where claims live by default: `/run/hostmesh/pod-network` for root (the
@@ -423,6 +444,14 @@ impl KubeletArgs {
         config.pod_network = self.pod_network;
         config.pod_ip_range = parse_pod_ip_range(self.pod_network, self.pod_ip_range.as_deref())?;
         config.run_daemonsets = self.run_daemonsets;
+        if let Some(path) = &self.client_ca_file {
+            let pem = std::fs::read_to_string(path)
+                .map_err(|e| KubeletError::io("cannot read --client-ca-file", path, e))?;
+            config.client_ca = Some(pem);
+        }
+        if let Some(ip) = self.node_ip {
+            config.node_ip = ip;
+        }
         config.taints = self
             .taints
             .iter()

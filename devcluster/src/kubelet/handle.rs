@@ -66,6 +66,7 @@ impl Kubelet {
             pods: Mutex::new(Default::default()),
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
+            stream_limits: Default::default(),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = match bind_and_register(&shared).await {
@@ -201,6 +202,19 @@ async fn bind_and_register(shared: &Shared) -> Result<Option<tokio::net::TcpList
     Ok(listener)
 }
 
+/// The embedded cluster DNS server, fed from the API server of `client`,
+/// for sandboxed pods' `10.96.0.10` (`None`, with a warning, when it
+/// cannot start: pods then have no resolver).
+pub fn cluster_dns(client: &kube::Client) -> Option<Arc<dyn super::net::ClusterDns>> {
+    match crate::dns::ClusterDns::start(client, crate::dns::DnsConfig::default()) {
+        Ok(dns) => Some(Arc::new(dns)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the cluster DNS; pods get no resolver");
+            None
+        }
+    }
+}
+
 /// Registers the Node, retrying for about half a minute while the API server
 /// cannot be reached (it may still be starting); an answer from the server
 /// that refuses the Node is final.
@@ -326,14 +340,65 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
             config.kubernetes_service = Some((host.trim_matches(['[', ']']).to_string(), port));
         }
     }
+    if args.node_ip.is_none()
+        && let Some((host, port)) = &config.kubernetes_service
+        && let Some(ip) = local_ip_towards(host, *port).await
+    {
+        config.node_ip = ip;
+    }
+    config.advertise_hostname = hostname_reaches(&config.node_name, config.node_ip).await;
     let client =
         hostmesh_net::kube_client(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
+    if config.pod_network == PodNetwork::Sandbox && config.cluster_dns.is_none() {
+        config.cluster_dns = cluster_dns(&client);
+    }
     let handle = Kubelet::start(client, config).await?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: stopping"),
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
     }
     handle.shutdown().await
+}
+
+/// The address this machine uses to reach `host:port` (the API server), when
+/// that is not loopback: where the API server can reach this kubelet. No
+/// packet is sent (a UDP socket is only connected).
+async fn local_ip_towards(host: &str, port: u16) -> Option<Ipv4Addr> {
+    let target = hostmesh_net::lookup_host(&format!("{host}:{port}"))
+        .await
+        .ok()?
+        .into_iter()
+        .find(|a| a.is_ipv4())?;
+    if target.ip().is_loopback() {
+        return None;
+    }
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect(target).ok()?;
+    match socket.local_addr().ok()?.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Some(ip),
+        _ => None,
+    }
+}
+
+/// Whether the node name resolves to `node_ip` (then the Node may publish
+/// it as its `Hostname` address, which API servers try first by default).
+/// A kubelet on loopback (the embedded cluster) always publishes it.
+async fn hostname_reaches(name: &str, node_ip: Ipv4Addr) -> bool {
+    if node_ip.is_loopback() {
+        return true;
+    }
+    let resolves = hostmesh_net::lookup_host(&format!("{name}:0"))
+        .await
+        .map(|addrs| {
+            addrs
+                .iter()
+                .any(|a| a.ip() == std::net::IpAddr::V4(node_ip))
+        })
+        .unwrap_or(false);
+    if !resolves {
+        tracing::info!(node = %name, %node_ip, "the node name does not resolve to the node IP: the Node publishes only its InternalIP");
+    }
+    resolves
 }

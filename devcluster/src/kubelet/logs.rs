@@ -9,10 +9,17 @@
 //! `status.daemonEndpoints.kubeletEndpoint.Port`, with the query parameters
 //! `tailLines`, `limitBytes`, `previous` and `follow`.
 //!
+//! The same endpoint serves exec, attach and port-forward (`streaming`).
+//! With a client CA (`KubeletConfig::client_ca`, for a real kube-apiserver)
+//! it serves HTTPS and also accepts client certificates (`serving`).
+//!
 //! Invariants:
 //! 1. Every request carries `Authorization: Bearer <token>` with the token
-//!    the kubelet was configured with; anything else gets 401 (logs can hold
-//!    secrets). Without a configured token the endpoint is not served.
+//!    the kubelet was configured with, or comes over a TLS connection whose
+//!    client certificate chains to the client CA and whose subject a
+//!    `SubjectAccessReview` allows on `nodes/proxy` (403 otherwise);
+//!    anything else gets 401 (logs can hold secrets). Without a token and a
+//!    client CA the endpoint is not served.
 //! 2. A followed log ends once its container has stopped and all its output
 //!    was sent, or when the pod leaves this node, the kubelet stops or the
 //!    client goes away.
@@ -31,9 +38,10 @@ use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 use tokio::net::TcpListener;
 
 use super::error::{KubeletError, Result};
+use super::serving::Peer;
 use super::shared::{Shared, lock};
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 /// Path of a container's current or previous log in `dir` (the pod dir).
 pub(crate) fn log_path(dir: &Path, container: &str, previous: bool) -> PathBuf {
@@ -104,8 +112,12 @@ pub(crate) fn read_log(
 
 /// Binds the log endpoint on the node IP; returns the bound port.
 pub(crate) async fn bind(shared: &Shared) -> Result<Option<TcpListener>> {
-    if shared.config.log_token.is_none() {
+    if shared.config.log_token.is_none() && shared.config.client_ca.is_none() {
         return Ok(None);
+    }
+    if let Some(ca) = &shared.config.client_ca {
+        // Refuse to start with a client CA that cannot be used.
+        super::serving::acceptor(shared, ca)?;
     }
     let addr = SocketAddr::from((shared.config.node_ip, shared.config.log_port));
     let listener = TcpListener::bind(addr)
@@ -116,6 +128,16 @@ pub(crate) async fn bind(shared: &Shared) -> Result<Option<TcpListener>> {
 
 /// Serves log requests until shutdown.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
+    let tls = match shared.config.client_ca.as_deref() {
+        Some(ca) => match super::serving::acceptor(&shared, ca) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::error!(error = %e, "the kubelet endpoint cannot serve HTTPS");
+                return;
+            }
+        },
+        None => None,
+    };
     loop {
         let stream = tokio::select! {
             _ = shared.shutdown.cancelled() => return,
@@ -129,20 +151,36 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
             },
         };
         let shared = shared.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(shared, req).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await;
+            let serve = |io, peer: Option<Peer>| {
+                let svc = hyper::service::service_fn(move |req| {
+                    let shared = shared.clone();
+                    let peer = peer.clone();
+                    async move { Ok::<_, Infallible>(handle(shared, peer, req).await) }
+                });
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .with_upgrades()
+            };
+            match tls {
+                None => {
+                    let _ = serve(hyper_util::rt::TokioIo::new(Io::Plain(stream)), None).await;
+                }
+                Some(acceptor) => {
+                    let Ok(conn) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let peer = super::serving::peer(conn.get_ref().1);
+                    let _ =
+                        serve(hyper_util::rt::TokioIo::new(Io::Tls(Box::new(conn))), peer).await;
+                }
+            }
         });
     }
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body.into())).boxed());
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -150,6 +188,33 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
         http::HeaderValue::from_static("text/plain"),
     );
     r
+}
+
+/// Invariant 1: the token, or a client certificate the API server allows.
+async fn authorize(
+    shared: &Shared,
+    peer: Option<&Peer>,
+    req: &Request<Incoming>,
+) -> std::result::Result<(), Response<Body>> {
+    if authorized(shared, req) {
+        return Ok(());
+    }
+    let Some(peer) = peer else {
+        return Err(text(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized: a valid bearer token or client certificate is required",
+        ));
+    };
+    let verb = match *req.method() {
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "get",
+    };
+    super::serving::allowed(shared, peer, verb)
+        .await
+        .map_err(|m| text(StatusCode::FORBIDDEN, m))
 }
 
 fn authorized(shared: &Shared, req: &Request<Incoming>) -> bool {
@@ -175,12 +240,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
-    if !authorized(&shared, &req) {
-        return text(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized: a valid bearer token is required",
-        );
+async fn handle(shared: Arc<Shared>, peer: Option<Peer>, req: Request<Incoming>) -> Response<Body> {
+    if let Err(refused) = authorize(&shared, peer.as_ref(), &req).await {
+        return refused;
+    }
+    if super::streaming::is_streaming_path(req.uri().path()) {
+        return super::streaming::handle(shared, req).await;
     }
     if req.method() != http::Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is supported");
@@ -306,6 +371,58 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         http::HeaderValue::from_static("text/plain"),
     );
     r
+}
+
+/// A plain or TLS connection to the endpoint.
+enum Io {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for Io {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Io {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,10 @@
 //! conditions, container statuses), `launch` / `env` / `expand` / `volumes`
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
-//! endpoint behind `pods/log`), `events`, `ipam` (pod IPs), `net` (pod
-//! sandboxes: namespaces, bridge, veths, `/etc` files), `config`,
+//! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
+//! endpoints), `serving` (HTTPS and client certificates for a real
+//! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
+//! bridge, veths, `/etc` files), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
@@ -38,8 +40,10 @@ mod pod;
 mod pods;
 mod probe;
 mod process;
+mod serving;
 mod shared;
 mod status;
+mod streaming;
 mod volumes;
 
 pub use config::{
@@ -47,7 +51,7 @@ pub use config::{
     parse_taint,
 };
 pub use error::{KubeletError, Result};
-pub use handle::{Kubelet, KubeletHandle, run};
+pub use handle::{Kubelet, KubeletHandle, cluster_dns, run};
 pub use net::{
     BRIDGE_PREFIX, CLUSTER_DNS_IP, CLUSTER_DOMAIN, ClusterDns, DnsPod, DnsSockets, Ipv4Net,
     PodNetwork, VETH_PREFIX,

@@ -108,10 +108,14 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
             pressure("PIDPressure", "KubeletHasSufficientPID", transition),
             ready_condition("True", "KubeletReady", "hostmesh process kubelet is posting ready status", transition),
         ],
-        "addresses": [
-            {"type": "InternalIP", "address": cfg.node_ip.to_string()},
-            {"type": "Hostname", "address": cfg.node_name},
-        ],
+        "addresses": if cfg.advertise_hostname {
+            json!([
+                {"type": "InternalIP", "address": cfg.node_ip.to_string()},
+                {"type": "Hostname", "address": cfg.node_name},
+            ])
+        } else {
+            json!([{"type": "InternalIP", "address": cfg.node_ip.to_string()}])
+        },
         "daemonEndpoints": {"kubeletEndpoint": {"Port": *lock(&shared.log_port)}},
         "nodeInfo": {
             "machineID": "", "systemUUID": "", "bootID": "",

@@ -92,6 +92,18 @@ pub(crate) enum Output {
     Log(PathBuf),
     /// Captured through pipes (exec probes).
     Piped,
+    /// Given streams (`kubectl exec`); with `controlling_tty`, stdin is a
+    /// terminal that becomes the session's controlling terminal.
+    Streams {
+        /// Standard input.
+        stdin: Stdio,
+        /// Standard output.
+        stdout: Stdio,
+        /// Standard error.
+        stderr: Stdio,
+        /// Make stdin the controlling terminal (`TIOCSCTTY`).
+        controlling_tty: bool,
+    },
 }
 
 /// Mount namespace to run in.
@@ -106,6 +118,7 @@ struct ChildSetup {
     parent: libc::pid_t,
     /// The pod's network and UTS namespaces (invariant 7).
     pod_ns: Option<(OwnedFd, OwnedFd)>,
+    ctty: bool,
     unshare: bool,
     join: Option<OwnedFd>,
     mounts: Vec<(CString, CString, bool)>,
@@ -243,6 +256,9 @@ impl ChildSetup {
                 check(libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET))?;
                 check(libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS))?;
             }
+            if self.ctty {
+                check(libc::ioctl(0, libc::TIOCSCTTY, 0))?;
+            }
             if let Some(fd) = &self.join {
                 check(libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNS))?;
             }
@@ -326,6 +342,7 @@ pub(crate) fn spawn(
         .env_clear()
         .envs(launch.env.iter().map(|(k, v)| (k, v)));
     cmd.stdin(Stdio::null());
+    let mut ctty = false;
     match output {
         Output::Log(path) => {
             let file = File::options().create(true).append(true).open(&path)?;
@@ -335,6 +352,15 @@ pub(crate) fn spawn(
         Output::Piped => {
             cmd.stdout(Stdio::piped());
             cmd.stderr(Stdio::piped());
+        }
+        Output::Streams {
+            stdin,
+            stdout,
+            stderr,
+            controlling_tty,
+        } => {
+            cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+            ctty = controlling_tty;
         }
     }
     let join = match ns {
@@ -364,6 +390,7 @@ pub(crate) fn spawn(
     let setup = ChildSetup {
         parent: std::process::id() as libc::pid_t,
         pod_ns,
+        ctty,
         unshare,
         join,
         mounts,

@@ -22,6 +22,22 @@ pub(crate) struct PodEntry {
     /// Names of the containers whose process is running now (a followed log
     /// ends when its container is no longer in here).
     pub(crate) running: Arc<Mutex<BTreeSet<String>>>,
+    /// The running containers' processes by container name, for exec,
+    /// attach and port-forward (`streaming`).
+    pub(crate) targets: Arc<Mutex<BTreeMap<String, ExecTarget>>>,
+}
+
+/// A running container as exec and port-forward reach it: its process
+/// (whose namespaces they join) and how it was launched (environment,
+/// user, working directory).
+#[derive(Debug, Clone)]
+pub(crate) struct ExecTarget {
+    /// The container's main process.
+    pub(crate) pid: i32,
+    /// The container's launch.
+    pub(crate) launch: super::process::Launch,
+    /// The pod's IP.
+    pub(crate) pod_ip: std::net::Ipv4Addr,
 }
 
 /// Shared by the node loop, the pod loop and every pod worker.
@@ -48,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) started_at: k8s_openapi::jiff::Timestamp,
     /// Port of the log endpoint (0: not served), published in the Node.
     pub(crate) log_port: Mutex<u16>,
+    /// Bounds on concurrent exec, attach and port-forward sessions.
+    pub(crate) stream_limits: super::streaming::Limits,
 }
 
 /// A pod's namespace (`default` when unset) and name.

@@ -155,10 +155,13 @@ pub enum HostReport {
         /// Every proc's state.
         procs: Vec<protocol::ProcReport>,
     },
-    /// The connection dropped.
+    /// The connection dropped, or could not be made.
     Disconnected {
         /// From.
         host: HostKey,
+        /// Why (the dial's or the subscription's error: an unreachable
+        /// address, a refused handshake, silence).
+        reason: String,
     },
 }
 

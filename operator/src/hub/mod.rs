@@ -15,6 +15,10 @@
 //!    current connection (CreateOrUpdate is idempotent, so a restarted
 //!    operator creates no duplicates).
 //! 4. The hub holds its lock only for bookkeeping, never across an await.
+//! 5. Syncing a World never waits on an agent: the address book goes to
+//!    each agent from a task of its own link ([`book_sender`]), latest
+//!    book only, so a hung agent delays neither a reconcile (and with it an
+//!    eviction decision) nor the other hosts.
 
 pub mod agent;
 pub mod coalesce;
@@ -71,10 +75,15 @@ struct HostEntry {
     sent: HashMap<String, CreateOrUpdate>,
     /// Stops sent over the current link, by proc name.
     stopping: HashSet<String>,
-    book_sent: bool,
+    /// The latest address book for this agent, sent by the link's own
+    /// task ([`book_sender`]); `None` while there is no link.
+    book: Option<tokio::sync::watch::Sender<Book>>,
     /// When this hub first had the agent's Snapshot (wall clock): before
     /// it, the hub knows nothing of the host's procs (a new leader).
     reported_at: Option<Timestamp>,
+    /// Why the last connection to this agent dropped or failed, until a
+    /// heartbeat arrives again.
+    link_error: Option<String>,
 }
 
 struct WorldEntry {
@@ -321,17 +330,18 @@ impl Hub {
                 };
                 st.mesh_triggers.mark(key, urgent, now);
             }
-            HostReport::Disconnected { host } => {
+            HostReport::Disconnected { host, reason } => {
                 if let Some(h) = st
                     .worlds
                     .get_mut(&host.world)
                     .and_then(|w| w.hosts.get_mut(&host.rank))
                 {
+                    h.link_error = Some(reason);
                     debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
                     h.link = None;
                     h.sent.clear();
                     h.stopping.clear();
-                    h.book_sent = false;
+                    h.book = None;
                 }
                 st.world_triggers.mark(host.world, false, now);
             }
@@ -361,6 +371,27 @@ impl Hub {
         }
     }
 
+    /// The key this hub dials `world`'s agents with, if it knows the World.
+    pub fn world_secret(&self, world: &WorldKey) -> Option<Arc<[u8]>> {
+        self.lock()
+            .worlds
+            .get(world)
+            .map(|w| w.agents.secret.clone())
+            .filter(|k| !k.is_empty())
+    }
+
+    /// Why the hub's last connection to host `rank`'s agent in pod `pod_uid`
+    /// dropped or failed (a refused handshake, an unreachable address), if
+    /// no heartbeat came since.
+    pub fn link_error(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<String> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .filter(|h| h.pod_uid == pod_uid)
+            .and_then(|h| h.link_error.clone())
+    }
+
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
     pub fn expired_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
         if self.liveness(world, rank, pod_uid) != Liveness::Expired {
@@ -374,13 +405,12 @@ impl Hub {
     }
 
     /// Brings the hub's agents of `world` in line with `agents`: dials new
-    /// or replaced hosts, forgets removed ones, sends the address book when
-    /// it changed. Connection failures are logged; the next sync retries.
+    /// or replaced hosts, forgets removed ones, hands a changed address book
+    /// to each agent's sender (invariant 5). Connection failures are logged;
+    /// the next sync retries.
     pub async fn sync_world(self: &Arc<Self>, world: &WorldKey, agents: WorldAgents) {
         let mut dial = Vec::new();
-        let mut book_to = Vec::new();
-        let book: Vec<(u64, SocketAddr)> =
-            agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
+        let book: Book = agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
         {
             let mut st = self.lock();
             let st = &mut *st;
@@ -434,11 +464,12 @@ impl Hub {
                     connecting: false,
                     sent: HashMap::new(),
                     stopping: HashSet::new(),
-                    book_sent: false,
+                    book: None,
                     reported_at: None,
+                    link_error: None,
                 });
-                if book_changed {
-                    h.book_sent = false;
+                if book_changed && let Some(tx) = &h.book {
+                    tx.send_replace(book.clone());
                 }
                 if h.link.is_none() && !h.connecting {
                     h.connecting = true;
@@ -451,25 +482,14 @@ impl Hub {
                         addr: *addr,
                         secret: agents.secret.clone(),
                     });
-                } else if let Some(link) = h.link.as_ref().filter(|_| !h.book_sent) {
-                    h.book_sent = true;
-                    book_to.push(link.clone());
                 }
             }
         }
-        let dials = dial
-            .into_iter()
-            .map(|t| self.clone().connect(t, book.clone()));
+        let dials = dial.into_iter().map(|t| self.clone().connect(t));
         futures::future::join_all(dials).await;
-        let sends = book_to.iter().map(|l| l.set_address_book(book.clone()));
-        for r in futures::future::join_all(sends).await {
-            if let Err(e) = r {
-                warn!(world = %world.name, error = %e, "sending the address book failed");
-            }
-        }
     }
 
-    async fn connect(self: Arc<Self>, target: AgentTarget, book: Vec<(u64, SocketAddr)>) {
+    async fn connect(self: Arc<Self>, target: AgentTarget) {
         let host = target.host.clone();
         let uid = target.pod_uid.clone();
         let res = self.connector.connect(target, self.push_tx.clone()).await;
@@ -491,7 +511,6 @@ impl Hub {
                     h.link = Some(link.clone());
                     h.sent.clear();
                     h.stopping.clear();
-                    h.book_sent = true;
                     link
                 }
                 Err(e) => {
@@ -500,8 +519,13 @@ impl Hub {
                 }
             }
         };
-        if let Err(e) = link.set_address_book(book).await {
-            warn!(world = %host.world.name, rank = host.rank, error = %e, "sending the address book failed");
+        let mut st = self.lock();
+        let Some(w) = st.worlds.get_mut(&host.world) else {
+            return;
+        };
+        let book: Book = w.agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
+        if let Some(h) = w.hosts.get_mut(&host.rank).filter(|h| h.pod_uid == uid) {
+            h.book = Some(book_sender(link, book, host));
         }
     }
 
@@ -551,11 +575,41 @@ pub fn default_connector() -> Arc<dyn AgentConnector> {
 /// Records a heartbeat of a known host. Returns `None` for a push that does
 /// not count (unknown World, host or pod), else the gap since the host's
 /// previous heartbeat (`Some(None)` for its first).
+/// An address book: host rank to agent address.
+type Book = Vec<(u64, SocketAddr)>;
+
+/// Sends `link`'s agent the address book, then every newer one, from a task
+/// of its own: a hung agent holds up only this task (each call ends at the
+/// client's call timeout), never a reconcile or another host. Only the
+/// latest book is sent; the task ends when the returned sender is dropped
+/// (the link dropped, or the host left).
+fn book_sender(
+    link: Arc<dyn AgentLink>,
+    book: Book,
+    host: HostKey,
+) -> tokio::sync::watch::Sender<Book> {
+    let (tx, mut rx) = tokio::sync::watch::channel(book);
+    tokio::spawn(async move {
+        loop {
+            let book = rx.borrow_and_update().clone();
+            if let Err(e) = link.set_address_book(book).await {
+                warn!(world = %host.world.name, rank = host.rank, error = %e, "sending the address book failed");
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
-    let w = st.worlds.get(&host.world)?;
-    if w.hosts.get(&host.rank).is_none_or(|h| h.pod_uid != pod_uid) {
-        return None;
-    }
+    let w = st.worlds.get_mut(&host.world)?;
+    let h = w
+        .hosts
+        .get_mut(&host.rank)
+        .filter(|h| h.pod_uid == pod_uid)?;
+    h.link_error = None;
     let timeout = w.agents.health_timeout;
     let gap = st.heartbeats.deadline(host).map(|deadline| {
         now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))

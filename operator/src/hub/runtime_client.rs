@@ -59,7 +59,7 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
     };
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
-        AgentEventKind::Disconnected { .. } => HostReport::Disconnected { host },
+        AgentEventKind::Disconnected { reason } => HostReport::Disconnected { host, reason },
         AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => HostReport::Snapshot {
             host,
             pod_uid: uid(),

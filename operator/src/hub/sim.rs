@@ -40,6 +40,8 @@ pub struct SimConnector {
     pub heartbeat: Option<Duration>,
     /// Pod UIDs whose agent is dead: it stops heartbeating.
     pub dead: Mutex<Vec<String>>,
+    /// Hosts whose agent is hung (SIGSTOPped): calls to it never answer.
+    pub hung: Mutex<Vec<HostKey>>,
 }
 
 impl SimConnector {
@@ -188,6 +190,15 @@ impl AgentLink for SimLink {
         hosts: Vec<(u64, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
+            let hung = self
+                .sim
+                .hung
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&self.host);
+            if hung {
+                return futures::future::pending().await;
+            }
             self.record(SimRequest::Book(hosts));
             Ok(())
         })

@@ -93,11 +93,50 @@ async fn liveness_follows_heartbeats_and_expiry() {
     assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Alive);
 }
 
+/// A hung agent holds up neither the sync (so neither the reconcile nor
+/// its eviction decision) nor the address book of the other hosts.
+#[tokio::test]
+async fn a_hung_agent_blocks_no_sync_and_no_other_host() {
+    let (sim, hub, _rx) = mk();
+    sim.hung.lock().unwrap().push(host(0));
+    let quick = Duration::from_secs(5);
+    tokio::time::timeout(quick, hub.sync_world(&wk(), agents(2, "a")))
+        .await
+        .expect("the first sync does not wait on the hung agent");
+    hostmesh_testkit::eventually_async("host 1 got the book", || async {
+        sim.requests_of(&host(1))
+            .iter()
+            .any(|r| matches!(r, SimRequest::Book(b) if b.len() == 2))
+            .then_some(())
+    })
+    .await;
+    // A third host joins: the book changes; again no wait.
+    tokio::time::timeout(quick, hub.sync_world(&wk(), agents(3, "a")))
+        .await
+        .expect("a changed book does not wait on the hung agent");
+    hostmesh_testkit::eventually_async("host 1 got the new book", || async {
+        sim.requests_of(&host(1))
+            .iter()
+            .any(|r| matches!(r, SimRequest::Book(b) if b.len() == 3))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        sim.requests_of(&host(0)).is_empty(),
+        "the hung agent answered nothing"
+    );
+}
+
 #[tokio::test]
 async fn address_book_and_no_duplicate_creates() {
     let (sim, hub, mut rx) = mk();
     hub.sync_world(&wk(), agents(2, "a")).await;
-    assert!(matches!(&sim.requests_of(&host(0))[..], [SimRequest::Book(b)] if b.len() == 2));
+    // The book goes from the link's own task (invariant 5).
+    hostmesh_testkit::eventually_async("the address book sent", || async {
+        matches!(&sim.requests_of(&host(0))[..], [SimRequest::Book(b)] if b.len() == 2)
+            .then_some(())
+    })
+    .await;
     assert!(hub.connected(&wk(), 2));
     assert_eq!(
         hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)

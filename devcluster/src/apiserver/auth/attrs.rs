@@ -115,6 +115,14 @@ pub(crate) fn parse(method: &str, path: &str, query: &HashMap<String, String>) -
     if let Some(s) = rest.get(2) {
         a.subresource = s.to_string();
     }
+    // Connecting to a pod (exec, attach, port-forward) creates a stream,
+    // also over the WebSocket GET (Kubernetes 1.31+).
+    if a.resource == "pods"
+        && matches!(a.subresource.as_str(), "exec" | "attach" | "portforward")
+        && a.verb == "get"
+    {
+        a.verb = "create".into();
+    }
     if a.name.is_empty() && a.verb == "get" {
         let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
         a.verb = if watching { "watch" } else { "list" }.into();
@@ -217,6 +225,17 @@ mod tests {
         );
         let a = p("GET", "/apis/apps/v1/deployments");
         assert_eq!((a.verb.as_str(), a.namespace.as_str()), ("list", ""));
+    }
+
+    #[test]
+    fn connecting_to_a_pod_is_create_even_over_get() {
+        for sub in ["exec", "attach", "portforward"] {
+            let path = format!("/api/v1/namespaces/a/pods/x/{sub}");
+            assert_eq!(p("GET", &path).verb, "create", "{sub}");
+            assert_eq!(p("POST", &path).verb, "create", "{sub}");
+            assert_eq!(p("GET", &path).subresource, sub);
+        }
+        assert_eq!(p("GET", "/api/v1/namespaces/a/pods/x/log").verb, "get");
     }
 
     #[test]

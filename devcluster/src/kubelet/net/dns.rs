@@ -64,3 +64,16 @@ pub(crate) async fn bind_dns_sockets(
         tokio::net::TcpListener::from_std(tcp)?,
     ))
 }
+
+/// The embedded cluster DNS server serves every pod's sockets; its
+/// [`Serving`](crate::dns::Serving) lives as long as the future the kubelet
+/// holds for the pod.
+impl ClusterDns for crate::dns::ClusterDns {
+    fn serve(&self, sockets: DnsSockets) -> BoxFuture<'static, ()> {
+        let serving = crate::dns::ClusterDns::serve(self, sockets.udp, sockets.tcp);
+        Box::pin(async move {
+            let _serving = serving;
+            std::future::pending::<()>().await
+        })
+    }
+}

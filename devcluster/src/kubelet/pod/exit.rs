@@ -48,6 +48,7 @@ impl Worker {
                 let code = status.code().unwrap_or_else(|| 128 + signal.unwrap_or(0));
                 let pid = slot.pgid.take();
                 lock(&self.running).remove(&slot.ctr.name);
+                lock(&self.targets).remove(&slot.ctr.name);
                 if let Some(pgid) = pid {
                     // The leader is gone: end the rest of the container, as a runtime would.
                     process::signal_group(pgid, libc::SIGKILL);

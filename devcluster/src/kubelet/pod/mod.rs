@@ -41,7 +41,7 @@ use super::logs;
 use super::net::{ApiService, Sandbox};
 use super::probe::{self, ProbeSpec};
 use super::process::{self, Launch, Namespace, Output};
-use super::shared::{PodEntry, Shared, lock, pod_key};
+use super::shared::{ExecTarget, PodEntry, Shared, lock, pod_key};
 use super::status::{Ctr, Run, StatusInput, pod_status, qos_class};
 use super::volumes::{create_mount_targets, prepare_volumes};
 
@@ -167,6 +167,7 @@ struct Worker {
     written: Option<serde_json::Value>,
     conditions: Vec<PodCondition>,
     running: Arc<Mutex<BTreeSet<String>>>,
+    targets: Arc<Mutex<BTreeMap<String, ExecTarget>>>,
 }
 
 fn restart_policy(pod: &Pod) -> String {
@@ -264,12 +265,14 @@ impl Worker {
             }
         }
         let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let targets: Arc<Mutex<BTreeMap<String, ExecTarget>>> = Arc::default();
         lock(&shared.pods).insert(
             (ns.clone(), name.clone()),
             PodEntry {
                 uid: uid.clone(),
                 dir: dir.clone(),
                 running: running.clone(),
+                targets: targets.clone(),
             },
         );
         let (tx, rx) = mpsc::unbounded_channel();
@@ -307,6 +310,7 @@ impl Worker {
             written: None,
             conditions,
             running,
+            targets,
         })
     }
 

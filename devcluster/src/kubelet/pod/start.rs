@@ -250,6 +250,14 @@ impl Worker {
                     format!("Started container {} (pid {pid})", slot.ctr.name),
                 );
                 lock(&self.running).insert(slot.ctr.name.clone());
+                lock(&self.targets).insert(
+                    slot.ctr.name.clone(),
+                    ExecTarget {
+                        pid,
+                        launch: launch.clone(),
+                        pod_ip: self.ip,
+                    },
+                );
                 slot.pgid = Some(pid);
                 slot.started = Some(now);
                 slot.ctr.run = Run::Running { pid, started_at };

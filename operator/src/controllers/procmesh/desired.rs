@@ -9,6 +9,9 @@
 //!    contract always holds (docs/api.md).
 //! 3. Proc names carry the ProcMesh's uid and a hash of the proc spec
 //!    ([`mesh_id`]).
+//! 4. Procs see the World's `status.attempt` as `HOSTMESH_ATTEMPT`; it is
+//!    not part of the hash, so a new attempt keeps the proc names (and the
+//!    failure that caused it stays on record).
 
 use hostmesh_agent::protocol::{Dim, ProcSpec};
 use hostmesh_crds::{ProcMesh, World};
@@ -52,7 +55,7 @@ pub fn mesh_prefix(pm: &ProcMesh) -> String {
 /// A spec change (command, env, extent, ...) makes new names, so the new
 /// procs replace the old ones instead of conflicting with them.
 pub fn mesh_id(pm: &ProcMesh, world: &World) -> String {
-    let spec = serde_json::to_vec(&proc_spec(pm, world)).unwrap_or_default();
+    let spec = serde_json::to_vec(&spec_of(pm, world)).unwrap_or_default();
     let digest = ring::digest::digest(&ring::digest::SHA256, &spec);
     let hash: String = digest.as_ref()[..4]
         .iter()
@@ -61,8 +64,18 @@ pub fn mesh_id(pm: &ProcMesh, world: &World) -> String {
     format!("{}{hash}", mesh_prefix(pm))
 }
 
-/// The agent's spec for every proc of `pm` on `world`.
+/// The agent's spec for every proc of `pm` on `world`, with
+/// `HOSTMESH_ATTEMPT` (the World's `status.attempt`, invariant 4).
 pub fn proc_spec(pm: &ProcMesh, world: &World) -> ProcSpec {
+    let mut spec = spec_of(pm, world);
+    let attempt = world.status.as_ref().map_or(0, |s| s.attempt);
+    spec.env
+        .push(("HOSTMESH_ATTEMPT".to_owned(), attempt.to_string()));
+    spec
+}
+
+/// The proc spec without the attempt: what names the procs.
+fn spec_of(pm: &ProcMesh, world: &World) -> ProcSpec {
     let mut extent: Vec<Dim> = world.spec.full_shape().dims().to_vec();
     extent.extend(pm.spec.per_host.iter().cloned());
     let mut argv = pm.spec.command.iter().chain(&pm.spec.args).cloned();
@@ -148,8 +161,11 @@ pub(crate) mod tests {
         assert_eq!(r.spec.args, ["train.py", "--lr", "1"]);
         assert_eq!(
             r.spec.env,
-            [("X".to_string(), "y".to_string())],
-            "contract names are dropped"
+            [
+                ("X".to_string(), "y".to_string()),
+                ("HOSTMESH_ATTEMPT".to_string(), "0".to_string())
+            ],
+            "contract names are dropped; the attempt is added"
         );
         assert_eq!(r.spec.world_size(), 64);
         assert_eq!(r.spec.local_world_size(), 8);
@@ -165,6 +181,15 @@ pub(crate) mod tests {
         changed.spec.args.push("--more".into());
         assert_ne!(mesh_id(&changed, &mk_world()), id);
         assert_eq!(mesh_id(&mk_pm(""), &mk_world()), id);
+        // A new attempt keeps the names and tells the procs.
+        let mut again = mk_world();
+        again.status.get_or_insert_with(Default::default).attempt = 2;
+        assert_eq!(mesh_id(&mk_pm(""), &again), id);
+        let env = host_procs(&mk_pm(""), &again, 0, &|_| 0)[0]
+            .spec
+            .env
+            .clone();
+        assert!(env.contains(&("HOSTMESH_ATTEMPT".to_string(), "2".to_string())));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
 
 pub mod desired;
+pub mod exit;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use futures::StreamExt as _;
 use hostmesh_crds::conditions::{self, FAILED, PROGRESSING, READY};
 use hostmesh_crds::procmesh::{ProcMeshPhase, ProcMeshStatus};
 use hostmesh_crds::validate;
-use hostmesh_crds::world::HostState;
+use hostmesh_crds::world::{HostState, WorldPhase};
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -144,6 +145,8 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         pm,
         timings,
         world_phase: world.status.as_ref().and_then(|s| s.phase),
+        world_suspended: world.spec.suspend
+            || world.status.as_ref().and_then(|s| s.phase) == Some(WorldPhase::Suspended),
         hosts,
         extent,
         states: &states,

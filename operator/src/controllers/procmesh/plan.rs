@@ -21,6 +21,12 @@
 //!    never timed out from the original spawn time.
 //! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
 //!    a failure; after its restart it is Starting until the new host runs it.
+//!    Once the mesh has ended, a rank without a current report keeps its
+//!    recorded state: nothing is starting on a replaced host.
+//! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
+//!    mesh waits: its procs go with the hosts as Stopped, not as failures,
+//!    nothing is spawned or counted, and the spawn clock restarts when the
+//!    World runs again. A mesh that already ended stays ended.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -51,6 +57,8 @@ pub struct PlanInput<'a> {
     pub timings: ProcMeshTimings,
     /// Phase of its World.
     pub world_phase: Option<WorldPhase>,
+    /// Its World is suspended (`spec.suspend` or phase Suspended).
+    pub world_suspended: bool,
     /// Hosts of the World.
     pub hosts: u64,
     /// The full extent (World shape then perHost), for display.
@@ -120,12 +128,14 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
             .is_some_and(|c| PERMANENT_EXIT_CODES.contains(&c)))
 }
 
-fn describe(rank: u64, s: &RankStatus) -> String {
+/// A rank's failure in words: the signal by name, the exit code with what
+/// it means ([`super::exit`]), naming `program` where the code is about it.
+fn describe(rank: u64, s: &RankStatus, program: &str) -> String {
     let what = match (s.state, s.exit_code, s.signal) {
-        (_, _, Some(sig)) => format!("killed by signal {sig}"),
+        (_, _, Some(sig)) => super::exit::killed(sig),
         (ProcState::Timeout, _, _) => "did not start within spawnTimeout".to_string(),
         (ProcState::Lost, _, _) => "its host was lost".to_string(),
-        (_, Some(code), _) => format!("exited with code {code}"),
+        (_, Some(code), _) => super::exit::exited(code, program),
         (st, None, None) => format!("{st:?}"),
     };
     match &s.reason {
@@ -140,6 +150,9 @@ fn describe(rank: u64, s: &RankStatus) -> String {
 /// the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::carry_over(input);
+    if input.world_suspended && !w.was_terminal {
+        return w.wait_suspended();
+    }
     w.settle_incarnations();
     w.start_spawn_clock();
     w.observe_ranks();
@@ -237,6 +250,59 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
+    /// The World is suspended (invariant 6): every rank Stopped, nothing
+    /// spawned or counted, the conditions say why.
+    fn wait_suspended(mut self) -> Plan {
+        let input = self.input;
+        let world = &input.pm.spec.world;
+        let message = format!(
+            "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
+        );
+        let was = conditions::get(&self.prev.conditions, READY)
+            .is_some_and(|c| c.reason == "WorldSuspended");
+        if !was {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Normal,
+                reason: "WorldSuspended",
+                note: message.clone(),
+            });
+        }
+        let stopped = RankStatus {
+            state: ProcState::Stopped,
+            reason: Some("WorldSuspended".into()),
+            ..Default::default()
+        };
+        let ranks: Vec<RankStatus> = (0..self.total).map(|_| stopped.clone()).collect();
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        set(&mut conds, READY, false, "WorldSuspended", &message);
+        set(&mut conds, PROGRESSING, false, "WorldSuspended", &message);
+        set(&mut conds, DEGRADED, false, "NoFailures", "");
+        set(&mut conds, FAILED, false, "NotFailed", "");
+        let (rank_runs, truncated) = procmesh::rank_runs(ranks);
+        let prev = self.prev;
+        self.out.status = ProcMeshStatus {
+            phase: Some(ProcMeshPhase::Pending),
+            extent: Some(input.extent.clone()),
+            running: 0,
+            succeeded: 0,
+            failed: 0,
+            ranks: rank_runs,
+            ranks_truncated: truncated,
+            first_failure: self.first_failure,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            incarnations: prev.incarnations,
+            stopping_since: None,
+            spawn_time: None,
+        };
+        self.out
+    }
+
     /// The spawn clock starts once the World runs.
     fn start_spawn_clock(&mut self) {
         if self.spawn_time.is_none() && self.world_running && !self.was_terminal {
@@ -251,6 +317,16 @@ impl<'i, 'a> Working<'i, 'a> {
         let heard = self.input.reported.get(&host)?;
         let spawn = self.spawn_time.as_ref()?;
         Some(spawn.0.max(*heard) + sd(self.input.timings.spawn_timeout))
+    }
+
+    /// The first word of the command (what exit codes 126/127 are about).
+    fn program(&self) -> &str {
+        self.input
+            .pm
+            .spec
+            .command
+            .first()
+            .map_or("", String::as_str)
     }
 
     fn unheard(&self, host: u64) -> bool {
@@ -309,6 +385,16 @@ impl<'i, 'a> Working<'i, 'a> {
                 reason: o.reason.clone(),
                 stderr_tail: o.stderr_tail.clone(),
             },
+            // An ended mesh starts nothing: a rank with no current report
+            // (its host was replaced since) keeps what status recorded.
+            _ if self.was_terminal => {
+                runs::get(&self.prev.ranks, rank)
+                    .cloned()
+                    .unwrap_or(RankStatus {
+                        state: ProcState::Stopped,
+                        ..Default::default()
+                    })
+            }
             Some(_) => RankStatus {
                 state: ProcState::Starting,
                 reason: Some("Restarting".into()),
@@ -357,7 +443,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let summary = failed
             .iter()
             .take(3)
-            .map(|r| describe(*r, &self.ranks[*r as usize]))
+            .map(|r| describe(*r, &self.ranks[*r as usize], self.program()))
             .collect::<Vec<_>>()
             .join("; ");
         let permanent = failed
@@ -371,7 +457,7 @@ impl<'i, 'a> Working<'i, 'a> {
         } else if let Some(r) = permanent {
             self.failure_reason = Some(format!(
                 "{} (permanent failure, not retried)",
-                describe(*r, &self.ranks[*r as usize])
+                describe(*r, &self.ranks[*r as usize], self.program())
             ));
         } else if self.restarts.saturating_add(needed) > policy.max_restarts {
             self.failure_reason = Some(format!(
@@ -401,18 +487,23 @@ impl<'i, 'a> Working<'i, 'a> {
             host: first / self.per_host,
             time: self.now_t.clone(),
             state: s.state,
-            reason: describe(first, s),
+            reason: describe(first, s, self.program()),
             exit_code: s.exit_code,
             signal: s.signal,
             stderr_tail: s
                 .stderr_tail
                 .as_deref()
                 .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
+            command: Some(super::exit::command_line(
+                &self.input.pm.spec.command,
+                &self.input.pm.spec.args,
+                procmesh::MAX_COMMAND,
+            )),
         });
         self.out.events.push(PlannedEvent {
             severity: Severity::Warning,
             reason: "ProcFailed",
-            note: describe(first, s),
+            note: describe(first, s, self.program()),
         });
     }
 

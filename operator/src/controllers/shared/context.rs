@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
@@ -20,8 +20,8 @@ pub struct ControllerContext {
     pub client: Client,
     /// The supervision hub.
     pub hub: Arc<Hub>,
-    /// Publishes Events.
-    pub recorder: Recorder,
+    /// Publishes Events, one per distinct message.
+    pub recorder: crate::controllers::shared::recorder::NoteRecorder,
     /// Operator settings.
     pub args: OperatorArgs,
     /// Paces status writes per object.
@@ -57,7 +57,10 @@ impl ControllerContext {
         };
         Arc::new(ControllerContext {
             metrics,
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: crate::controllers::shared::recorder::NoteRecorder::new(
+                client.clone(),
+                reporter,
+            ),
             client,
             hub: Hub::new(connector),
             args,

@@ -34,6 +34,19 @@ pub const LABEL_RANK: &str = "hostmesh.dev/rank";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Annotation: hash of the desired pod template.
 pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
+/// Annotation on host pods: a short hash of the agent token they mount, so
+/// pods holding a replaced token are found and replaced.
+pub const ANNOTATION_SECRET_HASH: &str = "hostmesh.dev/secret-hash";
+
+/// The first 8 hex digits of SHA-256 of the agent key: enough to tell
+/// tokens apart, nothing to recover one from.
+pub fn secret_hash(key: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key);
+    digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 /// User the install container runs as (the image's non-root user).
 const INSTALL_UID: i64 = 65532;
 const BIN_VOLUME: &str = "hostmesh-bin";

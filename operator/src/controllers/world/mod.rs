@@ -5,7 +5,8 @@
 //! Invariants:
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
 //!    existing pods are never patched (changes roll them, see [`plan`]).
-//! 2. The Secret is created once and never rewritten.
+//! 2. The Secret is never rewritten; a deleted one is recreated with the
+//!    token the agents hold ([`secret`]).
 //! 3. Status is written through the status subresource, whole (replaced,
 //!    guarded by the resourceVersion it was computed from, so a reconcile
 //!    working from a stale cache cannot overwrite newer status),
@@ -16,6 +17,7 @@
 pub mod desired;
 pub mod observe;
 pub mod plan;
+pub mod secret;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,7 +30,7 @@ use hostmesh_crds::procmesh::ProcMeshPhase;
 use hostmesh_crds::validate;
 use hostmesh_crds::world::{WorldPhase, WorldStatus};
 use hostmesh_crds::{ProcMesh, World};
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -132,7 +134,13 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     Api::<Service>::namespaced(ctx.client.clone(), &ns)
         .patch(&name, &pp, &Patch::Apply(&svc))
         .await?;
-    let secret = ensure_secret(world, ctx, &ns).await?;
+    let secret = secret::ensure(
+        world,
+        ctx,
+        &ns,
+        ctx.hub.world_secret(&key_of(world)).map(|k| k.to_vec()),
+    )
+    .await?;
 
     // Pods, by rank.
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -172,7 +180,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         .sync_world(
             &key,
             WorldAgents {
-                secret: secret.into(),
+                secret: secret.key.clone().into(),
                 health_timeout: timings.health_timeout,
                 hosts,
             },
@@ -191,7 +199,12 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         uids.get(&r)
             .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
     };
+    let link_error = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.link_error(&key, r, uid))
+    };
     let hash = desired::template_hash(world, &ctx.args.agent_image);
+    let secret_hash = desired::secret_hash(&secret.key);
     let critical = critical_failure(world, ctx, &ns).await?;
     let plan = plan::plan(&plan::PlanInput {
         world,
@@ -200,6 +213,9 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         extra_pods: extra,
         liveness: &liveness,
         expired_since: &expired_since,
+        link_error: &link_error,
+        secret_hash: &secret_hash,
+        credentials_note: secret.replaced.clone(),
         hash: &hash,
         critical_failure: critical,
         now: Timestamp::now(),
@@ -218,7 +234,14 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     // and a Warning Event, as a ReplicaSet reports FailedCreate.
     let mut refused: Option<String> = None;
     for rank in &plan.create {
-        let pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
+        let mut pod = desired::pod(world, *rank, &ctx.args.agent_image, &hash)?;
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                desired::ANNOTATION_SECRET_HASH.to_string(),
+                secret_hash.clone(),
+            );
         let pod_name = desired::pod_name(&name, *rank);
         match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}
@@ -288,34 +311,6 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         .flatten()
         .fold(default_requeue, Duration::min);
     Ok(Action::requeue(requeue))
-}
-
-async fn ensure_secret(world: &World, ctx: &ControllerContext, ns: &str) -> Result<Vec<u8>, Error> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let name = desired::secret_name(&world.name_any());
-    // The key exactly as the agent derives it from the mounted file.
-    let token = |s: &Secret| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get("token"))
-            .map(|b| hostmesh_agent::secret_key(&b.0).to_vec())
-    };
-    if let Some(s) = api.get_opt(&name).await? {
-        return token(&s)
-            .filter(|t| !t.is_empty())
-            .ok_or(Error::MissingField("agent Secret data.token"));
-    }
-    let secret = desired::secret(world, rand::random())?;
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(s) => token(&s)
-            .or_else(|| token(&secret))
-            .ok_or(Error::MissingField("agent Secret data.token")),
-        // Lost a race with ourselves (a previous reconcile): read it back.
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            Err(crate::Pending::SecretCreating(world.name_any()).into())
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn critical_failure(

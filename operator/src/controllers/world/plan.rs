@@ -10,15 +10,26 @@
 //!    Failed with the reason, and Failed is kept until the spec changes.
 //! 3. An Expired host is acted on only after it has been Expired for
 //!    `evictionTimeout` (so a host is replaced `healthTimeout +
-//!    evictionTimeout` after its last heartbeat).
+//!    evictionTimeout` after its last heartbeat). A host whose pod has been
+//!    Ready for `healthTimeout` while its agent never heartbeated (the
+//!    operator cannot reach it: a refused handshake after lost credentials,
+//!    an unreachable address) is Expired too, with the connection's error
+//!    as its reason, never an endless `Starting`.
 //! 4. Pods whose template hash differs from the desired one are recreated
 //!    (template changes roll); pods are otherwise never patched.
 //! 5. No pod is created for a rank whose previous pod is still terminating.
+//! 6. Suspending (`spec.suspend`) first writes the Suspended phase, and only
+//!    on the next pass deletes the host pods, so ProcMeshes see the World
+//!    suspended before their procs go and do not count them as failures.
+//!    Suspend and resume keep `restarts`; a resume, like a `RecreateGang`
+//!    restart, is a new `attempt`.
+//! 7. A host pod mounting another agent token than the Secret's (see its
+//!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY};
+use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY, SUSPENDED};
 use hostmesh_crds::validate::WorldTimings;
 use hostmesh_crds::world::{FailureAction, HostState, HostStatus, WorldPhase, WorldStatus};
 use hostmesh_crds::{World, runs};
@@ -45,6 +56,14 @@ pub struct PlanInput<'a> {
     pub liveness: &'a dyn Fn(u64) -> Liveness,
     /// When each Expired rank expired.
     pub expired_since: &'a dyn Fn(u64) -> Option<Timestamp>,
+    /// Why the operator's last connection to each rank's agent failed, if
+    /// no heartbeat came since.
+    pub link_error: &'a dyn Fn(u64) -> Option<String>,
+    /// Hash of the agent token the pods must mount
+    /// ([`super::desired::secret_hash`]).
+    pub secret_hash: &'a str,
+    /// Why the token changed, when the operator replaced a lost one.
+    pub credentials_note: Option<String>,
     /// The desired template hash.
     pub hash: &'a str,
     /// Set when a critical ProcMesh of this World failed.
@@ -73,12 +92,30 @@ fn sd(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 
+/// Since when `pod` has been Ready, if it is.
+fn ready_since(pod: &Pod) -> Option<Timestamp> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    Some(c.last_transition_time.as_ref()?.0)
+}
+
 /// Computes the plan (invariants 1-5), phase by phase: observe every host,
 /// carry a recorded or critical failure over, act on failed and evicted
 /// hosts per `failurePolicy`, roll stale pods and create missing ones, then
 /// derive the phase, the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::new(input);
+    if input.world.spec.suspend {
+        return w.suspend();
+    }
+    w.replace_for_credentials();
+    w.expire_silent();
+    w.resume();
     w.announce_expired();
     w.carry_failure();
     if w.failure_reason.is_none() {
@@ -106,7 +143,10 @@ struct Working<'i, 'a> {
     was_up: bool,
     restarts: u32,
     last_restart: Option<Time>,
+    attempt: u32,
     hosts: Vec<HostStatus>,
+    /// Hosts Expired without ever heartbeating, and since when (invariant 3).
+    silent: BTreeMap<u64, Timestamp>,
     failure_reason: Option<String>,
     progressing: Option<(&'static str, String)>,
     waiting_backoff: bool,
@@ -122,6 +162,9 @@ impl<'i, 'a> Working<'i, 'a> {
         let generation = world.metadata.generation;
         let n = world.spec.full_shape().num_ranks();
         let same_gen = prev.observed_generation == generation;
+        // Suspending and resuming change the spec but not the run: the
+        // restart count carries over (invariant 6).
+        let carry = same_gen || world.spec.suspend || prev.phase == Some(WorldPhase::Suspended);
         let hosts = (0..n)
             .map(|r| {
                 let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
@@ -147,9 +190,11 @@ impl<'i, 'a> Working<'i, 'a> {
             was_failed: same_gen && prev.phase == Some(WorldPhase::Failed),
             was_up: same_gen
                 && matches!(prev.phase, Some(WorldPhase::Running | WorldPhase::Degraded)),
-            restarts: if same_gen { prev.restarts } else { 0 },
-            last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
+            restarts: if carry { prev.restarts } else { 0 },
+            last_restart: prev.last_restart_time.clone().filter(|_| carry),
+            attempt: prev.attempt,
             hosts,
+            silent: BTreeMap::new(),
             failure_reason: None,
             progressing: None,
             waiting_backoff: false,
@@ -158,6 +203,80 @@ impl<'i, 'a> Working<'i, 'a> {
                 ..Default::default()
             },
             prev,
+        }
+    }
+
+    /// `spec.suspend`: the Suspended phase first, then every host pod goes
+    /// (invariant 6); nothing is created and no failure is acted on.
+    fn suspend(mut self) -> Plan {
+        let input = self.input;
+        let first = self.prev.phase != Some(WorldPhase::Suspended);
+        let mut live = 0;
+        for p in input.pods.values() {
+            if p.metadata.deletion_timestamp.is_none()
+                && let Some(name) = &p.metadata.name
+            {
+                live += 1;
+                if !first && !self.out.delete.contains(name) {
+                    self.out.delete.push(name.clone());
+                }
+            }
+        }
+        let remaining = input.pods.len();
+        if first {
+            self.out.events.push(event(
+                Severity::Normal,
+                "Suspended",
+                format!("spec.suspend is true: deleting {live} host pods; their agents stop the procs first"),
+            ));
+            // The pods go on the next pass, once the phase is written.
+            self.requeue_within(Duration::from_millis(100));
+        }
+        let message = if remaining == 0 {
+            "spec.suspend is true; no host pods".to_string()
+        } else {
+            format!("spec.suspend is true; {remaining} host pods still terminating")
+        };
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        set(&mut conds, SUSPENDED, true, "SpecSuspended", &message);
+        set(&mut conds, READY, false, "Suspended", &message);
+        set(&mut conds, PROGRESSING, false, "Suspended", &message);
+        set(&mut conds, DEGRADED, false, "Suspended", "");
+        set(&mut conds, FAILED, false, "NotFailed", "");
+        let n = self.n;
+        let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
+        self.out.status = WorldStatus {
+            phase: Some(WorldPhase::Suspended),
+            ready: Some(format!("0/{n}")),
+            ready_hosts: 0,
+            desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+            hosts: host_runs,
+            hosts_truncated: truncated,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            degraded_since: None,
+            attempt: self.attempt,
+        };
+        self.out
+    }
+
+    /// Coming back from Suspended is a new attempt (invariant 6).
+    fn resume(&mut self) {
+        if self.prev.phase == Some(WorldPhase::Suspended) {
+            self.attempt += 1;
+            self.out.events.push(event(
+                Severity::Normal,
+                "Resumed",
+                format!(
+                    "spec.suspend is false: creating the hosts again (attempt {})",
+                    self.attempt
+                ),
+            ));
         }
     }
 
@@ -180,6 +299,79 @@ impl<'i, 'a> Working<'i, 'a> {
                 HostState::Failed | HostState::Expired | HostState::NotReady
             )
         })
+    }
+
+    /// Pods that mount another agent token than the Secret's (a lost
+    /// Secret was replaced, or its token changed) go, so their
+    /// replacements mount the current one (invariant 7). Pods without the
+    /// annotation (made by an older operator) are left alone.
+    fn replace_for_credentials(&mut self) {
+        let input = self.input;
+        let mut stale = Vec::new();
+        for p in input.pods.values() {
+            let held = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::desired::ANNOTATION_SECRET_HASH));
+            if held.is_some_and(|h| h != input.secret_hash)
+                && p.metadata.deletion_timestamp.is_none()
+                && let Some(name) = &p.metadata.name
+                && !self.out.delete.contains(name)
+            {
+                stale.push(name.clone());
+            }
+        }
+        if stale.is_empty() {
+            return;
+        }
+        let why = match &input.credentials_note {
+            Some(note) => format!("{note}: replacing {} host pods", stale.len()),
+            None => format!(
+                "the agent token in the Secret changed: replacing {} host pods whose agents hold the old one",
+                stale.len()
+            ),
+        };
+        self.out.delete.extend(stale);
+        self.out
+            .events
+            .push(event(Severity::Warning, "CredentialsReplaced", why.clone()));
+        self.progressing = Some(("CredentialsReplaced", why));
+    }
+
+    /// Hosts whose pod has been Ready for `healthTimeout` without a single
+    /// heartbeat reaching the operator are Expired, with the connection's
+    /// error as the reason (invariant 3).
+    fn expire_silent(&mut self) {
+        let input = self.input;
+        let health = sd(input.timings.health_timeout);
+        for r in 0..self.n {
+            let h = &self.hosts[r as usize];
+            if h.state != HostState::Starting || h.reason.as_deref() != Some("AwaitingHeartbeat") {
+                continue;
+            }
+            let Some(since) = input.pods.get(&r).and_then(ready_since) else {
+                continue;
+            };
+            let at = since + health;
+            if at > input.now {
+                if let Ok(left) = Duration::try_from(at.duration_since(input.now)) {
+                    self.requeue_within(left);
+                }
+                continue;
+            }
+            let why = match (input.link_error)(r) {
+                Some(e) => format!("Unreachable: the operator cannot reach the agent: {e}"),
+                None => {
+                    "Unreachable: no heartbeat from the agent since the pod became Ready".into()
+                }
+            };
+            self.hosts[r as usize] = HostStatus {
+                state: HostState::Expired,
+                reason: Some(hostmesh_crds::procmesh::head(&why, 320).to_string()),
+            };
+            self.silent.insert(r, at);
+        }
     }
 
     /// Tells users when a host goes silent (once per transition).
@@ -218,7 +410,9 @@ impl<'i, 'a> Working<'i, 'a> {
         let input = self.input;
         let mut act_on = self.ranks_in(HostState::Failed);
         for r in self.ranks_in(HostState::Expired) {
-            let since = (input.expired_since)(r).unwrap_or(input.now);
+            let since = (input.expired_since)(r)
+                .or_else(|| self.silent.get(&r).copied())
+                .unwrap_or(input.now);
             let at = since + sd(input.timings.eviction_timeout);
             if at <= input.now {
                 act_on.push(r);
@@ -279,7 +473,10 @@ impl<'i, 'a> Working<'i, 'a> {
         self.last_restart = Some(self.now_t.clone());
         let victims: Vec<u64> = match fp.action {
             FailureAction::ReplaceHost => act_on,
-            FailureAction::RecreateGang => (0..self.n).collect(),
+            FailureAction::RecreateGang => {
+                self.attempt += 1;
+                (0..self.n).collect()
+            }
         };
         for r in victims {
             if let Some(p) = input.pods.get(&r)
@@ -404,6 +601,7 @@ impl<'i, 'a> Working<'i, 'a> {
             restarts: self.restarts,
             last_restart_time: self.last_restart,
             degraded_since,
+            attempt: self.attempt,
         };
         self.out
     }
@@ -506,6 +704,15 @@ impl<'i, 'a> Working<'i, 'a> {
             ),
             None => set(&mut conds, FAILED, false, "NotFailed", ""),
         }
+        if conditions::get(&conds, SUSPENDED).is_some() {
+            set(
+                &mut conds,
+                SUSPENDED,
+                false,
+                "Resumed",
+                &format!("attempt {}", self.attempt),
+            );
+        }
         conds
     }
 }
@@ -548,6 +755,9 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             extra_pods: vec![],
             liveness: &|_| live,
             expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
+            link_error: &|_| None,
+            secret_hash: "s1",
+            credentials_note: None,
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(now).unwrap(),
@@ -633,6 +843,160 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         let p = run(&w, &pods, Liveness::Alive, 100);
         assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
         assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.attempt, 1, "a gang recreation is a new attempt");
+    }
+
+    /// Pods mounting another token than the Secret's are replaced once,
+    /// with an Event that says why; pods without the annotation stay.
+    #[test]
+    fn pods_holding_a_replaced_token_are_replaced() {
+        let w = mk_world("{}");
+        let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        for r in [0, 1] {
+            pods.get_mut(&r)
+                .unwrap()
+                .metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(
+                    super::super::desired::ANNOTATION_SECRET_HASH.into(),
+                    if r == 0 { "old" } else { "s1" }.into(),
+                );
+        }
+        let p = plan(&PlanInput {
+            world: &w,
+            timings: timings(&w),
+            pods: &pods,
+            extra_pods: vec![],
+            liveness: &|_| Liveness::Alive,
+            expired_since: &|_| None,
+            link_error: &|_| None,
+            secret_hash: "s1",
+            credentials_note: Some("Secret w-agent and its copy were deleted".into()),
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(100).unwrap(),
+        });
+        assert_eq!(p.delete, ["w-host-0"]);
+        assert_eq!(p.status.restarts, 0);
+        let ev = p
+            .events
+            .iter()
+            .find(|e| e.reason == "CredentialsReplaced")
+            .unwrap();
+        assert_eq!(
+            ev.note,
+            "Secret w-agent and its copy were deleted: replacing 1 host pods"
+        );
+    }
+
+    /// A pod Ready while the operator never hears its agent (a refused
+    /// handshake after the credentials changed) is Expired after
+    /// healthTimeout, says why, and is replaced after evictionTimeout.
+    #[test]
+    fn a_ready_host_the_operator_cannot_reach_expires_and_is_replaced() {
+        let w = mk_world("{}");
+        let ready_at = "  phase: Running\n  podIP: 10.244.0.2\n  conditions: [{type: Ready, status: 'True', lastTransitionTime: '1970-01-01T00:01:40Z'}]\n";
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
+        let at = |now: i64, w: &World| {
+            plan(&PlanInput {
+                world: w,
+                timings: timings(w),
+                pods: &pods,
+                extra_pods: vec![],
+                liveness: &|r| {
+                    if r == 0 {
+                        Liveness::Unknown
+                    } else {
+                        Liveness::Alive
+                    }
+                },
+                expired_since: &|_| None,
+                secret_hash: "s1",
+                credentials_note: None,
+                link_error: &|r| {
+                    (r == 0).then(|| "10.244.0.2:26600 failed authentication: it does not hold our shared secret".to_string())
+                },
+                hash: "h1",
+                critical_failure: None,
+                now: Timestamp::from_second(now).unwrap(),
+            })
+        };
+        let p = at(105, &w);
+        assert_eq!(
+            runs::get(&p.status.hosts, 0).unwrap().state,
+            HostState::Starting
+        );
+        assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(5)));
+        let p = at(111, &w);
+        let h0 = runs::get(&p.status.hosts, 0).unwrap();
+        assert_eq!(h0.state, HostState::Expired);
+        assert!(
+            h0.reason
+                .as_deref()
+                .unwrap()
+                .contains("failed authentication"),
+            "{h0:?}"
+        );
+        assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+        assert!(p.delete.is_empty(), "evictionTimeout has not passed");
+        let p = at(171, &w);
+        assert_eq!(p.delete, ["w-host-0"]);
+        assert_eq!(p.status.restarts, 1);
+    }
+
+    #[test]
+    fn suspend_writes_the_phase_then_deletes_pods_and_resume_is_a_new_attempt() {
+        let mut w = mk_world("{}");
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let p = run(&w, &pods, Liveness::Alive, 100);
+        w.status = Some(p.status);
+        w.status.as_mut().unwrap().restarts = 1;
+        // Suspending is a spec change (a new generation).
+        w.spec.suspend = true;
+        w.metadata.generation = Some(2);
+        let p = run(&w, &pods, Liveness::Alive, 101);
+        assert!(
+            p.delete.is_empty(),
+            "the phase is written before any pod goes"
+        );
+        assert!(p.create.is_empty());
+        assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+        assert!(conditions::is_true(&p.status.conditions, SUSPENDED));
+        assert!(!conditions::is_true(&p.status.conditions, READY));
+        assert_eq!(p.status.restarts, 1, "suspending keeps the restart count");
+        assert_eq!(p.events[0].reason, "Suspended");
+        assert!(p.requeue_after.is_some());
+        w.status = Some(p.status);
+        let p = run(&w, &pods, Liveness::Alive, 102);
+        assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+        assert!(p.events.is_empty(), "announced once");
+        // Gone: nothing is created while suspended.
+        w.status = Some(p.status);
+        let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 103);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(cond.message, "spec.suspend is true; no host pods");
+        assert_eq!(p.status.attempt, 0);
+        // Resume: every host again, a new attempt, restarts kept.
+        w.status = Some(p.status);
+        w.spec.suspend = false;
+        w.metadata.generation = Some(3);
+        let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 104);
+        assert_eq!(p.create, [0, 1, 2]);
+        assert_eq!(p.status.attempt, 1);
+        assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+        let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "Resumed")
+        );
+        assert!(p.events.iter().any(|e| e.reason == "Resumed"));
+        // A World never suspended has no Suspended condition.
+        let fresh = run(&mk_world("{}"), &BTreeMap::new(), Liveness::Unknown, 100);
+        assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
     }
 
     #[test]
@@ -691,6 +1055,9 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             extra_pods: vec!["w-host-7".into()],
             liveness: &|_| Liveness::Alive,
             expired_since: &|_| None,
+            link_error: &|_| None,
+            secret_hash: "s1",
+            credentials_note: None,
             hash: "h1",
             critical_failure: None,
             now: Timestamp::from_second(1).unwrap(),

@@ -59,6 +59,7 @@ fn run_reported(
         pm,
         timings: timings(pm),
         world_phase: world,
+        world_suspended: world == Some(WorldPhase::Suspended),
         hosts: 2,
         extent: "host=2,gpu=2".into(),
         states,
@@ -97,6 +98,45 @@ fn waits_for_world_then_spawns_then_runs() {
     assert_eq!(p.status.extent.as_deref(), Some("host=2,gpu=2"));
     assert!(conditions::is_true(&p.status.conditions, READY));
     assert_eq!(p.status.ranks.len(), 1);
+}
+
+#[test]
+fn a_suspended_world_stops_without_failures_and_respawns_on_resume() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 1}");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 100);
+    pm.status = Some(p.status);
+    // The World is suspended: its agents stop the procs (Stopped, or Killed
+    // by their TERM) and its hosts go; none of that is a failure.
+    let mut states = all(2, 2, ProcState::Stopped, 0);
+    states.insert(1, obs(ProcState::Killed, None, 0));
+    let suspended = Some(WorldPhase::Suspended);
+    let lost: BTreeMap<u64, HostState> = (0..2).map(|h| (h, HostState::Terminating)).collect();
+    let p = run_lost(&pm, suspended, &states, &lost, 101);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+    assert!(p.spawn.is_none() && !p.stop);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 0));
+    assert!(p.status.first_failure.is_none());
+    let ready = conditions::get(&p.status.conditions, READY).unwrap();
+    assert_eq!(ready.reason, "WorldSuspended");
+    assert!(ready.message.contains("is suspended"), "{}", ready.message);
+    assert_eq!(p.events[0].reason, "WorldSuspended");
+    pm.status = Some(p.status);
+    let p = run_lost(&pm, suspended, &BTreeMap::new(), &lost, 102);
+    assert!(p.events.is_empty(), "announced once");
+    assert_eq!(p.status.spawn_time, None);
+    // Resumed: it waits for the World, then spawns every rank afresh.
+    pm.status = Some(p.status);
+    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 200);
+    assert!(p.spawn.is_none());
+    assert_eq!(p.status.failed, 0);
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &BTreeMap::new(), 210);
+    assert_eq!(p.spawn, Some(Incarnations::default()));
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 211);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert_eq!(p.status.restarts, 0);
 }
 
 #[test]
@@ -340,5 +380,65 @@ fn a_failed_mesh_is_degraded_not_no_failures() {
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
         ("True", "ProcsFailed")
+    );
+}
+
+/// A mesh that failed when its host was lost does not show that host's
+/// ranks as Starting once the host is replaced (nothing starts them).
+#[test]
+fn a_failed_mesh_keeps_a_replaced_hosts_ranks_as_recorded() {
+    let mut pm = small(", restartPolicy: {policy: Never}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, HostState::Failed)]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(p.status.failed, 2);
+    pm.status = Some(p.status);
+    // The World replaced host 1: its new agent reports nothing for the
+    // mesh, and the old reports are gone with the old pod.
+    states.retain(|_, o| o.host != 1);
+    let p = run(&pm, RUNNING, &states, 200);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(p.status.failed, 2, "{:?}", p.status.ranks);
+    assert!(
+        p.status
+            .ranks
+            .iter()
+            .all(|r| r.value.state != ProcState::Starting),
+        "{:?}",
+        p.status.ranks
+    );
+    assert!(p.spawn.is_none());
+}
+
+/// The root cause reads without a table: exit code 127 names the missing
+/// program, signals have names, and the command line is on record.
+#[test]
+fn first_failure_decodes_the_exit_and_records_the_command() {
+    let pm = small("");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, obs(ProcState::Failed, Some(127), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    let ff = p.status.first_failure.unwrap();
+    assert!(
+        ff.reason
+            .contains("rank 1 exited with code 127: command not found: \"python\""),
+        "{}",
+        ff.reason
+    );
+    assert_eq!(ff.command.as_deref(), Some("python train.py --lr 1"));
+    let mut killed = all(2, 2, ProcState::Running, 0);
+    let mut o = obs(ProcState::Killed, None, 0);
+    o.signal = Some(11);
+    killed.insert(3, o);
+    let p = run(&small(""), RUNNING, &killed, 100);
+    let ff = p.status.first_failure.unwrap();
+    assert!(
+        ff.reason.contains("rank 3 killed by signal SIGSEGV (11)"),
+        "{}",
+        ff.reason
     );
 }

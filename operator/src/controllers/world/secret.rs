@@ -1,0 +1,146 @@
+//! The World's agent Secret, kept healable: the operator holds the token in
+//! memory (the hub) and in an owner-referenced copy, so a deleted Secret
+//! comes back with the token the running agents hold.
+//!
+//! Invariants:
+//! 1. The Secret `<world>-agent` is what pods mount; its token is the
+//!    World's. When it exists, it wins.
+//! 2. A missing Secret is recreated with the token the agents hold: the
+//!    hub's (what this operator dials with), else the copy
+//!    `<world>-agent-recovery`. Only when neither exists (both deleted while
+//!    no operator held the token) is a new token made, and the caller
+//!    replaces the hosts deliberately ([`SecretOutcome::replaced`]); a World
+//!    that has no pods yet just starts with it.
+//! 3. Nothing here lists or watches Secrets: the operator needs only `get`
+//!    and `create` on them (a watch would need list and watch on every
+//!    Secret of the watched namespaces). A deletion is noticed at the next
+//!    reconcile (at most a minute in steady state).
+
+use hostmesh_agent::contract;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt as _};
+
+use super::desired;
+use crate::Error;
+use crate::controllers::shared::ControllerContext;
+use hostmesh_crds::World;
+
+/// The Secret's token, and why the hosts must be replaced if they must.
+#[derive(Debug)]
+pub struct SecretOutcome {
+    /// The key the agents derive from the mounted token.
+    pub key: Vec<u8>,
+    /// Set when a new token replaced a lost one (invariant 2).
+    pub replaced: Option<String>,
+}
+
+/// Name of the recovery copy of `world`'s Secret.
+pub fn recovery_name(world: &str) -> String {
+    format!("{world}-agent-recovery")
+}
+
+/// The key exactly as the agent derives it from the mounted file.
+fn key_of(s: &Secret) -> Option<Vec<u8>> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(contract::SECRET_KEY))
+        .map(|b| hostmesh_agent::secret_key(&b.0).to_vec())
+        .filter(|k| !k.is_empty())
+}
+
+/// A Secret named `name` owned by `world` holding `token`.
+fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, Error> {
+    let mut s = desired::secret(world, [0; 32])?;
+    s.metadata.name = Some(name);
+    s.data = Some(
+        [(contract::SECRET_KEY.to_string(), ByteString(token.to_vec()))]
+            .into_iter()
+            .collect(),
+    );
+    Ok(s)
+}
+
+async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), Error> {
+    match api.create(&PostParams::default(), secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Makes sure the World's Secret and its copy exist (invariants 1-2).
+pub async fn ensure(
+    world: &World,
+    ctx: &ControllerContext,
+    ns: &str,
+    hub_key: Option<Vec<u8>>,
+) -> Result<SecretOutcome, Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = desired::secret_name(&world.name_any());
+    let copy_name = recovery_name(&world.name_any());
+    let primary = api.get_opt(&name).await?;
+    let copy = api.get_opt(&copy_name).await?;
+    if let Some(s) = &primary {
+        let key = key_of(s).ok_or(Error::MissingField("agent Secret data.token"))?;
+        if copy.is_none() {
+            create(&api, &with_token(world, copy_name, &key)?).await?;
+        }
+        return Ok(SecretOutcome {
+            key,
+            replaced: None,
+        });
+    }
+    let recovered = hub_key
+        .map(|k| (k, "the token this operator dials the agents with"))
+        .or_else(|| {
+            copy.as_ref()
+                .and_then(key_of)
+                .map(|k| (k, "its recovery copy"))
+        });
+    if let Some((key, from)) = recovered {
+        create(&api, &with_token(world, name.clone(), &key)?).await?;
+        if copy.is_none() {
+            create(&api, &with_token(world, copy_name, &key)?).await?;
+        }
+        ctx.event(
+            world,
+            true,
+            "AgentSecretRestored",
+            format!(
+                "Secret {name} was missing; recreated it from {from}, the token the running agents hold"
+            ),
+        )
+        .await;
+        return Ok(SecretOutcome {
+            key,
+            replaced: None,
+        });
+    }
+    // Neither exists and no operator holds the token: a new one.
+    let fresh = desired::secret(world, rand::random())?;
+    let key = key_of(&fresh).ok_or(Error::MissingField("agent Secret data.token"))?;
+    match api.create(&PostParams::default(), &fresh).await {
+        Ok(_) => {}
+        // Lost a race with ourselves (a previous reconcile): read it back.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            return Err(crate::Pending::SecretCreating(world.name_any()).into());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    create(&api, &with_token(world, copy_name.clone(), &key)?).await?;
+    // A World that was never up has nothing to replace.
+    let had_hosts = world
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.hosts.is_empty() && s.observed_generation.is_some());
+    Ok(SecretOutcome {
+        key,
+        replaced: had_hosts.then(|| {
+            format!(
+                "Secret {name} and its copy {copy_name} were deleted and no operator held the token: made a new one; the hosts are replaced so their agents get it"
+            )
+        }),
+    })
+}
