@@ -1,7 +1,7 @@
 //! Pod sandboxes: each pod has its own network and UTS namespace on the
 //! kubelet's bridge. Two pods of one headless Service bind the same port,
-//! see their own hostname and FQDN, and reach each other and the machine
-//! reaches them; nothing routes out of the pod range; a pod range that
+//! see their own hostname and FQDN, and reach each other (by address and
+//! by DNS name) and the machine reaches them; nothing routes out of the pod range; a pod range that
 //! overlaps a route of the machine is refused; the cluster DNS seam gets
 //! sockets inside each pod.
 
@@ -46,7 +46,14 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_of_a_headless_service_have_their_own_network_and_names() {
-    let c = Cluster::start(201).await;
+    // With the embedded cluster DNS behind the kubelet's seam.
+    let c = Cluster::start_with_client(201, |cfg, client| {
+        cfg.cluster_dns = hostmesh_devcluster::kubelet::cluster_dns(client);
+    })
+    .await;
+    // The EndpointSlice controller gives the headless Service its
+    // endpoints (with the pods' hostnames), which the DNS serves.
+    let controllers = hostmesh_devcluster::controllers::start(c.client.clone());
     let python = python();
     c.create::<k8s_openapi::api::core::v1::Service>(&format!(
         "metadata: {{name: web}}\nspec: {{clusterIP: None, selector: {{app: web}}, ports: [{{name: http, port: {PORT}}}]}}\n"
@@ -102,6 +109,8 @@ spec:
       import socket, urllib.request
       for ip in ["{a}", "{b}"]:
           print("peer", urllib.request.urlopen(f"http://{{ip}}:{PORT}/name", timeout=10).read().decode().strip())
+      for name in ["web-0.web", "web-1.web.default.svc.cluster.local"]:
+          print("dns", name, socket.gethostbyname(name))
       for ip in ["203.0.113.7", "10.97.0.5", "192.168.1.1"]:
           s = socket.socket()
           s.settimeout(5)
@@ -115,16 +124,22 @@ spec:
         b = ips[1],
     ))
     .await;
-    c.wait_pod("client", "phase Succeeded", |p| phase(p) == "Succeeded")
+    let done = c
+        .wait_pod("client", "finished", |p| {
+            matches!(phase(p), "Succeeded" | "Failed")
+        })
         .await;
     let logs = c.kubelet().logs("default", "client", "main", None).unwrap();
+    assert_eq!(phase(&done), "Succeeded", "{logs}");
     let enetunreach = ENETUNREACH;
+    let (a, b) = (ips[0], ips[1]);
     assert_eq!(
         logs,
         format!(
-            "peer web-0\npeer web-1\nunreachable 203.0.113.7 {enetunreach}\nunreachable 10.97.0.5 {enetunreach}\nunreachable 192.168.1.1 {enetunreach}\n"
+            "peer web-0\npeer web-1\ndns web-0.web {a}\ndns web-1.web.default.svc.cluster.local {b}\nunreachable 203.0.113.7 {enetunreach}\nunreachable 10.97.0.5 {enetunreach}\nunreachable 192.168.1.1 {enetunreach}\n"
         )
     );
+    controllers.shutdown().await;
     c.stop().await;
 }
 

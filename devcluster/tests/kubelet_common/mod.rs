@@ -55,12 +55,20 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with `tweak` applied to the configuration.
     pub async fn start_with(block: u8, tweak: impl FnOnce(&mut KubeletConfig)) -> Cluster {
+        Self::start_with_client(block, |cfg, _| tweak(cfg)).await
+    }
+
+    /// Like [`Cluster::start_with`]; `tweak` also gets the API client.
+    pub async fn start_with_client(
+        block: u8,
+        tweak: impl FnOnce(&mut KubeletConfig, &kube::Client),
+    ) -> Cluster {
         init_tracing();
         let dir = tempfile::tempdir().expect("tempdir");
         let (api, client) = hostmesh_testkit::cluster::api_server().await;
         let node = format!("node-{block}");
         let mut config = test_config(dir.path(), &node).for_api_server(&api);
-        tweak(&mut config);
+        tweak(&mut config, &client);
         let kubelet = Kubelet::start(client.clone(), config.clone())
             .await
             .expect("kubelet starts");
