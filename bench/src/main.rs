@@ -8,6 +8,7 @@ mod apiserver;
 mod e2e;
 mod image;
 mod kueue;
+mod kubelet;
 mod operator;
 mod runtime;
 mod streams;
@@ -18,7 +19,7 @@ use hostmesh_bench::{chaos, report};
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kueue, chaos.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, chaos.
     suite: String,
     /// chaos: runs of each scenario.
     #[arg(long, default_value_t = 3)]
@@ -47,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         "e2e" => e2e::run(),
         "image" => image::run(),
         "kueue" => kueue::run(),
+        "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
         "chaos" => {
@@ -58,7 +60,7 @@ fn main() -> anyhow::Result<()> {
             chaos::run(cli.runs, &scenarios)
         }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kueue, chaos"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, chaos"
         ),
     }
 }

@@ -175,7 +175,6 @@ async fn suite() -> anyhow::Result<()> {
     let client = server.client()?;
     let mut config =
         KubeletConfig::new("bench-streams", dir.path().join("kubelet")).for_api_server(&server);
-    config.pod_ip_block = 218;
     config.hostmesh_binary = Some("/bin/true".into());
     let kubelet = Kubelet::start(client.clone(), config).await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
 use hostmesh_devcluster::controllers::ControllersHandle;
-use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle};
+use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle, PodNetwork};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use tokio::sync::oneshot;
@@ -53,6 +53,15 @@ impl DevEnv {
     /// Starts everything with its files under `data_dir`; the hostmesh agent
     /// image maps to `hostmesh_binary` (the `hostmesh` executable).
     pub async fn start(data_dir: &Path, hostmesh_binary: PathBuf) -> Result<DevEnv, DevEnvError> {
+        Self::start_with(data_dir, hostmesh_binary, PodNetwork::Sandbox).await
+    }
+
+    /// Like [`DevEnv::start`], with pods networked as `pod_network` says.
+    pub async fn start_with(
+        data_dir: &Path,
+        hostmesh_binary: PathBuf,
+        pod_network: PodNetwork,
+    ) -> Result<DevEnv, DevEnvError> {
         let kubeconfig = data_dir.join("kubeconfig");
         let config = ApiServerConfig {
             kubeconfig: Some(kubeconfig.clone()),
@@ -65,6 +74,11 @@ impl DevEnv {
         let mut kconfig =
             KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet")).for_api_server(&apiserver);
         kconfig.hostmesh_binary = Some(hostmesh_binary);
+        if pod_network == PodNetwork::Host {
+            kconfig = kconfig.host_network(0);
+        } else {
+            kconfig.cluster_dns = hostmesh_devcluster::kubelet::cluster_dns(&client);
+        }
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DynamicObject};
 
 use crate::manifest::{self, Applied};
+use hostmesh_devcluster::kubelet::PodNetwork;
 
 /// Arguments of `hostmesh up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -38,6 +39,9 @@ pub struct UpArgs {
     /// How long `--exit-when-ready` waits before giving up.
     #[arg(long, default_value = "5m", value_parser = parse_timeout)]
     pub timeout: Duration,
+    /// Pod networking: `sandbox` (each pod in its own network namespace; needs root) or `host` (the machine's, on loopback addresses).
+    #[arg(long, value_enum, default_value_t = PodNetwork::Sandbox)]
+    pub pod_network: PodNetwork,
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
@@ -175,7 +179,7 @@ pub async fn run(args: UpArgs) -> Result<(), UpError> {
         component: "cluster in a box",
         reason: format!("cannot find the running hostmesh executable: {e}"),
     })?;
-    let cluster = crate::devenv::DevEnv::start(&args.data_dir, me)
+    let cluster = crate::devenv::DevEnv::start_with(&args.data_dir, me, args.pod_network)
         .await
         .map_err(|e| UpError::Start {
             component: "cluster in a box",

@@ -91,7 +91,7 @@ async fn the_node_is_registered_ready_with_a_lease() {
     // A second kubelet cannot take the same data directory.
     let err = hostmesh_devcluster::kubelet::Kubelet::start(
         c.client.clone(),
-        test_config(c.dir.path(), "other-node", 250),
+        test_config(c.dir.path(), "other-node"),
     )
     .await
     .unwrap_err();
@@ -167,6 +167,7 @@ spec:
         .await;
     }
     let mut ips = Vec::new();
+    let cidr = c.pod_cidr().await;
     for name in ["web-a", "web-b"] {
         let pod = c
             .wait_pod(name, "Ready", |p| {
@@ -175,7 +176,12 @@ spec:
             .await;
         let status = pod.status.unwrap();
         let ip = status.pod_ip.unwrap();
-        assert!(ip.starts_with("127.239.") && ip != "127.0.0.1", "{ip}");
+        let addr: std::net::Ipv4Addr = ip.parse().unwrap();
+        assert!(
+            cidr.contains(addr) && addr != cidr.addr(),
+            "{ip} not in {cidr}"
+        );
+        assert_ne!(addr.octets()[3], 1, "{ip} is the gateway");
         assert_eq!(status.pod_ips.unwrap()[0].ip, ip);
         assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));
         let mut stream = std::net::TcpStream::connect((ip.as_str(), 26600)).unwrap();
@@ -467,7 +473,7 @@ async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
     api_config.listen = first.addr();
     first.shutdown().await;
 
-    let config = test_config(dir.path(), "late-node", 250);
+    let config = test_config(dir.path(), "late-node");
     let kubelet = tokio::spawn(hostmesh_devcluster::kubelet::Kubelet::start(
         client.clone(),
         config,
@@ -485,11 +491,12 @@ async fn the_kubelet_waits_for_an_api_server_that_is_still_starting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelets_sharing_a_machine_never_share_a_pod_ip() {
-    // Two clusters whose kubelets were given the same pod IP range.
-    let claims = tempfile::tempdir().unwrap();
-    let dir = claims.path().to_path_buf();
-    let a = Cluster::start_with(251, |cfg| cfg.ip_claims_dir = Some(dir.clone())).await;
-    let b = Cluster::start_with(251, |cfg| cfg.ip_claims_dir = Some(dir.clone())).await;
+    // Two clusters whose kubelets were given the same pod range: each
+    // claims its own /24 of it.
+    let a = Cluster::start(251).await;
+    let b = Cluster::start(251).await;
+    let (cidr_a, cidr_b) = (a.pod_cidr().await, b.pod_cidr().await);
+    assert_ne!(cidr_a, cidr_b);
     let spec = "spec:\n  containers: [{name: main, image: busybox, command: [sleep, '600']}]\n";
     let mut ips = std::collections::BTreeSet::new();
     for (c, name) in [(&a, "a-0"), (&b, "b-0"), (&a, "a-1"), (&b, "b-1")] {

@@ -107,9 +107,10 @@ spec:
         .wait_pod("env-demo", "phase Succeeded", |p| phase(p) == "Succeeded")
         .await;
     let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let cidr = c.pod_cidr().await;
     assert!(
-        ip.starts_with("127.232."),
-        "pod IP {ip} is not from the configured block"
+        cidr.contains(ip.parse().unwrap()),
+        "pod IP {ip} is not from the node's podCIDR {cidr}"
     );
     let logs = c
         .kubelet()
@@ -122,9 +123,8 @@ spec:
          file=s3cret pwd={run}/hostmesh/secret\n\
          conf=x=1 mode=600\n\
          readonly\n\
-         api=127.0.0.1:{api_port}\n",
+         api=10.96.0.1:443\n",
         node = c.node,
-        api_port = c.api.as_ref().unwrap().addr().port(),
         // /var/run is often a symlink to /run.
         run = std::fs::canonicalize("/var/run").unwrap().display(),
     );
@@ -152,7 +152,7 @@ spec:
       d=/var/run/secrets/kubernetes.io/serviceaccount
       api=https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
       auth="Authorization: Bearer $(cat $d/token)"
-      echo "ns=$(cat $d/namespace)"
+      echo "ns=$(cat $d/namespace) api=$api"
       touch $d/x 2>/dev/null && echo writable || echo readonly
       curl -sS --cacert $d/ca.crt -H "$auth" -H 'Content-Type: application/json' -X POST \
         -d '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}' \
@@ -169,7 +169,11 @@ spec:
         .logs("default", "in-cluster", "main", None)
         .unwrap();
     let mut lines = logs.lines();
-    assert_eq!(lines.next(), Some("ns=default"), "{logs}");
+    assert_eq!(
+        lines.next(),
+        Some("ns=default api=https://10.96.0.1:443"),
+        "{logs}"
+    );
     assert_eq!(lines.next(), Some("readonly"), "{logs}");
     let me: serde_json::Value =
         serde_json::from_str(lines.next().unwrap_or("")).expect("whoami JSON");

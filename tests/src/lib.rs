@@ -74,17 +74,6 @@ pub fn hostmesh_bin() -> PathBuf {
     profile_dir.join("hostmesh")
 }
 
-/// A /16 of loopback addresses for pod IPs, distinct for every [`Env`] of
-/// this process (up to 8; tests in one binary run in parallel, each with its
-/// own kubelet; the same block for all of them made agents of different
-/// tests answer on one address) and spread by PID across processes.
-fn pod_ip_block() -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
-    let second = 16 + ((std::process::id() % 25) * 8 + n) % 200;
-    format!("127.{second}.0.0/16")
-}
-
 impl Env {
     /// Starts (or joins) a cluster and creates a namespace named after `test`.
     pub async fn start(test: &str) -> anyhow::Result<Env> {
@@ -153,8 +142,6 @@ impl Env {
             .arg(&node)
             .arg("--data-dir")
             .arg(env.dir.path().join("kubelet"))
-            .arg("--pod-ip-range")
-            .arg(pod_ip_block())
             .arg("--agent-binary")
             .arg(&bin);
         if real_cluster {

@@ -10,7 +10,19 @@ use serde_json::{Value, json};
 use super::registry::ResourceInfo;
 use super::status::ApiError;
 
-static NEXT_CLUSTER_IP: AtomicU32 = AtomicU32::new(10);
+static NEXT_CLUSTER_IP: AtomicU32 = AtomicU32::new(11);
+
+/// The next ClusterIP of `10.96.0.0/16`: never `.0`/`.255` addresses, nor
+/// `10.96.0.1` (the `kubernetes` Service) or `10.96.0.10` (the cluster DNS).
+fn next_cluster_ip() -> String {
+    loop {
+        let n = NEXT_CLUSTER_IP.fetch_add(1, Ordering::Relaxed) & 0xffff;
+        let (hi, lo) = ((n >> 8) & 0xff, n & 0xff);
+        if lo != 0 && lo != 255 && n != 1 && n != 10 {
+            return format!("10.96.{hi}.{lo}");
+        }
+    }
+}
 
 fn is(info: &ResourceInfo, group: &str, plural: &str) -> bool {
     info.builtin && info.group == group && info.plural == plural
@@ -97,8 +109,7 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
             .and_then(Value::as_str)
             .is_none_or(str::is_empty)
         {
-            let n = NEXT_CLUSTER_IP.fetch_add(1, Ordering::Relaxed);
-            obj["spec"]["clusterIP"] = json!(format!("10.96.{}.{}", (n >> 8) & 0xff, n & 0xff));
+            obj["spec"]["clusterIP"] = json!(next_cluster_ip());
         }
         let ip = obj["spec"]["clusterIP"].clone();
         set_default(obj, &["spec", "clusterIPs"], json!([ip]));
@@ -406,5 +417,26 @@ pub(crate) fn validate_builtin(info: &ResourceInfo, obj: &Value) -> Result<(), A
         Ok(())
     } else {
         Err(ApiError::invalid(&info.kind, &name, causes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ips_skip_the_kubernetes_and_dns_addresses() {
+        // Every address of a full round of the /16.
+        let seen: Vec<String> = (0..65_000).map(|_| next_cluster_ip()).collect();
+        assert!(
+            !seen
+                .iter()
+                .any(|ip| ip == "10.96.0.1" || ip == "10.96.0.10")
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|ip| ip.ends_with(".0") || ip.ends_with(".255"))
+        );
     }
 }

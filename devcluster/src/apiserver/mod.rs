@@ -28,6 +28,7 @@ mod disruption;
 mod gc;
 mod handlers;
 mod http;
+mod kubernetes_service;
 mod lifecycle;
 mod limits;
 mod lists;
@@ -258,6 +259,7 @@ impl ApiServer {
         // Set once, on a store nobody else holds yet.
         let _ = store.root_ca.set(creds.ca_pem.clone());
         bootstrap(&store);
+        kubernetes_service::ensure(&mut store.lock(), &host, addr.port());
 
         let sa_key = tls::unhex(&creds.sa_key)
             .filter(|k| !k.is_empty())

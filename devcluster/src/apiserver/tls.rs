@@ -4,10 +4,17 @@
 //! clients.
 //!
 //! Invariants:
-//! 1. The serving certificate names `127.0.0.1`, `::1`, `localhost` and the
-//!    listen IP, so clients verify it against the CA without special cases.
+//! 1. The serving certificate names `127.0.0.1`, `::1`, `localhost`, the
+//!    listen IP and the in-cluster names of the `kubernetes` Service
+//!    ([`KUBERNETES_SERVICE_IP`], `kubernetes.default.svc...`), so clients
+//!    on the machine and in pods verify it against the CA without special
+//!    cases.
 //! 2. With a data directory the credentials are written there and reused on
-//!    restart, so an existing kubeconfig keeps working.
+//!    restart, so an existing kubeconfig keeps working. A stored serving
+//!    certificate that lacks a name of invariant 1 is replaced on start:
+//!    signed by the stored CA key when there is one (older data directories
+//!    have none: then the CA is replaced too, and clients need the new
+//!    kubeconfig).
 //! 3. Clients may present a certificate signed by the CA (client-certificate
 //!    authentication, see `auth::x509`); one signed by anyone else fails the
 //!    handshake. The CA key, kept beside the CA, issues such certificates.
@@ -19,6 +26,18 @@ use base64::Engine as _;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
 use super::Error;
+
+/// ClusterIP of the `default/kubernetes` Service.
+pub(crate) const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+
+/// The names of the API server inside the cluster (invariant 1).
+const IN_CLUSTER_NAMES: [&str; 5] = [
+    KUBERNETES_SERVICE_IP,
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
 
 /// Certificates and token the server runs with.
 #[derive(Clone)]
@@ -59,14 +78,60 @@ impl Credentials {
                         k
                     }
                 };
-                return Ok(Self {
-                    ca_pem,
-                    cert_pem,
-                    key_pem,
-                    token: token.trim().to_string(),
-                    sa_key,
-                    ca_key_pem: read(CA_KEY_FILE).ok(),
-                });
+                let token = token.trim().to_string();
+                let ca_key_pem = read(CA_KEY_FILE).ok();
+                if names_everything(&cert_pem) {
+                    return Ok(Self {
+                        ca_pem,
+                        cert_pem,
+                        key_pem,
+                        token,
+                        sa_key,
+                        ca_key_pem,
+                    });
+                }
+                // Invariant 2: a serving certificate from before the
+                // in-cluster names.
+                let ca_key = ca_key_pem
+                    .as_deref()
+                    .and_then(|k| KeyPair::from_pem(k).ok());
+                let fresh = match ca_key {
+                    Some(k) => {
+                        tracing::info!(
+                            "re-issuing the serving certificate with the in-cluster names of the kubernetes Service"
+                        );
+                        let (cert_pem, key_pem) =
+                            serving_cert(&Issuer::new(ca_params()?, k), ip)?;
+                        Self {
+                            ca_pem,
+                            cert_pem,
+                            key_pem,
+                            token,
+                            sa_key,
+                            ca_key_pem,
+                        }
+                    }
+                    None => {
+                        tracing::warn!(
+                            "the stored CA has no key to re-issue the serving certificate with the in-cluster names: making a new CA; clients need the new kubeconfig"
+                        );
+                        let mut creds = Self::generate(ip)?;
+                        if let Some(k) = &creds.ca_key_pem {
+                            write_private(&dir.join(CA_KEY_FILE), k)?;
+                        }
+                        creds.token = token;
+                        creds.sa_key = sa_key;
+                        creds
+                    }
+                };
+                for (f, body) in [
+                    ("ca.pem", &fresh.ca_pem),
+                    ("server.pem", &fresh.cert_pem),
+                    ("server-key.pem", &fresh.key_pem),
+                ] {
+                    write_private(&dir.join(f), body)?;
+                }
+                return Ok(fresh);
             }
         }
         let creds = Self::generate(ip)?;
@@ -94,31 +159,11 @@ impl Credentials {
         let ca_params = ca_params()?;
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, ca_key);
-
-        let mut sans = vec![
-            "127.0.0.1".to_string(),
-            "::1".to_string(),
-            "localhost".to_string(),
-        ];
-        if !sans.contains(&ip.to_string()) && !ip.is_unspecified() {
-            sans.push(ip.to_string());
-        }
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "hostmesh-devcluster-apiserver");
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &issuer)?;
-
+        let (cert_pem, key_pem) = serving_cert(&issuer, ip)?;
         Ok(Self {
             ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            cert_pem,
+            key_pem,
             token: random_hex()?,
             sa_key: random_hex()?,
             ca_key_pem: Some(ca_key_pem),
@@ -207,6 +252,52 @@ impl Credentials {
             token = self.token
         )
     }
+}
+
+/// A serving certificate (PEM) and its key (PEM) with the names of
+/// invariant 1, signed by `issuer`.
+fn serving_cert(
+    issuer: &Issuer<'_, KeyPair>,
+    ip: std::net::IpAddr,
+) -> Result<(String, String), Error> {
+    let mut sans = vec![
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+        "localhost".to_string(),
+    ];
+    sans.extend(IN_CLUSTER_NAMES.iter().map(|n| n.to_string()));
+    if !sans.contains(&ip.to_string()) && !ip.is_unspecified() {
+        sans.push(ip.to_string());
+    }
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(sans)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "hostmesh-devcluster-apiserver");
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Whether the PEM certificate names every in-cluster name (invariant 1):
+/// DNS names appear verbatim in the DER, the IP as its four bytes.
+fn names_everything(cert_pem: &str) -> bool {
+    let body: String = cert_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let Ok(der) = base64::engine::general_purpose::STANDARD.decode(body.trim()) else {
+        return false;
+    };
+    let has = |needle: &[u8]| der.windows(needle.len()).any(|w| w == needle);
+    let ip: std::net::Ipv4Addr = KUBERNETES_SERVICE_IP
+        .parse()
+        .expect("a literal IPv4 address");
+    has(&ip.octets()) && IN_CLUSTER_NAMES[1..].iter().all(|n| has(n.as_bytes()))
 }
 
 /// The CA's parameters (the same on every start, so certificates issued

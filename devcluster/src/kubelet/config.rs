@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Taint;
 use serde::Deserialize;
 
 use super::error::{KubeletError, Result};
+use super::net::{ClusterDns, DEFAULT_HOST_POD_RANGE, DEFAULT_POD_RANGE, Ipv4Net, PodNetwork};
 
 /// The image pattern of the hostmesh agent image.
 pub const HOSTMESH_IMAGE_PATTERN: &str = "ghcr.io/hostmesh/hostmesh*";
@@ -123,9 +124,17 @@ pub struct KubeletConfig {
     /// Bind pods that have no node and use the default scheduler to this
     /// Node (turn off on clusters with a scheduler).
     pub bind_unscheduled: bool,
-    /// Pod IPs come from `127.<pod_ip_block>.0.0/16`; kubelets sharing a
-    /// machine need different blocks.
-    pub pod_ip_block: u8,
+    /// How pods are networked: each in its own sandbox (default), or in the
+    /// machine's network namespace on loopback addresses.
+    pub pod_network: PodNetwork,
+    /// Where pod IPs come from. Sandbox: the cluster's pod range (default
+    /// `10.244.0.0/16`), of which the kubelet claims one free /24 (its
+    /// `podCIDR`). Host: a loopback range (`127.X.0.0/16`).
+    pub pod_ip_range: Ipv4Net,
+    /// The cluster DNS server pods' sockets are handed to (see
+    /// [`ClusterDns`]); `None`: no DNS sockets are bound in pods (their
+    /// `resolv.conf` still names the cluster DNS address).
+    pub cluster_dns: Option<std::sync::Arc<dyn ClusterDns>>,
     /// The Node's address (`status.hostIP` of its pods).
     pub node_ip: Ipv4Addr,
     /// Node lease duration; the lease is renewed every quarter of it.
@@ -146,17 +155,20 @@ pub struct KubeletConfig {
     pub log_token: Option<String>,
     /// Port of the log endpoint on the node IP (0: any free port).
     pub log_port: u16,
-    /// Host and port of the API server, given to every container as
-    /// `KUBERNETES_SERVICE_HOST`/`_PORT` (as kubelets do) so in-cluster
-    /// clients find it. `hostmesh kubelet` takes them from its kubeconfig.
+    /// Host and port of the API server as the kubelet reaches it.
+    /// Sandboxed pods reach it through the `kubernetes` Service, which the
+    /// kubelet forwards here; with `--pod-network=host` containers get it
+    /// directly as `KUBERNETES_SERVICE_HOST`/`_PORT`. `hostmesh kubelet`
+    /// takes it from its kubeconfig.
     pub kubernetes_service: Option<(String, u16)>,
     /// Run pods owned by DaemonSets. Off by default: a kubelet joining a
     /// real cluster would otherwise run that cluster's daemons (proxies,
     /// network agents) as root on this machine.
     pub run_daemonsets: bool,
-    /// Directory where pod IPs are claimed machine-wide (a locked file per
-    /// address), so kubelets on one machine never hand out the same IP even
-    /// with overlapping ranges; `None` turns the claims off.
+    /// Directory where pod subnets (sandbox) or pod IPs (host) are claimed
+    /// machine-wide (a locked file each), so kubelets on one machine never
+    /// share a subnet or an address; `None` turns the claims off. Every
+    /// kubelet on a machine must use the same directory.
     pub ip_claims_dir: Option<PathBuf>,
     /// CA (PEM) whose client certificates may use the kubelet endpoint, as
     /// a real kube-apiserver does (`--client-ca-file`); the endpoint then
@@ -178,7 +190,9 @@ impl std::fmt::Debug for KubeletConfig {
             .field("hostmesh_binary", &self.hostmesh_binary)
             .field("gpu_capacity", &self.gpu_capacity)
             .field("bind_unscheduled", &self.bind_unscheduled)
-            .field("pod_ip_block", &self.pod_ip_block)
+            .field("pod_network", &self.pod_network)
+            .field("pod_ip_range", &self.pod_ip_range)
+            .field("cluster_dns", &self.cluster_dns.is_some())
             .field("node_ip", &self.node_ip)
             .field("taints", &self.taints)
             .field("log_token", &self.log_token.as_ref().map(|_| "<redacted>"))
@@ -201,7 +215,11 @@ impl KubeletConfig {
             gpu_capacity: 0,
             max_pods: 110,
             bind_unscheduled: true,
-            pod_ip_block: 0,
+            pod_network: PodNetwork::Sandbox,
+            pod_ip_range: DEFAULT_POD_RANGE
+                .parse()
+                .expect("the default pod range parses"),
+            cluster_dns: None,
             node_ip: Ipv4Addr::LOCALHOST,
             lease_duration: Duration::from_secs(40),
             restart_backoff: Duration::from_secs(1),
@@ -212,10 +230,17 @@ impl KubeletConfig {
             log_port: 0,
             kubernetes_service: None,
             run_daemonsets: false,
-            ip_claims_dir: Some(std::env::temp_dir().join("hostmesh-pod-ips")),
+            ip_claims_dir: Some(default_claims_dir()),
             client_ca: None,
             advertise_hostname: true,
         }
+    }
+
+    /// Switches to `--pod-network=host` with pod IPs from `127.<block>.0.0/16`.
+    pub fn host_network(mut self, block: u8) -> Self {
+        self.pod_network = PodNetwork::Host;
+        self.pod_ip_range = Ipv4Net::new(Ipv4Addr::new(127, block, 0, 0), 16).expect("a /16");
+        self
     }
 
     /// Points the kubelet at an embedded API server: `pods/log` requests
@@ -259,6 +284,7 @@ impl KubeletConfig {
                 "lease_duration must be at least 4s".into(),
             ));
         }
+        check_pod_ip_range(self.pod_network, self.pod_ip_range)?;
         let hostmesh = match &self.hostmesh_binary {
             Some(path) => path.clone(),
             None => std::env::current_exe().map_err(|e| {
@@ -301,9 +327,12 @@ pub struct KubeletArgs {
     /// Bind unscheduled pods to this node (`--bind-unscheduled=false` on clusters with a scheduler).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub bind_unscheduled: bool,
-    /// Loopback /16 that pod IPs come from (`127.X.0.0/16`); kubelets on one machine need different ranges.
-    #[arg(long, default_value = "127.0.0.0/16")]
-    pub pod_ip_range: String,
+    /// Pod networking: `sandbox` (each pod in its own network namespace; needs root) or `host` (the machine's network namespace, loopback addresses).
+    #[arg(long, value_enum, default_value_t = PodNetwork::Sandbox)]
+    pub pod_network: PodNetwork,
+    /// Pod range: the cluster's (sandbox, default 10.244.0.0/16; the kubelet claims a free /24 of it), or a loopback /16 (host, default 127.0.0.0/16).
+    #[arg(long)]
+    pub pod_ip_range: Option<String>,
     /// Taint the Node (`key[=value][:effect]`, effect NoSchedule by default); repeatable.
     #[arg(long = "taint")]
     pub taints: Vec<String>,
@@ -321,20 +350,50 @@ pub struct KubeletArgs {
     pub node_ip: Option<Ipv4Addr>,
 }
 
-/// Parses `127.X.0.0/16` into `X`.
-pub fn parse_pod_ip_range(range: &str) -> Result<u8> {
-    let bad = || {
-        KubeletError::Config(format!(
-            "--pod-ip-range {range:?}: expected a loopback /16 such as 127.16.0.0/16"
-        ))
-    };
-    let (addr, bits) = range.split_once('/').ok_or_else(bad)?;
-    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-    let [a, b, c, d] = addr.octets();
-    if bits != "16" || a != 127 || c != 0 || d != 0 {
-        return Err(bad());
+/// Where claims live by default: `/run/hostmesh/pod-network` for root (the
+/// sandbox network needs it anyway; it goes with the bridges on reboot),
+/// else the temp directory.
+fn default_claims_dir() -> PathBuf {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 && Path::new("/run").is_dir() {
+        PathBuf::from("/run/hostmesh/pod-network")
+    } else {
+        std::env::temp_dir().join("hostmesh-pod-ips")
     }
-    Ok(b)
+}
+
+/// Parses `--pod-ip-range` for `network` (its default when `None`).
+pub fn parse_pod_ip_range(network: PodNetwork, range: Option<&str>) -> Result<Ipv4Net> {
+    let text = range.unwrap_or(match network {
+        PodNetwork::Sandbox => DEFAULT_POD_RANGE,
+        PodNetwork::Host => DEFAULT_HOST_POD_RANGE,
+    });
+    let net: Ipv4Net = text
+        .parse()
+        .map_err(|e| KubeletError::Config(format!("--pod-ip-range: {e}")))?;
+    check_pod_ip_range(network, net)?;
+    Ok(net)
+}
+
+fn check_pod_ip_range(network: PodNetwork, net: Ipv4Net) -> Result<()> {
+    let loopback = Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8).expect("a /8");
+    let link_local = Ipv4Net::new(Ipv4Addr::new(169, 254, 0, 0), 16).expect("a /16");
+    match network {
+        PodNetwork::Host if !loopback.contains(net.addr()) || net.prefix() < 8 => {
+            Err(KubeletError::Config(format!(
+                "--pod-ip-range {net}: with --pod-network=host pods use loopback addresses; give a range such as 127.16.0.0/16"
+            )))
+        }
+        PodNetwork::Sandbox if net.overlaps(&loopback) || net.overlaps(&link_local) => {
+            Err(KubeletError::Config(format!(
+                "--pod-ip-range {net}: sandboxed pods need addresses outside loopback and link-local; give a range such as {DEFAULT_POD_RANGE}"
+            )))
+        }
+        PodNetwork::Sandbox if net.prefix() > 24 => Err(KubeletError::Config(format!(
+            "--pod-ip-range {net}: the range must hold at least one /24 (each kubelet claims one)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Parses a taint written `key[=value][:effect]`.
@@ -382,7 +441,8 @@ impl KubeletArgs {
         config.hostmesh_binary = self.agent_binary.clone();
         config.gpu_capacity = self.gpu_capacity;
         config.bind_unscheduled = self.bind_unscheduled;
-        config.pod_ip_block = parse_pod_ip_range(&self.pod_ip_range)?;
+        config.pod_network = self.pod_network;
+        config.pod_ip_range = parse_pod_ip_range(self.pod_network, self.pod_ip_range.as_deref())?;
         config.run_daemonsets = self.run_daemonsets;
         if let Some(path) = &self.client_ca_file {
             let pem = std::fs::read_to_string(path)
@@ -437,9 +497,31 @@ mod tests {
 
     #[test]
     fn pod_ip_ranges_and_taints_parse() {
-        assert_eq!(parse_pod_ip_range("127.16.0.0/16").unwrap(), 16);
-        for bad in ["10.0.0.0/16", "127.1.0.0/24", "127.1.2.0/16", "nope"] {
-            let err = parse_pod_ip_range(bad).unwrap_err();
+        let host = PodNetwork::Host;
+        let sandbox = PodNetwork::Sandbox;
+        assert_eq!(
+            parse_pod_ip_range(host, Some("127.16.0.0/16"))
+                .unwrap()
+                .to_string(),
+            "127.16.0.0/16"
+        );
+        assert_eq!(
+            parse_pod_ip_range(sandbox, None).unwrap().to_string(),
+            "10.244.0.0/16"
+        );
+        assert_eq!(
+            parse_pod_ip_range(host, None).unwrap().to_string(),
+            "127.0.0.0/16"
+        );
+        for (network, bad) in [
+            (host, "10.0.0.0/16"),
+            (host, "127.1.2.0/16"),
+            (host, "nope"),
+            (sandbox, "127.0.0.0/16"),
+            (sandbox, "169.254.0.0/16"),
+            (sandbox, "10.0.0.0/25"),
+        ] {
+            let err = parse_pod_ip_range(network, Some(bad)).unwrap_err();
             assert!(err.to_string().contains("--pod-ip-range"), "{err}");
         }
         let t = parse_taint("hostmesh.dev/process-kubelet").unwrap();

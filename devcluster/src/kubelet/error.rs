@@ -66,9 +66,18 @@ pub enum KubeletError {
     /// The requested pod, container or log does not exist on this node.
     #[error("not found: {0}")]
     NotFound(String),
-    /// Every pod IP of the configured block is in use.
-    #[error("no free pod IP left in 127.{0}.0.0/16; delete pods or choose another --pod-ip-block")]
-    IpsExhausted(u8),
+    /// Every pod IP of the node's range is in use.
+    #[error("no free pod IP left in {0}; delete pods to free addresses")]
+    IpsExhausted(String),
+    /// A pod's sandbox (network and UTS namespaces) could not be made.
+    #[error("cannot create the sandbox of pod {pod}: {source}")]
+    Sandbox {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl KubeletError {

@@ -1,7 +1,7 @@
 //! Starting and stopping the kubelet: [`Kubelet::start`] registers the Node
 //! and spawns the node and pod loops; [`KubeletHandle`] stops them, reads
 //! container logs, and (when dropped without `shutdown`) kills every process
-//! the kubelet started.
+//! the kubelet started and deletes the pod bridge.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -14,6 +14,7 @@ use super::config::{KubeletArgs, KubeletConfig};
 use super::error::{KubeletError, Result};
 use super::ipam::IpPool;
 use super::logs;
+use super::net::{NodeNetwork, PodNetwork};
 use super::node;
 use super::pods;
 use super::process;
@@ -37,12 +38,28 @@ impl Kubelet {
         std::fs::create_dir_all(&pods_dir)
             .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
+        let (network, ips) = match config.pod_network {
+            PodNetwork::Sandbox => {
+                let net =
+                    NodeNetwork::start(config.pod_ip_range, config.ip_claims_dir.clone()).await?;
+                // The /24 is the node's alone: no per-address claims.
+                let ips = IpPool::new(net.subnet, &[net.gateway], None);
+                (Some(net), ips)
+            }
+            PodNetwork::Host => (
+                None,
+                IpPool::new(
+                    config.pod_ip_range,
+                    &[Ipv4Addr::LOCALHOST],
+                    config.ip_claims_dir.clone(),
+                ),
+            ),
+        };
         let shared = Arc::new(Shared {
             client,
-            ips: Mutex::new(IpPool::new(
-                config.pod_ip_block,
-                config.ip_claims_dir.clone(),
-            )),
+            ips: Mutex::new(ips),
+            network,
+            api_service: tokio::sync::Mutex::new(None),
             config,
             images,
             groups: groups.clone(),
@@ -52,19 +69,17 @@ impl Kubelet {
             stream_limits: Default::default(),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
-        let listener = logs::bind(&shared).await?;
-        let log_port = match &listener {
-            Some(l) => Some(
-                l.local_addr()
-                    .map_err(|e| {
-                        KubeletError::io("cannot read the log endpoint address", "socket", e)
-                    })?
-                    .port(),
-            ),
-            None => None,
+        let listener = match bind_and_register(&shared).await {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(net) = &shared.network {
+                    net.stop().await;
+                }
+                return Err(e);
+            }
         };
-        *lock(&shared.log_port) = log_port.unwrap_or(0);
-        register_with_retries(&shared).await?;
+        let log_port = *lock(&shared.log_port);
+        let log_port = listener.as_ref().map(|_| log_port);
         if let Some(listener) = listener {
             tokio::spawn(logs::serve(shared.clone(), listener));
         }
@@ -152,6 +167,9 @@ impl KubeletHandle {
             let _ = heartbeat.await;
         }
         kill_all(&self.groups);
+        if let Some(net) = &self.shared.network {
+            net.stop().await;
+        }
         // Best effort, bounded: the API server may already be gone.
         match tokio::time::timeout(
             std::time::Duration::from_secs(5),
@@ -165,6 +183,35 @@ impl KubeletHandle {
         }
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
+    }
+}
+
+/// Binds the log endpoint (publishing its port) and registers the Node.
+async fn bind_and_register(shared: &Shared) -> Result<Option<tokio::net::TcpListener>> {
+    let listener = logs::bind(shared).await?;
+    let log_port = match &listener {
+        Some(l) => Some(
+            l.local_addr()
+                .map_err(|e| KubeletError::io("cannot read the log endpoint address", "socket", e))?
+                .port(),
+        ),
+        None => None,
+    };
+    *lock(&shared.log_port) = log_port.unwrap_or(0);
+    register_with_retries(shared).await?;
+    Ok(listener)
+}
+
+/// The embedded cluster DNS server, fed from the API server of `client`,
+/// for sandboxed pods' `10.96.0.10` (`None`, with a warning, when it
+/// cannot start: pods then have no resolver).
+pub fn cluster_dns(client: &kube::Client) -> Option<Arc<dyn super::net::ClusterDns>> {
+    match crate::dns::ClusterDns::start(client, crate::dns::DnsConfig::default()) {
+        Ok(dns) => Some(Arc::new(dns)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the cluster DNS; pods get no resolver");
+            None
+        }
     }
 }
 
@@ -227,6 +274,22 @@ impl Drop for KubeletHandle {
         if self.tasks.is_some() {
             self.shared.shutdown.cancel();
             kill_all(&self.groups);
+            // The bridge outlives the process otherwise; the pods' sandboxes
+            // go with their descriptors. A thread of its own: this may run
+            // inside (or outside) a runtime.
+            if let Some(net) = &self.shared.network {
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        match tokio::runtime::Builder::new_current_thread()
+                            .enable_io()
+                            .build()
+                        {
+                            Ok(rt) => rt.block_on(net.stop()),
+                            Err(e) => tracing::warn!(error = %e, "cannot delete the pod bridge"),
+                        }
+                    });
+                });
+            }
         }
     }
 }
@@ -288,6 +351,9 @@ pub async fn run(args: KubeletArgs) -> Result<()> {
         hostmesh_net::kube_client(kube_config).map_err(|e| KubeletError::api("build client", e))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| KubeletError::io("cannot watch SIGTERM", "signal", e))?;
+    if config.pod_network == PodNetwork::Sandbox && config.cluster_dns.is_none() {
+        config.cluster_dns = cluster_dns(&client);
+    }
     let handle = Kubelet::start(client, config).await?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: stopping"),

@@ -1,16 +1,18 @@
-//! Pod IP allocation from one loopback block, `127.<block>.x.y`.
+//! Pod IP allocation from one range: the kubelet's /24 on its bridge
+//! (sandbox network) or a loopback block (`--pod-network=host`).
 //!
 //! Invariants:
-//! 1. `127.0.0.1` (the node's own address) and addresses whose last octet is
-//!    0 or 255 are never handed out.
+//! 1. Reserved addresses (the bridge's gateway, `127.0.0.1`) and addresses
+//!    whose last octet is 0 or 255 are never handed out.
 //! 2. An address is in use from `allocate`/`reserve` until `release`; it is
 //!    never given to two pods at once.
-//! 3. Allocation goes round the block, so a released address is reused only
+//! 3. Allocation goes round the range, so a released address is reused only
 //!    after every other free address has been handed out once more.
 //! 4. With a claims directory, an address is also claimed machine-wide (an
 //!    exclusive lock on `<dir>/<ip>`, held until release or until the process
 //!    ends), so kubelets sharing a machine, even configured with the same
-//!    block, never hand out the same address.
+//!    range, never hand out the same address. (The sandbox network needs no
+//!    per-address claims: its whole /24 is claimed, see `net::bridge`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -18,23 +20,26 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use super::error::{KubeletError, Result};
+use super::net::Ipv4Net;
 
-/// Allocates pod IPs from `127.<block>.0.0/16`.
+/// Allocates pod IPs from one range.
 #[derive(Debug)]
 pub(crate) struct IpPool {
-    block: u8,
-    in_use: BTreeSet<u16>,
-    next: u16,
+    range: Ipv4Net,
+    reserved: BTreeSet<Ipv4Addr>,
+    in_use: BTreeSet<u32>,
+    next: u32,
     claims_dir: Option<PathBuf>,
-    claims: BTreeMap<u16, File>,
+    claims: BTreeMap<u32, File>,
 }
 
 impl IpPool {
-    /// A pool over `127.<block>.0.0/16`, claiming addresses machine-wide in
-    /// `claims_dir` when given.
-    pub(crate) fn new(block: u8, claims_dir: Option<PathBuf>) -> Self {
+    /// A pool over `range` that never hands out `reserved`, claiming
+    /// addresses machine-wide in `claims_dir` when given.
+    pub(crate) fn new(range: Ipv4Net, reserved: &[Ipv4Addr], claims_dir: Option<PathBuf>) -> Self {
         Self {
-            block,
+            range,
+            reserved: reserved.iter().copied().collect(),
             in_use: BTreeSet::new(),
             next: 0,
             claims_dir,
@@ -42,24 +47,23 @@ impl IpPool {
         }
     }
 
-    fn addr(&self, index: u16) -> Ipv4Addr {
-        let [x, y] = index.to_be_bytes();
-        Ipv4Addr::new(127, self.block, x, y)
+    fn usable(&self, offset: u32) -> bool {
+        let ip = self.range.nth(offset);
+        let last = ip.octets()[3];
+        u64::from(offset) < self.range.size()
+            && last != 0
+            && last != 255
+            && !self.reserved.contains(&ip)
     }
 
-    fn usable(&self, index: u16) -> bool {
-        let [x, y] = index.to_be_bytes();
-        y != 0 && y != 255 && !(self.block == 0 && x == 0 && y == 1)
-    }
-
-    /// Takes the machine-wide claim on `index` (invariant 4); false when
+    /// Takes the machine-wide claim on `offset` (invariant 4); false when
     /// another kubelet holds it. Without a claims directory, or when the
     /// directory cannot be used, every address is claimable.
-    fn claim(&mut self, index: u16) -> bool {
+    fn claim(&mut self, offset: u32) -> bool {
         let Some(dir) = &self.claims_dir else {
             return true;
         };
-        let path = dir.join(self.addr(index).to_string());
+        let path = dir.join(self.range.nth(offset).to_string());
         let file = match std::fs::create_dir_all(dir).and_then(|()| {
             File::options()
                 .create(true)
@@ -75,7 +79,7 @@ impl IpPool {
         };
         match file.try_lock() {
             Ok(()) => {
-                self.claims.insert(index, file);
+                self.claims.insert(offset, file);
                 true
             }
             Err(std::fs::TryLockError::WouldBlock) => false,
@@ -88,38 +92,35 @@ impl IpPool {
 
     /// Hands out a free address.
     pub(crate) fn allocate(&mut self) -> Result<Ipv4Addr> {
-        for step in 0..=u16::MAX as u32 {
-            let index = self.next.wrapping_add(step as u16);
-            if self.usable(index) && !self.in_use.contains(&index) && self.claim(index) {
-                self.in_use.insert(index);
-                self.next = index.wrapping_add(1);
-                return Ok(self.addr(index));
+        let size = self.range.size();
+        for step in 0..size {
+            let offset = ((u64::from(self.next) + step) % size) as u32;
+            if self.usable(offset) && !self.in_use.contains(&offset) && self.claim(offset) {
+                self.in_use.insert(offset);
+                self.next = ((u64::from(offset) + 1) % size) as u32;
+                return Ok(self.range.nth(offset));
             }
         }
-        Err(KubeletError::IpsExhausted(self.block))
+        Err(KubeletError::IpsExhausted(self.range.to_string()))
     }
 
-    /// Takes `ip` if it belongs to this block, is usable and is free (a pod
+    /// Takes `ip` if it belongs to this range, is usable and is free (a pod
     /// that already had this address before a kubelet restart keeps it).
     pub(crate) fn reserve(&mut self, ip: Ipv4Addr) -> bool {
-        let [a, b, x, y] = ip.octets();
-        let index = u16::from_be_bytes([x, y]);
-        if a != 127 || b != self.block || !self.usable(index) || self.in_use.contains(&index) {
+        let Some(offset) = self.range.offset_of(ip) else {
+            return false;
+        };
+        if !self.usable(offset) || self.in_use.contains(&offset) || !self.claim(offset) {
             return false;
         }
-        if !self.claim(index) {
-            return false;
-        }
-        self.in_use.insert(index)
+        self.in_use.insert(offset)
     }
 
     /// Returns `ip` to the pool (and drops its machine-wide claim).
     pub(crate) fn release(&mut self, ip: Ipv4Addr) {
-        let [a, b, x, y] = ip.octets();
-        if a == 127 && b == self.block {
-            let index = u16::from_be_bytes([x, y]);
-            self.in_use.remove(&index);
-            self.claims.remove(&index);
+        if let Some(offset) = self.range.offset_of(ip) {
+            self.in_use.remove(&offset);
+            self.claims.remove(&offset);
         }
     }
 }
@@ -128,9 +129,14 @@ impl IpPool {
 mod tests {
     use super::*;
 
+    fn loopback(block: u8) -> IpPool {
+        let range = Ipv4Net::new(Ipv4Addr::new(127, block, 0, 0), 16).unwrap();
+        IpPool::new(range, &[Ipv4Addr::LOCALHOST], None)
+    }
+
     #[test]
-    fn never_hands_out_the_node_address_or_edge_octets() {
-        let mut pool = IpPool::new(0, None);
+    fn never_hands_out_reserved_addresses_or_edge_octets() {
+        let mut pool = loopback(0);
         let first: Vec<Ipv4Addr> = (0..300).map(|_| pool.allocate().unwrap()).collect();
         assert_eq!(first[0], Ipv4Addr::new(127, 0, 0, 2));
         assert!(
@@ -141,11 +147,22 @@ mod tests {
         assert!(!first.contains(&Ipv4Addr::LOCALHOST));
         let unique: BTreeSet<_> = first.iter().collect();
         assert_eq!(unique.len(), first.len());
+
+        let subnet = Ipv4Net::new(Ipv4Addr::new(10, 244, 3, 0), 24).unwrap();
+        let gateway = Ipv4Addr::new(10, 244, 3, 1);
+        let mut pool = IpPool::new(subnet, &[gateway], None);
+        let all: Vec<Ipv4Addr> = (0..253).map(|_| pool.allocate().unwrap()).collect();
+        assert_eq!(all[0], Ipv4Addr::new(10, 244, 3, 2));
+        assert!(!all.contains(&gateway));
+        assert!(matches!(
+            pool.allocate(),
+            Err(KubeletError::IpsExhausted(_))
+        ));
     }
 
     #[test]
     fn released_addresses_come_back_only_after_a_full_round() {
-        let mut pool = IpPool::new(7, None);
+        let mut pool = loopback(7);
         let a = pool.allocate().unwrap();
         assert_eq!(a, Ipv4Addr::new(127, 7, 0, 1));
         pool.release(a);
@@ -154,8 +171,8 @@ mod tests {
     }
 
     #[test]
-    fn reserve_respects_block_and_use() {
-        let mut pool = IpPool::new(3, None);
+    fn reserve_respects_range_and_use() {
+        let mut pool = loopback(3);
         assert!(pool.reserve(Ipv4Addr::new(127, 3, 1, 9)));
         assert!(!pool.reserve(Ipv4Addr::new(127, 3, 1, 9)));
         assert!(!pool.reserve(Ipv4Addr::new(127, 4, 1, 9)));
@@ -167,8 +184,9 @@ mod tests {
     #[test]
     fn pools_sharing_a_claims_dir_never_share_an_address() {
         let dir = tempfile::tempdir().unwrap();
-        let mut a = IpPool::new(5, Some(dir.path().to_path_buf()));
-        let mut b = IpPool::new(5, Some(dir.path().to_path_buf()));
+        let range = Ipv4Net::new(Ipv4Addr::new(127, 5, 0, 0), 16).unwrap();
+        let mut a = IpPool::new(range, &[], Some(dir.path().to_path_buf()));
+        let mut b = IpPool::new(range, &[], Some(dir.path().to_path_buf()));
         let first = a.allocate().unwrap();
         let second = b.allocate().unwrap();
         assert_ne!(first, second);
@@ -182,14 +200,13 @@ mod tests {
 
     #[test]
     fn exhaustion_is_an_error() {
-        let mut pool = IpPool::new(9, None);
+        let mut pool = loopback(9);
         let usable = 256 * 254;
         for _ in 0..usable {
             pool.allocate().unwrap();
         }
-        assert!(matches!(
-            pool.allocate(),
-            Err(KubeletError::IpsExhausted(9))
-        ));
+        assert!(
+            matches!(pool.allocate(), Err(KubeletError::IpsExhausted(r)) if r == "127.9.0.0/16")
+        );
     }
 }

@@ -72,13 +72,7 @@ pub(crate) fn full_env(pod: &Pod, own: Vec<(String, String)>) -> Vec<(String, St
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), DEFAULT_PATH.into()));
     }
-    let hostname = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.hostname.clone())
-        .or_else(|| pod.metadata.name.clone())
-        .unwrap_or_default();
-    env.push(("HOSTNAME".into(), hostname));
+    env.push(("HOSTNAME".into(), super::net::files::hostname(pod)));
     env.push(("HOME".into(), "/root".into()));
     for (k, v) in own {
         if let Some(slot) = env.iter_mut().find(|(name, _)| *name == k) {
@@ -150,6 +144,7 @@ pub(crate) fn build(
         mounts,
         identity,
         image_program,
+        pod_ns: None,
     })
 }
 

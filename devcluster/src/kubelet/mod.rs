@@ -1,5 +1,6 @@
 //! The process kubelet: a Kubernetes Node that runs each pod's containers as
-//! local processes, each pod on its own loopback IP. See `docs/kubelet.md`.
+//! local processes, each pod in its own network and UTS namespace (or, with
+//! `--pod-network=host`, on its own loopback IP). See `docs/kubelet.md`.
 //!
 //! Module map: `handle` (start, shutdown, logs API), `node` (Node object,
 //! Lease heartbeat), `pods` (the pod watch: workers per bound pod, binding
@@ -10,7 +11,8 @@
 //! a private mount namespace, signals), `probe`, `logs` (files and the
 //! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
 //! endpoints), `serving` (HTTPS and client certificates for a real
-//! kube-apiserver), `events`, `ipam` (pod IPs), `config`,
+//! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
+//! bridge, veths, `/etc` files), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
@@ -19,6 +21,9 @@
 //!    resort, dropping the handle) ends them all.
 //! 2. A pod IP belongs to one live pod at a time (`ipam`).
 //! 3. Only the pod's worker writes the pod's status.
+//! 4. A pod's sandbox lives from before its first container starts until
+//!    after its last process is gone; the node's bridge from `start` to
+//!    `shutdown` (`net`).
 
 mod config;
 mod env;
@@ -29,6 +34,7 @@ mod handle;
 mod ipam;
 mod launch;
 mod logs;
+mod net;
 mod node;
 mod pod;
 mod pods;
@@ -45,4 +51,8 @@ pub use config::{
     parse_taint,
 };
 pub use error::{KubeletError, Result};
-pub use handle::{Kubelet, KubeletHandle, run};
+pub use handle::{Kubelet, KubeletHandle, cluster_dns, run};
+pub use net::{
+    BRIDGE_PREFIX, CLUSTER_DNS_IP, CLUSTER_DOMAIN, ClusterDns, DnsPod, DnsSockets, Ipv4Net,
+    PodNetwork, VETH_PREFIX,
+};

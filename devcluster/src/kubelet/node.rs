@@ -167,6 +167,29 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
     })
 }
 
+/// The Node's spec: taints, and the node's /24 as `podCIDR(s)` unless the
+/// Node already has another (it is immutable once set).
+fn node_spec(shared: &Shared, existing: Option<&Node>) -> serde_json::Value {
+    let mut spec = json!({"taints": shared.config.taints});
+    if let Some(net) = &shared.network {
+        let cidr = net.subnet.to_string();
+        let current = existing
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.pod_cidr.clone())
+            .filter(|c| !c.is_empty());
+        match current {
+            Some(c) if c != cidr => {
+                tracing::warn!(node = %shared.config.node_name, node_pod_cidr = %c, ours = %cidr, "the Node keeps its podCIDR (immutable); pods use ours");
+            }
+            _ => {
+                spec["podCIDR"] = json!(cidr);
+                spec["podCIDRs"] = json!([cidr]);
+            }
+        }
+    }
+    spec
+}
+
 /// Creates the Node if it does not exist and posts its status.
 pub(crate) async fn register(shared: &Shared) -> Result<()> {
     let name = &shared.config.node_name;
@@ -185,7 +208,7 @@ pub(crate) async fn register(shared: &Shared) -> Result<()> {
         let node: Node = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels(name)},
-            "spec": {"taints": shared.config.taints},
+            "spec": node_spec(shared, None),
         }))
         .map_err(|e| KubeletError::Config(format!("node object: {e}")))?;
         match api.create(&PostParams::default(), &node).await {
@@ -194,8 +217,7 @@ pub(crate) async fn register(shared: &Shared) -> Result<()> {
             Err(e) => return Err(KubeletError::api(format!("create node {name}"), e)),
         }
     } else {
-        let patch =
-            json!({"metadata": {"labels": labels(name)}, "spec": {"taints": shared.config.taints}});
+        let patch = json!({"metadata": {"labels": labels(name)}, "spec": node_spec(shared, existing.as_ref())});
         api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| KubeletError::api(format!("label node {name}"), e))?;

@@ -297,6 +297,7 @@ mod tests {
             mounts: vec![],
             identity: None,
             image_program: false,
+            pod_ns: None,
         }
     }
 

@@ -30,6 +30,9 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use std::sync::Arc;
+
+use super::net::PodNamespaces;
 use super::volumes::Mount;
 
 /// What to run for one container (or one exec probe). Its `Debug` output
@@ -52,6 +55,9 @@ pub(crate) struct Launch {
     /// `program` is the image's (from the image table), not a command
     /// resolved in the container's filesystem (invariant 6).
     pub(crate) image_program: bool,
+    /// The pod's network and UTS namespaces to join (invariant 7); `None`:
+    /// the kubelet's own (`--pod-network=host`, `hostNetwork` pods).
+    pub(crate) pod_ns: Option<Arc<PodNamespaces>>,
 }
 
 impl std::fmt::Debug for Launch {
@@ -64,6 +70,7 @@ impl std::fmt::Debug for Launch {
             .field("mounts", &self.mounts)
             .field("identity", &self.identity)
             .field("image_program", &self.image_program)
+            .field("pod_ns", &self.pod_ns.is_some())
             .finish()
     }
 }
@@ -109,6 +116,8 @@ pub(crate) enum Namespace {
 
 struct ChildSetup {
     parent: libc::pid_t,
+    /// The pod's network and UTS namespaces (invariant 7).
+    pod_ns: Option<(OwnedFd, OwnedFd)>,
     ctty: bool,
     unshare: bool,
     join: Option<OwnedFd>,
@@ -243,6 +252,10 @@ impl ChildSetup {
         // of them allocates or takes a lock.
         unsafe {
             check(libc::setsid())?;
+            if let Some((net, uts)) = &self.pod_ns {
+                check(libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET))?;
+                check(libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS))?;
+            }
             if self.ctty {
                 check(libc::ioctl(0, libc::TIOCSCTTY, 0))?;
             }
@@ -370,8 +383,13 @@ pub(crate) fn spawn(
         .iter()
         .map(|m| Ok((cstring(&m.source)?, cstring(&m.target)?, m.read_only)))
         .collect::<std::io::Result<Vec<_>>>()?;
+    let pod_ns = match &launch.pod_ns {
+        Some(ns) => Some((ns.net.try_clone()?, ns.uts.try_clone()?)),
+        None => None,
+    };
     let setup = ChildSetup {
         parent: std::process::id() as libc::pid_t,
+        pod_ns,
         ctty,
         unshare,
         join,
@@ -447,6 +465,7 @@ mod tests {
             mounts: vec![],
             identity: None,
             image_program: false,
+            pod_ns: None,
         }
     }
 

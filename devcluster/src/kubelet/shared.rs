@@ -1,5 +1,5 @@
 //! State shared by the kubelet's tasks: the client, the configuration, the
-//! pod IP pool, the registry of live process groups and the directory of
+//! pod IP pool, the node's pod network, the registry of live process groups and the directory of
 //! pods on this node (for logs).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{ImageTable, KubeletConfig};
 use super::ipam::IpPool;
+use super::net::{ApiService, NodeNetwork};
 
 /// Where a pod on this node keeps its files.
 #[derive(Debug, Clone)]
@@ -49,6 +50,10 @@ pub(crate) struct Shared {
     pub(crate) images: ImageTable,
     /// Pod IPs.
     pub(crate) ips: Mutex<IpPool>,
+    /// The node's /24 and bridge (`None` with `--pod-network=host`).
+    pub(crate) network: Option<NodeNetwork>,
+    /// The `kubernetes` Service as sandboxed pods reach it, once read.
+    pub(crate) api_service: tokio::sync::Mutex<Option<ApiService>>,
     /// Process groups that may still have members.
     pub(crate) groups: Arc<Mutex<BTreeSet<i32>>>,
     /// Pods on this node by (namespace, name).

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use hostmesh_devcluster::apiserver::ApiServerHandle;
-use hostmesh_devcluster::kubelet::{Kubelet, KubeletConfig, KubeletHandle};
+use hostmesh_devcluster::kubelet::{Ipv4Net, Kubelet, KubeletConfig, KubeletHandle};
 use hostmesh_testkit::process::gone;
 use hostmesh_testkit::{eventually_async, eventually_ok};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -35,11 +35,11 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// A kubelet configuration for tests: fast restart back-off, pod IPs from
-/// `127.<block>.0.0/16`, the API server's token for the log endpoint.
-pub fn test_config(dir: &std::path::Path, node: &str, block: u8) -> KubeletConfig {
+/// A kubelet configuration for tests: fast restart back-off, sandboxed pods
+/// (the kubelet claims a /24 of the default pod range), the API server's
+/// token for the log endpoint.
+pub fn test_config(dir: &std::path::Path, node: &str) -> KubeletConfig {
     let mut config = KubeletConfig::new(node, dir.join("kubelet"));
-    config.pod_ip_block = block;
     config.restart_backoff = Duration::from_millis(200);
     config.max_restart_backoff = Duration::from_secs(1);
     config.shutdown_grace = Duration::from_secs(5);
@@ -55,12 +55,20 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with `tweak` applied to the configuration.
     pub async fn start_with(block: u8, tweak: impl FnOnce(&mut KubeletConfig)) -> Cluster {
+        Self::start_with_client(block, |cfg, _| tweak(cfg)).await
+    }
+
+    /// Like [`Cluster::start_with`]; `tweak` also gets the API client.
+    pub async fn start_with_client(
+        block: u8,
+        tweak: impl FnOnce(&mut KubeletConfig, &kube::Client),
+    ) -> Cluster {
         init_tracing();
         let dir = tempfile::tempdir().expect("tempdir");
         let (api, client) = hostmesh_testkit::cluster::api_server().await;
         let node = format!("node-{block}");
-        let mut config = test_config(dir.path(), &node, block).for_api_server(&api);
-        tweak(&mut config);
+        let mut config = test_config(dir.path(), &node).for_api_server(&api);
+        tweak(&mut config, &client);
         let kubelet = Kubelet::start(client.clone(), config.clone())
             .await
             .expect("kubelet starts");
@@ -84,6 +92,19 @@ impl Cluster {
             .await
             .expect("kubelet restarts");
         self.kubelet = Some(k);
+    }
+
+    /// The Node's `spec.podCIDR` (the kubelet's /24).
+    pub async fn pod_cidr(&self) -> Ipv4Net {
+        let node = Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .get(&self.node)
+            .await
+            .expect("get node");
+        node.spec
+            .and_then(|s| s.pod_cidr)
+            .expect("the node has a podCIDR")
+            .parse()
+            .expect("podCIDR parses")
     }
 
     pub fn kubelet(&self) -> &KubeletHandle {

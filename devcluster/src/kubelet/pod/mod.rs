@@ -11,7 +11,9 @@
 //! 3. Stopping a pod sends SIGTERM to every container's group, waits at most
 //!    the grace period, then sends SIGKILL; containers are not restarted
 //!    while the pod stops.
-//! 4. The pod's IP is released only after all its processes are gone.
+//! 4. The pod's IP is released only after all its processes are gone and
+//!    its sandbox is torn down; the sandbox exists before the first
+//!    container starts.
 //! 5. A pod that was already Succeeded or Failed when the worker took it is
 //!    left untouched (no processes, no status writes) until it is deleted.
 
@@ -36,6 +38,7 @@ use super::error::{KubeletError, Result};
 use super::events;
 use super::launch;
 use super::logs;
+use super::net::{ApiService, Sandbox};
 use super::probe::{self, ProbeSpec};
 use super::process::{self, Launch, Namespace, Output};
 use super::shared::{ExecTarget, PodEntry, Shared, lock, pod_key};
@@ -43,6 +46,7 @@ use super::status::{Ctr, Run, StatusInput, pod_status, qos_class};
 use super::volumes::{create_mount_targets, prepare_volumes};
 
 mod exit;
+mod sandbox;
 mod start;
 
 /// What the pod loop tells a worker.
@@ -130,7 +134,7 @@ pub(crate) async fn run(shared: Arc<Shared>, pod: Pod, updates: watch::Receiver<
         }
     };
     worker.main_loop(updates).await;
-    worker.cleanup();
+    worker.cleanup().await;
 }
 
 struct Worker {
@@ -142,6 +146,11 @@ struct Worker {
     dir: PathBuf,
     ip: Ipv4Addr,
     owns_ip: bool,
+    /// The pod gets a sandbox (sandbox network, not `hostNetwork`, not inert).
+    sandboxed: bool,
+    sandbox: Option<Sandbox>,
+    /// The `kubernetes` Service inside the sandbox, when it is served there.
+    api: Option<ApiService>,
     inert: bool,
     start_time: Timestamp,
     slots: Vec<Slot>,
@@ -193,6 +202,7 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.host_network)
             .unwrap_or(false);
+        let sandboxed = !inert && !host_network && shared.network.is_some();
         let (ip, owns_ip) = if inert {
             (reported.unwrap_or(Ipv4Addr::UNSPECIFIED), false)
         } else if host_network {
@@ -281,6 +291,9 @@ impl Worker {
             dir,
             ip,
             owns_ip,
+            sandboxed,
+            sandbox: None,
+            api: None,
             inert,
             start_time: Timestamp::now(),
             slots,
@@ -567,7 +580,7 @@ impl Worker {
         }
     }
 
-    fn cleanup(&mut self) {
+    async fn cleanup(&mut self) {
         {
             let mut groups = lock(&self.shared.groups);
             for s in &self.slots {
@@ -576,6 +589,9 @@ impl Worker {
                     groups.remove(&pgid);
                 }
             }
+        }
+        if let Some(sandbox) = self.sandbox.take() {
+            sandbox.teardown().await;
         }
         if self.owns_ip {
             lock(&self.shared.ips).release(self.ip);

@@ -77,6 +77,7 @@ impl Worker {
     }
 
     pub(super) async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
+        self.ensure_sandbox().await?;
         let lookups = self.fetch_lookups(true).await?;
         let vol_dir = self.dir.join("volumes");
         std::fs::create_dir_all(self.dir.join("logs"))
@@ -133,7 +134,7 @@ impl Worker {
             &self.facts(),
             &self.lookups,
         )?;
-        let mut all = launch::service_env(self.shared.config.kubernetes_service.as_ref());
+        let mut all = launch::service_env(self.api_address().as_ref());
         all.extend(env);
         let env = all;
         let volumes = self.volumes.clone().unwrap_or_default();
@@ -163,6 +164,7 @@ impl Worker {
                 slot.field
             )));
         }
+        self.join_sandbox(&mut launch);
         create_mount_targets(&launch.mounts)?;
         Ok((launch, container))
     }

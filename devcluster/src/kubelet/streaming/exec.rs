@@ -225,6 +225,9 @@ pub(crate) async fn run(
         mounts: Vec::new(),
         identity: target.launch.identity.clone(),
         image_program: false,
+        // The session thread entered the container's own namespaces
+        // (`netns::to_enter`), which may be nested in the pod's.
+        pod_ns: None,
     };
     let ExecIo {
         stdin,
