@@ -254,7 +254,8 @@ async fn stop_stale(
     running
 }
 
-/// Hosts of `world` that are gone (Expired, Failed, Terminating), with
+/// Hosts of `world` that are gone (Expired, Failed, Terminating, or no pod
+/// at all), with
 /// their state, from its status runs (the World controller is the source
 /// of truth for pod-level states the hub cannot see).
 fn lost_hosts(world: &World) -> BTreeMap<u64, HostState> {
@@ -262,7 +263,7 @@ fn lost_hosts(world: &World) -> BTreeMap<u64, HostState> {
     for run in world.status.iter().flat_map(|s| &s.hosts) {
         if matches!(
             run.value.state,
-            HostState::Expired | HostState::Failed | HostState::Terminating
+            HostState::Expired | HostState::Failed | HostState::Terminating | HostState::Pending
         ) {
             for r in run.start..run.end().min(run.start + 100_000) {
                 out.insert(r, run.value.state);

@@ -19,8 +19,10 @@
 //!    from its host's agent: a rank not heard from yet (a new leader before
 //!    the agent's Snapshot) is unknown and keeps its recorded state; it is
 //!    never timed out from the original spawn time.
-//! 5. A live proc whose host is gone (Expired, Failed, Terminating) is Lost,
-//!    a failure; after its restart it is Starting until the new host runs it.
+//! 5. A live proc whose host is gone (Expired, Failed, Terminating, no pod)
+//!    is Lost, a failure, whether or not its report is still held (a gone
+//!    host's reports go with it: a rank status recorded running is enough);
+//!    after its restart it is Starting until the new host runs it.
 //!    Once the mesh has ended, a rank without a current report keeps its
 //!    recorded state: nothing is starting on a replaced host.
 //! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
@@ -65,7 +67,8 @@ pub struct PlanInput<'a> {
     pub extent: String,
     /// Agents' reports by rank.
     pub states: &'a BTreeMap<u64, ProcObs>,
-    /// Hosts that are gone (Expired, Failed, Terminating), with their state.
+    /// Hosts that are gone (Expired, Failed, Terminating, no pod), with
+    /// their state.
     pub lost_hosts: &'a BTreeMap<u64, HostState>,
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
@@ -400,6 +403,19 @@ impl<'i, 'a> Working<'i, 'a> {
                 reason: Some("Restarting".into()),
                 ..Default::default()
             },
+            // No report, but status recorded the rank running on a host
+            // that is gone since (its reports went with its pod): Lost.
+            None if input.lost_hosts.contains_key(&host)
+                && runs::get(&self.prev.ranks, rank).is_some_and(|s| {
+                    matches!(s.state, ProcState::Running | ProcState::Stopping)
+                }) =>
+            {
+                RankStatus {
+                    state: ProcState::Lost,
+                    reason: Some(format!("host {host} is {:?}", input.lost_hosts[&host])),
+                    ..Default::default()
+                }
+            }
             // Not heard from yet: what status last recorded stands.
             None if self.same_gen && self.unheard(host) && !self.prev.ranks.is_empty() => {
                 runs::get(&self.prev.ranks, rank)

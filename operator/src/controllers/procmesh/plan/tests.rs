@@ -442,3 +442,42 @@ fn first_failure_decodes_the_exit_and_records_the_command() {
         ff.reason
     );
 }
+
+/// A host that left the hub takes its reports with it: a rank that status
+/// recorded running on it is Lost all the same, and restarted once.
+#[test]
+fn a_rank_recorded_running_on_a_gone_host_is_lost_without_a_report() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 100);
+    pm.status = Some(p.status);
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.retain(|r, _| *r < 2);
+    let lost = BTreeMap::from([(1, HostState::Terminating)]);
+    let reported = BTreeMap::from([(0, Timestamp::UNIX_EPOCH)]);
+    let p = run_reported(
+        &pm,
+        Some(WorldPhase::Degraded),
+        &states,
+        &lost,
+        &reported,
+        101,
+    );
+    let ff = p
+        .status
+        .first_failure
+        .clone()
+        .expect("the lost ranks are a failure");
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
+    assert_eq!(p.status.restarts, 1);
+    pm.status = Some(p.status);
+    // The restarted ranks wait for the new host; no second restart.
+    let p = run_reported(
+        &pm,
+        Some(WorldPhase::Degraded),
+        &states,
+        &lost,
+        &reported,
+        102,
+    );
+    assert_eq!(p.status.restarts, 1);
+}
