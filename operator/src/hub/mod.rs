@@ -595,14 +595,19 @@ pub fn default_connector() -> Arc<dyn AgentConnector> {
 /// Records a heartbeat of a known host. Returns `None` for a push that does
 /// not count (unknown World, host or pod), else the gap since the host's
 /// previous heartbeat (`Some(None)` for its first).
+/// First and longest wait before an undelivered address book is sent again.
+const BOOK_RETRY_MIN: Duration = Duration::from_millis(100);
+const BOOK_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// An address book: host rank to agent address.
 type Book = Vec<(u64, SocketAddr)>;
 
 /// Sends `link`'s agent the address book, then every newer one, from a task
 /// of its own: a hung agent holds up only this task (each call ends at the
 /// client's call timeout), never a reconcile or another host. Only the
-/// latest book is sent; the task ends when the returned sender is dropped
-/// (the link dropped, or the host left).
+/// latest book is sent, and one that was not delivered is sent again with
+/// a backoff until it is; the task ends when the returned sender is
+/// dropped (the link dropped, or the host left).
 fn book_sender(
     link: Arc<dyn AgentLink>,
     book: Book,
@@ -610,13 +615,28 @@ fn book_sender(
 ) -> tokio::sync::watch::Sender<Book> {
     let (tx, mut rx) = tokio::sync::watch::channel(book);
     tokio::spawn(async move {
+        let mut backoff = BOOK_RETRY_MIN;
         loop {
             let book = rx.borrow_and_update().clone();
-            if let Err(e) = link.set_address_book(book).await {
-                warn!(world = %host.world.name, rank = host.rank, error = %e, "sending the address book failed");
-            }
-            if rx.changed().await.is_err() {
-                return;
+            match link.set_address_book(book).await {
+                Ok(()) => {
+                    backoff = BOOK_RETRY_MIN;
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+                // Not delivered (the agent's actor not up yet, a call
+                // timeout): the agent needs it to start any rank but 0's
+                // procs, so it is sent again, or a newer one as soon as
+                // there is one.
+                Err(e) => {
+                    debug!(world = %host.world.name, rank = host.rank, error = %e, retry_in = ?backoff, "sending the address book failed");
+                    tokio::select! {
+                        r = rx.changed() => if r.is_err() { return },
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BOOK_RETRY_MAX);
+                }
             }
         }
     });

@@ -42,6 +42,9 @@ pub struct SimConnector {
     pub dead: Mutex<Vec<String>>,
     /// Hosts whose agent is hung (SIGSTOPped): calls to it never answer.
     pub hung: Mutex<Vec<HostKey>>,
+    /// Hosts whose agent refuses the next SetAddressBook (its actor not up
+    /// yet); each refusal takes one entry.
+    pub refuse_book: Mutex<Vec<HostKey>>,
 }
 
 impl SimConnector {
@@ -198,6 +201,17 @@ impl AgentLink for SimLink {
                 .contains(&self.host);
             if hung {
                 return futures::future::pending().await;
+            }
+            {
+                let mut refuse = self
+                    .sim
+                    .refuse_book
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if let Some(i) = refuse.iter().position(|h| *h == self.host) {
+                    refuse.remove(i);
+                    return Err(LinkError::Refused("no actor host[0] on this proc".into()));
+                }
             }
             self.record(SimRequest::Book(hosts));
             Ok(())

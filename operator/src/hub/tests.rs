@@ -93,6 +93,23 @@ async fn liveness_follows_heartbeats_and_expiry() {
     assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Alive);
 }
 
+/// An address book the agent refused (its actor not registered yet) is
+/// sent again: without it the agent starts no proc but rank 0's.
+#[tokio::test]
+async fn a_refused_address_book_is_sent_again() {
+    let (sim, hub, _rx) = mk();
+    sim.refuse_book.lock().unwrap().extend([host(1), host(1)]);
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    hostmesh_testkit::eventually_async("host 1 got the book after two refusals", || async {
+        sim.requests_of(&host(1))
+            .iter()
+            .any(|r| matches!(r, SimRequest::Book(b) if b.len() == 2))
+            .then_some(())
+    })
+    .await;
+    assert!(sim.refuse_book.lock().unwrap().is_empty());
+}
+
 /// A hung agent holds up neither the sync (so neither the reconcile nor
 /// its eviction decision) nor the address book of the other hosts.
 #[tokio::test]
