@@ -100,8 +100,7 @@ impl Credentials {
                         tracing::info!(
                             "re-issuing the serving certificate with the in-cluster names of the kubernetes Service"
                         );
-                        let (cert_pem, key_pem) =
-                            serving_cert(&Issuer::new(ca_params()?, k), ip)?;
+                        let (cert_pem, key_pem) = serving_cert(&Issuer::new(ca_params()?, k), ip)?;
                         Self {
                             ca_pem,
                             cert_pem,
