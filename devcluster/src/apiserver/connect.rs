@@ -113,35 +113,7 @@ fn kubelet(store: &Store, pod: &Value, name: &str) -> Result<String, ApiError> {
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))?
         .to_string();
-    let node_obj = store
-        .lock()
-        .get("/nodes", "", &node)
-        .ok_or_else(|| ApiError::backend(format!("node {node} of pod {name} is not registered")))?;
-    let ip = node_obj
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP"))
-        .and_then(|x| x["address"].as_str())
-        .ok_or_else(|| {
-            ApiError::backend(format!(
-                "node {node} publishes no InternalIP in status.addresses"
-            ))
-        })?
-        .to_string();
-    let port = node_obj
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .filter(|p| *p > 0 && *p <= 65535)
-        .ok_or_else(|| {
-            ApiError::backend(format!(
-                "node {node} publishes no status.daemonEndpoints.kubeletEndpoint.Port"
-            ))
-        })?;
-    Ok(if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    })
+    super::logs::kubelet_endpoint(store, &node, name)
 }
 
 /// Query values of `key` (repeated keys, as kubectl sends `command`).

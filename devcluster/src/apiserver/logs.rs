@@ -92,30 +92,7 @@ pub(crate) async fn proxy(
             "pod {name} is not scheduled to a node yet: no logs to show"
         )));
     }
-    let node_obj = store
-        .lock()
-        .get("/nodes", "", &node)
-        .ok_or_else(|| ApiError::backend(format!("node {node} of pod {name} is not registered")))?;
-    let ip = node_obj
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP"))
-        .and_then(|x| x["address"].as_str())
-        .ok_or_else(|| {
-            ApiError::backend(format!(
-                "node {node} publishes no InternalIP in status.addresses"
-            ))
-        })?
-        .to_string();
-    let port = node_obj
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .filter(|p| *p > 0 && *p <= 65535)
-        .ok_or_else(|| {
-            ApiError::backend(format!(
-                "node {node} publishes no status.daemonEndpoints.kubeletEndpoint.Port"
-            ))
-        })?;
+    let host = kubelet_endpoint(store, &node, &name)?;
     let query: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(
             req.query
@@ -123,11 +100,6 @@ pub(crate) async fn proxy(
                 .filter(|(k, _)| FORWARDED.contains(&k.as_str())),
         )
         .finish();
-    let host = if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    };
     let uri = format!("/containerLogs/{ns}/{name}/{container}?{query}");
     let tcp = tokio::net::TcpStream::connect(&host).await.map_err(|e| {
         ApiError::backend(format!(
@@ -186,4 +158,39 @@ pub(crate) async fn proxy(
         }
     });
     Ok(stream_response(rx, "text/plain"))
+}
+
+/// `host:port` of the kubelet of `node` (which runs pod `pod`): the Node's
+/// `InternalIP` and `status.daemonEndpoints.kubeletEndpoint.Port`, as
+/// kube-apiserver reaches kubelets for logs, exec and port-forward.
+pub(crate) fn kubelet_endpoint(store: &Store, node: &str, pod: &str) -> Result<String, ApiError> {
+    let node_obj = store
+        .lock()
+        .get("/nodes", "", node)
+        .ok_or_else(|| ApiError::backend(format!("node {node} of pod {pod} is not registered")))?;
+    let ip = node_obj
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP"))
+        .and_then(|x| x["address"].as_str())
+        .ok_or_else(|| {
+            ApiError::backend(format!(
+                "node {node} publishes no InternalIP in status.addresses"
+            ))
+        })?
+        .to_string();
+    let port = node_obj
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .filter(|p| *p > 0 && *p <= 65535)
+        .ok_or_else(|| {
+            ApiError::backend(format!(
+                "node {node} publishes no status.daemonEndpoints.kubeletEndpoint.Port"
+            ))
+        })?;
+    Ok(if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    })
 }
