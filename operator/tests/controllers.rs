@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
 mod support;
 
-use support::{Cluster, NS, WORLD, cond, running_world};
+use support::{Cluster, NS, WORLD, cond, running_world, running_world_from};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn world_gets_pods_service_secret_and_becomes_running_with_agents() {
@@ -240,27 +240,15 @@ async fn invalid_procmesh_names_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_agent_expires_degrades_the_world_and_its_host_is_replaced() {
     let c = Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
-    c.apply_yaml(&format!(
-        "{WORLD}  healthTimeout: 1s\n  evictionTimeout: 1s\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 2, backoff: 1s}}\n"
-    ))
+    running_world_from(
+        &c,
+        &format!(
+            "{WORLD}  healthTimeout: 1s\n  evictionTimeout: 1s\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 2, backoff: 1s}}\n"
+        ),
+    )
     .await;
     let pods = c.api::<Pod>();
-    eventually_async("two host pods", || async {
-        let l = pods
-            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
-            .await
-            .ok()?;
-        (l.items.len() == 2).then_some(())
-    })
-    .await;
-    c.pod_ready("w-host-0", "127.0.9.1").await;
-    c.pod_ready("w-host-1", "127.0.9.2").await;
     let worlds = c.api::<World>();
-    eventually_async("World Running", || async {
-        let s = worlds.get("w").await.ok()?.status?;
-        (s.phase == Some(hostmesh_crds::world::WorldPhase::Running)).then_some(())
-    })
-    .await;
     let old = pods.get("w-host-1").await.unwrap().metadata.uid.unwrap();
     let untouched = pods.get("w-host-0").await.unwrap().metadata.uid;
     c.sim.kill(&old);

@@ -169,7 +169,13 @@ pub(crate) const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\n
 spec:\n  shape: [{name: host, size: 2}]\n  template:\n    metadata: {labels: {team: t}}\n    spec:\n      containers: [{name: host, image: busybox}]\n";
 
 pub(crate) async fn running_world(c: &Cluster) {
-    c.apply_yaml(WORLD).await;
+    running_world_from(c, WORLD).await;
+}
+
+/// Applies World `w` from `yaml`, plays the kubelet for its two pods and
+/// waits until it is Running.
+pub(crate) async fn running_world_from(c: &Cluster, yaml: &str) {
+    c.apply_yaml(yaml).await;
     let pods = c.api::<Pod>();
     eventually_async("two host pods", || async {
         let l = pods
