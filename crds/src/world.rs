@@ -102,6 +102,10 @@ pub struct WorldSpec {
     /// How the host pods are scheduled (docs/scheduling.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduling: Option<SchedulingSpec>,
+    /// Run a Monarch worker on every host, supervised by the agent and
+    /// labelled as Monarch's `KubernetesJob` expects (docs/monarch.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monarch: Option<crate::monarch::MonarchSpec>,
 }
 
 /// Scheduling of the host pods.
@@ -343,6 +347,38 @@ pub struct WorldStatus {
     /// it as `HOSTMESH_ATTEMPT` (0 on the first run).
     #[serde(default)]
     pub attempt: u32,
+    /// The first host failure since the World last became Ready: which
+    /// host, when, why and, for a Monarch worker, how it exited. Kept when
+    /// more hosts fail after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<HostFailure>,
+}
+
+/// A failed host: the root cause a user reads without logs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostFailure {
+    /// Host rank.
+    pub rank: u64,
+    /// The host pod.
+    pub pod: String,
+    /// When it was observed.
+    pub time: Time,
+    /// Human-readable reason (the pod's reason, a Monarch worker's exit
+    /// code or signal, ...).
+    pub reason: String,
+    /// Exit code, when a process exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal, when a process was killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Last bytes of the failed process's stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// The command line that ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 /// Phase of a World.

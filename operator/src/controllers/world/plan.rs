@@ -329,6 +329,7 @@ impl<'i, 'a> Working<'i, 'a> {
             last_restart_time: self.last_restart,
             degraded_since: None,
             attempt: self.attempt,
+            first_failure: self.prev.first_failure.clone(),
         };
         self.out
     }
@@ -698,6 +699,7 @@ impl<'i, 'a> Working<'i, 'a> {
             last_restart_time: self.last_restart,
             degraded_since,
             attempt: self.attempt,
+            first_failure: self.prev.first_failure.clone(),
         };
         self.out
     }

@@ -1,0 +1,110 @@
+//! Monarch workers on a World (`spec.monarch`): the option that makes every
+//! host run a Monarch worker as a proc the agent supervises, labelled and
+//! configured as Monarch's `KubernetesJob` expects (docs/monarch.md).
+//!
+//! Invariants:
+//! 1. A mesh name is one Monarch accepts: at most 63 lowercase letters and
+//!    digits, starting with a letter (`KubernetesJob.add_mesh`'s rule).
+//! 2. The worker port never equals the agent's port or its health port.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Monarch's default worker port (`MONARCH_PORT`).
+pub const DEFAULT_MONARCH_PORT: u16 = 26600;
+/// Longest mesh name Monarch accepts (an RFC 1123 label).
+pub const MAX_MESH_NAME: usize = 63;
+
+/// Pod label Monarch's attach mode selects workers by.
+pub const LABEL_APP_NAME: &str = "app.kubernetes.io/name";
+/// Value of [`LABEL_APP_NAME`] on Monarch worker pods.
+pub const APP_NAME_WORKER: &str = "monarch-worker";
+/// Pod label naming the Monarch mesh a worker belongs to.
+pub const LABEL_MESH_NAME: &str = "monarch.pytorch.org/mesh-name";
+/// Pod label Monarch takes a worker's rank from (a StatefulSet's pod index).
+pub const LABEL_POD_INDEX: &str = "apps.kubernetes.io/pod-index";
+/// Container env: the worker port.
+pub const ENV_PORT: &str = "MONARCH_PORT";
+/// Container env: the worker's rank among the mesh's workers.
+pub const ENV_SERVICE_PROC_RANK: &str = "MONARCH_SERVICE_PROC_RANK";
+/// Container env: the JSON list of service proc ids (set by a provisioning
+/// client; passed through untouched).
+pub const ENV_SERVICE_PROC_IDS: &str = "MONARCH_SERVICE_PROC_IDS";
+
+/// Monarch workers on every host of a World.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MonarchSpec {
+    /// The Monarch mesh name (`monarch.pytorch.org/mesh-name` on every host
+    /// pod); the name a client passes to `KubernetesJob.add_mesh`. Default:
+    /// the World's name. Lowercase letters and digits, starting with a
+    /// letter, at most 63 characters (Monarch's own rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_name: Option<String>,
+    /// The worker port, given to the worker and to clients as
+    /// `MONARCH_PORT`. Default 26600 (Monarch's). Must differ from the
+    /// World's `spec.port` and from the agent's health port 26601.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<u16>,
+    /// The worker's command line. Default: Monarch's own worker bootstrap
+    /// (`python -u -c ...` running `run_worker_loop_forever` on
+    /// `tcp://<fqdn>:<port>@tcp://0.0.0.0:<port>`), so the image needs only
+    /// `python` with `torchmonarch` installed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+}
+
+impl MonarchSpec {
+    /// The worker port, defaulted.
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(DEFAULT_MONARCH_PORT)
+    }
+
+    /// The mesh name, defaulted to the World's name.
+    pub fn mesh_name<'a>(&'a self, world: &'a str) -> &'a str {
+        self.mesh_name.as_deref().unwrap_or(world)
+    }
+}
+
+/// Why `name` is not a mesh name Monarch accepts, or `None` when it is
+/// (invariant 1).
+pub fn mesh_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if name.len() > MAX_MESH_NAME {
+        Some("is longer than 63 characters")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        Some("may hold only lowercase letters and digits (Monarch refuses '-' and '.')")
+    } else if !name.as_bytes()[0].is_ascii_lowercase() {
+        Some("must start with a letter")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mesh_names_follow_monarch() {
+        assert_eq!(mesh_name_problem("trainer2"), None);
+        assert!(mesh_name_problem("").is_some());
+        assert!(mesh_name_problem("my-mesh").is_some());
+        assert!(mesh_name_problem("2mesh").is_some());
+        assert!(mesh_name_problem("Mesh").is_some());
+        assert!(mesh_name_problem(&"a".repeat(64)).is_some());
+        assert_eq!(mesh_name_problem(&"a".repeat(63)), None);
+    }
+
+    #[test]
+    fn defaults() {
+        let m = MonarchSpec::default();
+        assert_eq!(m.port(), 26600);
+        assert_eq!(m.mesh_name("w"), "w");
+    }
+}
