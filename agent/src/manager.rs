@@ -28,7 +28,8 @@ use super::error::HostError;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
-    CreateOrUpdate, CreateOutcome, ProcPhase, ProcReport, ProcStateChanged, RankReport,
+    ActorFailure, CreateOrUpdate, CreateOutcome, MAX_ACTOR_REASON, ProcPhase, ProcReport,
+    ProcStateChanged, RankReport,
 };
 use super::spawn::Spawner;
 
@@ -170,6 +171,8 @@ impl ProcManager {
             restarts: req.incarnation,
             stop_requested: false,
             seq: 0,
+            actor_failure: None,
+            actor_failures: 0,
         };
         table.procs.insert(
             req.name.clone(),
@@ -245,6 +248,34 @@ impl ProcManager {
         if let Some(c) = control {
             let _ = c.try_send(Control::CheckIn(addr));
         }
+        Ok(())
+    }
+
+    /// A runtime-aware proc's `mesh` actor reports a failed actor: the
+    /// first of the incarnation is kept (its reason bounded), later ones
+    /// are counted, and the change is published. Refused for a proc that
+    /// is not runtime-aware or has ended.
+    pub fn actor_failed(&self, name: &str, actor: String, reason: &str) -> Result<(), HostError> {
+        let incarnation = {
+            let table = self.inner.lock();
+            let e = table.procs.get(name).ok_or_else(|| no_such(name))?;
+            if !e.req.spec.runtime_aware || e.state.status.is_terminal() {
+                return Err(HostError::NotRuntimeAware {
+                    name: name.to_string(),
+                });
+            }
+            e.req.incarnation
+        };
+        let reason = reason[..reason.floor_char_boundary(MAX_ACTOR_REASON)].to_string();
+        tracing::warn!(proc = %name, %actor, %reason, "actor failed");
+        self.inner.update(name, incarnation, |st| {
+            st.actor_failures = st.actor_failures.saturating_add(1);
+            st.actor_failure.get_or_insert(ActorFailure {
+                actor,
+                reason,
+                at_ms: now_ms(),
+            });
+        });
         Ok(())
     }
 

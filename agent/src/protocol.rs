@@ -212,6 +212,38 @@ pub struct ProcReport {
     pub stop_requested: bool,
     /// Agent-wide sequence number of this state, increasing with every change.
     pub seq: u64,
+    /// The first actor failure of this incarnation of a runtime-aware
+    /// proc, as its `mesh` actor reported it ([`ActorFailed`]).
+    pub actor_failure: Option<ActorFailure>,
+    /// How many actors of this incarnation failed.
+    pub actor_failures: u32,
+}
+
+/// An actor that failed inside a runtime-aware proc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorFailure {
+    /// The actor's id, as text.
+    pub actor: String,
+    /// Why it failed (at most [`MAX_ACTOR_REASON`] bytes).
+    pub reason: String,
+    /// When the agent learnt of it, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// Most bytes of an actor failure's reason an agent keeps.
+pub const MAX_ACTOR_REASON: usize = 1024;
+
+/// `ActorFailed {name, actor, reason}`: a runtime-aware proc's `mesh`
+/// actor reports that an actor it spawned failed. Sent by the proc to its
+/// agent; the agent records it in the proc's state and pushes the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorFailed {
+    /// The proc name (`HOSTMESH_PROC_NAME`).
+    pub name: String,
+    /// The failed actor's id, as text.
+    pub actor: String,
+    /// Why it failed.
+    pub reason: String,
 }
 
 /// A push to subscribers: one proc changed state.

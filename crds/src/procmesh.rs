@@ -95,6 +95,14 @@ pub struct ProcMeshSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub master_port: Option<u16>,
+    /// The procs link the hostmesh runtime (`hostmesh_agent::join_host`,
+    /// as `examples/echo-proc`): a proc is Running only once it checks in
+    /// with its agent (a proc that does not within `spawnTimeout` is
+    /// Timeout), and a failure of an actor spawned on it reaches
+    /// `status.actorFailures` with the actor's name (docs/agent.md,
+    /// "Runtime-aware procs").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub runtime_aware: bool,
 }
 
 impl ProcMeshSpec {
@@ -215,6 +223,12 @@ pub struct ProcMeshStatus {
     /// The first failure: the root cause, kept when later ranks fail too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<FirstFailure>,
+    /// Actors that failed inside runtime-aware procs (`spec.runtimeAware`),
+    /// the earliest first, at most [`MAX_ACTOR_FAILURES`]: one entry per
+    /// rank and incarnation (its first actor failure). An actor failure
+    /// does not fail the rank; its process keeps running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actor_failures: Vec<ActorFailure>,
     /// Ready, Progressing, Degraded, Failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -332,6 +346,29 @@ impl ProcState {
             ProcState::Failed | ProcState::Killed | ProcState::Timeout | ProcState::Lost
         )
     }
+}
+
+/// Most entries of `status.actorFailures`.
+pub const MAX_ACTOR_FAILURES: usize = 16;
+
+/// An actor that failed inside a runtime-aware proc.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActorFailure {
+    /// Proc rank.
+    pub rank: u64,
+    /// Host rank.
+    pub host: u64,
+    /// The actor (`<proc>/<name>[<index>]` as the runtime prints it).
+    pub actor: String,
+    /// Why it failed (at most [`MAX_REASON`] bytes).
+    pub reason: String,
+    /// When the proc's agent learnt of it (the agent's clock).
+    pub time: Time,
+    /// The proc's incarnation (its restarts so far).
+    pub incarnation: u32,
+    /// How many actors of that proc incarnation failed so far.
+    pub count: u32,
 }
 
 /// Most failed ranks that keep their stderr tail in status.

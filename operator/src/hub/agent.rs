@@ -71,6 +71,10 @@ pub struct ProcObs {
     pub stderr_tail: Option<String>,
     /// Incarnation the state belongs to.
     pub incarnation: u32,
+    /// The first actor failure of this incarnation (runtime-aware procs).
+    pub actor_failure: Option<protocol::ActorFailure>,
+    /// How many actors of this incarnation failed.
+    pub actor_failures: u32,
 }
 
 impl ProcObs {
@@ -86,6 +90,8 @@ impl ProcObs {
             reason: None,
             stderr_tail: None,
             incarnation: s.restarts,
+            actor_failure: s.actor_failure.clone(),
+            actor_failures: s.actor_failures,
         };
         match &s.status {
             S::Starting => {}

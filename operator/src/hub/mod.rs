@@ -320,11 +320,14 @@ impl Hub {
                     return;
                 };
                 let obs = ProcObs::from_agent(host.rank, &state);
-                let urgent = obs.state.is_failure();
                 let states = w.procs.entry(mesh.to_string()).or_default();
-                if states.get(&rank) == Some(&obs) {
+                let before = states.get(&rank);
+                if before == Some(&obs) {
                     return;
                 }
+                // A failure, or a new actor failure, is written at once.
+                let urgent = obs.state.is_failure()
+                    || before.map_or(0, |b| b.actor_failures) != obs.actor_failures;
                 states.insert(rank, obs);
                 let key = MeshKey {
                     namespace: host.world.namespace.clone(),

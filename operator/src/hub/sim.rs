@@ -82,6 +82,30 @@ impl SimConnector {
             .unwrap_or_default()
     }
 
+    /// Reports that actor `actor` of proc `name` on `host` failed, as a
+    /// runtime-aware proc's agent does, and returns the push to send.
+    pub fn fail_actor(
+        &self,
+        host: &HostKey,
+        name: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Option<HostReport> {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let p = procs.get_mut(host)?.get_mut(name)?;
+        p.actor_failures += 1;
+        p.actor_failure.get_or_insert(protocol::ActorFailure {
+            actor: actor.to_string(),
+            reason: reason.to_string(),
+            at_ms: 1_700_000_000_000,
+        });
+        p.seq += 1;
+        Some(HostReport::ProcState {
+            host: host.clone(),
+            state: p.clone(),
+        })
+    }
+
     /// Sets proc `name` on `host` to `status` and returns the push to send.
     pub fn set_status(
         &self,
@@ -112,6 +136,8 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         restarts: req.incarnation,
         stop_requested: false,
         seq: 0,
+        actor_failure: None,
+        actor_failures: 0,
     }
 }
 

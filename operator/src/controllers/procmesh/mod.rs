@@ -12,6 +12,7 @@
 //! 3. The finalizer is released only after every agent stopped the procs or
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
 
+pub mod actors;
 pub mod desired;
 pub mod exit;
 pub mod plan;

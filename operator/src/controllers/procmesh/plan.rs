@@ -295,6 +295,7 @@ impl<'i, 'a> Working<'i, 'a> {
             ranks: rank_runs,
             ranks_truncated: truncated,
             first_failure: self.first_failure,
+            actor_failures: prev.actor_failures,
             conditions: conds,
             observed_generation: self.generation,
             restarts: self.restarts,
@@ -643,6 +644,22 @@ impl<'i, 'a> Working<'i, 'a> {
         let succeeded = self.count(|s| s == ProcState::Succeeded);
         let failed = self.count(|s| s.is_failure());
         let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
+        let prev_actors = if self.same_gen {
+            self.prev.actor_failures.as_slice()
+        } else {
+            &[]
+        };
+        let (actor_failures, fresh) = super::actors::merge(prev_actors, input.states);
+        for f in fresh {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Warning,
+                reason: "ActorFailed",
+                note: format!(
+                    "actor {} on rank {} (host {}) failed: {}",
+                    f.actor, f.rank, f.host, f.reason
+                ),
+            });
+        }
         self.out.status = ProcMeshStatus {
             phase: Some(phase),
             extent: Some(input.extent.clone()),
@@ -652,6 +669,7 @@ impl<'i, 'a> Working<'i, 'a> {
             ranks: rank_runs,
             ranks_truncated: truncated,
             first_failure: self.first_failure,
+            actor_failures,
             conditions: conds,
             observed_generation: self.generation,
             restarts: self.restarts,

@@ -17,6 +17,8 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
         reason: None,
         stderr_tail: Some("Traceback: boom".into()),
         incarnation: inc,
+        actor_failure: None,
+        actor_failures: 0,
     }
 }
 
