@@ -13,6 +13,9 @@
 //! 3. The table holds at most `max_procs` entries; when full, the oldest
 //!    ended proc is forgotten to make room, never a running one.
 //! 4. After `shutdown` starts, nothing new is spawned.
+//! 5. Every status change is stamped with the agent's wall clock
+//!    (`changed_at_ms`), so a failure's time is when it happened here, not
+//!    when a supervisor heard of it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -170,6 +173,9 @@ impl ProcManager {
             restarts: req.incarnation,
             stop_requested: false,
             seq: 0,
+            changed_at_ms: now_ms(),
+            stderr_head: Vec::new(),
+            oom_killed: false,
         };
         table.procs.insert(
             req.name.clone(),
@@ -318,7 +324,15 @@ impl Inner {
     pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcReport)) {
         let mut table = self.lock();
         match table.procs.get_mut(name) {
-            Some(e) if e.req.incarnation == incarnation => f(&mut e.state),
+            Some(e) if e.req.incarnation == incarnation => {
+                let before = e.state.status.clone();
+                f(&mut e.state);
+                // The agent's clock stamps every status change (the hub
+                // orders failures across hosts by it).
+                if e.state.status != before {
+                    e.state.changed_at_ms = now_ms();
+                }
+            }
             _ => return,
         }
         self.publish(&mut table, name);

@@ -21,6 +21,7 @@
 //!    eviction decision) nor the other hosts.
 
 pub mod agent;
+pub mod clock;
 pub mod coalesce;
 pub mod heartbeat;
 mod procs;
@@ -86,6 +87,8 @@ struct HostEntry {
     link_error: Option<String>,
     /// When this hub first had this pod's agent to dial (wall clock).
     watched_at: Timestamp,
+    /// The agent's clock offset ([`clock`]), for this pod's agent.
+    clock: clock::AgentClock,
 }
 
 struct WorldEntry {
@@ -266,28 +269,46 @@ impl Hub {
         let mut st = self.lock();
         let st = &mut *st;
         match push {
-            HostReport::Heartbeat { host, pod_uid } => {
+            HostReport::Heartbeat {
+                host,
+                pod_uid,
+                clock,
+            } => {
                 let gap = beat(st, &host, &pod_uid, now);
+                sample_clock(st, &host, &pod_uid, clock);
                 self.observe_heartbeat(gap);
             }
             HostReport::Snapshot {
                 host,
                 pod_uid,
                 procs,
+                clock,
             } => {
                 beat(st, &host, &pod_uid, now);
+                sample_clock(st, &host, &pod_uid, clock);
+                let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
-                if let Some(h) = w.hosts.get_mut(&host.rank)
-                    && h.pod_uid == pod_uid
-                {
-                    h.reported_at.get_or_insert_with(Timestamp::now);
-                }
+                let agent_clock = match w.hosts.get_mut(&host.rank) {
+                    Some(h) if h.pod_uid == pod_uid => {
+                        h.reported_at.get_or_insert_with(Timestamp::now);
+                        h.clock.clone()
+                    }
+                    _ => clock::AgentClock::default(),
+                };
                 let mut touched = HashSet::new();
+                // What the hub knew of this host's procs: a failure it had
+                // heard of keeps its times.
+                let mut known: HashMap<(String, u64), ProcObs> = HashMap::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
-                    states.retain(|_, o| o.host != host.rank);
+                    states.retain(|r, o| {
+                        if o.host == host.rank {
+                            known.insert((mesh.clone(), *r), o.clone());
+                        }
+                        o.host != host.rank
+                    });
                     if states.len() != before {
                         touched.insert(mesh.clone());
                     }
@@ -297,7 +318,13 @@ impl Hub {
                         continue;
                     };
                     touched.insert(mesh.to_string());
-                    let obs = ProcObs::from_agent(host.rank, &p);
+                    let prev = known.get(&(mesh.to_string(), rank));
+                    let obs = ProcObs::from_agent(host.rank, &p).stamp(
+                        &p,
+                        &agent_clock,
+                        received,
+                        prev,
+                    );
                     w.procs
                         .entry(mesh.to_string())
                         .or_default()
@@ -319,9 +346,20 @@ impl Hub {
                     debug!(name = %state.name, "ignoring a proc the operator did not name");
                     return;
                 };
-                let obs = ProcObs::from_agent(host.rank, &state);
-                let urgent = obs.state.is_failure();
+                let received = Timestamp::now();
+                let agent_clock = w
+                    .hosts
+                    .get(&host.rank)
+                    .map(|h| h.clock.clone())
+                    .unwrap_or_default();
                 let states = w.procs.entry(mesh.to_string()).or_default();
+                let obs = ProcObs::from_agent(host.rank, &state).stamp(
+                    &state,
+                    &agent_clock,
+                    received,
+                    states.get(&rank),
+                );
+                let urgent = obs.state.is_failure();
                 if states.get(&rank) == Some(&obs) {
                     return;
                 }
@@ -487,6 +525,7 @@ impl Hub {
                     reported_at: None,
                     link_error: None,
                     watched_at: Timestamp::now(),
+                    clock: clock::AgentClock::default(),
                 });
                 if book_changed && let Some(tx) = &h.book {
                     tx.send_replace(book.clone());
@@ -641,6 +680,24 @@ fn book_sender(
         }
     });
     tx
+}
+
+/// Adds a clock sample of the agent in pod `pod_uid` ([`clock`]).
+fn sample_clock(
+    st: &mut State,
+    host: &HostKey,
+    pod_uid: &str,
+    sample: Option<clock::ClockSample>,
+) {
+    let Some(sample) = sample else { return };
+    if let Some(h) = st
+        .worlds
+        .get_mut(&host.world)
+        .and_then(|w| w.hosts.get_mut(&host.rank))
+        .filter(|h| h.pod_uid == pod_uid)
+    {
+        h.clock.add(sample);
+    }
 }
 
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {

@@ -19,6 +19,7 @@ use hostmesh_agent::protocol::AgentPush as RtPush;
 use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
+use super::clock::ClockSample;
 use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     WorldKey,
@@ -60,18 +61,22 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
         AgentEventKind::Disconnected { reason } => HostReport::Disconnected { host, reason },
-        AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => HostReport::Snapshot {
+        AgentEventKind::Push(RtPush::Snapshot {
+            procs, sent_at_ms, ..
+        }) => HostReport::Snapshot {
             host,
             pod_uid: uid(),
             procs,
+            clock: Some(ClockSample::now(sent_at_ms)),
         },
         AgentEventKind::Push(RtPush::Changed(c)) => HostReport::ProcState {
             host,
             state: c.state,
         },
-        AgentEventKind::Push(RtPush::Heartbeat { .. }) => HostReport::Heartbeat {
+        AgentEventKind::Push(RtPush::Heartbeat { sent_at_ms, .. }) => HostReport::Heartbeat {
             host,
             pod_uid: uid(),
+            clock: Some(ClockSample::now(sent_at_ms)),
         },
     })
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
+use super::clock::ClockSample;
 use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     protocol,
@@ -89,9 +90,23 @@ impl SimConnector {
         name: &str,
         status: protocol::ProcPhase,
     ) -> Option<HostReport> {
+        self.set_status_at(host, name, status, now_ms())
+    }
+
+    /// Like [`SimConnector::set_status`], with the change stamped at
+    /// `changed_at_ms` on the agent's clock (a failure that happened
+    /// earlier than it is reported).
+    pub fn set_status_at(
+        &self,
+        host: &HostKey,
+        name: &str,
+        status: protocol::ProcPhase,
+        changed_at_ms: u64,
+    ) -> Option<HostReport> {
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let p = procs.get_mut(host)?.get_mut(name)?;
         p.status = status;
+        p.changed_at_ms = changed_at_ms;
         p.seq += 1;
         Some(HostReport::ProcState {
             host: host.clone(),
@@ -112,7 +127,18 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         restarts: req.incarnation,
         stop_requested: false,
         seq: 0,
+        changed_at_ms: now_ms(),
+        stderr_head: Vec::new(),
+        oom_killed: false,
     }
+}
+
+/// The wall clock in milliseconds since the epoch (simulated agents share
+/// the hub's clock).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, protocol::duration_ms)
 }
 
 struct SimLink {
@@ -255,6 +281,7 @@ impl AgentConnector for SimHandle {
                 host: target.host.clone(),
                 pod_uid: target.pod_uid.clone(),
                 procs,
+                clock: Some(ClockSample::now(now_ms())),
             };
             pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {
@@ -273,6 +300,7 @@ impl AgentConnector for SimHandle {
                         let beat = HostReport::Heartbeat {
                             host: host.clone(),
                             pod_uid: uid.clone(),
+                            clock: Some(ClockSample::now(now_ms())),
                         };
                         if pushes.send(beat).await.is_err() {
                             return;

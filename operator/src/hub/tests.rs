@@ -87,6 +87,7 @@ async fn liveness_follows_heartbeats_and_expiry() {
         HostReport::Heartbeat {
             host: host(1),
             pod_uid: "a-1".into(),
+            clock: None,
         },
         later,
     );
