@@ -6,10 +6,11 @@
 //!    pushes out the oldest ([`push`]).
 //! 2. Each entry is bounded in bytes: its root cause is cut to
 //!    [`MAX_ROOT_CAUSE`] bytes, every other field is fixed-size.
-//! 3. The phase times, where set, never decrease in the order `failedAt`,
+//! 3. Times are `MicroTime`s (a phase often takes milliseconds; `Time`
+//!    keeps whole seconds). The phase times, where set, never decrease in the order `failedAt`,
 //!    `detectedAt`, `decidedAt`, `podsReadyAt`, `procsRunningAt`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -25,19 +26,19 @@ pub struct Incident {
     /// When the root failure happened: the agent's clock, corrected by its
     /// estimated offset (the operator's clock for a lost host or a spawn
     /// timeout, which no agent saw).
-    pub failed_at: Time,
+    pub failed_at: MicroTime,
     /// When the operator first received the root failure.
-    pub detected_at: Time,
+    pub detected_at: MicroTime,
     /// When the restart policy acted (restarted, or gave up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_at: Option<Time>,
+    pub decided_at: Option<MicroTime>,
     /// When every host of the World was ready again after the decision
     /// (the decision time for an in-place restart).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pods_ready_at: Option<Time>,
+    pub pods_ready_at: Option<MicroTime>,
     /// When every proc was running again: the incident is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub procs_running_at: Option<Time>,
+    pub procs_running_at: Option<MicroTime>,
     /// What the restart policy did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<IncidentAction>,
@@ -97,7 +98,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     fn incident(i: u64) -> Incident {
-        let t = Time(Timestamp::from_second(1_700_000_000 + i as i64).unwrap());
+        let t = MicroTime(Timestamp::from_second(1_700_000_000 + i as i64).unwrap());
         Incident {
             failed_at: t.clone(),
             detected_at: t.clone(),

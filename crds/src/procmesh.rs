@@ -13,7 +13,7 @@
 //!    (head and tail) is kept for a few failed ranks, each cut to its bound,
 //!    and `incidents` is a ring of bounded entries.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -428,8 +428,9 @@ pub struct FirstFailure {
     /// Host rank (pod `<world>-host-<host>`).
     pub host: u64,
     /// When it failed: the agent's clock corrected by its estimated offset
-    /// (when the operator noticed, for a lost host or a spawn timeout).
-    pub time: Time,
+    /// (when the operator noticed, for a lost host or a spawn timeout), to
+    /// the microsecond.
+    pub time: MicroTime,
     /// State it failed with.
     pub state: ProcState,
     /// Human-readable reason (exit code, signal, timeout, ...).
@@ -547,8 +548,8 @@ mod tests {
         assert!(truncated);
         assert_eq!(runs.len(), hostmesh_mesh::runs::MAX_RUNS);
         let incident = |i: u64| crate::incident::Incident {
-            failed_at: Time(k8s_openapi::jiff::Timestamp::now()),
-            detected_at: Time(k8s_openapi::jiff::Timestamp::now()),
+            failed_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            detected_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
             decided_at: None,
             pods_ready_at: None,
             procs_running_at: None,
@@ -568,7 +569,7 @@ mod tests {
             first_failure: Some(FirstFailure {
                 rank: 1,
                 host: 1,
-                time: Time(k8s_openapi::jiff::Timestamp::now()),
+                time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
                 state: ProcState::Killed,
                 reason: "r".repeat(MAX_REASON),
                 exit_code: None,

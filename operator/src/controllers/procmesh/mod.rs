@@ -12,8 +12,10 @@
 //! 3. The finalizer is released only after every agent stopped the procs or
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
 
+pub mod causal;
 pub mod desired;
 pub mod exit;
+pub mod incidents;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -206,6 +208,12 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     } else {
         write_status(pm, ctx, &plan.status, false).await?
     };
+    // Recovery phases count once, with the status that records them.
+    if deferred.is_none() {
+        for (phase, took) in &plan.recovery {
+            ctx.metrics.observe_recovery(phase, *took);
+        }
+    }
     let deferred = if replacing {
         Some(
             deferred
