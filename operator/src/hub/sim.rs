@@ -46,6 +46,9 @@ pub struct SimConnector {
     /// Hosts whose agent refuses the next SetAddressBook (its actor not up
     /// yet); each refusal takes one entry.
     pub refuse_book: Mutex<Vec<HostKey>>,
+    /// Hosts whose agent's clock is off the hub's by this many ms (its
+    /// snapshots and heartbeats are stamped with it).
+    pub clock_skew_ms: Mutex<HashMap<HostKey, i64>>,
 }
 
 impl SimConnector {
@@ -63,6 +66,18 @@ impl SimConnector {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(pod_uid.to_string());
+    }
+
+    /// The clock of `host`'s agent now, in ms since the epoch.
+    pub fn agent_now_ms(&self, host: &HostKey) -> u64 {
+        let skew = self
+            .clock_skew_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(host)
+            .copied()
+            .unwrap_or(0);
+        now_ms().saturating_add_signed(skew)
     }
 
     fn is_dead(&self, pod_uid: &str) -> bool {
@@ -90,7 +105,8 @@ impl SimConnector {
         name: &str,
         status: protocol::ProcPhase,
     ) -> Option<HostReport> {
-        self.set_status_at(host, name, status, now_ms())
+        let at = self.agent_now_ms(host);
+        self.set_status_at(host, name, status, at)
     }
 
     /// Like [`SimConnector::set_status`], with the change stamped at
@@ -281,7 +297,7 @@ impl AgentConnector for SimHandle {
                 host: target.host.clone(),
                 pod_uid: target.pod_uid.clone(),
                 procs,
-                clock: Some(ClockSample::now(now_ms())),
+                clock: Some(ClockSample::now(sim.agent_now_ms(&target.host))),
             };
             pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {
@@ -300,7 +316,7 @@ impl AgentConnector for SimHandle {
                         let beat = HostReport::Heartbeat {
                             host: host.clone(),
                             pod_uid: uid.clone(),
-                            clock: Some(ClockSample::now(now_ms())),
+                            clock: Some(ClockSample::now(sim.agent_now_ms(&host))),
                         };
                         if pushes.send(beat).await.is_err() {
                             return;
