@@ -47,7 +47,8 @@ pub(crate) fn counter_file(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
     let mut v2 = None;
     for line in proc_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(hier), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        let (Some(hier), Some(controllers), Some(path)) =
+            (parts.next(), parts.next(), parts.next())
         else {
             continue;
         };

@@ -122,7 +122,8 @@ async fn apply(client: &kube::Client, yaml: &str) {
 async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() {
     let (server, client) = hostmesh_testkit::cluster::api_server().await;
     hostmesh_testkit::cluster::install_crds(&client).await;
-    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
@@ -133,7 +134,11 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
         concurrency: 4,
         instance: "test".into(),
     };
-    let ctx = ControllerContext::new(client.clone(), args, Arc::new(Delaying(default_connector())));
+    let ctx = ControllerContext::new(
+        client.clone(),
+        args,
+        Arc::new(Delaying(default_connector())),
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(hostmesh_operator::controllers::run(ctx, async move {
         let _ = stopped.await;
@@ -210,37 +215,64 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     .await;
     std::fs::write(dir.path().join("go"), b"").unwrap();
 
-    let s = eventually_async("rank 5 named as the root, the rest collateral", async || {
-        let s = meshes.get("pm").await.ok()?.status?;
-        let ff = s.first_failure.as_ref()?;
-        let settled = s.ranks.iter().all(|r| r.value.state != ProcState::Stopping);
-        (ff.rank == ROOT && s.failed >= 2 && s.collateral == s.failed - 1 && settled).then_some(s)
-    })
+    let s = eventually_async(
+        "rank 5 named as the root, the rest collateral",
+        async || {
+            let s = meshes.get("pm").await.ok()?.status?;
+            let ff = s.first_failure.as_ref()?;
+            let settled = s.ranks.iter().all(|r| r.value.state != ProcState::Stopping);
+            (ff.rank == ROOT && s.failed >= 2 && s.collateral == s.failed - 1 && settled)
+                .then_some(s)
+        },
+    )
     .await;
     let ff = s.first_failure.as_ref().unwrap();
     assert_eq!((ff.host, ff.signal), (1, Some(9)), "{ff:?}");
     assert!(
-        ff.stderr_head.as_deref().unwrap_or_default().contains("Traceback: the real root cause"),
+        ff.stderr_head
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Traceback: the real root cause"),
         "the head keeps the exception the tail lost: {ff:?}"
     );
-    assert!(ff.stderr_tail.as_deref().unwrap_or_default().contains("noise 40"), "{ff:?}");
+    assert!(
+        ff.stderr_tail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("noise 40"),
+        "{ff:?}"
+    );
     // Every rank that exited 1 is collateral of rank 5; the rest were
     // stopped by the operator (not failures).
     for rank in (0..8).filter(|r| *r != ROOT) {
         let r = hostmesh_crds::runs::get(&s.ranks, rank).unwrap();
         match r.state {
             ProcState::Failed => {
-                assert_eq!((r.caused_by, r.exit_code), (Some(ROOT), Some(1)), "rank {rank}: {r:?}");
+                assert_eq!(
+                    (r.caused_by, r.exit_code),
+                    (Some(ROOT), Some(1)),
+                    "rank {rank}: {r:?}"
+                );
             }
             ProcState::Stopped => assert_eq!(r.caused_by, None),
             other => panic!("rank {rank} is {other:?}: {r:?}"),
         }
     }
-    assert_eq!(hostmesh_crds::runs::get(&s.ranks, ROOT).unwrap().caused_by, None);
+    assert_eq!(
+        hostmesh_crds::runs::get(&s.ranks, ROOT).unwrap().caused_by,
+        None
+    );
     let incident = s.incidents.last().expect("an incident");
-    assert_eq!((incident.rank, incident.collateral), (ROOT, s.collateral), "{incident:?}");
+    assert_eq!(
+        (incident.rank, incident.collateral),
+        (ROOT, s.collateral),
+        "{incident:?}"
+    );
     assert_eq!(incident.failed_at.0, ff.time.0);
-    assert!(incident.detected_at.0 >= incident.failed_at.0, "{incident:?}");
+    assert!(
+        incident.detected_at.0 >= incident.failed_at.0,
+        "{incident:?}"
+    );
     assert_eq!(
         incident.action,
         Some(hostmesh_crds::incident::IncidentAction::GaveUp)

@@ -62,8 +62,8 @@ fn make_cgroup() -> Result<Cgroup, String> {
             continue;
         };
         let parent = root.join(&path);
-        let enabled = std::fs::read_to_string(parent.join("cgroup.subtree_control"))
-            .unwrap_or_default();
+        let enabled =
+            std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
         if !controllers.split_whitespace().any(|c| c == "memory") {
             why.push(format!(
                 "cgroup v2 at {} has no memory controller (cgroup.controllers: {:?})",
@@ -127,16 +127,24 @@ impl Drop for Agent {
 fn start_agent_in(cg: &Cgroup, secret_file: &Path, addr: SocketAddr) -> Agent {
     let procs = cg.dir.join("cgroup.procs");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hostmesh"));
-    cmd.args(["agent", "--world", "w", "--host-rank", "0", "--health-port", "0"])
-        .args(["--heartbeat-interval", "200ms"])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--secret-file")
-        .arg(secret_file)
-        .env_remove("HOSTMESH_SUPERVISOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "agent",
+        "--world",
+        "w",
+        "--host-rank",
+        "0",
+        "--health-port",
+        "0",
+    ])
+    .args(["--heartbeat-interval", "200ms"])
+    .arg("--listen")
+    .arg(addr.to_string())
+    .arg("--secret-file")
+    .arg(secret_file)
+    .env_remove("HOSTMESH_SUPERVISOR")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
     // SAFETY: between fork and exec the child only writes its own pid to a
     // file (open, write, close: async-signal-safe system calls; the path
     // and the pid text are made before the fork where possible).
@@ -162,7 +170,10 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
     let cg = match make_cgroup() {
         Ok(cg) => cg,
         Err(why) => {
-            eprintln!("SKIPPED: no memory cgroup with a limit can be made here: {why}");
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("SKIPPED: no memory cgroup with a limit can be made here: {why}");
+            }
             return;
         }
     };
@@ -171,9 +182,13 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, secret).unwrap();
     let pid = std::process::id();
-    let addr: SocketAddr = format!("127.{}.{}.9:26600", 100 + (pid % 100), 1 + (pid / 100) % 250)
-        .parse()
-        .unwrap();
+    let addr: SocketAddr = format!(
+        "127.{}.{}.9:26600",
+        100 + (pid % 100),
+        1 + (pid / 100) % 250
+    )
+    .parse()
+    .unwrap();
     let agent = start_agent_in(&cg, &secret_file, addr);
 
     let hub = Hub::new(default_connector());
@@ -216,8 +231,15 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
         o.state.is_failure().then_some(o)
     })
     .await;
-    assert_eq!((obs.state, obs.signal), (ProcState::Killed, Some(9)), "{obs:?}");
-    assert!(obs.oom_killed, "SIGKILL with the cgroup's oom_kill count up: {obs:?}");
+    assert_eq!(
+        (obs.state, obs.signal),
+        (ProcState::Killed, Some(9)),
+        "{obs:?}"
+    );
+    assert!(
+        obs.oom_killed,
+        "SIGKILL with the cgroup's oom_kill count up: {obs:?}"
+    );
     let _ = stop.send(());
     drop(agent);
     // The cgroup can go once its processes have.

@@ -24,8 +24,8 @@ pub const MAX_ROOT_CAUSE: usize = 256;
 #[serde(rename_all = "camelCase")]
 pub struct Incident {
     /// When the root failure happened: the agent's clock, corrected by its
-    /// estimated offset (the operator's clock for a lost host or a spawn
-    /// timeout, which no agent saw).
+    /// estimated offset (for a lost host, when its agent was last heard;
+    /// for a spawn timeout, when the operator noticed).
     pub failed_at: MicroTime,
     /// When the operator first received the root failure.
     pub detected_at: MicroTime,

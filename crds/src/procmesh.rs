@@ -428,7 +428,8 @@ pub struct FirstFailure {
     /// Host rank (pod `<world>-host-<host>`).
     pub host: u64,
     /// When it failed: the agent's clock corrected by its estimated offset
-    /// (when the operator noticed, for a lost host or a spawn timeout), to
+    /// (for a lost host, when its agent was last heard; for a spawn timeout,
+    /// when the operator noticed), to
     /// the microsecond.
     pub time: MicroTime,
     /// State it failed with.
@@ -526,7 +527,10 @@ mod tests {
         // 16 ranks keep their stderr (one run each), then one run for the
         // rest of the collateral ranks.
         assert_eq!(runs.len(), MAX_STDERR_RANKS + 1);
-        assert_eq!(runs[5].value.stderr_head.as_ref().unwrap().len(), MAX_STDERR_HEAD);
+        assert_eq!(
+            runs[5].value.stderr_head.as_ref().unwrap().len(),
+            MAX_STDERR_HEAD
+        );
         assert_eq!(runs.last().unwrap().value.caused_by, Some(5));
         let bytes = serde_json::to_vec(&runs).unwrap().len();
         assert!(bytes < 32 * 1024, "{bytes} bytes");

@@ -18,8 +18,7 @@ use support::{Cluster, NS, running_world};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_failure_time_survives_an_operator_restart_as_the_agents_time() {
-    let mut c =
-        Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
+    let mut c = Cluster::start_with(SimConnector::with_heartbeat(Duration::from_millis(200))).await;
     running_world(&c).await;
     c.apply_yaml(
         "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm, namespace: ctl}\n\
@@ -68,7 +67,10 @@ async fn first_failure_time_survives_an_operator_restart_as_the_agents_time() {
     let off = ff.time.0.as_millisecond() - died;
     // The simulated agents share the hub's clock: the estimate is off by
     // the in-memory delay only, far less than the minute since.
-    assert!((0..1_000).contains(&off), "firstFailure.time is {off} ms after the death");
+    assert!(
+        (0..1_000).contains(&off),
+        "firstFailure.time is {off} ms after the death"
+    );
     let incident = s.incidents.last().expect("an incident");
     assert_eq!(incident.rank, 2);
     assert_eq!(incident.failed_at.0, ff.time.0);

@@ -201,7 +201,10 @@ fn incidents(out: &mut String, list: &[hostmesh_crds::incident::Incident]) {
     if list.is_empty() {
         return;
     }
-    let _ = writeln!(out, "\nIncidents (newest first; phases since the previous one):");
+    let _ = writeln!(
+        out,
+        "\nIncidents (newest first; phases since the previous one):"
+    );
     let span = |a: Option<&Timestamp>, b: Option<&Timestamp>| match (a, b) {
         (Some(a), Some(b)) => {
             let ms = b.duration_since(*a).as_millis().max(0);
@@ -242,7 +245,14 @@ fn incidents(out: &mut String, list: &[hostmesh_crds::incident::Incident]) {
     table(
         out,
         &[
-            "FAILED AT", "DETECT", "DECIDE", "PODS", "PROCS", "TOTAL", "ACTION", "ROOT CAUSE",
+            "FAILED AT",
+            "DETECT",
+            "DECIDE",
+            "PODS",
+            "PROCS",
+            "TOTAL",
+            "ACTION",
+            "ROOT CAUSE",
         ],
         &rows,
     );

@@ -109,10 +109,7 @@ mod tests {
         assert_eq!(c.offset_ms(), Some(skew + 1), "the 1 ms sample wins");
         // A failure at agent time t is placed at t + skew (+1 ms).
         let failed = (T0 + 10_000 - skew) as u64;
-        assert_eq!(
-            c.to_hub(failed, at(T0 + 60_000)),
-            Some(at(T0 + 10_000 + 1))
-        );
+        assert_eq!(c.to_hub(failed, at(T0 + 60_000)), Some(at(T0 + 10_000 + 1)));
     }
 
     #[test]
@@ -168,10 +165,6 @@ mod tests {
     #[test]
     fn without_samples_the_agent_clock_stands() {
         let c = AgentClock::default();
-        assert_eq!(
-            c.to_hub(T0 as u64, at(T0 + 100)),
-            Some(at(T0)),
-            "offset 0"
-        );
+        assert_eq!(c.to_hub(T0 as u64, at(T0 + 100)), Some(at(T0)), "offset 0");
     }
 }

@@ -19,6 +19,11 @@
 //!    each agent from a task of its own link ([`book_sender`]), latest
 //!    book only, so a hung agent delays neither a reconcile (and with it an
 //!    eviction decision) nor the other hosts.
+//! 6. A failure is stamped when it arrives with the agent's time of it,
+//!    corrected by that agent's clock offset ([`clock`], sampled from its
+//!    heartbeats and snapshots), and with its receipt time; a report of a
+//!    failure already held keeps both, so the order of failures across
+//!    hosts is the order they happened, whatever order they arrive in.
 
 pub mod agent;
 pub mod clock;
@@ -89,6 +94,9 @@ struct HostEntry {
     watched_at: Timestamp,
     /// The agent's clock offset ([`clock`]), for this pod's agent.
     clock: clock::AgentClock,
+    /// When this hub last heard the agent (wall clock): a host that is
+    /// lost died after it.
+    last_heard: Option<Timestamp>,
 }
 
 struct WorldEntry {
@@ -319,12 +327,8 @@ impl Hub {
                     };
                     touched.insert(mesh.to_string());
                     let prev = known.get(&(mesh.to_string(), rank));
-                    let obs = ProcObs::from_agent(host.rank, &p).stamp(
-                        &p,
-                        &agent_clock,
-                        received,
-                        prev,
-                    );
+                    let obs =
+                        ProcObs::from_agent(host.rank, &p).stamp(&p, &agent_clock, received, prev);
                     w.procs
                         .entry(mesh.to_string())
                         .or_default()
@@ -443,6 +447,16 @@ impl Hub {
             .and_then(|h| h.link_error.clone())
     }
 
+    /// When this hub last heard host `rank`'s agent (any pod of the rank
+    /// this hub still knows): a lost host's procs died after it.
+    pub fn last_heard(&self, world: &WorldKey, rank: u64) -> Option<Timestamp> {
+        self.lock()
+            .worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .and_then(|h| h.last_heard)
+    }
+
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
     pub fn expired_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
         if self.liveness(world, rank, pod_uid) != Liveness::Expired {
@@ -526,6 +540,7 @@ impl Hub {
                     link_error: None,
                     watched_at: Timestamp::now(),
                     clock: clock::AgentClock::default(),
+                    last_heard: None,
                 });
                 if book_changed && let Some(tx) = &h.book {
                     tx.send_replace(book.clone());
@@ -683,12 +698,7 @@ fn book_sender(
 }
 
 /// Adds a clock sample of the agent in pod `pod_uid` ([`clock`]).
-fn sample_clock(
-    st: &mut State,
-    host: &HostKey,
-    pod_uid: &str,
-    sample: Option<clock::ClockSample>,
-) {
+fn sample_clock(st: &mut State, host: &HostKey, pod_uid: &str, sample: Option<clock::ClockSample>) {
     let Some(sample) = sample else { return };
     if let Some(h) = st
         .worlds
@@ -707,6 +717,7 @@ fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<O
         .get_mut(&host.rank)
         .filter(|h| h.pod_uid == pod_uid)?;
     h.link_error = None;
+    h.last_heard = Some(Timestamp::now());
     let timeout = w.agents.health_timeout;
     let gap = st.heartbeats.deadline(host).map(|deadline| {
         now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))

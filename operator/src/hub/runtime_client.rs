@@ -19,11 +19,11 @@ use hostmesh_agent::protocol::AgentPush as RtPush;
 use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
-use super::clock::ClockSample;
 use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     WorldKey,
 };
+use super::clock::ClockSample;
 
 /// Name of the operator's client proc (agents see `<name>-<random>`).
 const CLIENT_NAME: &str = "hostmesh-operator";

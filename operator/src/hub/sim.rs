@@ -11,11 +11,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use super::clock::ClockSample;
 use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     protocol,
 };
+use super::clock::ClockSample;
 
 /// A request a simulated agent received.
 #[derive(Clone, Debug, PartialEq, Eq)]

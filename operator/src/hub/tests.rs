@@ -343,8 +343,12 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
         .unwrap()
         .extend([(host(0), -30_000), (host(1), 20_000)]);
     hub.sync_world(&wk(), agents(2, "a")).await;
-    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE).await.unwrap();
-    hub.ensure_procs(&wk(), 1, vec![req(1, 0)], GRACE).await.unwrap();
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    hub.ensure_procs(&wk(), 1, vec![req(1, 0)], GRACE)
+        .await
+        .unwrap();
     drain(&hub, &mut rx);
     let now = Timestamp::now().as_millisecond();
     // Host 0's clock is 30 s behind the hub's, host 1's 20 s ahead; the

@@ -6,9 +6,10 @@
 //! Invariants:
 //! 1. The root is the failure with the earliest time, ties broken by the
 //!    lower rank, so the choice does not depend on arrival order.
-//! 2. Only failures an agent timed can be collateral: a lost host's or a
-//!    timed-out rank's time is when the operator noticed, which says nothing
-//!    of the order.
+//! 2. Only failures an agent timed can be collateral: a lost host's ranks
+//!    are timed when its agent was last heard (they died after it), a
+//!    timed-out rank when the operator noticed; neither orders them
+//!    exactly. A lost host can still be a root.
 //! 3. The window is fixed and measured on the corrected clock from the
 //!    root's time: `root.at <= f.at <= root.at + CASCADE_WINDOW`.
 
@@ -74,13 +75,21 @@ mod tests {
     #[test]
     fn the_root_is_the_earliest_whatever_the_order() {
         // Rank 5 died first; the others 50 ms later, reported first.
-        let mut fs: Vec<Failure> = (0..8).filter(|r| *r != 5).map(|r| failure(r, 50, true)).collect();
+        let mut fs: Vec<Failure> = (0..8)
+            .filter(|r| *r != 5)
+            .map(|r| failure(r, 50, true))
+            .collect();
         fs.push(failure(5, 0, true));
         assert_eq!(root(&fs).unwrap().rank, 5);
         fs.reverse();
         assert_eq!(root(&fs).unwrap().rank, 5);
         // Equal times: the lower rank.
-        assert_eq!(root(&[failure(3, 0, true), failure(2, 0, true)]).unwrap().rank, 2);
+        assert_eq!(
+            root(&[failure(3, 0, true), failure(2, 0, true)])
+                .unwrap()
+                .rank,
+            2
+        );
         assert!(root(&[]).is_none());
     }
 
@@ -90,8 +99,14 @@ mod tests {
         assert!(is_collateral(5, r, &failure(1, 50, true)));
         assert!(is_collateral(5, r, &failure(1, 10_000, true)));
         assert!(!is_collateral(5, r, &failure(1, 10_001, true)), "too late");
-        assert!(!is_collateral(5, r, &failure(5, 50, true)), "the root itself");
+        assert!(
+            !is_collateral(5, r, &failure(5, 50, true)),
+            "the root itself"
+        );
         assert!(!is_collateral(5, r, &failure(1, 50, false)), "untimed");
-        assert!(!is_collateral(5, r, &failure(1, -1, true)), "before the root");
+        assert!(
+            !is_collateral(5, r, &failure(1, -1, true)),
+            "before the root"
+        );
     }
 }

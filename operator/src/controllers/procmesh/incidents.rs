@@ -59,13 +59,15 @@ pub fn on_failure(
     let target = if may_open {
         open(ring).filter(|i| i.decided_at.is_none() || root.at <= i.failed_at.0 + window)
     } else {
-        ring.last_mut().filter(|i| root.at <= i.failed_at.0 + window)
+        ring.last_mut()
+            .filter(|i| root.at <= i.failed_at.0 + window)
     };
     if let Some(i) = target {
         if root.rank != i.rank && root.at < i.failed_at.0 {
             i.failed_at = Time(micro(root.at));
             i.rank = root.rank;
-            i.root_cause = hostmesh_crds::procmesh::head(cause, incident::MAX_ROOT_CAUSE).to_string();
+            i.root_cause =
+                hostmesh_crds::procmesh::head(cause, incident::MAX_ROOT_CAUSE).to_string();
         }
         i.collateral = i.collateral.max(collateral);
         return Some((i.rank, i.failed_at.0));
@@ -91,14 +93,21 @@ pub fn on_failure(
 }
 
 /// The restart policy acted on the open incident: `action` at `now`.
-pub fn on_decision(ring: &mut [Incident], action: IncidentAction, now: Timestamp) -> Vec<PhaseTime> {
+pub fn on_decision(
+    ring: &mut [Incident],
+    action: IncidentAction,
+    now: Timestamp,
+) -> Vec<PhaseTime> {
     let Some(i) = open(ring).filter(|i| i.decided_at.is_none()) else {
         return Vec::new();
     };
     let t = Time(micro(now).max(i.detected_at.0));
     i.decided_at = Some(t.clone());
     i.action = Some(action);
-    vec![("detect", secs(&i.failed_at, &i.detected_at)), ("decide", secs(&i.detected_at, &t))]
+    vec![
+        ("detect", secs(&i.failed_at, &i.detected_at)),
+        ("decide", secs(&i.detected_at, &t)),
+    ]
 }
 
 /// Recovery progress of the open, decided incident at `now`: every host
@@ -173,8 +182,14 @@ mod tests {
         );
         // ...the restart policy acts...
         let p = on_decision(&mut ring, IncidentAction::RestartGang, at(70));
-        assert_eq!(p.iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["detect", "decide"]);
-        assert!(on_decision(&mut ring, IncidentAction::GaveUp, at(80)).is_empty(), "once");
+        assert_eq!(
+            p.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            ["detect", "decide"]
+        );
+        assert!(
+            on_decision(&mut ring, IncidentAction::GaveUp, at(80)).is_empty(),
+            "once"
+        );
         // ...then the root's delayed report: the same incident, refined.
         assert_eq!(
             on_failure(&mut ring, &failure(5, 0, 560), "rank 5 SIGKILL", 7, true),
@@ -188,10 +203,16 @@ mod tests {
         let p = on_progress(&mut ring, true, false, at(1000));
         assert_eq!(p, vec![("pods", Duration::from_millis(930))]);
         let p = on_progress(&mut ring, true, true, at(3000));
-        assert_eq!(p.iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["procs", "total"]);
+        assert_eq!(
+            p.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            ["procs", "total"]
+        );
         assert_eq!(p[1].1, Duration::from_secs(3));
         assert!(ring[0].closed() && monotonic(&ring[0]));
-        assert!(on_progress(&mut ring, true, true, at(4000)).is_empty(), "closed");
+        assert!(
+            on_progress(&mut ring, true, true, at(4000)).is_empty(),
+            "closed"
+        );
     }
 
     #[test]
@@ -224,11 +245,18 @@ mod tests {
         for k in 0..40 {
             let f = failure(k, k as i64 * 100_000, k as i64 * 100_000);
             on_failure(&mut ring, &f, &"x".repeat(10_000), 0, true);
-            on_decision(&mut ring, IncidentAction::GaveUp, at(k as i64 * 100_000 + 5));
+            on_decision(
+                &mut ring,
+                IncidentAction::GaveUp,
+                at(k as i64 * 100_000 + 5),
+            );
             assert!(ring.last().unwrap().closed());
         }
         assert_eq!(ring.len(), incident::MAX_INCIDENTS);
         assert_eq!(ring[0].rank, 40 - incident::MAX_INCIDENTS as u64);
-        assert!(ring.iter().all(|i| i.root_cause.len() <= incident::MAX_ROOT_CAUSE && monotonic(i)));
+        assert!(
+            ring.iter()
+                .all(|i| i.root_cause.len() <= incident::MAX_ROOT_CAUSE && monotonic(i))
+        );
     }
 }

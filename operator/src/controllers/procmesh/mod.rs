@@ -143,6 +143,10 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let extent = world_extent.concat(&pm.spec.per_host_shape()).to_string();
     let lost_hosts = lost_hosts(&world);
     let reported = ctx.hub.reported_hosts(&key);
+    let last_heard: BTreeMap<u64, Timestamp> = lost_hosts
+        .keys()
+        .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h)?)))
+        .collect();
     let plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
@@ -154,6 +158,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         states: &states,
         lost_hosts: &lost_hosts,
         reported: &reported,
+        last_heard: &last_heard,
         now: Timestamp::now(),
     });
 

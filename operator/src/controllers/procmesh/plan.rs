@@ -84,6 +84,9 @@ pub struct PlanInput<'a> {
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
     pub reported: &'a BTreeMap<u64, Timestamp>,
+    /// For lost hosts: when the operator last heard their agent (their
+    /// procs' failure time, which no agent reports).
+    pub last_heard: &'a BTreeMap<u64, Timestamp>,
     /// The wall-clock time the plan is computed at: spawn timeouts and
     /// restart backoff are compared with it.
     pub now: Timestamp,
@@ -536,7 +539,8 @@ impl<'i, 'a> Working<'i, 'a> {
             self.restart_after_backoff(&failed, needed, summary);
         }
         if let Some(why) = &self.failure_reason {
-            let done = incidents::on_decision(&mut self.incidents, IncidentAction::GaveUp, self.input.now);
+            let done =
+                incidents::on_decision(&mut self.incidents, IncidentAction::GaveUp, self.input.now);
             self.out.recovery.extend(done);
             self.out.events.push(PlannedEvent {
                 severity: Severity::Warning,
@@ -559,9 +563,18 @@ impl<'i, 'a> Working<'i, 'a> {
                 .get(&r)
                 .filter(|o| o.incarnation >= self.inc.get(r) && o.state.is_failure());
             let timed = obs.and_then(|o| Some((o.failed_at?, o.detected_at.unwrap_or(now))));
+            // A lost host's procs died after its agent was last heard.
+            let untimed_at = match self.ranks[r as usize].state {
+                ProcState::Lost => self
+                    .input
+                    .last_heard
+                    .get(&(r / self.per_host.max(1)))
+                    .map_or(now, |t| (*t).min(now)),
+                _ => now,
+            };
             out.push(Failure {
                 rank: r,
-                at: timed.map_or(now, |t| t.0),
+                at: timed.map_or(untimed_at, |t| t.0),
                 detected: timed.map_or(now, |t| t.1),
                 timed: timed.is_some(),
                 status: self.ranks[r as usize].clone(),
@@ -593,14 +606,9 @@ impl<'i, 'a> Working<'i, 'a> {
         let failures = self.failures(failed);
         let root = causal::root(&failures)?.clone();
         let cause = describe(root.rank, &root.status, self.program());
-        let (root_rank, root_at) = incidents::on_failure(
-            &mut self.incidents,
-            &root,
-            &cause,
-            0,
-            !self.was_terminal,
-        )
-        .unwrap_or((root.rank, root.at));
+        let (root_rank, root_at) =
+            incidents::on_failure(&mut self.incidents, &root, &cause, 0, !self.was_terminal)
+                .unwrap_or((root.rank, root.at));
         // Collateral: counted over every failure of the cascade (some may
         // be restarting already), marked on the ranks still failed.
         let mut collateral = 0u64;
