@@ -128,6 +128,8 @@ pub(crate) async fn run(
             }
         }
     };
+    // When it ended: the report below waits for the pipes to drain.
+    let ended_at = super::manager::now_ms();
     inner.detach(&name, inc);
     // Invariant 3: sweep what the proc left in its group.
     spawn::signal_group(pid, libc::SIGKILL);
@@ -171,6 +173,7 @@ pub(crate) async fn run(
     };
     inner.update(&name, inc, |s| {
         s.status = status;
+        s.changed_at_ms = ended_at;
         s.stderr_head = stderr_head;
         s.oom_killed = oom_killed;
     });

@@ -325,11 +325,12 @@ impl Inner {
         let mut table = self.lock();
         match table.procs.get_mut(name) {
             Some(e) if e.req.incarnation == incarnation => {
-                let before = e.state.status.clone();
+                let before = (e.state.status.clone(), e.state.changed_at_ms);
                 f(&mut e.state);
                 // The agent's clock stamps every status change (the hub
-                // orders failures across hosts by it).
-                if e.state.status != before {
+                // orders failures across hosts by it), unless `f` gave the
+                // time the change happened.
+                if e.state.status != before.0 && e.state.changed_at_ms == before.1 {
                     e.state.changed_at_ms = now_ms();
                 }
             }
