@@ -278,6 +278,24 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
         Some(hostmesh_crds::incident::IncidentAction::GaveUp)
     );
 
+    // The collateral reports came first (the root's was held back), and
+    // the root replaced the first-reported failure.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NS);
+    eventually_async(
+        "an Event naming rank 5 as the root reported later",
+        async || {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    let m = e.message.as_deref().unwrap_or_default();
+                    m.starts_with("rank 5 ") && m.contains("its report came later")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
     drop(agents);
