@@ -424,6 +424,31 @@ mod tests {
     }
 
     #[test]
+    fn recovery_phases_are_a_histogram_per_phase() {
+        let m = Metrics::new();
+        m.observe_recovery("detect", Duration::from_millis(20));
+        m.observe_recovery("total", Duration::from_secs(3));
+        m.observe_recovery("total", Duration::from_secs(5));
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE hostmesh_recovery_seconds histogram"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_count{phase=\"total\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_sum{phase=\"total\"}"),
+            Some(8.0)
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_count{phase=\"detect\"}"),
+            Some(1.0)
+        );
+    }
+
+    #[test]
     fn heartbeats_status_writes_and_leader_are_recorded() {
         let m = Metrics::new();
         m.observe_heartbeat(None);

@@ -78,5 +78,14 @@ async fn first_failure_time_survives_an_operator_restart_as_the_agents_time() {
         incident.detected_at.0.as_millisecond() - died >= 59_000,
         "detected when the new operator heard: {incident:?}"
     );
+    // restartPolicy Never gave up: detection and decision are observed
+    // once, in the operator's metrics.
+    for phase in ["detect", "decide"] {
+        let line = format!("hostmesh_recovery_seconds_count{{phase=\"{phase}\"}} 1\n");
+        eventually_async(&format!("{phase} observed once"), async || {
+            c.ctx.metrics.encode().contains(&line).then_some(())
+        })
+        .await;
+    }
     c.shutdown().await;
 }
