@@ -34,6 +34,7 @@ mod health;
 mod lifecycle;
 mod logs;
 mod manager;
+mod oom;
 mod proc_agent;
 pub mod protocol;
 mod server;

@@ -13,6 +13,9 @@
 //! 3. The table holds at most `max_procs` entries; when full, the oldest
 //!    ended proc is forgotten to make room, never a running one.
 //! 4. After `shutdown` starts, nothing new is spawned.
+//! 5. Every status change is stamped with the agent's wall clock
+//!    (`changed_at_ms`), so a failure's time is when it happened here, not
+//!    when a supervisor heard of it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,6 +176,9 @@ impl ProcManager {
             seq: 0,
             actor_failure: None,
             actor_failures: 0,
+            changed_at_ms: now_ms(),
+            stderr_head: Vec::new(),
+            oom_killed: false,
         };
         table.procs.insert(
             req.name.clone(),
@@ -349,7 +355,16 @@ impl Inner {
     pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcReport)) {
         let mut table = self.lock();
         match table.procs.get_mut(name) {
-            Some(e) if e.req.incarnation == incarnation => f(&mut e.state),
+            Some(e) if e.req.incarnation == incarnation => {
+                let before = (e.state.status.clone(), e.state.changed_at_ms);
+                f(&mut e.state);
+                // The agent's clock stamps every status change (the hub
+                // orders failures across hosts by it), unless `f` gave the
+                // time the change happened.
+                if e.state.status != before.0 && e.state.changed_at_ms == before.1 {
+                    e.state.changed_at_ms = now_ms();
+                }
+            }
             _ => return,
         }
         self.publish(&mut table, name);

@@ -217,6 +217,16 @@ pub struct ProcReport {
     pub actor_failure: Option<ActorFailure>,
     /// How many actors of this incarnation failed.
     pub actor_failures: u32,
+    /// When `status` last changed, on the agent's wall clock (milliseconds
+    /// since the Unix epoch): for an ended proc, when it ended. The hub
+    /// corrects it by the agent's clock offset ([`AgentPush::Heartbeat`]).
+    pub changed_at_ms: u64,
+    /// First lines of stderr that are not in the tail (bounded in lines and
+    /// bytes), once the proc has ended: the exception line is often here.
+    pub stderr_head: Vec<String>,
+    /// Ended by SIGKILL while its cgroup's OOM-kill count rose: the kernel's
+    /// OOM killer took it.
+    pub oom_killed: bool,
 }
 
 /// An actor that failed inside a runtime-aware proc.
@@ -274,6 +284,9 @@ pub enum AgentPush {
         seq: u64,
         /// All procs (running and ended) the agent holds.
         procs: Vec<ProcReport>,
+        /// The agent's wall clock when it sent this, milliseconds since the
+        /// Unix epoch (a clock-offset sample for the hub).
+        sent_at_ms: u64,
     },
     /// One proc changed state (sent at once).
     Changed(ProcStateChanged),
@@ -288,6 +301,9 @@ pub enum AgentPush {
         digest: u64,
         /// Number of procs held.
         procs: usize,
+        /// The agent's wall clock when it sent this, milliseconds since the
+        /// Unix epoch: the hub estimates the agent's clock offset from it.
+        sent_at_ms: u64,
     },
 }
 

@@ -72,6 +72,10 @@ mod tests {
             signal: None,
             reason: None,
             stderr_tail: None,
+            stderr_head: None,
+            oom_killed: false,
+            failed_at: None,
+            detected_at: None,
             incarnation: inc,
             actor_failure: failure.map(|(actor, at_ms)| Reported {
                 actor: actor.to_string(),
