@@ -565,3 +565,28 @@ async fn one_client_watches_many_agents() {
     }
     assert_eq!(done.len(), HOSTS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_stacks_returns_the_kernel_view_bounded() {
+    let agent = ChildAgent::start(&[], &["echo start; sleep 600"]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let stacks = c
+        .capture_stacks(
+            addr,
+            vec!["p0".into(), "missing".into()],
+            2048,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stacks.len(), 2, "{stacks:?}");
+    let p0 = &stacks[0];
+    assert_eq!(p0.name, "p0");
+    // No py-spy on this PATH: the kernel's view of the shell and its sleep.
+    assert!(matches!(p0.method.as_str(), "kernel" | "wchan"), "{p0:?}");
+    assert!(p0.text.contains("(sh)"), "{}", p0.text);
+    assert!(p0.text.contains("(sleep)"), "descendants too: {}", p0.text);
+    assert!(p0.text.len() <= 2048);
+    assert_eq!(stacks[1].method, "none");
+}

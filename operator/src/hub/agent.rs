@@ -71,6 +71,8 @@ pub struct ProcObs {
     pub stderr_tail: Option<String>,
     /// Incarnation the state belongs to.
     pub incarnation: u32,
+    /// Set while the agent reports the proc stalled (`spec.stallTimeout`).
+    pub stall: Option<protocol::Stall>,
 }
 
 impl ProcObs {
@@ -86,6 +88,7 @@ impl ProcObs {
             reason: None,
             stderr_tail: None,
             incarnation: s.restarts,
+            stall: s.stall.clone().filter(|_| !s.status.is_terminal()),
         };
         match &s.status {
             S::Starting => {}
@@ -202,6 +205,16 @@ pub trait AgentLink: Send + Sync {
         &self,
         hosts: Vec<(u64, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>>;
+    /// The stacks of the named procs, each at most `max_bytes`, waiting at
+    /// most `timeout` (default: refused, for agents that cannot).
+    fn capture_stacks(
+        &self,
+        _names: Vec<String>,
+        _max_bytes: usize,
+        _timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<protocol::ProcStacks>, LinkError>> {
+        Box::pin(async { Err(LinkError::Refused("this agent cannot capture stacks".into())) })
+    }
 }
 
 /// Dials agents.

@@ -7,7 +7,8 @@
 //! 1. The hub never writes to the API server; controllers read its view
 //!    ([`Hub::liveness`], [`Hub::proc_states`]) while reconciling and write
 //!    status. A trigger is a request to reconcile, coalesced per object
-//!    ([`coalesce`]): first failures at once, else at most once a second.
+//!    ([`coalesce`]): first failures and stall starts at once, else at most
+//!    once a second.
 //! 2. Expiry costs O(expired) ([`heartbeat`]).
 //! 3. Agents are the source of truth for procs: on (re)connect an agent's
 //!    Snapshot replaces what the hub knew of that host, and requests are
@@ -25,9 +26,11 @@ pub mod coalesce;
 pub mod heartbeat;
 mod procs;
 pub mod runtime_client;
+mod stacks;
 pub mod sim;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
+pub use stacks::RankStacks;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -320,7 +323,12 @@ impl Hub {
                     return;
                 };
                 let obs = ProcObs::from_agent(host.rank, &state);
-                let urgent = obs.state.is_failure();
+                let stall_began = obs.stall.is_some()
+                    && w.procs
+                        .get(mesh)
+                        .and_then(|s| s.get(&rank))
+                        .is_none_or(|o| o.stall.is_none());
+                let urgent = obs.state.is_failure() || stall_began;
                 let states = w.procs.entry(mesh.to_string()).or_default();
                 if states.get(&rank) == Some(&obs) {
                     return;

@@ -112,6 +112,7 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         restarts: req.incarnation,
         stop_requested: false,
         seq: 0,
+        stall: None,
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod desired;
 pub mod exit;
 pub mod plan;
+pub mod stall;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,7 +142,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let extent = world_extent.concat(&pm.spec.per_host_shape()).to_string();
     let lost_hosts = lost_hosts(&world);
     let reported = ctx.hub.reported_hosts(&key);
-    let plan = plan::plan(&plan::PlanInput {
+    let mut plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
         world_phase: world.status.as_ref().and_then(|s| s.phase),
@@ -154,6 +155,16 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         reported: &reported,
         now: Timestamp::now(),
     });
+    // Stalls: the condition, and the stacks of a new stall taken before
+    // anything is restarted or stopped (stall.rs invariant 2).
+    let total = hosts.saturating_mul(pm.spec.per_host_shape().num_ranks());
+    let stalled = stall::stalled(&states, |r| recorded_incarnation(pm, r));
+    if let Some(ev) = stall::set_condition(pm, &mut plan.status, &stalled, total, Timestamp::now()) {
+        plan.events.push(ev);
+    }
+    if let Some(ev) = stall::capture_on_new_episode(ctx, pm, &key, &id, &stalled, total).await {
+        plan.events.push(ev);
+    }
 
     // Write-ahead: a restart decision, with the failure behind it, is in
     // status before any agent acts on it. Otherwise a paced or stale (409)
@@ -226,6 +237,22 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         .flatten()
         .fold(default, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// The incarnation status recorded for `rank` (before this reconcile's
+/// decisions): a stall of an older incarnation is not a stall of the rank.
+fn recorded_incarnation(pm: &ProcMesh, rank: u64) -> u32 {
+    let Some(st) = pm.status.as_ref() else {
+        return 0;
+    };
+    let gang = if pm.spec.restart_policy.policy == hostmesh_crds::procmesh::RestartMode::Gang {
+        st.restarts
+    } else {
+        0
+    };
+    hostmesh_crds::runs::get(&st.incarnations, rank)
+        .map_or(0, |i| i.incarnation)
+        .max(gang)
 }
 
 /// Stops the procs of every mesh id under `prefix` except `keep`, and

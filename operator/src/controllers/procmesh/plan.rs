@@ -29,6 +29,8 @@
 //!    mesh waits: its procs go with the hosts as Stopped, not as failures,
 //!    nothing is spawned or counted, and the spawn clock restarts when the
 //!    World runs again. A mesh that already ended stays ended.
+//! 7. A stalled rank (`stall.rs`) is `Stalled`, a failure like any
+//!    other, when `restartPolicy.onStall` is `Failure`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -381,13 +383,17 @@ impl<'i, 'a> Working<'i, 'a> {
                     ..Default::default()
                 }
             }
-            Some(o) if o.incarnation >= want => RankStatus {
-                state: o.state,
-                exit_code: o.exit_code,
-                signal: o.signal,
-                reason: o.reason.clone(),
-                stderr_tail: o.stderr_tail.clone(),
-            },
+            Some(o) if o.incarnation >= want => super::stall::observed(
+                input.pm,
+                o,
+                RankStatus {
+                    state: o.state,
+                    exit_code: o.exit_code,
+                    signal: o.signal,
+                    reason: o.reason.clone(),
+                    stderr_tail: o.stderr_tail.clone(),
+                },
+            ),
             // An ended mesh starts nothing: a rank with no current report
             // (its host was replaced since) keeps what status recorded.
             _ if self.was_terminal => {

@@ -17,6 +17,7 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
         reason: None,
         stderr_tail: Some("Traceback: boom".into()),
         incarnation: inc,
+        stall: None,
     }
 }
 
