@@ -60,6 +60,6 @@ pub use proc_agent::{
     ActorState, GetActorState, JoinedProc, Keepalive, MESH_ACTOR, MeshAgent, SpawnFor, join_host,
     mesh_ref,
 };
-pub use stacks::{MAX_PROCESSES, MAX_STACK_BYTES, MAX_THREADS, PY_SPY_TIMEOUT};
 pub use server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent, MAX_SUBSCRIBERS};
+pub use stacks::{MAX_PROCESSES, MAX_STACK_BYTES, MAX_THREADS, PY_SPY_TIMEOUT};
 pub use subscription::Subscription;

@@ -212,7 +212,10 @@ impl Handler<CaptureStacks> for HostAgent {
                     async move {
                         let state = manager.state(&name).ok();
                         let rank = state.as_ref().map_or(0, |s| s.rank);
-                        match state.filter(|s| !s.status.is_terminal()).and_then(|s| s.pid) {
+                        match state
+                            .filter(|s| !s.status.is_terminal())
+                            .and_then(|s| s.pid)
+                        {
                             Some(pid) => {
                                 let c = super::stacks::capture(pid, max).await;
                                 ProcStacks {

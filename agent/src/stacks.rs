@@ -166,11 +166,7 @@ fn process_view(pid: u32, out: &mut String) -> bool {
     let cpu = crate::stall::cpu_time(pid)
         .map(|d| format!("{:.2}s", d.as_secs_f64()))
         .unwrap_or_else(|| "?".into());
-    let _ = writeln!(
-        out,
-        "process {pid} ({}) cpu {cpu}: {cmdline}",
-        comm.trim()
-    );
+    let _ = writeln!(out, "process {pid} ({}) cpu {cpu}: {cmdline}", comm.trim());
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         let _ = writeln!(out, "  (gone)");
         return false;
@@ -207,7 +203,11 @@ fn process_view(pid: u32, out: &mut String) -> bool {
         }
     }
     if tids.len() > MAX_THREADS {
-        let _ = writeln!(out, "  ({} more threads not shown)", tids.len() - MAX_THREADS);
+        let _ = writeln!(
+            out,
+            "  ({} more threads not shown)",
+            tids.len() - MAX_THREADS
+        );
     }
     any_stack
 }
@@ -249,7 +249,12 @@ fn children(pid: u32) -> Vec<u32> {
     let mut out: Vec<u32> = tasks
         .filter_map(|e| e.ok())
         .take(MAX_THREADS)
-        .filter_map(|e| read(&format!("/proc/{pid}/task/{}/children", e.file_name().to_str()?)))
+        .filter_map(|e| {
+            read(&format!(
+                "/proc/{pid}/task/{}/children",
+                e.file_name().to_str()?
+            ))
+        })
         .flat_map(|c| {
             c.split_whitespace()
                 .filter_map(|p| p.parse().ok())

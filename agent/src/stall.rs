@@ -226,8 +226,8 @@ impl StallWatch {
                     _ => None,
                 };
                 let ago = now.saturating_duration_since(last);
-                let last_progress_ms = super::manager::now_ms()
-                    .saturating_sub(crate::protocol::duration_ms(ago));
+                let last_progress_ms =
+                    super::manager::now_ms().saturating_sub(crate::protocol::duration_ms(ago));
                 Some(StallChange::Started(Stall {
                     last_progress_ms,
                     after_ms: crate::protocol::duration_ms(self.timeout),
@@ -248,7 +248,11 @@ mod tests {
         let p = Progress::new(Some(pattern("^step [0-9]+").unwrap()));
         let before = p.last();
         p.line(b"loading data");
-        assert_eq!(p.last(), before, "a line that does not match is no progress");
+        assert_eq!(
+            p.last(),
+            before,
+            "a line that does not match is no progress"
+        );
         std::thread::sleep(Duration::from_millis(5));
         p.line(b"step 12 loss 0.3");
         assert!(p.last() > before);

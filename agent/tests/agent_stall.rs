@@ -51,8 +51,12 @@ async fn stalled_procs_until(h: &Harness, stalled: &str, window: Duration) -> Ha
 async fn a_hung_proc_stalls_while_busy_and_beaconing_procs_do_not() {
     let h = harness();
     let m = &h.manager;
-    m.create_or_update(with_stall(sh("hung", 0, "echo start; sleep 600"), 1000, None))
-        .unwrap();
+    m.create_or_update(with_stall(
+        sh("hung", 0, "echo start; sleep 600"),
+        1000,
+        None,
+    ))
+    .unwrap();
     m.create_or_update(with_stall(
         sh("busy", 1, "while :; do echo tick; sleep 0.2; done"),
         1000,
@@ -77,7 +81,11 @@ async fn a_hung_proc_stalls_while_busy_and_beaconing_procs_do_not() {
     ))
     .unwrap();
     m.create_or_update(with_stall(
-        sh("stepping", 4, "i=0; while :; do echo \"step $i\"; i=$((i+1)); sleep 0.2; done"),
+        sh(
+            "stepping",
+            4,
+            "i=0; while :; do echo \"step $i\"; i=$((i+1)); sleep 0.2; done",
+        ),
         1000,
         Some("^step [0-9]+"),
     ))
@@ -97,7 +105,10 @@ async fn a_hung_proc_stalls_while_busy_and_beaconing_procs_do_not() {
         m.stop(name, Duration::from_secs(5)).await.unwrap();
     }
     let ended = m.state("hung").unwrap();
-    assert!(ended.stall.is_none(), "an ended proc is not stalled: {ended:?}");
+    assert!(
+        ended.stall.is_none(),
+        "an ended proc is not stalled: {ended:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,21 +130,31 @@ async fn a_stall_ends_when_output_resumes() {
     })
     .await;
     assert!(h.stdout.text().contains("[mesh/0] resumed\n"));
-    h.manager.stop("waits", Duration::from_secs(5)).await.unwrap();
+    h.manager
+        .stop("waits", Duration::from_secs(5))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_stall_timeout_nothing_is_watched() {
     let h = harness();
     h.manager
-        .create_or_update(sh("plain", 0, "echo \"file=${HOSTMESH_PROGRESS_FILE:-none}\"; sleep 600"))
+        .create_or_update(sh(
+            "plain",
+            0,
+            "echo \"file=${HOSTMESH_PROGRESS_FILE:-none}\"; sleep 600",
+        ))
         .unwrap();
     agent_common::wait_state(&h.manager, "plain", "running", |s| s.pid.is_some()).await;
     hostmesh_testkit::eventually("the proc printed its env", || {
         h.stdout.text().contains("file=none")
     })
     .await;
-    h.manager.stop("plain", Duration::from_secs(5)).await.unwrap();
+    h.manager
+        .stop("plain", Duration::from_secs(5))
+        .await
+        .unwrap();
 }
 
 #[test]

@@ -108,7 +108,13 @@ pub fn format_stacks(
 
 fn clean(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_control() && c != '\n' && c != '\t' { '?' } else { c })
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '?'
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -172,7 +178,9 @@ mod tests {
         assert!(!all.contains('\x1b'), "control characters replaced");
         let one = format_stacks(&data, Some(10), "pm-stacks").unwrap();
         assert_eq!(one, "rank 10 by kernel\nstack ten\n");
-        let err = format_stacks(&data, Some(3), "pm-stacks").unwrap_err().to_string();
+        let err = format_stacks(&data, Some(3), "pm-stacks")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("ranks kept: 5, 10"), "{err}");
     }
 }

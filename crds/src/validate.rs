@@ -290,7 +290,9 @@ fn check_progress(spec: &ProcMeshSpec, errs: &mut Vec<FieldError>) {
     if let Err(e) = progress_regex(p) {
         errs.push(FieldError::new(
             "spec.progressPattern",
-            format!("{p:?} is not a valid regular expression ({e}); write one such as \"^step [0-9]+\""),
+            format!(
+                "{p:?} is not a valid regular expression ({e}); write one such as \"^step [0-9]+\""
+            ),
         ));
     }
 }

@@ -24,7 +24,10 @@ pub fn venv(name: &str, package: &str, ready: impl Fn(&Path) -> bool) -> Result<
         return Ok(dir);
     }
     let python = dir.join("bin").join("python3");
-    run(Command::new("python3").args(["-m", "venv"]).arg(&dir), package)?;
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&dir),
+        package,
+    )?;
     run(
         Command::new(&python).args(["-m", "pip", "install", "-q", package]),
         package,

@@ -1,8 +1,8 @@
-//! e2e: stall detection with real agents and procs. A hung rank makes
-//! `Stalled=True` naming it while busy ranks stay unflagged, the stacks of
-//! every rank land in ConfigMap `<pm>-stacks` and print with `hostmesh
-//! stacks`, the stall ends when output resumes, and `OnFailure` restarts a
-//! stalled rank.
+//! e2e: stall detection with real agents and procs. Of 8 ranks printing
+//! every half second, a hung one makes `Stalled=True` naming it while the
+//! busy ranks stay unflagged, the stacks of every rank land in ConfigMap
+//! `<pm>-stacks` and print with `hostmesh stacks`, the stall ends when
+//! output resumes, and `OnFailure` restarts a stalled rank.
 
 use std::process::Command;
 
@@ -72,14 +72,14 @@ async fn has_event(env: &Env, reason: &str) -> anyhow::Result<bool> {
 async fn a_hung_rank_is_stalled_with_stacks_of_every_rank() -> anyhow::Result<()> {
     let env = Env::start("stall-hang").await?;
     env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
-    // Rank 2 prints once and hangs in a sleep until the test kills that
+    // Of 8 ranks, rank 5 prints once and hangs in a sleep until the test kills that
     // sleep; the others print a line every half second, for longer than
     // stallTimeout.
-    let cmd = "if [ \"$RANK\" = 2 ]; then echo start; sleep 600; fi; while :; do echo tick; sleep 0.5; done";
+    let cmd = "if [ \"$RANK\" = 5 ]; then echo start; sleep 600; fi; while :; do echo tick; sleep 0.5; done";
     env.apply(&mesh_yaml(
         "pm",
         "w",
-        2,
+        4,
         cmd,
         &format!(
             "  env: [{{name: STALL_TEST, value: {}}}]\n  restartPolicy: {{policy: Never, onStall: Report}}\n",
@@ -88,46 +88,66 @@ async fn a_hung_rank_is_stalled_with_stacks_of_every_rank() -> anyhow::Result<()
     ))
     .await?;
     let status = env
-        .wait_for("ProcMesh", "pm", "Stalled", |s| condition_true(s, "Stalled"))
+        .wait_for("ProcMesh", "pm", "Stalled", |s| {
+            condition_true(s, "Stalled")
+        })
         .await?;
     let msg = condition_message(&status, "Stalled");
     assert!(
-        msg.starts_with("ranks 2 stalled; rank 2: no progress for"),
+        msg.starts_with("ranks 5 stalled; rank 5: no progress for"),
         "only the hung rank, as runs: {msg}"
     );
-    assert!(msg.contains("blocked"), "a sleeping rank uses no CPU: {msg}");
-    assert_eq!(status["phase"], "Running", "onStall Report keeps it running: {status:#}");
+    assert!(
+        msg.contains("blocked"),
+        "a sleeping rank uses no CPU: {msg}"
+    );
+    assert_eq!(
+        status["phase"], "Running",
+        "onStall Report keeps it running: {status:#}"
+    );
 
     // Stacks of every rank, the hung one's showing its sleeping child.
     let cm = stacks_configmap(&env, "pm-stacks").await?;
     let data = cm.data.unwrap_or_default();
-    for r in 0..4 {
-        assert!(data.contains_key(&format!("rank-{r}")), "rank {r}: {data:#?}");
+    for r in 0..8 {
+        assert!(
+            data.contains_key(&format!("rank-{r}")),
+            "rank {r}: {data:#?}"
+        );
     }
-    assert!(data["rank-2"].contains("(sleep)"), "{}", data["rank-2"]);
-    assert!(data["summary"].contains("stall of ranks 2"), "{}", data["summary"]);
+    assert!(data["rank-5"].contains("(sleep)"), "{}", data["rank-5"]);
+    assert!(
+        data["summary"].contains("stall of ranks 5"),
+        "{}",
+        data["summary"]
+    );
 
     // Through the CLI, as a user with only API access would read them.
     let all = hostmesh(&env, &["stacks", "procmesh/pm"])?;
-    assert!(all.contains("rank 0 (") && all.contains("rank 3 ("), "{all}");
-    let two = hostmesh(&env, &["stacks", "procmesh/pm", "--rank", "2"])?;
-    assert!(two.starts_with("rank 2 (") && !two.contains("rank 3 ("), "{two}");
+    assert!(
+        all.contains("rank 0 (") && all.contains("rank 7 ("),
+        "{all}"
+    );
+    let five = hostmesh(&env, &["stacks", "procmesh/pm", "--rank", "5"])?;
+    assert!(
+        five.starts_with("rank 5 (") && !five.contains("rank 6 ("),
+        "{five}"
+    );
     let view = hostmesh(&env, &["status", "procmesh/pm"])?;
-    assert!(view.contains("Stalled: ranks 2 stalled"), "{view}");
+    assert!(view.contains("Stalled: ranks 5 stalled"), "{view}");
     assert!(has_event(&env, "Stalled").await?, "a Stalled Event");
 
     // Output resumes (its sleep ends): the stall ends.
     let ns = env.namespace.clone();
     let hung = hostmesh_e2e::find_pids(|e| {
-        e.get("STALL_TEST") == Some(&ns) && e.get("RANK").map(String::as_str) == Some("2")
+        e.get("STALL_TEST") == Some(&ns) && e.get("RANK").map(String::as_str) == Some("5")
     })
     .into_iter()
     .filter(|p| {
-        std::fs::read(format!("/proc/{p}/cmdline"))
-            .is_ok_and(|c| c.starts_with(b"sleep\x00600"))
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x00600"))
     })
     .collect::<Vec<_>>();
-    anyhow::ensure!(hung.len() == 1, "rank 2's sleep: {hung:?}");
+    anyhow::ensure!(hung.len() == 1, "rank 5's sleep: {hung:?}");
     hostmesh_e2e::signal(hung[0], "TERM")?;
     let status = env
         .wait_for("ProcMesh", "pm", "the stall over", |s| {
@@ -137,7 +157,7 @@ async fn a_hung_rank_is_stalled_with_stacks_of_every_rank() -> anyhow::Result<()
             })
         })
         .await?;
-    assert_eq!(status["running"], 4, "{status:#}");
+    assert_eq!(status["running"], 8, "{status:#}");
     Ok(())
 }
 

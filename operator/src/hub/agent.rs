@@ -213,7 +213,11 @@ pub trait AgentLink: Send + Sync {
         _max_bytes: usize,
         _timeout: Duration,
     ) -> BoxFuture<'_, Result<Vec<protocol::ProcStacks>, LinkError>> {
-        Box::pin(async { Err(LinkError::Refused("this agent cannot capture stacks".into())) })
+        Box::pin(async {
+            Err(LinkError::Refused(
+                "this agent cannot capture stacks".into(),
+            ))
+        })
     }
 }
 

@@ -26,8 +26,8 @@ pub mod coalesce;
 pub mod heartbeat;
 mod procs;
 pub mod runtime_client;
-mod stacks;
 pub mod sim;
+mod stacks;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
 pub use stacks::RankStacks;

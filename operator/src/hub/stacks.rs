@@ -41,7 +41,11 @@ impl Hub {
             for r in ranks {
                 let host = procs.and_then(|p| p.get(r)).map(|o| o.host);
                 match host.and_then(|h| Some((h, w.hosts.get(&h)?.link.clone()?))) {
-                    Some((h, link)) => by_host.entry(h).or_insert_with(|| (link, Vec::new())).1.push(*r),
+                    Some((h, link)) => by_host
+                        .entry(h)
+                        .or_insert_with(|| (link, Vec::new()))
+                        .1
+                        .push(*r),
                     None => {
                         out.insert(*r, Err("its host's agent is not connected".to_string()));
                     }

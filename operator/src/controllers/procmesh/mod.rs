@@ -159,7 +159,8 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     // anything is restarted or stopped (stall.rs invariant 2).
     let total = hosts.saturating_mul(pm.spec.per_host_shape().num_ranks());
     let stalled = stall::stalled(&states, |r| recorded_incarnation(pm, r));
-    if let Some(ev) = stall::set_condition(pm, &mut plan.status, &stalled, total, Timestamp::now()) {
+    if let Some(ev) = stall::set_condition(pm, &mut plan.status, &stalled, total, Timestamp::now())
+    {
         plan.events.push(ev);
     }
     if let Some(ev) = stall::capture_on_new_episode(ctx, pm, &key, &id, &stalled, total).await {

@@ -72,12 +72,12 @@ pub fn describe(s: &Stall, now_ms: u64) -> String {
     let cpu = match s.cpu_ms {
         Some(ms) => {
             let busy = ms as f64 / s.after_ms.max(1) as f64;
-            let kind = if busy >= 0.5 {
-                "spinning"
-            } else {
-                "blocked"
-            };
-            format!(", {:.2}s CPU in the last {}s: {kind}", ms as f64 / 1000.0, s.after_ms / 1000)
+            let kind = if busy >= 0.5 { "spinning" } else { "blocked" };
+            format!(
+                ", {:.2}s CPU in the last {}s: {kind}",
+                ms as f64 / 1000.0,
+                s.after_ms / 1000
+            )
         }
         None => String::new(),
     };
@@ -129,7 +129,15 @@ pub fn set_condition(
     let now_t = Time(now);
     let generation = pm.metadata.generation;
     if stalled.is_empty() {
-        conditions::set(&mut status.conditions, STALLED, false, "NoStall", "", generation, &now_t);
+        conditions::set(
+            &mut status.conditions,
+            STALLED,
+            false,
+            "NoStall",
+            "",
+            generation,
+            &now_t,
+        );
         return was.then(|| PlannedEvent {
             severity: Severity::Normal,
             reason: "StallEnded",
@@ -137,7 +145,15 @@ pub fn set_condition(
         });
     }
     let msg = message(pm, stalled, total, now);
-    conditions::set(&mut status.conditions, STALLED, true, "NoProgress", &msg, generation, &now_t);
+    conditions::set(
+        &mut status.conditions,
+        STALLED,
+        true,
+        "NoProgress",
+        &msg,
+        generation,
+        &now_t,
+    );
     None
 }
 
@@ -201,7 +217,11 @@ pub fn configmap_data(
     for r in order {
         let text = match stacks.get(r) {
             Some(Ok(s)) => {
-                let cut = if s.truncated { " (cut at its bound)" } else { "" };
+                let cut = if s.truncated {
+                    " (cut at its bound)"
+                } else {
+                    ""
+                };
                 format!("rank {r} ({}) by {}{cut}\n{}", s.name, s.method, s.text)
             }
             Some(Err(e)) => format!("rank {r}: no stacks: {e}\n"),
@@ -312,7 +332,10 @@ pub async fn capture_on_new_episode(
         None => api.create(&PostParams::default(), &cm).await,
     };
     let kept = match written {
-        Ok(_) => format!("stacks of every rank in ConfigMap {name} (hostmesh stacks procmesh/{})", pm.name_any()),
+        Ok(_) => format!(
+            "stacks of every rank in ConfigMap {name} (hostmesh stacks procmesh/{})",
+            pm.name_any()
+        ),
         Err(e) => {
             tracing::warn!(procmesh = %pm.name_any(), error = %e, "cannot write the stacks ConfigMap");
             format!("stacks not kept: {e}")
@@ -398,8 +421,17 @@ mod tests {
         assert!(set_condition(&pm, &mut status, &s, 8, now).is_none());
         let c = conditions::get(&status.conditions, STALLED).unwrap();
         assert_eq!(c.status, "True");
-        assert!(c.message.starts_with("ranks 5-6 stalled; rank 5: no progress for 3s"), "{}", c.message);
-        assert!(c.message.contains("hostmesh stacks procmesh/train"), "{}", c.message);
+        assert!(
+            c.message
+                .starts_with("ranks 5-6 stalled; rank 5: no progress for 3s"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("hostmesh stacks procmesh/train"),
+            "{}",
+            c.message
+        );
         // A newer incarnation asked for: the old one's stall does not count.
         assert!(stalled(&states, |_| 1).is_empty());
         let ended = set_condition(&pm, &mut status, &BTreeMap::new(), 8, now).unwrap();
