@@ -48,7 +48,7 @@ pub(crate) fn pattern(p: &str) -> Result<regex::bytes::Regex, String> {
 #[derive(Debug)]
 pub(crate) struct Progress {
     origin: Instant,
-    /// Milliseconds after `origin` of the last progress.
+    /// Microseconds after `origin` of the last progress; 0 before any.
     last: AtomicU64,
     pattern: Option<regex::bytes::Regex>,
 }
@@ -64,15 +64,17 @@ impl Progress {
     }
 
     fn since_origin(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(t.saturating_duration_since(self.origin).as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// One output line (invariant 2).
     pub(crate) fn line(&self, line: &[u8]) {
         if let Some(re) = &self.pattern {
             let now = self.since_origin(Instant::now());
-            let recent = now.saturating_sub(self.last.load(Ordering::Relaxed))
-                < MATCH_EVERY.as_millis() as u64;
+            let last = self.last.load(Ordering::Relaxed);
+            let recent = last != 0 && now.saturating_sub(last) < MATCH_EVERY.as_micros() as u64;
             if recent || !re.is_match(line) {
                 return;
             }
@@ -88,7 +90,7 @@ impl Progress {
 
     /// When the last progress was.
     pub(crate) fn last(&self) -> Instant {
-        self.origin + Duration::from_millis(self.last.load(Ordering::Relaxed))
+        self.origin + Duration::from_micros(self.last.load(Ordering::Relaxed))
     }
 }
 
@@ -100,11 +102,33 @@ pub(crate) struct ProgressFile {
 }
 
 impl ProgressFile {
-    /// Creates `<dir>/<name>.<incarnation>` empty (and `dir` if needed).
+    /// Creates `<dir>/<name>.<incarnation>` empty, and `dir` (mode 0700)
+    /// if needed. `dir` must be a real directory of this user, and the file
+    /// is made anew without following a link, so another user of a shared
+    /// `/tmp` cannot point the agent at a file of theirs.
     pub(crate) fn create(dir: &Path, name: &str, incarnation: u32) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        let meta = std::fs::symlink_metadata(dir)?;
+        // SAFETY: getuid cannot fail and has no memory effects.
+        let uid = unsafe { libc::getuid() };
+        if !meta.is_dir() || meta.uid() != uid {
+            return Err(std::io::Error::other(format!(
+                "{} is not a directory owned by uid {uid}",
+                dir.display()
+            )));
+        }
         let path = dir.join(format!("{name}.{incarnation}"));
-        std::fs::File::create(&path)?;
+        let _ = std::fs::remove_file(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
         let mtime = mtime(&path);
         Ok(ProgressFile { path, mtime })
     }
@@ -253,12 +277,10 @@ mod tests {
             before,
             "a line that does not match is no progress"
         );
-        std::thread::sleep(Duration::from_millis(5));
         p.line(b"step 12 loss 0.3");
         assert!(p.last() > before);
         let any = Progress::new(None);
         let before = any.last();
-        std::thread::sleep(Duration::from_millis(5));
         any.line(b"anything");
         assert!(any.last() > before);
     }
@@ -282,13 +304,13 @@ mod tests {
 
     #[test]
     fn touching_the_progress_file_is_progress() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = ProgressFile::create(dir.path(), "pm.0", 0).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("progress");
+        let f = ProgressFile::create(&dir, "pm.0", 0).unwrap();
         let path = f.path().to_owned();
         let p = Progress::new(None);
         let mut w = StallWatch::new(Duration::from_secs(60), p.clone(), Some(f), 1);
         let before = p.last();
-        std::thread::sleep(Duration::from_millis(20));
         let later = SystemTime::now() + Duration::from_secs(1);
         std::fs::File::options()
             .write(true)
@@ -300,6 +322,10 @@ mod tests {
         assert!(p.last() > before);
         drop(w);
         assert!(!path.exists(), "removed with the incarnation");
+        // A link in place of the directory is refused.
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+        assert!(ProgressFile::create(&link, "pm.0", 0).is_err());
     }
 
     #[test]

@@ -344,7 +344,12 @@ pub async fn capture_on_new_episode(
     Some(PlannedEvent {
         severity: Severity::Warning,
         reason: "Stalled",
-        note: format!("{}; {kept}", message(pm, stalled, total, now)),
+        // Event notes are limited to 1 KiB.
+        note: hostmesh_crds::procmesh::head(
+            &format!("{}; {kept}", message(pm, stalled, total, now)),
+            1000,
+        )
+        .to_string(),
     })
 }
 
