@@ -73,7 +73,7 @@ async fn a_stall_under_gang_restarts_every_rank_and_keeps_a_stacks_configmap() {
     assert_eq!(ff.rank, 3);
     assert_eq!(ff.state, hostmesh_crds::procmesh::ProcState::Stalled);
     assert!(
-        ff.reason.contains("stalled: no progress for 2s"),
+        ff.reason.starts_with("rank 3 Stalled: no progress for 2s"),
         "{}",
         ff.reason
     );

@@ -90,10 +90,12 @@ pub fn observed(pm: &ProcMesh, o: &ProcObs, mut observed: RankStatus) -> RankSta
     let Some(s) = o.stall.as_ref().filter(|_| o.state == ProcState::Running) else {
         return observed;
     };
-    let why = format!("stalled: {}", describe(s, s.last_progress_ms + s.after_ms));
-    observed.reason = Some(why);
+    let why = describe(s, s.last_progress_ms + s.after_ms);
     if pm.spec.restart_policy.on_stall == StallAction::Failure {
         observed.state = ProcState::Stalled;
+        observed.reason = Some(why);
+    } else {
+        observed.reason = Some(format!("stalled: {why}"));
     }
     observed
 }
@@ -403,10 +405,11 @@ mod tests {
         let s = observed(&pm, &o, running.clone());
         assert_eq!(s.state, ProcState::Stalled);
         assert!(s.state.is_failure());
-        assert!(s.reason.unwrap().starts_with("stalled: no progress for 2s"));
+        assert!(s.reason.unwrap().starts_with("no progress for 2s"));
         pm.spec.restart_policy.on_stall = StallAction::Report;
         let s = observed(&pm, &o, running.clone());
         assert_eq!(s.state, ProcState::Running);
+        assert!(s.reason.unwrap().starts_with("stalled: no progress for 2s"));
         assert_eq!(observed(&pm, &obs(None), running.clone()), running);
     }
 
