@@ -170,3 +170,26 @@ fn a_bad_progress_pattern_is_refused_naming_the_field() {
         assert!(err.contains("spec.progress_pattern"), "{err}");
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unmatched_lines_is_no_progress_and_a_matching_flood_is() {
+    let h = harness();
+    let m = &h.manager;
+    m.create_or_update(with_stall(
+        sh("flood", 0, "while :; do echo loading; done"),
+        1000,
+        Some("^step"),
+    ))
+    .unwrap();
+    m.create_or_update(with_stall(
+        sh("steps", 1, "while :; do echo step; done"),
+        1000,
+        Some("^step"),
+    ))
+    .unwrap();
+    let seen = stalled_procs_until(&h, "flood", Duration::from_secs(2)).await;
+    assert_eq!(seen, HashSet::from(["flood".to_owned()]), "{seen:?}");
+    for name in ["flood", "steps"] {
+        m.stop(name, Duration::from_secs(5)).await.unwrap();
+    }
+}

@@ -1,7 +1,8 @@
 //! The ProcMesh controller: validate against the World, wait for it to be
 //! Running, ask each host's agent for its procs through the hub, compute
-//! status from the agents' reports ([`plan`]), and on deletion stop the
-//! procs gracefully behind a finalizer.
+//! status from the agents' reports ([`plan`]), report stalls and keep
+//! their stacks ([`stall`]), and on deletion stop the procs gracefully
+//! behind a finalizer.
 //!
 //! Invariants:
 //! 1. Validation problems (missing World, a `perHost` name that is also a
