@@ -595,7 +595,7 @@ async fn capture_stacks_returns_the_kernel_view_bounded() {
 async fn capture_stacks_uses_py_spy_on_the_procs_path() {
     // PyPI's py-spy, installed into a virtualenv under target/ when the
     // machine has none; the proc finds it on its PATH, as in an image.
-    let py_spy = hostmesh_testkit::venv::py_spy();
+    let py_spy = hostmesh_testkit::pyspy::py_spy();
     let mut path = std::env::var("PATH").unwrap_or_default();
     if let Some(dir) = py_spy.parent().filter(|d| !d.as_os_str().is_empty()) {
         path = format!("{}:{path}", dir.display());

@@ -1,8 +1,9 @@
 //! Real Helm for the chart tests: a Python interpreter that can import
 //! `helm_python` (PyPI `helm-python-sdk`, Helm v4's library). When the
 //! machine's `python3` lacks it, a virtualenv under the build's target
-//! directory gets it installed once ([`venv`](crate::venv)), so
-//! `cargo nextest run --workspace` needs nothing installed by hand first.
+//! directory gets it installed once (behind a file lock, since test
+//! processes run side by side), so `cargo nextest run --workspace` needs
+//! nothing installed by hand first.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +35,10 @@ fn find_or_install() -> Result<PathBuf, String> {
     if imports_helm(&system) {
         return Ok(system);
     }
-    let python = |dir: &Path| dir.join("bin").join("python3");
-    crate::venv::venv("helm-venv", PACKAGE, |d| imports_helm(&python(d))).map(|d| python(&d))
+    crate::pyvenv::Venv {
+        name: "helm-venv",
+        packages: &[PACKAGE],
+        probe: "import helm_python",
+    }
+    .python()
 }
