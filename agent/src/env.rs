@@ -75,6 +75,13 @@ pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), Hos
             ));
         }
     }
+    if spec.stall_timeout_ms == Some(0) {
+        return Err(HostError::spec(
+            name,
+            "spec.stall_timeout_ms",
+            "is 0; give a timeout of at least 1 ms, or none to turn stall detection off",
+        ));
+    }
     if let Some(p) = &spec.progress_pattern
         && let Err(e) = crate::stall::pattern(p)
     {

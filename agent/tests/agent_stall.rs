@@ -158,7 +158,7 @@ async fn without_a_stall_timeout_nothing_is_watched() {
 }
 
 #[test]
-fn a_bad_progress_pattern_is_refused_naming_the_field() {
+fn a_bad_progress_pattern_or_a_zero_timeout_is_refused_naming_the_field() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let h = harness();
@@ -168,6 +168,12 @@ fn a_bad_progress_pattern_is_refused_naming_the_field() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("spec.progress_pattern"), "{err}");
+        let err = h
+            .manager
+            .create_or_update(with_stall(sh("zero", 1, "true"), 0, None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spec.stall_timeout_ms"), "{err}");
     });
 }
 
