@@ -34,6 +34,7 @@ MANAGER_RULES = {
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "update"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 # With kueue.enabled (docs/scheduling.md): Workloads join the manager rules,

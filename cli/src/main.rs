@@ -47,6 +47,9 @@ enum Command {
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
     /// failure, conditions (`hostmesh status world/NAME`).
     Status(hostmesh_cli::status::StatusArgs),
+    /// Print the stacks of every rank a stall captured
+    /// (`hostmesh stacks procmesh/NAME [--rank R]`).
+    Stacks(hostmesh_cli::stacks::StacksArgs),
     /// Serve the embedded Kubernetes API server until Ctrl-C.
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
     /// Run the process kubelet: a Node that runs its pods as local processes.
@@ -77,6 +80,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
+        Command::Stacks(args) => Ok(hostmesh_cli::stacks::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
         Command::ControllerManager(args) => run_controller_manager(args),
         Command::Kubelet(args) => {

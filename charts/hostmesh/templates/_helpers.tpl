@@ -94,6 +94,13 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
+# The stacks a stall captured, in ConfigMap <procmesh>-stacks (owned by the
+# ProcMesh): read by name to see which stall they belong to, created once,
+# replaced on a new stall. No list, watch or delete (garbage collection
+# removes it with its ProcMesh).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "update"]
 # Events tell users what happened (host failed, proc failed, restarting, gave
 # up); patch updates the count of a repeated Event.
 - apiGroups: ["events.k8s.io"]

@@ -157,6 +157,13 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
             }
         }
     }
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled" && c.status == "True")
+    {
+        let _ = writeln!(out, "\nStalled: {}", clean(&c.message));
+    }
     let _ = writeln!(out, "\nRanks (rank ranges of equal state):");
     let rows: Vec<[String; 3]> = status
         .ranks

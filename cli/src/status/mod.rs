@@ -162,7 +162,15 @@ pub fn run_blocking(args: &StatusArgs) -> Result<(), StatusError> {
 }
 
 async fn client(args: &StatusArgs) -> Result<kube::Client, StatusError> {
-    let config = match &args.kubeconfig {
+    kube_client(args.kubeconfig.as_deref()).await
+}
+
+/// A client from `kubeconfig`, else the inferred configuration (KUBECONFIG,
+/// ~/.kube/config, in-cluster).
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<kube::Client, StatusError> {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| StatusError::Config(format!("{}: {e}", path.display())))?;
