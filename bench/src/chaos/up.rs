@@ -4,10 +4,10 @@
 //!
 //! Before the kill the suite records every descendant of the `up` process
 //! (pid and start time, so a reused pid is never mistaken for one of them).
-//! Passes when, within [`GONE_BOUND`], none of them is left, no process
-//! carries the data dir in its environment or command line, no mount lies
-//! under the data dir, and no file is left in it (the issue wants none; a
-//! `kill -9` leaves no chance to clean up, so the files left are counted and
+//! Passes when, within [`GONE_BOUND`], none of them is left (`up`'s reaper
+//! among them, which exits once it has cleaned up), no process carries the
+//! data dir in its environment or command line, no mount lies under the
+//! data dir, and no file is left in it (the files left are counted and
 //! reported, tokens among them). Whatever is left is SIGKILLed (only the
 //! recorded descendants) and the temp dir removed.
 
