@@ -9,7 +9,11 @@
 //!    user is refused (never chmodded or written into): another user could
 //!    otherwise have prepared it to receive our files.
 //! 2. Missing parents are created with the default mode; only the last
-//!    component is made private (it is the one that gates access).
+//!    component is made private (it is the one that gates access). Its
+//!    parent must not let just anyone rename it away: a parent writable by
+//!    group or others without the sticky bit (as `/tmp` has) is refused.
+//!    (The parent's owner is trusted: a checkout's owner running `sudo
+//!    hostmesh up` owns `.hostmesh`'s parent.)
 //! 3. [`remove`] never follows a symlink out of the tree it removes.
 
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
@@ -57,12 +61,30 @@ pub fn ensure(path: &Path) -> Result<(), PrivateDirError> {
         path: path.to_path_buf(),
         source,
     };
+    let uid = euid();
+    let not_ours = |what: String| PrivateDirError::NotOurs {
+        path: path.to_path_buf(),
+        what,
+        uid,
+    };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| PrivateDirError::Io {
             action: "cannot create",
             path: parent.to_path_buf(),
             source: e,
         })?;
+        let pm = std::fs::metadata(parent).map_err(|e| PrivateDirError::Io {
+            action: "cannot inspect",
+            path: parent.to_path_buf(),
+            source: e,
+        })?;
+        let sticky = pm.mode() & 0o1000 != 0;
+        if pm.mode() & 0o022 != 0 && !sticky {
+            return Err(not_ours(format!(
+                "is in {}, which other users may write without the sticky bit",
+                parent.display()
+            )));
+        }
     }
     match std::fs::DirBuilder::new().mode(0o700).create(path) {
         Ok(()) => {}
@@ -70,12 +92,6 @@ pub fn ensure(path: &Path) -> Result<(), PrivateDirError> {
         Err(e) => return Err(io("cannot create", e)),
     }
     let meta = std::fs::symlink_metadata(path).map_err(|e| io("cannot inspect", e))?;
-    let uid = euid();
-    let not_ours = |what: String| PrivateDirError::NotOurs {
-        path: path.to_path_buf(),
-        what,
-        uid,
-    };
     if meta.file_type().is_symlink() {
         return Err(not_ours("is a symbolic link".into()));
     }
@@ -151,6 +167,13 @@ mod tests {
         std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
         let err = ensure(&dir).unwrap_err().to_string();
         assert!(err.contains("belongs to uid 65534"), "{err}");
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = ensure(&open.join("mine")).unwrap_err().to_string();
+        assert!(err.contains("without the sticky bit"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        ensure(&open.join("mine")).unwrap();
     }
 
     #[test]

@@ -329,6 +329,13 @@ impl Drop for KubeletHandle {
 /// SIGTERM, then stops every pod's processes.
 pub async fn run(args: KubeletArgs) -> Result<()> {
     let mut config = args.to_config()?;
+    if args.data_dir.is_none()
+        && let Some(root) = config.data_dir.parent()
+    {
+        // The default lives in the shared temp directory: its root must be
+        // ours too, or its owner could swap our directory for another.
+        private(root)?;
+    }
     let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
