@@ -10,10 +10,11 @@
 //!    otherwise have prepared it to receive our files.
 //! 2. Missing parents are created with the default mode; only the last
 //!    component is made private (it is the one that gates access). Its
-//!    parent must not let just anyone rename it away: a parent writable by
-//!    group or others without the sticky bit (as `/tmp` has) is refused.
-//!    (The parent's owner is trusted: a checkout's owner running `sudo
-//!    hostmesh up` owns `.hostmesh`'s parent.)
+//!    parent must not let just anyone rename it away: a parent every user
+//!    may write without the sticky bit (which `/tmp` has) is refused. The
+//!    parent's owner and group are trusted: a checkout's owner running
+//!    `sudo hostmesh up` owns `.hostmesh`'s parent, and with user private
+//!    groups (umask 002) the group is that user alone.
 //! 3. [`remove`] never follows a symlink out of the tree it removes.
 
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
@@ -79,9 +80,9 @@ pub fn ensure(path: &Path) -> Result<(), PrivateDirError> {
             source: e,
         })?;
         let sticky = pm.mode() & 0o1000 != 0;
-        if pm.mode() & 0o022 != 0 && !sticky {
+        if pm.mode() & 0o002 != 0 && !sticky {
             return Err(not_ours(format!(
-                "is in {}, which other users may write without the sticky bit",
+                "is in {}, which every user may write without the sticky bit",
                 parent.display()
             )));
         }
