@@ -136,7 +136,7 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
         .open(&log_path)
         .with_context(|| format!("cannot create {}", log_path.display()))?;
     let me = std::env::current_exe().context("cannot find the running hostmesh executable")?;
-    let guard = reaper::Reaper::start(&me, &args.data_dir)
+    let mut guard = reaper::Reaper::start(&me, &args.data_dir)
         .context("cannot start the clean-up process of hostmesh up")?;
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -153,7 +153,14 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.clone();
     let outcome = tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")
-        .and_then(|rt| Ok(rt.block_on(hostmesh_cli::up::run(args))?));
+        .and_then(|rt| {
+            let noted = hostmesh_cli::up::run_noting(args, |env| {
+                if let Some(bridge) = env.pod_bridge() {
+                    guard.note_bridge(&bridge);
+                }
+            });
+            Ok(rt.block_on(noted)?)
+        });
     // Everything stopped: the tokens, pod directories and kubeconfig go;
     // the log stays when there is a failure to read about.
     if let Err(e) = reaper::remove_state(&data_dir, outcome.is_err()) {

@@ -16,7 +16,9 @@
 //! 2. End of file without [`DISARM`] means `up` died: the reaper removes
 //!    every path of [`state_paths`] and then the data directory if it is
 //!    empty. The containers died with `up` (parent-death signal), so no
-//!    process, mount or token is left.
+//!    process, mount or token is left. The pod bridge `up` noted
+//!    ([`Reaper::note_bridge`]) is deleted too, unless another kubelet has
+//!    claimed its /24 since.
 //! 3. The reaper runs in its own process group, so the terminal's Ctrl-C
 //!    reaches `up` (which tears down) and not the reaper.
 //! 4. Only what `up` itself creates is removed: other files in a data
@@ -32,6 +34,10 @@ pub const SUBCOMMAND: &str = "up-reaper";
 
 /// The line a clean exit sends (invariant 1).
 pub const DISARM: &str = "exit";
+
+/// Line prefixes naming the pod bridge and its claim file (invariant 2).
+const BRIDGE: &str = "bridge ";
+const CLAIM: &str = "claim ";
 
 /// `up`'s log file in the data directory.
 pub const LOG_FILE: &str = "hostmesh.log";
@@ -88,6 +94,14 @@ impl Reaper {
         Ok(Self { child, pipe })
     }
 
+    /// Tells the reaper the kubelet's pod bridge, to delete if `up` dies.
+    pub fn note_bridge(&mut self, bridge: &hostmesh_devcluster::kubelet::PodBridge) {
+        if let Some(pipe) = &mut self.pipe {
+            let _ = writeln!(pipe, "{CLAIM}{}", bridge.claim.display());
+            let _ = writeln!(pipe, "{BRIDGE}{}", bridge.name);
+        }
+    }
+
     /// Tells the reaper `up` exits cleanly, and waits for it (invariant 1).
     pub fn disarm(mut self) {
         if let Some(mut pipe) = self.pipe.take() {
@@ -101,17 +115,29 @@ impl Reaper {
 /// unless `up` disarmed it (invariant 2).
 pub fn run(data_dir: &Path) -> std::io::Result<()> {
     let mut disarmed = false;
+    let (mut claim, mut bridge) = (None, None);
     let mut line = String::new();
     let mut stdin = std::io::stdin().lock();
     loop {
         line.clear();
         match stdin.read_line(&mut line) {
             Ok(0) | Err(_) => break,
-            Ok(_) => disarmed = line.trim() == DISARM,
+            Ok(_) => {
+                let l = line.trim_end_matches('\n');
+                disarmed = l == DISARM;
+                if let Some(c) = l.strip_prefix(CLAIM) {
+                    claim = Some(PathBuf::from(c));
+                } else if let Some(b) = l.strip_prefix(BRIDGE) {
+                    bridge = Some(b.to_owned());
+                }
+            }
         }
     }
     if disarmed {
         return Ok(());
+    }
+    if let (Some(claim), Some(name)) = (claim, bridge) {
+        delete_bridge(hostmesh_devcluster::kubelet::PodBridge { name, claim });
     }
     // A container that was still being started may create a file as it
     // dies: a few passes, each removing what the last one missed.
@@ -124,6 +150,24 @@ pub fn run(data_dir: &Path) -> std::io::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     outcome
+}
+
+/// Deletes the dead kubelet's bridge (best effort: a bridge left behind is
+/// deleted by the next kubelet that claims its /24).
+fn delete_bridge(bridge: hostmesh_devcluster::kubelet::PodBridge) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot delete the pod bridge");
+            return;
+        }
+    };
+    if let Err(e) = rt.block_on(hostmesh_devcluster::kubelet::delete_dead_bridge(&bridge)) {
+        tracing::warn!(bridge = %bridge.name, error = %e, "cannot delete the pod bridge");
+    }
 }
 
 #[cfg(test)]

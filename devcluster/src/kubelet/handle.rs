@@ -153,6 +153,17 @@ impl KubeletHandle {
             .map(|(_, text)| text)
     }
 
+    /// The node's pod bridge and the file that claims its /24 (sandbox
+    /// network with a claims directory), for [`delete_dead_bridge`] after
+    /// this process is killed.
+    pub fn pod_bridge(&self) -> Option<PodBridge> {
+        let net = self.shared.network.as_ref()?;
+        Some(PodBridge {
+            name: net.bridge.clone(),
+            claim: net.claim_path.clone()?,
+        })
+    }
+
     /// The port of the log endpoint the API server's `pods/log` proxy uses,
     /// when a log token is configured.
     pub fn log_port(&self) -> Option<u16> {
@@ -187,6 +198,22 @@ impl KubeletHandle {
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
     }
+}
+
+/// A kubelet's pod bridge, as another process may clean it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodBridge {
+    /// The bridge's name (`hmbr<a.b.c>`).
+    pub name: String,
+    /// The file whose lock claims the bridge's /24.
+    pub claim: std::path::PathBuf,
+}
+
+/// Deletes the bridge of a kubelet that was killed (SIGKILL leaves no
+/// chance to), once no kubelet holds its /24's claim; true when deleted.
+/// A kubelet that took the /24 since keeps its bridge.
+pub async fn delete_dead_bridge(bridge: &PodBridge) -> Result<bool> {
+    super::net::delete_unclaimed(&bridge.name, &bridge.claim).await
 }
 
 /// Binds the log endpoint (publishing its port) and registers the Node.

@@ -54,7 +54,7 @@ pub use config::{
     parse_taint,
 };
 pub use error::{KubeletError, Result};
-pub use handle::{Kubelet, KubeletHandle, cluster_dns, run};
+pub use handle::{Kubelet, KubeletHandle, PodBridge, cluster_dns, delete_dead_bridge, run};
 pub use logrotate::{
     DEFAULT_MAX_FILES as DEFAULT_CONTAINER_LOG_MAX_FILES,
     DEFAULT_MAX_SIZE as DEFAULT_CONTAINER_LOG_MAX_SIZE, parse_size as parse_log_size,
