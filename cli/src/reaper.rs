@@ -124,8 +124,9 @@ pub fn run(data_dir: &Path) -> std::io::Result<()> {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let l = line.trim_end_matches('\n');
-                disarmed = l == DISARM;
-                if let Some(c) = l.strip_prefix(CLAIM) {
+                if l == DISARM {
+                    disarmed = true;
+                } else if let Some(c) = l.strip_prefix(CLAIM) {
                     claim = Some(PathBuf::from(c));
                 } else if let Some(b) = l.strip_prefix(BRIDGE) {
                     bridge = Some(b.to_owned());
