@@ -117,6 +117,12 @@ impl DevEnv {
         &self.kubeconfig
     }
 
+    /// The kubelet's pod bridge (sandbox network), for clean-up after a
+    /// kill.
+    pub fn pod_bridge(&self) -> Option<hostmesh_devcluster::kubelet::PodBridge> {
+        self.kubelet.pod_bridge()
+    }
+
     /// Stops everything (invariant 2).
     pub async fn shutdown(self) {
         delete_worlds(&self.client).await;

@@ -56,6 +56,12 @@ enum Command {
     Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
     /// Run the Deployment and ReplicaSet controllers (cluster in a box only).
     ControllerManager(hostmesh_devcluster::controllers::ControllerManagerArgs),
+    /// `hostmesh up`'s clean-up after it is killed (started by `up`).
+    #[command(name = "up-reaper", hide = true)]
+    UpReaper {
+        /// `up`'s data directory.
+        data_dir: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -77,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::InstallAgent { to } => install_agent(&to),
         Command::Crds => print_crds(),
         Command::Up(args) => run_up(args),
+        Command::UpReaper { data_dir } => Ok(hostmesh_cli::reaper::run(&data_dir)?),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
@@ -117,13 +124,24 @@ fn run_controller_manager(
 }
 
 /// `hostmesh up`: logs go to a file in the data directory so the terminal
-/// shows only the live view.
+/// shows only the live view. The data directory is private (0700); `up`
+/// removes its state when it exits (keeping the log when it failed), and
+/// its reaper does when `up` is killed (`hostmesh_cli::reaper`).
 fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let log_path = args.data_dir.join("hostmesh.log");
-    let log = std::fs::File::create(&log_path)
+    use hostmesh_cli::reaper;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    hostmesh_devcluster::private_dir::ensure(&args.data_dir)?;
+    let log_path = args.data_dir.join(reaper::LOG_FILE);
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&log_path)
         .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let me = std::env::current_exe().context("cannot find the running hostmesh executable")?;
+    let mut guard = reaper::Reaper::start(&me, &args.data_dir)
+        .context("cannot start the clean-up process of hostmesh up")?;
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(log))
@@ -136,9 +154,30 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
             }),
         )
         .try_init();
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    rt.block_on(hostmesh_cli::up::run(args))?;
-    Ok(())
+    let data_dir = args.data_dir.clone();
+    let outcome = tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            let noted = hostmesh_cli::up::run_noting(args, |env| {
+                if let Some(bridge) = env.pod_bridge() {
+                    guard.note_bridge(&bridge);
+                }
+            });
+            Ok(rt.block_on(noted)?)
+        });
+    // Everything stopped: the tokens, pod directories and kubeconfig go;
+    // the log stays when there is a failure to read about.
+    if let Err(e) = reaper::remove_state(&data_dir, outcome.is_err()) {
+        tracing::warn!(error = %e, "cannot remove the state of hostmesh up");
+    }
+    guard.disarm();
+    if outcome.is_err() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("the log of this run: {}", log_path.display());
+        }
+    }
+    outcome
 }
 
 /// Prints both CRDs to stdout.

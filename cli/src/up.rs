@@ -166,6 +166,15 @@ pub fn progress_of(kind: &str, obj: &DynamicObject) -> Progress {
 
 /// Runs `hostmesh up` to completion.
 pub async fn run(args: UpArgs) -> Result<(), UpError> {
+    run_noting(args, |_| {}).await
+}
+
+/// Like [`run`]; `started` sees the cluster once it is up (`hostmesh up`
+/// tells its reaper the pod bridge).
+pub async fn run_noting(
+    args: UpArgs,
+    started: impl FnOnce(&crate::devenv::DevEnv),
+) -> Result<(), UpError> {
     let yaml = std::fs::read_to_string(&args.manifest).map_err(|source| UpError::ReadManifest {
         path: args.manifest.clone(),
         source,
@@ -185,6 +194,7 @@ pub async fn run(args: UpArgs) -> Result<(), UpError> {
             component: "cluster in a box",
             reason: e.to_string(),
         })?;
+    started(&cluster);
     say(&format!(
         "cluster in a box is up. In another shell:\n  export KUBECONFIG={}\n  kubectl get worlds,procmeshes,pods",
         cluster.kubeconfig().display()
