@@ -287,7 +287,11 @@ mod tests {
         assert_eq!(e[0].field, "spec.replicas");
         assert!(e[0].message.contains("1 to"), "{}", e[0].message);
 
-        for (port, why) in [(26602, "agent's port"), (26601, "health port"), (0, "not a port")] {
+        for (port, why) in [
+            (26602, "agent's port"),
+            (26601, "health port"),
+            (0, "not a port"),
+        ] {
             let mut s = spec(OK);
             s.port = port;
             let e = validate("trainer", &s, 26602);
@@ -339,7 +343,10 @@ mod tests {
             .map(|r| r.as_str().unwrap())
             .collect();
         assert!(req.contains(&"replicas") && req.contains(&"podTemplate"));
-        assert_eq!(spec["properties"]["replicas"]["minimum"].as_f64(), Some(1.0));
+        assert_eq!(
+            spec["properties"]["replicas"]["minimum"].as_f64(),
+            Some(1.0)
+        );
         assert_eq!(spec["properties"]["port"]["default"], 26600);
         assert!(
             spec["properties"]["port"]["x-kubernetes-validations"][0]["rule"]
@@ -348,7 +355,13 @@ mod tests {
                 .contains("26601")
         );
         let status = &root["properties"]["status"]["properties"];
-        for f in ["replicas", "readyReplicas", "conditions", "firstFailure", "phase"] {
+        for f in [
+            "replicas",
+            "readyReplicas",
+            "conditions",
+            "firstFailure",
+            "phase",
+        ] {
             assert!(status[f].is_object(), "status.{f}");
         }
         let cols: Vec<&str> = v["additionalPrinterColumns"]

@@ -55,6 +55,7 @@ impl Cluster {
             watch_namespaces: vec![NS.into()],
             concurrency: 4,
             instance: "test".into(),
+            serve_monarch_mesh: false,
         };
         let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
