@@ -22,6 +22,7 @@
 pub mod desired;
 pub mod gang;
 pub mod kueue;
+pub mod monarch;
 pub mod observe;
 pub mod plan;
 pub mod secret;

@@ -1069,7 +1069,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 credentials_note: None,
                 watching_since: &|_| Some(Timestamp::from_second(90).unwrap()),
                 link_error: &|r| {
-                    (r == 0).then(|| "10.244.0.2:26600 failed authentication: it does not hold our shared secret".to_string())
+                    (r == 0).then(|| "10.244.0.2:26602 failed authentication: it does not hold our shared secret".to_string())
                 },
                 hash: "h1",
                 critical_failure: None,
