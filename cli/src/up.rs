@@ -42,6 +42,11 @@ pub struct UpArgs {
     /// Pod networking: `sandbox` (each pod in its own network namespace; needs root) or `host` (the machine's, on loopback addresses).
     #[arg(long, value_enum, default_value_t = PodNetwork::Sandbox)]
     pub pod_network: PodNetwork,
+    /// Also serve Monarch's MonarchMesh (its CRD, and the operator's
+    /// `--serve-monarch-mesh`), so Monarch's KubernetesJob provisioning
+    /// works against this cluster (docs/monarch.md).
+    #[arg(long)]
+    pub serve_monarch_mesh: bool,
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
@@ -179,12 +184,17 @@ pub async fn run(args: UpArgs) -> Result<(), UpError> {
         component: "cluster in a box",
         reason: format!("cannot find the running hostmesh executable: {e}"),
     })?;
-    let cluster = crate::devenv::DevEnv::start_with(&args.data_dir, me, args.pod_network)
-        .await
-        .map_err(|e| UpError::Start {
-            component: "cluster in a box",
-            reason: e.to_string(),
-        })?;
+    let cluster = crate::devenv::DevEnv::start_with(
+        &args.data_dir,
+        me,
+        args.pod_network,
+        args.serve_monarch_mesh,
+    )
+    .await
+    .map_err(|e| UpError::Start {
+        component: "cluster in a box",
+        reason: e.to_string(),
+    })?;
     say(&format!(
         "cluster in a box is up. In another shell:\n  export KUBECONFIG={}\n  kubectl get worlds,procmeshes,pods",
         cluster.kubeconfig().display()

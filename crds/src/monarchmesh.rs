@@ -24,7 +24,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::field::FieldError;
-use crate::monarch::{DEFAULT_MONARCH_PORT, mesh_name_problem};
+use crate::monarch::{AGENT_HEALTH_PORT, DEFAULT_MONARCH_PORT, mesh_name_problem};
 use crate::world::{HostFailure, HostStatus, MAX_HOSTS, WorldPhase};
 use hostmesh_mesh::Run;
 
@@ -41,8 +41,6 @@ pub const CRD_NAME: &str = "monarchmeshes.monarch.pytorch.org";
 pub const SERVICE_SUFFIX: &str = "-svc";
 /// Name of that Service's port.
 pub const SERVICE_PORT_NAME: &str = "monarch";
-/// The agent's health port, which a worker may not take.
-const AGENT_HEALTH_PORT: u16 = 26601;
 
 /// Desired state of a MonarchMesh: Monarch workers on `replicas` pods.
 #[allow(clippy::duplicated_attributes)]

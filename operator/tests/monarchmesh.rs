@@ -68,7 +68,10 @@ async fn a_monarch_mesh_runs_as_an_owned_world_and_goes_with_it() {
     assert_eq!(m.port, Some(26600));
     assert_eq!(m.command, ["python", "-u", "-c", "import monarch"]);
     let owner = &w.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.controller), ("MonarchMesh", Some(true)));
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("MonarchMesh", Some(true))
+    );
     let svc = c.api::<Service>().get("trainer-svc").await.unwrap();
     assert_eq!(
         svc.spec.unwrap().selector.unwrap()["monarch.pytorch.org/mesh-name"],
@@ -113,9 +116,7 @@ async fn a_monarch_mesh_runs_as_an_owned_world_and_goes_with_it() {
     })
     .await;
     let (status, reason, message) = eventually_async("Ready False while scaling", || async {
-        ready_reason(&c, "trainer")
-            .await
-            .filter(|r| r.0 == "False")
+        ready_reason(&c, "trainer").await.filter(|r| r.0 == "False")
     })
     .await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", "Waiting"));
@@ -152,14 +153,16 @@ async fn bad_monarch_meshes_name_the_field_and_foreign_worlds_are_left_alone() {
     // (the embedded API server does not evaluate the CRD's CEL rules).
     for (name, port, field) in [
         ("healthport", 26601, "spec.port"),
-        ("agentport", i64::from(hostmesh_crds::world::DEFAULT_PORT), "spec.port"),
+        (
+            "agentport",
+            i64::from(hostmesh_crds::world::DEFAULT_PORT),
+            "spec.port",
+        ),
         ("my-mesh", 26600, "metadata.name"),
     ] {
         create(&c, monarch_body(name, 1, port)).await.unwrap();
-        let (status, reason, message) = eventually_async("InvalidSpec", || async {
-            ready_reason(&c, name).await
-        })
-        .await;
+        let (status, reason, message) =
+            eventually_async("InvalidSpec", || async { ready_reason(&c, name).await }).await;
         assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
         assert!(message.starts_with(field), "{name}: {message}");
         assert!(
