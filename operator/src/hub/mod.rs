@@ -26,6 +26,7 @@ pub mod heartbeat;
 mod procs;
 pub mod runtime_client;
 pub mod sim;
+mod worker;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
 
@@ -86,6 +87,9 @@ struct HostEntry {
     link_error: Option<String>,
     /// When this hub first had this pod's agent to dial (wall clock).
     watched_at: Timestamp,
+    /// The host's Monarch worker as its agent last reported it
+    /// ([`worker`]).
+    worker: Option<protocol::ProcReport>,
 }
 
 struct WorldEntry {
@@ -284,6 +288,10 @@ impl Hub {
                 {
                     h.reported_at.get_or_insert_with(Timestamp::now);
                 }
+                worker::from_snapshot(st, &host, &procs, now);
+                let Some(w) = st.worlds.get_mut(&host.world) else {
+                    return;
+                };
                 let mut touched = HashSet::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
@@ -312,6 +320,10 @@ impl Hub {
                 }
             }
             HostReport::ProcState { host, state } => {
+                if worker::is_worker(&state) {
+                    worker::record(st, &host, state, now);
+                    return;
+                }
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
@@ -487,6 +499,7 @@ impl Hub {
                     reported_at: None,
                     link_error: None,
                     watched_at: Timestamp::now(),
+                    worker: None,
                 });
                 if book_changed && let Some(tx) = &h.book {
                     tx.send_replace(book.clone());
