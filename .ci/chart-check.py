@@ -111,6 +111,7 @@ BAD_VALUES = [
     ({"leaderElection": {"leaseDuration": "soon"}}, "/leaderElection/leaseDuration"),
     ({"metrics": {"port": 70000}}, "/metrics/port"),
     ({"replica": 2}, "replica"),
+    ({"monarch": {"serveMonarchMesh": "yes"}}, "/monarch/serveMonarchMesh"),
 ]
 
 failures = []

@@ -245,7 +245,9 @@ impl Env {
             "--timeout=60s",
         ])?;
         if self.options.serve_monarch_mesh {
-            let out = Command::new(bin).args(["crds", "--monarch-mesh"]).output()?;
+            let out = Command::new(bin)
+                .args(["crds", "--monarch-mesh"])
+                .output()?;
             if !out.status.success() {
                 bail!(
                     "hostmesh crds --monarch-mesh failed: {}",
