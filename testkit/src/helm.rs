@@ -35,52 +35,10 @@ fn find_or_install() -> Result<PathBuf, String> {
     if imports_helm(&system) {
         return Ok(system);
     }
-    let target = target_dir()?;
-    let dir = target.join("helm-venv");
-    let python = dir.join("bin").join("python3");
-    std::fs::create_dir_all(&target).map_err(|e| format!("creating target dir: {e}"))?;
-    let lock_path = target.join("helm-venv.lock");
-    let lock = std::fs::File::create(&lock_path)
-        .map_err(|e| format!("creating {}: {e}", lock_path.display()))?;
-    lock.lock()
-        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
-    if imports_helm(&python) {
-        return Ok(python);
+    crate::pyvenv::Venv {
+        name: "helm-venv",
+        packages: &[PACKAGE],
+        probe: "import helm_python",
     }
-    run(Command::new(&system).args(["-m", "venv"]).arg(&dir))?;
-    run(Command::new(&python).args(["-m", "pip", "install", "-q", PACKAGE]))?;
-    if imports_helm(&python) {
-        Ok(python)
-    } else {
-        Err(format!(
-            "{} cannot import helm_python after `pip install {PACKAGE}`",
-            python.display()
-        ))
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("running {cmd:?}: {e} (is python3 installed?)"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd:?} failed ({}): {}{} (the chart tests need PyPI's {PACKAGE})",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// `target/` of the running test: test executables live in
-/// `target/<profile>/deps/`.
-fn target_dir() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("test executable path: {e}"))?;
-    exe.ancestors()
-        .nth(3)
-        .map(Path::to_path_buf)
-        .ok_or_else(|| format!("{} is not under target/<profile>/deps", exe.display()))
+    .python()
 }

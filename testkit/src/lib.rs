@@ -1,8 +1,9 @@
 //! Test helpers shared by every suite, so each is written once: an
 //! embedded API server with or without the hostmesh CRDs ([`cluster`]),
 //! polling with a generous bound instead of sleeping ([`wait`]), a raw
-//! HTTP GET ([`http`]), process checks ([`process`]) and a Python with
-//! real Helm for the chart tests ([`helm`]).
+//! HTTP GET ([`http`]), process checks ([`process`]), Python virtualenvs
+//! with PyPI packages ([`pyvenv`]), a Python with real Helm for the chart
+//! tests ([`helm`]) and one with Monarch ([`monarch`]).
 //!
 //! Every helper panics with what it waited for when its bound runs out:
 //! they are for tests, where a panic is the failure report. The one
@@ -12,7 +13,9 @@
 pub mod cluster;
 pub mod helm;
 pub mod http;
+pub mod monarch;
 pub mod process;
+pub mod pyvenv;
 pub mod wait;
 
 pub use wait::{PATIENCE, eventually, eventually_async, eventually_ok, poll};
