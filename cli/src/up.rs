@@ -33,7 +33,8 @@ pub struct UpArgs {
     /// Namespace for objects that do not name one.
     #[arg(long, default_value = "default")]
     pub namespace: String,
-    /// Apply, wait until every World and ProcMesh is Ready, tear down, exit.
+    /// Apply, wait until every World, ProcMesh and MonarchMesh is Ready,
+    /// tear down, exit.
     #[arg(long)]
     pub exit_when_ready: bool,
     /// How long `--exit-when-ready` waits before giving up.
@@ -147,6 +148,10 @@ pub fn progress_of(kind: &str, obj: &DynamicObject) -> Progress {
             (Some(r), Some(d)) => format!("hosts {r}/{d}"),
             _ => String::new(),
         },
+        "MonarchMesh" => match (num("/readyReplicas"), num("/replicas")) {
+            (Some(r), Some(d)) => format!("workers {r}/{d}"),
+            _ => String::new(),
+        },
         _ => match (num("/running"), num("/failed")) {
             (Some(r), Some(f)) => format!("running {r} failed {f}"),
             _ => String::new(),
@@ -225,7 +230,10 @@ async fn apply_and_watch(
     }
     let watched: Vec<&Applied> = applied
         .iter()
-        .filter(|a| a.resource.group == hostmesh_crds::GROUP)
+        .filter(|a| {
+            a.resource.group == hostmesh_crds::GROUP
+                || a.resource.group == hostmesh_crds::monarchmesh::GROUP
+        })
         .collect();
     let deadline = Instant::now() + args.timeout;
     let mut shown: BTreeMap<String, Progress> = BTreeMap::new();
