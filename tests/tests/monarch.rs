@@ -1,0 +1,273 @@
+//! e2e: an unmodified Monarch client (PyPI `torchmonarch`, `KubernetesJob`
+//! defaults, `tests/monarch_client.py`) attaches to the workers a World with
+//! `spec.monarch` runs, from a pod inside the cluster and from this machine
+//! outside it; it spawns procs on every host, an actor on every proc, calls
+//! them all and one slice. Then a worker is SIGKILLed: the World's
+//! `status.firstFailure` names rank, pod and SIGKILL (pushed by the agent,
+//! not read from pod status), and the client gets an error, not a hang.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use hostmesh_e2e::{Env, condition_true, eventually, find_pids, signal, tail, world_yaml};
+
+/// The World, and the Monarch mesh name the client asks for (its default).
+const MESH: &str = "trainer";
+const HOSTS: u32 = 2;
+/// The rank whose worker is killed.
+const VICTIM: u64 = 1;
+
+fn client_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("monarch_client.py")
+}
+
+/// The venv's python (made on first use, off the async runtime's threads).
+async fn monarch_python() -> anyhow::Result<PathBuf> {
+    Ok(tokio::task::spawn_blocking(hostmesh_testkit::monarch::python).await?)
+}
+
+/// A World of two Monarch hosts whose `python` is the venv's (the default
+/// worker command runs `python`): PATH is the only thing the image gives.
+fn world(python: &Path) -> String {
+    let bin = python.parent().unwrap_or(Path::new("/")).display();
+    world_yaml(
+        MESH,
+        &[("host", HOSTS)],
+        &format!(
+            "        env: [{{name: PATH, value: \"{bin}:/usr/local/bin:/usr/bin:/bin\"}}]\n  monarch: {{}}\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 3, backoff: 1s}}\n"
+        ),
+    )
+}
+
+async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
+    env.apply(&world(python)).await?;
+    env.wait_for("World", MESH, "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    // Attach mode finds the workers by Monarch's default selector.
+    let pods = env.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        &env.namespace,
+        "-l",
+        &format!("app.kubernetes.io/name=monarch-worker,monarch.pytorch.org/mesh-name={MESH}"),
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.labels.apps\\.kubernetes\\.io/pod-index} {end}",
+    ])?;
+    let mut ranks: Vec<&str> = pods.split_whitespace().collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, ["0", "1"], "pods by Monarch's selector");
+    Ok(())
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The Monarch worker of host `rank`: the agent's child that carries the
+/// Monarch rank (its procs are the worker's children, not the agent's).
+fn worker_pid(env: &Env, rank: u64) -> anyhow::Result<i32> {
+    let agents = env.agent_pids(MESH, rank as u32);
+    let rank = rank.to_string();
+    let pids: Vec<i32> = find_pids(|e| {
+        e.get("MONARCH_SERVICE_PROC_RANK") == Some(&rank) && !e.contains_key("HOSTMESH_WORLD")
+    })
+    .into_iter()
+    .filter(|p| parent_of(*p).is_some_and(|pp| agents.contains(&pp)))
+    .collect();
+    anyhow::ensure!(
+        pids.len() == 1,
+        "expected one worker of host {rank} (agents {agents:?}), found {pids:?}"
+    );
+    Ok(pids[0])
+}
+
+/// Kills host `VICTIM`'s worker and waits for `status.firstFailure` to name
+/// it; returns how long that took.
+async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time::Duration> {
+    let pid = worker_pid(env, VICTIM)?;
+    let killed = Instant::now();
+    signal(pid, "KILL")?;
+    let status = env
+        .wait_for("World", MESH, "firstFailure naming the killed worker", |s| {
+            let f = &s["firstFailure"];
+            f["rank"].as_u64() == Some(VICTIM) && f["signal"].as_i64() == Some(9)
+        })
+        .await?;
+    let seen = killed.elapsed();
+    let f = &status["firstFailure"];
+    assert_eq!(f["pod"], format!("{MESH}-host-{VICTIM}"), "{f:#}");
+    let reason = f["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("SIGKILL") && reason.contains(&format!("pid {pid}")), "{f:#}");
+    assert!(
+        f["command"].as_str().unwrap_or_default().contains("run_worker_loop_forever"),
+        "{f:#}"
+    );
+    eprintln!("monarch: worker SIGKILL reached World status in {seen:?}");
+    Ok(seen)
+}
+
+/// What the client's first round must have printed: every actor (2 hosts x
+/// 2 procs) answered, and the slice.
+fn check_first_round(out: &str) {
+    let all = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ALL "))
+        .unwrap_or_default();
+    assert_eq!(all.split_whitespace().count(), 4, "{out}");
+    for h in 0..HOSTS {
+        assert!(all.contains(&format!("{MESH}-host-{h}:")), "{out}");
+    }
+    assert!(
+        out.lines().any(|l| l.starts_with(&format!("SLICE {MESH}-host-{}:", HOSTS - 1))),
+        "{out}"
+    );
+}
+
+fn client_manifest(env: &Env, python: &Path) -> String {
+    let ns = &env.namespace;
+    let placement = if env.real_cluster {
+        format!(
+            "  nodeName: {}\n  tolerations: [{{key: {}, operator: Exists, effect: NoSchedule}}]\n",
+            env.node,
+            hostmesh_e2e::NODE_TAINT
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: monarch-client, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: monarch-client, namespace: {ns}}}
+rules:
+- {{apiGroups: [""], resources: [pods], verbs: [get, list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: monarch-client, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: monarch-client}}
+subjects: [{{kind: ServiceAccount, name: monarch-client, namespace: {ns}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: monarch-client, namespace: {ns}}}
+spec:
+  serviceAccountName: monarch-client
+  restartPolicy: Never
+{placement}  containers:
+  - name: client
+    image: monarch-client
+    workingDir: /tmp
+    command: ["{python}", "-u", "{script}", "{ns}", "{MESH}", "{HOSTS}"]
+"#,
+        python = python.display(),
+        script = client_script().display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow::Result<()> {
+    let python = monarch_python().await?;
+    let env = Env::start("monarch-in").await?;
+    ready_world(&env, &python).await?;
+    let manifest = env.kubeconfig.with_file_name("monarch-client.yaml");
+    std::fs::write(&manifest, client_manifest(&env, &python))?;
+    env.kubectl(&["apply", "-f", manifest.to_str().unwrap_or_default()])?;
+    let logs = || {
+        env.kubectl(&["logs", "-n", &env.namespace, "monarch-client"])
+            .unwrap_or_default()
+    };
+    let phase = || {
+        env.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            &env.namespace,
+            "monarch-client",
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .unwrap_or_default()
+    };
+    eventually("the client's first round", || {
+        logs().contains("ROUND1 OK") || phase() == "Failed"
+    })
+    .await
+    .with_context(|| format!("client log:\n{}", tail(&logs(), 40)))?;
+    let out = logs();
+    assert!(out.contains("ROUND1 OK"), "client failed:\n{out}");
+    check_first_round(&out);
+
+    kill_worker_and_see_it_in_status(&env).await?;
+    let start = Instant::now();
+    eventually("the client to end", || {
+        matches!(phase().as_str(), "Succeeded" | "Failed")
+    })
+    .await
+    .with_context(|| format!("client log:\n{}", tail(&logs(), 40)))?;
+    let out = logs();
+    assert_eq!(phase(), "Succeeded", "the client saw no error:\n{out}");
+    assert!(out.contains("CALL FAILED"), "{out}");
+    eprintln!(
+        "monarch: the in-cluster client's error came {:?} after World status; it said: {}",
+        start.elapsed(),
+        out.lines().find(|l| l.starts_with("CALL FAILED")).unwrap_or_default()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Result<()> {
+    let python = monarch_python().await?;
+    let env = Env::start("monarch-out").await?;
+    ready_world(&env, &python).await?;
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("client.log");
+    let mut client = Command::new(&python)
+        .arg("-u")
+        .arg(client_script())
+        .args([env.namespace.as_str(), MESH, &HOSTS.to_string()])
+        .arg(&env.kubeconfig)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(dir.path().join("client.err"))?)
+        .spawn()
+        .context("starting the Monarch client")?;
+    let out = || std::fs::read_to_string(&log).unwrap_or_default();
+    let err = || std::fs::read_to_string(dir.path().join("client.err")).unwrap_or_default();
+    let result = async {
+        eventually("the client's first round", || {
+            out().contains("ROUND1 OK") || client.try_wait().is_ok_and(|s| s.is_some())
+        })
+        .await?;
+        anyhow::ensure!(out().contains("ROUND1 OK"), "client ended early");
+        check_first_round(&out());
+        kill_worker_and_see_it_in_status(&env).await?;
+        eventually("the client to end", || client.try_wait().is_ok_and(|s| s.is_some())).await?;
+        anyhow::ensure!(out().contains("CALL FAILED"), "the client saw no error");
+        eprintln!(
+            "monarch: the outside client said: {}",
+            out().lines().find(|l| l.starts_with("CALL FAILED")).unwrap_or_default()
+        );
+        Ok(())
+    }
+    .await;
+    let _ = client.kill();
+    let _ = client.wait();
+    result.with_context(|| {
+        format!(
+            "client stdout:\n{}\nclient stderr:\n{}",
+            tail(&out(), 40),
+            tail(&err(), 40)
+        )
+    })
+}
