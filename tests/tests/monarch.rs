@@ -64,7 +64,12 @@ async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
 
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The Monarch worker of host `rank`: the agent's child that carries the
@@ -92,18 +97,29 @@ async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time
     let killed = Instant::now();
     signal(pid, "KILL")?;
     let status = env
-        .wait_for("World", MESH, "firstFailure naming the killed worker", |s| {
-            let f = &s["firstFailure"];
-            f["rank"].as_u64() == Some(VICTIM) && f["signal"].as_i64() == Some(9)
-        })
+        .wait_for(
+            "World",
+            MESH,
+            "firstFailure naming the killed worker",
+            |s| {
+                let f = &s["firstFailure"];
+                f["rank"].as_u64() == Some(VICTIM) && f["signal"].as_i64() == Some(9)
+            },
+        )
         .await?;
     let seen = killed.elapsed();
     let f = &status["firstFailure"];
     assert_eq!(f["pod"], format!("{MESH}-host-{VICTIM}"), "{f:#}");
     let reason = f["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("SIGKILL") && reason.contains(&format!("pid {pid}")), "{f:#}");
     assert!(
-        f["command"].as_str().unwrap_or_default().contains("run_worker_loop_forever"),
+        reason.contains("SIGKILL") && reason.contains(&format!("pid {pid}")),
+        "{f:#}"
+    );
+    assert!(
+        f["command"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("run_worker_loop_forever"),
         "{f:#}"
     );
     eprintln!("monarch: worker SIGKILL reached World status in {seen:?}");
@@ -122,7 +138,8 @@ fn check_first_round(out: &str) {
         assert!(all.contains(&format!("{MESH}-host-{h}:")), "{out}");
     }
     assert!(
-        out.lines().any(|l| l.starts_with(&format!("SLICE {MESH}-host-{}:", HOSTS - 1))),
+        out.lines()
+            .any(|l| l.starts_with(&format!("SLICE {MESH}-host-{}:", HOSTS - 1))),
         "{out}"
     );
 }
@@ -218,7 +235,9 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     eprintln!(
         "monarch: the in-cluster client's error came {:?} after World status; it said: {}",
         start.elapsed(),
-        out.lines().find(|l| l.starts_with("CALL FAILED")).unwrap_or_default()
+        out.lines()
+            .find(|l| l.starts_with("CALL FAILED"))
+            .unwrap_or_default()
     );
     Ok(())
 }
@@ -236,6 +255,12 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
         .args([env.namespace.as_str(), MESH, &HOSTS.to_string()])
         .arg(&env.kubeconfig)
         .env("KUBECONFIG", &env.kubeconfig)
+        // The user's shell, not the client: this machine's hostname
+        // resolves only to loopback, which Monarch refuses for its
+        // hostname transport; an explicit client address is Monarch's own
+        // remedy (docs/monarch.md). Pods never dial it: everything flows
+        // over the port-forward to rank 0 (duplex attach).
+        .env("HYPERACTOR_MESH_DEFAULT_TRANSPORT", "tcp://127.0.0.1:0")
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log)?)
@@ -252,11 +277,17 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
         anyhow::ensure!(out().contains("ROUND1 OK"), "client ended early");
         check_first_round(&out());
         kill_worker_and_see_it_in_status(&env).await?;
-        eventually("the client to end", || client.try_wait().is_ok_and(|s| s.is_some())).await?;
+        eventually("the client to end", || {
+            client.try_wait().is_ok_and(|s| s.is_some())
+        })
+        .await?;
         anyhow::ensure!(out().contains("CALL FAILED"), "the client saw no error");
         eprintln!(
             "monarch: the outside client said: {}",
-            out().lines().find(|l| l.starts_with("CALL FAILED")).unwrap_or_default()
+            out()
+                .lines()
+                .find(|l| l.starts_with("CALL FAILED"))
+                .unwrap_or_default()
         );
         Ok(())
     }
@@ -267,7 +298,7 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
         format!(
             "client stdout:\n{}\nclient stderr:\n{}",
             tail(&out(), 40),
-            tail(&err(), 40)
+            tail(&err(), 80)
         )
     })
 }
