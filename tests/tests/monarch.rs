@@ -122,7 +122,6 @@ async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time
             .contains("run_worker_loop_forever"),
         "{f:#}"
     );
-    eprintln!("monarch: worker SIGKILL reached World status in {seen:?}");
     Ok(seen)
 }
 
@@ -223,7 +222,6 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     check_first_round(&out);
 
     kill_worker_and_see_it_in_status(&env).await?;
-    let start = Instant::now();
     eventually("the client to end", || {
         matches!(phase().as_str(), "Succeeded" | "Failed")
     })
@@ -232,13 +230,6 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     let out = logs();
     assert_eq!(phase(), "Succeeded", "the client saw no error:\n{out}");
     assert!(out.contains("CALL FAILED"), "{out}");
-    eprintln!(
-        "monarch: the in-cluster client's error came {:?} after World status; it said: {}",
-        start.elapsed(),
-        out.lines()
-            .find(|l| l.starts_with("CALL FAILED"))
-            .unwrap_or_default()
-    );
     Ok(())
 }
 
@@ -282,13 +273,6 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
         })
         .await?;
         anyhow::ensure!(out().contains("CALL FAILED"), "the client saw no error");
-        eprintln!(
-            "monarch: the outside client said: {}",
-            out()
-                .lines()
-                .find(|l| l.starts_with("CALL FAILED"))
-                .unwrap_or_default()
-        );
         Ok(())
     }
     .await;
@@ -301,4 +285,42 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
             tail(&err(), 80)
         )
     })
+}
+
+/// A worker that never listens (here: a command that only sleeps) leaves
+/// its pod not Ready, and the World says which rank waits and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_that_never_listens_is_named_in_status() -> anyhow::Result<()> {
+    let env = Env::start("monarch-idle").await?;
+    env.apply(&world_yaml(
+        "idle",
+        &[("host", 1)],
+        "  monarch: {command: [sleep, \"3600\"]}\n",
+    ))
+    .await?;
+    let status = env
+        .wait_for("World", "idle", "host 0 waiting for its worker", |s| {
+            s["hosts"].as_array().into_iter().flatten().any(|r| {
+                r["reason"].as_str().is_some_and(|why| {
+                    why.starts_with("monarch worker (pid ")
+                        && why.contains("not listening on :26600 for ")
+                })
+            })
+        })
+        .await?;
+    assert!(!condition_true(&status, "Ready"), "{status:#}");
+    let ready = env.kubectl(&[
+        "get",
+        "pod",
+        "-n",
+        &env.namespace,
+        "idle-host-0",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ])?;
+    assert_eq!(
+        ready, "False",
+        "the pod is not Ready while its worker does not listen"
+    );
+    Ok(())
 }
