@@ -8,10 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
 use anyhow::Context as _;
-use hostmesh_e2e::{Env, condition_true, eventually, find_pids, signal, tail, world_yaml};
+use hostmesh_e2e::{Env, condition_true, eventually, monarch, signal, tail, world_yaml};
 
 /// The World, and the Monarch mesh name the client asks for (its default).
 const MESH: &str = "trainer";
@@ -28,21 +27,8 @@ async fn monarch_python() -> anyhow::Result<PathBuf> {
     Ok(tokio::task::spawn_blocking(hostmesh_testkit::monarch::python).await?)
 }
 
-/// A World of two Monarch hosts whose `python` is the venv's (the default
-/// worker command runs `python`): PATH is the only thing the image gives.
-fn world(python: &Path) -> String {
-    let bin = python.parent().unwrap_or(Path::new("/")).display();
-    world_yaml(
-        MESH,
-        &[("host", HOSTS)],
-        &format!(
-            "        env: [{{name: PATH, value: \"{bin}:/usr/local/bin:/usr/bin:/bin\"}}]\n  monarch: {{}}\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 3, backoff: 1s}}\n"
-        ),
-    )
-}
-
 async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
-    env.apply(&world(python)).await?;
+    env.apply(&monarch::world(MESH, HOSTS, python, "")).await?;
     env.wait_for("World", MESH, "Ready", |s| condition_true(s, "Ready"))
         .await?;
     // Attach mode finds the workers by Monarch's default selector.
@@ -62,39 +48,10 @@ async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// The Monarch worker of host `rank`: the agent's child that carries the
-/// Monarch rank (its procs are the worker's children, not the agent's).
-fn worker_pid(env: &Env, rank: u64) -> anyhow::Result<i32> {
-    let agents = env.agent_pids(MESH, rank as u32);
-    let rank = rank.to_string();
-    let pids: Vec<i32> = find_pids(|e| {
-        e.get("MONARCH_SERVICE_PROC_RANK") == Some(&rank) && !e.contains_key("HOSTMESH_WORLD")
-    })
-    .into_iter()
-    .filter(|p| parent_of(*p).is_some_and(|pp| agents.contains(&pp)))
-    .collect();
-    anyhow::ensure!(
-        pids.len() == 1,
-        "expected one worker of host {rank} (agents {agents:?}), found {pids:?}"
-    );
-    Ok(pids[0])
-}
-
 /// Kills host `VICTIM`'s worker and waits for `status.firstFailure` to name
-/// it; returns how long that took.
-async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time::Duration> {
-    let pid = worker_pid(env, VICTIM)?;
-    let killed = Instant::now();
+/// it.
+async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<()> {
+    let pid = env.monarch_worker_pid(MESH, VICTIM as u32)?;
     signal(pid, "KILL")?;
     let status = env
         .wait_for(
@@ -107,7 +64,6 @@ async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time
             },
         )
         .await?;
-    let seen = killed.elapsed();
     let f = &status["firstFailure"];
     assert_eq!(f["pod"], format!("{MESH}-host-{VICTIM}"), "{f:#}");
     let reason = f["reason"].as_str().unwrap_or_default();
@@ -122,7 +78,7 @@ async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<std::time
             .contains("run_worker_loop_forever"),
         "{f:#}"
     );
-    Ok(seen)
+    Ok(())
 }
 
 /// What the client's first round must have printed: every actor (2 hosts x
@@ -143,75 +99,25 @@ fn check_first_round(out: &str) {
     );
 }
 
-fn client_manifest(env: &Env, python: &Path) -> String {
-    let ns = &env.namespace;
-    let placement = if env.real_cluster {
-        format!(
-            "  nodeName: {}\n  tolerations: [{{key: {}, operator: Exists, effect: NoSchedule}}]\n",
-            env.node,
-            hostmesh_e2e::NODE_TAINT
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: monarch-client, namespace: {ns}}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: monarch-client, namespace: {ns}}}
-rules:
-- {{apiGroups: [""], resources: [pods], verbs: [get, list, watch]}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: monarch-client, namespace: {ns}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: monarch-client}}
-subjects: [{{kind: ServiceAccount, name: monarch-client, namespace: {ns}}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: monarch-client, namespace: {ns}}}
-spec:
-  serviceAccountName: monarch-client
-  restartPolicy: Never
-{placement}  containers:
-  - name: client
-    image: monarch-client
-    workingDir: /tmp
-    command: ["{python}", "-u", "{script}", "{ns}", "{MESH}", "{HOSTS}"]
-"#,
-        python = python.display(),
-        script = client_script().display(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow::Result<()> {
     let python = monarch_python().await?;
     let env = Env::start("monarch-in").await?;
     ready_world(&env, &python).await?;
-    let manifest = env.kubeconfig.with_file_name("monarch-client.yaml");
-    std::fs::write(&manifest, client_manifest(&env, &python))?;
-    env.kubectl(&["apply", "-f", manifest.to_str().unwrap_or_default()])?;
-    let logs = || {
-        env.kubectl(&["logs", "-n", &env.namespace, "monarch-client"])
-            .unwrap_or_default()
-    };
-    let phase = || {
-        env.kubectl(&[
-            "get",
-            "pod",
-            "-n",
-            &env.namespace,
-            "monarch-client",
-            "-o",
-            "jsonpath={.status.phase}",
-        ])
-        .unwrap_or_default()
-    };
+    let command = [
+        python.display().to_string(),
+        "-u".into(),
+        client_script().display().to_string(),
+        env.namespace.clone(),
+        MESH.into(),
+        HOSTS.to_string(),
+    ];
+    env.kubectl_apply(
+        "monarch-client",
+        &monarch::client_pod(&env, "monarch-client", &command),
+    )?;
+    let logs = || env.pod_logs("monarch-client");
+    let phase = || env.pod_phase("monarch-client");
     eventually("the client's first round", || {
         logs().contains("ROUND1 OK") || phase() == "Failed"
     })
