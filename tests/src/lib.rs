@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 
+pub mod monarch;
+
 /// How long any single wait in the suite may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(120);
 
