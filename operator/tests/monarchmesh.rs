@@ -72,7 +72,11 @@ async fn a_monarch_mesh_runs_as_an_owned_world_and_goes_with_it() {
         (owner.kind.as_str(), owner.controller),
         ("MonarchMesh", Some(true))
     );
-    let svc = c.api::<Service>().get("trainer-svc").await.unwrap();
+    let services = c.api::<Service>();
+    let svc = eventually_async("the <name>-svc Service", || async {
+        services.get("trainer-svc").await.ok()
+    })
+    .await;
     assert_eq!(
         svc.spec.unwrap().selector.unwrap()["monarch.pytorch.org/mesh-name"],
         "trainer"
