@@ -1,7 +1,8 @@
 //! The MonarchMesh controller against the embedded API server, with
 //! simulated agents: a MonarchMesh as Monarch 0.7.0's `KubernetesJob`
 //! creates it becomes an owned World with `spec.monarch`, its status
-//! follows the World to Ready, a client's patch reaches the World, bad
+//! follows the World to Ready and carries its first failure, a client's
+//! patch reaches the World, bad
 //! input is refused or reported naming the field, a foreign World is left
 //! alone, and deleting the mesh deletes its World.
 
@@ -106,6 +107,34 @@ async fn a_monarch_mesh_runs_as_an_owned_world_and_goes_with_it() {
     assert_eq!(s.world.as_deref(), Some("trainer"));
     assert!(!s.hosts.is_empty());
 
+    // A worker host fails: the mesh's status carries the World's health.
+    let failed = json!({"status": {
+        "phase": "Failed",
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{
+            "name": "worker", "ready": false, "restartCount": 0, "image": "monarch:test", "imageID": "",
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+        }],
+    }});
+    pods.patch_status(
+        "trainer-host-1",
+        &PatchParams::default(),
+        &Patch::Merge(&failed),
+    )
+    .await
+    .unwrap();
+    let s = eventually_async("the failure in MonarchMesh status", || async {
+        let s = meshes.get("trainer").await.ok()?.status?;
+        s.first_failure.is_some().then_some(s)
+    })
+    .await;
+    let ff = s.first_failure.as_ref().unwrap();
+    assert_eq!((ff.rank, ff.pod.as_str()), (1, "trainer-host-1"), "{ff:?}");
+    assert_eq!(
+        cond(&s.conditions, "Ready").map(|c| c.0),
+        Some("False".into())
+    );
+
     // Monarch's client patches an existing mesh (merge patch on 409).
     meshes
         .patch(
@@ -119,12 +148,17 @@ async fn a_monarch_mesh_runs_as_an_owned_world_and_goes_with_it() {
         (worlds.get("trainer").await.ok()?.spec.hosts == Some(3)).then_some(())
     })
     .await;
-    let (status, reason, message) = eventually_async("Ready False while scaling", || async {
-        ready_reason(&c, "trainer").await.filter(|r| r.0 == "False")
+    let (status, reason, message) = eventually_async("Ready False for 3 replicas", || async {
+        ready_reason(&c, "trainer")
+            .await
+            .filter(|r| r.2.contains("/3"))
     })
     .await;
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "Waiting"));
-    assert!(message.contains("/3"), "{message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Waiting"),
+        "{message}"
+    );
 
     // job.kill() deletes the mesh: the World goes with it.
     meshes
