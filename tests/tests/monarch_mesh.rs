@@ -42,6 +42,13 @@ fn result(out: &str, step: &str) -> anyhow::Result<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::Result<()> {
+    if std::env::var_os("KUBECONFIG").is_some() {
+        // Skipped on a real cluster: Monarch's client writes the pod
+        // template, so its pods cannot be pinned to the process kubelet's
+        // node, and serving MonarchMesh there would install its CRD
+        // cluster-wide.
+        return Ok(());
+    }
     let python = hostmesh_testkit::monarch::python();
     let venv_bin = python
         .parent()
