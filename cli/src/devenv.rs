@@ -5,7 +5,7 @@
 //! Invariants:
 //! 1. The CRDs are installed and Established before the operator starts
 //!    (Monarch's MonarchMesh CRD too when it is served).
-//! 2. [`DevEnv::shutdown`] deletes every World first (so procs stop through
+//! 2. [`DevEnv::shutdown`] deletes every MonarchMesh and World first (so procs stop through
 //!    the agents, gracefully), then stops the operator, then the workload
 //!    controllers, then the kubelet
 //!    (which ends every process it started), then the API server.
@@ -123,6 +123,7 @@ impl DevEnv {
 
     /// Stops everything (invariant 2).
     pub async fn shutdown(self) {
+        delete_monarch_meshes(&self.client).await;
         delete_worlds(&self.client).await;
         let _ = self.operator_stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), self.operator).await;
@@ -170,6 +171,24 @@ pub async fn install_crds(client: &kube::Client, monarch_mesh: bool) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Deletes every MonarchMesh (when the kind is served), so that the
+/// MonarchMesh controller does not make their Worlds again while
+/// [`delete_worlds`] waits for them to go.
+async fn delete_monarch_meshes(client: &kube::Client) {
+    use hostmesh_crds::monarchmesh::MonarchMesh;
+    let api: Api<MonarchMesh> = Api::all(client.clone());
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return;
+    };
+    for m in &list.items {
+        let (Some(ns), Some(name)) = (&m.metadata.namespace, &m.metadata.name) else {
+            continue;
+        };
+        let api: Api<MonarchMesh> = Api::namespaced(client.clone(), ns);
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
 }
 
 /// Deletes every World and waits (bounded) until they are gone.
