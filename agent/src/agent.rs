@@ -109,6 +109,9 @@ impl Agent {
             super::supervisor::dial_supervisor(proc.clone(), agent, sup.clone());
         }
         let readiness = Readiness::default();
+        if let Some(worker) = &config.monarch {
+            super::monarch::start(&manager, worker, addr.ip(), readiness.clone())?;
+        }
         let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;
         tokio::spawn(health);
         readiness.set(true);

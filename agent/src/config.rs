@@ -68,6 +68,13 @@ pub struct AgentArgs {
     /// Lines buffered per proc output before lines are dropped (and counted).
     #[arg(long, env = "HOSTMESH_LOG_BUFFER_LINES", default_value = "1024")]
     pub log_buffer_lines: String,
+    /// The Monarch worker to run and supervise, as a JSON array of strings
+    /// (with `--monarch-port`).
+    #[arg(long, env = contract::env::MONARCH_COMMAND)]
+    pub monarch_command: Option<String>,
+    /// The port the Monarch worker listens on; the host is ready once it does.
+    #[arg(long, env = contract::env::MONARCH_PORT)]
+    pub monarch_port: Option<String>,
 }
 
 /// Validated agent configuration.
@@ -91,6 +98,8 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// Proc limits and defaults.
     pub limits: Limits,
+    /// The Monarch worker to run, if the host is a Monarch host.
+    pub monarch: Option<super::monarch::MonarchWorker>,
 }
 
 /// Limits and defaults of the proc manager.
@@ -218,7 +227,13 @@ impl AgentArgs {
                 "must be greater than zero",
             ));
         }
+        let monarch = super::monarch::MonarchWorker::from_settings(
+            self.monarch_command.as_deref(),
+            self.monarch_port.as_deref(),
+            [listen.port(), health_port],
+        )?;
         Ok(AgentConfig {
+            monarch,
             world,
             namespace: self.namespace.clone().filter(|n| !n.is_empty()),
             host_rank,
@@ -346,7 +361,7 @@ mod tests {
             .validate()
             .expect("valid");
         assert_eq!(c.host_rank, 3);
-        assert_eq!(c.listen, "127.0.0.5:26600".parse().unwrap());
+        assert_eq!(c.listen, "127.0.0.5:26602".parse().unwrap());
         assert_eq!(c.health, "127.0.0.5:26601".parse().unwrap());
         assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
     }

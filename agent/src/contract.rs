@@ -27,15 +27,25 @@ pub mod env {
     pub const SUPERVISOR: &str = "HOSTMESH_SUPERVISOR";
     /// The interval of heartbeats to subscribers.
     pub const HEARTBEAT_INTERVAL: &str = "HOSTMESH_HEARTBEAT_INTERVAL";
+    /// The Monarch worker's command line as a JSON array of strings; when
+    /// set, the agent runs it at start-up as the supervised proc
+    /// [`MONARCH_WORKER_PROC`](super::MONARCH_WORKER_PROC).
+    pub const MONARCH_COMMAND: &str = "HOSTMESH_MONARCH_COMMAND";
+    /// The port the Monarch worker listens on: the host is ready only once
+    /// something listens there.
+    pub const MONARCH_PORT: &str = "HOSTMESH_MONARCH_PORT";
     /// The prefix of every variable the operator owns on the host container
     /// (a user's variable with it is replaced).
     pub const PREFIX: &str = "HOSTMESH_";
 }
 
 /// The agent protocol port when the World does not set `spec.port`.
-pub const AGENT_PORT: u16 = 26600;
+pub const AGENT_PORT: u16 = 26602;
 /// The agent's plain-HTTP health port (`/healthz`, `/readyz`).
 pub const HEALTH_PORT: u16 = 26601;
+/// Name of the Monarch worker's proc on its agent (no `.`, so it never
+/// parses as a ProcMesh proc name `<mesh id>.<rank>`).
+pub const MONARCH_WORKER_PROC: &str = "monarch-worker";
 /// The readiness path the host container's probe asks.
 pub const READYZ: &str = "/readyz";
 /// Where the World's agent Secret is mounted.

@@ -248,7 +248,7 @@ mod tests {
         AgentIdentity {
             world: "trainer".into(),
             host_rank,
-            addr: "127.0.0.9:26600".parse().unwrap(),
+            addr: "127.0.0.9:26602".parse().unwrap(),
             secret_file: "/s/token".into(),
         }
     }
@@ -257,7 +257,7 @@ mod tests {
     fn contract_variables() {
         let r = req(5 * 8 + 3);
         validate(&r, 5).unwrap();
-        let book = vec!["127.0.0.2:26600".to_owned()];
+        let book = vec!["127.0.0.2:26602".to_owned()];
         let env: std::collections::HashMap<_, _> = proc_env(&agent(5), &book, &r)
             .unwrap()
             .into_iter()
@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(env["HOSTMESH_COORD_HOST"], "1");
         assert_eq!(env["HOSTMESH_COORD_GPU"], "3");
         assert_eq!(env["HOSTMESH_EXTENT"], "replica=2,host=4,gpu=8");
-        assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:26600");
+        assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:26602");
         assert_eq!(env["HOSTMESH_SECRET_FILE"], "/s/token");
         assert_eq!(env["HOSTMESH_PROC_NAME"], "train-43");
         assert_eq!(env["FOO"], "bar");

@@ -1,7 +1,7 @@
 //! The agent's plain-HTTP health endpoint: `/healthz` answers 200 while the
-//! agent runs; `/readyz` answers 200 once the agent serves its protocol and
-//! 503 once it is shutting down. Nothing else is served (404), and nothing
-//! here reveals proc state.
+//! agent runs; `/readyz` answers 200 once the agent serves its protocol (and,
+//! on a Monarch host, once its worker listens) and 503 once it is shutting
+//! down. Nothing else is served (404), and nothing here reveals proc state.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,21 +19,29 @@ use tokio::net::TcpListener;
 
 use super::error::HostError;
 
-/// Readiness shared between the agent and the health endpoint.
+/// Readiness shared between the agent and the health endpoint: the agent
+/// serves, and no worker it waits for is missing.
 #[derive(Debug, Default, Clone)]
 pub struct Readiness {
     ready: Arc<AtomicBool>,
+    /// Set while a Monarch worker does not listen (yet, or any more).
+    worker_missing: Arc<AtomicBool>,
 }
 
 impl Readiness {
-    /// Sets whether `/readyz` answers 200.
+    /// Sets whether the agent serves.
     pub fn set(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
-    /// Whether the agent is ready.
+    /// Sets whether the host's Monarch worker listens.
+    pub fn set_worker_listening(&self, listening: bool) {
+        self.worker_missing.store(!listening, Ordering::SeqCst);
+    }
+
+    /// Whether `/readyz` answers 200.
     pub fn get(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && !self.worker_missing.load(Ordering::SeqCst)
     }
 }
 

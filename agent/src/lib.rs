@@ -19,6 +19,8 @@
 //! - `stacks`: stack capture (py-spy, else the kernel's view).
 //! - `subscription`: snapshot, changes and heartbeats for one subscriber.
 //! - `health`: `/healthz`, `/readyz`.
+//! - `monarch`: the host's Monarch worker (`spec.monarch` of a World).
+//! - `listen`: whether something listens on a port (the socket tables).
 //! - `server`: the `HostAgent` actor serving the agent protocol.
 //! - `client`: `AgentClient`, the supervisor side.
 //! - `supervisor`: the agent dialing its supervisor (`--supervisor`).
@@ -34,8 +36,10 @@ mod env;
 mod error;
 mod health;
 mod lifecycle;
+mod listen;
 mod logs;
 mod manager;
+mod monarch;
 mod oom;
 mod proc_agent;
 pub mod protocol;
@@ -57,6 +61,7 @@ pub use error::HostError;
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
 pub use manager::{ProcManager, digest};
+pub use monarch::MonarchWorker;
 pub use proc_agent::{
     ActorState, GetActorState, JoinedProc, Keepalive, MESH_ACTOR, MeshAgent, SpawnFor, join_host,
     mesh_ref,

@@ -123,6 +123,18 @@ impl ProcManager {
     /// Creates the proc unless the same request was already applied
     /// (invariant 1).
     pub fn create_or_update(&self, req: CreateOrUpdate) -> Result<CreateOutcome, HostError> {
+        self.create(req, true)
+    }
+
+    /// Starts a proc of the host itself (the Monarch worker): like
+    /// [`create_or_update`](Self::create_or_update), but its environment is
+    /// the agent's (minus `HOSTMESH_*`) plus the spec's own, without the
+    /// proc contract variables.
+    pub(crate) fn create_host_proc(&self, req: CreateOrUpdate) -> Result<CreateOutcome, HostError> {
+        self.create(req, false)
+    }
+
+    fn create(&self, req: CreateOrUpdate, contract_env: bool) -> Result<CreateOutcome, HostError> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(HostError::ShuttingDown);
         }
@@ -158,7 +170,11 @@ impl ProcManager {
                 CreateOutcome::Created
             }
         };
-        let env = env::proc_env(&self.inner.identity, &table.address_book, &req)?;
+        let env = if contract_env {
+            env::proc_env(&self.inner.identity, &table.address_book, &req)?
+        } else {
+            req.spec.env.clone()
+        };
         let (ctl_tx, ctl_rx) = mpsc::channel(8);
         let (ended_tx, ended_rx) = watch::channel(false);
         let mut command = vec![req.spec.command.clone()];

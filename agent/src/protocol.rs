@@ -114,9 +114,10 @@ pub enum CreateOutcome {
 }
 
 /// The lifecycle state of one proc (DESIGN.md, "Runtime and supervision").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProcPhase {
     /// Being spawned, or spawned and waiting for a runtime-aware check-in.
+    #[default]
     Starting,
     /// Running.
     Ready {
@@ -196,7 +197,7 @@ pub struct RankReport {
 }
 
 /// `GetState` answer, and the content of every push.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcReport {
     /// The proc's runtime id: `tcp:<agent address>/<name>`.
     pub proc_id: String,

@@ -492,7 +492,7 @@ async fn address_book_gives_master_addr_off_host_zero() {
         matches!(&e, ClientError::Refused { message, .. } if message.contains("SetAddressBook")),
         "{e}"
     );
-    c.set_address_book(addr, vec!["127.0.0.9:26600".into(), addr.to_string()])
+    c.set_address_book(addr, vec!["127.0.0.9:26602".into(), addr.to_string()])
         .await
         .unwrap();
     req.spec.master_port = Some(1234);
@@ -518,6 +518,7 @@ async fn one_client_watches_many_agents() {
             supervisor: None,
             heartbeat_interval: Duration::from_millis(200),
             limits: Default::default(),
+            monarch: None,
         };
         agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }

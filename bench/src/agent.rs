@@ -68,6 +68,7 @@ async fn suite() -> anyhow::Result<()> {
         supervisor: None,
         heartbeat_interval: Duration::from_secs(1),
         limits: Limits::default(),
+        monarch: None,
     })
     .await?;
     let addr = agent.addr();

@@ -9,6 +9,7 @@ mod e2e;
 mod image;
 mod kubelet;
 mod kueue;
+mod monarch;
 mod operator;
 mod runtime;
 mod streams;
@@ -19,7 +20,7 @@ use hostmesh_bench::{chaos, report};
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, chaos.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos.
     suite: String,
     /// chaos: runs of each scenario.
     #[arg(long, default_value_t = 3)]
@@ -48,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         "e2e" => e2e::run(),
         "image" => image::run(),
         "kueue" => kueue::run(),
+        "monarch" => monarch::run(),
         "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
@@ -60,7 +62,7 @@ fn main() -> anyhow::Result<()> {
             chaos::run(cli.runs, &scenarios)
         }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, chaos"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos"
         ),
     }
 }

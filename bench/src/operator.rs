@@ -46,7 +46,7 @@ fn agents(n: u64, timeout: Duration) -> WorldAgents {
         hosts: (0..n)
             .map(|r| {
                 let ip = [127, 1, (r / 250) as u8, (r % 250) as u8 + 1];
-                (r, (format!("uid-{r}"), SocketAddr::from((ip, 26600))))
+                (r, (format!("uid-{r}"), SocketAddr::from((ip, 26602))))
             })
             .collect(),
     }

@@ -19,7 +19,7 @@ use crate::report::emit;
 
 const PEER_ENV: &str = "HOSTMESH_BENCH_RUNTIME_PEER";
 const SECRET: &str = "bench-secret-0123456789abcdef";
-const T: Duration = Duration::from_secs(60);
+pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// Iteration counts are divided by this (`HOSTMESH_BENCH_QUICK=1`: a smoke
 /// run that checks the suite works, figures meaningless).
@@ -123,9 +123,9 @@ async fn raw_sink(s: TcpStream) -> std::io::Result<()> {
     }
 }
 
-struct Peer {
+pub(crate) struct Peer {
     child: Child,
-    proc: ProcId,
+    pub(crate) proc: ProcId,
     echo: String,
     sink: String,
 }
@@ -137,7 +137,7 @@ impl Drop for Peer {
     }
 }
 
-fn start_peer(actors: usize) -> anyhow::Result<Peer> {
+pub(crate) fn start_peer(actors: usize) -> anyhow::Result<Peer> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("runtime")
         .env(PEER_ENV, actors.to_string())
@@ -180,12 +180,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn summarize(mut samples: Vec<f64>) -> (f64, f64) {
+pub(crate) fn summarize(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
 }
 
-async fn client() -> anyhow::Result<Proc> {
+pub(crate) async fn client() -> anyhow::Result<Proc> {
     Ok(Proc::builder("bench").secret(SECRET).build().await?)
 }
 
@@ -277,7 +277,7 @@ async fn suite() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn call_rtt(
+pub(crate) async fn call_rtt(
     c: &Proc,
     t: &ActorRef<TestActor>,
     size: usize,

@@ -43,7 +43,12 @@ enum Command {
     /// process kubelet and operator in this process) until Ctrl-C.
     Up(hostmesh_cli::up::UpArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
-    Crds,
+    Crds {
+        /// Print Monarch's MonarchMesh CRD instead (what
+        /// `hostmesh operator --serve-monarch-mesh` serves).
+        #[arg(long)]
+        monarch_mesh: bool,
+    },
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
     /// failure, conditions (`hostmesh status world/NAME`).
     Status(hostmesh_cli::status::StatusArgs),
@@ -81,7 +86,7 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
-        Command::Crds => print_crds(),
+        Command::Crds { monarch_mesh } => print_crds(monarch_mesh),
         Command::Up(args) => run_up(args),
         Command::UpReaper { data_dir } => Ok(hostmesh_cli::reaper::run(&data_dir)?),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
@@ -180,10 +185,14 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
     outcome
 }
 
-/// Prints both CRDs to stdout.
-fn print_crds() -> anyhow::Result<()> {
+/// Prints both CRDs (or the MonarchMesh CRD) to stdout.
+fn print_crds(monarch_mesh: bool) -> anyhow::Result<()> {
     use std::io::Write as _;
-    let yaml = hostmesh_crds::crd_yaml()?;
+    let yaml = if monarch_mesh {
+        hostmesh_crds::monarchmesh::crd_yaml()?
+    } else {
+        hostmesh_crds::crd_yaml()?
+    };
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
     Ok(())
 }

@@ -40,7 +40,7 @@ fn start_agent(secret: &[u8], n: u8) -> Agent {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, secret).unwrap();
-    let addr: SocketAddr = format!("{}:26600", ip(n)).parse().unwrap();
+    let addr: SocketAddr = format!("{}:26602", ip(n)).parse().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
         .args([
             "agent",

@@ -10,6 +10,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::field::FieldError;
+
 /// Monarch's default worker port (`MONARCH_PORT`).
 pub const DEFAULT_MONARCH_PORT: u16 = 26600;
 /// Longest mesh name Monarch accepts (an RFC 1123 label).
@@ -86,9 +88,83 @@ pub fn mesh_name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The agent's plain-HTTP health port, which no worker may take.
+pub const AGENT_HEALTH_PORT: u16 = 26601;
+
+/// Checks `spec.monarch` of the World `world` whose agent listens on
+/// `agent_port` (invariants 1 and 2); each error names the field and the fix.
+pub fn check(world: &str, spec: &MonarchSpec, agent_port: u16) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mesh = spec.mesh_name(world);
+    if let Some(problem) = mesh_name_problem(mesh) {
+        let whose = if spec.mesh_name.is_some() {
+            format!("{mesh:?}")
+        } else {
+            format!("unset, so it defaults to the World's name {mesh:?}, which")
+        };
+        errs.push(FieldError::new(
+            "spec.monarch.meshName",
+            format!(
+                "is {whose} {problem}; Monarch's KubernetesJob.add_mesh refuses it. \
+                 Set spec.monarch.meshName to lowercase letters and digits starting \
+                 with a letter, e.g. \"trainer\""
+            ),
+        ));
+    }
+    let port = spec.port();
+    if port == 0 || port == agent_port || port == AGENT_HEALTH_PORT {
+        let taken = if port == 0 {
+            "is not a port".to_string()
+        } else if port == agent_port {
+            format!("is the agent's port (spec.port {agent_port})")
+        } else {
+            format!("is the agent's health port {AGENT_HEALTH_PORT}")
+        };
+        errs.push(FieldError::new(
+            "spec.monarch.port",
+            format!(
+                "{port} {taken}; give the Monarch worker its own port, e.g. {DEFAULT_MONARCH_PORT} \
+                 (Monarch's default) with spec.port left at its default"
+            ),
+        ));
+    }
+    errs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_names_the_field_and_fix() {
+        let ok = MonarchSpec::default();
+        assert!(check("trainer", &ok, 26602).is_empty());
+        let e = check("my-world", &ok, 26602);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].field, "spec.monarch.meshName");
+        assert!(e[0].message.contains("\"my-world\""), "{}", e[0].message);
+        assert!(e[0].message.contains("defaults to the World's name"));
+        let named = MonarchSpec {
+            mesh_name: Some("Bad.Name".into()),
+            ..Default::default()
+        };
+        assert!(check("my-world", &named, 26602)[0].message.contains("e.g."));
+        for (port, why) in [
+            (26602, "agent's port"),
+            (26601, "health port"),
+            (0, "not a port"),
+        ] {
+            let s = MonarchSpec {
+                port: Some(port),
+                ..Default::default()
+            };
+            let e = check("w", &s, 26602);
+            assert_eq!(e.len(), 1, "{port}");
+            assert_eq!(e[0].field, "spec.monarch.port");
+            assert!(e[0].message.contains(why), "{}", e[0].message);
+            assert!(e[0].message.contains("26600"), "{}", e[0].message);
+        }
+    }
 
     #[test]
     fn mesh_names_follow_monarch() {

@@ -195,8 +195,11 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
     if spec.port == 0 || spec.port == 26601 {
         errs.push(FieldError::new(
             "spec.port",
-            format!("{} cannot be used (26601 is the agent's health port); pick another port such as 26600", spec.port),
+            format!("{} cannot be used (26601 is the agent's health port); pick another port such as 26602", spec.port),
         ));
+    }
+    if let Some(m) = &spec.monarch {
+        errs.extend(crate::monarch::check(name, m, spec.port));
     }
     let fp = &spec.failure_policy;
     let timings = (|| {
@@ -489,7 +492,17 @@ mod tests {
             (
                 "hosts: 2\nport: 26601\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
                 "spec.port",
+                "26602",
+            ),
+            (
+                "hosts: 2\nmonarch: {port: 26602}\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.monarch.port",
                 "26600",
+            ),
+            (
+                "hosts: 2\nmonarch: {meshName: my-mesh}\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.monarch.meshName",
+                "lowercase letters and digits",
             ),
         ];
         for (yaml, field, fix) in cases {

@@ -12,7 +12,7 @@ use hostmesh_mesh::Run;
 use hostmesh_mesh::shape::{Dim, MAX_DIMS, Shape};
 
 /// Default agent port.
-pub const DEFAULT_PORT: u16 = 26600;
+pub const DEFAULT_PORT: u16 = 26602;
 /// Default `healthTimeout`.
 pub const DEFAULT_HEALTH_TIMEOUT: &str = "10s";
 /// Default `evictionTimeout`.

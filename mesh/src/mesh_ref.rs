@@ -11,7 +11,7 @@ use super::{MeshError, Region, parse_err};
 
 /// A named mesh of items (host addresses, proc ids, ...), one per rank of a
 /// region. Text form `name:item,item@region`, for example
-/// `hosts:tcp:10.0.0.1:26600,tcp:10.0.0.2:26600@host=2/1`. Items must not
+/// `hosts:tcp:10.0.0.1:26602,tcp:10.0.0.2:26602@host=2/1`. Items must not
 /// contain `,` or `@` in their text form; the name must not contain `:`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MeshRef<T> {

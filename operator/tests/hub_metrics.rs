@@ -33,7 +33,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
                 r,
                 (
                     format!("uid-{r}"),
-                    SocketAddr::from(([127, 0, 1, r as u8], 26600)),
+                    SocketAddr::from(([127, 0, 1, r as u8], 26602)),
                 ),
             )
         })

@@ -2,13 +2,13 @@
 //! form that parses back.
 //!
 //! Text forms:
-//! - [`ChannelAddr`]: `tcp:10.0.0.5:26600`, `tcp:[::1]:26600`,
+//! - [`ChannelAddr`]: `tcp:10.0.0.5:26602`, `tcp:[::1]:26602`,
 //!   `unix:/run/hostmesh.sock`, or `unbound:<hex>` (a proc with no listener,
 //!   reachable only over connections it opened itself; the random number
 //!   keeps ids of such procs unique, since peers key connections by proc id);
-//! - [`ProcId`]: `<addr>/<name>`, e.g. `tcp:10.0.0.5:26600/agent`;
-//! - [`ActorId`]: `<proc>/<name>[<index>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3]`;
-//! - [`PortId`]: `<actor>[<port>]`, e.g. `tcp:10.0.0.5:26600/agent/worker[3][17]`.
+//! - [`ProcId`]: `<addr>/<name>`, e.g. `tcp:10.0.0.5:26602/agent`;
+//! - [`ActorId`]: `<proc>/<name>[<index>]`, e.g. `tcp:10.0.0.5:26602/agent/worker[3]`;
+//! - [`PortId`]: `<actor>[<port>]`, e.g. `tcp:10.0.0.5:26602/agent/worker[3][17]`.
 //!
 //! Invariant: proc and actor names match `[A-Za-z0-9_.-]+` (checked by
 //! [`check_name`]), so the separators above are unambiguous.
@@ -119,7 +119,7 @@ impl FromStr for ChannelAddr {
             invalid(
                 WHAT,
                 s,
-                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26600, tcp:[::1]:26600), unix:/path or unbound:<hex>",
+                "expected tcp:IP:PORT (e.g. tcp:10.0.0.5:26602, tcp:[::1]:26602), unix:/path or unbound:<hex>",
             )
         })
     }
@@ -192,7 +192,7 @@ impl FromStr for ProcId {
             invalid(
                 "proc id",
                 s,
-                "expected ADDR/NAME, e.g. tcp:10.0.0.5:26600/agent",
+                "expected ADDR/NAME, e.g. tcp:10.0.0.5:26602/agent",
             )
         })?;
         ProcId::new(addr.parse()?, name)
@@ -278,7 +278,7 @@ fn split_index<T: FromStr>(s: &str) -> Option<(&str, T)> {
 impl FromStr for ActorId {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
-        let form = "expected PROC/NAME[INDEX], e.g. tcp:10.0.0.5:26600/agent/worker[0]";
+        let form = "expected PROC/NAME[INDEX], e.g. tcp:10.0.0.5:26602/agent/worker[0]";
         let (head, index) = split_index::<u32>(s).ok_or_else(|| invalid("actor id", s, form))?;
         let (proc, name) = head
             .rsplit_once('/')
@@ -319,7 +319,7 @@ impl FromStr for PortId {
             invalid(
                 "port id",
                 s,
-                "expected ACTOR[PORT], e.g. tcp:10.0.0.5:26600/agent/worker[0][17]",
+                "expected ACTOR[PORT], e.g. tcp:10.0.0.5:26602/agent/worker[0][17]",
             )
         })?;
         Ok(PortId {
@@ -351,16 +351,16 @@ mod tests {
 
     #[test]
     fn text_forms_round_trip() {
-        round_trip::<ChannelAddr>("tcp:127.0.0.1:26600");
+        round_trip::<ChannelAddr>("tcp:127.0.0.1:26602");
         round_trip::<ChannelAddr>("tcp:[::1]:80");
         round_trip::<ChannelAddr>("unix:/run/hm/a.sock");
         round_trip::<ChannelAddr>("unbound:00000000deadbeef");
-        round_trip::<ProcId>("tcp:10.0.0.5:26600/agent");
+        round_trip::<ProcId>("tcp:10.0.0.5:26602/agent");
         round_trip::<ProcId>("unix:/tmp/x.sock/p-1");
         round_trip::<ProcId>("unbound:0123456789abcdef/operator.7f3a");
-        round_trip::<ActorId>("tcp:10.0.0.5:26600/agent/worker[3]");
+        round_trip::<ActorId>("tcp:10.0.0.5:26602/agent/worker[3]");
         round_trip::<ActorId>("unix:/tmp/x.sock/p/w_2[0]");
-        round_trip::<PortId>("tcp:10.0.0.5:26600/agent/worker[3][17]");
+        round_trip::<PortId>("tcp:10.0.0.5:26602/agent/worker[3][17]");
         assert_eq!(
             "10.0.0.5:1".parse::<ChannelAddr>().unwrap().to_string(),
             "tcp:10.0.0.5:1"

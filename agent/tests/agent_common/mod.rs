@@ -52,7 +52,7 @@ pub fn identity(host_rank: usize) -> AgentIdentity {
     AgentIdentity {
         world: "testworld".into(),
         host_rank,
-        addr: "127.0.0.1:26600".parse().unwrap(),
+        addr: "127.0.0.1:26602".parse().unwrap(),
         secret_file: "/dev/null".into(),
     }
 }

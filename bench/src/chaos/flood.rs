@@ -31,7 +31,7 @@ pub(crate) const CONCURRENCY: usize = 200;
 pub(crate) const RSS_BOUND_KIB: u64 = 64 * 1024;
 
 /// The agent's port (the World's default `spec.port`).
-const PORT: u16 = 26600;
+const PORT: u16 = 26602;
 
 /// Runs the flood; the timing's extras are the peak RSS in MiB and the
 /// connections per second.

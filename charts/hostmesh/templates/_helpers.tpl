@@ -120,6 +120,28 @@ Role in each watched namespace. Every rule says why it is needed.
   resources: ["workloads/status"]
   verbs: ["patch"]
 {{- end }}
+{{- if .Values.monarch.serveMonarchMesh }}
+# Monarch's MonarchMeshes are the MonarchMesh controller's input (get, list,
+# watch); it adds no finalizer.
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes"]
+  verbs: ["get", "list", "watch"]
+# A MonarchMesh's status is replaced whole through the status subresource,
+# guarded by the resourceVersion it was computed from (update).
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes/status"]
+  verbs: ["update"]
+# Its World and <name>-svc Service carry an owner reference to it with
+# blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes/finalizers"]
+  verbs: ["update"]
+# A MonarchMesh's World is server-side applied: create when it is new (patch
+# is granted above).
+- apiGroups: ["hostmesh.dev"]
+  resources: ["worlds"]
+  verbs: ["create"]
+{{- end }}
 {{- if .Values.gangScheduling.enabled }}
 # Gang scheduling (spec.scheduling.gang): one PodGroup per World for the
 # chosen provider, server-side applied (create, patch); garbage collection

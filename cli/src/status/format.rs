@@ -389,7 +389,7 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// Replaces control characters (invariant 3) and keeps one line.
-fn clean(s: &str) -> String {
+pub(super) fn clean(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()

@@ -34,6 +34,7 @@ mod procs;
 pub mod runtime_client;
 pub mod sim;
 mod stacks;
+mod worker;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
 pub use stacks::RankStacks;
@@ -100,6 +101,9 @@ struct HostEntry {
     /// When this hub last heard the agent (wall clock): a host that is
     /// lost died after it.
     last_heard: Option<Timestamp>,
+    /// The host's Monarch worker as its agent last reported it
+    /// ([`worker`]).
+    worker: Option<protocol::ProcReport>,
 }
 
 struct WorldEntry {
@@ -297,6 +301,7 @@ impl Hub {
             } => {
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
+                worker::from_snapshot(st, &host, &procs, now);
                 let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
@@ -346,6 +351,10 @@ impl Hub {
                 }
             }
             HostReport::ProcState { host, state } => {
+                if worker::is_worker(&state) {
+                    worker::record(st, &host, state, now);
+                    return;
+                }
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
@@ -550,6 +559,7 @@ impl Hub {
                     watched_at: Timestamp::now(),
                     clock: clock::AgentClock::default(),
                     last_heard: None,
+                    worker: None,
                 });
                 if book_changed && let Some(tx) = &h.book {
                     tx.send_replace(book.clone());

@@ -29,7 +29,7 @@ fn agents(n: u64, uid: &str) -> WorldAgents {
                     r,
                     (
                         format!("{uid}-{r}"),
-                        SocketAddr::from(([127, 0, 1, r as u8], 26600)),
+                        SocketAddr::from(([127, 0, 1, r as u8], 26602)),
                     ),
                 )
             })
@@ -270,7 +270,7 @@ async fn replaced_pod_is_a_new_agent_and_refusals_retry() {
     sim.refuse
         .lock()
         .unwrap()
-        .push(SocketAddr::from(([127, 0, 1, 0], 26600)));
+        .push(SocketAddr::from(([127, 0, 1, 0], 26602)));
     hub.sync_world(&wk(), agents(1, "a")).await;
     assert!(!hub.connected(&wk(), 1));
     assert!(matches!(

@@ -7,7 +7,8 @@
 //! 2. User labels and annotations from the template are kept; ours are added
 //!    (ours win on a key clash).
 //! 3. `hostmesh.dev/template-hash` hashes everything the operator derives a
-//!    pod from (template, port, agent settings, agent image) and nothing it
+//!    pod from (template, port, agent settings, agent image, `spec.monarch`
+//!    when set) and nothing it
 //!    does not, so admission-webhook mutations never look like drift.
 
 use hostmesh_agent::contract::{self, BIN_DIR, BIN_PATH, HEALTH_PORT, SECRET_DIR, SECRET_FILE};
@@ -167,6 +168,9 @@ pub fn template_hash(world: &World, agent_image: &str) -> String {
     if let Some(s) = &world.spec.scheduling {
         input["scheduling"] = serde_json::json!(s);
     }
+    if let Some(m) = &world.spec.monarch {
+        input["monarch"] = serde_json::json!(m);
+    }
     let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
     digest.as_ref()[..8]
         .iter()
@@ -202,6 +206,7 @@ pub fn pod_set_template(
     let pod = pod(world, 0, agent_image, hash, None)?;
     let mut labels = pod.metadata.labels.unwrap_or_default();
     labels.remove(LABEL_RANK);
+    labels.remove(hostmesh_crds::monarch::LABEL_POD_INDEX);
     // Host 0's topology group is not every host's (topology invariant 4
     // asks Kueue through the pod set's topology request instead).
     labels.retain(|k, _| !k.starts_with("hostmesh.dev/group-"));
@@ -443,6 +448,12 @@ pub fn pod(
         failure_threshold: Some(3),
         ..Default::default()
     });
+    if let Some(m) = &world.spec.monarch {
+        super::monarch::configure_host(m, rank, host);
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(super::monarch::labels(m, &world_name, rank));
+    }
     let (groups, affinity) = super::topology::placement(world, rank);
     if let Some(a) = affinity {
         meta.labels.get_or_insert_with(BTreeMap::new).extend(groups);
@@ -546,6 +557,49 @@ spec:
         assert_ne!(placed_hash("h", Some(&placement)), "h");
     }
 
+    /// monarch invariants 1, 2: attach mode's labels and env on a Monarch
+    /// World's pods, the worker settings for the agent, and a hash that
+    /// moves with `spec.monarch`.
+    #[test]
+    fn a_monarch_world_labels_its_pods_for_attach_mode() {
+        let plain = mk_world(WORLD);
+        let w =
+            mk_world(&WORLD.replace("  template:", "  monarch: {meshName: trainer}\n  template:"));
+        assert_ne!(template_hash(&plain, "a"), template_hash(&w, "a"));
+        let p = pod(&w, 2, "agent:1", "h", None).unwrap();
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(labels["app.kubernetes.io/name"], "monarch-worker");
+        assert_eq!(labels["monarch.pytorch.org/mesh-name"], "trainer");
+        assert_eq!(labels["apps.kubernetes.io/pod-index"], "2");
+        let spec = p.spec.unwrap();
+        let host = &spec.containers[host_container_index(&spec.containers)];
+        let env: BTreeMap<_, _> = host
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(env["MONARCH_PORT"], "26600");
+        assert_eq!(env["MONARCH_SERVICE_PROC_RANK"], "2");
+        assert!(!env.contains_key("MONARCH_SERVICE_PROC_IDS"));
+        assert_eq!(env[contract::env::MONARCH_PORT], "26600");
+        assert!(env[contract::env::MONARCH_COMMAND].contains("run_worker_loop_forever"));
+        let ports = host.ports.as_ref().unwrap();
+        assert!(
+            ports
+                .iter()
+                .any(|p| p.name.as_deref() == Some("monarch") && p.container_port == 26600)
+        );
+        assert!(
+            !pod(&plain, 2, "agent:1", "h", None)
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key("apps.kubernetes.io/pod-index")
+        );
+    }
+
     #[test]
     fn pod_has_contract_names_labels_and_owner() {
         let w = mk_world(WORLD);
@@ -612,7 +666,7 @@ spec:
         assert_eq!(env["A"].value.as_deref(), Some("b"));
         assert_eq!(env["HOSTMESH_WORLD"].value.as_deref(), Some("trainer"));
         assert_eq!(env["HOSTMESH_HOST_RANK"].value.as_deref(), Some("0"));
-        assert_eq!(env["HOSTMESH_PORT"].value.as_deref(), Some("26600"));
+        assert_eq!(env["HOSTMESH_PORT"].value.as_deref(), Some("26602"));
         assert_eq!(
             env["HOSTMESH_SECRET_FILE"].value.as_deref(),
             Some(SECRET_FILE)

@@ -22,10 +22,12 @@
 pub mod desired;
 pub mod gang;
 pub mod kueue;
+pub mod monarch;
 pub mod observe;
 pub mod plan;
 pub mod secret;
 pub mod topology;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -240,6 +242,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         uids.get(&r)
             .and_then(|uid| ctx.hub.link_error(&key, r, uid))
     };
+    let monarch_worker = |r: u64| {
+        uids.get(&r)
+            .and_then(|uid| ctx.hub.monarch_worker(&key, r, uid))
+    };
     let secret_hash = desired::secret_hash(&secret.key);
     // Invariant 6: what Kueue lets the World do.
     let gate = if kueue::sync::queue_name(world).is_some() {
@@ -281,6 +287,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         now: Timestamp::now(),
         hold,
         admitted,
+        monarch_worker: &monarch_worker,
     });
 
     for pod_name in &plan.delete {

@@ -50,6 +50,7 @@ use super::desired::ANNOTATION_TEMPLATE_HASH;
 use super::observe::observe_pod;
 use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay, event};
 use crate::hub::Liveness;
+use hostmesh_agent::protocol::ProcReport;
 
 /// Everything the plan is computed from.
 pub struct PlanInput<'a> {
@@ -89,6 +90,9 @@ pub struct PlanInput<'a> {
     /// Who let the World run (`admitted by ClusterQueue ...`), said in the
     /// `Suspended=False` condition when it leaves a hold.
     pub admitted: Option<String>,
+    /// Each rank's Monarch worker as its agent last reported it (a World
+    /// with `spec.monarch`; see [`super::worker`]).
+    pub monarch_worker: &'a dyn Fn(u64) -> Option<ProcReport>,
 }
 
 /// Why the World is held suspended though `spec.suspend` is false.
@@ -241,6 +245,16 @@ impl<'i, 'a> Working<'i, 'a> {
                 } else {
                     h
                 }
+            })
+            .enumerate()
+            .map(|(r, h)| match &world.spec.monarch {
+                Some(m) => super::worker::host_status(
+                    h,
+                    (input.monarch_worker)(r as u64).as_ref(),
+                    m.port(),
+                    input.now,
+                ),
+                None => h,
             })
             .collect();
         Working {
@@ -685,6 +699,7 @@ impl<'i, 'a> Working<'i, 'a> {
             None
         };
         let conds = self.conditions(phase);
+        let first_failure = self.first_failure();
         let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
         self.out.status = WorldStatus {
             phase: Some(phase),
@@ -699,9 +714,34 @@ impl<'i, 'a> Working<'i, 'a> {
             last_restart_time: self.last_restart,
             degraded_since,
             attempt: self.attempt,
-            first_failure: self.prev.first_failure.clone(),
+            first_failure,
         };
         self.out
+    }
+
+    /// The World's `firstFailure` after this pass (worker invariant 3).
+    fn first_failure(&self) -> Option<hostmesh_crds::world::HostFailure> {
+        let world = self.input.world;
+        let name = kube::ResourceExt::name_any(world);
+        let failures = self
+            .ranks_in(HostState::Failed)
+            .into_iter()
+            .map(|r| {
+                let report = world
+                    .spec
+                    .monarch
+                    .as_ref()
+                    .and_then(|_| (self.input.monarch_worker)(r));
+                super::worker::failure(
+                    r,
+                    super::desired::pod_name(&name, r),
+                    &self.hosts[r as usize],
+                    report.as_ref(),
+                    &self.now_t,
+                )
+            })
+            .collect();
+        super::worker::first_failure(&self.prev, failures)
     }
 
     /// Ready, Progressing, Degraded and Failed.
@@ -860,6 +900,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             now: Timestamp::from_second(now).unwrap(),
             hold: None,
             admitted: None,
+            monarch_worker: &|_| None,
         })
     }
 
@@ -889,6 +930,62 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
         // Ready pods without heartbeats are not ready hosts.
         let p = run(&w, &pods, Liveness::Unknown, 100);
         assert_eq!(p.status.ready_hosts, 0);
+    }
+
+    /// worker invariants 1 and 3 through the plan: a killed Monarch worker
+    /// fails its host, the failure policy replaces it, and `firstFailure`
+    /// names rank, pod and signal.
+    #[test]
+    fn a_killed_monarch_worker_is_a_host_failure() {
+        use hostmesh_agent::protocol::ProcPhase;
+        let mut w = mk_world("{maxRestarts: 2}");
+        w.spec.monarch = Some(Default::default());
+        let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+        let killed = ProcReport {
+            proc_id: "tcp:10.0.0.2:26602/monarch-worker".into(),
+            name: "monarch-worker".into(),
+            rank: 1,
+            pid: Some(77),
+            command: vec!["python".into(), "-u".into()],
+            status: ProcPhase::Killed {
+                signal: 9,
+                core_dumped: false,
+                stderr_tail: vec!["bye".into()],
+            },
+            started_at_ms: 0,
+            restarts: 0,
+            stop_requested: false,
+            seq: 1,
+            ..Default::default()
+        };
+        let p = plan(&PlanInput {
+            world: &w,
+            timings: timings(&w),
+            pods: &pods,
+            extra_pods: vec![],
+            liveness: &|_| Liveness::Alive,
+            expired_since: &|_| None,
+            link_error: &|_| None,
+            watching_since: &|_| None,
+            secret_hash: "s1",
+            credentials_note: None,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(100).unwrap(),
+            hold: None,
+            admitted: None,
+            monarch_worker: &|r| (r == 1).then(|| killed.clone()),
+        });
+        assert_eq!(p.delete, ["w-host-1"]);
+        assert_eq!(p.status.restarts, 1);
+        let ff = p.status.first_failure.unwrap();
+        assert_eq!(
+            (ff.rank, ff.pod.as_str(), ff.signal),
+            (1, "w-host-1", Some(9))
+        );
+        assert!(ff.reason.contains("SIGKILL"), "{}", ff.reason);
+        assert_eq!(ff.stderr_tail.as_deref(), Some("bye"));
+        assert_eq!(ff.command.as_deref(), Some("python -u"));
     }
 
     #[test]
@@ -970,6 +1067,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 now: Timestamp::from_second(now).unwrap(),
                 hold: None,
                 admitted: None,
+                monarch_worker: &|_| None,
             })
         };
         // What the old operator recorded: Running.
@@ -1029,6 +1127,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             now: Timestamp::from_second(100).unwrap(),
             hold: None,
             admitted: None,
+            monarch_worker: &|_| None,
         });
         assert_eq!(p.delete, ["w-host-0"]);
         assert_eq!(p.status.restarts, 0);
@@ -1069,13 +1168,14 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
                 credentials_note: None,
                 watching_since: &|_| Some(Timestamp::from_second(90).unwrap()),
                 link_error: &|r| {
-                    (r == 0).then(|| "10.244.0.2:26600 failed authentication: it does not hold our shared secret".to_string())
+                    (r == 0).then(|| "10.244.0.2:26602 failed authentication: it does not hold our shared secret".to_string())
                 },
                 hash: "h1",
                 critical_failure: None,
                 now: Timestamp::from_second(now).unwrap(),
                 hold: None,
                 admitted: None,
+                monarch_worker: &|_| None,
             })
         };
         let p = at(105, &w);
@@ -1185,6 +1285,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             admitted: hold
                 .is_none()
                 .then(|| "admitted by ClusterQueue cq".to_string()),
+            monarch_worker: &|_| None,
         })
     }
 
@@ -1327,6 +1428,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             now: Timestamp::from_second(1).unwrap(),
             hold: None,
             admitted: None,
+            monarch_worker: &|_| None,
         };
         let p = plan(&input);
         assert_eq!(p.delete, ["w-host-7", "w-host-1"]);

@@ -1,0 +1,145 @@
+//! What `spec.monarch` adds to a host pod (docs/monarch.md): the labels and
+//! environment Monarch's `KubernetesJob` attach mode reads, the worker's
+//! container port, and the agent settings that make the agent run the
+//! worker as a supervised proc.
+//!
+//! Invariants:
+//! 1. Pods carry `app.kubernetes.io/name=monarch-worker`,
+//!    `monarch.pytorch.org/mesh-name=<mesh>` and
+//!    `apps.kubernetes.io/pod-index=<host rank>`: the default selector and
+//!    rank label of `KubernetesJob.add_mesh`.
+//! 2. The host container's `MONARCH_PORT` and `MONARCH_SERVICE_PROC_RANK`
+//!    are the operator's (a template's own are replaced); a template's
+//!    `MONARCH_SERVICE_PROC_IDS` passes through untouched, and none is
+//!    invented: attach-mode clients dial plain addresses, which is
+//!    Monarch's legacy identity.
+//! 3. The default worker command behaves as Monarch's own provisioning
+//!    bootstrap: `run_worker_loop_forever` on
+//!    `tcp://<fqdn>:<port>@tcp://0.0.0.0:<port>`, with the service identity
+//!    from the environment when there is one.
+
+use hostmesh_agent::contract;
+use hostmesh_crds::monarch::{self as api, MonarchSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
+use std::collections::BTreeMap;
+
+/// Name of the worker's container port.
+pub const PORT_NAME: &str = "monarch";
+
+/// The worker bootstrap run when `spec.monarch.command` is empty
+/// (invariant 3).
+pub const BOOTSTRAP: &str = "\
+import os, socket
+from monarch.actor import run_worker_loop_forever
+from monarch._src.job.service_identity import ranked_service_proc_id_from_env, service_proc_addr
+port = os.environ.get('MONARCH_PORT', '26600')
+address = 'tcp://%s:%s@tcp://0.0.0.0:%s' % (socket.getfqdn(), port, port)
+run_worker_loop_forever(address=service_proc_addr(address, ranked_service_proc_id_from_env()), ca='trust_all_connections')
+";
+
+/// The worker's command line: the spec's, else `python -u -c BOOTSTRAP`.
+pub fn command(spec: &MonarchSpec) -> Vec<String> {
+    if spec.command.is_empty() {
+        ["python", "-u", "-c", BOOTSTRAP]
+            .map(str::to_string)
+            .to_vec()
+    } else {
+        spec.command.clone()
+    }
+}
+
+/// Invariant 1: the labels attach mode selects and ranks workers by.
+pub fn labels(spec: &MonarchSpec, world: &str, rank: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            api::LABEL_APP_NAME.to_string(),
+            api::APP_NAME_WORKER.to_string(),
+        ),
+        (
+            api::LABEL_MESH_NAME.to_string(),
+            spec.mesh_name(world).to_string(),
+        ),
+        (api::LABEL_POD_INDEX.to_string(), rank.to_string()),
+    ])
+}
+
+fn env(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        value_from: None,
+    }
+}
+
+/// Invariant 2 and the agent's worker settings, on the host container; and
+/// the worker's container port.
+pub fn configure_host(spec: &MonarchSpec, rank: u64, host: &mut Container) {
+    let port = spec.port();
+    let envs = host.env.get_or_insert_with(Vec::new);
+    envs.retain(|e| e.name != api::ENV_PORT && e.name != api::ENV_SERVICE_PROC_RANK);
+    let cmd = serde_json::to_string(&command(spec)).unwrap_or_else(|_| "[]".to_string());
+    envs.extend([
+        env(api::ENV_PORT, port.to_string()),
+        env(api::ENV_SERVICE_PROC_RANK, rank.to_string()),
+        env(contract::env::MONARCH_COMMAND, cmd),
+        env(contract::env::MONARCH_PORT, port.to_string()),
+    ]);
+    let ports = host.ports.get_or_insert_with(Vec::new);
+    ports.retain(|p| p.container_port != i32::from(port) && p.name.as_deref() != Some(PORT_NAME));
+    ports.push(ContainerPort {
+        name: Some(PORT_NAME.to_string()),
+        container_port: i32::from(port),
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_command_is_the_bootstrap() {
+        let c = command(&MonarchSpec::default());
+        assert_eq!(c[..3], ["python", "-u", "-c"]);
+        assert!(c[3].contains("run_worker_loop_forever"));
+        assert!(c[3].contains("@tcp://0.0.0.0:"));
+        let own = MonarchSpec {
+            command: vec!["w".into()],
+            ..Default::default()
+        };
+        assert_eq!(command(&own), ["w"]);
+    }
+
+    #[test]
+    fn host_env_keeps_the_template_ids_and_replaces_port_and_rank() {
+        let mut host = Container {
+            env: Some(vec![
+                env(api::ENV_SERVICE_PROC_IDS, "[\"a\",\"b\"]".into()),
+                env(api::ENV_PORT, "1".into()),
+            ]),
+            ..Default::default()
+        };
+        let spec = MonarchSpec {
+            port: Some(27000),
+            ..Default::default()
+        };
+        configure_host(&spec, 1, &mut host);
+        let env: BTreeMap<_, _> = host
+            .env
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap()))
+            .collect();
+        assert_eq!(env[api::ENV_SERVICE_PROC_IDS], "[\"a\",\"b\"]");
+        assert_eq!(env[api::ENV_PORT], "27000");
+        assert_eq!(env[api::ENV_SERVICE_PROC_RANK], "1");
+        assert_eq!(env[contract::env::MONARCH_PORT], "27000");
+        let cmd: Vec<String> = serde_json::from_str(&env[contract::env::MONARCH_COMMAND]).unwrap();
+        assert_eq!(cmd, command(&spec));
+        let ports = host.ports.unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].name.as_deref(), Some(PORT_NAME));
+        assert_eq!(ports[0].container_port, 27000);
+    }
+}

@@ -1,0 +1,117 @@
+//! Monarch on the e2e harness (docs/monarch.md), shared by the `monarch`
+//! tests and the `monarch` bench suite: a World of Monarch hosts whose
+//! `python` is the Monarch venv's, a Monarch client pod with the RBAC
+//! attach mode needs, and the worker process of a host.
+
+use std::path::Path;
+
+use crate::{Env, NODE_TAINT, find_pids, world_yaml};
+
+/// A World `name` of `hosts` Monarch hosts (`spec.monarch: {}`, the default
+/// worker command) whose `python` is `python`'s (PATH is all the image
+/// gives), replacing a failed host at once; `extra` spec lines follow.
+pub fn world(name: &str, hosts: u32, python: &Path, extra: &str) -> String {
+    let bin = python.parent().unwrap_or(Path::new("/")).display();
+    world_yaml(
+        name,
+        &[("host", hosts)],
+        &format!(
+            "        env: [{{name: PATH, value: \"{bin}:/usr/local/bin:/usr/bin:/bin\"}}]\n  monarch: {{}}\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 3, backoff: 1s}}\n{extra}"
+        ),
+    )
+}
+
+/// A ServiceAccount `name` that may get, list and watch pods (what
+/// `KubernetesJob` attach mode needs), and a pod `name` running `command`
+/// under it once (`restartPolicy: Never`), on the process kubelet's node.
+pub fn client_pod(env: &Env, name: &str, command: &[String]) -> String {
+    let ns = &env.namespace;
+    let placement = if env.real_cluster {
+        format!(
+            "  nodeName: {}\n  tolerations: [{{key: {NODE_TAINT}, operator: Exists, effect: NoSchedule}}]\n",
+            env.node
+        )
+    } else {
+        String::new()
+    };
+    let command = serde_json::to_string(command).unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: {name}, namespace: {ns}}}
+rules:
+- {{apiGroups: [""], resources: [pods], verbs: [get, list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {name}, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  serviceAccountName: {name}
+  restartPolicy: Never
+{placement}  containers:
+  - name: client
+    image: monarch-client
+    workingDir: /tmp
+    command: {command}
+"#
+    )
+}
+
+impl Env {
+    /// Applies a multi-document manifest with `kubectl apply`.
+    pub fn kubectl_apply(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
+        let path = self.kubeconfig.with_file_name(format!("{name}.yaml"));
+        std::fs::write(&path, yaml)?;
+        self.kubectl(&["apply", "-f", path.to_str().unwrap_or_default()])?;
+        Ok(())
+    }
+
+    /// The logs of pod `name` in the test namespace (empty until it runs).
+    pub fn pod_logs(&self, name: &str) -> String {
+        self.kubectl(&["logs", "-n", &self.namespace, name])
+            .unwrap_or_default()
+    }
+
+    /// The phase of pod `name` in the test namespace.
+    pub fn pod_phase(&self, name: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            &self.namespace,
+            name,
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .unwrap_or_default()
+    }
+
+    /// The Monarch worker of host `rank` of World `world`: the agent's
+    /// child carrying the Monarch rank (its procs are the worker's
+    /// children, not the agent's).
+    pub fn monarch_worker_pid(&self, world: &str, rank: u32) -> anyhow::Result<i32> {
+        let agents = self.agent_pids(world, rank);
+        let rank = rank.to_string();
+        let pids: Vec<i32> = find_pids(|e| {
+            e.get("MONARCH_SERVICE_PROC_RANK") == Some(&rank) && !e.contains_key("HOSTMESH_WORLD")
+        })
+        .into_iter()
+        .filter(|p| crate::parent_of(*p).is_some_and(|pp| agents.contains(&pp)))
+        .collect();
+        anyhow::ensure!(
+            pids.len() == 1,
+            "expected one Monarch worker of host {rank} (agents {agents:?}), found {pids:?}"
+        );
+        Ok(pids[0])
+    }
+}
