@@ -10,6 +10,10 @@
 //! 3. The agent's proc is built with the World secret: the runtime handshake
 //!    refuses (and logs) every peer that cannot prove it holds it, so such a
 //!    peer can spawn nothing and read nothing.
+//! 4. Once its fence trips (`fence.rs`: replaced, or no renewal from the
+//!    operator for `--fence-timeout`), the agent stops every proc with the
+//!    fence grace, reports not ready, and keeps serving so the operator
+//!    learns why from its pushes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,6 +101,7 @@ impl Agent {
             secret_file: config.secret_file.clone(),
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        manager.fence().configure(config.fence);
         let shutdown = Arc::new(Notify::new());
         let agent = proc
             .spawn(
@@ -112,6 +117,17 @@ impl Agent {
         let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;
         tokio::spawn(health);
         readiness.set(true);
+        // Invariant 4: a tripped fence stops every proc; the agent stays up
+        // (not ready) to tell the operator why.
+        {
+            let (manager, readiness) = (manager.clone(), readiness.clone());
+            let concurrency = config.limits.shutdown_concurrency;
+            tokio::spawn(async move {
+                manager.fence().watch().await;
+                readiness.set(false);
+                manager.fence_procs(concurrency).await;
+            });
+        }
         tracing::info!(
             world = %config.world,
             host_rank = config.host_rank,

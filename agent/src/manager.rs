@@ -13,6 +13,9 @@
 //! 3. The table holds at most `max_procs` entries; when full, the oldest
 //!    ended proc is forgotten to make room, never a running one.
 //! 4. After `shutdown` starts, nothing new is spawned.
+//! 5. Once the fence has tripped (`fence.rs`), nothing new is spawned and
+//!    [`ProcManager::fence_procs`] stops every proc as a failure (not a
+//!    requested stop), so the operator restarts those ranks elsewhere.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +28,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use super::config::Limits;
 use super::env::{self, AgentIdentity};
 use super::error::HostError;
+use super::fence::Fence;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
@@ -59,6 +63,7 @@ pub(crate) struct Inner {
     table: Mutex<Table>,
     events: broadcast::Sender<ProcStateChanged>,
     shutting_down: AtomicBool,
+    fence: Fence,
 }
 
 /// The procs of one host. Cheap to clone; all clones share the table.
@@ -87,8 +92,10 @@ impl ProcManager {
         let spawner =
             Spawner::start().map_err(|e| HostError::io("cannot start the spawner thread", e))?;
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let fence = Fence::new(identity.host_rank);
         Ok(ProcManager {
             inner: Arc::new(Inner {
+                fence,
                 identity,
                 limits,
                 spawner,
@@ -116,17 +123,29 @@ impl ProcManager {
         &self.inner.identity
     }
 
+    /// This agent's rank epoch and fence.
+    pub fn fence(&self) -> &Fence {
+        &self.inner.fence
+    }
+
     /// Creates the proc unless the same request was already applied
     /// (invariant 1).
     pub fn create_or_update(&self, req: CreateOrUpdate) -> Result<CreateOutcome, HostError> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(HostError::ShuttingDown);
         }
+        if let Some(reason) = self.inner.fence.fenced() {
+            return Err(HostError::Fenced { reason });
+        }
         env::validate(&req, self.inner.identity.host_rank)?;
         let mut table = self.inner.lock();
-        // Checked again under the lock that `shutdown` takes (invariant 4).
+        // Checked again under the lock that `shutdown` and `fence_procs`
+        // take (invariants 4, 5).
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(HostError::ShuttingDown);
+        }
+        if let Some(reason) = self.inner.fence.fenced() {
+            return Err(HostError::Fenced { reason });
         }
         let outcome = match table.procs.get(&req.name) {
             Some(e) if e.req.rank != req.rank => {
@@ -251,13 +270,24 @@ impl ProcManager {
     /// Stops a proc: TERM to its process group, `grace`, then KILL. Returns
     /// its final status; a proc that already ended just returns its status.
     pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcPhase, HostError> {
+        self.stop_as(name, grace, true).await
+    }
+
+    /// [`ProcManager::stop`]; `requested` says whether the end counts as
+    /// asked for (false when the fence stops it: a failure).
+    async fn stop_as(
+        &self,
+        name: &str,
+        grace: Duration,
+        requested: bool,
+    ) -> Result<ProcPhase, HostError> {
         let (control, mut ended) = {
             let mut table = self.inner.lock();
             let e = table.procs.get_mut(name).ok_or_else(|| no_such(name))?;
             if e.state.status.is_terminal() {
                 return Ok(e.state.status.clone());
             }
-            e.state.stop_requested = true;
+            e.state.stop_requested = requested;
             (e.control.clone(), e.ended.clone())
         };
         if let Some(c) = control {
@@ -290,6 +320,30 @@ impl ProcManager {
             .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
                 if let Err(e) = self.stop(&name, grace).await {
                     tracing::warn!(proc = %name, error = %e, "stop during shutdown");
+                }
+            })
+            .await;
+    }
+
+    /// Stops every running proc after the fence tripped (invariant 5):
+    /// TERM, the fence's grace, KILL, at most `max_concurrency` at a time.
+    pub async fn fence_procs(&self, max_concurrency: usize) {
+        let grace = self.inner.fence.policy().grace;
+        let running: Vec<String> = {
+            // Under the table lock, so no create slips in after the list.
+            let table = self.inner.lock();
+            table
+                .procs
+                .iter()
+                .filter(|(_, e)| !e.state.status.is_terminal())
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        tracing::warn!(procs = running.len(), ?grace, "fenced: stopping every proc");
+        futures::stream::iter(running)
+            .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
+                if let Err(e) = self.stop_as(&name, grace, false).await {
+                    tracing::warn!(proc = %name, error = %e, "stop while fencing");
                 }
             })
             .await;

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use super::manager::ProcManager;
 use super::protocol::{
     AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport,
-    RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
+    RankReport, Renew, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -66,6 +66,7 @@ impl Actor for HostAgent {
             .handle::<Stop>()
             .handle::<ShutdownHost>()
             .handle::<SetAddressBook>()
+            .handle::<Renew>()
             .handle::<Subscribe>()
             .handle::<CheckIn>();
     }
@@ -172,8 +173,16 @@ impl Handler<SetAddressBook> for HostAgent {
         _cx: &Context<Self>,
         m: SetAddressBook,
     ) -> Result<Self::Reply, ActorError> {
+        self.manager.fence().address_book(&m.epochs);
         self.manager.set_address_book(m.hosts);
         Ok(())
+    }
+}
+
+impl Handler<Renew> for HostAgent {
+    type Reply = crate::EpochVerdict;
+    async fn handle(&mut self, _cx: &Context<Self>, m: Renew) -> Result<Self::Reply, ActorError> {
+        Ok(self.manager.fence().contact(m.epoch))
     }
 }
 

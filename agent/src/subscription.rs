@@ -77,11 +77,14 @@ impl Subscription {
         let (seq, procs) = self.manager.snapshot();
         self.seq = seq;
         let id = self.manager.identity();
+        let fence = self.manager.fence();
         AgentPush::Snapshot {
             host_rank: id.host_rank,
             agent_addr: id.addr.to_string(),
             seq,
             procs,
+            epoch: fence.epoch(),
+            fenced: fence.fenced(),
         }
     }
 
@@ -92,6 +95,8 @@ impl Subscription {
             seq,
             digest: digest(&procs),
             procs: procs.len(),
+            epoch: self.manager.fence().epoch(),
+            fenced: self.manager.fence().fenced(),
         }
     }
 }

@@ -518,6 +518,7 @@ async fn one_client_watches_many_agents() {
             supervisor: None,
             heartbeat_interval: Duration::from_millis(200),
             limits: Default::default(),
+            fence: Default::default(),
         };
         agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }

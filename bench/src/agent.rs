@@ -68,6 +68,7 @@ async fn suite() -> anyhow::Result<()> {
         supervisor: None,
         heartbeat_interval: Duration::from_secs(1),
         limits: Limits::default(),
+        fence: Default::default(),
     })
     .await?;
     let addr = agent.addr();

@@ -27,6 +27,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
         supervisor: None,
         heartbeat_interval: Duration::from_secs(1),
         limits: Limits::default(),
+        fence: Default::default(),
     })
     .await
     .unwrap();
