@@ -94,6 +94,7 @@ fn agents(secret: &[u8], addr: SocketAddr) -> WorldAgents {
         secret: Arc::from(secret),
         health_timeout: Duration::from_secs(5),
         hosts: BTreeMap::from([(0, ("pod-0".to_string(), addr))]),
+        epochs: BTreeMap::new(),
     }
 }
 

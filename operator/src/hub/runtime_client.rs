@@ -28,7 +28,8 @@ use super::agent::{
 const CLIENT_NAME: &str = "hostmesh-operator";
 const EVENT_QUEUE: usize = 4096;
 
-type Uids = Arc<Mutex<HashMap<usize, String>>>;
+/// Pod UID and rank epoch each host was last dialed for.
+type Uids = Arc<Mutex<HashMap<usize, (String, u64)>>>;
 
 struct WorldClient {
     secret: Arc<[u8]>,
@@ -50,13 +51,25 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
         world: world.clone(),
         rank: ev.host.rank as u64,
     };
-    let uid = || {
-        uids.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ev.host.rank)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let (pod_uid, pod_epoch) = uids
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&ev.host.rank)
+        .cloned()
+        .unwrap_or_default();
+    let uid = || pod_uid.clone();
+    // Hub invariant 6: a stale or fenced agent's pushes do not count.
+    if let AgentEventKind::Push(
+        RtPush::Snapshot { epoch, fenced, .. } | RtPush::Heartbeat { epoch, fenced, .. },
+    ) = &ev.kind
+        && let Some(reason) = super::fence::refusal(pod_epoch, *epoch, fenced.as_deref())
+    {
+        return Some(HostReport::Refused {
+            host,
+            pod_uid: uid(),
+            reason,
+        });
+    }
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
         AgentEventKind::Disconnected { reason } => HostReport::Disconnected { host, reason },
@@ -141,7 +154,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
             let rank = target.host.rank as usize;
             uids.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(rank, target.pod_uid.clone());
+                .insert(rank, (target.pod_uid.clone(), target.epoch));
             client.watch(rank, target.addr);
             let link: Arc<dyn AgentLink> = Arc::new(RuntimeLink {
                 client,
@@ -206,6 +219,38 @@ impl AgentLink for RuntimeLink {
             }
             self.client
                 .set_address_book(self.addr, book)
+                .await
+                .map_err(LinkError::from)
+        })
+    }
+
+    fn set_address_book_with_epochs(
+        &self,
+        hosts: Vec<(u64, SocketAddr, u64)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(async move {
+            let n = hosts
+                .iter()
+                .map(|(r, _, _)| *r as usize + 1)
+                .max()
+                .unwrap_or(0);
+            let mut book = vec![String::new(); n];
+            let mut epochs = vec![0; n];
+            for (r, a, e) in hosts {
+                book[r as usize] = a.to_string();
+                epochs[r as usize] = e;
+            }
+            self.client
+                .set_address_book_with_epochs(self.addr, book, epochs)
+                .await
+                .map_err(LinkError::from)
+        })
+    }
+
+    fn renew(&self, epoch: u64) -> BoxFuture<'_, Result<hostmesh_agent::EpochVerdict, LinkError>> {
+        Box::pin(async move {
+            self.client
+                .renew(self.addr, epoch)
                 .await
                 .map_err(LinkError::from)
         })

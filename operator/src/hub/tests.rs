@@ -23,6 +23,7 @@ fn agents(n: u64, uid: &str) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"secret"[..]),
         health_timeout: Duration::from_secs(10),
+        epochs: BTreeMap::new(),
         hosts: (0..n)
             .map(|r| {
                 (
