@@ -446,7 +446,7 @@ mod tests {
         let c = args(&v).validate().unwrap();
         assert_eq!(c.fence.epoch, 7);
         assert_eq!(c.fence.timeout, Some(Duration::from_secs(70)));
-        for (flag, bad) in [("--epoch", "-1"), ("--fence-timeout", "0s")] {
+        for (flag, bad) in [("--epoch", "x1"), ("--fence-timeout", "0s")] {
             let mut v = base.to_vec();
             v.extend_from_slice(&[flag, bad]);
             let e = args(&v).validate().unwrap_err().to_string();

@@ -287,11 +287,11 @@ impl ProcManager {
             if e.state.status.is_terminal() {
                 return Ok(e.state.status.clone());
             }
-            e.state.stop_requested = requested;
+            e.state.stop_requested |= requested;
             (e.control.clone(), e.ended.clone())
         };
         if let Some(c) = control {
-            let _ = c.try_send(Control::Stop(grace));
+            let _ = c.try_send(Control::Stop(grace, requested));
         }
         let _ = ended.wait_for(|done| *done).await;
         self.rank_status(name).map(|r| r.status)

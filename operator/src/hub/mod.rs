@@ -379,6 +379,11 @@ impl Hub {
                 else {
                     return;
                 };
+                // A stale agent learns from the renewal's newer epoch that
+                // it was replaced, and fences (a fenced one ignores it).
+                if let Some(renew) = &h.renew {
+                    renew.send_replace(());
+                }
                 if h.link_error.as_deref() != Some(reason.as_str()) {
                     warn!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, %reason, "refusing the agent's pushes");
                     h.link_error = Some(reason);

@@ -9,11 +9,13 @@
 //!    rank. Only one pod per rank exists at a time (its name is fixed), so
 //!    the only older copy that can still run is one whose pod is gone
 //!    without its kubelet's word (invariant 3), and that copy has fenced.
-//! 2. The fence timeout is `healthTimeout + evictionTimeout`: an agent
-//!    fences no earlier than the operator would itself replace its host,
-//!    so an operator restart or a leader failover shorter than that stops
-//!    no proc. It is written into the pod at creation and read back from
-//!    it, so a later spec change cannot shorten what a running agent obeys.
+//! 2. The fence timeout is `healthTimeout + evictionTimeout`, and at least
+//!    [`MIN_FENCE_TIMEOUT`]: an agent fences no earlier than the operator
+//!    would itself replace its host, and an operator restart or a leader
+//!    failover (a Lease of 15 s, plus start-up) stops no proc even in a
+//!    World with short timeouts. It is written into the pod at creation and
+//!    read back from it, so a later spec change cannot shorten what a
+//!    running agent obeys.
 //! 3. A terminating pod whose agent is not heard is force-deleted (grace 0)
 //!    only once its agent must have fenced and its procs ended: the last
 //!    heartbeat this operator counted (or, never heard, when it started
@@ -58,9 +60,15 @@ pub fn next_epoch(now: Timestamp, seen: u64) -> u64 {
     ms.max(seen.saturating_add(1))
 }
 
+/// The shortest fence timeout: an operator restart or leader failover
+/// takes well under it.
+pub const MIN_FENCE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The fence timeout of a World's agents (invariant 2).
 pub fn fence_timeout(health_timeout: Duration, eviction_timeout: Duration) -> Duration {
-    health_timeout.saturating_add(eviction_timeout)
+    health_timeout
+        .saturating_add(eviction_timeout)
+        .max(MIN_FENCE_TIMEOUT)
 }
 
 fn env(name: &str, value: String) -> EnvVar {
@@ -192,6 +200,8 @@ mod tests {
         assert_eq!(pod_fence_timeout(&p), None);
         let timeout = fence_timeout(Duration::from_secs(10), Duration::from_secs(60));
         assert_eq!(timeout, Duration::from_secs(70));
+        let short = fence_timeout(Duration::from_secs(2), Duration::from_secs(3));
+        assert_eq!(short, MIN_FENCE_TIMEOUT, "failover-proof");
         stamp(&mut p, 42, timeout);
         assert_eq!(pod_epoch(&p), 42);
         assert_eq!(pod_fence_timeout(&p), Some(Duration::from_secs(70)));
