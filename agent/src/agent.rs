@@ -79,17 +79,25 @@ impl Agent {
     pub async fn start(config: AgentConfig) -> Result<Agent, HostError> {
         let secret = Secret::new(read_secret(&config.secret_file)?);
         // Invariant 3: every peer must prove it holds the World secret.
-        let proc = Proc::builder(AGENT_PROC_NAME)
+        // Fence invariant 5: the proc claims this host's epoch and checks
+        // peers against the table the fence keeps.
+        let peers = hostmesh_runtime::channel::epoch::EpochTable::default();
+        let mut builder = Proc::builder(AGENT_PROC_NAME)
             .listen(ChannelAddr::Tcp(config.listen))
             .secret(secret.bytes().to_vec())
-            .build()
-            .await
-            .map_err(|e| {
-                HostError::Runtime(format!(
-                    "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
-                    config.listen
-                ))
-            })?;
+            .epoch_table(peers.clone());
+        if config.fence.epoch > 0 {
+            builder = builder.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
+                rank: config.host_rank as u64,
+                epoch: config.fence.epoch,
+            });
+        }
+        let proc = builder.build().await.map_err(|e| {
+            HostError::Runtime(format!(
+                "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
+                config.listen
+            ))
+        })?;
         let addr = match proc.id().addr() {
             ChannelAddr::Tcp(a) => *a,
             _ => config.listen,
@@ -101,6 +109,7 @@ impl Agent {
             secret_file: config.secret_file.clone(),
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        manager.fence().share_peers(peers);
         manager.fence().configure(config.fence);
         let shutdown = Arc::new(Notify::new());
         let agent = proc

@@ -16,12 +16,57 @@
 //!    reached it.
 //! 4. Without a fence timeout (an agent not run by the operator) only
 //!    invariant 2 trips it.
+//! 5. The epochs the agent learns (its own, the address book's) go into
+//!    the epoch table its proc checks peers against, and, with its own
+//!    claim, into each new proc's environment (`HOSTMESH_RANK_EPOCH`,
+//!    `HOSTMESH_RANK_EPOCHS`), so the runtime handshake refuses a replaced
+//!    rank's older copy (`hostmesh_runtime::channel::epoch`).
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use hostmesh_runtime::channel::epoch::{EpochClaim, EpochTable};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// A proc's own claim, `<host rank>:<epoch>` (invariant 5).
+pub const RANK_EPOCH_ENV: &str = "HOSTMESH_RANK_EPOCH";
+/// The epochs known when a proc started, `<rank>=<epoch>,...`.
+pub const RANK_EPOCHS_ENV: &str = "HOSTMESH_RANK_EPOCHS";
+
+/// Parses a proc's epoch variables (`None` when unset): its claim and a
+/// table seeded with the known epochs; a bad value names the variable.
+pub fn proc_epochs(
+    claim: Option<&str>,
+    known: Option<&str>,
+) -> Result<Option<(EpochClaim, EpochTable)>, crate::HostError> {
+    let Some(claim) = claim.filter(|c| !c.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let pair = |s: &str, sep: char| -> Option<(u64, u64)> {
+        let (r, e) = s.trim().split_once(sep)?;
+        Some((r.trim().parse().ok()?, e.trim().parse().ok()?))
+    };
+    let (rank, epoch) = pair(claim, ':').ok_or_else(|| {
+        crate::HostError::config(
+            RANK_EPOCH_ENV,
+            format!("{claim:?} is not <host rank>:<epoch>"),
+        )
+    })?;
+    let table = EpochTable::default();
+    table.raise(rank, epoch);
+    for item in known
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+    {
+        let (r, e) = pair(item, '=').ok_or_else(|| {
+            crate::HostError::config(RANK_EPOCHS_ENV, format!("{item:?} is not <rank>=<epoch>"))
+        })?;
+        table.raise(r, e);
+    }
+    Ok(Some((EpochClaim { rank, epoch }, table)))
+}
 
 /// How an epoch the operator holds for this rank compares with the
 /// agent's own (the pure rule behind invariant 2).
@@ -76,6 +121,7 @@ struct State {
 pub struct Fence {
     host_rank: usize,
     policy: OnceLock<FencePolicy>,
+    peers: OnceLock<EpochTable>,
     state: Mutex<State>,
     tripped: Notify,
 }
@@ -87,6 +133,7 @@ impl Fence {
         Fence {
             host_rank,
             policy: OnceLock::new(),
+            peers: OnceLock::new(),
             state: Mutex::new(State {
                 last_contact: Instant::now(),
                 fenced: None,
@@ -103,7 +150,44 @@ impl Fence {
     /// contact.
     pub fn configure(&self, policy: FencePolicy) {
         let _ = self.policy.set(policy);
+        self.peers().raise(self.host_rank as u64, self.epoch());
         self.lock().last_contact = Instant::now();
+    }
+
+    /// The epoch table the agent's proc checks peers against (invariant 5).
+    pub fn peers(&self) -> &EpochTable {
+        self.peers.get_or_init(EpochTable::default)
+    }
+
+    /// Uses `table` (the one the agent's proc was built with) as the peer
+    /// table; only before the table is first used.
+    pub fn share_peers(&self, table: EpochTable) {
+        let _ = self.peers.set(table);
+    }
+
+    /// This agent's claim in the runtime handshake (none without an epoch).
+    pub fn claim(&self) -> Option<EpochClaim> {
+        let epoch = self.epoch();
+        (epoch > 0).then_some(EpochClaim {
+            rank: self.host_rank as u64,
+            epoch,
+        })
+    }
+
+    /// The epoch variables of a new proc (invariant 5; none without an
+    /// epoch): its claim `rank:epoch` and the known epochs `rank=epoch,...`.
+    pub(crate) fn proc_env(&self, ranks: usize) -> Vec<(String, String)> {
+        let Some(c) = self.claim() else {
+            return Vec::new();
+        };
+        let known = (0..ranks.max(self.host_rank + 1) as u64)
+            .filter_map(|r| Some(format!("{r}={}", self.peers().current(r)?)))
+            .collect::<Vec<_>>()
+            .join(",");
+        vec![
+            (RANK_EPOCH_ENV.to_owned(), format!("{}:{}", c.rank, c.epoch)),
+            (RANK_EPOCHS_ENV.to_owned(), known),
+        ]
     }
 
     /// The policy in force.
@@ -143,6 +227,11 @@ impl Fence {
     /// It is no contact: the operator sends books whether or not it hears
     /// this agent.
     pub fn address_book(&self, epochs: &[u64]) {
+        for (r, e) in epochs.iter().enumerate() {
+            if *e > 0 {
+                self.peers().raise(r as u64, *e);
+            }
+        }
         if let Some(e) = epochs.get(self.host_rank)
             && judge(self.epoch(), *e) == EpochVerdict::Replaced
         {
@@ -277,6 +366,35 @@ mod tests {
         f.watch().await;
         assert!(start.elapsed() >= timeout, "not before the timeout");
         assert!(f.fenced().is_some());
+    }
+
+    #[test]
+    fn epochs_reach_the_peer_table_and_proc_env() {
+        let f = fence(5, None);
+        assert_eq!(f.claim(), Some(EpochClaim { rank: 2, epoch: 5 }));
+        f.address_book(&[3, 0, 5]);
+        assert_eq!(f.peers().current(0), Some(3));
+        assert_eq!(f.peers().current(1), None, "0 is no epoch");
+        let env = f.proc_env(3);
+        assert_eq!(env[0], (RANK_EPOCH_ENV.into(), "2:5".into()));
+        assert_eq!(env[1], (RANK_EPOCHS_ENV.into(), "0=3,2=5".into()));
+        let (claim, table) = proc_epochs(Some("2:5"), Some("0=3,2=5")).unwrap().unwrap();
+        assert_eq!(claim, EpochClaim { rank: 2, epoch: 5 });
+        assert_eq!(table.current(0), Some(3));
+        assert!(
+            table
+                .admit(Some(&EpochClaim { rank: 0, epoch: 2 }))
+                .is_err()
+        );
+        assert!(proc_epochs(None, Some("0=3")).unwrap().is_none());
+        let e = proc_epochs(Some("five"), None).unwrap_err().to_string();
+        assert!(e.contains(RANK_EPOCH_ENV), "{e}");
+        let e = proc_epochs(Some("2:5"), Some("0:3"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(RANK_EPOCHS_ENV), "{e}");
+        // An agent without an epoch gives its procs none.
+        assert!(fence(0, None).proc_env(3).is_empty());
     }
 
     #[test]

@@ -51,7 +51,9 @@ pub use client::{
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, coordinates};
 pub use error::HostError;
-pub use fence::{EpochVerdict, Fence, FencePolicy, judge};
+pub use fence::{
+    EpochVerdict, Fence, FencePolicy, RANK_EPOCH_ENV, RANK_EPOCHS_ENV, judge, proc_epochs,
+};
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
 pub use manager::{ProcManager, digest};

@@ -173,7 +173,10 @@ impl ProcManager {
                 CreateOutcome::Created
             }
         };
-        let env = env::proc_env(&self.inner.identity, &table.address_book, &req)?;
+        let mut env = env::proc_env(&self.inner.identity, &table.address_book, &req)?;
+        // Contract variables first: the epochs go before the spec's own.
+        let epochs = self.inner.fence.proc_env(table.address_book.len());
+        env.splice(0..0, epochs);
         let (ctl_tx, ctl_rx) = mpsc::channel(8);
         let (ended_tx, ended_rx) = watch::channel(false);
         let mut command = vec![req.spec.command.clone()];
