@@ -291,7 +291,7 @@ async fn a_cut_off_agent_fences_after_its_timeout_and_says_why() {
     // its timeout.
     let connected = std::time::Instant::now();
     for _ in 0..100 {
-        if connected.elapsed() > timeout * 2 {
+        if connected.elapsed() > timeout + Duration::from_secs(1) {
             break;
         }
         let st = sleeper_state(&c, agent.addr).await;
@@ -301,7 +301,7 @@ async fn a_cut_off_agent_fences_after_its_timeout_and_says_why() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(connected.elapsed() > timeout * 2);
+    assert!(connected.elapsed() > timeout + Duration::from_secs(1));
     // Cut the operator off: its client and connections go.
     hub.forget_world(&wk());
     let _ = stop.send(());
