@@ -10,6 +10,10 @@
 //! 3. The agent's proc is built with the World secret: the runtime handshake
 //!    refuses (and logs) every peer that cannot prove it holds it, so such a
 //!    peer can spawn nothing and read nothing.
+//! 4. Once its fence trips (`fence.rs`: replaced, or no renewal from the
+//!    operator for `--fence-timeout`), the agent stops every proc with the
+//!    fence grace, reports not ready, and keeps serving so the operator
+//!    learns why from its pushes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,17 +79,25 @@ impl Agent {
     pub async fn start(config: AgentConfig) -> Result<Agent, HostError> {
         let secret = Secret::new(read_secret(&config.secret_file)?);
         // Invariant 3: every peer must prove it holds the World secret.
-        let proc = Proc::builder(AGENT_PROC_NAME)
+        // Fence invariant 5: the proc claims this host's epoch and checks
+        // peers against the table the fence keeps.
+        let peers = hostmesh_runtime::channel::epoch::EpochTable::default();
+        let mut builder = Proc::builder(AGENT_PROC_NAME)
             .listen(ChannelAddr::Tcp(config.listen))
             .secret(secret.bytes().to_vec())
-            .build()
-            .await
-            .map_err(|e| {
-                HostError::Runtime(format!(
-                    "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
-                    config.listen
-                ))
-            })?;
+            .epoch_table(peers.clone());
+        if config.fence.epoch > 0 {
+            builder = builder.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
+                rank: config.host_rank as u64,
+                epoch: config.fence.epoch,
+            });
+        }
+        let proc = builder.build().await.map_err(|e| {
+            HostError::Runtime(format!(
+                "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
+                config.listen
+            ))
+        })?;
         let addr = match proc.id().addr() {
             ChannelAddr::Tcp(a) => *a,
             _ => config.listen,
@@ -97,6 +109,8 @@ impl Agent {
             secret_file: config.secret_file.clone(),
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        manager.fence().share_peers(peers);
+        manager.fence().configure(config.fence);
         let shutdown = Arc::new(Notify::new());
         let agent = proc
             .spawn(
@@ -115,6 +129,17 @@ impl Agent {
         let (health_addr, health) = health::serve(config.health, readiness.clone()).await?;
         tokio::spawn(health);
         readiness.set(true);
+        // Invariant 4: a tripped fence stops every proc; the agent stays up
+        // (not ready) to tell the operator why.
+        {
+            let (manager, readiness) = (manager.clone(), readiness.clone());
+            let concurrency = config.limits.shutdown_concurrency;
+            tokio::spawn(async move {
+                manager.fence().watch().await;
+                readiness.set(false);
+                manager.fence_procs(concurrency).await;
+            });
+        }
         tracing::info!(
             world = %config.world,
             host_rank = config.host_rank,

@@ -320,7 +320,30 @@ impl AgentClient {
         addr: SocketAddr,
         hosts: Vec<String>,
     ) -> Result<(), ClientError> {
-        self.call(addr, &SetAddressBook { hosts }).await
+        self.set_address_book_with_epochs(addr, hosts, Vec::new())
+            .await
+    }
+
+    /// `SetAddressBook` with the rank epochs by host rank: an agent whose
+    /// own rank is at a newer epoch fences itself.
+    pub async fn set_address_book_with_epochs(
+        &self,
+        addr: SocketAddr,
+        hosts: Vec<String>,
+        epochs: Vec<u64>,
+    ) -> Result<(), ClientError> {
+        self.call(addr, &SetAddressBook { hosts, epochs }).await
+    }
+
+    /// `Renew {epoch}`: tells the agent at `addr` that its heartbeats reach
+    /// this supervisor, which holds `epoch` for its rank; answers how the
+    /// agent judged that epoch (`Replaced`: it fenced itself).
+    pub async fn renew(
+        &self,
+        addr: SocketAddr,
+        epoch: u64,
+    ) -> Result<crate::EpochVerdict, ClientError> {
+        self.call(addr, &crate::protocol::Renew { epoch }).await
     }
 
     /// The stacks of the named procs on the agent at `addr`, each at most

@@ -47,6 +47,16 @@ pub struct AgentArgs {
     /// Heartbeat interval to subscribers (`500ms`, `1s`, `2m`).
     #[arg(long, env = contract::env::HEARTBEAT_INTERVAL, default_value = "1s")]
     pub heartbeat_interval: String,
+    /// This host's rank epoch (the operator's; 0: none).
+    #[arg(long, env = contract::env::EPOCH, default_value = "0")]
+    pub epoch: String,
+    /// Fence itself (stop every proc) after this long without a renewal
+    /// from the operator; empty: never.
+    #[arg(long, env = contract::env::FENCE_TIMEOUT)]
+    pub fence_timeout: Option<String>,
+    /// Grace between TERM and KILL when fencing.
+    #[arg(long, env = contract::env::FENCE_GRACE, default_value = "5s")]
+    pub fence_grace: String,
     /// Grace period between TERM and KILL when the agent itself is stopped.
     #[arg(long, env = "HOSTMESH_STOP_GRACE", default_value = "10s")]
     pub stop_grace: String,
@@ -100,6 +110,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// The Monarch worker to run, if the host is a Monarch host.
     pub monarch: Option<super::monarch::MonarchWorker>,
+    /// Rank epoch and self-fencing.
+    pub fence: crate::FencePolicy,
 }
 
 /// Limits and defaults of the proc manager.
@@ -232,8 +244,27 @@ impl AgentArgs {
             self.monarch_port.as_deref(),
             [listen.port(), health_port],
         )?;
+        let fence_timeout = match self.fence_timeout.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => {
+                let d = parse_duration("--fence-timeout (HOSTMESH_FENCE_TIMEOUT)", s)?;
+                if d.is_zero() {
+                    return Err(HostError::config(
+                        "--fence-timeout (HOSTMESH_FENCE_TIMEOUT)",
+                        "must be greater than zero (leave it unset never to fence)",
+                    ));
+                }
+                Some(d)
+            }
+        };
+        let fence = crate::FencePolicy {
+            epoch: parse_num::<u64>("--epoch (HOSTMESH_EPOCH)", &self.epoch)?,
+            timeout: fence_timeout,
+            grace: parse_duration("--fence-grace (HOSTMESH_FENCE_GRACE)", &self.fence_grace)?,
+        };
         Ok(AgentConfig {
             monarch,
+            fence,
             world,
             namespace: self.namespace.clone().filter(|n| !n.is_empty()),
             host_rank,
@@ -418,6 +449,24 @@ mod tests {
         assert!(with("op.ns.svc:26610").is_ok());
         let e = with("op.ns.svc").unwrap_err().to_string();
         assert!(e.contains("--supervisor"), "{e}");
+    }
+
+    #[test]
+    fn fence_settings() {
+        let base = ["--world", "w", "--host-rank", "0", "--pod-ip", "127.0.0.2"];
+        let c = args(&base).validate().unwrap();
+        assert_eq!((c.fence.epoch, c.fence.timeout), (0, None));
+        let mut v = base.to_vec();
+        v.extend_from_slice(&["--epoch", "7", "--fence-timeout", "70s"]);
+        let c = args(&v).validate().unwrap();
+        assert_eq!(c.fence.epoch, 7);
+        assert_eq!(c.fence.timeout, Some(Duration::from_secs(70)));
+        for (flag, bad) in [("--epoch", "x1"), ("--fence-timeout", "0s")] {
+            let mut v = base.to_vec();
+            v.extend_from_slice(&[flag, bad]);
+            let e = args(&v).validate().unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 
     #[test]

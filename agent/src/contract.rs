@@ -34,11 +34,23 @@ pub mod env {
     /// The port the Monarch worker listens on: the host is ready only once
     /// something listens there.
     pub const MONARCH_PORT: &str = "HOSTMESH_MONARCH_PORT";
+    /// This host's rank epoch (docs/architecture.md, "Rank epochs and
+    /// fencing").
+    pub const EPOCH: &str = "HOSTMESH_EPOCH";
+    /// How long the agent runs procs without hearing the operator before
+    /// it fences itself (the World's `healthTimeout + evictionTimeout`).
+    pub const FENCE_TIMEOUT: &str = "HOSTMESH_FENCE_TIMEOUT";
+    /// Grace between TERM and KILL when the agent fences its procs.
+    pub const FENCE_GRACE: &str = "HOSTMESH_FENCE_GRACE";
     /// The prefix of every variable the operator owns on the host container
     /// (a user's variable with it is replaced).
     pub const PREFIX: &str = "HOSTMESH_";
 }
 
+/// Grace between TERM and KILL when a fenced agent stops its procs: the
+/// operator counts on every old proc being gone this long after the fence
+/// timeout.
+pub const FENCE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// The agent protocol port when the World does not set `spec.port`.
 pub const AGENT_PORT: u16 = 26602;
 /// The agent's plain-HTTP health port (`/healthz`, `/readyz`).
@@ -67,7 +79,13 @@ mod tests {
     fn paths_compose() {
         assert_eq!(SECRET_FILE, format!("{SECRET_DIR}/{SECRET_KEY}"));
         assert_eq!(BIN_PATH, format!("{BIN_DIR}/hostmesh"));
-        for name in [env::WORLD, env::PORT, env::SECRET_FILE] {
+        for name in [
+            env::WORLD,
+            env::PORT,
+            env::SECRET_FILE,
+            env::EPOCH,
+            env::FENCE_TIMEOUT,
+        ] {
             assert!(name.starts_with(env::PREFIX));
         }
     }

@@ -76,6 +76,13 @@ pub enum HostError {
     /// The agent is shutting down and accepts no new procs.
     #[error("the agent is shutting down and accepts no new procs")]
     ShuttingDown,
+    /// The agent fenced itself (lost the operator, or was replaced) and
+    /// runs no procs any more.
+    #[error("the agent fenced itself and accepts no procs: {reason}")]
+    Fenced {
+        /// Why it fenced.
+        reason: String,
+    },
     /// The actor runtime failed (binding the agent's proc, a call).
     #[error("runtime: {0}")]
     Runtime(String),

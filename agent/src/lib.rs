@@ -12,6 +12,7 @@
 //! - `env`: the proc environment contract.
 //! - `spawn`: starting (see `clone`), signalling and reaping proc processes.
 //! - `clone`: the `clone(CLONE_VM|CLONE_VFORK)` + `execve` spawn itself.
+//! - `fence`: rank epochs and self-fencing.
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
 //! - `logs`: output forwarding and stderr tails.
@@ -34,6 +35,7 @@ mod config;
 pub mod contract;
 mod env;
 mod error;
+mod fence;
 mod health;
 mod lifecycle;
 mod listen;
@@ -58,6 +60,9 @@ pub use client::{
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
 pub use error::HostError;
+pub use fence::{
+    EpochVerdict, Fence, FencePolicy, RANK_EPOCH_ENV, RANK_EPOCHS_ENV, judge, proc_epochs,
+};
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
 pub use manager::{ProcManager, digest};

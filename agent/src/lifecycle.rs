@@ -36,8 +36,9 @@ const TAIL_WAIT: Duration = Duration::from_secs(1);
 /// A request to a running proc's task.
 #[derive(Debug)]
 pub(crate) enum Control {
-    /// Stop with this grace.
-    Stop(Duration),
+    /// Stop with this grace; whether the end was asked for (false: the
+    /// fence stops it, a failure).
+    Stop(Duration, bool),
     /// A runtime-aware proc checked in from this address.
     CheckIn(String),
 }
@@ -130,9 +131,9 @@ pub(crate) async fn run(
         tokio::select! {
             status = child.wait() => break status,
             c = ctl.recv() => match c {
-                Some(Control::Stop(grace)) => {
+                Some(Control::Stop(grace, requested)) => {
                     stopped = true;
-                    break stop(&inner, &name, inc, pid, &mut child, grace).await
+                    break stop(&inner, &name, inc, pid, &mut child, grace, requested).await
                 }
                 Some(Control::CheckIn(addr)) => {
                     awaiting_check_in = false;
@@ -151,7 +152,7 @@ pub(crate) async fn run(
                 tracing::warn!(proc = %name, timeout = ?spawn_timeout, "runtime-aware proc never checked in; stopping it");
                 timed_out = true;
                 stopped = true;
-                break stop(&inner, &name, inc, pid, &mut child, inner.limits.stop_grace).await;
+                break stop(&inner, &name, inc, pid, &mut child, inner.limits.stop_grace, true).await;
             }
         }
     };
@@ -269,9 +270,10 @@ async fn stop(
     pid: u32,
     child: &mut ProcChild,
     grace: Duration,
+    requested: bool,
 ) -> std::io::Result<std::process::ExitStatus> {
     inner.update(name, inc, |s| {
-        s.stop_requested = true;
+        s.stop_requested |= requested;
         s.status = ProcPhase::Stopping { pid };
     });
     spawn::signal_group(pid, libc::SIGTERM);

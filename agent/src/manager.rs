@@ -16,6 +16,9 @@
 //! 5. Every status change is stamped with the agent's wall clock
 //!    (`changed_at_ms`), so a failure's time is when it happened here, not
 //!    when a supervisor heard of it.
+//! 6. Once the fence has tripped (`fence.rs`), nothing new is spawned and
+//!    [`ProcManager::fence_procs`] stops every proc as a failure (not a
+//!    requested stop), so the operator restarts those ranks elsewhere.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +31,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use super::config::Limits;
 use super::env::{self, AgentIdentity};
 use super::error::HostError;
+use super::fence::Fence;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
@@ -63,6 +67,7 @@ pub(crate) struct Inner {
     table: Mutex<Table>,
     events: broadcast::Sender<ProcStateChanged>,
     shutting_down: AtomicBool,
+    fence: Fence,
 }
 
 /// The procs of one host. Cheap to clone; all clones share the table.
@@ -91,8 +96,10 @@ impl ProcManager {
         let spawner =
             Spawner::start().map_err(|e| HostError::io("cannot start the spawner thread", e))?;
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let fence = Fence::new(identity.host_rank);
         Ok(ProcManager {
             inner: Arc::new(Inner {
+                fence,
                 identity,
                 limits,
                 spawner,
@@ -120,6 +127,11 @@ impl ProcManager {
         &self.inner.identity
     }
 
+    /// This agent's rank epoch and fence.
+    pub fn fence(&self) -> &Fence {
+        &self.inner.fence
+    }
+
     /// Creates the proc unless the same request was already applied
     /// (invariant 1).
     pub fn create_or_update(&self, req: CreateOrUpdate) -> Result<CreateOutcome, HostError> {
@@ -138,11 +150,18 @@ impl ProcManager {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(HostError::ShuttingDown);
         }
+        if let Some(reason) = self.inner.fence.fenced() {
+            return Err(HostError::Fenced { reason });
+        }
         env::validate(&req, self.inner.identity.host_rank)?;
         let mut table = self.inner.lock();
-        // Checked again under the lock that `shutdown` takes (invariant 4).
+        // Checked again under the lock that `shutdown` and `fence_procs`
+        // take (invariants 4, 5).
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(HostError::ShuttingDown);
+        }
+        if let Some(reason) = self.inner.fence.fenced() {
+            return Err(HostError::Fenced { reason });
         }
         let outcome = match table.procs.get(&req.name) {
             Some(e) if e.req.rank != req.rank => {
@@ -170,11 +189,16 @@ impl ProcManager {
                 CreateOutcome::Created
             }
         };
-        let env = if contract_env {
+        let mut env = if contract_env {
             env::proc_env(&self.inner.identity, &table.address_book, &req)?
         } else {
             req.spec.env.clone()
         };
+        if contract_env {
+            // Contract variables first: the epochs go before the spec's own.
+            let epochs = self.inner.fence.proc_env(table.address_book.len());
+            env.splice(0..0, epochs);
+        }
         let (ctl_tx, ctl_rx) = mpsc::channel(8);
         let (ended_tx, ended_rx) = watch::channel(false);
         let mut command = vec![req.spec.command.clone()];
@@ -305,17 +329,28 @@ impl ProcManager {
     /// Stops a proc: TERM to its process group, `grace`, then KILL. Returns
     /// its final status; a proc that already ended just returns its status.
     pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcPhase, HostError> {
+        self.stop_as(name, grace, true).await
+    }
+
+    /// [`ProcManager::stop`]; `requested` says whether the end counts as
+    /// asked for (false when the fence stops it: a failure).
+    async fn stop_as(
+        &self,
+        name: &str,
+        grace: Duration,
+        requested: bool,
+    ) -> Result<ProcPhase, HostError> {
         let (control, mut ended) = {
             let mut table = self.inner.lock();
             let e = table.procs.get_mut(name).ok_or_else(|| no_such(name))?;
             if e.state.status.is_terminal() {
                 return Ok(e.state.status.clone());
             }
-            e.state.stop_requested = true;
+            e.state.stop_requested |= requested;
             (e.control.clone(), e.ended.clone())
         };
         if let Some(c) = control {
-            let _ = c.try_send(Control::Stop(grace));
+            let _ = c.try_send(Control::Stop(grace, requested));
         }
         let _ = ended.wait_for(|done| *done).await;
         self.rank_status(name).map(|r| r.status)
@@ -344,6 +379,30 @@ impl ProcManager {
             .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
                 if let Err(e) = self.stop(&name, grace).await {
                     tracing::warn!(proc = %name, error = %e, "stop during shutdown");
+                }
+            })
+            .await;
+    }
+
+    /// Stops every running proc after the fence tripped (invariant 5):
+    /// TERM, the fence's grace, KILL, at most `max_concurrency` at a time.
+    pub async fn fence_procs(&self, max_concurrency: usize) {
+        let grace = self.inner.fence.policy().grace;
+        let running: Vec<String> = {
+            // Under the table lock, so no create slips in after the list.
+            let table = self.inner.lock();
+            table
+                .procs
+                .iter()
+                .filter(|(_, e)| !e.state.status.is_terminal())
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        tracing::warn!(procs = running.len(), ?grace, "fenced: stopping every proc");
+        futures::stream::iter(running)
+            .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
+                if let Err(e) = self.stop_as(&name, grace, false).await {
+                    tracing::warn!(proc = %name, error = %e, "stop while fencing");
                 }
             })
             .await;

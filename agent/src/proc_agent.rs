@@ -316,7 +316,8 @@ fn env(name: &'static str) -> Result<String, HostError> {
 }
 
 /// Joins the host this proc was started on, from the proc environment
-/// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`):
+/// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`,
+/// and `HOSTMESH_RANK_EPOCH(S)` when the host has an epoch):
 /// builds the proc with `configure` (register actor types there), listening
 /// on the agent's IP, starts the `mesh` actor and checks in (invariant 1).
 pub async fn join_host(
@@ -331,9 +332,18 @@ pub async fn join_host(
     })?;
     let secret = super::config::read_secret(std::path::Path::new(&env("HOSTMESH_SECRET_FILE")?))?;
     let listen = SocketAddr::new(agent_addr.ip(), 0);
-    let builder = Proc::builder(name.clone())
+    let mut builder = Proc::builder(name.clone())
         .listen(ChannelAddr::Tcp(listen))
         .secret(secret);
+    // The host copy's epoch: peers that know a newer one refuse this proc,
+    // and it refuses peers older than the epochs known at its start.
+    let epochs = super::fence::proc_epochs(
+        std::env::var(super::fence::RANK_EPOCH_ENV).ok().as_deref(),
+        std::env::var(super::fence::RANK_EPOCHS_ENV).ok().as_deref(),
+    )?;
+    if let Some((claim, table)) = epochs {
+        builder = builder.epoch(claim).epoch_table(table);
+    }
     let proc = configure(builder)
         .build()
         .await

@@ -344,6 +344,11 @@ pub enum AgentPush {
         /// The agent's wall clock when it sent this, milliseconds since the
         /// Unix epoch (a clock-offset sample for the hub).
         sent_at_ms: u64,
+        /// The agent's rank epoch (`HOSTMESH_EPOCH`; 0 when it has none).
+        epoch: u64,
+        /// Why the agent fenced itself, once it has: it runs no procs and
+        /// accepts none (docs/architecture.md, "Rank epochs and fencing").
+        fenced: Option<String>,
     },
     /// One proc changed state (sent at once).
     Changed(ProcStateChanged),
@@ -361,6 +366,10 @@ pub enum AgentPush {
         /// The agent's wall clock when it sent this, milliseconds since the
         /// Unix epoch: the hub estimates the agent's clock offset from it.
         sent_at_ms: u64,
+        /// The agent's rank epoch.
+        epoch: u64,
+        /// Why the agent fenced itself, once it has.
+        fenced: Option<String>,
     },
 }
 
@@ -404,6 +413,21 @@ pub struct ShutdownHost {
 pub struct SetAddressBook {
     /// Agent addresses by host rank.
     pub hosts: Vec<String>,
+    /// Rank epochs by host rank (empty: not known). An agent whose own
+    /// rank is at a newer epoch here than its own has been replaced and
+    /// fences itself at once.
+    pub epochs: Vec<u64>,
+}
+
+/// `Renew {epoch}`: the operator still hears this agent. The operator sends
+/// it only after heartbeats of this agent reached it, so an agent that gets
+/// none for its fence timeout knows the operator may replace it and fences
+/// itself. An `epoch` newer than the agent's own means the agent was
+/// replaced: it fences at once. Answered with the agent's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renew {
+    /// The rank epoch the operator holds for this host.
+    pub epoch: u64,
 }
 
 /// `Subscribe {port}`: push a snapshot, then every change and a heartbeat

@@ -23,7 +23,8 @@ use tokio::sync::Notify;
 use super::manager::ProcManager;
 use super::protocol::{
     ActorFailed, AgentPush, CaptureStacks, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus,
-    GetState, ProcReport, ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
+    GetState, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook, ShutdownHost, Stop,
+    Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -66,6 +67,7 @@ impl Actor for HostAgent {
             .handle::<Stop>()
             .handle::<ShutdownHost>()
             .handle::<SetAddressBook>()
+            .handle::<Renew>()
             .handle::<Subscribe>()
             .handle::<CheckIn>()
             .handle::<ActorFailed>()
@@ -174,8 +176,16 @@ impl Handler<SetAddressBook> for HostAgent {
         _cx: &Context<Self>,
         m: SetAddressBook,
     ) -> Result<Self::Reply, ActorError> {
+        self.manager.fence().address_book(&m.epochs);
         self.manager.set_address_book(m.hosts);
         Ok(())
+    }
+}
+
+impl Handler<Renew> for HostAgent {
+    type Reply = crate::EpochVerdict;
+    async fn handle(&mut self, _cx: &Context<Self>, m: Renew) -> Result<Self::Reply, ActorError> {
+        Ok(self.manager.fence().contact(m.epoch))
     }
 }
 

@@ -77,12 +77,15 @@ impl Subscription {
         let (seq, procs) = self.manager.snapshot();
         self.seq = seq;
         let id = self.manager.identity();
+        let fence = self.manager.fence();
         AgentPush::Snapshot {
             host_rank: id.host_rank,
             agent_addr: id.addr.to_string(),
             seq,
             procs,
             sent_at_ms: super::manager::now_ms(),
+            epoch: fence.epoch(),
+            fenced: fence.fenced(),
         }
     }
 
@@ -94,6 +97,8 @@ impl Subscription {
             digest: digest(&procs),
             procs: procs.len(),
             sent_at_ms: super::manager::now_ms(),
+            epoch: self.manager.fence().epoch(),
+            fenced: self.manager.fence().fenced(),
         }
     }
 }

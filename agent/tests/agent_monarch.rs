@@ -51,6 +51,7 @@ async fn the_worker_gates_readiness_and_its_exit_is_reported() {
             command: vec!["sh".into(), "-c".into(), script],
             port,
         }),
+        fence: Default::default(),
     };
     let agent = Agent::start(config).await.unwrap();
     let m = agent.manager().clone();

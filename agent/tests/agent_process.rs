@@ -115,3 +115,51 @@ fn agent_settings_do_not_leak_into_procs() {
     );
     agent.line("[mesh/0] leak=none/none world=w rank=0");
 }
+
+/// Fence invariant 5 over real sockets: a peer claiming an older epoch of a
+/// rank is refused by the agent process once the address book told it of a
+/// newer one; the current epoch and unclaimed peers are not; procs learn
+/// their host's epoch.
+#[test]
+fn a_replaced_ranks_older_copy_cannot_connect() {
+    use hostmesh_agent::{AgentClient, ClientConfig};
+    use hostmesh_runtime::channel::epoch::EpochClaim;
+    use hostmesh_runtime::{ChannelAddr, Proc};
+
+    let agent = ChildAgent::start(
+        &[("HOSTMESH_EPOCH", "3")],
+        &["echo \"claim=$HOSTMESH_RANK_EPOCH known=$HOSTMESH_RANK_EPOCHS\""],
+    );
+    agent.line("[mesh/0] claim=0:3 known=0=3");
+    let addr = agent.addr();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let secret = agent_common::child::SECRET.as_bytes();
+        let peer = |epoch: Option<u64>| async move {
+            let mut b = Proc::builder("peer").secret(secret.to_vec());
+            if let Some(epoch) = epoch {
+                b = b.epoch(EpochClaim { rank: 1, epoch });
+            }
+            let p = b.build().await.unwrap();
+            let res = p.connect(&ChannelAddr::Tcp(addr)).await;
+            p.shutdown();
+            res.map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert!(peer(Some(5)).await.is_ok(), "no newer epoch known yet");
+        let (tx, _rx) = tokio::sync::mpsc::channel(16);
+        let c = AgentClient::new("operator", secret, ClientConfig::default(), tx)
+            .await
+            .unwrap();
+        c.set_address_book_with_epochs(
+            addr,
+            vec![addr.to_string(), "127.0.0.1:1".into()],
+            vec![3, 6],
+        )
+        .await
+        .unwrap();
+        let refused = peer(Some(5)).await.unwrap_err();
+        assert!(refused.contains("stale peer"), "{refused}");
+        assert!(peer(Some(6)).await.is_ok(), "the current epoch");
+        assert!(peer(None).await.is_ok(), "an unclaimed peer");
+    });
+}

@@ -519,6 +519,7 @@ async fn one_client_watches_many_agents() {
             heartbeat_interval: Duration::from_millis(200),
             limits: Default::default(),
             monarch: None,
+            fence: Default::default(),
         };
         agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }

@@ -69,6 +69,7 @@ async fn suite() -> anyhow::Result<()> {
         heartbeat_interval: Duration::from_secs(1),
         limits: Limits::default(),
         monarch: None,
+        fence: Default::default(),
     })
     .await?;
     let addr = agent.addr();

@@ -43,6 +43,7 @@ fn agents(n: u64, timeout: Duration) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"bench-secret-0123456789"[..]),
         health_timeout: timeout,
+        epochs: Default::default(),
         hosts: (0..n)
             .map(|r| {
                 let ip = [127, 1, (r / 250) as u8, (r % 250) as u8 + 1];

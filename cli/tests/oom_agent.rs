@@ -202,6 +202,7 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
         secret: Arc::from(&secret[..]),
         health_timeout: Duration::from_secs(10),
         hosts: BTreeMap::from([(0, ("pod-0".to_string(), addr))]),
+        epochs: BTreeMap::new(),
     };
     eventually_async("agent heartbeats", async || {
         let h = hub.clone();

@@ -44,6 +44,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
             secret: Arc::from(&b"secret"[..]),
             health_timeout: Duration::from_secs(10),
             hosts,
+            epochs: BTreeMap::new(),
         },
     )
     .await;

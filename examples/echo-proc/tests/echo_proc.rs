@@ -28,6 +28,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
         heartbeat_interval: Duration::from_secs(1),
         limits: Limits::default(),
         monarch: None,
+        fence: Default::default(),
     })
     .await
     .unwrap();

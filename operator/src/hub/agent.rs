@@ -44,6 +44,9 @@ pub struct AgentTarget {
     pub addr: SocketAddr,
     /// The World's secret.
     pub secret: Arc<[u8]>,
+    /// The pod's rank epoch: pushes from an agent of an older one are
+    /// refused.
+    pub epoch: u64,
 }
 
 impl std::fmt::Debug for AgentTarget {
@@ -53,6 +56,7 @@ impl std::fmt::Debug for AgentTarget {
             .field("host", &self.host)
             .field("pod_uid", &self.pod_uid)
             .field("addr", &self.addr)
+            .field("epoch", &self.epoch)
             .finish_non_exhaustive()
     }
 }
@@ -207,6 +211,16 @@ pub enum HostReport {
         /// The agent's send time and the receipt time, when the agent said.
         clock: Option<ClockSample>,
     },
+    /// The agent's pushes are refused: it is of an older rank epoch than
+    /// its pod, or it fenced itself. No heartbeat of it counts.
+    Refused {
+        /// From.
+        host: HostKey,
+        /// Pod UID it was dialed for.
+        pod_uid: String,
+        /// Why.
+        reason: String,
+    },
     /// The connection dropped, or could not be made.
     Disconnected {
         /// From.
@@ -267,6 +281,19 @@ pub trait AgentLink: Send + Sync {
                 "this agent cannot capture stacks".into(),
             ))
         })
+    }
+    /// Sends the address book with rank epochs (host rank, address,
+    /// epoch); the default sends the addresses only.
+    fn set_address_book_with_epochs(
+        &self,
+        book: Vec<(u64, SocketAddr, u64)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        self.set_address_book(book.into_iter().map(|(r, a, _)| (r, a)).collect())
+    }
+    /// `Renew {epoch}`: this hub hears the agent, which should be of
+    /// `epoch`; the default (a simulated agent) does nothing.
+    fn renew(&self, _epoch: u64) -> BoxFuture<'_, Result<hostmesh_agent::EpochVerdict, LinkError>> {
+        Box::pin(async { Ok(hostmesh_agent::EpochVerdict::Current) })
     }
 }
 

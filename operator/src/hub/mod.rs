@@ -25,10 +25,16 @@
 //!    heartbeats and snapshots), and with its receipt time; a report of a
 //!    failure already held keeps both, so the order of failures across
 //!    hosts is the order they happened, whatever order they arrive in.
+//! 7. Rank epochs ([`fence`]): a push from an agent of an older epoch than
+//!    its pod's, or from a fenced agent, is refused (no heartbeat counts),
+//!    and every heartbeat that counts is answered with a `Renew` of the
+//!    pod's epoch from the link's own task, so an agent stops hearing
+//!    renewals as soon as this hub stops hearing it.
 
 pub mod agent;
 pub mod clock;
 pub mod coalesce;
+pub mod fence;
 pub mod heartbeat;
 mod procs;
 pub mod runtime_client;
@@ -74,6 +80,8 @@ pub struct WorldAgents {
     pub health_timeout: Duration,
     /// Hosts with a pod IP: rank to (pod UID, agent address).
     pub hosts: BTreeMap<u64, (String, SocketAddr)>,
+    /// Rank epochs of those pods (`hostmesh.dev/epoch`; absent: 0).
+    pub epochs: BTreeMap<u64, u64>,
 }
 
 struct HostEntry {
@@ -88,6 +96,11 @@ struct HostEntry {
     /// The latest address book for this agent, sent by the link's own
     /// task ([`book_sender`]); `None` while there is no link.
     book: Option<tokio::sync::watch::Sender<Book>>,
+    /// The pod's rank epoch.
+    epoch: u64,
+    /// Wakes the link's renewer ([`fence::renewer`]) on each heartbeat
+    /// that counts; `None` while there is no link.
+    renew: Option<tokio::sync::watch::Sender<()>>,
     /// When this hub first had the agent's Snapshot (wall clock): before
     /// it, the hub knows nothing of the host's procs (a new leader).
     reported_at: Option<Timestamp>,
@@ -111,6 +124,8 @@ struct WorldEntry {
     hosts: BTreeMap<u64, HostEntry>,
     /// Proc states by mesh id, then rank.
     procs: HashMap<String, BTreeMap<u64, ProcObs>>,
+    /// The highest epoch given for each rank, kept after its pod goes.
+    highest_epochs: BTreeMap<u64, u64>,
 }
 
 struct State {
@@ -404,8 +419,33 @@ impl Hub {
                     h.sent.clear();
                     h.stopping.clear();
                     h.book = None;
+                    h.renew = None;
                 }
                 st.world_triggers.mark(host.world, false, now);
+            }
+            HostReport::Refused {
+                host,
+                pod_uid,
+                reason,
+            } => {
+                let Some(h) = st
+                    .worlds
+                    .get_mut(&host.world)
+                    .and_then(|w| w.hosts.get_mut(&host.rank))
+                    .filter(|h| h.pod_uid == pod_uid)
+                else {
+                    return;
+                };
+                // A stale agent learns from the renewal's newer epoch that
+                // it was replaced, and fences (a fenced one ignores it).
+                if let Some(renew) = &h.renew {
+                    renew.send_replace(());
+                }
+                if h.link_error.as_deref() != Some(reason.as_str()) {
+                    warn!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, %reason, "refusing the agent's pushes");
+                    h.link_error = Some(reason);
+                    st.world_triggers.mark(host.world, false, now);
+                }
             }
         }
     }
@@ -453,6 +493,28 @@ impl Hub {
             .map(|h| h.watched_at)
     }
 
+    /// When this hub last counted a heartbeat of host `rank`'s agent in pod
+    /// `pod_uid`.
+    pub fn pod_last_heard(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .filter(|h| h.pod_uid == pod_uid)
+            .and_then(|h| h.last_heard)
+    }
+
+    /// The highest rank epoch this hub was given for host `rank` of
+    /// `world` (0: none).
+    pub fn highest_epoch(&self, world: &WorldKey, rank: u64) -> u64 {
+        let st = self.lock();
+        st.worlds
+            .get(world)
+            .and_then(|w| w.highest_epochs.get(&rank))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Why the hub's last connection to host `rank`'s agent in pod `pod_uid`
     /// dropped or failed (a refused handshake, an unreachable address), if
     /// no heartbeat came since.
@@ -493,7 +555,7 @@ impl Hub {
     /// the next sync retries.
     pub async fn sync_world(self: &Arc<Self>, world: &WorldKey, agents: WorldAgents) {
         let mut dial = Vec::new();
-        let book: Book = agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
+        let book = book_of(&agents);
         {
             let mut st = self.lock();
             let st = &mut *st;
@@ -504,8 +566,14 @@ impl Hub {
                     agents: agents.clone(),
                     hosts: BTreeMap::new(),
                     procs: HashMap::new(),
+                    highest_epochs: BTreeMap::new(),
                 });
-            let book_changed = entry.agents.hosts != agents.hosts;
+            for (r, e) in &agents.epochs {
+                let h = entry.highest_epochs.entry(*r).or_default();
+                *h = (*h).max(*e);
+            }
+            let book_changed =
+                entry.agents.hosts != agents.hosts || entry.agents.epochs != agents.epochs;
             entry.agents = agents.clone();
             let gone: Vec<u64> = entry
                 .hosts
@@ -530,10 +598,11 @@ impl Hub {
                 st.expired.remove(&key);
             }
             for (rank, (uid, addr)) in &agents.hosts {
+                let epoch = agents.epochs.get(rank).copied().unwrap_or(0);
                 let replaced = entry
                     .hosts
                     .get(rank)
-                    .is_some_and(|h| &h.pod_uid != uid || &h.addr != addr);
+                    .is_some_and(|h| &h.pod_uid != uid || &h.addr != addr || h.epoch != epoch);
                 if replaced {
                     entry.hosts.remove(rank);
                     let key = HostKey {
@@ -554,6 +623,8 @@ impl Hub {
                     sent: HashMap::new(),
                     stopping: HashSet::new(),
                     book: None,
+                    epoch,
+                    renew: None,
                     reported_at: None,
                     link_error: None,
                     watched_at: Timestamp::now(),
@@ -574,6 +645,7 @@ impl Hub {
                         pod_uid: uid.clone(),
                         addr: *addr,
                         secret: agents.secret.clone(),
+                        epoch,
                     });
                 }
             }
@@ -616,8 +688,9 @@ impl Hub {
         let Some(w) = st.worlds.get_mut(&host.world) else {
             return;
         };
-        let book: Book = w.agents.hosts.iter().map(|(r, (_, a))| (*r, *a)).collect();
+        let book = book_of(&w.agents);
         if let Some(h) = w.hosts.get_mut(&host.rank).filter(|h| h.pod_uid == uid) {
+            h.renew = Some(fence::renewer(link.clone(), h.epoch, host.clone()));
             h.book = Some(book_sender(link, book, host));
         }
     }
@@ -672,8 +745,16 @@ pub fn default_connector() -> Arc<dyn AgentConnector> {
 const BOOK_RETRY_MIN: Duration = Duration::from_millis(100);
 const BOOK_RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// An address book: host rank to agent address.
-type Book = Vec<(u64, SocketAddr)>;
+/// An address book: host rank to agent address and rank epoch.
+type Book = Vec<(u64, SocketAddr, u64)>;
+
+fn book_of(agents: &WorldAgents) -> Book {
+    agents
+        .hosts
+        .iter()
+        .map(|(r, (_, a))| (*r, *a, agents.epochs.get(r).copied().unwrap_or(0)))
+        .collect()
+}
 
 /// Sends `link`'s agent the address book, then every newer one, from a task
 /// of its own: a hung agent holds up only this task (each call ends at the
@@ -691,7 +772,7 @@ fn book_sender(
         let mut backoff = BOOK_RETRY_MIN;
         loop {
             let book = rx.borrow_and_update().clone();
-            match link.set_address_book(book).await {
+            match link.set_address_book_with_epochs(book).await {
                 Ok(()) => {
                     backoff = BOOK_RETRY_MIN;
                     if rx.changed().await.is_err() {
@@ -737,6 +818,9 @@ fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<O
         .filter(|h| h.pod_uid == pod_uid)?;
     h.link_error = None;
     h.last_heard = Some(Timestamp::now());
+    if let Some(renew) = &h.renew {
+        renew.send_replace(());
+    }
     let timeout = w.agents.health_timeout;
     let gap = st.heartbeats.deadline(host).map(|deadline| {
         now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))

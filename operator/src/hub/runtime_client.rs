@@ -29,7 +29,17 @@ use super::clock::ClockSample;
 const CLIENT_NAME: &str = "hostmesh-operator";
 const EVENT_QUEUE: usize = 4096;
 
-type Uids = Arc<Mutex<HashMap<usize, String>>>;
+/// What is known of the host each rank was last dialed for.
+#[derive(Clone, Default)]
+struct Dialed {
+    pod_uid: String,
+    epoch: u64,
+    /// Its last snapshot or heartbeat was refused as another epoch's: its
+    /// proc changes are not this pod's either.
+    stale: bool,
+}
+
+type Uids = Arc<Mutex<HashMap<usize, Dialed>>>;
 
 struct WorldClient {
     secret: Arc<[u8]>,
@@ -51,13 +61,30 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
         world: world.clone(),
         rank: ev.host.rank as u64,
     };
-    let uid = || {
-        uids.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ev.host.rank)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let mut uids = uids.lock().unwrap_or_else(|e| e.into_inner());
+    let dialed = uids.entry(ev.host.rank).or_default();
+    let pod_uid = dialed.pod_uid.clone();
+    let uid = || pod_uid.clone();
+    // Hub invariant 7: a stale or fenced agent's pushes do not count; a
+    // fenced one's proc changes do (its procs end as failures), a stale
+    // one's do not (they are another pod's procs).
+    match &ev.kind {
+        AgentEventKind::Push(
+            RtPush::Snapshot { epoch, fenced, .. } | RtPush::Heartbeat { epoch, fenced, .. },
+        ) => {
+            dialed.stale = *epoch != dialed.epoch;
+            if let Some(reason) = super::fence::refusal(dialed.epoch, *epoch, fenced.as_deref()) {
+                return Some(HostReport::Refused {
+                    host,
+                    pod_uid: uid(),
+                    reason,
+                });
+            }
+        }
+        AgentEventKind::Push(RtPush::Changed(_)) if dialed.stale => return None,
+        _ => {}
+    }
+    drop(uids);
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
         AgentEventKind::Disconnected { reason } => HostReport::Disconnected { host, reason },
@@ -144,9 +171,14 @@ impl AgentConnector for Arc<RuntimeConnector> {
         Box::pin(async move {
             let (client, uids) = this.client_for(&target, pushes).await?;
             let rank = target.host.rank as usize;
-            uids.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(rank, target.pod_uid.clone());
+            uids.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                rank,
+                Dialed {
+                    pod_uid: target.pod_uid.clone(),
+                    epoch: target.epoch,
+                    stale: false,
+                },
+            );
             client.watch(rank, target.addr);
             let link: Arc<dyn AgentLink> = Arc::new(RuntimeLink {
                 client,
@@ -228,5 +260,119 @@ impl AgentLink for RuntimeLink {
                 .await
                 .map_err(LinkError::from)
         })
+    }
+
+    fn set_address_book_with_epochs(
+        &self,
+        hosts: Vec<(u64, SocketAddr, u64)>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(async move {
+            let n = hosts
+                .iter()
+                .map(|(r, _, _)| *r as usize + 1)
+                .max()
+                .unwrap_or(0);
+            let mut book = vec![String::new(); n];
+            let mut epochs = vec![0; n];
+            for (r, a, e) in hosts {
+                book[r as usize] = a.to_string();
+                epochs[r as usize] = e;
+            }
+            self.client
+                .set_address_book_with_epochs(self.addr, book, epochs)
+                .await
+                .map_err(LinkError::from)
+        })
+    }
+
+    fn renew(&self, epoch: u64) -> BoxFuture<'_, Result<hostmesh_agent::EpochVerdict, LinkError>> {
+        Box::pin(async move {
+            self.client
+                .renew(self.addr, epoch)
+                .await
+                .map_err(LinkError::from)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostmesh_agent::HostId;
+    use hostmesh_agent::protocol::{ProcPhase, ProcReport, ProcStateChanged};
+
+    fn ev(kind: RtPush) -> AgentEvent {
+        AgentEvent {
+            host: HostId {
+                rank: 0,
+                addr: "127.0.0.1:26600".parse().unwrap(),
+            },
+            kind: AgentEventKind::Push(kind),
+        }
+    }
+
+    fn beat(epoch: u64, fenced: Option<&str>) -> AgentEvent {
+        ev(RtPush::Heartbeat {
+            host_rank: 0,
+            seq: 1,
+            digest: 0,
+            procs: 0,
+            sent_at_ms: 0,
+            epoch,
+            fenced: fenced.map(str::to_owned),
+        })
+    }
+
+    fn changed() -> AgentEvent {
+        ev(RtPush::Changed(ProcStateChanged {
+            host_rank: 0,
+            state: ProcReport {
+                proc_id: "tcp:127.0.0.1:26600/pm.0".into(),
+                name: "pm.0".into(),
+                rank: 0,
+                pid: None,
+                command: vec![],
+                status: ProcPhase::Starting,
+                started_at_ms: 0,
+                restarts: 0,
+                stop_requested: false,
+                seq: 1,
+                ..Default::default()
+            },
+        }))
+    }
+
+    /// Hub invariant 7 at the connector: which pushes of an agent reach
+    /// the hub, by its epoch against its pod's.
+    #[test]
+    fn stale_and_fenced_agents_are_refused() {
+        let world = WorldKey {
+            namespace: "ns".into(),
+            name: "w".into(),
+        };
+        let uids: Uids = Arc::default();
+        uids.lock().unwrap().insert(
+            0,
+            Dialed {
+                pod_uid: "pod".into(),
+                epoch: 5,
+                stale: false,
+            },
+        );
+        let t = |e| translate(&world, &uids, e);
+        assert!(
+            matches!(t(beat(5, None)), Some(HostReport::Heartbeat { pod_uid, .. }) if pod_uid == "pod")
+        );
+        assert!(matches!(t(changed()), Some(HostReport::ProcState { .. })));
+        // An older epoch: refused, and its proc changes dropped.
+        assert!(
+            matches!(t(beat(4, None)), Some(HostReport::Refused { reason, .. }) if reason.contains("stale"))
+        );
+        assert!(t(changed()).is_none());
+        // Fenced at the pod's epoch: refused, but its procs' ends count.
+        assert!(
+            matches!(t(beat(5, Some("no contact"))), Some(HostReport::Refused { reason, .. }) if reason.contains("fenced itself"))
+        );
+        assert!(matches!(t(changed()), Some(HostReport::ProcState { .. })));
     }
 }

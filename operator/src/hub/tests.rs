@@ -23,6 +23,7 @@ fn agents(n: u64, uid: &str) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"secret"[..]),
         health_timeout: Duration::from_secs(10),
+        epochs: BTreeMap::new(),
         hosts: (0..n)
             .map(|r| {
                 (
@@ -398,4 +399,44 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
     let before = states[&0].clone();
     hub.handle_push(kill(0, -30_000, now - 1000), Instant::now());
     assert_eq!(hub.proc_states(&wk(), "pm.abc")[&0], before);
+}
+
+/// Hub invariant 7: a refused agent's pushes count as no heartbeat, its
+/// reason is the host's link error, and epochs given for a rank are kept
+/// after its pod goes.
+#[tokio::test]
+async fn a_refused_agent_is_not_heard_and_epochs_are_remembered() {
+    let (_sim, hub, mut rx) = mk();
+    let mut a = agents(1, "a");
+    a.epochs = BTreeMap::from([(0, 7)]);
+    hub.sync_world(&wk(), a.clone()).await;
+    assert_eq!(hub.highest_epoch(&wk(), 0), 7);
+    assert_eq!(hub.pod_last_heard(&wk(), 0, "a-0"), None);
+    let (tw, _rw) = mpsc::unbounded_channel();
+    let (tm, _rm) = mpsc::unbounded_channel();
+    hub.handle_push(
+        HostReport::Refused {
+            host: host(0),
+            pod_uid: "a-0".into(),
+            reason: "a stale agent answers".into(),
+        },
+        Instant::now(),
+    );
+    assert_eq!(
+        hub.link_error(&wk(), 0, "a-0").as_deref(),
+        Some("a stale agent answers")
+    );
+    assert_ne!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    hub.tick(Instant::now() + Duration::from_secs(11), &tw, &tm);
+    assert_ne!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    // A heartbeat that counts clears it and is remembered.
+    drain(&hub, &mut rx);
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    assert!(hub.pod_last_heard(&wk(), 0, "a-0").is_some());
+    assert_eq!(hub.link_error(&wk(), 0, "a-0"), None);
+    // The pod goes: its epoch stays known for the next one.
+    a.hosts.clear();
+    a.epochs.clear();
+    hub.sync_world(&wk(), a).await;
+    assert_eq!(hub.highest_epoch(&wk(), 0), 7);
 }

@@ -2,19 +2,23 @@
 //! configured, authenticates both sides with HMAC-SHA256 challenge-response.
 //!
 //! ```text
-//! dialer   -> acceptor  Open      { dialer proc id, nonce_d }
-//! acceptor -> dialer    Challenge { acceptor proc id, nonce_a, mac_a }
+//! dialer   -> acceptor  Open      { dialer proc id, nonce_d, claim_d }
+//! acceptor -> dialer    Challenge { acceptor proc id, nonce_a, mac_a, claim_a }
 //! dialer   -> acceptor  Proof     { mac_d }
 //! acceptor -> dialer    Welcome | Reject { reason }
-//! mac_a = HMAC(secret, "hostmesh/1 acceptor" | dialer id | acceptor id | nonce_d | nonce_a)
-//! mac_d = HMAC(secret, "hostmesh/1 dialer"   | dialer id | acceptor id | nonce_d | nonce_a)
+//! mac_a = HMAC(secret, "hostmesh/1 acceptor" | dialer id | acceptor id | nonce_d | nonce_a | claim_d | claim_a)
+//! mac_d = HMAC(secret, "hostmesh/1 dialer"   | dialer id | acceptor id | nonce_d | nonce_a | claim_d | claim_a)
 //! ```
+//!
+//! `claim` is the optional rank epoch of each side ([`super::epoch`]).
 //!
 //! Invariants:
 //! 1. The secret never crosses the wire; only MACs over fresh nonces do.
 //! 2. MACs are checked with `ring::hmac::verify` (constant time).
 //! 3. Different labels per direction, so a MAC cannot be reflected back.
 //! 4. A side with a secret refuses a peer without one, and vice versa.
+//! 5. Once the MAC checks out, each side refuses a peer whose epoch claim
+//!    is older than the epoch its table knows for that rank.
 
 use bytes::BytesMut;
 use ring::hmac;
@@ -23,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ChannelError;
+use super::epoch::{EpochClaim, Epochs};
 use super::frame::{self, Frame};
 use crate::id::ProcId;
 
@@ -34,11 +39,13 @@ enum Hello {
     Open {
         proc: ProcId,
         nonce: [u8; 32],
+        claim: Option<EpochClaim>,
     },
     Challenge {
         proc: ProcId,
         nonce: [u8; 32],
         mac: Vec<u8>,
+        claim: Option<EpochClaim>,
     },
     Proof {
         mac: Vec<u8>,
@@ -57,20 +64,34 @@ fn nonce() -> Result<[u8; 32], ChannelError> {
     Ok(n)
 }
 
+/// The two sides' epoch claims, dialer's first.
+type Claims = (Option<EpochClaim>, Option<EpochClaim>);
+
 fn transcript(
     label: &str,
     dialer: &ProcId,
     acceptor: &ProcId,
     nd: &[u8; 32],
     na: &[u8; 32],
+    claims: Claims,
 ) -> Vec<u8> {
-    let mut t = Vec::with_capacity(128);
+    let mut t = Vec::with_capacity(160);
     for part in [label.to_string(), dialer.to_string(), acceptor.to_string()] {
         t.extend_from_slice(&(part.len() as u32).to_be_bytes());
         t.extend_from_slice(part.as_bytes());
     }
     t.extend_from_slice(nd);
     t.extend_from_slice(na);
+    for c in [claims.0, claims.1] {
+        match c {
+            None => t.push(0),
+            Some(c) => {
+                t.push(1);
+                t.extend_from_slice(&c.rank.to_be_bytes());
+                t.extend_from_slice(&c.epoch.to_be_bytes());
+            }
+        }
+    }
     t
 }
 
@@ -117,6 +138,7 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     local: &ProcId,
     key: Option<&hmac::Key>,
+    epochs: &Epochs,
 ) -> Result<(ProcId, BytesMut), ChannelError> {
     let mut buf = BytesMut::with_capacity(4096);
     let nd = nonce()?;
@@ -125,11 +147,17 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         &Hello::Open {
             proc: local.clone(),
             nonce: nd,
+            claim: epochs.own,
         },
     )
     .await?;
-    let (peer, na, mac_a) = match recv(s, &mut buf).await? {
-        Hello::Challenge { proc, nonce, mac } => (proc, nonce, mac),
+    let (peer, na, mac_a, claim_a) = match recv(s, &mut buf).await? {
+        Hello::Challenge {
+            proc,
+            nonce,
+            mac,
+            claim,
+        } => (proc, nonce, mac, claim),
         Hello::Reject { reason } => {
             return Err(ChannelError::Auth(format!("peer refused: {reason}")));
         }
@@ -137,7 +165,7 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
     };
     match key {
         Some(k) => {
-            let t = transcript(ACCEPTOR, local, &peer, &nd, &na);
+            let t = transcript(ACCEPTOR, local, &peer, &nd, &na, (epochs.own, claim_a));
             hmac::verify(k, &t, &mac_a).map_err(|_| {
                 ChannelError::Auth(format!(
                     "{peer} failed authentication: it does not hold our shared secret"
@@ -151,7 +179,15 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         }
         None => {}
     }
-    let proof = mac(key, &transcript(DIALER, local, &peer, &nd, &na));
+    // Invariant 5.
+    epochs
+        .table
+        .admit(claim_a.as_ref())
+        .map_err(|why| ChannelError::Auth(format!("{peer} refused: {why}")))?;
+    let proof = mac(
+        key,
+        &transcript(DIALER, local, &peer, &nd, &na, (epochs.own, claim_a)),
+    );
     send(s, &Hello::Proof { mac: proof }).await?;
     match recv(s, &mut buf).await? {
         Hello::Welcome => Ok((peer, buf)),
@@ -166,20 +202,23 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     local: &ProcId,
     key: Option<&hmac::Key>,
+    epochs: &Epochs,
 ) -> Result<(ProcId, BytesMut), ChannelError> {
     let mut buf = BytesMut::with_capacity(4096);
-    let (peer, nd) = match recv(s, &mut buf).await? {
-        Hello::Open { proc, nonce } => (proc, nonce),
+    let (peer, nd, claim_d) = match recv(s, &mut buf).await? {
+        Hello::Open { proc, nonce, claim } => (proc, nonce, claim),
         _ => return Err(ChannelError::Protocol("expected an open message".into())),
     };
     let na = nonce()?;
-    let mac_a = mac(key, &transcript(ACCEPTOR, &peer, local, &nd, &na));
+    let claims = (claim_d, epochs.own);
+    let mac_a = mac(key, &transcript(ACCEPTOR, &peer, local, &nd, &na, claims));
     send(
         s,
         &Hello::Challenge {
             proc: local.clone(),
             nonce: na,
             mac: mac_a,
+            claim: epochs.own,
         },
     )
     .await?;
@@ -188,13 +227,19 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         _ => return Err(ChannelError::Protocol("expected a proof".into())),
     };
     let verdict = match key {
-        Some(k) => hmac::verify(k, &transcript(DIALER, &peer, local, &nd, &na), &proof)
-            .map_err(|_| format!("{peer} failed authentication: wrong or missing shared secret")),
+        Some(k) => hmac::verify(
+            k,
+            &transcript(DIALER, &peer, local, &nd, &na, claims),
+            &proof,
+        )
+        .map_err(|_| format!("{peer} failed authentication: wrong or missing shared secret")),
         None if !proof.is_empty() => Err(format!(
             "{peer} sent a proof but this proc has no shared secret configured"
         )),
         None => Ok(()),
-    };
+    }
+    // Invariant 5.
+    .and_then(|()| epochs.table.admit(claim_d.as_ref()));
     match verdict {
         Ok(()) => {
             send(s, &Hello::Welcome).await?;
@@ -226,6 +271,15 @@ mod tests {
         dk: Option<&[u8]>,
         ak: Option<&[u8]>,
     ) -> (Result<ProcId, ChannelError>, Result<ProcId, ChannelError>) {
+        run_with(dk, ak, Epochs::default(), Epochs::default()).await
+    }
+
+    async fn run_with(
+        dk: Option<&[u8]>,
+        ak: Option<&[u8]>,
+        de: Epochs,
+        ae: Epochs,
+    ) -> (Result<ProcId, ChannelError>, Result<ProcId, ChannelError>) {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let dk = dk.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
         let ak = ak.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
@@ -233,8 +287,8 @@ mod tests {
         let acc = id("tcp:127.0.0.1:9/server");
         // Each side owns its stream, so a side that gives up closes it.
         let (r1, r2) = tokio::join!(
-            async move { dial(&mut a, &d, dk.as_ref()).await },
-            async move { accept(&mut b, &acc, ak.as_ref()).await }
+            async move { dial(&mut a, &d, dk.as_ref(), &de).await },
+            async move { accept(&mut b, &acc, ak.as_ref(), &ae).await }
         );
         (r1.map(|r| r.0), r2.map(|r| r.0))
     }
@@ -265,5 +319,37 @@ mod tests {
             matches!(d, Err(ChannelError::Auth(_))),
             "dialer refuses an unauthenticated acceptor"
         );
+    }
+
+    fn claiming(rank: u64, epoch: u64) -> Epochs {
+        Epochs {
+            own: Some(EpochClaim { rank, epoch }),
+            table: super::super::epoch::EpochTable::default(),
+        }
+    }
+
+    /// Invariant 5, both ways: whoever knows a newer epoch for the peer's
+    /// rank refuses it; current claims and unclaimed peers pass.
+    #[tokio::test]
+    async fn a_stale_epoch_claim_is_refused() {
+        let k = Some(&b"s3cret"[..]);
+        let knows = claiming(0, 1);
+        knows.table.raise(1, 6);
+        let (d, a) = run_with(k, k, claiming(1, 5), knows.clone()).await;
+        assert!(
+            matches!(&a, Err(ChannelError::Auth(m)) if m.contains("stale peer")),
+            "{a:?}"
+        );
+        assert!(d.is_err(), "the stale dialer is told: {d:?}");
+        let (d, a) = run_with(k, k, knows.clone(), claiming(1, 5)).await;
+        assert!(
+            matches!(&d, Err(ChannelError::Auth(m)) if m.contains("stale peer")),
+            "{d:?}"
+        );
+        assert!(a.is_err());
+        let (d, a) = run_with(k, k, claiming(1, 6), knows.clone()).await;
+        assert!(d.is_ok() && a.is_ok(), "{d:?} {a:?}");
+        let (d, a) = run_with(k, k, Epochs::default(), knows).await;
+        assert!(d.is_ok() && a.is_ok(), "{d:?} {a:?}");
     }
 }

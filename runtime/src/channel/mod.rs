@@ -44,6 +44,7 @@
 //!    `reconnect_timeout`, before queued envelopes become undeliverable.
 
 mod admit;
+pub mod epoch;
 pub(crate) mod frame;
 pub(crate) mod handshake;
 mod link;

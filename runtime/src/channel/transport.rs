@@ -94,6 +94,8 @@ pub(crate) struct Transport<I: Inbound> {
     pub(super) local: ProcId,
     pub(super) config: ChannelConfig,
     key: Option<hmac::Key>,
+    /// This proc's epoch claim and the table peers are checked against.
+    epochs: super::epoch::Epochs,
     inbound: OnceLock<Weak<I>>,
     links: Mutex<Links>,
     next_id: AtomicU64,
@@ -105,7 +107,12 @@ pub(crate) struct Transport<I: Inbound> {
 }
 
 impl<I: Inbound> Transport<I> {
-    pub(crate) fn new(local: ProcId, config: ChannelConfig, secret: Option<&[u8]>) -> Self {
+    pub(crate) fn new(
+        local: ProcId,
+        config: ChannelConfig,
+        secret: Option<&[u8]>,
+        epochs: super::epoch::Epochs,
+    ) -> Self {
         let admission =
             Admission::new(config.max_pending_handshakes, config.max_pending_per_source);
         Transport {
@@ -113,6 +120,7 @@ impl<I: Inbound> Transport<I> {
             local,
             config,
             key: secret.map(|s| hmac::Key::new(hmac::HMAC_SHA256, s)),
+            epochs,
             inbound: OnceLock::new(),
             links: Mutex::new(Links::default()),
             next_id: AtomicU64::new(1),
@@ -395,14 +403,16 @@ impl<I: Inbound> Transport<I> {
                     let mut s = TcpStream::connect(a).await?;
                     s.set_nodelay(true)?;
                     let (peer, left) =
-                        handshake::dial(&mut s, &self.local, self.key.as_ref()).await?;
+                        handshake::dial(&mut s, &self.local, self.key.as_ref(), &self.epochs)
+                            .await?;
                     let (r, w) = s.into_split();
                     Ok((peer, Box::new(r) as BoxRead, Box::new(w) as BoxWrite, left))
                 }
                 ChannelAddr::Unix(p) => {
                     let mut s = UnixStream::connect(p).await?;
                     let (peer, left) =
-                        handshake::dial(&mut s, &self.local, self.key.as_ref()).await?;
+                        handshake::dial(&mut s, &self.local, self.key.as_ref(), &self.epochs)
+                            .await?;
                     let (r, w) = s.into_split();
                     Ok((peer, Box::new(r) as BoxRead, Box::new(w) as BoxWrite, left))
                 }
@@ -485,7 +495,7 @@ impl<I: Inbound> Transport<I> {
         let mut stream = tokio::io::join(r, w);
         let res = tokio::time::timeout(
             self.config.handshake_timeout,
-            handshake::accept(&mut stream, &self.local, self.key.as_ref()),
+            handshake::accept(&mut stream, &self.local, self.key.as_ref(), &self.epochs),
         )
         .await;
         match res {

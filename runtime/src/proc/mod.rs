@@ -95,6 +95,7 @@ pub struct ProcBuilder {
     name: String,
     listen: Option<ChannelAddr>,
     secret: Option<Vec<u8>>,
+    epochs: crate::channel::epoch::Epochs,
     config: ProcConfig,
     registry: HashMap<String, SpawnFn>,
     sink: Option<SupervisionSink>,
@@ -114,6 +115,21 @@ impl ProcBuilder {
     /// authenticated.
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
+        self
+    }
+
+    /// Claims `claim` (host rank and epoch) in every handshake; peers that
+    /// know a newer epoch for the rank refuse this proc
+    /// ([`crate::channel::epoch`]).
+    pub fn epoch(mut self, claim: crate::channel::epoch::EpochClaim) -> Self {
+        self.epochs.own = Some(claim);
+        self
+    }
+
+    /// Checks peers' epoch claims against `table` (shared: raising an epoch
+    /// in it refuses that rank's older copies from then on).
+    pub fn epoch_table(mut self, table: crate::channel::epoch::EpochTable) -> Self {
+        self.epochs.table = table;
         self
     }
 
@@ -185,6 +201,7 @@ impl ProcBuilder {
             id.clone(),
             self.config.channel.clone(),
             self.secret.as_deref(),
+            self.epochs,
         ));
         let sink = self.sink.unwrap_or_else(|| {
             Arc::new(|e: SupervisionEvent| error!(event = %e, "unhandled supervision event"))
@@ -247,6 +264,7 @@ impl Proc {
             name: name.into(),
             listen: None,
             secret: None,
+            epochs: Default::default(),
             config: ProcConfig::default(),
             registry: HashMap::new(),
             sink: None,

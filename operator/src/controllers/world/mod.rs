@@ -20,6 +20,7 @@
 //!    ([`kueue`]); until then it is held with the suspend path.
 
 pub mod desired;
+pub mod fencing;
 pub mod gang;
 pub mod kueue;
 pub mod monarch;
@@ -218,6 +219,10 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                 secret: secret.key.clone().into(),
                 health_timeout: timings.health_timeout,
                 hosts,
+                epochs: pods
+                    .iter()
+                    .map(|(r, p)| (*r, fencing::pod_epoch(p)))
+                    .collect(),
             },
         )
         .await;
@@ -290,6 +295,42 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         monarch_worker: &monarch_worker,
     });
 
+    // Fencing invariant 3: a pod stuck terminating whose agent must have
+    // fenced goes without its kubelet's word, so its rank is replaced.
+    let mut stuck_requeue = None;
+    for (r, p) in &pods {
+        let uid = uids.get(r).map(String::as_str).unwrap_or_default();
+        let verdict = fencing::stuck(
+            p,
+            liveness(*r) == Liveness::Alive,
+            ctx.hub.pod_last_heard(&key, *r, uid),
+            watching_since(*r),
+            Timestamp::now(),
+        );
+        match verdict {
+            fencing::Stuck::Wait => {}
+            fencing::Stuck::Until(at) => {
+                let left = Duration::try_from(at.duration_since(Timestamp::now()))
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(100));
+                stuck_requeue = Some(stuck_requeue.map_or(left, |d: Duration| d.min(left)));
+            }
+            fencing::Stuck::ForceDelete => {
+                let pod_name = p.name_any();
+                warn!(world = %name, pod = %pod_name, "host pod stuck terminating and its agent must have fenced: deleting it without its kubelet");
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                match pods_api.delete(&pod_name, &dp).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+
     for pod_name in &plan.delete {
         info!(world = %name, pod = %pod_name, "deleting host pod");
         let dp = if plan.quick.contains(pod_name) {
@@ -325,6 +366,12 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                 desired::ANNOTATION_SECRET_HASH.to_string(),
                 secret_hash.clone(),
             );
+        let epoch = fencing::next_epoch(Timestamp::now(), ctx.hub.highest_epoch(&key, *rank));
+        fencing::stamp(
+            &mut pod,
+            epoch,
+            fencing::fence_timeout(timings.health_timeout, timings.eviction_timeout),
+        );
         let pod_name = desired::pod_name(&name, *rank);
         let mut pod = serde_json::to_value(&pod)?;
         if let Some(g) = gang::spec(world) {
@@ -421,7 +468,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
     } else {
         Duration::from_secs(3)
     };
-    let requeue = [plan.requeue_after, deferred]
+    let requeue = [plan.requeue_after, deferred, stuck_requeue]
         .into_iter()
         .flatten()
         .fold(default_requeue, Duration::min);

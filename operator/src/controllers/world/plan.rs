@@ -21,7 +21,9 @@
 //!    has passed, never Degraded or Expired from the pod's age.
 //! 4. Pods whose template hash differs from the desired one are recreated
 //!    (template changes roll); pods are otherwise never patched.
-//! 5. No pod is created for a rank whose previous pod is still terminating.
+//! 5. No pod is created for a rank whose previous pod is still terminating
+//!    (one stuck terminating is force-deleted once its agent must have
+//!    fenced: `fencing.rs`).
 //! 6. Suspending (`spec.suspend`) first writes the Suspended phase, and only
 //!    on the next pass deletes the host pods, so ProcMeshes see the World
 //!    suspended before their procs go and do not count them as failures.
