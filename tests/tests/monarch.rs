@@ -230,3 +230,27 @@ async fn a_worker_that_never_listens_is_named_in_status() -> anyhow::Result<()> 
     );
     Ok(())
 }
+
+/// A mesh name Monarch would refuse (here the World's own name, which has a
+/// `-`) and a worker port that is the agent's are flagged in status, naming
+/// the field and the fix; no host pod is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_monarch_specs_are_flagged_naming_the_field() -> anyhow::Result<()> {
+    let env = Env::start("monarch-invalid").await?;
+    for (name, spec, field) in [
+        ("my-world", "  monarch: {}\n", "spec.monarch.meshName"),
+        ("clash", "  monarch: {port: 26602}\n", "spec.monarch.port"),
+    ] {
+        env.apply(&world_yaml(name, &[("host", 1)], spec)).await?;
+        let status = env
+            .wait_for("World", name, "a condition naming the field", |s| {
+                s.to_string().contains(field)
+            })
+            .await?;
+        assert!(!condition_true(&status, "Ready"), "{status:#}");
+        assert!(status.to_string().contains("e.g."), "the fix: {status:#}");
+    }
+    let pods = env.kubectl(&["get", "pods", "-n", &env.namespace, "-o", "name"])?;
+    assert_eq!(pods.trim(), "", "no host pods for invalid Worlds");
+    Ok(())
+}
