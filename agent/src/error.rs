@@ -60,6 +60,13 @@ pub enum HostError {
         /// The proc name.
         name: String,
     },
+    /// An actor failure was reported for a proc that is not a running
+    /// runtime-aware proc.
+    #[error("proc {name:?} is not a running runtime-aware proc; only those report actor failures")]
+    NotRuntimeAware {
+        /// The proc name.
+        name: String,
+    },
     /// The agent already holds as many procs as its limit allows.
     #[error("this host already holds {limit} procs (--max-procs); stop some or raise the limit")]
     TooManyProcs {

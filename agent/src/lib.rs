@@ -38,6 +38,7 @@ mod listen;
 mod logs;
 mod manager;
 mod monarch;
+mod oom;
 mod proc_agent;
 pub mod protocol;
 mod server;

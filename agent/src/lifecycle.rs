@@ -10,7 +10,10 @@
 //! 3. After the main process ends, the rest of its process group is killed,
 //!    so nothing it started outlives it inside the group.
 //! 4. The final status carries the stderr tail, read up to end of file (or
-//!    for at most [`TAIL_WAIT`] when something else holds the pipe open).
+//!    for at most [`TAIL_WAIT`] when something else holds the pipe open),
+//!    and the head of stderr the tail lost.
+//! 5. A proc that dies of SIGKILL it was not sent by the agent while its
+//!    cgroup's OOM-kill count rose is reported `oom_killed` ([`super::oom`]).
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::sync::{Arc, Mutex};
@@ -20,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::logs::{self, Tail};
 use super::manager::Inner;
+use super::oom::OomCounter;
 use super::protocol::{CreateOrUpdate, ProcPhase, duration_ms};
 use super::spawn::{self, ProcChild, SpawnRequest};
 
@@ -66,6 +70,8 @@ pub(crate) async fn run(
         }
     };
     let pid = child.id();
+    let oom = OomCounter::of_pid(pid);
+    let oom_before = oom.count();
     let prefix = format!("[{}/{}] ", spec.proc_mesh, req.rank);
     let tail = Arc::new(Mutex::new(Tail::new(
         inner.limits.stderr_tail_lines,
@@ -97,11 +103,15 @@ pub(crate) async fn run(
     let deadline = tokio::time::Instant::now() + spawn_timeout;
     let mut awaiting_check_in = spec.runtime_aware;
     let mut timed_out = false;
+    let mut stopped = false;
     let exit = loop {
         tokio::select! {
             status = child.wait() => break status,
             c = ctl.recv() => match c {
-                Some(Control::Stop(grace)) => break stop(&inner, &name, inc, pid, &mut child, grace).await,
+                Some(Control::Stop(grace)) => {
+                    stopped = true;
+                    break stop(&inner, &name, inc, pid, &mut child, grace).await
+                }
                 Some(Control::CheckIn(addr)) => {
                     awaiting_check_in = false;
                     inner.update(&name, inc, |s| s.status = ProcPhase::Ready { pid, addr: Some(addr) });
@@ -113,10 +123,13 @@ pub(crate) async fn run(
             () = tokio::time::sleep_until(deadline), if awaiting_check_in => {
                 tracing::warn!(proc = %name, timeout = ?spawn_timeout, "runtime-aware proc never checked in; stopping it");
                 timed_out = true;
+                stopped = true;
                 break stop(&inner, &name, inc, pid, &mut child, inner.limits.stop_grace).await;
             }
         }
     };
+    // When it ended: the report below waits for the pipes to drain.
+    let ended_at = super::manager::now_ms();
     inner.detach(&name, inc);
     // Invariant 3: sweep what the proc left in its group.
     spawn::signal_group(pid, libc::SIGKILL);
@@ -126,7 +139,16 @@ pub(crate) async fn run(
     for p in [out_pump, err_pump].into_iter().flatten() {
         let _ = tokio::time::timeout(TAIL_WAIT, p).await;
     }
-    let stderr_tail = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+    let (stderr_tail, stderr_head) = {
+        let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+        (t.lines(), t.head())
+    };
+    let oom_killed = !stopped
+        && matches!(&exit, Ok(st) if st.signal() == Some(libc::SIGKILL))
+        && matches!((oom_before, oom.count()), (Some(a), Some(b)) if b > a);
+    if oom_killed {
+        tracing::warn!(proc = %name, "proc was OOM-killed (its cgroup's oom_kill count rose)");
+    }
     let status = match exit {
         _ if timed_out => ProcPhase::Timeout {
             after_ms: duration_ms(spawn_timeout),
@@ -149,7 +171,12 @@ pub(crate) async fn run(
             reason: format!("cannot wait for the process: {e}"),
         },
     };
-    inner.update(&name, inc, |s| s.status = status);
+    inner.update(&name, inc, |s| {
+        s.status = status;
+        s.changed_at_ms = ended_at;
+        s.stderr_head = stderr_head;
+        s.oom_killed = oom_killed;
+    });
     let _ = ended.send(true);
 }
 

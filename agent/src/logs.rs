@@ -254,13 +254,24 @@ fn gap(buf: &mut Vec<u8>, prefix: &str, n: u64) {
     );
 }
 
-/// The last lines of a stream, bounded in lines and bytes.
+/// Most lines of a stream's head kept ([`Tail::head`]).
+pub(crate) const HEAD_LINES: usize = 10;
+/// Most bytes of a stream's head kept.
+pub(crate) const HEAD_BYTES: usize = 2048;
+
+/// The last lines of a stream, bounded in lines and bytes, and its first
+/// lines ([`HEAD_LINES`], [`HEAD_BYTES`]): an exception is often printed
+/// first and buried under later output.
 #[derive(Debug)]
 pub(crate) struct Tail {
     lines: VecDeque<String>,
     bytes: usize,
     max_lines: usize,
     max_bytes: usize,
+    head: Vec<String>,
+    head_bytes: usize,
+    /// Lines pushed so far.
+    pushed: usize,
 }
 
 impl Tail {
@@ -271,13 +282,26 @@ impl Tail {
             bytes: 0,
             max_lines: max_lines.max(1),
             max_bytes: max_bytes.max(1),
+            head: Vec::new(),
+            head_bytes: 0,
+            pushed: 0,
         }
     }
 
     /// Adds a line; the oldest lines go when a bound is exceeded. A single
-    /// line longer than the byte bound keeps only its end.
+    /// line longer than the byte bound keeps only its end (its start in the
+    /// head).
     pub(crate) fn push(&mut self, line: &[u8]) {
         let mut s = String::from_utf8_lossy(line).into_owned();
+        if self.head.len() < HEAD_LINES && self.head_bytes < HEAD_BYTES {
+            let mut cut = s.len().min(HEAD_BYTES - self.head_bytes);
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.head_bytes += cut;
+            self.head.push(s[..cut].to_owned());
+        }
+        self.pushed += 1;
         if s.len() > self.max_bytes {
             let mut cut = s.len() - self.max_bytes;
             while !s.is_char_boundary(cut) {
@@ -298,6 +322,13 @@ impl Tail {
     /// The kept lines, oldest first.
     pub(crate) fn lines(&self) -> Vec<String> {
         self.lines.iter().cloned().collect()
+    }
+
+    /// The first lines that are no longer in the tail (empty while the
+    /// whole stream fits the tail).
+    pub(crate) fn head(&self) -> Vec<String> {
+        let first_in_tail = self.pushed - self.lines.len();
+        self.head.iter().take(first_in_tail).cloned().collect()
     }
 }
 
@@ -363,5 +394,25 @@ mod tests {
         t.push("xxxxxxxxxxxxxxé".as_bytes());
         assert!(t.lines()[0].len() <= 10);
         assert!(t.lines()[0].ends_with('é'));
+    }
+
+    #[test]
+    fn head_keeps_the_first_lines_the_tail_lost() {
+        let mut t = Tail::new(2, 1000);
+        t.push(b"Traceback: ValueError");
+        t.push(b"b");
+        assert!(t.head().is_empty(), "all of it is in the tail");
+        for i in 0..100 {
+            t.push(format!("noise {i}").as_bytes());
+        }
+        assert_eq!(t.head().len(), HEAD_LINES);
+        assert_eq!(t.head()[0], "Traceback: ValueError");
+        assert_eq!(t.lines(), vec!["noise 98", "noise 99"]);
+        let mut big = Tail::new(2, 1000);
+        for _ in 0..5 {
+            big.push(&[b'x'; 4000]);
+        }
+        let bytes: usize = big.head().iter().map(String::len).sum();
+        assert!(bytes <= HEAD_BYTES, "{bytes}");
     }
 }

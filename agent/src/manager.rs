@@ -13,6 +13,9 @@
 //! 3. The table holds at most `max_procs` entries; when full, the oldest
 //!    ended proc is forgotten to make room, never a running one.
 //! 4. After `shutdown` starts, nothing new is spawned.
+//! 5. Every status change is stamped with the agent's wall clock
+//!    (`changed_at_ms`), so a failure's time is when it happened here, not
+//!    when a supervisor heard of it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +31,8 @@ use super::error::HostError;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
-    CreateOrUpdate, CreateOutcome, ProcPhase, ProcReport, ProcStateChanged, RankReport,
+    ActorFailure, CreateOrUpdate, CreateOutcome, MAX_ACTOR_REASON, ProcPhase, ProcReport,
+    ProcStateChanged, RankReport,
 };
 use super::spawn::Spawner;
 
@@ -186,6 +190,11 @@ impl ProcManager {
             restarts: req.incarnation,
             stop_requested: false,
             seq: 0,
+            actor_failure: None,
+            actor_failures: 0,
+            changed_at_ms: now_ms(),
+            stderr_head: Vec::new(),
+            oom_killed: false,
         };
         table.procs.insert(
             req.name.clone(),
@@ -264,6 +273,34 @@ impl ProcManager {
         Ok(())
     }
 
+    /// A runtime-aware proc's `mesh` actor reports a failed actor: the
+    /// first of the incarnation is kept (its reason bounded), later ones
+    /// are counted, and the change is published. Refused for a proc that
+    /// is not runtime-aware or has ended.
+    pub fn actor_failed(&self, name: &str, actor: String, reason: &str) -> Result<(), HostError> {
+        let incarnation = {
+            let table = self.inner.lock();
+            let e = table.procs.get(name).ok_or_else(|| no_such(name))?;
+            if !e.req.spec.runtime_aware || e.state.status.is_terminal() {
+                return Err(HostError::NotRuntimeAware {
+                    name: name.to_string(),
+                });
+            }
+            e.req.incarnation
+        };
+        let reason = reason[..reason.floor_char_boundary(MAX_ACTOR_REASON)].to_string();
+        tracing::warn!(proc = %name, %actor, %reason, "actor failed");
+        self.inner.update(name, incarnation, |st| {
+            st.actor_failures = st.actor_failures.saturating_add(1);
+            st.actor_failure.get_or_insert(ActorFailure {
+                actor,
+                reason,
+                at_ms: now_ms(),
+            });
+        });
+        Ok(())
+    }
+
     /// Stops a proc: TERM to its process group, `grace`, then KILL. Returns
     /// its final status; a proc that already ended just returns its status.
     pub async fn stop(&self, name: &str, grace: Duration) -> Result<ProcPhase, HostError> {
@@ -334,7 +371,16 @@ impl Inner {
     pub(crate) fn update(&self, name: &str, incarnation: u32, f: impl FnOnce(&mut ProcReport)) {
         let mut table = self.lock();
         match table.procs.get_mut(name) {
-            Some(e) if e.req.incarnation == incarnation => f(&mut e.state),
+            Some(e) if e.req.incarnation == incarnation => {
+                let before = (e.state.status.clone(), e.state.changed_at_ms);
+                f(&mut e.state);
+                // The agent's clock stamps every status change (the hub
+                // orders failures across hosts by it), unless `f` gave the
+                // time the change happened.
+                if e.state.status != before.0 && e.state.changed_at_ms == before.1 {
+                    e.state.changed_at_ms = now_ms();
+                }
+            }
             _ => return,
         }
         self.publish(&mut table, name);

@@ -13,6 +13,10 @@
 //!    lapse).
 //! 3. Actor states are kept after the actor ends, so a late query still
 //!    learns how it ended.
+//! 4. A tracked actor that fails is reported to the host agent
+//!    ([`ActorFailed`]), which puts it in the proc's state and pushes it to
+//!    the operator; the report is best effort and never blocks the
+//!    forwarding of the event to the actor's owner.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,7 +28,7 @@ use tokio::time::Instant;
 
 use super::client::agent_ref;
 use super::error::HostError;
-use super::protocol::CheckIn;
+use super::protocol::{ActorFailed, CheckIn};
 use super::server::HostAgent;
 use hostmesh_runtime::{
     Actor, ActorError, ActorId, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers,
@@ -95,6 +99,9 @@ struct Book {
 pub struct MeshAgent {
     book: Arc<Mutex<Book>>,
     events: Option<PortRef<SupervisionEvent>>,
+    /// The host agent and this proc's name there: failed actors are
+    /// reported to it (invariant 4).
+    host: Option<(ActorRef<HostAgent>, String)>,
 }
 
 impl MeshAgent {
@@ -115,12 +122,25 @@ impl Actor for MeshAgent {
         self.events = Some(port);
         let book = self.book.clone();
         let proc = cx.proc_ref().clone();
-        // Supervision events of tracked actors: record, then forward.
+        let host = self.host.clone();
+        // Supervision events of tracked actors: record, report a failure,
+        // then forward.
         tokio::spawn({
             let book = book.clone();
             let proc = proc.clone();
             async move {
                 while let Ok(ev) = rx.recv().await {
+                    if let (ActorStatus::Failed(reason), Some((agent, name))) = (&ev.status, &host)
+                    {
+                        let report = ActorFailed {
+                            name: name.clone(),
+                            actor: ev.actor.to_string(),
+                            reason: reason.clone(),
+                        };
+                        if let Err(e) = agent.send(&proc, &report).await {
+                            tracing::warn!(actor = %ev.actor, error = %e, "cannot report an actor failure to the agent");
+                        }
+                    }
                     let owner = {
                         let mut b = book.lock().unwrap_or_else(|p| p.into_inner());
                         match b.actors.get_mut(ev.actor.name()) {
@@ -318,17 +338,18 @@ pub async fn join_host(
         .build()
         .await
         .map_err(|e| HostError::Runtime(format!("cannot start the proc: {e}")))?;
+    let agent = agent_ref(agent_addr).map_err(|e| HostError::Runtime(e.to_string()))?;
     let mesh = proc
         .spawn(
             MESH_ACTOR,
             MeshAgent {
                 book: Arc::default(),
                 events: None,
+                host: Some((agent.clone(), name.clone())),
             },
         )
         .await
         .map_err(|e| HostError::Runtime(format!("cannot start the mesh actor: {e}")))?;
-    let agent = agent_ref(agent_addr).map_err(|e| HostError::Runtime(e.to_string()))?;
     let check_in = CheckIn {
         name: name.clone(),
         addr: proc.id().addr().to_string(),

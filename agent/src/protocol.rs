@@ -212,6 +212,48 @@ pub struct ProcReport {
     pub stop_requested: bool,
     /// Agent-wide sequence number of this state, increasing with every change.
     pub seq: u64,
+    /// The first actor failure of this incarnation of a runtime-aware
+    /// proc, as its `mesh` actor reported it ([`ActorFailed`]).
+    pub actor_failure: Option<ActorFailure>,
+    /// How many actors of this incarnation failed.
+    pub actor_failures: u32,
+    /// When `status` last changed, on the agent's wall clock (milliseconds
+    /// since the Unix epoch): for an ended proc, when it ended. The hub
+    /// corrects it by the agent's clock offset ([`AgentPush::Heartbeat`]).
+    pub changed_at_ms: u64,
+    /// First lines of stderr that are not in the tail (bounded in lines and
+    /// bytes), once the proc has ended: the exception line is often here.
+    pub stderr_head: Vec<String>,
+    /// Ended by SIGKILL while its cgroup's OOM-kill count rose: the kernel's
+    /// OOM killer took it.
+    pub oom_killed: bool,
+}
+
+/// An actor that failed inside a runtime-aware proc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorFailure {
+    /// The actor's id, as text.
+    pub actor: String,
+    /// Why it failed (at most [`MAX_ACTOR_REASON`] bytes).
+    pub reason: String,
+    /// When the agent learnt of it, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// Most bytes of an actor failure's reason an agent keeps.
+pub const MAX_ACTOR_REASON: usize = 1024;
+
+/// `ActorFailed {name, actor, reason}`: a runtime-aware proc's `mesh`
+/// actor reports that an actor it spawned failed. Sent by the proc to its
+/// agent; the agent records it in the proc's state and pushes the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorFailed {
+    /// The proc name (`HOSTMESH_PROC_NAME`).
+    pub name: String,
+    /// The failed actor's id, as text.
+    pub actor: String,
+    /// Why it failed.
+    pub reason: String,
 }
 
 /// A push to subscribers: one proc changed state.
@@ -242,6 +284,9 @@ pub enum AgentPush {
         seq: u64,
         /// All procs (running and ended) the agent holds.
         procs: Vec<ProcReport>,
+        /// The agent's wall clock when it sent this, milliseconds since the
+        /// Unix epoch (a clock-offset sample for the hub).
+        sent_at_ms: u64,
     },
     /// One proc changed state (sent at once).
     Changed(ProcStateChanged),
@@ -256,6 +301,9 @@ pub enum AgentPush {
         digest: u64,
         /// Number of procs held.
         procs: usize,
+        /// The agent's wall clock when it sent this, milliseconds since the
+        /// Unix epoch: the hub estimates the agent's clock offset from it.
+        sent_at_ms: u64,
     },
 }
 

@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 
 use super::manager::ProcManager;
 use super::protocol::{
-    AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport,
-    RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
+    ActorFailed, AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
+    ProcReport, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -67,7 +67,8 @@ impl Actor for HostAgent {
             .handle::<ShutdownHost>()
             .handle::<SetAddressBook>()
             .handle::<Subscribe>()
-            .handle::<CheckIn>();
+            .handle::<CheckIn>()
+            .handle::<ActorFailed>();
     }
 
     async fn handle_supervision_event(
@@ -184,6 +185,20 @@ impl Handler<CheckIn> for HostAgent {
         Ok(self
             .manager
             .check_in(&m.name, m.addr)
+            .map_err(|e| e.to_string()))
+    }
+}
+
+impl Handler<ActorFailed> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: ActorFailed,
+    ) -> Result<Self::Reply, ActorError> {
+        Ok(self
+            .manager
+            .actor_failed(&m.name, m.actor, &m.reason)
             .map_err(|e| e.to_string()))
     }
 }

@@ -82,6 +82,7 @@ impl Subscription {
             agent_addr: id.addr.to_string(),
             seq,
             procs,
+            sent_at_ms: super::manager::now_ms(),
         }
     }
 
@@ -92,6 +93,7 @@ impl Subscription {
             seq,
             digest: digest(&procs),
             procs: procs.len(),
+            sent_at_ms: super::manager::now_ms(),
         }
     }
 }

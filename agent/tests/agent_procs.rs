@@ -37,6 +37,42 @@ async fn exit_code_and_stderr_tail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_proc_carries_its_stderr_head_and_the_time_it_ended() {
+    let h = harness();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    h.manager
+        .create_or_update(sh(
+            "trace",
+            0,
+            "echo 'ValueError: the first line' >&2; i=0; while [ $i -lt 50 ]; do echo noise$i >&2; i=$((i+1)); done; exit 1",
+        ))
+        .unwrap();
+    let st = wait_state(&h.manager, "trace", "ended", |s| s.status.is_terminal()).await;
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert_eq!(
+        st.stderr_head.first().map(String::as_str),
+        Some("ValueError: the first line")
+    );
+    assert!(st.stderr_head.len() <= 10, "{:?}", st.stderr_head);
+    let ProcPhase::Stopped { stderr_tail, .. } = &st.status else {
+        panic!("{st:?}");
+    };
+    assert_eq!(stderr_tail.last().map(String::as_str), Some("noise49"));
+    assert!(
+        !stderr_tail.iter().any(|l| st.stderr_head.contains(l)),
+        "the head holds only what the tail lost"
+    );
+    assert!((before..=after).contains(&st.changed_at_ms), "{st:?}");
+    assert!(!st.oom_killed, "exit 1 is no OOM kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_tail_is_bounded() {
     let limits = Limits {
         stderr_tail_lines: 3,

@@ -107,6 +107,7 @@ async fn status_writes() -> anyhow::Result<()> {
             tx.send(HostReport::Heartbeat {
                 host: host.clone(),
                 pod_uid: format!("uid-{h}"),
+                clock: None,
             })
             .await?;
             pushes += 1;
@@ -183,6 +184,7 @@ async fn expiry() -> anyhow::Result<()> {
             tx.send(HostReport::Heartbeat {
                 host,
                 pod_uid: format!("uid-{h}"),
+                clock: None,
             })
             .await?;
         }

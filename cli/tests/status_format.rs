@@ -230,3 +230,74 @@ fn targets_parse_and_bad_ones_explain_the_form() {
         assert!(msg.contains("world/trainer"), "{msg}");
     }
 }
+
+#[test]
+fn procmesh_view_counts_collateral_and_shows_the_last_incidents() {
+    let mut pm: ProcMesh = serde_saphyr::from_str(PROCMESH).expect("procmesh yaml");
+    let extra: hostmesh_crds::ProcMeshStatus = serde_saphyr::from_str(
+        r#"
+failed: 8
+collateral: 7
+firstFailure:
+  rank: 5
+  host: 2
+  time: "2026-01-01T11:57:00.250000Z"
+  state: Killed
+  signal: 9
+  oomKilled: true
+  reason: "rank 5 was OOM-killed"
+  stderrHead: "Traceback: the first line"
+  stderrTail: "noise 40"
+ranks:
+- {start: 0, count: 5, state: Failed, exitCode: 1, causedBy: 5}
+- {start: 5, count: 1, state: Killed, signal: 9, reason: OOMKilled}
+incidents:
+- failedAt: "2026-01-01T11:50:00.000000Z"
+  detectedAt: "2026-01-01T11:50:00.020000Z"
+  decidedAt: "2026-01-01T11:50:00.030000Z"
+  podsReadyAt: "2026-01-01T11:50:00.030000Z"
+  procsRunningAt: "2026-01-01T11:50:01.530000Z"
+  action: RestartRanks
+  rank: 2
+  rootCause: "rank 2 exited with code 3"
+- failedAt: "2026-01-01T11:57:00.250000Z"
+  detectedAt: "2026-01-01T11:57:00.760000Z"
+  decidedAt: "2026-01-01T11:57:00.770000Z"
+  action: GaveUp
+  rank: 5
+  rootCause: "rank 5 was OOM-killed"
+  collateral: 7
+"#,
+    )
+    .expect("status yaml");
+    let status = pm.status.as_mut().expect("status");
+    status.failed = extra.failed;
+    status.collateral = extra.collateral;
+    status.first_failure = extra.first_failure;
+    status.ranks = extra.ranks;
+    status.incidents = extra.incidents;
+    let text = format_procmesh(&pm, now());
+    assert!(
+        text.contains("6 running, 0 succeeded, 8 failed (1 independent, 7 collateral)"),
+        "{text}"
+    );
+    assert!(text.contains("  OOM-killed"), "{text}");
+    assert!(
+        text.contains("stderr (first lines):\n    | Traceback: the first line"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Failed (exit 1) collateral of rank 5"),
+        "{text}"
+    );
+    let newest = text.find("11:57:00.250").expect("the newest incident");
+    let older = text.find("11:50:00.000").expect("the older incident");
+    assert!(newest < older, "newest first: {text}");
+    assert!(text.contains("510ms"), "detect of the newest: {text}");
+    assert!(text.contains("1500ms"), "procs of the older: {text}");
+    assert!(text.contains("GaveUp"), "{text}");
+    assert!(
+        text.contains("rank 5 was OOM-killed (+7 collateral)"),
+        "{text}"
+    );
+}

@@ -15,6 +15,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod field;
+pub mod incident;
 pub mod monarch;
 pub mod procmesh;
 pub mod validate;

@@ -6,9 +6,14 @@
 //! 1. The extent is the World's shape followed by `perHost`; proc rank =
 //!    host_rank * perHostSize + local rank.
 //! 2. `firstFailure`, once set, is kept until the ProcMesh is restarted as a
-//!    whole (the root cause survives later failures).
+//!    whole (the root cause survives later failures); only an earlier
+//!    failure (by the agents' corrected clocks) whose report arrived later
+//!    replaces it.
+//! 3. Status stays bounded at any number of ranks: runs are capped, stderr
+//!    (head and tail) is kept for a few failed ranks, each cut to its bound,
+//!    and `incidents` is a ring of bounded entries.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -27,6 +32,8 @@ pub const MAX_PROCS_PER_HOST: u64 = 1024;
 pub const MAX_PROCS: u64 = 200_000;
 /// Most bytes of stderr kept per failed rank in status.
 pub const MAX_STDERR_TAIL: usize = 1024;
+/// Most bytes of the head of stderr kept per failed rank in status.
+pub const MAX_STDERR_HEAD: usize = 512;
 /// Most bytes of the command line kept in `firstFailure.command`.
 pub const MAX_COMMAND: usize = 512;
 
@@ -95,6 +102,14 @@ pub struct ProcMeshSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub master_port: Option<u16>,
+    /// The procs link the hostmesh runtime (`hostmesh_agent::join_host`,
+    /// as `examples/echo-proc`): a proc is Running only once it checks in
+    /// with its agent (a proc that does not within `spawnTimeout` is
+    /// Timeout), and a failure of an actor spawned on it reaches
+    /// `status.actorFailures` with the actor's name (docs/agent.md,
+    /// "Runtime-aware procs").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub runtime_aware: bool,
 }
 
 impl ProcMeshSpec {
@@ -203,9 +218,14 @@ pub struct ProcMeshStatus {
     /// Procs that exited 0.
     #[serde(default)]
     pub succeeded: u64,
-    /// Procs that failed (exit code, signal, timeout, lost host).
+    /// Procs that failed (exit code, signal, timeout, lost host), the
+    /// collateral ones included.
     #[serde(default)]
     pub failed: u64,
+    /// Of the failed procs, those that failed within the cascade of an
+    /// earlier failure (their rank status says `causedBy`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub collateral: u64,
     /// Per-rank proc state as runs of equal state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<Run<RankStatus>>,
@@ -213,8 +233,20 @@ pub struct ProcMeshStatus {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ranks_truncated: bool,
     /// The first failure: the root cause, kept when later ranks fail too.
+    /// The earliest failure as the agents observed it (their clocks,
+    /// corrected), not the first report to arrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<FirstFailure>,
+    /// Actors that failed inside runtime-aware procs (`spec.runtimeAware`),
+    /// the earliest first, at most [`MAX_ACTOR_FAILURES`]: one entry per
+    /// rank and incarnation (its first actor failure). An actor failure
+    /// does not fail the rank; its process keeps running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actor_failures: Vec<ActorFailure>,
+    /// The last failures and their recoveries, oldest first (at most
+    /// 16, bounded in bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incidents: Vec<crate::incident::Incident>,
     /// Ready, Progressing, Degraded, Failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -295,6 +327,17 @@ pub struct RankStatus {
     /// Last bytes of stderr (bounded), for failed ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_tail: Option<String>,
+    /// First bytes of stderr that the tail lost (bounded), for failed ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_head: Option<String>,
+    /// For a collateral failure: the rank whose failure began the cascade
+    /// (this rank failed within the cascade window after it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<u64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// State of one proc.
@@ -334,6 +377,29 @@ impl ProcState {
     }
 }
 
+/// Most entries of `status.actorFailures`.
+pub const MAX_ACTOR_FAILURES: usize = 16;
+
+/// An actor that failed inside a runtime-aware proc.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActorFailure {
+    /// Proc rank.
+    pub rank: u64,
+    /// Host rank.
+    pub host: u64,
+    /// The actor (`<proc>/<name>[<index>]` as the runtime prints it).
+    pub actor: String,
+    /// Why it failed (at most [`MAX_REASON`] bytes).
+    pub reason: String,
+    /// When the proc's agent learnt of it (the agent's clock).
+    pub time: Time,
+    /// The proc's incarnation (its restarts so far).
+    pub incarnation: u32,
+    /// How many actors of that proc incarnation failed so far.
+    pub count: u32,
+}
+
 /// Most failed ranks that keep their stderr tail in status.
 pub const MAX_STDERR_RANKS: usize = 16;
 /// Most bytes of a reason kept in status.
@@ -364,18 +430,21 @@ pub fn tail(s: &str, max: usize) -> String {
 }
 
 /// Encodes per-rank proc states (rank order) as bounded runs: stderr tails
-/// cut to [`MAX_STDERR_TAIL`] bytes and kept for the first
+/// cut to [`MAX_STDERR_TAIL`] bytes and heads to [`MAX_STDERR_HEAD`], kept
+/// for the first
 /// [`MAX_STDERR_RANKS`] failed ranks only, reasons cut to [`MAX_REASON`],
 /// at most [`hostmesh_mesh::runs::MAX_RUNS`] runs. Returns the runs and whether they
 /// were truncated.
 pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankStatus>>, bool) {
     let mut with_stderr = 0usize;
     let bounded = values.into_iter().map(|mut v| {
+        let head = v.stderr_head.take();
         if let Some(s) = v.stderr_tail.take()
             && with_stderr < MAX_STDERR_RANKS
         {
             with_stderr += 1;
             v.stderr_tail = Some(crate::procmesh::tail(&s, MAX_STDERR_TAIL));
+            v.stderr_head = head.map(|h| crate::procmesh::head(&h, MAX_STDERR_HEAD).to_string());
         }
         if let Some(r) = v.reason.as_mut()
             && r.len() > MAX_REASON
@@ -395,8 +464,11 @@ pub struct FirstFailure {
     pub rank: u64,
     /// Host rank (pod `<world>-host-<host>`).
     pub host: u64,
-    /// When it was observed.
-    pub time: Time,
+    /// When it failed: the agent's clock corrected by its estimated offset
+    /// (for a lost host, when its agent was last heard; for a spawn timeout,
+    /// when the operator noticed), to
+    /// the microsecond.
+    pub time: MicroTime,
     /// State it failed with.
     pub state: ProcState,
     /// Human-readable reason (exit code, signal, timeout, ...).
@@ -410,6 +482,13 @@ pub struct FirstFailure {
     /// Last bytes of its stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_tail: Option<String>,
+    /// First bytes of its stderr that the tail lost (at most
+    /// [`MAX_STDERR_HEAD`]): an exception is often printed first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_head: Option<String>,
+    /// Killed by the kernel's OOM killer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
     /// The command line that ran (quoted as a shell would take it, at most
     /// [`MAX_COMMAND`] bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,6 +536,44 @@ mod tests {
     }
 
     #[test]
+    fn a_cascade_over_ten_thousand_ranks_stays_compact() {
+        // Rank 5 is killed; every other rank exits 1 in its wake, each with
+        // its own stderr.
+        let v = (0..10_000u64).map(|r| {
+            if r == 5 {
+                RankStatus {
+                    state: ProcState::Killed,
+                    signal: Some(9),
+                    stderr_head: Some("Traceback".repeat(1000)),
+                    stderr_tail: Some("e".repeat(10_000)),
+                    ..Default::default()
+                }
+            } else {
+                RankStatus {
+                    state: ProcState::Failed,
+                    exit_code: Some(1),
+                    stderr_head: Some(format!("rank {r} head")),
+                    stderr_tail: Some(format!("rank {r}: connection reset")),
+                    caused_by: Some(5),
+                    ..Default::default()
+                }
+            }
+        });
+        let (runs, truncated) = rank_runs(v);
+        assert!(!truncated);
+        // 16 ranks keep their stderr (one run each), then one run for the
+        // rest of the collateral ranks.
+        assert_eq!(runs.len(), MAX_STDERR_RANKS + 1);
+        assert_eq!(
+            runs[5].value.stderr_head.as_ref().unwrap().len(),
+            MAX_STDERR_HEAD
+        );
+        assert_eq!(runs.last().unwrap().value.caused_by, Some(5));
+        let bytes = serde_json::to_vec(&runs).unwrap().len();
+        assert!(bytes < 32 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
     fn worst_case_status_stays_far_below_the_object_limit() {
         // Every rank fails differently, with long stderr and reasons.
         let v = (0..10_000).map(|i| RankStatus {
@@ -465,13 +582,44 @@ mod tests {
             signal: None,
             reason: Some("r".repeat(10_000)),
             stderr_tail: Some("e".repeat(10_000)),
+            stderr_head: Some("h".repeat(10_000)),
+            caused_by: Some(3),
         });
         let (runs, truncated) = rank_runs(v);
         assert!(truncated);
         assert_eq!(runs.len(), hostmesh_mesh::runs::MAX_RUNS);
+        let incident = |i: u64| crate::incident::Incident {
+            failed_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            detected_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            decided_at: None,
+            pods_ready_at: None,
+            procs_running_at: None,
+            action: None,
+            rank: i,
+            root_cause: "c".repeat(100_000),
+            collateral: i,
+        };
+        let mut incidents = Vec::new();
+        for i in 0..100 {
+            crate::incident::push(&mut incidents, incident(i));
+        }
         let status = ProcMeshStatus {
             ranks: runs,
             ranks_truncated: truncated,
+            incidents,
+            first_failure: Some(FirstFailure {
+                rank: 1,
+                host: 1,
+                time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+                state: ProcState::Killed,
+                reason: "r".repeat(MAX_REASON),
+                exit_code: None,
+                signal: Some(9),
+                stderr_tail: Some("e".repeat(MAX_STDERR_TAIL)),
+                stderr_head: Some("h".repeat(MAX_STDERR_HEAD)),
+                oom_killed: true,
+                command: Some("c".repeat(MAX_COMMAND)),
+            }),
             ..Default::default()
         };
         let bytes = serde_json::to_vec(&status).unwrap().len();

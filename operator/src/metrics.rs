@@ -102,11 +102,18 @@ pub struct Metrics {
     heartbeats: Counter,
     agent_pushes: Counter,
     hub_triggers: Family<KindLabels, Counter>,
+    recovery: Family<PhaseLabels, Histogram>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
+}
+
+fn recovery_histogram() -> Histogram {
+    // 10 ms .. ~22 min: a proc restart takes well under a second, a host
+    // replacement minutes.
+    Histogram::new(exponential_buckets(0.01, 2.0, 18))
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -186,8 +193,18 @@ impl Metrics {
             "1 when this replica holds the leader lease (or runs without leader election), else 0",
             leader.clone(),
         );
+        let recovery = Family::<PhaseLabels, Histogram>::new_with_constructor(
+            recovery_histogram as fn() -> Histogram,
+        );
+        registry.register_with_unit(
+            "recovery",
+            "ProcMesh incident phase durations (status.incidents): detect (failure to report), decide (report to policy action), pods (action to hosts ready), procs (hosts ready to procs running), total",
+            prometheus_client::registry::Unit::Seconds,
+            recovery.clone(),
+        );
         let metrics = Self {
             registry,
+            recovery,
             reconciles,
             errors,
             durations,
@@ -279,6 +296,14 @@ impl Metrics {
                 outcome: outcome.as_str().to_owned(),
             })
             .inc();
+    }
+
+    /// Records one completed recovery phase of a ProcMesh incident
+    /// (`detect`, `decide`, `pods`, `procs`, `total`).
+    pub fn observe_recovery(&self, phase: &str, took: Duration) {
+        self.recovery
+            .get_or_create(&phase_labels(phase))
+            .observe(took.as_secs_f64());
     }
 
     /// Records whether this replica is the leader.
@@ -395,6 +420,31 @@ mod tests {
         assert_eq!(
             sample(&text, "hostmesh_worlds{phase=\"Degraded\"}"),
             Some(0.0)
+        );
+    }
+
+    #[test]
+    fn recovery_phases_are_a_histogram_per_phase() {
+        let m = Metrics::new();
+        m.observe_recovery("detect", Duration::from_millis(20));
+        m.observe_recovery("total", Duration::from_secs(3));
+        m.observe_recovery("total", Duration::from_secs(5));
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE hostmesh_recovery_seconds histogram"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_count{phase=\"total\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_sum{phase=\"total\"}"),
+            Some(8.0)
+        );
+        assert_eq!(
+            sample(&text, "hostmesh_recovery_seconds_count{phase=\"detect\"}"),
+            Some(1.0)
         );
     }
 

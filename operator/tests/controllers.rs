@@ -162,6 +162,90 @@ async fn procmesh_runs_fails_with_root_cause_and_deletion_stops_procs() {
     c.shutdown().await;
 }
 
+/// A runtime-aware ProcMesh: its procs are asked to check in, and an actor
+/// failure its agent reports reaches `status.actorFailures` and an Event,
+/// while the rank keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_failure_in_a_runtime_aware_proc_reaches_status() {
+    let c = Cluster::start().await;
+    running_world(&c).await;
+    c.apply_yaml(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm, namespace: ctl}\n\
+         spec: {world: w, perHost: [{name: gpu, size: 2}], command: [hostmesh-echo-proc], runtimeAware: true, spawnTimeout: 45s}\n",
+    )
+    .await;
+    let meshes = c.api::<ProcMesh>();
+    eventually_async("ProcMesh Running", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        (s.running == 4).then_some(())
+    })
+    .await;
+    let host1 = HostKey {
+        world: WorldKey {
+            namespace: NS.into(),
+            name: "w".into(),
+        },
+        rank: 1,
+    };
+    let spec = c
+        .sim
+        .requests_of(&host1)
+        .into_iter()
+        .find_map(|r| match r {
+            SimRequest::Create(req) => Some(req.spec),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        spec.runtime_aware,
+        "the agent is told to wait for a check-in"
+    );
+    assert_eq!(spec.spawn_timeout_ms, Some(45_000));
+
+    let pm = meshes.get("pm").await.unwrap();
+    let world = c.api::<World>().get("w").await.unwrap();
+    let id = hostmesh_operator::controllers::procmesh::desired::mesh_id(&pm, &world);
+    let push = c
+        .sim
+        .fail_actor(
+            &host1,
+            &format!("{id}.3"),
+            "tcp:10.0.0.2:4000/pm.3/trainer[0]",
+            "handler failed: CUDA error",
+        )
+        .expect("proc exists on host 1");
+    c.ctx.hub.push_sender().send(push).await.unwrap();
+    let s = eventually_async("the actor failure in status", || async {
+        let s = meshes.get("pm").await.ok()?.status?;
+        (!s.actor_failures.is_empty()).then_some(s)
+    })
+    .await;
+    let f = &s.actor_failures[0];
+    assert_eq!((f.rank, f.host, f.count), (3, 1, 1));
+    assert!(f.actor.ends_with("trainer[0]"), "{f:?}");
+    assert!(f.reason.contains("CUDA error"), "{f:?}");
+    assert_eq!(s.running, 4, "an actor failure does not fail its rank");
+    assert_eq!(
+        s.phase,
+        Some(hostmesh_crds::procmesh::ProcMeshPhase::Running)
+    );
+    let events = c.api::<k8s_openapi::api::core::v1::Event>();
+    eventually_async("an ActorFailed Event", || async {
+        let l = events.list(&Default::default()).await.ok()?;
+        l.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("ActorFailed")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("trainer[0]"))
+            })
+            .map(|_| ())
+    })
+    .await;
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_host_is_replaced_and_counted() {
     let c = Cluster::start().await;

@@ -53,6 +53,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
             rank,
         },
         pod_uid: uid.into(),
+        clock: None,
     };
     let t0 = Instant::now();
     hub.handle_push(beat(0, "uid-0"), t0);

@@ -272,6 +272,21 @@ async fn a_queued_world_waits_for_admission_then_runs_on_the_admitted_flavor() {
         "{message}"
     );
     assert_eq!(s.attempt, 0, "the first admission is the first run");
+    // Kueue invariant 6: the World reports PodsReady as Kueue's own
+    // integrations do, for waitForPodsReady.
+    let api = workloads(&c);
+    let ready = eventually_async("Workload PodsReady=True (Started)", || async {
+        let wl = serde_json::to_value(api.get(&name).await.ok()?).ok()?;
+        let conds = wl["status"]["conditions"].as_array()?.clone();
+        conds
+            .into_iter()
+            .find(|c| c["type"] == "PodsReady" && c["status"] == "True" && c["reason"] == "Started")
+    })
+    .await;
+    assert!(
+        ready["message"].as_str().unwrap().contains("running"),
+        "{ready}"
+    );
     c.shutdown().await;
 }
 
@@ -566,5 +581,105 @@ async fn suspend_deactivates_the_workload_and_a_new_template_replaces_it() {
     })
     .await;
     assert!(host_pods(&c).await.is_empty(), "{s:?}");
+    c.shutdown().await;
+}
+
+/// Kueue invariant 7: a topology-aware admission hands the host pods to
+/// Kueue's TopologyUngater. The test plays the ungater as Kueue writes the
+/// pods: a JSON patch that removes the `kueue.x-k8s.io/topology` gate and
+/// adds the domain's node selector, in `hostmesh.dev/rank` order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topology_assignment_gates_the_pods_until_kueue_places_them() {
+    let c = start_with_kueue().await;
+    c.apply_yaml(&QUEUED.replacen(
+        "  shape: [{name: host, size: 2}]\n",
+        "  shape: [{name: replica, size: 2}, {name: host, size: 1}]\n  scheduling:\n    topology: [{dimension: replica, key: example.com/rack, mode: Required}]\n",
+        1,
+    ))
+    .await;
+    let wl = workload(&c).await;
+    let name = wl["metadata"]["name"].as_str().unwrap().to_string();
+    assert_eq!(
+        wl["spec"]["podSets"][0]["topologyRequest"]["podIndexLabel"],
+        "hostmesh.dev/rank"
+    );
+    let status = json!({"status": {
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [{
+            "name": "hosts", "flavors": {"cpu": "a100"}, "resourceUsage": {"cpu": "2"}, "count": 2,
+            "topologyAssignment": {"levels": ["example.com/rack"], "slices": [{
+                "domainCount": 2,
+                "valuesPerLevel": [{"individual": {"prefix": "rack-", "roots": ["1", "2"]}}],
+                "podCounts": {"universal": 1}}]}}]},
+        "conditions": [
+            kueue_condition("QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue cq"),
+            kueue_condition("Admitted", "True", "Admitted", "The workload is admitted"),
+        ],
+    }});
+    workloads(&c)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let pods = eventually_async("two gated host pods", || async {
+        let live: Vec<Pod> = host_pods(&c)
+            .await
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        (live.len() == 2).then_some(live)
+    })
+    .await;
+    let api = c.api::<Pod>();
+    for p in &pods {
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["kueue.x-k8s.io/tas"], "true");
+        assert_eq!(
+            p.metadata.annotations.as_ref().unwrap()["kueue.x-k8s.io/workload"],
+            name.as_str()
+        );
+        let gates: Vec<&str> = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .scheduling_gates
+            .iter()
+            .flatten()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(gates, ["kueue.x-k8s.io/topology"]);
+        // The ungater: rank r goes to rack-(r+1).
+        let rank: u64 = labels["hostmesh.dev/rank"].parse().unwrap();
+        let patch = json!([
+            {"op": "remove", "path": "/spec/schedulingGates"},
+            {"op": "add", "path": "/spec/nodeSelector/example.com~1rack", "value": format!("rack-{}", rank + 1)},
+        ]);
+        api.patch(
+            p.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(patch).unwrap()),
+        )
+        .await
+        .unwrap();
+    }
+    c.pod_ready("w-host-0", "127.0.9.1").await;
+    c.pod_ready("w-host-1", "127.0.9.2").await;
+    world_status(&c, "World Running", |s| {
+        s.phase == Some(WorldPhase::Running)
+    })
+    .await;
+    let placed = host_pods(&c).await;
+    assert_eq!(placed.len(), 2, "the ungater's writes replace no pod");
+    for p in &placed {
+        let spec = p.spec.as_ref().unwrap();
+        assert!(spec.scheduling_gates.is_none());
+        let rank: u64 = p.metadata.labels.as_ref().unwrap()["hostmesh.dev/rank"]
+            .parse()
+            .unwrap();
+        let sel = spec.node_selector.as_ref().unwrap();
+        assert_eq!(sel["example.com/rack"], format!("rack-{}", rank + 1));
+        assert_eq!(
+            sel["cloud.example.com/pool"], "a100",
+            "the flavor's label stays"
+        );
+    }
     c.shutdown().await;
 }

@@ -137,8 +137,11 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
     }
     let _ = writeln!(
         out,
-        "  procs      {} running, {} succeeded, {} failed",
-        status.running, status.succeeded, status.failed
+        "  procs      {} running, {} succeeded, {} failed{}",
+        status.running,
+        status.succeeded,
+        status.failed,
+        collateral_note(status.failed, status.collateral)
     );
     let _ = writeln!(out, "  restarts   {}", status.restarts);
     let _ = writeln!(out, "  command    {}", clean(&pm.spec.command.join(" ")));
@@ -158,13 +161,22 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
             f.host,
             pm.spec.world,
             f.host,
-            age(&f.time, now)
+            age(&Time(f.time.0), now)
         );
+        if f.oom_killed {
+            let _ = writeln!(out, "  OOM-killed (the cgroup's oom_kill count rose)");
+        }
         if !f.reason.is_empty() {
             let _ = writeln!(out, "  reason: {}", clean(&f.reason));
         }
         if let Some(cmd) = f.command.as_deref().filter(|c| !c.is_empty()) {
             let _ = writeln!(out, "  command: {}", clean(cmd));
+        }
+        if let Some(head) = f.stderr_head.as_deref().filter(|t| !t.is_empty()) {
+            let _ = writeln!(out, "  stderr (first lines):");
+            for line in head.lines().take(10) {
+                let _ = writeln!(out, "    | {}", clean(line));
+            }
         }
         if let Some(tail) = f.stderr_tail.as_deref().filter(|t| !t.is_empty()) {
             let _ = writeln!(out, "  stderr (last lines):");
@@ -199,8 +211,86 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
         status.ranks_truncated,
         "ranks",
     );
+    incidents(&mut out, &status.incidents);
     conditions(&mut out, &status.conditions, now);
     out
+}
+
+/// `" (1 root, 7 collateral)"` when some failures were collateral.
+fn collateral_note(failed: u64, collateral: u64) -> String {
+    if collateral == 0 {
+        return String::new();
+    }
+    format!(
+        " ({} independent, {collateral} collateral)",
+        failed.saturating_sub(collateral)
+    )
+}
+
+/// Incidents shown by `hostmesh status` (status keeps up to 16).
+const INCIDENTS_SHOWN: usize = 5;
+
+/// The last incidents, newest first: when the root failed, how long each
+/// recovery phase took, what was done, and why.
+fn incidents(out: &mut String, list: &[hostmesh_crds::incident::Incident]) {
+    if list.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nIncidents (newest first; phases since the previous one):"
+    );
+    let span = |a: Option<&Timestamp>, b: Option<&Timestamp>| match (a, b) {
+        (Some(a), Some(b)) => {
+            let ms = b.duration_since(*a).as_millis().max(0);
+            if ms < 10_000 {
+                format!("{ms}ms")
+            } else {
+                format!("{}s", ms / 1000)
+            }
+        }
+        _ => "-".to_owned(),
+    };
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .rev()
+        .take(INCIDENTS_SHOWN)
+        .map(|i| {
+            let failed = Some(&i.failed_at.0);
+            let detected = Some(&i.detected_at.0);
+            let decided = i.decided_at.as_ref().map(|t| &t.0);
+            let pods = i.pods_ready_at.as_ref().map(|t| &t.0);
+            let procs = i.procs_running_at.as_ref().map(|t| &t.0);
+            let mut cause = clean(&i.root_cause);
+            if i.collateral > 0 {
+                let _ = write!(cause, " (+{} collateral)", i.collateral);
+            }
+            vec![
+                i.failed_at.0.strftime("%H:%M:%S%.3f").to_string(),
+                span(failed, detected),
+                span(detected, decided),
+                span(decided, pods),
+                span(pods, procs),
+                span(failed, procs),
+                i.action.map_or("-", |a| a.as_str()).to_owned(),
+                cause,
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "FAILED AT",
+            "DETECT",
+            "DECIDE",
+            "PODS",
+            "PROCS",
+            "TOTAL",
+            "ACTION",
+            "ROOT CAUSE",
+        ],
+        &rows,
+    );
 }
 
 fn rank_state(v: &RankStatus) -> String {
@@ -214,6 +304,9 @@ fn rank_state(v: &RankStatus) -> String {
             let _ = write!(s, " (exit {code})");
         }
         _ => {}
+    }
+    if let Some(root) = v.caused_by {
+        let _ = write!(s, " collateral of rank {root}");
     }
     s
 }

@@ -20,6 +20,8 @@ pub mod endpointslice;
 mod replicaset;
 pub mod rollout;
 
+pub(crate) use replicaset::selector_matches;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

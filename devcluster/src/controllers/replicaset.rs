@@ -154,7 +154,7 @@ pub(super) fn selector_string(sel: &LabelSelector) -> Result<String, String> {
 
 /// Whether `labels` satisfy `sel` (an empty selector matches nothing here:
 /// a controller must select its own pods).
-pub(super) fn selector_matches(
+pub(crate) fn selector_matches(
     sel: &LabelSelector,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> bool {

@@ -10,7 +10,7 @@
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
 //! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
-//! endpoints), `serving` (HTTPS and client certificates for a real
+//! endpoints), `schedule` (which node an unscheduled pod fits), `serving` (HTTPS and client certificates for a real
 //! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
 //! bridge, veths, `/etc` files), `config`,
 //! `error`, `shared`.
@@ -20,7 +20,9 @@
 //!    until the group is gone; `KubeletHandle::shutdown` (and, as a last
 //!    resort, dropping the handle) ends them all.
 //! 2. A pod IP belongs to one live pod at a time (`ipam`).
-//! 3. Only the pod's worker writes the pod's status.
+//! 3. Only the pod's worker writes the pod's status; before the pod is
+//!    bound, only its `PodScheduled=False` condition is written, by the
+//!    binding side (`pods`, `schedule`).
 //! 4. A pod's sandbox lives from before its first container starts until
 //!    after its last process is gone; the node's bridge from `start` to
 //!    `shutdown` (`net`).
@@ -40,6 +42,7 @@ mod pod;
 mod pods;
 mod probe;
 mod process;
+mod schedule;
 mod serving;
 mod shared;
 mod status;

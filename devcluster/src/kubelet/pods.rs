@@ -9,39 +9,52 @@
 //!    is not being deleted, has no `schedulingGates` (as the scheduler
 //!    leaves a gated pod alone until every gate is removed; the removal is a
 //!    pod update, which the watch delivers, and the pod is bound then) and
-//!    its `nodeSelector` matches this node's labels.
+//!    it fits this node as kube-scheduler's filters judge it (`schedule`:
+//!    node selector and affinity, taints, pod affinity and anti-affinity
+//!    against the Nodes and pods the API server holds at that moment).
+//! 4. A pod no node fits gets `PodScheduled=False`, reason `Unschedulable`,
+//!    with kube-scheduler's message (`0/N nodes are available: ...`), and is
+//!    tried again every [`RETRY`] until it fits, is deleted or is bound by
+//!    another kubelet; one attempt per pod is in flight at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Binding, Pod, Taint};
+use k8s_openapi::api::core::v1::{Binding, Node, Pod, Taint};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
+use tokio::sync::mpsc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::node;
 use super::pod::{self, Update};
+use super::schedule::{self, Placed};
 use super::shared::{Shared, pod_key};
 
 struct Entry {
     tx: watch::Sender<Update>,
 }
 
+/// How often a pod no node fits is tried again (invariant 4).
+const RETRY: Duration = Duration::from_secs(2);
+
 /// The pod loop's bookkeeping, by pod uid.
 struct PodLoop {
     shared: Arc<Shared>,
-    node_labels: serde_json::Value,
+    /// Unscheduled pods this kubelet may bind, latest version (invariant 4).
+    unbound: BTreeMap<String, Pod>,
+    /// Ends of binding attempts, by pod uid.
+    attempts: mpsc::UnboundedSender<String>,
     /// Live workers.
     workers: BTreeMap<String, Entry>,
     tasks: JoinSet<String>,
     /// Workers that ended; not restarted until the pod is deleted.
     finished: BTreeSet<String>,
-    /// Pods a binding was attempted for.
+    /// Pods with a binding attempt in flight.
     binding: BTreeSet<String>,
     /// DaemonSet pods left alone.
     refused: BTreeSet<String>,
@@ -59,8 +72,12 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         cfg = cfg.fields(&field);
     }
     let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let (attempts, mut ended) = mpsc::unbounded_channel();
+    let mut retry = tokio::time::interval(RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut state = PodLoop {
-        node_labels: node::labels(&shared.config.node_name),
+        unbound: BTreeMap::new(),
+        attempts,
         shared: shared.clone(),
         workers: BTreeMap::new(),
         tasks: JoinSet::new(),
@@ -76,6 +93,15 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 if let Ok(uid) = done {
                     state.workers.remove(&uid);
                     state.finished.insert(uid);
+                }
+            }
+            Some(uid) = ended.recv() => {
+                state.binding.remove(&uid);
+            }
+            _ = retry.tick(), if !state.unbound.is_empty() => {
+                let pending: Vec<Pod> = state.unbound.values().cloned().collect();
+                for pod in pending {
+                    state.on_pod(pod);
                 }
             }
             item = stream.next() => {
@@ -113,7 +139,7 @@ impl PodLoop {
             }
             Event::Delete(pod) => {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                self.binding.remove(&uid);
+                self.unbound.remove(&uid);
                 self.finished.remove(&uid);
                 self.refused.remove(&uid);
                 if let Some(entry) = self.workers.get(&uid) {
@@ -131,6 +157,9 @@ impl PodLoop {
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default();
+        if !node_name.is_empty() || !should_bind(&pod) {
+            self.unbound.remove(&uid);
+        }
         if node_name == shared.config.node_name {
             if let Some(entry) = self.workers.get(&uid) {
                 let _ = entry.tx.send(Update::Pod(Box::new(pod)));
@@ -153,14 +182,16 @@ impl PodLoop {
             }
             return;
         }
-        if node_name.is_empty()
-            && shared.config.bind_unscheduled
-            && should_bind(&pod, &self.node_labels)
-            && tolerates(&pod, &shared.config.taints)
-            && self.binding.insert(uid)
-        {
-            let shared = shared.clone();
-            tokio::spawn(async move { bind(&shared, &pod).await });
+        if node_name.is_empty() && shared.config.bind_unscheduled && should_bind(&pod) {
+            self.unbound.insert(uid.clone(), pod.clone());
+            if self.binding.insert(uid.clone()) {
+                let shared = shared.clone();
+                let done = self.attempts.clone();
+                tokio::spawn(async move {
+                    schedule_and_bind(&shared, &pod).await;
+                    let _ = done.send(uid);
+                });
+            }
         }
     }
 }
@@ -207,8 +238,9 @@ pub(crate) fn tolerates(pod: &Pod, taints: &[Taint]) -> bool {
         })
 }
 
-/// Whether this kubelet should bind `pod` to itself (invariant 3).
-pub(crate) fn should_bind(pod: &Pod, node_labels: &serde_json::Value) -> bool {
+/// Whether `pod` waits for a scheduler this kubelet plays (invariant 3,
+/// before the filters): no node yet is checked by the caller.
+pub(crate) fn should_bind(pod: &Pod) -> bool {
     let Some(spec) = &pod.spec else { return false };
     if pod.metadata.deletion_timestamp.is_some() {
         return false;
@@ -226,17 +258,95 @@ pub(crate) fn should_bind(pod: &Pod, node_labels: &serde_json::Value) -> bool {
     {
         return false;
     }
-    if spec
+    !spec
         .scheduler_name
         .as_deref()
         .is_some_and(|s| !s.is_empty() && s != "default-scheduler")
+}
+
+/// Binds `pod` here when it fits this node, or says why no node fits
+/// (invariants 3-4). Every error is logged and the pod tried again later.
+async fn schedule_and_bind(shared: &Shared, pod: &Pod) {
+    let me = &shared.config.node_name;
+    let nodes = match Api::<Node>::all(shared.client.clone())
+        .list(&ListParams::default())
+        .await
     {
-        return false;
-    }
-    spec.node_selector
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list nodes to schedule a pod");
+            return;
+        }
+    };
+    let pods = match Api::<Pod>::all(shared.client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list pods to schedule a pod");
+            return;
+        }
+    };
+    let labels: BTreeMap<String, BTreeMap<String, String>> = nodes
         .iter()
-        .flatten()
-        .all(|(k, v)| node_labels.get(k).and_then(|l| l.as_str()) == Some(v.as_str()))
+        .map(|n| {
+            (
+                n.metadata.name.clone().unwrap_or_default(),
+                schedule::node_labels(n),
+            )
+        })
+        .collect();
+    let placed: Vec<Placed> = pods
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.as_ref()?;
+            Some(Placed::of(p, labels.get(node)?.clone()))
+        })
+        .collect();
+    match schedule::feasible(pod, &nodes, &placed) {
+        Ok(fits) if fits.iter().any(|n| n == me) => bind(shared, pod).await,
+        // Another node's kubelet binds it.
+        Ok(_) => {}
+        Err(message) => unschedulable(shared, pod, &message).await,
+    }
+}
+
+/// Writes `PodScheduled=False` (reason `Unschedulable`, `message`) unless
+/// the pod already says so (invariant 4).
+async fn unschedulable(shared: &Shared, pod: &Pod, message: &str) {
+    let said = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message));
+    if said {
+        return;
+    }
+    let (ns, name) = pod_key(pod);
+    tracing::info!(pod = %format!("{ns}/{name}"), %message, "pod is unschedulable");
+    let status = serde_json::json!({"status": {
+        "phase": "Pending",
+        "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }],
+    }});
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+    if let Err(e) = api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+    {
+        tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "cannot mark the pod unschedulable");
+    }
 }
 
 async fn bind(shared: &Shared, pod: &Pod) {
@@ -279,48 +389,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn binds_only_default_scheduler_pods_that_fit_the_selector() {
-        let labels = node::labels("n1");
+    fn binds_only_default_scheduler_pods() {
         let pod = |yaml: &str| -> Pod { serde_saphyr::from_str(yaml).unwrap() };
-        assert!(should_bind(
-            &pod("spec: {containers: [{name: c}]}"),
-            &labels
-        ));
-        assert!(should_bind(
-            &pod("spec: {schedulerName: default-scheduler, containers: [{name: c}]}"),
-            &labels
-        ));
-        assert!(!should_bind(
-            &pod("spec: {schedulerName: volcano, containers: [{name: c}]}"),
-            &labels
-        ));
-        assert!(should_bind(
-            &pod("spec: {nodeSelector: {kubernetes.io/os: linux}, containers: [{name: c}]}"),
-            &labels
-        ));
-        assert!(!should_bind(
-            &pod("spec: {nodeSelector: {gpu: a100}, containers: [{name: c}]}"),
-            &labels
-        ));
-        assert!(!should_bind(
-            &pod(
-                "metadata: {deletionTimestamp: '2024-01-01T00:00:00Z'}\nspec: {containers: [{name: c}]}"
-            ),
-            &labels
-        ));
+        assert!(should_bind(&pod("spec: {containers: [{name: c}]}")));
+        assert!(should_bind(&pod(
+            "spec: {schedulerName: default-scheduler, containers: [{name: c}]}"
+        )));
+        assert!(!should_bind(&pod(
+            "spec: {schedulerName: volcano, containers: [{name: c}]}"
+        )));
+        assert!(!should_bind(&pod(
+            "metadata: {deletionTimestamp: '2024-01-01T00:00:00Z'}\nspec: {containers: [{name: c}]}"
+        )));
     }
 
     /// Invariant 3: a gated pod waits; once its gates are removed it binds.
     #[test]
     fn a_pod_with_scheduling_gates_is_not_bound_until_they_are_removed() {
-        let labels = node::labels("n1");
         let gated: Pod = serde_saphyr::from_str(
             "spec: {schedulingGates: [{name: kueue.x-k8s.io/topology}], containers: [{name: c}]}",
         )
         .unwrap();
-        assert!(!should_bind(&gated, &labels));
+        assert!(!should_bind(&gated));
         let ungated: Pod =
             serde_saphyr::from_str("spec: {schedulingGates: [], containers: [{name: c}]}").unwrap();
-        assert!(should_bind(&ungated, &labels));
+        assert!(should_bind(&ungated));
     }
 }

@@ -2,7 +2,7 @@
 //! hostmesh World: it checks in with its host agent (which makes it Ready),
 //! offers the [`Echo`] actor type for remote spawn, and exits 0 on SIGTERM.
 //!
-//! Start it through a ProcMesh with `runtimeAware: true` (or
+//! Start it through a ProcMesh with `spec.runtimeAware: true` (or
 //! `ProcSpec::runtime_aware`); the agent gives it the environment it needs
 //! (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`,
 //! `RANK`, ...). Spawn an `Echo` on it with `hostmesh_agent::SpawnFor`
@@ -12,7 +12,9 @@ use hostmesh_agent::{JoinedProc, join_host};
 use hostmesh_runtime::{Actor, ActorError, Context, Handler, Handlers, RemoteSpawn};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// Answers every `String` with `<RANK>:<string>`.
+/// Answers every `String` with `<RANK>:<string>`; a [`Fail`] makes it fail,
+/// to see supervision at work (the failure reaches the agent, and a
+/// ProcMesh's `status.actorFailures`).
 #[derive(Debug)]
 pub struct Echo {
     rank: String,
@@ -20,7 +22,18 @@ pub struct Echo {
 
 impl Actor for Echo {
     fn register(h: &mut Handlers<Self>) {
-        h.handle::<String>();
+        h.handle::<String>().handle::<Fail>();
+    }
+}
+
+/// Makes the [`Echo`] fail with this reason.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Fail(pub String);
+
+impl Handler<Fail> for Echo {
+    type Reply = ();
+    async fn handle(&mut self, _cx: &Context<Self>, m: Fail) -> Result<(), ActorError> {
+        Err(ActorError::new(m.0))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref};
-use hostmesh_echo_proc::{Echo, echo_type_name};
+use hostmesh_echo_proc::{Echo, Fail, echo_type_name};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
 use hostmesh_testkit::eventually_ok;
 
@@ -87,6 +87,25 @@ async fn echo_proc_joins_its_host_and_echoes() {
         .await
         .unwrap();
     assert_eq!(reply, "1:ping");
+
+    // A failing actor reaches the agent's state of its proc (and from
+    // there every subscriber), with its name and reason; the proc runs on.
+    echo.send(client.proc(), &Fail("out of widgets".to_string()))
+        .await
+        .unwrap();
+    let st = eventually_ok("the actor failure in the proc's state", async || {
+        let st = client.get_state(addr, "echo-1").await.unwrap();
+        match &st.actor_failure {
+            Some(_) => Ok(st.clone()),
+            None => Err(st),
+        }
+    })
+    .await;
+    let f = st.actor_failure.clone().unwrap();
+    assert!(f.actor.ends_with("echo[0]"), "{f:?}");
+    assert!(f.reason.contains("out of widgets"), "{f:?}");
+    assert_eq!(st.actor_failures, 1);
+    assert!(matches!(st.status, ProcPhase::Ready { .. }), "{st:?}");
 
     client
         .stop(addr, "echo-1", Duration::from_secs(10))

@@ -10,7 +10,10 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 pub use hostmesh_agent::protocol::{self, CreateOrUpdate};
 use hostmesh_crds::procmesh::ProcState;
+use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
+
+use super::clock::{AgentClock, ClockSample};
 
 /// A World, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -69,8 +72,22 @@ pub struct ProcObs {
     pub reason: Option<String>,
     /// Last lines of stderr.
     pub stderr_tail: Option<String>,
+    /// First lines of stderr that the tail lost.
+    pub stderr_head: Option<String>,
+    /// Killed by the kernel's OOM killer (SIGKILL while its cgroup's
+    /// OOM-kill count rose).
+    pub oom_killed: bool,
+    /// For a failure: when it happened, on the agent's clock corrected to
+    /// the hub's ([`super::clock`]).
+    pub failed_at: Option<Timestamp>,
+    /// For a failure: when this hub first received it (wall clock).
+    pub detected_at: Option<Timestamp>,
     /// Incarnation the state belongs to.
     pub incarnation: u32,
+    /// The first actor failure of this incarnation (runtime-aware procs).
+    pub actor_failure: Option<protocol::ActorFailure>,
+    /// How many actors of this incarnation failed.
+    pub actor_failures: u32,
 }
 
 impl ProcObs {
@@ -85,7 +102,13 @@ impl ProcObs {
             signal: None,
             reason: None,
             stderr_tail: None,
+            stderr_head: (!s.stderr_head.is_empty()).then(|| s.stderr_head.join("\n")),
+            oom_killed: s.oom_killed,
+            failed_at: None,
+            detected_at: None,
             incarnation: s.restarts,
+            actor_failure: s.actor_failure.clone(),
+            actor_failures: s.actor_failures,
         };
         match &s.status {
             S::Starting => {}
@@ -127,6 +150,28 @@ impl ProcObs {
         }
         o
     }
+
+    /// Stamps a failure with its corrected time (the agent's `changed_at_ms`
+    /// through `clock`) and when the hub received it; a report of the same
+    /// failure seen before (`prev`) keeps its first receipt time.
+    pub fn stamp(
+        mut self,
+        s: &protocol::ProcReport,
+        clock: &AgentClock,
+        received: Timestamp,
+        prev: Option<&ProcObs>,
+    ) -> Self {
+        if self.state.is_failure() {
+            let same = prev.filter(|p| p.incarnation == self.incarnation && p.state == self.state);
+            self.detected_at = same.and_then(|p| p.detected_at).or(Some(received));
+            // The same failure keeps the time settled when first heard.
+            self.failed_at = same
+                .and_then(|p| p.failed_at)
+                .or_else(|| clock.to_hub(s.changed_at_ms, received))
+                .or(Some(received));
+        }
+        self
+    }
 }
 
 /// What agents push to the hub.
@@ -138,6 +183,8 @@ pub enum HostReport {
         host: HostKey,
         /// Pod UID of the agent.
         pod_uid: String,
+        /// The agent's send time and the receipt time, when the agent said.
+        clock: Option<ClockSample>,
     },
     /// A proc changed state.
     ProcState {
@@ -154,6 +201,8 @@ pub enum HostReport {
         pod_uid: String,
         /// Every proc's state.
         procs: Vec<protocol::ProcReport>,
+        /// The agent's send time and the receipt time, when the agent said.
+        clock: Option<ClockSample>,
     },
     /// The connection dropped, or could not be made.
     Disconnected {

@@ -19,8 +19,14 @@
 //!    each agent from a task of its own link ([`book_sender`]), latest
 //!    book only, so a hung agent delays neither a reconcile (and with it an
 //!    eviction decision) nor the other hosts.
+//! 6. A failure is stamped when it arrives with the agent's time of it,
+//!    corrected by that agent's clock offset ([`clock`], sampled from its
+//!    heartbeats and snapshots), and with its receipt time; a report of a
+//!    failure already held keeps both, so the order of failures across
+//!    hosts is the order they happened, whatever order they arrive in.
 
 pub mod agent;
+pub mod clock;
 pub mod coalesce;
 pub mod heartbeat;
 mod procs;
@@ -87,6 +93,11 @@ struct HostEntry {
     link_error: Option<String>,
     /// When this hub first had this pod's agent to dial (wall clock).
     watched_at: Timestamp,
+    /// The agent's clock offset ([`clock`]), for this pod's agent.
+    clock: clock::AgentClock,
+    /// When this hub last heard the agent (wall clock): a host that is
+    /// lost died after it.
+    last_heard: Option<Timestamp>,
     /// The host's Monarch worker as its agent last reported it
     /// ([`worker`]).
     worker: Option<protocol::ProcReport>,
@@ -270,32 +281,50 @@ impl Hub {
         let mut st = self.lock();
         let st = &mut *st;
         match push {
-            HostReport::Heartbeat { host, pod_uid } => {
+            HostReport::Heartbeat {
+                host,
+                pod_uid,
+                clock,
+            } => {
                 let gap = beat(st, &host, &pod_uid, now);
+                sample_clock(st, &host, &pod_uid, clock);
                 self.observe_heartbeat(gap);
             }
             HostReport::Snapshot {
                 host,
                 pod_uid,
                 procs,
+                clock,
             } => {
                 beat(st, &host, &pod_uid, now);
+                sample_clock(st, &host, &pod_uid, clock);
+                let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
-                if let Some(h) = w.hosts.get_mut(&host.rank)
-                    && h.pod_uid == pod_uid
-                {
-                    h.reported_at.get_or_insert_with(Timestamp::now);
-                }
+                let agent_clock = match w.hosts.get_mut(&host.rank) {
+                    Some(h) if h.pod_uid == pod_uid => {
+                        h.reported_at.get_or_insert_with(Timestamp::now);
+                        h.clock.clone()
+                    }
+                    _ => clock::AgentClock::default(),
+                };
                 worker::from_snapshot(st, &host, &procs, now);
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
                 };
                 let mut touched = HashSet::new();
+                // What the hub knew of this host's procs: a failure it had
+                // heard of keeps its times.
+                let mut known: HashMap<(String, u64), ProcObs> = HashMap::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
-                    states.retain(|_, o| o.host != host.rank);
+                    states.retain(|r, o| {
+                        if o.host == host.rank {
+                            known.insert((mesh.clone(), *r), o.clone());
+                        }
+                        o.host != host.rank
+                    });
                     if states.len() != before {
                         touched.insert(mesh.clone());
                     }
@@ -305,7 +334,9 @@ impl Hub {
                         continue;
                     };
                     touched.insert(mesh.to_string());
-                    let obs = ProcObs::from_agent(host.rank, &p);
+                    let prev = known.get(&(mesh.to_string(), rank));
+                    let obs =
+                        ProcObs::from_agent(host.rank, &p).stamp(&p, &agent_clock, received, prev);
                     w.procs
                         .entry(mesh.to_string())
                         .or_default()
@@ -331,12 +362,26 @@ impl Hub {
                     debug!(name = %state.name, "ignoring a proc the operator did not name");
                     return;
                 };
-                let obs = ProcObs::from_agent(host.rank, &state);
-                let urgent = obs.state.is_failure();
+                let received = Timestamp::now();
+                let agent_clock = w
+                    .hosts
+                    .get(&host.rank)
+                    .map(|h| h.clock.clone())
+                    .unwrap_or_default();
                 let states = w.procs.entry(mesh.to_string()).or_default();
-                if states.get(&rank) == Some(&obs) {
+                let before = states.get(&rank);
+                let obs = ProcObs::from_agent(host.rank, &state).stamp(
+                    &state,
+                    &agent_clock,
+                    received,
+                    before,
+                );
+                if before == Some(&obs) {
                     return;
                 }
+                // A failure, or a new actor failure, is written at once.
+                let urgent = obs.state.is_failure()
+                    || before.map_or(0, |b| b.actor_failures) != obs.actor_failures;
                 states.insert(rank, obs);
                 let key = MeshKey {
                     namespace: host.world.namespace.clone(),
@@ -415,6 +460,16 @@ impl Hub {
             .and_then(|w| w.hosts.get(&rank))
             .filter(|h| h.pod_uid == pod_uid)
             .and_then(|h| h.link_error.clone())
+    }
+
+    /// When this hub last heard host `rank`'s agent (any pod of the rank
+    /// this hub still knows): a lost host's procs died after it.
+    pub fn last_heard(&self, world: &WorldKey, rank: u64) -> Option<Timestamp> {
+        self.lock()
+            .worlds
+            .get(world)
+            .and_then(|w| w.hosts.get(&rank))
+            .and_then(|h| h.last_heard)
     }
 
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
@@ -499,6 +554,8 @@ impl Hub {
                     reported_at: None,
                     link_error: None,
                     watched_at: Timestamp::now(),
+                    clock: clock::AgentClock::default(),
+                    last_heard: None,
                     worker: None,
                 });
                 if book_changed && let Some(tx) = &h.book {
@@ -656,6 +713,19 @@ fn book_sender(
     tx
 }
 
+/// Adds a clock sample of the agent in pod `pod_uid` ([`clock`]).
+fn sample_clock(st: &mut State, host: &HostKey, pod_uid: &str, sample: Option<clock::ClockSample>) {
+    let Some(sample) = sample else { return };
+    if let Some(h) = st
+        .worlds
+        .get_mut(&host.world)
+        .and_then(|w| w.hosts.get_mut(&host.rank))
+        .filter(|h| h.pod_uid == pod_uid)
+    {
+        h.clock.add(sample);
+    }
+}
+
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
     let w = st.worlds.get_mut(&host.world)?;
     let h = w
@@ -663,6 +733,7 @@ fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<O
         .get_mut(&host.rank)
         .filter(|h| h.pod_uid == pod_uid)?;
     h.link_error = None;
+    h.last_heard = Some(Timestamp::now());
     let timeout = w.agents.health_timeout;
     let gap = st.heartbeats.deadline(host).map(|deadline| {
         now.saturating_duration_since(deadline.checked_sub(timeout).unwrap_or(deadline))

@@ -23,6 +23,7 @@ use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     WorldKey,
 };
+use super::clock::ClockSample;
 
 /// Name of the operator's client proc (agents see `<name>-<random>`).
 const CLIENT_NAME: &str = "hostmesh-operator";
@@ -60,18 +61,22 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
     Some(match ev.kind {
         AgentEventKind::Connected => return None,
         AgentEventKind::Disconnected { reason } => HostReport::Disconnected { host, reason },
-        AgentEventKind::Push(RtPush::Snapshot { procs, .. }) => HostReport::Snapshot {
+        AgentEventKind::Push(RtPush::Snapshot {
+            procs, sent_at_ms, ..
+        }) => HostReport::Snapshot {
             host,
             pod_uid: uid(),
             procs,
+            clock: Some(ClockSample::now(sent_at_ms)),
         },
         AgentEventKind::Push(RtPush::Changed(c)) => HostReport::ProcState {
             host,
             state: c.state,
         },
-        AgentEventKind::Push(RtPush::Heartbeat { .. }) => HostReport::Heartbeat {
+        AgentEventKind::Push(RtPush::Heartbeat { sent_at_ms, .. }) => HostReport::Heartbeat {
             host,
             pod_uid: uid(),
+            clock: Some(ClockSample::now(sent_at_ms)),
         },
     })
 }

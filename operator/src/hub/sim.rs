@@ -15,6 +15,7 @@ use super::agent::{
     AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
     protocol,
 };
+use super::clock::ClockSample;
 
 /// A request a simulated agent received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +46,9 @@ pub struct SimConnector {
     /// Hosts whose agent refuses the next SetAddressBook (its actor not up
     /// yet); each refusal takes one entry.
     pub refuse_book: Mutex<Vec<HostKey>>,
+    /// Hosts whose agent's clock is off the hub's by this many ms (its
+    /// snapshots and heartbeats are stamped with it).
+    pub clock_skew_ms: Mutex<HashMap<HostKey, i64>>,
 }
 
 impl SimConnector {
@@ -62,6 +66,18 @@ impl SimConnector {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(pod_uid.to_string());
+    }
+
+    /// The clock of `host`'s agent now, in ms since the epoch.
+    pub fn agent_now_ms(&self, host: &HostKey) -> u64 {
+        let skew = self
+            .clock_skew_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(host)
+            .copied()
+            .unwrap_or(0);
+        now_ms().saturating_add_signed(skew)
     }
 
     fn is_dead(&self, pod_uid: &str) -> bool {
@@ -82,6 +98,30 @@ impl SimConnector {
             .unwrap_or_default()
     }
 
+    /// Reports that actor `actor` of proc `name` on `host` failed, as a
+    /// runtime-aware proc's agent does, and returns the push to send.
+    pub fn fail_actor(
+        &self,
+        host: &HostKey,
+        name: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Option<HostReport> {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let p = procs.get_mut(host)?.get_mut(name)?;
+        p.actor_failures += 1;
+        p.actor_failure.get_or_insert(protocol::ActorFailure {
+            actor: actor.to_string(),
+            reason: reason.to_string(),
+            at_ms: 1_700_000_000_000,
+        });
+        p.seq += 1;
+        Some(HostReport::ProcState {
+            host: host.clone(),
+            state: p.clone(),
+        })
+    }
+
     /// Sets proc `name` on `host` to `status` and returns the push to send.
     pub fn set_status(
         &self,
@@ -89,9 +129,24 @@ impl SimConnector {
         name: &str,
         status: protocol::ProcPhase,
     ) -> Option<HostReport> {
+        let at = self.agent_now_ms(host);
+        self.set_status_at(host, name, status, at)
+    }
+
+    /// Like [`SimConnector::set_status`], with the change stamped at
+    /// `changed_at_ms` on the agent's clock (a failure that happened
+    /// earlier than it is reported).
+    pub fn set_status_at(
+        &self,
+        host: &HostKey,
+        name: &str,
+        status: protocol::ProcPhase,
+        changed_at_ms: u64,
+    ) -> Option<HostReport> {
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let p = procs.get_mut(host)?.get_mut(name)?;
         p.status = status;
+        p.changed_at_ms = changed_at_ms;
         p.seq += 1;
         Some(HostReport::ProcState {
             host: host.clone(),
@@ -112,7 +167,20 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         restarts: req.incarnation,
         stop_requested: false,
         seq: 0,
+        actor_failure: None,
+        actor_failures: 0,
+        changed_at_ms: now_ms(),
+        stderr_head: Vec::new(),
+        oom_killed: false,
     }
+}
+
+/// The wall clock in milliseconds since the epoch (simulated agents share
+/// the hub's clock).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, protocol::duration_ms)
 }
 
 struct SimLink {
@@ -255,6 +323,7 @@ impl AgentConnector for SimHandle {
                 host: target.host.clone(),
                 pod_uid: target.pod_uid.clone(),
                 procs,
+                clock: Some(ClockSample::now(sim.agent_now_ms(&target.host))),
             };
             pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {
@@ -273,6 +342,7 @@ impl AgentConnector for SimHandle {
                         let beat = HostReport::Heartbeat {
                             host: host.clone(),
                             pod_uid: uid.clone(),
+                            clock: Some(ClockSample::now(sim.agent_now_ms(&host))),
                         };
                         if pushes.send(beat).await.is_err() {
                             return;

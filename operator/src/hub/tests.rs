@@ -87,6 +87,7 @@ async fn liveness_follows_heartbeats_and_expiry() {
         HostReport::Heartbeat {
             host: host(1),
             pod_uid: "a-1".into(),
+            clock: None,
         },
         later,
     );
@@ -332,4 +333,69 @@ async fn proc_failures_trigger_at_once_and_storms_coalesce() {
     );
     hub.tick(t0 + COALESCE_INTERVAL, &tw, &tm);
     assert_eq!(rm.try_recv().unwrap().name, "pm");
+}
+
+#[tokio::test]
+async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
+    let (sim, hub, mut rx) = mk();
+    sim.clock_skew_ms
+        .lock()
+        .unwrap()
+        .extend([(host(0), -30_000), (host(1), 20_000)]);
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    hub.ensure_procs(&wk(), 1, vec![req(1, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    let now = Timestamp::now().as_millisecond();
+    // Host 0's clock is 30 s behind the hub's, host 1's 20 s ahead; the
+    // heartbeats took 2 ms and 5 ms at best.
+    for (rank, skew, delays) in [(0u64, -30_000i64, [40, 2, 300]), (1, 20_000, [5, 90, 7])] {
+        for (i, d) in delays.into_iter().enumerate() {
+            let sent = now - 10_000 + i as i64 * 1000;
+            hub.handle_push(
+                HostReport::Heartbeat {
+                    host: host(rank),
+                    pod_uid: format!("a-{rank}"),
+                    clock: Some(clock::ClockSample {
+                        agent_ms: (sent + skew) as u64,
+                        hub: Timestamp::from_millisecond(sent + d).unwrap(),
+                    }),
+                },
+                Instant::now(),
+            );
+        }
+    }
+    // Rank 0 died at hub time now-1000 (its clock: -30 s); rank 1 at
+    // now-950 (its clock: +20 s). Rank 1's report arrives first.
+    let kill = |rank: u64, skew: i64, at: i64| {
+        sim.set_status_at(
+            &host(rank),
+            &proc_name("pm.abc", rank),
+            ProcPhase::Killed {
+                signal: 9,
+                core_dumped: false,
+                stderr_tail: vec![],
+            },
+            (at + skew) as u64,
+        )
+        .unwrap()
+    };
+    hub.handle_push(kill(1, 20_000, now - 950), Instant::now());
+    hub.handle_push(kill(0, -30_000, now - 1000), Instant::now());
+    let states = hub.proc_states(&wk(), "pm.abc");
+    let at = |r: u64| states[&r].failed_at.unwrap().as_millisecond();
+    // Offset by the best sample (the snapshot's, in memory, or the
+    // heartbeats' 2 ms and 5 ms).
+    assert!((now - 1000..=now - 998).contains(&at(0)), "{}", at(0) - now);
+    assert!((now - 950..=now - 945).contains(&at(1)), "{}", at(1) - now);
+    assert!(at(0) < at(1), "the true order, not the arrival order");
+    assert!(states[&0].detected_at.unwrap() >= states[&0].failed_at.unwrap());
+    // The same report again (a snapshot after a reconnect) keeps its times.
+    let before = states[&0].clone();
+    hub.handle_push(kill(0, -30_000, now - 1000), Instant::now());
+    assert_eq!(hub.proc_states(&wk(), "pm.abc")[&0], before);
 }

@@ -14,6 +14,7 @@
 //!    failure that caused it stays on record).
 
 use hostmesh_agent::protocol::{Dim, ProcSpec};
+use hostmesh_crds::procmesh::DEFAULT_SPAWN_TIMEOUT;
 use hostmesh_crds::{ProcMesh, World};
 use kube::ResourceExt as _;
 
@@ -96,8 +97,25 @@ fn spec_of(pm: &ProcMesh, world: &World) -> ProcSpec {
         extent,
         per_host_dims: pm.spec.per_host.len(),
         master_port: pm.spec.master_port,
-        runtime_aware: false,
-        spawn_timeout_ms: None,
+        runtime_aware: pm.spec.runtime_aware,
+        // The agent times a check-in out on the same clock as the plan's
+        // spawnTimeout (an invalid value never gets here: validation
+        // stops the mesh first).
+        spawn_timeout_ms: pm
+            .spec
+            .runtime_aware
+            .then(|| {
+                hostmesh_crds::duration::parse(
+                    "spec.spawnTimeout",
+                    pm.spec
+                        .spawn_timeout
+                        .as_deref()
+                        .unwrap_or(DEFAULT_SPAWN_TIMEOUT),
+                )
+                .ok()
+            })
+            .flatten()
+            .map(hostmesh_agent::protocol::duration_ms),
     }
 }
 

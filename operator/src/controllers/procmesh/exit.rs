@@ -63,6 +63,15 @@ fn signal_hint(sig: i32) -> Option<&'static str> {
     })
 }
 
+/// The reason of a proc the kernel's OOM killer ended (its agent saw
+/// SIGKILL while its cgroup's `oom_kill` count rose).
+pub const OOM_KILLED: &str = "OOMKilled";
+
+/// How an OOM-killed proc ended, in words.
+pub fn oom_killed() -> String {
+    "was OOM-killed: SIGKILL (9) from the kernel's OOM killer (its cgroup's oom_kill count rose while it ran; raise the memory limit or use less)".to_string()
+}
+
 /// "killed by signal SIGKILL (9): ..." for a process killed by `sig`.
 pub fn killed(sig: i32) -> String {
     let name = signal_name(sig).map_or_else(|| format!("signal {sig}"), |n| format!("{n} ({sig})"));

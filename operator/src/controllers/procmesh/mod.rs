@@ -12,8 +12,11 @@
 //! 3. The finalizer is released only after every agent stopped the procs or
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
 
+pub mod actors;
+pub mod causal;
 pub mod desired;
 pub mod exit;
+pub mod incidents;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -141,6 +144,10 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let extent = world_extent.concat(&pm.spec.per_host_shape()).to_string();
     let lost_hosts = lost_hosts(&world);
     let reported = ctx.hub.reported_hosts(&key);
+    let last_heard: BTreeMap<u64, Timestamp> = lost_hosts
+        .keys()
+        .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h)?)))
+        .collect();
     let plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
@@ -152,6 +159,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         states: &states,
         lost_hosts: &lost_hosts,
         reported: &reported,
+        last_heard: &last_heard,
         now: Timestamp::now(),
     });
 
@@ -206,6 +214,12 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     } else {
         write_status(pm, ctx, &plan.status, false).await?
     };
+    // Recovery phases count once, with the status that records them.
+    if deferred.is_none() {
+        for (phase, took) in &plan.recovery {
+            ctx.metrics.observe_recovery(phase, *took);
+        }
+    }
     let deferred = if replacing {
         Some(
             deferred

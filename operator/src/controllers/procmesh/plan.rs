@@ -7,7 +7,11 @@
 //! 1. Agents are the source of truth: a rank's incarnation is the highest of
 //!    what its agent reports and the gang base (`status.restarts` under
 //!    Gang), so a restarted operator neither restarts nor duplicates procs.
-//! 2. `firstFailure` is set once per generation and never overwritten.
+//! 2. `firstFailure` is set once per generation and is replaced only by an
+//!    earlier failure (agents' corrected clocks) whose report came later:
+//!    it is the root cause, not the first report ([`super::causal`]).
+//!    Later failures of other ranks within the cascade window of the open
+//!    incident's root are collateral (`causedBy`), counted apart.
 //! 3. Restarts stop at `maxRestarts` (total, counted per incident: the
 //!    failures one restart handles count once, however many ranks they
 //!    hit); a permanent failure (a rule says Fail, or exit code 126/127 by
@@ -29,6 +33,9 @@
 //!    mesh waits: its procs go with the hosts as Stopped, not as failures,
 //!    nothing is spawned or counted, and the spawn clock restarts when the
 //!    World runs again. A mesh that already ended stays ended.
+//! 7. Every failure opens or joins an incident in `status.incidents`
+//!    ([`super::incidents`]), whose phases are stamped as the plan sees
+//!    them; the durations completed by this plan are in [`Plan::recovery`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -41,9 +48,13 @@ use hostmesh_crds::procmesh::{
 use hostmesh_crds::validate::ProcMeshTimings;
 use hostmesh_crds::world::{HostState, WorldPhase};
 use hostmesh_crds::{ProcMesh, runs};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use hostmesh_crds::incident::{Incident, IncidentAction};
+
+use super::causal::{self, Failure};
+use super::incidents::{self, PhaseTime};
 use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay};
 use crate::hub::ProcObs;
 
@@ -73,6 +84,9 @@ pub struct PlanInput<'a> {
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
     pub reported: &'a BTreeMap<u64, Timestamp>,
+    /// For lost hosts: when the operator last heard their agent (their
+    /// procs' failure time, which no agent reports).
+    pub last_heard: &'a BTreeMap<u64, Timestamp>,
     /// The wall-clock time the plan is computed at: spawn timeouts and
     /// restart backoff are compared with it.
     pub now: Timestamp,
@@ -111,6 +125,9 @@ pub struct Plan {
     pub status: ProcMeshStatus,
     /// Reconcile again after this long.
     pub requeue_after: Option<Duration>,
+    /// Recovery phases this plan completed, for
+    /// `hostmesh_recovery_seconds{phase}` (once the status is written).
+    pub recovery: Vec<PhaseTime>,
 }
 
 fn sd(d: Duration) -> SignedDuration {
@@ -134,6 +151,9 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
 /// A rank's failure in words: the signal by name, the exit code with what
 /// it means ([`super::exit`]), naming `program` where the code is about it.
 fn describe(rank: u64, s: &RankStatus, program: &str) -> String {
+    if s.signal == Some(9) && s.reason.as_deref() == Some(super::exit::OOM_KILLED) {
+        return format!("rank {rank} {}", super::exit::oom_killed());
+    }
     let what = match (s.state, s.exit_code, s.signal) {
         (_, _, Some(sig)) => super::exit::killed(sig),
         (ProcState::Timeout, _, _) => "did not start within spawnTimeout".to_string(),
@@ -144,6 +164,24 @@ fn describe(rank: u64, s: &RankStatus, program: &str) -> String {
     match &s.reason {
         Some(r) if !r.is_empty() => format!("rank {rank} {what}: {r}"),
         _ => format!("rank {rank} {what}"),
+    }
+}
+
+/// A rank's status from its agent's report (an OOM kill says so in its
+/// reason).
+fn status_of(o: &ProcObs) -> RankStatus {
+    RankStatus {
+        state: o.state,
+        exit_code: o.exit_code,
+        signal: o.signal,
+        reason: if o.oom_killed {
+            Some(super::exit::OOM_KILLED.to_string())
+        } else {
+            o.reason.clone()
+        },
+        stderr_tail: o.stderr_tail.clone(),
+        stderr_head: o.stderr_head.clone(),
+        caused_by: None,
     }
 }
 
@@ -180,6 +218,7 @@ struct Working<'i, 'a> {
     last_restart: Option<Time>,
     spawn_time: Option<Time>,
     first_failure: Option<FirstFailure>,
+    incidents: Vec<Incident>,
     inc: Incarnations,
     ranks: Vec<RankStatus>,
     failure_reason: Option<String>,
@@ -215,6 +254,11 @@ impl<'i, 'a> Working<'i, 'a> {
             last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
             spawn_time: prev.spawn_time.clone(),
             first_failure: prev.first_failure.clone().filter(|_| same_gen),
+            incidents: if same_gen {
+                prev.incidents.clone()
+            } else {
+                Vec::new()
+            },
             inc: Incarnations::default(),
             ranks: Vec::new(),
             failure_reason: None,
@@ -292,9 +336,12 @@ impl<'i, 'a> Working<'i, 'a> {
             running: 0,
             succeeded: 0,
             failed: 0,
+            collateral: 0,
             ranks: rank_runs,
             ranks_truncated: truncated,
             first_failure: self.first_failure,
+            actor_failures: prev.actor_failures,
+            incidents: self.incidents,
             conditions: conds,
             observed_generation: self.generation,
             restarts: self.restarts,
@@ -381,13 +428,7 @@ impl<'i, 'a> Working<'i, 'a> {
                     ..Default::default()
                 }
             }
-            Some(o) if o.incarnation >= want => RankStatus {
-                state: o.state,
-                exit_code: o.exit_code,
-                signal: o.signal,
-                reason: o.reason.clone(),
-                stderr_tail: o.stderr_tail.clone(),
-            },
+            Some(o) if o.incarnation >= want => status_of(o),
             // An ended mesh starts nothing: a rank with no current report
             // (its host was replaced since) keeps what status recorded.
             _ if self.was_terminal => {
@@ -436,9 +477,13 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    /// The first failure, then give up or restart per `restartPolicy`
-    /// (invariants 2-3).
+    /// The root cause and the collateral failures, then give up or restart
+    /// per `restartPolicy` (invariants 2-3, 7).
     fn decide_failures(&mut self) {
+        let failed: Vec<u64> = (0..self.total)
+            .filter(|r| self.ranks[*r as usize].state.is_failure())
+            .collect();
+        let root = self.find_root_cause(&failed);
         if self.was_terminal {
             self.failure_reason = (self.prev.phase == Some(ProcMeshPhase::Failed)).then(|| {
                 conditions::get(&self.prev.conditions, FAILED)
@@ -447,21 +492,31 @@ impl<'i, 'a> Working<'i, 'a> {
             });
             return;
         }
-        let failed: Vec<u64> = (0..self.total)
-            .filter(|r| self.ranks[*r as usize].state.is_failure())
-            .collect();
         if failed.is_empty() {
             return;
         }
-        self.record_first_failure(failed[0]);
         let pm = self.input.pm;
         let policy = &pm.spec.restart_policy;
-        let summary = failed
+        // The root first, then other independent failures; the collateral
+        // ones are counted, not listed.
+        let mut order: Vec<u64> = failed
+            .iter()
+            .copied()
+            .filter(|r| self.ranks[*r as usize].caused_by.is_none())
+            .collect();
+        order.sort_by_key(|r| (root != Some(*r), *r));
+        let collateral = failed.len() - order.len();
+        let mut summary = order
             .iter()
             .take(3)
             .map(|r| describe(*r, &self.ranks[*r as usize], self.program()))
             .collect::<Vec<_>>()
             .join("; ");
+        if let Some(root_rank) = root.filter(|_| collateral > 0) {
+            summary.push_str(&format!(
+                "; {collateral} collateral (failed after rank {root_rank})"
+            ));
+        }
         let permanent = failed
             .iter()
             .find(|r| !retryable(pm, &self.ranks[**r as usize]));
@@ -485,6 +540,9 @@ impl<'i, 'a> Working<'i, 'a> {
             self.restart_after_backoff(&failed, needed, summary);
         }
         if let Some(why) = &self.failure_reason {
+            let done =
+                incidents::on_decision(&mut self.incidents, IncidentAction::GaveUp, self.input.now);
+            self.out.recovery.extend(done);
             self.out.events.push(PlannedEvent {
                 severity: Severity::Warning,
                 reason: "GaveUp",
@@ -493,23 +551,111 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    fn record_first_failure(&mut self, first: u64) {
-        if self.first_failure.is_some() {
-            return;
+    /// What is failing now: the failed ranks, and failures a restart has
+    /// already superseded whose reports still come in (a root reported
+    /// after its collateral, which a gang restart answered already).
+    fn failures(&self, failed: &[u64]) -> Vec<Failure> {
+        let now = self.input.now;
+        let mut out = Vec::with_capacity(failed.len());
+        for &r in failed {
+            let obs = self
+                .input
+                .states
+                .get(&r)
+                .filter(|o| o.incarnation >= self.inc.get(r) && o.state.is_failure());
+            let timed = obs.and_then(|o| Some((o.failed_at?, o.detected_at.unwrap_or(now))));
+            // A lost host's procs died after its agent was last heard.
+            let untimed_at = match self.ranks[r as usize].state {
+                ProcState::Lost => self
+                    .input
+                    .last_heard
+                    .get(&(r / self.per_host.max(1)))
+                    .map_or(now, |t| (*t).min(now)),
+                _ => now,
+            };
+            out.push(Failure {
+                rank: r,
+                at: timed.map_or(untimed_at, |t| t.0),
+                detected: timed.map_or(now, |t| t.1),
+                timed: timed.is_some(),
+                status: self.ranks[r as usize].clone(),
+                oom_killed: obs.is_some_and(|o| o.oom_killed),
+            });
         }
-        let s = &self.ranks[first as usize];
+        for (r, o) in self.input.states {
+            if o.incarnation < self.inc.get(*r)
+                && o.state.is_failure()
+                && let Some(at) = o.failed_at
+            {
+                out.push(Failure {
+                    rank: *r,
+                    at,
+                    detected: o.detected_at.unwrap_or(now),
+                    timed: true,
+                    status: status_of(o),
+                    oom_killed: o.oom_killed,
+                });
+            }
+        }
+        out
+    }
+
+    /// Finds the root of what is failing ([`causal`]), records it in the
+    /// incident timeline and `firstFailure`, and marks the collateral
+    /// ranks. Returns the rank at the root of the incident.
+    fn find_root_cause(&mut self, failed: &[u64]) -> Option<u64> {
+        let failures = self.failures(failed);
+        let root = causal::root(&failures)?.clone();
+        let cause = describe(root.rank, &root.status, self.program());
+        let (root_rank, root_at) =
+            incidents::on_failure(&mut self.incidents, &root, &cause, 0, !self.was_terminal)
+                .unwrap_or((root.rank, root.at));
+        // Collateral: counted over every failure of the cascade (some may
+        // be restarting already), marked on the ranks still failed.
+        let mut collateral = 0u64;
+        for f in &failures {
+            if causal::is_collateral(root_rank, root_at, f) {
+                collateral += 1;
+                if failed.binary_search(&f.rank).is_ok() {
+                    self.ranks[f.rank as usize].caused_by = Some(root_rank);
+                }
+            }
+        }
+        if let Some(i) = self.incidents.last_mut().filter(|i| i.rank == root_rank) {
+            i.collateral = i.collateral.max(collateral);
+        }
+        self.record_first_failure(&root);
+        Some(root_rank)
+    }
+
+    /// `firstFailure`: set at the first failure, replaced only by an
+    /// earlier failure of another rank that was reported later
+    /// (invariant 2).
+    fn record_first_failure(&mut self, root: &Failure) {
+        let replaces = match &self.first_failure {
+            None => false,
+            Some(ff) if ff.rank != root.rank && root.at < ff.time.0 => true,
+            Some(_) => return,
+        };
+        let s = &root.status;
+        let reason = describe(root.rank, s, self.program());
         self.first_failure = Some(FirstFailure {
-            rank: first,
-            host: first / self.per_host,
-            time: self.now_t.clone(),
+            rank: root.rank,
+            host: root.rank / self.per_host.max(1),
+            time: MicroTime(incidents::micro(root.at)),
             state: s.state,
-            reason: describe(first, s, self.program()),
+            reason: reason.clone(),
             exit_code: s.exit_code,
             signal: s.signal,
             stderr_tail: s
                 .stderr_tail
                 .as_deref()
                 .map(|t| hostmesh_crds::procmesh::tail(t, procmesh::MAX_STDERR_TAIL)),
+            stderr_head: s
+                .stderr_head
+                .as_deref()
+                .map(|t| hostmesh_crds::procmesh::head(t, procmesh::MAX_STDERR_HEAD).to_string()),
+            oom_killed: root.oom_killed,
             command: Some(super::exit::command_line(
                 &self.input.pm.spec.command,
                 &self.input.pm.spec.args,
@@ -519,7 +665,11 @@ impl<'i, 'a> Working<'i, 'a> {
         self.out.events.push(PlannedEvent {
             severity: Severity::Warning,
             reason: "ProcFailed",
-            note: describe(first, s, self.program()),
+            note: if replaces {
+                format!("{reason} (the root cause: it failed first, its report came later)")
+            } else {
+                reason
+            },
         });
     }
 
@@ -563,6 +713,13 @@ impl<'i, 'a> Working<'i, 'a> {
             }
         }
         self.last_restart = Some(self.now_t.clone());
+        let action = if gang {
+            IncidentAction::RestartGang
+        } else {
+            IncidentAction::RestartRanks
+        };
+        let done = incidents::on_decision(&mut self.incidents, action, input.now);
+        self.out.recovery.extend(done);
         self.spawn_time = Some(self.now_t.clone());
         let restarting = RankStatus {
             state: ProcState::Starting,
@@ -639,19 +796,49 @@ impl<'i, 'a> Working<'i, 'a> {
         } else {
             Vec::new()
         };
+        if !self.was_terminal {
+            let hosts_ready = self.world_running && input.lost_hosts.is_empty();
+            let done = incidents::on_progress(
+                &mut self.incidents,
+                hosts_ready,
+                phase == ProcMeshPhase::Running,
+                input.now,
+            );
+            self.out.recovery.extend(done);
+        }
         let running = self.count(|s| s == ProcState::Running);
         let succeeded = self.count(|s| s == ProcState::Succeeded);
         let failed = self.count(|s| s.is_failure());
+        let collateral = self.ranks.iter().filter(|s| s.caused_by.is_some()).count() as u64;
         let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
+        let prev_actors = if self.same_gen {
+            self.prev.actor_failures.as_slice()
+        } else {
+            &[]
+        };
+        let (actor_failures, fresh) = super::actors::merge(prev_actors, input.states);
+        for f in fresh {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Warning,
+                reason: "ActorFailed",
+                note: format!(
+                    "actor {} on rank {} (host {}) failed: {}",
+                    f.actor, f.rank, f.host, f.reason
+                ),
+            });
+        }
         self.out.status = ProcMeshStatus {
             phase: Some(phase),
             extent: Some(input.extent.clone()),
             running,
             succeeded,
             failed,
+            collateral,
             ranks: rank_runs,
             ranks_truncated: truncated,
             first_failure: self.first_failure,
+            actor_failures,
+            incidents: self.incidents,
             conditions: conds,
             observed_generation: self.generation,
             restarts: self.restarts,

@@ -18,16 +18,18 @@ use hostmesh_crds::World;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount,
+    HTTPGetAction, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource as _, ResourceExt as _};
 
 use super::kueue::Placement;
-use super::kueue::workload::{LABEL_POD_SET, POD_SET};
+use super::kueue::workload::{
+    ANNOTATION_WORKLOAD, LABEL_POD_SET, LABEL_TAS, POD_SET, TOPOLOGY_GATE,
+};
 use crate::Error;
 
 /// Label: the World a pod belongs to.
@@ -252,6 +254,21 @@ fn apply_placement(meta: &mut ObjectMeta, spec: &mut PodSpec, placement: &Placem
     }
     if tolerations.is_empty() {
         spec.tolerations = None;
+    }
+    // Kueue invariant 7.
+    if let Some(wl) = &placement.topology_workload {
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(LABEL_TAS.to_string(), "true".to_string());
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_WORKLOAD.to_string(), wl.clone());
+        let gates = spec.scheduling_gates.get_or_insert_with(Vec::new);
+        if !gates.iter().any(|g| g.name == TOPOLOGY_GATE) {
+            gates.push(PodSchedulingGate {
+                name: TOPOLOGY_GATE.to_string(),
+            });
+        }
     }
 }
 
@@ -510,6 +527,34 @@ spec:
         let t = pod_set_template(&w, "agent:1", "h").unwrap();
         assert!(!t.metadata.unwrap().labels.unwrap().contains_key(LABEL_RANK));
         assert!(t.spec.unwrap().hostname.is_none());
+        assert!(
+            pod(&w, 1, "agent:1", "h", Some(&placement))
+                .unwrap()
+                .spec
+                .unwrap()
+                .scheduling_gates
+                .is_none(),
+            "no topology assignment, no gate"
+        );
+    }
+
+    #[test]
+    fn a_topology_assignment_hands_the_pods_to_kueues_ungater() {
+        let w = mk_world(WORLD);
+        let placement = Placement {
+            topology_workload: Some("world-w-1".to_string()),
+            ..Default::default()
+        };
+        let p = pod(&w, 1, "agent:1", "h", Some(&placement)).unwrap();
+        assert_eq!(p.metadata.labels.unwrap()[LABEL_TAS], "true");
+        assert_eq!(
+            p.metadata.annotations.unwrap()[ANNOTATION_WORKLOAD],
+            "world-w-1"
+        );
+        let gates = p.spec.unwrap().scheduling_gates.unwrap();
+        assert_eq!(gates.len(), 1);
+        assert_eq!(gates[0].name, TOPOLOGY_GATE);
+        assert_ne!(placed_hash("h", Some(&placement)), "h");
     }
 
     /// monarch invariants 1, 2: attach mode's labels and env on a Monarch

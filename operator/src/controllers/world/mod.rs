@@ -147,6 +147,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                     template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
                     hosts: world.spec.full_shape().num_ranks(),
                     pods_left: 0,
+                    progress: None,
                 },
             )
             .await?;
@@ -255,6 +256,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
                 template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
                 hosts: n,
                 pods_left,
+                progress: Some(kueue::progress(world.status.as_ref())),
             },
         )
         .await?

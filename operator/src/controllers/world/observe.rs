@@ -77,9 +77,17 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
     if let Some(c) = cond("PodScheduled")
         && c.status == "False"
     {
+        // The scheduler's message says which filter refused every node
+        // (`0/8 nodes are available: ...`); equal for every host it
+        // refuses, so the host runs stay few.
+        let reason = c.reason.as_deref().unwrap_or("Unschedulable");
+        let full = match c.message.as_deref() {
+            Some(m) if !m.is_empty() => format!("{reason}: {m}"),
+            _ => reason.to_string(),
+        };
         return host(
             HostState::Starting,
-            Some(c.reason.as_deref().unwrap_or("Unschedulable")),
+            Some(hostmesh_crds::procmesh::head(&full, MAX_REASON)),
         );
     }
     let waiting = status
@@ -155,6 +163,11 @@ pub(crate) mod tests {
                 "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable}]\n",
                 HostState::Starting,
                 "Unschedulable",
+            ),
+            (
+                "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable, message: '0/2 nodes are available: 2 node(s) didn''t match pod affinity rules.'}]\n",
+                HostState::Starting,
+                "Unschedulable: 0/2 nodes are available: 2 node(s) didn't match pod affinity rules.",
             ),
             (
                 "  phase: Pending\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {waiting: {reason: ImagePullBackOff}}}]\n",

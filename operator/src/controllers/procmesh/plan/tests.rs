@@ -16,7 +16,13 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
         signal: None,
         reason: None,
         stderr_tail: Some("Traceback: boom".into()),
+        stderr_head: None,
+        oom_killed: false,
+        failed_at: None,
+        detected_at: None,
         incarnation: inc,
+        actor_failure: None,
+        actor_failures: 0,
     }
 }
 
@@ -65,6 +71,7 @@ fn run_reported(
         states,
         lost_hosts,
         reported,
+        last_heard: &BTreeMap::new(),
         now: Timestamp::from_second(now).unwrap(),
     })
 }
@@ -480,4 +487,241 @@ fn a_rank_recorded_running_on_a_gone_host_is_lost_without_a_report() {
         102,
     );
     assert_eq!(p.status.restarts, 1);
+}
+
+/// A failure the agent timed at `at_ms` (ms since the epoch) and the hub
+/// received at `seen_ms`.
+fn timed(
+    state: ProcState,
+    code: Option<i32>,
+    signal: Option<i32>,
+    at_ms: i64,
+    seen_ms: i64,
+) -> ProcObs {
+    ProcObs {
+        signal,
+        failed_at: Some(Timestamp::from_millisecond(at_ms).unwrap()),
+        detected_at: Some(Timestamp::from_millisecond(seen_ms).unwrap()),
+        ..obs(state, code, 0)
+    }
+}
+
+fn run_ms(pm: &ProcMesh, states: &BTreeMap<u64, ProcObs>, now_ms: i64) -> Plan {
+    let reported = (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect();
+    plan(&PlanInput {
+        pm,
+        timings: timings(pm),
+        world_phase: RUNNING,
+        world_suspended: false,
+        hosts: 2,
+        extent: "host=2,gpu=2".into(),
+        states,
+        lost_hosts: &BTreeMap::new(),
+        reported: &reported,
+        last_heard: &BTreeMap::new(),
+        now: Timestamp::from_millisecond(now_ms).unwrap(),
+    })
+}
+
+#[test]
+fn a_collateral_report_arriving_first_gives_way_to_the_root() {
+    for policy in ["Never", "Gang"] {
+        let mut pm = small(&format!(
+            ", restartPolicy: {{policy: {policy}, maxRestarts: 3}}"
+        ));
+        // Rank 3 is SIGKILLed at t; 50 ms later ranks 0-2 exit 1, and their
+        // reports arrive first.
+        let t = 100_000;
+        let mut states = all(2, 2, ProcState::Running, 0);
+        for r in 0..3 {
+            states.insert(r, timed(ProcState::Failed, Some(1), None, t + 50, t + 60));
+        }
+        let p = run_ms(&pm, &states, t + 70);
+        assert_eq!(
+            p.status.first_failure.as_ref().unwrap().rank,
+            0,
+            "{policy}: best known"
+        );
+        pm.status = Some(p.status);
+        // Rank 3's report, delayed 500 ms.
+        states.insert(3, timed(ProcState::Killed, None, Some(9), t, t + 560));
+        let p = run_ms(&pm, &states, t + 570);
+        let s = &p.status;
+        let ff = s.first_failure.as_ref().unwrap();
+        assert_eq!(
+            (ff.rank, ff.signal),
+            (3, Some(9)),
+            "{policy}: the real root"
+        );
+        assert_eq!(
+            ff.time.0,
+            Timestamp::from_millisecond(t).unwrap(),
+            "agent time"
+        );
+        assert!(
+            p.events
+                .iter()
+                .any(|e| e.note.contains("its report came later"))
+        );
+        let inc = s.incidents.last().unwrap();
+        assert_eq!((inc.rank, inc.collateral), (3, 3), "{policy}: {inc:?}");
+        assert_eq!(s.incidents.len(), 1, "{policy}: one cascade, one incident");
+        if policy == "Never" {
+            // The ranks are still shown as they ended: 0-2 collateral of 3.
+            assert_eq!(s.collateral, 3);
+            assert_eq!(s.failed, 4);
+            let caused: Vec<Option<u64>> = (0..4)
+                .map(|r| runs::get(&s.ranks, r).unwrap().caused_by)
+                .collect();
+            assert_eq!(caused, [Some(3), Some(3), Some(3), None]);
+            let failed = conditions::get(&s.conditions, FAILED).unwrap();
+            assert!(failed.status == "True");
+        }
+        // Stable: the next reconcile changes nothing.
+        pm.status = Some(p.status.clone());
+        let again = run_ms(&pm, &states, t + 900);
+        assert_eq!(again.status.first_failure, p.status.first_failure);
+        assert_eq!(again.status.incidents, p.status.incidents);
+    }
+}
+
+#[test]
+fn a_late_unrelated_failure_is_not_collateral() {
+    let mut pm = small("");
+    let t = 100_000;
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, timed(ProcState::Failed, Some(2), None, t, t + 5));
+    // Rank 2 failed a minute later: its own failure.
+    states.insert(
+        2,
+        timed(ProcState::Failed, Some(1), None, t + 60_000, t + 60_005),
+    );
+    let p = run_ms(&pm, &states, t + 60_010);
+    assert_eq!(p.status.first_failure.as_ref().unwrap().rank, 1);
+    assert_eq!(p.status.collateral, 0);
+    pm.status = Some(p.status);
+    // Rank 0, 2 s after rank 1: collateral.
+    states.insert(
+        0,
+        timed(ProcState::Failed, Some(1), None, t + 2_000, t + 2_005),
+    );
+    let p = run_ms(&pm, &states, t + 60_020);
+    assert_eq!(p.status.collateral, 1);
+    assert_eq!(runs::get(&p.status.ranks, 0).unwrap().caused_by, Some(1));
+    assert_eq!(runs::get(&p.status.ranks, 2).unwrap().caused_by, None);
+}
+
+#[test]
+fn incidents_have_monotonic_phases_and_report_each_phase_once() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let t = 100_000;
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, timed(ProcState::Killed, None, Some(9), t, t + 20));
+    let p = run_ms(&pm, &states, t + 30);
+    let names = |p: &Plan| p.recovery.iter().map(|(n, _)| *n).collect::<Vec<_>>();
+    // Decided and (in place: the hosts never went) hosts ready at once.
+    assert_eq!(names(&p), ["detect", "decide", "pods"]);
+    assert_eq!(p.recovery[0].1, Duration::from_millis(20));
+    let inc = p.status.incidents[0].clone();
+    assert_eq!(
+        inc.action,
+        Some(hostmesh_crds::incident::IncidentAction::RestartRanks)
+    );
+    assert!(inc.procs_running_at.is_none());
+    pm.status = Some(p.status);
+    // Restarting: nothing new.
+    states.insert(1, obs(ProcState::Starting, None, 1));
+    let p = run_ms(&pm, &states, t + 500);
+    assert!(p.recovery.is_empty());
+    pm.status = Some(p.status);
+    states.insert(1, obs(ProcState::Running, None, 1));
+    let p = run_ms(&pm, &states, t + 1_500);
+    assert_eq!(names(&p), ["procs", "total"]);
+    assert_eq!(p.recovery[1].1, Duration::from_millis(1_500));
+    let inc = &p.status.incidents[0];
+    let times = [
+        Some(inc.failed_at.0),
+        Some(inc.detected_at.0),
+        inc.decided_at.as_ref().map(|t| t.0),
+        inc.pods_ready_at.as_ref().map(|t| t.0),
+        inc.procs_running_at.as_ref().map(|t| t.0),
+    ];
+    assert!(times.iter().all(Option::is_some), "{inc:?}");
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{inc:?}");
+    pm.status = Some(p.status);
+    let p = run_ms(&pm, &states, t + 2_000);
+    assert!(p.recovery.is_empty(), "each phase once");
+}
+
+#[test]
+fn an_oom_kill_is_named_in_the_root_cause() {
+    let pm = small("");
+    let t = 100_000;
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(
+        2,
+        ProcObs {
+            oom_killed: true,
+            stderr_head: Some("Traceback (most recent call last):".into()),
+            ..timed(ProcState::Killed, None, Some(9), t, t + 5)
+        },
+    );
+    let p = run_ms(&pm, &states, t + 10);
+    let ff = p.status.first_failure.unwrap();
+    assert!(ff.oom_killed);
+    assert!(ff.reason.contains("OOM-killed"), "{}", ff.reason);
+    assert_eq!(
+        ff.stderr_head.as_deref(),
+        Some("Traceback (most recent call last):")
+    );
+    assert_eq!(
+        runs::get(&p.status.ranks, 2).unwrap().reason.as_deref(),
+        Some(crate::controllers::procmesh::exit::OOM_KILLED)
+    );
+}
+
+#[test]
+fn a_lost_host_is_the_root_of_the_exits_that_followed_it() {
+    let mut pm = small("");
+    let t = 100_000;
+    // Host 1 dies (last heard at t-500); its peers on host 0 exit 50 ms
+    // after, and their reports come long before the host expires.
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in 0..2 {
+        states.insert(r, timed(ProcState::Failed, Some(1), None, t + 50, t + 60));
+    }
+    let p = run_ms(&pm, &states, t + 70);
+    assert_eq!(p.status.first_failure.as_ref().unwrap().rank, 0);
+    pm.status = Some(p.status);
+    for r in 2..4 {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, HostState::Expired)]);
+    let heard = BTreeMap::from([(1, Timestamp::from_millisecond(t - 500).unwrap())]);
+    let reported = (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect();
+    let p = plan(&PlanInput {
+        pm: &pm,
+        timings: timings(&pm),
+        world_phase: RUNNING,
+        world_suspended: false,
+        hosts: 2,
+        extent: "host=2,gpu=2".into(),
+        states: &states,
+        lost_hosts: &lost,
+        reported: &reported,
+        last_heard: &heard,
+        now: Timestamp::from_millisecond(t + 10_000).unwrap(),
+    });
+    let s = &p.status;
+    let ff = s.first_failure.as_ref().unwrap();
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost), "{ff:?}");
+    assert_eq!(ff.time.0, Timestamp::from_millisecond(t - 500).unwrap());
+    assert_eq!(runs::get(&s.ranks, 0).unwrap().caused_by, Some(2));
+    assert_eq!(runs::get(&s.ranks, 1).unwrap().caused_by, Some(2));
+    assert_eq!(
+        runs::get(&s.ranks, 3).unwrap().caused_by,
+        None,
+        "lost with the root's host"
+    );
+    assert_eq!(s.collateral, 2);
 }

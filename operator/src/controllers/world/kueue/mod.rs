@@ -31,8 +31,47 @@
 //! 5. `spec.suspend` of the World is the Workload's `spec.active` negated,
 //!    so a suspended World gives its quota back (Kueue evicts it with
 //!    reason `Deactivated`).
+//! 6. An admitted World reports back as Kueue's own integrations do:
+//!    `PodsReady` (for `waitForPodsReady`: `WaitForStart` until every host
+//!    is first Ready, `Started`, then `WaitForRecovery`/`Recovered` around
+//!    a lost host) and `Finished=True` (reason `Failed`) once it failed
+//!    for good, so Kueue gives its quota back. Read from the World's stored
+//!    status, so a report lags the World by one reconcile at most.
+//! 7. An admission with a `topologyAssignment` for the hosts (Kueue's
+//!    topology-aware scheduling) hands the host pods to Kueue's
+//!    TopologyUngater as its own integrations do: label
+//!    `kueue.x-k8s.io/tas: "true"`, annotation `kueue.x-k8s.io/workload`
+//!    and the scheduling gate `kueue.x-k8s.io/topology`. The ungater puts
+//!    each pod in its domain (node selector, ordered by the pod set's
+//!    `podIndexLabel`, `hostmesh.dev/rank`) and removes the gate; until
+//!    then no kubelet runs it.
 
 pub mod sync;
 pub mod workload;
 
-pub use workload::{Placement, Verdict};
+pub use workload::{Placement, Progress, Verdict};
+
+use hostmesh_crds::WorldStatus;
+use hostmesh_crds::world::WorldPhase;
+
+/// What a World's stored status tells its Workload (invariant 6).
+pub fn progress(status: Option<&WorldStatus>) -> Progress {
+    let Some(s) = status else {
+        return Progress {
+            all_ready: false,
+            failed: None,
+        };
+    };
+    let failed = (s.phase == Some(WorldPhase::Failed)).then(|| {
+        hostmesh_crds::conditions::get(&s.conditions, hostmesh_crds::conditions::FAILED)
+            .map(|c| c.message.clone())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "the World failed".to_string())
+    });
+    Progress {
+        all_ready: s.phase == Some(WorldPhase::Running)
+            && s.desired_hosts > 0
+            && s.ready_hosts == s.desired_hosts,
+        failed,
+    }
+}

@@ -98,6 +98,10 @@ pub struct WorkloadInput<'a> {
     /// Host pods of the World that still exist (terminating ones too): the
     /// quota is given back only at 0 (kueue invariant 3).
     pub pods_left: usize,
+    /// What the World's stored status says, reported on an admitted
+    /// Workload (kueue invariant 6); `None` for a World another
+    /// controller runs.
+    pub progress: Option<workload::Progress>,
 }
 
 /// Keeps the World's Workload and returns what Kueue lets the World do
@@ -280,6 +284,21 @@ async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, E
                             ),
                         ));
                     }
+                }
+            }
+            if let Some(progress) = &input.progress
+                && let Some(patch) = workload::report(&wl, progress, &Time(Timestamp::now()))
+            {
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        debug!(world = %world.name_any(), workload = %name, "reported PodsReady/Finished to the Workload")
+                    }
+                    // Kueue wrote in between: reported again on the next pass.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
             let list = if flavors.is_empty() {

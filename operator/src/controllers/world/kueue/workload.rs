@@ -30,6 +30,13 @@ pub const ANNOTATION_POD_SET_HASH: &str = "hostmesh.dev/pod-set-hash";
 pub const LABEL_JOB_UID: &str = "kueue.x-k8s.io/job-uid";
 /// Label Kueue's integrations put on pods: their pod set.
 pub const LABEL_POD_SET: &str = "kueue.x-k8s.io/podset";
+/// Scheduling gate Kueue's TopologyUngater removes once it has put a pod in
+/// its assigned topology domain (kueue invariant 7).
+pub const TOPOLOGY_GATE: &str = "kueue.x-k8s.io/topology";
+/// Label on pods admitted with topology-aware scheduling.
+pub const LABEL_TAS: &str = "kueue.x-k8s.io/tas";
+/// Annotation on pods naming their admitted Workload.
+pub const ANNOTATION_WORKLOAD: &str = "kueue.x-k8s.io/workload";
 /// Finalizer Kueue adds to Workloads while they hold quota; the owner's
 /// controller removes it once the owner's pods are gone.
 pub const FINALIZER_RESOURCE_IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
@@ -219,10 +226,17 @@ pub fn verdict(wl: &Value) -> Verdict {
             .collect();
         flavors.sort();
         flavors.dedup();
+        let mut updates = Placement::of_updates(wl);
+        if mine.is_some_and(|p| !p["topologyAssignment"].is_null()) {
+            updates.topology_workload = wl
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
         return Verdict::Admitted {
             cluster_queue: a["clusterQueue"].as_str().unwrap_or_default().to_string(),
             flavors,
-            updates: Placement::of_updates(wl),
+            updates,
         };
     }
     let name = wl
@@ -263,6 +277,11 @@ pub struct Placement {
     /// Pod annotations admission checks ask for.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The Workload whose admission carries a `topologyAssignment` for the
+    /// hosts: the pods are handed to Kueue's TopologyUngater (kueue
+    /// invariant 7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_workload: Option<String>,
 }
 
 impl Placement {
@@ -330,6 +349,7 @@ impl Placement {
 
     /// `other` added to `self` (its map entries win).
     pub fn merge(mut self, other: Placement) -> Placement {
+        self.topology_workload = other.topology_workload.or(self.topology_workload);
         self.node_selector.extend(other.node_selector);
         self.labels.extend(other.labels);
         self.annotations.extend(other.annotations);
@@ -347,6 +367,7 @@ impl Placement {
             && self.tolerations.is_empty()
             && self.labels.is_empty()
             && self.annotations.is_empty()
+            && self.topology_workload.is_none()
     }
 }
 
@@ -366,26 +387,7 @@ pub fn release_quota(wl: &Value, now: &Time) -> Value {
         .unwrap_or_default();
     let requeued = matches!(reason.as_str(), "Preempted" | "NodeFailures");
     let mut set = |t: &str, status: bool, reason: &str, message: &str| {
-        let status = if status { "True" } else { "False" };
-        match conds.iter_mut().find(|c| c.type_ == t) {
-            Some(c) => {
-                if c.status != status {
-                    c.last_transition_time = now.clone();
-                }
-                c.status = status.into();
-                c.reason = reason.into();
-                c.message = message.into();
-                c.observed_generation = generation;
-            }
-            None => conds.push(Condition {
-                type_: t.into(),
-                status: status.into(),
-                reason: reason.into(),
-                message: message.into(),
-                observed_generation: generation,
-                last_transition_time: now.clone(),
-            }),
-        }
+        set_condition(&mut conds, t, status, reason, message, generation, now);
     };
     set("Requeued", requeued, &reason, &message);
     set("QuotaReserved", false, "Pending", &message);
@@ -399,6 +401,116 @@ pub fn release_quota(wl: &Value, now: &Time) -> Value {
         "metadata": {"resourceVersion": wl.pointer("/metadata/resourceVersion")},
         "status": {"conditions": conds, "admission": null},
     })
+}
+
+/// Sets condition `t` in `conds` as Kueue's `workload.UpdateStatus` does:
+/// the transition time moves only when the status changes.
+fn set_condition(
+    conds: &mut Vec<Condition>,
+    t: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status = if status { "True" } else { "False" };
+    match conds.iter_mut().find(|c| c.type_ == t) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now.clone();
+            }
+            c.status = status.into();
+            c.reason = reason.into();
+            c.message = message.into();
+            c.observed_generation = generation;
+        }
+        None => conds.push(Condition {
+            type_: t.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        }),
+    }
+}
+
+/// What an admitted World tells its Workload, as Kueue's job framework
+/// does for its own kinds (kueue invariant 6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Every host is Ready (the World is Running).
+    pub all_ready: bool,
+    /// The World failed for good, with the message of its `Failed`
+    /// condition.
+    pub failed: Option<String>,
+}
+
+/// The status patch that brings the Workload's `PodsReady` and `Finished`
+/// conditions in line with `progress`, or `None` when they already are
+/// (kueue invariant 6). `PodsReady` uses Kueue's reasons: `WaitForStart`
+/// until the hosts were first all Ready, then `Started`; `WaitForRecovery`
+/// after a host is lost, then `Recovered`. A failed World is
+/// `Finished=True` (reason `Failed`), which gives its quota back. The patch
+/// carries the resourceVersion, as [`release_quota`]'s does.
+pub fn report(wl: &Value, progress: &Progress, now: &Time) -> Option<Value> {
+    let mut conds = conditions(wl);
+    let before = conds.clone();
+    let generation = wl.pointer("/metadata/generation").and_then(Value::as_i64);
+    if is_true(&conds, "Finished") {
+        return None;
+    }
+    let was = conds.iter().find(|c| c.type_ == "PodsReady");
+    let started_before = was.is_some_and(|c| {
+        c.status == "True" || matches!(c.reason.as_str(), "WaitForRecovery" | "Recovered")
+    });
+    let recovered =
+        was.is_some_and(|c| matches!(c.reason.as_str(), "WaitForRecovery" | "Recovered"));
+    let (ready, reason, message) = match (progress.all_ready, started_before) {
+        (true, _) if recovered => (
+            true,
+            "Recovered",
+            "All pods are ready again after a failure",
+        ),
+        (true, _) => (
+            true,
+            "Started",
+            "All pods reached readiness and the workload is running",
+        ),
+        (false, true) => (
+            false,
+            "WaitForRecovery",
+            "At least one pod has failed, waiting for recovery",
+        ),
+        (false, false) => (false, "WaitForStart", "Not all pods are ready or succeeded"),
+    };
+    set_condition(
+        &mut conds,
+        "PodsReady",
+        ready,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    if let Some(msg) = &progress.failed {
+        set_condition(&mut conds, "Finished", true, "Failed", msg, generation, now);
+    }
+    let same = conds.len() == before.len()
+        && conds.iter().zip(&before).all(|(a, b)| {
+            a.type_ == b.type_
+                && a.status == b.status
+                && a.reason == b.reason
+                && a.message == b.message
+        });
+    if same {
+        return None;
+    }
+    Some(json!({
+        "metadata": {"resourceVersion": wl.pointer("/metadata/resourceVersion")},
+        "status": {"conditions": conds},
+    }))
 }
 
 #[cfg(test)]
@@ -561,5 +673,75 @@ mod tests {
         assert_eq!(n, name(&w));
         w.metadata.uid = Some("u-2".into());
         assert_ne!(n, name(&w));
+    }
+
+    fn progress(all_ready: bool, failed: Option<&str>) -> Progress {
+        Progress {
+            all_ready,
+            failed: failed.map(str::to_string),
+        }
+    }
+
+    fn pods_ready(patch: &Value) -> (String, String) {
+        let c = patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "PodsReady")
+            .unwrap();
+        (
+            c["status"].as_str().unwrap().to_string(),
+            c["reason"].as_str().unwrap().to_string(),
+        )
+    }
+
+    #[test]
+    fn pods_ready_follows_kueues_reasons_from_start_through_recovery() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let admitted = wl(json!({"conditions": [c("Admitted", "True", "Admitted", "")]}));
+        let p = report(&admitted, &progress(false, None), &now).unwrap();
+        assert_eq!(pods_ready(&p), ("False".into(), "WaitForStart".into()));
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        let waiting = wl(p["status"].clone());
+        assert_eq!(
+            report(&waiting, &progress(false, None), &now),
+            None,
+            "no change, no write"
+        );
+        let p = report(&waiting, &progress(true, None), &now).unwrap();
+        assert_eq!(pods_ready(&p), ("True".into(), "Started".into()));
+        let started = wl(p["status"].clone());
+        assert_eq!(report(&started, &progress(true, None), &now), None);
+        let p = report(&started, &progress(false, None), &now).unwrap();
+        assert_eq!(pods_ready(&p), ("False".into(), "WaitForRecovery".into()));
+        let lost = wl(p["status"].clone());
+        let p = report(&lost, &progress(true, None), &now).unwrap();
+        assert_eq!(pods_ready(&p), ("True".into(), "Recovered".into()));
+        let recovered = wl(p["status"].clone());
+        assert_eq!(report(&recovered, &progress(true, None), &now), None);
+    }
+
+    #[test]
+    fn a_failed_world_finishes_its_workload_once() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let admitted = wl(json!({"conditions": [c("Admitted", "True", "Admitted", "")]}));
+        let p = report(
+            &admitted,
+            &progress(false, Some("host 1 failed 4 times")),
+            &now,
+        )
+        .unwrap();
+        let finished = p["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Finished")
+            .unwrap()
+            .clone();
+        assert_eq!(finished["status"], "True");
+        assert_eq!(finished["reason"], "Failed");
+        assert_eq!(finished["message"], "host 1 failed 4 times");
+        let done = wl(p["status"].clone());
+        assert_eq!(report(&done, &progress(false, Some("x")), &now), None);
     }
 }
