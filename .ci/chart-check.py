@@ -34,6 +34,7 @@ MANAGER_RULES = {
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "update"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 # With kueue.enabled (docs/scheduling.md): Workloads join the manager rules,
@@ -47,6 +48,16 @@ GANG_RULES = {
     ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch"},
 }
+# With monarch.serveMonarchMesh (docs/monarch.md): the MonarchMesh controller
+# reads MonarchMeshes, writes their status, owns Worlds and Services made for
+# them, and creates those Worlds by server-side apply.
+MONARCH_MESH_RULES = {
+    ("monarch.pytorch.org", "monarchmeshes"): {"get", "list", "watch"},
+    ("monarch.pytorch.org", "monarchmeshes/status"): {"update"},
+    ("monarch.pytorch.org", "monarchmeshes/finalizers"): {"update"},
+    ("hostmesh.dev", "worlds"): {"create"},
+}
+MONARCH_MESH_CRD = "monarchmeshes.monarch.pytorch.org"
 KUEUE_CLUSTER_RULES = {
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
     ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
@@ -78,6 +89,14 @@ VALUE_SETS = {
         "kueue": {"enabled": True},
         "gangScheduling": {"enabled": True},
     },
+    "monarch-mesh-namespaced": {
+        "watchNamespaces": ["team-a"],
+        "monarch": {"serveMonarchMesh": True},
+    },
+    "monarch-mesh-cluster-wide": {
+        "monarch": {"serveMonarchMesh": True},
+        "kueue": {"enabled": True},
+    },
     "single-no-election": {
         "leaderElection": {"enabled": False},
         "metrics": {"service": {"enabled": False}},
@@ -93,6 +112,7 @@ BAD_VALUES = [
     ({"leaderElection": {"leaseDuration": "soon"}}, "/leaderElection/leaseDuration"),
     ({"metrics": {"port": 70000}}, "/metrics/port"),
     ({"replica": 2}, "replica"),
+    ({"monarch": {"serveMonarchMesh": "yes"}}, "/monarch/serveMonarchMesh"),
 ]
 
 failures = []
@@ -215,6 +235,23 @@ def check_render(label, values):
     kueue = merged["kueue"]["enabled"]
     expected = {**MANAGER_RULES, **(KUEUE_RULES if kueue else {}),
                 **(GANG_RULES if merged["gangScheduling"]["enabled"] else {})}
+    monarch_mesh = merged["monarch"]["serveMonarchMesh"]
+    if monarch_mesh:
+        for key, verbs in MONARCH_MESH_RULES.items():
+            expected[key] = expected.get(key, set()) | verbs
+    check(env.get("HOSTMESH_SERVE_MONARCH_MESH", {}).get("value") == str(monarch_mesh).lower(),
+          f"[{label}] monarch.serveMonarchMesh not passed")
+    crds = [o for o in by_kind.get("CustomResourceDefinition", [])]
+    if monarch_mesh:
+        if check([c["metadata"]["name"] for c in crds] == [MONARCH_MESH_CRD],
+                 f"[{label}] monarch.serveMonarchMesh needs exactly the {MONARCH_MESH_CRD} CRD, got {crds and [c['metadata']['name'] for c in crds]}"):
+            crd = crds[0]
+            check(crd["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep",
+                  f"[{label}] the MonarchMesh CRD must be kept on uninstall")
+            check(crd["spec"]["versions"][0]["name"] == "v1alpha1" and crd["spec"]["group"] == "monarch.pytorch.org",
+                  f"[{label}] the MonarchMesh CRD is not monarch.pytorch.org/v1alpha1")
+    else:
+        check(not crds, f"[{label}] a CRD rendered from templates/ with monarch.serveMonarchMesh false")
     kueue_roles = [r for r in by_kind.get("ClusterRole", []) if r["metadata"]["name"].endswith("-kueue-reader")]
     if kueue:
         if check(len(kueue_roles) == 1, f"[{label}] kueue.enabled needs one kueue-reader ClusterRole"):

@@ -25,8 +25,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{
-    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport, RankReport,
-    SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
+    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport,
+    ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
 };
 use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
 use hostmesh_runtime::{
@@ -321,6 +321,33 @@ impl AgentClient {
         hosts: Vec<String>,
     ) -> Result<(), ClientError> {
         self.call(addr, &SetAddressBook { hosts }).await
+    }
+
+    /// The stacks of the named procs on the agent at `addr`, each at most
+    /// `max_bytes`; waits at most `timeout` for them (on top of the call).
+    pub async fn capture_stacks(
+        &self,
+        addr: SocketAddr,
+        names: Vec<String>,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ProcStacks>, ClientError> {
+        let (reply, rx) = self.inner.proc.open_once_port::<Vec<ProcStacks>>();
+        let m = CaptureStacks {
+            names,
+            max_bytes: max_bytes as u64,
+            reply,
+        };
+        self.call(addr, &m)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })?;
+        match tokio::time::timeout(timeout, rx.recv()).await {
+            Ok(r) => r.map_err(|source| ClientError::Call { addr, source }),
+            Err(_) => Err(ClientError::Refused {
+                addr,
+                message: format!("no stacks within {timeout:?}"),
+            }),
+        }
     }
 
     async fn call<M>(

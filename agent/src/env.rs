@@ -25,6 +25,10 @@ pub struct AgentIdentity {
 /// Default `MASTER_PORT`.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The progress file of a proc with stall detection: touching it (any
+/// change of its mtime) is progress (`stall.rs`).
+pub const PROGRESS_FILE_VAR: &str = "HOSTMESH_PROGRESS_FILE";
+
 /// Checks a request's shape: name, command, extent, rank.
 pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), HostError> {
     let name = &req.name;
@@ -70,6 +74,22 @@ pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), Hos
                 format!("dimension {:?} appears twice", d.name),
             ));
         }
+    }
+    if spec.stall_timeout_ms == Some(0) {
+        return Err(HostError::spec(
+            name,
+            "spec.stall_timeout_ms",
+            "is 0; give a timeout of at least 1 ms, or none to turn stall detection off",
+        ));
+    }
+    if let Some(p) = &spec.progress_pattern
+        && let Err(e) = crate::stall::pattern(p)
+    {
+        return Err(HostError::spec(
+            name,
+            "spec.progress_pattern",
+            format!("is not a valid regular expression: {e}"),
+        ));
     }
     for (k, _) in &spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {

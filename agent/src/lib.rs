@@ -15,6 +15,8 @@
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
 //! - `logs`: output forwarding and stderr tails.
+//! - `stall`: progress signals and stall detection per proc.
+//! - `stacks`: stack capture (py-spy, else the kernel's view).
 //! - `subscription`: snapshot, changes and heartbeats for one subscriber.
 //! - `health`: `/healthz`, `/readyz`.
 //! - `monarch`: the host's Monarch worker (`spec.monarch` of a World).
@@ -43,6 +45,8 @@ mod proc_agent;
 pub mod protocol;
 mod server;
 mod spawn;
+mod stacks;
+mod stall;
 mod subscription;
 mod supervisor;
 
@@ -52,7 +56,7 @@ pub use client::{
     SupervisorInbox, agent_ref,
 };
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
-pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, coordinates};
+pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
 pub use error::HostError;
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
@@ -63,4 +67,5 @@ pub use proc_agent::{
     mesh_ref,
 };
 pub use server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent, MAX_SUBSCRIBERS};
+pub use stacks::{MAX_PROCESSES, MAX_STACK_BYTES, MAX_THREADS, PY_SPY_TIMEOUT};
 pub use subscription::Subscription;

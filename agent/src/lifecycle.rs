@@ -14,6 +14,8 @@
 //!    and the head of stderr the tail lost.
 //! 5. A proc that dies of SIGKILL it was not sent by the agent while its
 //!    cgroup's OOM-kill count rose is reported `oom_killed` ([`super::oom`]).
+//! 6. With stall detection, a Ready proc's stall is reported when it starts
+//!    and when it ends (`stall.rs`); an ended proc is never stalled.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::sync::{Arc, Mutex};
@@ -26,6 +28,7 @@ use super::manager::Inner;
 use super::oom::OomCounter;
 use super::protocol::{CreateOrUpdate, ProcPhase, duration_ms};
 use super::spawn::{self, ProcChild, SpawnRequest};
+use super::stall::{self, Progress, ProgressFile, StallChange, StallWatch};
 
 /// Longest wait for a proc's stderr to reach end of file after it exited.
 const TAIL_WAIT: Duration = Duration::from_secs(1);
@@ -43,13 +46,14 @@ pub(crate) enum Control {
 pub(crate) async fn run(
     inner: Arc<Inner>,
     req: CreateOrUpdate,
-    env: Vec<(String, String)>,
+    mut env: Vec<(String, String)>,
     mut ctl: mpsc::Receiver<Control>,
     ended: watch::Sender<bool>,
 ) {
     let name = req.name.clone();
     let inc = req.incarnation;
     let spec = &req.spec;
+    let (progress, progress_file) = stall_signals(&name, inc, spec, &mut env);
     let spawned =
         match SpawnRequest::prepare(&spec.command, &spec.args, &env, spec.working_dir.as_deref()) {
             Ok(req) => inner
@@ -77,17 +81,35 @@ pub(crate) async fn run(
         inner.limits.stderr_tail_lines,
         inner.limits.stderr_tail_bytes,
     )));
-    let out_pump = child
-        .stdout
-        .take()
-        .map(|out| tokio::spawn(logs::pump(out, inner.stdout.source(prefix.clone()), None)));
+    let out_pump = child.stdout.take().map(|out| {
+        tokio::spawn(logs::pump(
+            out,
+            inner.stdout.source(prefix.clone()),
+            None,
+            progress.clone(),
+        ))
+    });
     let err_pump = child.stderr.take().map(|err| {
         tokio::spawn(logs::pump(
             err,
             inner.stderr.source(prefix),
             Some(tail.clone()),
+            progress.clone(),
         ))
     });
+    let mut stall = match (spec.stall_timeout_ms, progress) {
+        (Some(ms), Some(p)) => Some(StallWatch::new(
+            Duration::from_millis(ms),
+            p,
+            progress_file,
+            pid,
+        )),
+        _ => None,
+    };
+    let mut stall_tick = tokio::time::interval(stall::check_every(Duration::from_millis(
+        spec.stall_timeout_ms.unwrap_or(1000),
+    )));
+    stall_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let spawn_timeout = spec
         .spawn_timeout_ms
@@ -120,6 +142,11 @@ pub(crate) async fn run(
                 // if it did, keep waiting for the process.
                 None => break child.wait().await,
             },
+            _ = stall_tick.tick(), if stall.is_some() && !awaiting_check_in => {
+                if let Some(change) = stall.as_mut().and_then(|w| w.check(std::time::Instant::now())) {
+                    report_stall(&inner, &name, inc, change);
+                }
+            }
             () = tokio::time::sleep_until(deadline), if awaiting_check_in => {
                 tracing::warn!(proc = %name, timeout = ?spawn_timeout, "runtime-aware proc never checked in; stopping it");
                 timed_out = true;
@@ -171,13 +198,67 @@ pub(crate) async fn run(
             reason: format!("cannot wait for the process: {e}"),
         },
     };
+    drop(stall);
     inner.update(&name, inc, |s| {
         s.status = status;
+        s.stall = None;
         s.changed_at_ms = ended_at;
         s.stderr_head = stderr_head;
         s.oom_killed = oom_killed;
     });
     let _ = ended.send(true);
+}
+
+/// The progress tracker (and file, added to `env` as
+/// `HOSTMESH_PROGRESS_FILE`) of a proc with stall detection; nothing
+/// without. A pattern the agent cannot compile, or a file it cannot
+/// create, is logged and leaves that signal out (the API validated both).
+fn stall_signals(
+    name: &str,
+    inc: u32,
+    spec: &crate::protocol::ProcSpec,
+    env: &mut Vec<(String, String)>,
+) -> (Option<Arc<Progress>>, Option<ProgressFile>) {
+    if spec.stall_timeout_ms.is_none() {
+        return (None, None);
+    }
+    let pattern = spec
+        .progress_pattern
+        .as_deref()
+        .and_then(|p| match stall::pattern(p) {
+            Ok(re) => Some(re),
+            Err(e) => {
+                tracing::warn!(proc = %name, error = %e, "progress pattern does not compile; every line counts");
+                None
+            }
+        });
+    let file = match ProgressFile::create(&stall::progress_dir(), name, inc) {
+        Ok(f) => {
+            env.push((
+                crate::env::PROGRESS_FILE_VAR.to_owned(),
+                f.path().display().to_string(),
+            ));
+            Some(f)
+        }
+        Err(e) => {
+            tracing::warn!(proc = %name, error = %e, dir = %stall::progress_dir().display(), "cannot create the progress file; HOSTMESH_PROGRESS_FILE not set");
+            None
+        }
+    };
+    (Some(Progress::new(pattern)), file)
+}
+
+fn report_stall(inner: &Inner, name: &str, inc: u32, change: StallChange) {
+    match change {
+        StallChange::Started(s) => {
+            tracing::warn!(proc = %name, after_ms = s.after_ms, cpu_ms = ?s.cpu_ms, "proc stalled: no progress");
+            inner.update(name, inc, |st| st.stall = Some(s));
+        }
+        StallChange::Ended => {
+            tracing::info!(proc = %name, "proc made progress again; stall over");
+            inner.update(name, inc, |st| st.stall = None);
+        }
+    }
 }
 
 /// Invariant 2: TERM, grace, KILL; returns how the process ended.

@@ -332,12 +332,13 @@ impl Tail {
     }
 }
 
-/// Reads `pipe` line by line into `source` (and `tail`, if given) until
-/// end of file (invariant 3).
+/// Reads `pipe` line by line into `source` (and `tail`, and the stall
+/// watch's `progress`, if given) until end of file (invariant 3).
 pub(crate) async fn pump<R: AsyncRead + Unpin>(
     pipe: R,
     source: LogSource,
     tail: Option<Arc<Mutex<Tail>>>,
+    progress: Option<Arc<crate::stall::Progress>>,
 ) {
     let mut reader = BufReader::with_capacity(MAX_LINE, pipe);
     let mut line: Vec<u8> = Vec::new();
@@ -361,17 +362,25 @@ pub(crate) async fn pump<R: AsyncRead + Unpin>(
         };
         reader.consume(consumed);
         if complete {
-            emit(&source, tail.as_deref(), &line);
+            emit(&source, tail.as_deref(), progress.as_deref(), &line);
             line.clear();
         }
     }
     if !line.is_empty() {
-        emit(&source, tail.as_deref(), &line);
+        emit(&source, tail.as_deref(), progress.as_deref(), &line);
     }
 }
 
-fn emit(source: &LogSource, tail: Option<&Mutex<Tail>>, line: &[u8]) {
+fn emit(
+    source: &LogSource,
+    tail: Option<&Mutex<Tail>>,
+    progress: Option<&crate::stall::Progress>,
+    line: &[u8],
+) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if let Some(p) = progress {
+        p.line(line);
+    }
     source.push(line);
     if let Some(t) = tail {
         t.lock().unwrap_or_else(|p| p.into_inner()).push(line);

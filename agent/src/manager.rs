@@ -195,6 +195,7 @@ impl ProcManager {
             changed_at_ms: now_ms(),
             stderr_head: Vec::new(),
             oom_killed: false,
+            stall: None,
         };
         table.procs.insert(
             req.name.clone(),
@@ -446,7 +447,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// A digest of a set of proc states: FNV-1a over each proc's name,
-/// incarnation, status label and pid, in name order. The agent sends it in
+/// incarnation, status label, pid and whether it is stalled, in name order. The agent sends it in
 /// heartbeats; a supervisor computes it over its own picture and asks for a
 /// snapshot when they differ.
 pub fn digest(states: &[ProcReport]) -> u64 {
@@ -465,6 +466,7 @@ pub fn digest(states: &[ProcReport]) -> u64 {
         eat(&s.restarts.to_le_bytes());
         eat(s.status.label().as_bytes());
         eat(&s.pid.unwrap_or(0).to_le_bytes());
+        eat(&[u8::from(s.stall.is_some())]);
     }
     h
 }

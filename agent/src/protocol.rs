@@ -44,6 +44,12 @@ pub struct ProcSpec {
     /// How long a runtime-aware proc has to check in, in milliseconds; the
     /// agent's default when absent.
     pub spawn_timeout_ms: Option<u64>,
+    /// Stall detection (`stall.rs`): a Ready proc without progress for
+    /// this many milliseconds is reported stalled; off when absent.
+    pub stall_timeout_ms: Option<u64>,
+    /// Only output lines matching this regular expression count as
+    /// progress (all lines when absent).
+    pub progress_pattern: Option<String>,
 }
 
 impl ProcSpec {
@@ -61,6 +67,8 @@ impl ProcSpec {
             master_port: None,
             runtime_aware: false,
             spawn_timeout_ms: None,
+            stall_timeout_ms: None,
+            progress_pattern: None,
         }
     }
 
@@ -106,9 +114,10 @@ pub enum CreateOutcome {
 }
 
 /// The lifecycle state of one proc (DESIGN.md, "Runtime and supervision").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProcPhase {
     /// Being spawned, or spawned and waiting for a runtime-aware check-in.
+    #[default]
     Starting,
     /// Running.
     Ready {
@@ -188,7 +197,7 @@ pub struct RankReport {
 }
 
 /// `GetState` answer, and the content of every push.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcReport {
     /// The proc's runtime id: `tcp:<agent address>/<name>`.
     pub proc_id: String,
@@ -227,6 +236,9 @@ pub struct ProcReport {
     /// Ended by SIGKILL while its cgroup's OOM-kill count rose: the kernel's
     /// OOM killer took it.
     pub oom_killed: bool,
+    /// Set while the proc is stalled (alive, no progress for its
+    /// `stall_timeout_ms`); cleared when progress resumes.
+    pub stall: Option<Stall>,
 }
 
 /// An actor that failed inside a runtime-aware proc.
@@ -254,6 +266,51 @@ pub struct ActorFailed {
     pub actor: String,
     /// Why it failed.
     pub reason: String,
+}
+
+/// A stall of a running proc, as the agent saw it start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stall {
+    /// When the proc last showed progress, milliseconds since the Unix
+    /// epoch (agent clock).
+    pub last_progress_ms: u64,
+    /// The stall timeout that elapsed, in milliseconds.
+    pub after_ms: u64,
+    /// CPU time (user + system, main process) the proc used between its
+    /// last progress and the detection, in milliseconds: near 0 means
+    /// blocked (a hung collective, a deadlock), near the wall time means
+    /// spinning. `None` when /proc could not be read.
+    pub cpu_ms: Option<u64>,
+}
+
+/// `CaptureStacks {names, max_bytes, reply}`: capture the stacks of the
+/// named procs (py-spy when on the proc's PATH, else the kernel's view)
+/// and send them to `reply`. Answered at once; the capture is bounded in
+/// time and bytes.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CaptureStacks {
+    /// The procs.
+    pub names: Vec<String>,
+    /// Most bytes of stack text per proc (clamped to 64 KiB).
+    pub max_bytes: u64,
+    /// Where the [`ProcStacks`] go (one message with all of them).
+    pub reply: hostmesh_runtime::OncePortRef<Vec<ProcStacks>>,
+}
+
+/// The stacks of one proc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcStacks {
+    /// The proc name.
+    pub name: String,
+    /// Its rank.
+    pub rank: usize,
+    /// How they were taken: `py-spy`, `kernel` (`/proc/<pid>/task/*/stack`),
+    /// `wchan` (wait channel and system call), or `none` (no process).
+    pub method: String,
+    /// The stack text, at most the asked bytes.
+    pub text: String,
+    /// Whether `text` was cut at the byte bound.
+    pub truncated: bool,
 }
 
 /// A push to subscribers: one proc changed state.

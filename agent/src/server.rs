@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 
 use super::manager::ProcManager;
 use super::protocol::{
-    ActorFailed, AgentPush, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
-    ProcReport, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
+    ActorFailed, AgentPush, CaptureStacks, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus,
+    GetState, ProcReport, ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -68,7 +68,8 @@ impl Actor for HostAgent {
             .handle::<SetAddressBook>()
             .handle::<Subscribe>()
             .handle::<CheckIn>()
-            .handle::<ActorFailed>();
+            .handle::<ActorFailed>()
+            .handle::<CaptureStacks>();
     }
 
     async fn handle_supervision_event(
@@ -200,6 +201,64 @@ impl Handler<ActorFailed> for HostAgent {
             .manager
             .actor_failed(&m.name, m.actor, &m.reason)
             .map_err(|e| e.to_string()))
+    }
+}
+
+/// Most stack captures one agent runs at once.
+const CAPTURE_CONCURRENCY: usize = 8;
+
+impl Handler<CaptureStacks> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        m: CaptureStacks,
+    ) -> Result<Self::Reply, ActorError> {
+        // Invariant 2: captured by a task; the stacks go to the reply port.
+        let manager = self.manager.clone();
+        let proc = cx.proc_ref().clone();
+        let max = usize::try_from(m.max_bytes).unwrap_or(usize::MAX);
+        tracing::info!(procs = m.names.len(), "capturing stacks");
+        tokio::spawn(async move {
+            use futures::StreamExt as _;
+            let stacks: Vec<ProcStacks> = futures::stream::iter(m.names)
+                .map(|name| {
+                    let manager = manager.clone();
+                    async move {
+                        let state = manager.state(&name).ok();
+                        let rank = state.as_ref().map_or(0, |s| s.rank);
+                        match state
+                            .filter(|s| !s.status.is_terminal())
+                            .and_then(|s| s.pid)
+                        {
+                            Some(pid) => {
+                                let c = super::stacks::capture(pid, max).await;
+                                ProcStacks {
+                                    name,
+                                    rank,
+                                    method: c.method.to_owned(),
+                                    text: c.text,
+                                    truncated: c.truncated,
+                                }
+                            }
+                            None => ProcStacks {
+                                name,
+                                rank,
+                                method: "none".to_owned(),
+                                text: "no running process".to_owned(),
+                                truncated: false,
+                            },
+                        }
+                    }
+                })
+                .buffered(CAPTURE_CONCURRENCY)
+                .collect()
+                .await;
+            if let Err(e) = m.reply.send(&proc, &stacks).await {
+                tracing::warn!(error = %e, "cannot send the captured stacks");
+            }
+        });
+        Ok(Ok(()))
     }
 }
 

@@ -566,3 +566,69 @@ async fn one_client_watches_many_agents() {
     }
     assert_eq!(done.len(), HOSTS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_stacks_returns_the_kernel_view_bounded() {
+    let agent = ChildAgent::start(&[], &["echo start; sleep 600"]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let stacks = c
+        .capture_stacks(
+            addr,
+            vec!["p0".into(), "missing".into()],
+            2048,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stacks.len(), 2, "{stacks:?}");
+    let p0 = &stacks[0];
+    assert_eq!(p0.name, "p0");
+    // No py-spy on this PATH: the kernel's view of the shell and its sleep.
+    assert!(matches!(p0.method.as_str(), "kernel" | "wchan"), "{p0:?}");
+    assert!(p0.text.contains("(sh)"), "{}", p0.text);
+    assert!(p0.text.contains("(sleep)"), "descendants too: {}", p0.text);
+    assert!(p0.text.len() <= 2048);
+    assert_eq!(stacks[1].method, "none");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_stacks_uses_py_spy_on_the_procs_path() {
+    // PyPI's py-spy, installed into a virtualenv under target/ when the
+    // machine has none; the proc finds it on its PATH, as in an image.
+    let py_spy = hostmesh_testkit::pyspy::py_spy();
+    let mut path = std::env::var("PATH").unwrap_or_default();
+    if let Some(dir) = py_spy.parent().filter(|d| !d.as_os_str().is_empty()) {
+        path = format!("{}:{path}", dir.display());
+    }
+    let agent = ChildAgent::start(&[], &[]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let script = "import sys, time\nprint('ready', flush=True)\ndef hang_in_collective():\n    time.sleep(600)\nhang_in_collective()\n";
+    let mut spec = ProcSpec::command("python3", &["-c", script]);
+    spec.env = vec![("PATH".into(), path)];
+    spec.proc_mesh = "mesh".into();
+    spec.extent = vec![Dim::new("host", 1), Dim::new("proc", 1)];
+    let req = CreateOrUpdate {
+        name: "py".into(),
+        rank: 0,
+        spec,
+        incarnation: 0,
+    };
+    c.create_or_update(addr, req).await.unwrap();
+    let stacks = eventually_ok("py-spy sees the hung function", async || {
+        let s = c
+            .capture_stacks(addr, vec!["py".into()], 8192, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?;
+        match s.first() {
+            Some(p) if p.method == "py-spy" && p.text.contains("hang_in_collective") => {
+                Ok(p.clone())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(stacks.text.len() <= 8192);
+    c.stop(addr, "py", Duration::from_secs(5)).await.unwrap();
+}

@@ -43,6 +43,7 @@ async fn suite() -> anyhow::Result<()> {
         watch_namespaces: vec![NS.into()],
         concurrency: 4,
         instance: "bench".into(),
+        serve_monarch_mesh: false,
     };
     let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -3,8 +3,9 @@
 //! stopped in the reverse order. `hostmesh up` is built on it.
 //!
 //! Invariants:
-//! 1. The CRDs are installed and Established before the operator starts.
-//! 2. [`DevEnv::shutdown`] deletes every World first (so procs stop through
+//! 1. The CRDs are installed and Established before the operator starts
+//!    (Monarch's MonarchMesh CRD too when it is served).
+//! 2. [`DevEnv::shutdown`] deletes every MonarchMesh and World first (so procs stop through
 //!    the agents, gracefully), then stops the operator, then the workload
 //!    controllers, then the kubelet
 //!    (which ends every process it started), then the API server.
@@ -53,14 +54,16 @@ impl DevEnv {
     /// Starts everything with its files under `data_dir`; the hostmesh agent
     /// image maps to `hostmesh_binary` (the `hostmesh` executable).
     pub async fn start(data_dir: &Path, hostmesh_binary: PathBuf) -> Result<DevEnv, DevEnvError> {
-        Self::start_with(data_dir, hostmesh_binary, PodNetwork::Sandbox).await
+        Self::start_with(data_dir, hostmesh_binary, PodNetwork::Sandbox, false).await
     }
 
-    /// Like [`DevEnv::start`], with pods networked as `pod_network` says.
+    /// Like [`DevEnv::start`], with pods networked as `pod_network` says,
+    /// and Monarch's MonarchMesh served when `serve_monarch_mesh`.
     pub async fn start_with(
         data_dir: &Path,
         hostmesh_binary: PathBuf,
         pod_network: PodNetwork,
+        serve_monarch_mesh: bool,
     ) -> Result<DevEnv, DevEnvError> {
         let kubeconfig = data_dir.join("kubeconfig");
         let config = ApiServerConfig {
@@ -70,7 +73,9 @@ impl DevEnv {
         };
         let apiserver = ApiServer::start(config).await?;
         let client = apiserver.client()?;
-        install_crds(&client).await?;
+        let mut args = default_operator_args();
+        args.serve_monarch_mesh |= serve_monarch_mesh;
+        install_crds(&client, args.serve_monarch_mesh).await?;
         let mut kconfig =
             KubeletConfig::new("hostmesh-dev", data_dir.join("kubelet")).for_api_server(&apiserver);
         kconfig.hostmesh_binary = Some(hostmesh_binary);
@@ -82,7 +87,6 @@ impl DevEnv {
         let kubelet = Kubelet::start(client.clone(), kconfig).await?;
         let workloads = hostmesh_devcluster::controllers::start(client.clone());
         let (operator_stop, stop_rx) = oneshot::channel();
-        let args = default_operator_args();
         let ctx = hostmesh_operator::ControllerContext::new(
             client.clone(),
             args,
@@ -117,8 +121,15 @@ impl DevEnv {
         &self.kubeconfig
     }
 
+    /// The kubelet's pod bridge (sandbox network), for clean-up after a
+    /// kill.
+    pub fn pod_bridge(&self) -> Option<hostmesh_devcluster::kubelet::PodBridge> {
+        self.kubelet.pod_bridge()
+    }
+
     /// Stops everything (invariant 2).
     pub async fn shutdown(self) {
+        delete_monarch_meshes(&self.client).await;
         delete_worlds(&self.client).await;
         let _ = self.operator_stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), self.operator).await;
@@ -130,11 +141,15 @@ impl DevEnv {
     }
 }
 
-/// Applies both CRDs and waits until they are Established.
-pub async fn install_crds(client: &kube::Client) -> Result<(), DevEnvError> {
+/// Applies both CRDs (and the MonarchMesh CRD when `monarch_mesh`) and
+/// waits until they are Established.
+pub async fn install_crds(client: &kube::Client, monarch_mesh: bool) -> Result<(), DevEnvError> {
     let yaml = hostmesh_crds::crd_yaml().map_err(|e| DevEnvError::Crds(e.to_string()))?;
-    let crds: Vec<CustomResourceDefinition> =
+    let mut crds: Vec<CustomResourceDefinition> =
         serde_saphyr::from_multiple(&yaml).map_err(|e| DevEnvError::Crds(e.to_string()))?;
+    if monarch_mesh {
+        crds.push(hostmesh_crds::monarchmesh::crd());
+    }
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(hostmesh_operator::FIELD_MANAGER).force();
     for crd in &crds {
@@ -162,6 +177,24 @@ pub async fn install_crds(client: &kube::Client) -> Result<(), DevEnvError> {
         }
     }
     Ok(())
+}
+
+/// Deletes every MonarchMesh (when the kind is served), so that the
+/// MonarchMesh controller does not make their Worlds again while
+/// [`delete_worlds`] waits for them to go.
+async fn delete_monarch_meshes(client: &kube::Client) {
+    use hostmesh_crds::monarchmesh::MonarchMesh;
+    let api: Api<MonarchMesh> = Api::all(client.clone());
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return;
+    };
+    for m in &list.items {
+        let (Some(ns), Some(name)) = (&m.metadata.namespace, &m.metadata.name) else {
+            continue;
+        };
+        let api: Api<MonarchMesh> = Api::namespaced(client.clone(), ns);
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
 }
 
 /// Deletes every World and waits (bounded) until they are gone.

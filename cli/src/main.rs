@@ -43,16 +43,30 @@ enum Command {
     /// process kubelet and operator in this process) until Ctrl-C.
     Up(hostmesh_cli::up::UpArgs),
     /// Print the CRDs (World, ProcMesh) as multi-document YAML.
-    Crds,
+    Crds {
+        /// Print Monarch's MonarchMesh CRD instead (what
+        /// `hostmesh operator --serve-monarch-mesh` serves).
+        #[arg(long)]
+        monarch_mesh: bool,
+    },
     /// Show a World or ProcMesh: phase, ready hosts, per-rank state, first
     /// failure, conditions (`hostmesh status world/NAME`).
     Status(hostmesh_cli::status::StatusArgs),
+    /// Print the stacks of every rank a stall captured
+    /// (`hostmesh stacks procmesh/NAME [--rank R]`).
+    Stacks(hostmesh_cli::stacks::StacksArgs),
     /// Serve the embedded Kubernetes API server until Ctrl-C.
     Apiserver(hostmesh_devcluster::apiserver::ApiServerArgs),
     /// Run the process kubelet: a Node that runs its pods as local processes.
     Kubelet(hostmesh_devcluster::kubelet::KubeletArgs),
     /// Run the Deployment and ReplicaSet controllers (cluster in a box only).
     ControllerManager(hostmesh_devcluster::controllers::ControllerManagerArgs),
+    /// `hostmesh up`'s clean-up after it is killed (started by `up`).
+    #[command(name = "up-reaper", hide = true)]
+    UpReaper {
+        /// `up`'s data directory.
+        data_dir: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,11 +86,13 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
-        Command::Crds => print_crds(),
+        Command::Crds { monarch_mesh } => print_crds(monarch_mesh),
         Command::Up(args) => run_up(args),
+        Command::UpReaper { data_dir } => Ok(hostmesh_cli::reaper::run(&data_dir)?),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => run_agent(*args),
         Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
+        Command::Stacks(args) => Ok(hostmesh_cli::stacks::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
         Command::ControllerManager(args) => run_controller_manager(args),
         Command::Kubelet(args) => {
@@ -113,13 +129,24 @@ fn run_controller_manager(
 }
 
 /// `hostmesh up`: logs go to a file in the data directory so the terminal
-/// shows only the live view.
+/// shows only the live view. The data directory is private (0700); `up`
+/// removes its state when it exits (keeping the log when it failed), and
+/// its reaper does when `up` is killed (`hostmesh_cli::reaper`).
 fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let log_path = args.data_dir.join("hostmesh.log");
-    let log = std::fs::File::create(&log_path)
+    use hostmesh_cli::reaper;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    hostmesh_devcluster::private_dir::ensure(&args.data_dir)?;
+    let log_path = args.data_dir.join(reaper::LOG_FILE);
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&log_path)
         .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let me = std::env::current_exe().context("cannot find the running hostmesh executable")?;
+    let mut guard = reaper::Reaper::start(&me, &args.data_dir)
+        .context("cannot start the clean-up process of hostmesh up")?;
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(log))
@@ -132,15 +159,40 @@ fn run_up(args: hostmesh_cli::up::UpArgs) -> anyhow::Result<()> {
             }),
         )
         .try_init();
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    rt.block_on(hostmesh_cli::up::run(args))?;
-    Ok(())
+    let data_dir = args.data_dir.clone();
+    let outcome = tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            let noted = hostmesh_cli::up::run_noting(args, |env| {
+                if let Some(bridge) = env.pod_bridge() {
+                    guard.note_bridge(&bridge);
+                }
+            });
+            Ok(rt.block_on(noted)?)
+        });
+    // Everything stopped: the tokens, pod directories and kubeconfig go;
+    // the log stays when there is a failure to read about.
+    if let Err(e) = reaper::remove_state(&data_dir, outcome.is_err()) {
+        tracing::warn!(error = %e, "cannot remove the state of hostmesh up");
+    }
+    guard.disarm();
+    if outcome.is_err() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("the log of this run: {}", log_path.display());
+        }
+    }
+    outcome
 }
 
-/// Prints both CRDs to stdout.
-fn print_crds() -> anyhow::Result<()> {
+/// Prints both CRDs (or the MonarchMesh CRD) to stdout.
+fn print_crds(monarch_mesh: bool) -> anyhow::Result<()> {
     use std::io::Write as _;
-    let yaml = hostmesh_crds::crd_yaml()?;
+    let yaml = if monarch_mesh {
+        hostmesh_crds::monarchmesh::crd_yaml()?
+    } else {
+        hostmesh_crds::crd_yaml()?
+    };
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
     Ok(())
 }

@@ -33,7 +33,8 @@ pub struct UpArgs {
     /// Namespace for objects that do not name one.
     #[arg(long, default_value = "default")]
     pub namespace: String,
-    /// Apply, wait until every World and ProcMesh is Ready, tear down, exit.
+    /// Apply, wait until every World, ProcMesh and MonarchMesh is Ready,
+    /// tear down, exit.
     #[arg(long)]
     pub exit_when_ready: bool,
     /// How long `--exit-when-ready` waits before giving up.
@@ -42,6 +43,11 @@ pub struct UpArgs {
     /// Pod networking: `sandbox` (each pod in its own network namespace; needs root) or `host` (the machine's, on loopback addresses).
     #[arg(long, value_enum, default_value_t = PodNetwork::Sandbox)]
     pub pod_network: PodNetwork,
+    /// Also serve Monarch's MonarchMesh (its CRD, and the operator's
+    /// `--serve-monarch-mesh`), so Monarch's KubernetesJob provisioning
+    /// works against this cluster (docs/monarch.md).
+    #[arg(long)]
+    pub serve_monarch_mesh: bool,
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
@@ -142,6 +148,10 @@ pub fn progress_of(kind: &str, obj: &DynamicObject) -> Progress {
             (Some(r), Some(d)) => format!("hosts {r}/{d}"),
             _ => String::new(),
         },
+        "MonarchMesh" => match (num("/readyReplicas"), num("/replicas")) {
+            (Some(r), Some(d)) => format!("workers {r}/{d}"),
+            _ => String::new(),
+        },
         _ => match (num("/running"), num("/failed")) {
             (Some(r), Some(f)) => format!("running {r} failed {f}"),
             _ => String::new(),
@@ -166,6 +176,15 @@ pub fn progress_of(kind: &str, obj: &DynamicObject) -> Progress {
 
 /// Runs `hostmesh up` to completion.
 pub async fn run(args: UpArgs) -> Result<(), UpError> {
+    run_noting(args, |_| {}).await
+}
+
+/// Like [`run`]; `started` sees the cluster once it is up (`hostmesh up`
+/// tells its reaper the pod bridge).
+pub async fn run_noting(
+    args: UpArgs,
+    started: impl FnOnce(&crate::devenv::DevEnv),
+) -> Result<(), UpError> {
     let yaml = std::fs::read_to_string(&args.manifest).map_err(|source| UpError::ReadManifest {
         path: args.manifest.clone(),
         source,
@@ -179,12 +198,18 @@ pub async fn run(args: UpArgs) -> Result<(), UpError> {
         component: "cluster in a box",
         reason: format!("cannot find the running hostmesh executable: {e}"),
     })?;
-    let cluster = crate::devenv::DevEnv::start_with(&args.data_dir, me, args.pod_network)
-        .await
-        .map_err(|e| UpError::Start {
-            component: "cluster in a box",
-            reason: e.to_string(),
-        })?;
+    let cluster = crate::devenv::DevEnv::start_with(
+        &args.data_dir,
+        me,
+        args.pod_network,
+        args.serve_monarch_mesh,
+    )
+    .await
+    .map_err(|e| UpError::Start {
+        component: "cluster in a box",
+        reason: e.to_string(),
+    })?;
+    started(&cluster);
     say(&format!(
         "cluster in a box is up. In another shell:\n  export KUBECONFIG={}\n  kubectl get worlds,procmeshes,pods",
         cluster.kubeconfig().display()
@@ -215,7 +240,10 @@ async fn apply_and_watch(
     }
     let watched: Vec<&Applied> = applied
         .iter()
-        .filter(|a| a.resource.group == hostmesh_crds::GROUP)
+        .filter(|a| {
+            a.resource.group == hostmesh_crds::GROUP
+                || a.resource.group == hostmesh_crds::monarchmesh::GROUP
+        })
         .collect();
     let deadline = Instant::now() + args.timeout;
     let mut shown: BTreeMap<String, Progress> = BTreeMap::new();

@@ -133,6 +133,7 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
         watch_namespaces: vec![NS.into()],
         concurrency: 4,
         instance: "test".into(),
+        serve_monarch_mesh: false,
     };
     let ctx = ControllerContext::new(
         client.clone(),

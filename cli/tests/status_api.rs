@@ -1,6 +1,7 @@
 //! `hostmesh status` reading real objects from the embedded API server: the
-//! CRDs are installed from `hostmesh crds`, a World and a ProcMesh get a
-//! status through the status subresource, and the command's view shows it.
+//! CRDs are installed from `hostmesh crds`, a World and a ProcMesh (and a
+//! MonarchMesh) get a status through the status subresource, and the
+//! command's view shows it.
 
 use hostmesh_cli::manifest;
 use hostmesh_cli::status::{StatusArgs, run};
@@ -102,5 +103,42 @@ async fn status_reads_world_and_procmesh_from_the_api_server() {
         "{err}"
     );
     assert!(err.contains("kubectl get worlds -n default"), "{err}");
+
+    // A MonarchMesh is shown as its Ready condition and its World.
+    hostmesh_testkit::cluster::install_monarch_mesh_crd(&client).await;
+    let meshes: Api<hostmesh_crds::monarchmesh::MonarchMesh> =
+        Api::namespaced(client.clone(), "default");
+    let mut mesh: hostmesh_crds::monarchmesh::MonarchMesh =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "monarch.pytorch.org/v1alpha1", "kind": "MonarchMesh",
+            "metadata": {"name": "trainer", "namespace": "default"},
+            "spec": {"replicas": 4, "podTemplate": {"spec": {"containers": [{"name": "worker"}]}}},
+        }))
+        .expect("mesh");
+    mesh = meshes
+        .create(&PostParams::default(), &mesh)
+        .await
+        .expect("create mesh");
+    mesh.status = Some(
+        serde_json::from_value(serde_json::json!({
+            "replicas": 4, "readyReplicas": 4, "world": "trainer",
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AllReady",
+                "message": "4/4 Monarch workers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        }))
+        .expect("mesh status"),
+    );
+    meshes
+        .replace_status("trainer", &PostParams::default(), &mesh)
+        .await
+        .expect("mesh status");
+    let text = run(&args("monarchmesh/trainer", Some("default")))
+        .await
+        .expect("monarchmesh view");
+    assert!(
+        text.starts_with(
+            "MonarchMesh trainer: Ready True (AllReady): 4/4 Monarch workers ready\nWorld default/trainer: Running\n"
+        ),
+        "{text}"
+    );
     server.shutdown().await;
 }

@@ -224,6 +224,10 @@ fn targets_parse_and_bad_ones_explain_the_form() {
         parse_target("procmeshes.hostmesh.dev/b").ok(),
         Some(Target::ProcMesh("b".into()))
     );
+    assert_eq!(
+        parse_target("monarchmesh/m").ok(),
+        Some(Target::MonarchMesh("m".into()))
+    );
     for bad in ["trainer", "pod/x", "world/", "world/a/b"] {
         let msg = parse_target(bad).expect_err(bad).to_string();
         assert!(msg.contains("KIND/NAME"), "{msg}");

@@ -109,3 +109,46 @@ fn up_reports_a_deleted_object_and_keeps_serving() {
     );
     assert!(status.success(), "Ctrl-C ends it cleanly: {status}");
 }
+
+/// `hostmesh up --serve-monarch-mesh` installs Monarch's MonarchMesh CRD and
+/// runs its controller: a MonarchMesh in the manifest becomes a World whose
+/// agents run the worker command (here a plain listener on the worker port,
+/// which is what makes a host Ready) and `up` waits for the mesh to be Ready.
+#[test]
+fn up_serves_monarch_mesh_when_asked() {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("mesh.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: monarch.pytorch.org/v1alpha1\nkind: MonarchMesh\nmetadata: {name: upmesh}\n\
+         spec:\n  replicas: 1\n  port: 26600\n  podTemplate:\n    spec:\n      containers:\n      \
+         - {name: worker, image: monarch:up, command: [python3, -m, http.server, '26600']}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args([
+            "up",
+            "--serve-monarch-mesh",
+            "--exit-when-ready",
+            "--timeout",
+            "2m",
+        ])
+        .arg(&manifest)
+        .current_dir(dir.path())
+        .output()
+        .expect("run hostmesh up");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log =
+        std::fs::read_to_string(dir.path().join(".hostmesh/hostmesh.log")).unwrap_or_default();
+    assert!(
+        out.status.success() && stdout.contains("everything is Ready"),
+        "hostmesh up failed: {stdout}\n{}\n--- log tail ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        &log[log.len().saturating_sub(4000)..]
+    );
+    assert!(stdout.contains("MonarchMesh"), "{stdout}");
+}

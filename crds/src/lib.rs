@@ -1,6 +1,7 @@
 //! hostmesh API types: the `World` and `ProcMesh` custom resources
 //! (`hostmesh.dev/v1alpha1`), their schemas, pure validation, status types and
-//! condition helpers. No I/O lives here.
+//! condition helpers; and Monarch's `MonarchMesh` ([`monarchmesh`]), served
+//! only when asked. No I/O lives here.
 //!
 //! Invariants:
 //! 1. Everything a schema can say (DNS-label names, sizes >= 1, upper bounds,
@@ -17,6 +18,7 @@ pub mod duration;
 pub mod field;
 pub mod incident;
 pub mod monarch;
+pub mod monarchmesh;
 pub mod procmesh;
 pub mod validate;
 pub mod world;

@@ -36,6 +36,11 @@ pub const MAX_STDERR_TAIL: usize = 1024;
 pub const MAX_STDERR_HEAD: usize = 512;
 /// Most bytes of the command line kept in `firstFailure.command`.
 pub const MAX_COMMAND: usize = 512;
+/// Longest `progressPattern`, in bytes.
+pub const MAX_PROGRESS_PATTERN: usize = 1024;
+/// Largest compiled `progressPattern` (the regex crate's size limit), so a
+/// pattern cannot make the agent use much memory.
+pub const PROGRESS_PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
 /// Desired state of a ProcMesh.
 // kube's printcolumn(...) lists trip clippy's duplicated-attribute check.
@@ -110,6 +115,22 @@ pub struct ProcMeshSpec {
     /// "Runtime-aware procs").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub runtime_aware: bool,
+    /// Stall detection (off when unset): a running proc that shows no
+    /// progress for this long is Stalled. Progress is a line on its stdout
+    /// or stderr (only lines matching `progressPattern`, when set), or a
+    /// touch of the file named by its `HOSTMESH_PROGRESS_FILE`; CPU time
+    /// alone never counts. On a stall the ProcMesh gets `Stalled=True`, an
+    /// Event, and the stacks of every rank in ConfigMap `<name>-stacks`;
+    /// `restartPolicy.onStall` says whether the stall is also a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub stall_timeout: Option<String>,
+    /// With `stallTimeout`: only output lines matching this regular
+    /// expression (Rust `regex` syntax, unanchored, at most
+    /// 1024 characters) count as progress, e.g. `^step [0-9]+`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PROGRESS_PATTERN))]
+    pub progress_pattern: Option<String>,
 }
 
 impl ProcMeshSpec {
@@ -150,6 +171,25 @@ pub struct RestartPolicy {
     /// for usage errors are permanent; others and signals are retried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<ExitRule>,
+    /// What a stall (`spec.stallTimeout`) does. `Failure` (default): a
+    /// stalled rank is a failed rank (state `Stalled`), handled by `policy`
+    /// like any failure: Never fails the ProcMesh, OnFailure restarts the
+    /// rank, Gang every rank, within `maxRestarts`. `Report`: only the
+    /// `Stalled` condition, an Event and the stacks; the procs keep running
+    /// (to attach a debugger).
+    #[serde(default)]
+    pub on_stall: StallAction,
+}
+
+/// What a stall does ([`RestartPolicy::on_stall`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum StallAction {
+    /// The stalled rank counts as failed (state `Stalled`): the restart
+    /// policy handles it.
+    #[default]
+    Failure,
+    /// Reported only; the procs keep running.
+    Report,
 }
 
 fn default_max_restarts() -> u32 {
@@ -163,6 +203,7 @@ impl Default for RestartPolicy {
             max_restarts: default_max_restarts(),
             backoff: None,
             rules: Vec::new(),
+            on_stall: StallAction::default(),
         }
     }
 }
@@ -365,6 +406,9 @@ pub enum ProcState {
     Timeout,
     /// Its host is gone or expired.
     Lost,
+    /// Alive but without progress for `stallTimeout`, with
+    /// `restartPolicy.onStall: Failure`.
+    Stalled,
 }
 
 impl ProcState {
@@ -372,7 +416,11 @@ impl ProcState {
     pub fn is_failure(self) -> bool {
         matches!(
             self,
-            ProcState::Failed | ProcState::Killed | ProcState::Timeout | ProcState::Lost
+            ProcState::Failed
+                | ProcState::Killed
+                | ProcState::Timeout
+                | ProcState::Lost
+                | ProcState::Stalled
         )
     }
 }

@@ -253,6 +253,68 @@ pub struct ProcMeshTimings {
     pub stop_timeout: Duration,
     /// `spec.restartPolicy.backoff`.
     pub backoff: Duration,
+    /// `spec.stallTimeout`; `None`: stall detection is off.
+    pub stall_timeout: Option<Duration>,
+}
+
+/// `spec.stallTimeout` must be long enough to mean something, and
+/// `spec.progressPattern` must compile (within its size limit) and have a
+/// timeout to serve.
+fn check_progress(spec: &ProcMeshSpec, errs: &mut Vec<FieldError>) {
+    if let Some(t) = spec.stall_timeout.as_deref()
+        && let Ok(d) = duration::parse("spec.stallTimeout", t)
+        && d < MIN_STALL_TIMEOUT
+    {
+        errs.push(FieldError::new(
+            "spec.stallTimeout",
+            format!("{t:?} is shorter than 1s; use at least \"1s\" (a training step usually takes far longer)"),
+        ));
+    }
+    let Some(p) = spec.progress_pattern.as_deref() else {
+        return;
+    };
+    if spec.stall_timeout.is_none() {
+        errs.push(FieldError::new(
+            "spec.progressPattern",
+            "is set without spec.stallTimeout; set stallTimeout (e.g. \"10m\") or remove progressPattern",
+        ));
+    }
+    if p.len() > procmesh::MAX_PROGRESS_PATTERN {
+        errs.push(FieldError::new(
+            "spec.progressPattern",
+            format!(
+                "is {} bytes long; use at most {}",
+                p.len(),
+                procmesh::MAX_PROGRESS_PATTERN
+            ),
+        ));
+        return;
+    }
+    if let Err(e) = progress_regex(p) {
+        errs.push(FieldError::new(
+            "spec.progressPattern",
+            format!(
+                "{p:?} is not a valid regular expression ({e}); write one such as \"^step [0-9]+\""
+            ),
+        ));
+    }
+}
+
+/// Shortest `spec.stallTimeout`.
+pub const MIN_STALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Compiles a `progressPattern` the way the agent does (bounded size).
+pub fn progress_regex(p: &str) -> Result<regex::Regex, String> {
+    regex::RegexBuilder::new(p)
+        .size_limit(procmesh::PROGRESS_PATTERN_SIZE_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::Syntax(s) => s.lines().last().unwrap_or_default().trim().to_string(),
+            regex::Error::CompiledTooBig(n) => {
+                format!("it compiles to more than {n} bytes; simplify it")
+            }
+            other => other.to_string(),
+        })
 }
 
 /// Validates a ProcMesh against its World's spec (`None`: not found).
@@ -326,8 +388,14 @@ pub fn proc_mesh(
             ));
         }
     }
+    check_progress(spec, &mut errs);
     let timings = (|| {
         Ok::<_, FieldError>(ProcMeshTimings {
+            stall_timeout: spec
+                .stall_timeout
+                .as_deref()
+                .map(|t| duration::parse("spec.stallTimeout", t))
+                .transpose()?,
             spawn_timeout: duration::parse_or(
                 "spec.spawnTimeout",
                 spec.spawn_timeout.as_deref(),
@@ -509,5 +577,48 @@ mod tests {
                 .unwrap();
         let t = proc_mesh(&pm, Some(&w)).unwrap();
         assert_eq!(t.stop_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn stall_settings_are_parsed_and_bad_ones_name_the_field() {
+        let w = world_spec(OK_WORLD);
+        let spec = |extra: &str| -> ProcMeshSpec {
+            serde_saphyr::from_str(&format!("world: t\ncommand: [sh]\n{extra}")).unwrap()
+        };
+        let t = proc_mesh(&spec(""), Some(&w)).unwrap();
+        assert_eq!(t.stall_timeout, None, "off when unset");
+        let t = proc_mesh(
+            &spec("stallTimeout: 2s\nprogressPattern: '^step [0-9]+'\n"),
+            Some(&w),
+        )
+        .unwrap();
+        assert_eq!(t.stall_timeout, Some(Duration::from_secs(2)));
+        let cases = [
+            ("stallTimeout: 2x\n", "spec.stallTimeout", "not a duration"),
+            ("stallTimeout: 100ms\n", "spec.stallTimeout", "at least"),
+            (
+                "stallTimeout: 2s\nprogressPattern: 'step ('\n",
+                "spec.progressPattern",
+                "not a valid regular expression",
+            ),
+            (
+                "progressPattern: step\n",
+                "spec.progressPattern",
+                "without spec.stallTimeout",
+            ),
+            (
+                "stallTimeout: 2s\nprogressPattern: 'a{1000}{1000}'\n",
+                "spec.progressPattern",
+                "simplify",
+            ),
+        ];
+        for (extra, field, words) in cases {
+            let errs = proc_mesh(&spec(extra), Some(&w)).unwrap_err();
+            let e = errs
+                .iter()
+                .find(|e| e.field == field)
+                .unwrap_or_else(|| panic!("{extra}: {errs:?}"));
+            assert!(e.message.contains(words), "{extra}: {}", e.message);
+        }
     }
 }

@@ -40,6 +40,13 @@ pub struct OperatorArgs {
     /// Reconciles running at once per controller.
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
+    /// Serve Monarch's `MonarchMesh` (`monarch.pytorch.org/v1alpha1`):
+    /// each becomes a World running its Monarch workers (docs/monarch.md).
+    /// Leave off where the Monarch operator runs; its CRD must be installed
+    /// (`hostmesh crds --monarch-mesh`, or the chart's
+    /// `monarch.serveMonarchMesh`).
+    #[arg(long, env = "HOSTMESH_SERVE_MONARCH_MESH", default_value_t = false)]
+    pub serve_monarch_mesh: bool,
     /// Name reported on Events (the operator pod's name).
     #[arg(long, env = "POD_NAME", default_value = "hostmesh-operator")]
     pub instance: String,

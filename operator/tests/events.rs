@@ -22,6 +22,7 @@ async fn a_new_message_for_a_repeated_reason_is_a_new_event() {
         watch_namespaces: vec!["default".into()],
         concurrency: 1,
         instance: "test".into(),
+        serve_monarch_mesh: false,
     };
     let ctx = ControllerContext::new(
         client.clone(),

@@ -1,4 +1,5 @@
 //! An embedded API server for a test, optionally with the hostmesh CRDs
+//! (and Monarch's `MonarchMesh` CRD, [`install_monarch_mesh_crd`])
 //! installed and established.
 
 use std::path::Path;
@@ -110,4 +111,19 @@ pub async fn install_crd_dir(client: &Client, dir: &Path) {
         })
         .await;
     }
+}
+
+/// Creates Monarch's `MonarchMesh` CRD (what `--serve-monarch-mesh` serves;
+/// not part of [`install_crds`]) and waits until the kind serves.
+pub async fn install_monarch_mesh_crd(client: &Client) {
+    use hostmesh_crds::monarchmesh::{self, MonarchMesh};
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &monarchmesh::crd())
+        .await
+        .expect("create the MonarchMesh CRD");
+    let meshes: Api<MonarchMesh> = Api::all(client.clone());
+    crate::eventually_async("the MonarchMesh CRD to serve", async || {
+        meshes.list(&ListParams::default()).await.ok().map(|_| ())
+    })
+    .await;
 }

@@ -3,7 +3,8 @@
 //! polling with a generous bound instead of sleeping ([`wait`]), a raw
 //! HTTP GET ([`http`]), process checks ([`process`]), Python virtualenvs
 //! with PyPI packages ([`pyvenv`]), a Python with real Helm for the chart
-//! tests ([`helm`]) and one with Monarch ([`monarch`]).
+//! tests ([`helm`]), py-spy for the stack-capture tests ([`pyspy`]) and one
+//! with Monarch ([`monarch`]).
 //!
 //! Every helper panics with what it waited for when its bound runs out:
 //! they are for tests, where a panic is the failure report. The one
@@ -15,6 +16,7 @@ pub mod helm;
 pub mod http;
 pub mod monarch;
 pub mod process;
+pub mod pyspy;
 pub mod pyvenv;
 pub mod wait;
 

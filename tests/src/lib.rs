@@ -11,6 +11,8 @@
 //!   Deployments (the Helm chart's operator) get ReplicaSets and pods.
 //! - [`Env::start_without_operator`] starts no operator of its own (the Helm
 //!   test runs the one the chart deploys).
+//! - [`Env::start_with_options`] can serve Monarch's MonarchMesh and put
+//!   directories first on the kubelet's (so the pods') `PATH`.
 //!
 //! Every child process is killed when the [`Env`] drops (the kubelet first
 //! stops the pods' processes), so a failing test leaves nothing behind.
@@ -29,6 +31,17 @@ pub const WAIT: Duration = Duration::from_secs(120);
 
 /// The taint and node label a process kubelet joining a real cluster carries.
 pub const NODE_TAINT: &str = "hostmesh.dev/process-kubelet";
+
+/// What a test's cluster runs besides the defaults ([`Env::start_with_options`]).
+#[derive(Debug, Clone, Default)]
+pub struct EnvOptions {
+    /// Serve Monarch's MonarchMesh: install its CRD (`hostmesh crds
+    /// --monarch-mesh`) and start operators with `--serve-monarch-mesh`.
+    pub serve_monarch_mesh: bool,
+    /// Directories put first on the kubelet's `PATH`, which containers
+    /// inherit (so a worker command's `python` is a test venv's).
+    pub kubelet_path: Vec<PathBuf>,
+}
 
 /// A cluster, a namespace and an operator for one test.
 pub struct Env {
@@ -51,6 +64,7 @@ pub struct Env {
     /// The Lease of leader-elected operators ([`LEASE_NAMESPACE`]), removed
     /// on drop.
     lease: Option<String>,
+    options: EnvOptions,
 }
 
 /// Where leader-elected test operators keep their Lease: not the test's
@@ -88,7 +102,16 @@ impl Env {
         Self::start_with(test, false).await
     }
 
+    /// Like [`Env::start`], with `options`.
+    pub async fn start_with_options(test: &str, options: EnvOptions) -> anyhow::Result<Env> {
+        Self::start_full(test, true, options).await
+    }
+
     async fn start_with(test: &str, operator: bool) -> anyhow::Result<Env> {
+        Self::start_full(test, operator, EnvOptions::default()).await
+    }
+
+    async fn start_full(test: &str, operator: bool, options: EnvOptions) -> anyhow::Result<Env> {
         let dir = tempfile::Builder::new().prefix("hostmesh-e2e-").tempdir()?;
         let bin = hostmesh_bin();
         if !bin.exists() {
@@ -132,6 +155,7 @@ impl Env {
             controller_manager: None,
             operators: Vec::new(),
             lease: None,
+            options,
         };
         env.install_crds(&bin)?;
         let log = log_file(env.dir.path(), "kubelet")?;
@@ -146,6 +170,13 @@ impl Env {
             .arg(env.dir.path().join("kubelet"))
             .arg("--agent-binary")
             .arg(&bin);
+        if !env.options.kubelet_path.is_empty() {
+            let mut dirs = env.options.kubelet_path.clone();
+            dirs.extend(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            ));
+            kubelet.env("PATH", std::env::join_paths(dirs)?);
+        }
         if real_cluster {
             kubelet
                 .arg("--bind-unscheduled=false")
@@ -215,6 +246,31 @@ impl Env {
             "crd/procmeshes.hostmesh.dev",
             "--timeout=60s",
         ])?;
+        if self.options.serve_monarch_mesh {
+            let out = Command::new(bin)
+                .args(["crds", "--monarch-mesh"])
+                .output()?;
+            if !out.status.success() {
+                bail!(
+                    "hostmesh crds --monarch-mesh failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let path = self.dir.path().join("monarchmesh-crd.yaml");
+            std::fs::write(&path, &out.stdout)?;
+            self.kubectl(&[
+                "apply",
+                "--server-side",
+                "-f",
+                path.to_str().unwrap_or_default(),
+            ])?;
+            self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "crd/monarchmeshes.monarch.pytorch.org",
+                "--timeout=60s",
+            ])?;
+        }
         Ok(())
     }
 
@@ -262,6 +318,11 @@ impl Env {
             .arg("127.0.0.1:0")
             .arg("--watch-namespaces")
             .arg(&self.namespace)
+            .args(
+                self.options
+                    .serve_monarch_mesh
+                    .then_some("--serve-monarch-mesh"),
+            )
             .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -348,7 +348,8 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
 
 /// The chart's default, every namespace: a ClusterRole and its binding grant
 /// enough for the operator (on its own ServiceAccount token) to make a World
-/// Ready, nothing it attempts is refused, and uninstall removes them.
+/// Ready and, with `monarch.serveMonarchMesh`, a MonarchMesh's World;
+/// nothing it attempts is refused, and uninstall removes them.
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Result<()> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -360,7 +361,9 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
         return Ok(());
     }
     let ns = env.namespace.clone();
-    install(&env, &chart_values(None))?;
+    let mut values = chart_values(None);
+    values["monarch"] = serde_json::json!({"serveMonarchMesh": true});
+    install(&env, &values)?;
     let name = format!("{RELEASE_NAME}-manager");
     let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
     let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
@@ -373,6 +376,9 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
     env.apply(&world_yaml("cw", &[("host", 2)], "")).await?;
     env.wait_for("World", "cw", "Ready", |s| condition_true(s, "Ready"))
         .await?;
+    // monarch.serveMonarchMesh installed the MonarchMesh CRD and granted
+    // its controller enough to make a mesh's World and write its status.
+    monarch_mesh_gets_its_world(&env).await?;
     let logs = env.kubectl(&["logs", "-n", &ns, &format!("deploy/{RELEASE_NAME}")])?;
     assert!(
         !logs.contains("is forbidden"),
@@ -410,6 +416,52 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
         anyhow::ensure!(
             start.elapsed() < hostmesh_e2e::WAIT,
             "the ClusterRole or its binding survived uninstall"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// A MonarchMesh (as Monarch's client makes it; its worker only sleeps)
+/// gets an owned World and a status naming it, and takes the World along
+/// when deleted: what the chart's MonarchMesh RBAC must allow.
+async fn monarch_mesh_gets_its_world(env: &Env) -> anyhow::Result<()> {
+    let ar = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("monarch.pytorch.org", "v1alpha1", "MonarchMesh"),
+        "monarchmeshes",
+    );
+    let meshes: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.namespace, &ar);
+    let mesh: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "monarch.pytorch.org/v1alpha1",
+        "kind": "MonarchMesh",
+        "metadata": {"name": "cwmesh"},
+        "spec": {"replicas": 1, "port": 26600, "podTemplate": {"spec": {"containers": [
+            {"name": "worker", "image": "monarch:e2e", "command": ["sleep", "600"]},
+        ]}}},
+    }))?;
+    meshes
+        .create(&kube::api::PostParams::default(), &mesh)
+        .await
+        .context("the MonarchMesh CRD serves")?;
+    let worlds = env.hostmesh_api("World");
+    let start = std::time::Instant::now();
+    loop {
+        let status = meshes.get("cwmesh").await?.data["status"].clone();
+        if status["world"] == "cwmesh" && worlds.get_opt("cwmesh").await?.is_some() {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "MonarchMesh cwmesh got no World; last status {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    meshes.delete("cwmesh", &DeleteParams::default()).await?;
+    let start = std::time::Instant::now();
+    while worlds.get_opt("cwmesh").await?.is_some() {
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "World cwmesh outlived its MonarchMesh"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }

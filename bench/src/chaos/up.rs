@@ -4,11 +4,12 @@
 //!
 //! Before the kill the suite records every descendant of the `up` process
 //! (pid and start time, so a reused pid is never mistaken for one of them).
-//! Passes when, within [`GONE_BOUND`], none of them is left, no process
-//! carries the data dir in its environment or command line, no mount lies
-//! under the data dir, and no file is left in it (the issue wants none; a
-//! `kill -9` leaves no chance to clean up, so the files left are counted and
-//! reported, tokens among them). Whatever is left is SIGKILLed (only the
+//! Passes when, within [`GONE_BOUND`], none of them is left (`up`'s reaper
+//! among them, which exits once it has cleaned up), no process carries the
+//! data dir in its environment or command line, no mount lies under the
+//! data dir, no file is left in it (the files left are counted and
+//! reported, tokens among them), and its pod bridge (named in its log) is
+//! gone. Whatever is left is SIGKILLed (only the
 //! recorded descendants) and the temp dir removed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,6 +53,8 @@ pub(crate) async fn up_kill(_run: &str) -> anyhow::Result<Timing> {
         .arg(&manifest)
         .arg("--data-dir")
         .arg(&data)
+        // The kubelet names its bridge at info.
+        .env("RUST_LOG", "info,hickory_server=warn")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -82,6 +85,8 @@ async fn killed_and_checked(up_pid: i32, log: &Path, data: &Path) -> anyhow::Res
         bail!("hostmesh up not Ready in {BOUND:?}: {text}");
     }
     let started = descendants(up_pid);
+    let bridge = pod_bridge(&data.join("hostmesh.log"));
+    anyhow::ensure!(bridge.is_some(), "no pod bridge named in up's log");
     // 2 agents and 4 procs at least (the exact set depends on the kubelet).
     anyhow::ensure!(
         started.len() >= 6,
@@ -118,6 +123,13 @@ async fn killed_and_checked(up_pid: i32, log: &Path, data: &Path) -> anyhow::Res
     if !mounts.is_empty() {
         problems.push(format!("mounts under the data dir: {mounts:?}"));
     }
+    // The same interface index: a kubelet that claimed the /24 since has
+    // a new bridge of that name.
+    if let Some((name, index)) = &bridge
+        && link_index(name).as_ref() == Some(index)
+    {
+        problems.push(format!("the pod bridge {name} is left"));
+    }
     let files = files_under(data);
     let tokens: Vec<&String> = files.iter().filter(|f| is_token(f)).collect();
     if !files.is_empty() {
@@ -138,6 +150,27 @@ async fn killed_and_checked(up_pid: i32, log: &Path, data: &Path) -> anyhow::Res
         failure: (!problems.is_empty()).then(|| problems.join("; ")),
         ..Timing::default()
     })
+}
+
+/// The pod bridge `up`'s kubelet logged (`pod network ready
+/// bridge=hmbr...`) and its interface index.
+fn pod_bridge(log: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let name = text
+        .lines()
+        .filter(|l| l.contains("pod network ready"))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix("bridge="))?
+        .to_owned();
+    let index = link_index(&name)?;
+    Some((name, index))
+}
+
+/// A network interface's index, when it exists.
+fn link_index(name: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 /// `(pid, start time)` of every live process, with its parent.

@@ -94,6 +94,13 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
+# The stacks a stall captured, in ConfigMap <procmesh>-stacks (owned by the
+# ProcMesh): read by name to see which stall they belong to, created once,
+# replaced on a new stall. No list, watch or delete (garbage collection
+# removes it with its ProcMesh).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "update"]
 # Events tell users what happened (host failed, proc failed, restarting, gave
 # up); patch updates the count of a repeated Event.
 - apiGroups: ["events.k8s.io"]
@@ -112,6 +119,28 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+{{- end }}
+{{- if .Values.monarch.serveMonarchMesh }}
+# Monarch's MonarchMeshes are the MonarchMesh controller's input (get, list,
+# watch); it adds no finalizer.
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes"]
+  verbs: ["get", "list", "watch"]
+# A MonarchMesh's status is replaced whole through the status subresource,
+# guarded by the resourceVersion it was computed from (update).
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes/status"]
+  verbs: ["update"]
+# Its World and <name>-svc Service carry an owner reference to it with
+# blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["monarch.pytorch.org"]
+  resources: ["monarchmeshes/finalizers"]
+  verbs: ["update"]
+# A MonarchMesh's World is server-side applied: create when it is new (patch
+# is granted above).
+- apiGroups: ["hostmesh.dev"]
+  resources: ["worlds"]
+  verbs: ["create"]
 {{- end }}
 {{- if .Values.gangScheduling.enabled }}
 # Gang scheduling (spec.scheduling.gang): one PodGroup per World for the

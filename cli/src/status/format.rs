@@ -192,6 +192,13 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
             }
         }
     }
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled" && c.status == "True")
+    {
+        let _ = writeln!(out, "\nStalled: {}", clean(&c.message));
+    }
     let _ = writeln!(out, "\nRanks (rank ranges of equal state):");
     let rows: Vec<[String; 3]> = status
         .ranks
@@ -417,7 +424,7 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// Replaces control characters (invariant 3) and keeps one line.
-fn clean(s: &str) -> String {
+pub(super) fn clean(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()

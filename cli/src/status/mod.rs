@@ -1,5 +1,6 @@
 //! `hostmesh status world/NAME` and `hostmesh status procmesh/NAME`: one
-//! readable screen about a World or a ProcMesh, read from the API server:
+//! readable screen about a World or a ProcMesh (`monarchmesh/NAME`: the
+//! World that runs a MonarchMesh), read from the API server:
 //! phase, readiness, per-rank state as runs, the first failure with its
 //! stderr tail, and conditions.
 //!
@@ -29,7 +30,7 @@ pub const MAX_RUNS_SHOWN: usize = 40;
 pub enum StatusError {
     /// The `KIND/NAME` argument did not parse.
     #[error(
-        "cannot read {0:?}: give KIND/NAME where KIND is `world` or `procmesh`, e.g. `world/trainer`"
+        "cannot read {0:?}: give KIND/NAME where KIND is `world`, `procmesh` or `monarchmesh`, e.g. `world/trainer`"
     )]
     Target(String),
     /// No kubeconfig or in-cluster configuration.
@@ -83,6 +84,8 @@ pub enum Target {
     World(String),
     /// A ProcMesh by name.
     ProcMesh(String),
+    /// A MonarchMesh by name (shown as its World).
+    MonarchMesh(String),
 }
 
 /// Parses `KIND/NAME`.
@@ -99,6 +102,9 @@ pub fn parse_target(s: &str) -> Result<Target, StatusError> {
         }
         "procmesh" | "procmeshes" | "pm" | "procmesh.hostmesh.dev" | "procmeshes.hostmesh.dev" => {
             Ok(Target::ProcMesh(name.to_owned()))
+        }
+        "monarchmesh" | "monarchmeshes" | "monarchmeshes.monarch.pytorch.org" => {
+            Ok(Target::MonarchMesh(name.to_owned()))
         }
         _ => Err(StatusError::Target(s.to_owned())),
     }
@@ -138,6 +144,25 @@ pub async fn run(args: &StatusArgs) -> Result<String, StatusError> {
             let pm = get(&api, &name, "ProcMesh", "procmeshes", &namespace).await?;
             Ok(format_procmesh(&pm, now))
         }
+        Target::MonarchMesh(name) => {
+            use hostmesh_crds::monarchmesh::MonarchMesh;
+            let api: Api<MonarchMesh> = Api::namespaced(client.clone(), &namespace);
+            let mesh = get(&api, &name, "MonarchMesh", "monarchmeshes", &namespace).await?;
+            let ready = mesh
+                .status
+                .as_ref()
+                .and_then(|s| hostmesh_crds::conditions::get(&s.conditions, "Ready"))
+                .map(|c| format!("Ready {} ({}): {}", c.status, c.reason, c.message))
+                .unwrap_or_else(|| "no status yet".to_owned());
+            let worlds: Api<World> = Api::namespaced(client, &namespace);
+            let world = get(&worlds, &name, "World", "worlds", &namespace).await?;
+            Ok(format!(
+                "MonarchMesh {}: {}\n{}",
+                format::clean(&name),
+                format::clean(&ready),
+                format_world(&world, &[], now)
+            ))
+        }
     }
 }
 
@@ -162,7 +187,15 @@ pub fn run_blocking(args: &StatusArgs) -> Result<(), StatusError> {
 }
 
 async fn client(args: &StatusArgs) -> Result<kube::Client, StatusError> {
-    let config = match &args.kubeconfig {
+    kube_client(args.kubeconfig.as_deref()).await
+}
+
+/// A client from `kubeconfig`, else the inferred configuration (KUBECONFIG,
+/// ~/.kube/config, in-cluster).
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<kube::Client, StatusError> {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| StatusError::Config(format!("{}: {e}", path.display())))?;

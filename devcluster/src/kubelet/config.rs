@@ -178,6 +178,15 @@ pub struct KubeletConfig {
     /// does not resolve to `node_ip`, so an API server preferring
     /// `Hostname` falls through to `InternalIP`).
     pub advertise_hostname: bool,
+    /// A container's log is rotated once it is larger than this many bytes
+    /// (the kubelet's `containerLogMaxSize`, default 10Mi).
+    pub container_log_max_size: u64,
+    /// Most log files kept per container, the current one included (the
+    /// kubelet's `containerLogMaxFiles`, default 5, at least 2).
+    pub container_log_max_files: u32,
+    /// How often log sizes are checked (the kubelet's
+    /// `containerLogMonitorInterval`, default 10s).
+    pub container_log_monitor_interval: Duration,
 }
 
 impl std::fmt::Debug for KubeletConfig {
@@ -233,6 +242,9 @@ impl KubeletConfig {
             ip_claims_dir: Some(default_claims_dir()),
             client_ca: None,
             advertise_hostname: true,
+            container_log_max_size: super::logrotate::DEFAULT_MAX_SIZE,
+            container_log_max_files: super::logrotate::DEFAULT_MAX_FILES,
+            container_log_monitor_interval: Duration::from_secs(10),
         }
     }
 
@@ -285,6 +297,7 @@ impl KubeletConfig {
             ));
         }
         check_pod_ip_range(self.pod_network, self.pod_ip_range)?;
+        super::logrotate::check_config(self)?;
         let hostmesh = match &self.hostmesh_binary {
             Some(path) => path.clone(),
             None => std::env::current_exe().map_err(|e| {
@@ -348,6 +361,12 @@ pub struct KubeletArgs {
     /// (default: the address this machine uses to reach the API server).
     #[arg(long)]
     pub node_ip: Option<Ipv4Addr>,
+    /// Rotate a container's log once it is larger than this (a quantity: `10Mi`, `512Ki`, bytes).
+    #[arg(long, default_value = "10Mi")]
+    pub container_log_max_size: String,
+    /// Log files kept per container, the current one included (at least 2).
+    #[arg(long, default_value_t = super::logrotate::DEFAULT_MAX_FILES)]
+    pub container_log_max_files: u32,
 }
 
 /// Where claims live by default: `/run/hostmesh/pod-network` for root (the
@@ -444,6 +463,9 @@ impl KubeletArgs {
         config.pod_network = self.pod_network;
         config.pod_ip_range = parse_pod_ip_range(self.pod_network, self.pod_ip_range.as_deref())?;
         config.run_daemonsets = self.run_daemonsets;
+        config.container_log_max_size =
+            super::logrotate::parse_size("--container-log-max-size", &self.container_log_max_size)?;
+        config.container_log_max_files = self.container_log_max_files;
         if let Some(path) = &self.client_ca_file {
             let pem = std::fs::read_to_string(path)
                 .map_err(|e| KubeletError::io("cannot read --client-ca-file", path, e))?;

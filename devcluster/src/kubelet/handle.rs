@@ -26,17 +26,16 @@ pub struct Kubelet;
 
 impl Kubelet {
     /// Registers the Node (Ready) and starts running the pods bound to it.
-    /// Leftovers of an earlier run in `data_dir/pods` are removed.
+    /// `data_dir` and `data_dir/pods` are made private (0700, refused when
+    /// another user owns them); leftovers of an earlier run in
+    /// `data_dir/pods` (a kubelet killed with SIGKILL) are removed.
     pub async fn start(client: kube::Client, config: KubeletConfig) -> Result<KubeletHandle> {
         let images = config.validate()?;
         let lock_file = lock_data_dir(&config.data_dir)?;
         let pods_dir = config.data_dir.join("pods");
-        if pods_dir.exists() {
-            std::fs::remove_dir_all(&pods_dir)
-                .map_err(|e| KubeletError::io("cannot clear", &pods_dir, e))?;
-        }
-        std::fs::create_dir_all(&pods_dir)
-            .map_err(|e| KubeletError::io("cannot create", &pods_dir, e))?;
+        crate::private_dir::remove(&pods_dir)
+            .map_err(|e| KubeletError::io("cannot clear", &pods_dir, e))?;
+        private(&pods_dir)?;
         let groups = Arc::new(Mutex::new(BTreeSet::new()));
         let (network, ips) = match config.pod_network {
             PodNetwork::Sandbox => {
@@ -67,6 +66,7 @@ impl Kubelet {
             shutdown: CancellationToken::new(),
             log_port: Mutex::new(0),
             stream_limits: Default::default(),
+            log_cuts: Default::default(),
             started_at: k8s_openapi::jiff::Timestamp::now(),
         });
         let listener = match bind_and_register(&shared).await {
@@ -88,6 +88,7 @@ impl Kubelet {
             .unwrap_or_else(|e| tracing::warn!(error = %e, "first lease renewal failed"));
         let heartbeat = tokio::spawn(node::heartbeat(shared.clone()));
         let pod_loop = tokio::spawn(pods::run(shared.clone()));
+        tokio::spawn(super::logrotate::run(shared.clone()));
         tracing::info!(node = %shared.config.node_name, "process kubelet started");
         Ok(KubeletHandle {
             shared,
@@ -152,14 +153,26 @@ impl KubeletHandle {
             .map(|(_, text)| text)
     }
 
+    /// The node's pod bridge and the file that claims its /24 (sandbox
+    /// network with a claims directory), for [`delete_dead_bridge`] after
+    /// this process is killed.
+    pub fn pod_bridge(&self) -> Option<PodBridge> {
+        let net = self.shared.network.as_ref()?;
+        Some(PodBridge {
+            name: net.bridge.clone(),
+            claim: net.claim_path.clone()?,
+        })
+    }
+
     /// The port of the log endpoint the API server's `pods/log` proxy uses,
     /// when a log token is configured.
     pub fn log_port(&self) -> Option<u16> {
         self.log_port
     }
 
-    /// Stops every pod's processes (SIGTERM, grace, SIGKILL), marks the Node
-    /// not ready and waits until everything is gone.
+    /// Stops every pod's processes (SIGTERM, grace, SIGKILL), removes every
+    /// pod directory (volumes, tokens, logs), marks the Node not ready and
+    /// waits until everything is gone.
     pub async fn shutdown(mut self) -> Result<()> {
         self.shared.shutdown.cancel();
         if let Some((heartbeat, pod_loop)) = self.tasks.take() {
@@ -167,6 +180,7 @@ impl KubeletHandle {
             let _ = heartbeat.await;
         }
         kill_all(&self.groups);
+        remove_pod_dirs(&self.shared);
         if let Some(net) = &self.shared.network {
             net.stop().await;
         }
@@ -184,6 +198,22 @@ impl KubeletHandle {
         tracing::info!(node = %self.shared.config.node_name, "process kubelet stopped");
         Ok(())
     }
+}
+
+/// A kubelet's pod bridge, as another process may clean it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodBridge {
+    /// The bridge's name (`hmbr<a.b.c>`).
+    pub name: String,
+    /// The file whose lock claims the bridge's /24.
+    pub claim: std::path::PathBuf,
+}
+
+/// Deletes the bridge of a kubelet that was killed (SIGKILL leaves no
+/// chance to), once no kubelet holds its /24's claim; true when deleted.
+/// A kubelet that took the /24 since keeps its bridge.
+pub async fn delete_dead_bridge(bridge: &PodBridge) -> Result<bool> {
+    super::net::delete_unclaimed(&bridge.name, &bridge.claim).await
 }
 
 /// Binds the log endpoint (publishing its port) and registers the Node.
@@ -243,7 +273,7 @@ async fn register_with_retries(shared: &Shared) -> Result<()> {
 /// Takes an exclusive lock on `data_dir/kubelet.lock` for the kubelet's
 /// lifetime, so two kubelets never share (and clear) one data directory.
 fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
-    std::fs::create_dir_all(dir).map_err(|e| KubeletError::io("cannot create", dir, e))?;
+    private(dir)?;
     let path = dir.join("kubelet.lock");
     let file = std::fs::File::options()
         .create(true)
@@ -261,6 +291,33 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
     }
 }
 
+/// Makes `dir` private (0700, ours), as a kubelet error.
+pub(crate) fn private(dir: &std::path::Path) -> Result<()> {
+    crate::private_dir::ensure(dir).map_err(|e| match e {
+        crate::private_dir::PrivateDirError::Io {
+            action,
+            path,
+            source,
+        } => KubeletError::Io {
+            action,
+            path,
+            source,
+        },
+        e @ crate::private_dir::PrivateDirError::NotOurs { .. } => {
+            KubeletError::Config(e.to_string())
+        }
+    })
+}
+
+/// Removes `data_dir/pods` (every pod's volumes, tokens and logs) once the
+/// pods' processes are gone.
+fn remove_pod_dirs(shared: &Shared) {
+    let dir = shared.config.data_dir.join("pods");
+    if let Err(e) = crate::private_dir::remove(&dir) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the pod directories");
+    }
+}
+
 fn kill_all(groups: &Mutex<BTreeSet<i32>>) {
     let mut groups = lock(groups);
     for pgid in groups.iter() {
@@ -274,6 +331,7 @@ impl Drop for KubeletHandle {
         if self.tasks.is_some() {
             self.shared.shutdown.cancel();
             kill_all(&self.groups);
+            remove_pod_dirs(&self.shared);
             // The bridge outlives the process otherwise; the pods' sandboxes
             // go with their descriptors. A thread of its own: this may run
             // inside (or outside) a runtime.
@@ -298,6 +356,13 @@ impl Drop for KubeletHandle {
 /// SIGTERM, then stops every pod's processes.
 pub async fn run(args: KubeletArgs) -> Result<()> {
     let mut config = args.to_config()?;
+    if args.data_dir.is_none()
+        && let Some(root) = config.data_dir.parent()
+    {
+        // The default lives in the shared temp directory: its root must be
+        // ours too, or its owner could swap our directory for another.
+        private(root)?;
+    }
     let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {

@@ -34,7 +34,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 use tokio::net::TcpListener;
 
 use super::error::{KubeletError, Result};
@@ -304,7 +303,7 @@ async fn handle(shared: Arc<Shared>, peer: Option<Peer>, req: Request<Incoming>)
     if !follow || previous {
         return text(StatusCode::OK, body);
     }
-    let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let offset = super::logrotate::end_position(&shared.log_cuts, &path).await;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let _ = tx.try_send(Bytes::from(body));
     let key = (ns.to_string(), pod.to_string());
@@ -330,31 +329,23 @@ async fn handle(shared: Arc<Shared>, peer: Option<Peer>, req: Request<Incoming>)
                 Some(entry) if entry.uid == uid => lock(&entry.running).contains(&container),
                 _ => return,
             };
-            let Ok(mut file) = tokio::fs::File::open(&path).await else {
+            // Positions are absolute: rotation cuts the file's front.
+            let Some((next, buf)) =
+                super::logrotate::read_from(&shared.log_cuts, &path, offset).await
+            else {
                 if running {
                     continue;
                 }
                 return;
             };
-            let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-            if len < offset {
-                offset = 0;
-            }
-            if len == offset {
+            offset = next;
+            if buf.is_empty() {
                 if running {
                     continue;
                 }
                 // The container is gone and everything it wrote was sent.
                 return;
             }
-            if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
-                continue;
-            }
-            let mut buf = Vec::new();
-            if file.read_to_end(&mut buf).await.is_err() {
-                continue;
-            }
-            offset += buf.len() as u64;
             if tx.send(Bytes::from(buf)).await.is_err() {
                 return;
             }

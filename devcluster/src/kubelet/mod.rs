@@ -6,11 +6,13 @@
 //! Lease heartbeat), `pods` (the pod watch: workers per bound pod, binding
 //! unscheduled pods), `pod` (one pod's worker: volumes, init containers,
 //! containers, restarts, probes, status, deletion), `status` (phase,
-//! conditions, container statuses), `launch` / `env` / `expand` / `volumes`
+//! conditions, container statuses), `launch` / `env` / `expand` / `volumes` /
+//! `ownership` (fsGroup and token owners)
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
-//! endpoint behind `pods/log`), `streaming` (exec, attach and port-forward
-//! endpoints), `schedule` (which node an unscheduled pod fits), `serving` (HTTPS and client certificates for a real
+//! endpoint behind `pods/log`), `logrotate` (container log rotation),
+//! `streaming` (exec, attach and port-forward endpoints), `schedule` (which
+//! node an unscheduled pod fits), `serving` (HTTPS and client certificates for a real
 //! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
 //! bridge, veths, `/etc` files), `config`,
 //! `error`, `shared`.
@@ -35,9 +37,11 @@ mod expand;
 mod handle;
 mod ipam;
 mod launch;
+mod logrotate;
 mod logs;
 mod net;
 mod node;
+mod ownership;
 mod pod;
 mod pods;
 mod probe;
@@ -54,7 +58,11 @@ pub use config::{
     parse_taint,
 };
 pub use error::{KubeletError, Result};
-pub use handle::{Kubelet, KubeletHandle, cluster_dns, run};
+pub use handle::{Kubelet, KubeletHandle, PodBridge, cluster_dns, delete_dead_bridge, run};
+pub use logrotate::{
+    DEFAULT_MAX_FILES as DEFAULT_CONTAINER_LOG_MAX_FILES,
+    DEFAULT_MAX_SIZE as DEFAULT_CONTAINER_LOG_MAX_SIZE, parse_size as parse_log_size,
+};
 pub use net::{
     BRIDGE_PREFIX, CLUSTER_DNS_IP, CLUSTER_DOMAIN, ClusterDns, DnsPod, DnsSockets, Ipv4Net,
     PodNetwork, VETH_PREFIX,

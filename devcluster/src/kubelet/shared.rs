@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) log_port: Mutex<u16>,
     /// Bounds on concurrent exec, attach and port-forward sessions.
     pub(crate) stream_limits: super::streaming::Limits,
+    /// What log rotation cut from the front of each live container log.
+    pub(crate) log_cuts: super::logrotate::Cuts,
 }
 
 /// A pod's namespace (`default` when unset) and name.

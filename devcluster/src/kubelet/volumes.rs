@@ -6,8 +6,13 @@
 //!    across container restarts; they go away with the pod.
 //! 2. `secret` and `configMap` volumes hold one file per key (or per listed
 //!    item, at its path), written when the pod starts, with the item's mode,
-//!    else `defaultMode`, else 0644.
+//!    else `defaultMode`, else 0644; `fsGroup` and the projected token's
+//!    owner and mode follow the real kubelet (`ownership`).
 //! 3. A key or path that would escape the volume directory is rejected.
+//! 4. Volumes live under the pod's directory, which only the kubelet's user
+//!    can enter (0700): an `emptyDir` is 0777 as in Kubernetes, for the
+//!    containers that see it through their mounts, not for other users of
+//!    the machine.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -19,6 +24,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::env::{Lookups, PodFacts, TokenSpec, field_value, token_key};
 use super::error::{KubeletError, Result};
+use super::ownership::Ownership;
 
 /// A bind mount of a volume directory (or a file in it) into a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,6 +171,7 @@ fn write_projected(
     lookups: &Lookups,
     projected: &ProjectedVolumeSource,
     field: &str,
+    owners: &Ownership,
 ) -> Result<()> {
     let default_mode = projected.default_mode.unwrap_or(0o644);
     for (i, src) in projected.sources.iter().flatten().enumerate() {
@@ -229,9 +236,10 @@ fn write_projected(
                 dir,
                 &t.path,
                 token.as_bytes(),
-                default_mode,
+                owners.token_mode(default_mode),
                 &format!("{at}.serviceAccountToken.path"),
             )?;
+            owners.own_token(&dir.join(&t.path))?;
         } else {
             return Err(KubeletError::PodSpec(format!(
                 "{at}: only secret, configMap, downwardAPI and serviceAccountToken sources are supported"
@@ -253,6 +261,7 @@ pub(crate) fn prepare_volumes(
     let Some(spec) = &pod.spec else {
         return Ok(out);
     };
+    let owners = Ownership::of(pod)?;
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let field = format!("spec.volumes[{i}]");
         if !relative_ok(&v.name) || v.name.contains('/') {
@@ -276,6 +285,7 @@ pub(crate) fn prepare_volumes(
             // as another user can use it.
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
                 .map_err(|e| KubeletError::io("cannot chmod", &path, e))?;
+            owners.apply(&path, false)?;
             out.insert(v.name.clone(), path);
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
@@ -296,6 +306,7 @@ pub(crate) fn prepare_volumes(
                 s.default_mode.unwrap_or(0o644),
                 &format!("{field}.secret"),
             )?;
+            owners.apply(&path, true)?;
             out.insert(v.name.clone(), path);
         } else if let Some(c) = &v.config_map {
             let data = match config_map_data(lookups, &c.name) {
@@ -316,10 +327,12 @@ pub(crate) fn prepare_volumes(
                 c.default_mode.unwrap_or(0o644),
                 &format!("{field}.configMap"),
             )?;
+            owners.apply(&path, true)?;
             out.insert(v.name.clone(), path);
         } else if let Some(p) = &v.projected {
             fresh(&path)?;
-            write_projected(&path, pod, facts, lookups, p, &field)?;
+            write_projected(&path, pod, facts, lookups, p, &field, &owners)?;
+            owners.apply(&path, true)?;
             out.insert(v.name.clone(), path);
         } else if let Some(d) = &v.downward_api {
             fresh(&path)?;
@@ -331,6 +344,7 @@ pub(crate) fn prepare_volumes(
                 d.default_mode.unwrap_or(0o644),
                 &format!("{field}.downwardAPI"),
             )?;
+            owners.apply(&path, true)?;
             out.insert(v.name.clone(), path);
         } else if let Some(h) = &v.host_path {
             let host = PathBuf::from(&h.path);
@@ -541,6 +555,62 @@ spec:
             std::fs::metadata(&conf).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+
+    // The real kubelet's rules (`ownership` invariants 2 and 3): group
+    // fsGroup, read-only volumes gain 0440, directories setgid, the token
+    // 0600 for the fsUser, made 0640 by the fsGroup.
+    #[test]
+    fn fs_group_and_fs_user_own_volume_files_as_a_kubelet_makes_them() {
+        use std::os::unix::fs::MetadataExt as _;
+        if crate::private_dir::euid() != 0 {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let pod: Pod = serde_saphyr::from_str(
+            r#"
+spec:
+  securityContext: {runAsUser: 1000, fsGroup: 2000}
+  containers: [{name: c}]
+  volumes:
+  - {name: scratch, emptyDir: {}}
+  - name: tok
+    secret: {secretName: s, defaultMode: 0o400}
+  - name: api
+    projected:
+      defaultMode: 0o644
+      sources:
+      - serviceAccountToken: {path: token}
+"#,
+        )
+        .unwrap();
+        let mut l = Lookups::default();
+        let s = Secret {
+            data: Some([("token".to_string(), ByteString(b"abc".to_vec()))].into()),
+            ..Default::default()
+        };
+        l.secrets.insert("s".into(), Some(s));
+        let spec = TokenSpec {
+            audience: String::new(),
+            expiration_seconds: None,
+        };
+        l.tokens.insert(token_key(&spec), Some("jwt".into()));
+        let vols = prepare_volumes(&pod, tmp.path(), &l, &facts()).unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        let secret = meta(&vols["tok"].join("token"));
+        assert_eq!(
+            (secret.uid(), secret.gid(), secret.mode() & 0o7777),
+            (0, 2000, 0o440)
+        );
+        let dir = meta(&vols["tok"]);
+        assert_eq!((dir.gid(), dir.mode() & 0o2000), (2000, 0o2000));
+        let token = meta(&vols["api"].join("token"));
+        assert_eq!(
+            (token.uid(), token.gid(), token.mode() & 0o7777),
+            (1000, 2000, 0o640)
+        );
+        let scratch = meta(&vols["scratch"]);
+        assert_eq!((scratch.gid(), scratch.mode() & 0o7777), (2000, 0o2777));
     }
 
     #[test]

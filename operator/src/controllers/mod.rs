@@ -2,7 +2,10 @@
 //! [`procmesh`] (procs on those hosts), and what both share ([`shared`]).
 //! [`run`] starts one pair per watched namespace beside the hub and routes
 //! the hub's status triggers to the pair watching the object's namespace.
+//! With `--serve-monarch-mesh` it also starts [`monarchmesh`] (Monarch's
+//! `MonarchMesh` as a World) per watched namespace.
 
+pub mod monarchmesh;
 pub mod procmesh;
 pub mod shared;
 pub mod world;
@@ -34,6 +37,9 @@ pub async fn run(
     tokio::spawn(route(rm, mesh_routes));
     let mut runs = Vec::new();
     for ((ns, wrx), mrx) in namespaces.into_iter().zip(world_rx).zip(mesh_rx) {
+        if ctx.args.serve_monarch_mesh {
+            runs.push(monarchmesh::controller(ctx.clone(), ns.clone(), shutdown.clone()).boxed());
+        }
         runs.push(world::controller(ctx.clone(), ns.clone(), wrx, shutdown.clone()).boxed());
         runs.push(procmesh::controller(ctx.clone(), ns, mrx, shutdown.clone()).boxed());
     }

@@ -58,7 +58,7 @@ impl std::fmt::Debug for AgentTarget {
 }
 
 /// A proc's state as the hub summarizes an agent's report.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcObs {
     /// Host rank that reported it.
     pub host: u64,
@@ -88,6 +88,8 @@ pub struct ProcObs {
     pub actor_failure: Option<protocol::ActorFailure>,
     /// How many actors of this incarnation failed.
     pub actor_failures: u32,
+    /// Set while the agent reports the proc stalled (`spec.stallTimeout`).
+    pub stall: Option<protocol::Stall>,
 }
 
 impl ProcObs {
@@ -109,6 +111,7 @@ impl ProcObs {
             incarnation: s.restarts,
             actor_failure: s.actor_failure.clone(),
             actor_failures: s.actor_failures,
+            stall: s.stall.clone().filter(|_| !s.status.is_terminal()),
         };
         match &s.status {
             S::Starting => {}
@@ -251,6 +254,20 @@ pub trait AgentLink: Send + Sync {
         &self,
         hosts: Vec<(u64, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>>;
+    /// The stacks of the named procs, each at most `max_bytes`, waiting at
+    /// most `timeout` (default: refused, for agents that cannot).
+    fn capture_stacks(
+        &self,
+        _names: Vec<String>,
+        _max_bytes: usize,
+        _timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<protocol::ProcStacks>, LinkError>> {
+        Box::pin(async {
+            Err(LinkError::Refused(
+                "this agent cannot capture stacks".into(),
+            ))
+        })
+    }
 }
 
 /// Dials agents.

@@ -7,7 +7,8 @@
 //! 1. The hub never writes to the API server; controllers read its view
 //!    ([`Hub::liveness`], [`Hub::proc_states`]) while reconciling and write
 //!    status. A trigger is a request to reconcile, coalesced per object
-//!    ([`coalesce`]): first failures at once, else at most once a second.
+//!    ([`coalesce`]): first failures and stall starts at once, else at most
+//!    once a second.
 //! 2. Expiry costs O(expired) ([`heartbeat`]).
 //! 3. Agents are the source of truth for procs: on (re)connect an agent's
 //!    Snapshot replaces what the hub knew of that host, and requests are
@@ -32,9 +33,11 @@ pub mod heartbeat;
 mod procs;
 pub mod runtime_client;
 pub mod sim;
+mod stacks;
 mod worker;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
+pub use stacks::RankStacks;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -298,6 +301,7 @@ impl Hub {
             } => {
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
+                worker::from_snapshot(st, &host, &procs, now);
                 let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
@@ -308,10 +312,6 @@ impl Hub {
                         h.clock.clone()
                     }
                     _ => clock::AgentClock::default(),
-                };
-                worker::from_snapshot(st, &host, &procs, now);
-                let Some(w) = st.worlds.get_mut(&host.world) else {
-                    return;
                 };
                 let mut touched = HashSet::new();
                 // What the hub knew of this host's procs: a failure it had
@@ -379,8 +379,11 @@ impl Hub {
                 if before == Some(&obs) {
                     return;
                 }
-                // A failure, or a new actor failure, is written at once.
+                // A failure, a stall that began or a new actor failure is
+                // written at once.
+                let stall_began = obs.stall.is_some() && before.is_none_or(|o| o.stall.is_none());
                 let urgent = obs.state.is_failure()
+                    || stall_began
                     || before.map_or(0, |b| b.actor_failures) != obs.actor_failures;
                 states.insert(rank, obs);
                 let key = MeshKey {

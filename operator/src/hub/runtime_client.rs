@@ -215,4 +215,18 @@ impl AgentLink for RuntimeLink {
                 .map_err(LinkError::from)
         })
     }
+
+    fn capture_stacks(
+        &self,
+        names: Vec<String>,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<hostmesh_agent::protocol::ProcStacks>, LinkError>> {
+        Box::pin(async move {
+            self.client
+                .capture_stacks(self.addr, names, max_bytes, timeout)
+                .await
+                .map_err(LinkError::from)
+        })
+    }
 }

@@ -21,7 +21,7 @@ use super::clock::ClockSample;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SimRequest {
     /// CreateOrUpdate.
-    Create(CreateOrUpdate),
+    Create(Box<CreateOrUpdate>),
     /// Stop.
     Stop(String),
     /// SetAddressBook.
@@ -172,6 +172,7 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         changed_at_ms: now_ms(),
         stderr_head: Vec::new(),
         oom_killed: false,
+        stall: None,
     }
 }
 
@@ -207,7 +208,7 @@ impl SimLink {
 impl AgentLink for SimLink {
     fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
-            self.record(SimRequest::Create(req.clone()));
+            self.record(SimRequest::Create(Box::new(req.clone())));
             let changed = {
                 let mut procs = self.sim.procs.lock().unwrap_or_else(|e| e.into_inner());
                 let host = procs.entry(self.host.clone()).or_default();

@@ -33,6 +33,16 @@ impl Cluster {
     }
 
     pub(crate) async fn start_with(sim: SimConnector) -> Cluster {
+        Cluster::start_inner(sim, false).await
+    }
+
+    /// A cluster whose operator also serves Monarch's `MonarchMesh`
+    /// (`--serve-monarch-mesh`, its CRD installed).
+    pub(crate) async fn start_serving_monarch_mesh() -> Cluster {
+        Cluster::start_inner(SimConnector::default(), true).await
+    }
+
+    async fn start_inner(sim: SimConnector, serve_monarch_mesh: bool) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(
@@ -43,6 +53,9 @@ impl Cluster {
             .try_init();
         let (server, client) = hostmesh_testkit::cluster::api_server().await;
         hostmesh_testkit::cluster::install_crds(&client).await;
+        if serve_monarch_mesh {
+            hostmesh_testkit::cluster::install_monarch_mesh_crd(&client).await;
+        }
         let ns: Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone())
@@ -55,6 +68,7 @@ impl Cluster {
             watch_namespaces: vec![NS.into()],
             concurrency: 4,
             instance: "test".into(),
+            serve_monarch_mesh,
         };
         let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

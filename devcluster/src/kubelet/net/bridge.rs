@@ -11,7 +11,9 @@
 //!    died holding it, and is deleted.
 //! 3. A pod range that overlaps a route of the machine (other than our own
 //!    bridges' and default routes) is refused at start, naming both.
-//! 4. `stop` deletes the bridge, then releases the claim.
+//! 4. `stop` deletes the bridge, then releases the claim; a dead kubelet's
+//!    bridge is deleted by whoever takes its claim next (a new kubelet, or
+//!    `hostmesh up`'s reaper through [`delete_unclaimed`]).
 
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -34,6 +36,8 @@ pub(crate) struct NodeNetwork {
     pub(crate) bridge: String,
     /// The bridge's link index.
     pub(crate) bridge_index: u32,
+    /// The claim file of the /24 (`None` without a claims directory).
+    pub(crate) claim_path: Option<PathBuf>,
     claim: std::sync::Mutex<Option<File>>,
 }
 
@@ -65,19 +69,27 @@ pub(crate) fn conflicts(range: Ipv4Net, routes: &[Route]) -> Vec<&Route> {
         .collect()
 }
 
+fn claim_path(dir: &Path, subnet: Ipv4Net) -> PathBuf {
+    dir.join(format!("subnet-{}", subnet.addr()))
+}
+
 fn claim(dir: &Path, subnet: Ipv4Net) -> Result<Option<File>> {
     std::fs::create_dir_all(dir).map_err(|e| KubeletError::io("cannot create", dir, e))?;
-    let path = dir.join(format!("subnet-{}", subnet.addr()));
+    let path = claim_path(dir, subnet);
+    lock_claim(&path)
+}
+
+fn lock_claim(path: &Path) -> Result<Option<File>> {
     let file = File::options()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(|e| KubeletError::io("cannot open", &path, e))?;
+        .open(path)
+        .map_err(|e| KubeletError::io("cannot open", path, e))?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(e)) => Err(KubeletError::io("cannot lock", &path, e)),
+        Err(std::fs::TryLockError::Error(e)) => Err(KubeletError::io("cannot lock", path, e)),
     }
 }
 
@@ -145,6 +157,7 @@ impl NodeNetwork {
                 gateway,
                 bridge: name,
                 bridge_index,
+                claim_path: claims_dir.as_deref().map(|d| claim_path(d, subnet)),
                 claim: std::sync::Mutex::new(claim),
             });
         }
@@ -166,6 +179,26 @@ impl NodeNetwork {
         }
         self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
+}
+
+/// Deletes bridge `name` that a dead kubelet left, when its claim file
+/// `claim` is free (invariant 1: a live kubelet holding it keeps its
+/// bridge); true when a bridge was deleted. The claim is held while the
+/// bridge goes, so no new kubelet creates it meanwhile.
+pub(crate) async fn delete_unclaimed(name: &str, claim: &Path) -> Result<bool> {
+    if !name.starts_with(super::BRIDGE_PREFIX) {
+        return Err(KubeletError::Config(format!(
+            "{name:?} is not a pod bridge (they are named {}<a.b.c>)",
+            super::BRIDGE_PREFIX
+        )));
+    }
+    let Some(_held) = lock_claim(claim)? else {
+        return Ok(false);
+    };
+    let nl = Netlink::host().map_err(|e| KubeletError::io("cannot open", "netlink", e))?;
+    nl.delete(name)
+        .await
+        .map_err(|e| KubeletError::io("cannot delete", name, e))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ mod sandbox;
 
 use std::net::Ipv4Addr;
 
-pub(crate) use bridge::NodeNetwork;
+pub(crate) use bridge::{NodeNetwork, delete_unclaimed};
 pub use cidr::Ipv4Net;
 pub use dns::{ClusterDns, DnsPod, DnsSockets};
 pub(crate) use nsthread::PodNamespaces;

@@ -37,6 +37,7 @@ use super::env::{
 use super::error::{KubeletError, Result};
 use super::events;
 use super::launch;
+use super::logrotate;
 use super::logs;
 use super::net::{ApiService, Sandbox};
 use super::probe::{self, ProbeSpec};
@@ -604,10 +605,9 @@ impl Worker {
             pods.remove(&(self.ns.clone(), self.name.clone()));
         }
         drop(pods);
-        if !self.shared.shutdown.is_cancelled()
-            && let Err(e) = std::fs::remove_dir_all(&self.dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
+        self.shared.log_cuts.forget_under(&self.dir);
+        // Tokens and secrets go with the pod, also when the kubelet stops.
+        if let Err(e) = crate::private_dir::remove(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove pod directory");
         }
     }

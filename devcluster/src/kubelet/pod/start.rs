@@ -77,6 +77,8 @@ impl Worker {
     }
 
     pub(super) async fn prepare(&mut self) -> Result<BTreeMap<String, PathBuf>> {
+        // Volumes hold tokens: 0700, under the 0700 `pods` directory.
+        crate::kubelet::handle::private(&self.dir)?;
         self.ensure_sandbox().await?;
         let lookups = self.fetch_lookups(true).await?;
         let vol_dir = self.dir.join("volumes");
@@ -215,6 +217,9 @@ impl Worker {
             if let Err(e) = std::fs::rename(&log, &previous) {
                 tracing::debug!(error = %e, "no log to keep as previous");
             }
+            // The new run's log starts afresh (logrotate invariant 2).
+            logrotate::remove_rotated(&log, self.shared.config.container_log_max_files);
+            self.shared.log_cuts.reset(&log);
         }
         let pod_ip = IpAddr::V4(self.ip);
         let key = self.key();

@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::streams::channel::{Outcome, STDOUT};
 
+use super::super::logrotate;
 use super::super::logs::log_path;
 use super::super::shared::lock;
 use super::Session;
@@ -28,10 +28,8 @@ pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) 
         tokio::spawn(async move { while stdin.recv().await.is_some() {} });
     }
     let path = log_path(&dir, &session.container, false);
-    let mut offset = tokio::fs::metadata(&path)
-        .await
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let cuts = &session.shared.log_cuts;
+    let mut offset = logrotate::end_position(cuts, &path).await;
     loop {
         tokio::select! {
             _ = gone.cancelled() => return Outcome::Exited(0),
@@ -42,21 +40,14 @@ pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) 
                 .get(&session.container)
                 .is_some_and(|t| t.pid == session.target.pid)
         });
-        if let Ok(mut f) = tokio::fs::File::open(&path).await {
-            let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
-            if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
-                let mut buf = Vec::new();
-                if (&mut f)
-                    .take(len - offset)
-                    .read_to_end(&mut buf)
-                    .await
-                    .is_ok()
-                {
-                    offset += buf.len() as u64;
-                    if io.stdout && io.out.send((STDOUT, Bytes::from(buf))).await.is_err() {
-                        return Outcome::Exited(0);
-                    }
-                }
+        // Positions are absolute: rotation cuts the file's front.
+        if let Some((next, buf)) = logrotate::read_from(cuts, &path, offset).await {
+            offset = next;
+            if !buf.is_empty()
+                && io.stdout
+                && io.out.send((STDOUT, Bytes::from(buf))).await.is_err()
+            {
+                return Outcome::Exited(0);
             }
         }
         if !running {

@@ -68,14 +68,6 @@ mod tests {
         ProcObs {
             host: 1,
             state: ProcState::Running,
-            exit_code: None,
-            signal: None,
-            reason: None,
-            stderr_tail: None,
-            stderr_head: None,
-            oom_killed: false,
-            failed_at: None,
-            detected_at: None,
             incarnation: inc,
             actor_failure: failure.map(|(actor, at_ms)| Reported {
                 actor: actor.to_string(),
@@ -83,6 +75,7 @@ mod tests {
                 at_ms,
             }),
             actor_failures: count,
+            ..Default::default()
         }
     }
 

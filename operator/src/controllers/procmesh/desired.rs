@@ -116,6 +116,14 @@ fn spec_of(pm: &ProcMesh, world: &World) -> ProcSpec {
             })
             .flatten()
             .map(hostmesh_agent::protocol::duration_ms),
+        // Validated before any proc is asked for; unparseable means off.
+        stall_timeout_ms: pm
+            .spec
+            .stall_timeout
+            .as_deref()
+            .and_then(|t| hostmesh_crds::duration::parse("spec.stallTimeout", t).ok())
+            .map(hostmesh_agent::protocol::duration_ms),
+        progress_pattern: pm.spec.progress_pattern.clone(),
     }
 }
 

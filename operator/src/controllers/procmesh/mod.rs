@@ -1,7 +1,8 @@
 //! The ProcMesh controller: validate against the World, wait for it to be
 //! Running, ask each host's agent for its procs through the hub, compute
-//! status from the agents' reports ([`plan`]), and on deletion stop the
-//! procs gracefully behind a finalizer.
+//! status from the agents' reports ([`plan`]), report stalls and keep
+//! their stacks ([`stall`]), and on deletion stop the procs gracefully
+//! behind a finalizer.
 //!
 //! Invariants:
 //! 1. Validation problems (missing World, a `perHost` name that is also a
@@ -18,6 +19,7 @@ pub mod desired;
 pub mod exit;
 pub mod incidents;
 pub mod plan;
+pub mod stall;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -148,7 +150,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         .keys()
         .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h)?)))
         .collect();
-    let plan = plan::plan(&plan::PlanInput {
+    let mut plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
         world_phase: world.status.as_ref().and_then(|s| s.phase),
@@ -162,6 +164,17 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         last_heard: &last_heard,
         now: Timestamp::now(),
     });
+    // Stalls: the condition, and the stacks of a new stall taken before
+    // anything is restarted or stopped (stall.rs invariant 2).
+    let total = hosts.saturating_mul(pm.spec.per_host_shape().num_ranks());
+    let stalled = stall::stalled(&states, |r| recorded_incarnation(pm, r));
+    if let Some(ev) = stall::set_condition(pm, &mut plan.status, &stalled, total, Timestamp::now())
+    {
+        plan.events.push(ev);
+    }
+    if let Some(ev) = stall::capture_on_new_episode(ctx, pm, &key, &id, &stalled, total).await {
+        plan.events.push(ev);
+    }
 
     // Write-ahead: a restart decision, with the failure behind it, is in
     // status before any agent acts on it. Otherwise a paced or stale (409)
@@ -240,6 +253,22 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         .flatten()
         .fold(default, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// The incarnation status recorded for `rank` (before this reconcile's
+/// decisions): a stall of an older incarnation is not a stall of the rank.
+fn recorded_incarnation(pm: &ProcMesh, rank: u64) -> u32 {
+    let Some(st) = pm.status.as_ref() else {
+        return 0;
+    };
+    let gang = if pm.spec.restart_policy.policy == hostmesh_crds::procmesh::RestartMode::Gang {
+        st.restarts
+    } else {
+        0
+    };
+    hostmesh_crds::runs::get(&st.incarnations, rank)
+        .map_or(0, |i| i.incarnation)
+        .max(gang)
 }
 
 /// Stops the procs of every mesh id under `prefix` except `keep`, and

@@ -36,6 +36,8 @@
 //! 7. Every failure opens or joins an incident in `status.incidents`
 //!    ([`super::incidents`]), whose phases are stamped as the plan sees
 //!    them; the durations completed by this plan are in [`Plan::recovery`].
+//! 8. A stalled rank (`stall.rs`) is `Stalled`, a failure like any
+//!    other, when `restartPolicy.onStall` is `Failure`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -428,7 +430,7 @@ impl<'i, 'a> Working<'i, 'a> {
                     ..Default::default()
                 }
             }
-            Some(o) if o.incarnation >= want => status_of(o),
+            Some(o) if o.incarnation >= want => super::stall::observed(input.pm, o, status_of(o)),
             // An ended mesh starts nothing: a rank with no current report
             // (its host was replaced since) keeps what status recorded.
             _ if self.was_terminal => {

@@ -956,11 +956,7 @@ spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: 
             restarts: 0,
             stop_requested: false,
             seq: 1,
-            actor_failure: None,
-            actor_failures: 0,
-            changed_at_ms: 0,
-            stderr_head: Vec::new(),
-            oom_killed: false,
+            ..Default::default()
         };
         let p = plan(&PlanInput {
             world: &w,

@@ -172,11 +172,7 @@ mod tests {
             restarts: 0,
             stop_requested: false,
             seq: 3,
-            actor_failure: None,
-            actor_failures: 0,
-            changed_at_ms: 0,
-            stderr_head: Vec::new(),
-            oom_killed: false,
+            ..Default::default()
         }
     }
 

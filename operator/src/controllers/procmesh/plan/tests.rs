@@ -23,6 +23,7 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
         incarnation: inc,
         actor_failure: None,
         actor_failures: 0,
+        stall: None,
     }
 }
 
