@@ -16,7 +16,8 @@
 //!    false for good once it has exited. The agent never restarts it: an
 //!    exit is a host failure the operator acts on.
 //! 4. Listening is read from the namespace's socket tables, never probed
-//!    by connecting (see `listen`).
+//!    by connecting (see `listen`). Once it listens, only the worker's end
+//!    is watched (a worker that closes its socket but runs on stays Ready).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -52,15 +53,15 @@ impl MonarchWorker {
         port: Option<&str>,
         agent_ports: [u16; 2],
     ) -> Result<Option<Self>, HostError> {
-        const CMD: &str = "HOSTMESH_MONARCH_COMMAND";
-        const PORT: &str = "HOSTMESH_MONARCH_PORT";
+        const CMD: &str = "--monarch-command (HOSTMESH_MONARCH_COMMAND)";
+        const PORT: &str = "--monarch-port (HOSTMESH_MONARCH_PORT)";
         let (command, port) = match (command.map(str::trim), port.map(str::trim)) {
             (None | Some(""), None | Some("")) => return Ok(None),
             (Some(c), Some(p)) if !c.is_empty() && !p.is_empty() => (c, p),
             _ => {
                 return Err(HostError::config(
                     CMD,
-                    format!("{CMD} and {PORT} go together; set both or neither"),
+                    "goes with --monarch-port (HOSTMESH_MONARCH_PORT); set both or neither",
                 ));
             }
         };

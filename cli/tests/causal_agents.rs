@@ -165,7 +165,7 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut agents = Vec::new();
     for rank in 0..2u64 {
-        let addr: SocketAddr = format!("{}:26600", ip(rank as u8 + 1)).parse().unwrap();
+        let addr: SocketAddr = format!("{}:26602", ip(rank as u8 + 1)).parse().unwrap();
         agents.push(start_agent(rank, addr, &secret_file));
         let pod = format!("w-host-{rank}");
         eventually_async("the host pod", async || pods.get_opt(&pod).await.ok()?).await;

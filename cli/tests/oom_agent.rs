@@ -183,7 +183,7 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
     std::fs::write(&secret_file, secret).unwrap();
     let pid = std::process::id();
     let addr: SocketAddr = format!(
-        "127.{}.{}.9:26600",
+        "127.{}.{}.9:26602",
         100 + (pid % 100),
         1 + (pid / 100) % 250
     )

@@ -170,6 +170,31 @@ fn output_is_bounded_for_huge_meshes() {
     assert!(text.contains("prefix of the ranks only"), "{text}");
 }
 
+/// A Monarch World's worker settings and its first failure, decoded.
+#[test]
+fn world_view_shows_monarch_and_the_first_failure() {
+    let yaml = WORLD
+        .replace(
+            "  template:",
+            "  monarch: {port: 27000}\n  template:",
+        )
+        .replace(
+            "  restarts: 1\n",
+            "  restarts: 1\n  firstFailure: {rank: 3, pod: trainer-host-3, time: \"2026-01-01T11:59:00Z\", reason: \"monarch worker (pid 7) killed by signal SIGKILL (9)\", signal: 9, command: \"python -u -c x\", stderrTail: \"a\\nb\"}\n",
+        );
+    let world: World = serde_saphyr::from_str(&yaml).expect("world yaml");
+    let text = format_world(&world, &[], now());
+    for want in [
+        "  monarch    mesh trainer, worker port 27000",
+        "First failure: host 3 (trainer-host-3), signal 9, 60s ago",
+        "  reason: monarch worker (pid 7) killed by signal SIGKILL (9)",
+        "  command: python -u -c x",
+        "    | a\n    | b",
+    ] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+}
+
 #[test]
 fn a_world_without_status_is_shown_as_unknown() {
     let mut world: World = serde_saphyr::from_str(WORLD).expect("world yaml");

@@ -139,33 +139,47 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Result<()> {
-    let python = monarch_python().await?;
-    let env = Env::start("monarch-out").await?;
-    ready_world(&env, &python).await?;
-    let dir = tempfile::tempdir()?;
-    let log = dir.path().join("client.log");
-    let mut client = Command::new(&python)
+/// Runs the client on this machine with the kubeconfig (Monarch's own
+/// port-forward), output into `dir`; `once`: stop after the first round.
+fn outside_client(
+    env: &Env,
+    python: &Path,
+    dir: &Path,
+    once: bool,
+) -> anyhow::Result<std::process::Child> {
+    Command::new(python)
         .arg("-u")
         .arg(client_script())
         .args([env.namespace.as_str(), MESH, &HOSTS.to_string()])
         .arg(&env.kubeconfig)
         .env("KUBECONFIG", &env.kubeconfig)
+        .env("CLIENT_ONCE", if once { "1" } else { "0" })
         // The user's shell, not the client: this machine's hostname
         // resolves only to loopback, which Monarch refuses for its
         // hostname transport; an explicit client address is Monarch's own
         // remedy (docs/monarch.md). Pods never dial it: everything flows
         // over the port-forward to rank 0 (duplex attach).
         .env("HYPERACTOR_MESH_DEFAULT_TRANSPORT", "tcp://127.0.0.1:0")
-        .current_dir(dir.path())
+        .current_dir(dir)
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log)?)
-        .stderr(std::fs::File::create(dir.path().join("client.err"))?)
+        .stdout(std::fs::File::create(dir.join("client.log"))?)
+        .stderr(std::fs::File::create(dir.join("client.err"))?)
         .spawn()
-        .context("starting the Monarch client")?;
-    let out = || std::fs::read_to_string(&log).unwrap_or_default();
+        .context("starting the Monarch client")
+}
+
+/// Outside the cluster: attach, call, see the kill as an error; then, once
+/// the failure policy has replaced the host, a new client attaches to the
+/// new worker (docs/monarch.md, "Restarts and a running client").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Result<()> {
+    let python = monarch_python().await?;
+    let env = Env::start("monarch-out").await?;
+    ready_world(&env, &python).await?;
+    let dir = tempfile::tempdir()?;
+    let out = || std::fs::read_to_string(dir.path().join("client.log")).unwrap_or_default();
     let err = || std::fs::read_to_string(dir.path().join("client.err")).unwrap_or_default();
+    let mut client = outside_client(&env, &python, dir.path(), false)?;
     let result = async {
         eventually("the client's first round", || {
             out().contains("ROUND1 OK") || client.try_wait().is_ok_and(|s| s.is_some())
@@ -179,6 +193,21 @@ async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Res
         })
         .await?;
         anyhow::ensure!(out().contains("CALL FAILED"), "the client saw no error");
+
+        env.wait_for("World", MESH, "host replaced and Ready again", |s| {
+            s["restarts"].as_u64().unwrap_or(0) >= 1 && condition_true(s, "Ready")
+        })
+        .await?;
+        client = outside_client(&env, &python, dir.path(), true)?;
+        eventually("the new client to end", || {
+            client.try_wait().is_ok_and(|s| s.is_some())
+        })
+        .await?;
+        anyhow::ensure!(
+            client.wait()?.success() && out().contains("ROUND1 OK"),
+            "a new client did not attach to the replaced host"
+        );
+        check_first_round(&out());
         Ok(())
     }
     .await;
@@ -228,5 +257,29 @@ async fn a_worker_that_never_listens_is_named_in_status() -> anyhow::Result<()> 
         ready, "False",
         "the pod is not Ready while its worker does not listen"
     );
+    Ok(())
+}
+
+/// A mesh name Monarch would refuse (here the World's own name, which has a
+/// `-`) and a worker port that is the agent's are flagged in status, naming
+/// the field and the fix; no host pod is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_monarch_specs_are_flagged_naming_the_field() -> anyhow::Result<()> {
+    let env = Env::start("monarch-invalid").await?;
+    for (name, spec, field) in [
+        ("my-world", "  monarch: {}\n", "spec.monarch.meshName"),
+        ("clash", "  monarch: {port: 26602}\n", "spec.monarch.port"),
+    ] {
+        env.apply(&world_yaml(name, &[("host", 1)], spec)).await?;
+        let status = env
+            .wait_for("World", name, "a condition naming the field", |s| {
+                s.to_string().contains(field)
+            })
+            .await?;
+        assert!(!condition_true(&status, "Ready"), "{status:#}");
+        assert!(status.to_string().contains("e.g."), "the fix: {status:#}");
+    }
+    let pods = env.kubectl(&["get", "pods", "-n", &env.namespace, "-o", "name"])?;
+    assert_eq!(pods.trim(), "", "no host pods for invalid Worlds");
     Ok(())
 }

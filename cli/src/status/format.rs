@@ -34,11 +34,46 @@ pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> Strin
     if let Some(since) = &status.degraded_since {
         let _ = writeln!(out, "  degraded   for {}", age(since, now));
     }
+    if let Some(m) = &world.spec.monarch {
+        let _ = writeln!(
+            out,
+            "  monarch    mesh {}, worker port {}",
+            m.mesh_name(&world.name_any()),
+            m.port()
+        );
+    }
     stale_note(
         &mut out,
         world.metadata.generation,
         status.observed_generation,
     );
+    if let Some(f) = &status.first_failure {
+        let mut what = String::new();
+        if let Some(code) = f.exit_code {
+            let _ = write!(what, ", exit code {code}");
+        }
+        if let Some(sig) = f.signal {
+            let _ = write!(what, ", signal {sig}");
+        }
+        let _ = writeln!(
+            out,
+            "\nFirst failure: host {} ({}){what}, {} ago",
+            f.rank,
+            f.pod,
+            age(&f.time, now)
+        );
+        let _ = writeln!(out, "  reason: {}", clean(&f.reason));
+        if let Some(cmd) = f.command.as_deref().filter(|c| !c.is_empty()) {
+            let _ = writeln!(out, "  command: {}", clean(cmd));
+        }
+        if let Some(tail) = f.stderr_tail.as_deref().filter(|t| !t.is_empty()) {
+            let _ = writeln!(out, "  stderr (last lines):");
+            let last: Vec<&str> = tail.lines().rev().take(10).collect();
+            for line in last.into_iter().rev() {
+                let _ = writeln!(out, "    | {}", clean(line));
+            }
+        }
+    }
     let _ = writeln!(out, "\nHosts (rank ranges of equal state):");
     let rows: Vec<[String; 3]> = status
         .hosts
