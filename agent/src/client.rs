@@ -55,6 +55,9 @@ pub struct AgentEvent {
 }
 
 /// The kinds of [`AgentEvent`].
+// Pushes are nearly every event and each is moved once through a channel:
+// boxing the large variant would allocate for almost every event, for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum AgentEventKind {
     /// Subscribed (a `Snapshot` push follows).
