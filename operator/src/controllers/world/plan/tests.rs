@@ -1,0 +1,643 @@
+//! World plan tests from YAML, no client.
+
+use super::*;
+use crate::controllers::world::observe::tests::{READY as POD_READY, mk_pod};
+
+const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, generation: 1}\n\
+spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: {spec: {containers: [{name: host, image: x}]}}\n";
+
+fn mk_world(policy: &str) -> World {
+    let mut w: World =
+        serde_saphyr::from_str(&WORLD.replace("{maxRestarts: 2, backoff: 10s}", policy)).unwrap();
+    w.metadata.uid = Some("u".into());
+    w
+}
+
+fn timings(w: &World) -> WorldTimings {
+    hostmesh_crds::validate::world("w", &w.spec).unwrap()
+}
+
+fn pod(rank: u64, status: &str, hash: &str) -> Pod {
+    let mut p = mk_pod(status);
+    p.metadata.name = Some(format!("w-host-{rank}"));
+    p.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_TEMPLATE_HASH.to_string(),
+        hash.to_string(),
+    )]));
+    p
+}
+
+fn run(w: &World, pods: &BTreeMap<u64, Pod>, live: Liveness, now: i64) -> Plan {
+    plan(&PlanInput {
+        world: w,
+        timings: timings(w),
+        pods,
+        extra_pods: vec![],
+        liveness: &|_| live,
+        expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: None,
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(now).unwrap(),
+        hold: None,
+        admitted: None,
+        monarch_worker: &|_| None,
+    })
+}
+
+const FAILED_POD: &str = "  phase: Failed\n  reason: Evicted\n";
+
+#[test]
+fn empty_world_creates_every_host() {
+    let w = mk_world("{}");
+    let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 100);
+    assert_eq!(p.create, [0, 1, 2]);
+    assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+    assert_eq!(p.status.ready.as_deref(), Some("0/3"));
+    assert!(conditions::is_true(&p.status.conditions, PROGRESSING));
+    assert!(!conditions::is_true(&p.status.conditions, READY));
+    assert_eq!(p.status.hosts.len(), 1);
+}
+
+#[test]
+fn all_ready_is_running_and_ready_condition() {
+    let w = mk_world("{}");
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert!(p.create.is_empty() && p.delete.is_empty());
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    assert!(conditions::is_true(&p.status.conditions, READY));
+    assert_eq!(p.events[0].reason, "Running");
+    // Ready pods without heartbeats are not ready hosts.
+    let p = run(&w, &pods, Liveness::Unknown, 100);
+    assert_eq!(p.status.ready_hosts, 0);
+}
+
+/// worker invariants 1 and 3 through the plan: a killed Monarch worker
+/// fails its host, the failure policy replaces it, and `firstFailure`
+/// names rank, pod and signal.
+#[test]
+fn a_killed_monarch_worker_is_a_host_failure() {
+    use hostmesh_agent::protocol::ProcPhase;
+    let mut w = mk_world("{maxRestarts: 2}");
+    w.spec.monarch = Some(Default::default());
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let killed = ProcReport {
+        proc_id: "tcp:10.0.0.2:26602/monarch-worker".into(),
+        name: "monarch-worker".into(),
+        rank: 1,
+        pid: Some(77),
+        command: vec!["python".into(), "-u".into()],
+        status: ProcPhase::Killed {
+            signal: 9,
+            core_dumped: false,
+            stderr_tail: vec!["bye".into()],
+        },
+        started_at_ms: 0,
+        restarts: 0,
+        stop_requested: false,
+        seq: 1,
+        ..Default::default()
+    };
+    let p = plan(&PlanInput {
+        world: &w,
+        timings: timings(&w),
+        pods: &pods,
+        extra_pods: vec![],
+        liveness: &|_| Liveness::Alive,
+        expired_since: &|_| None,
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: None,
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(100).unwrap(),
+        hold: None,
+        admitted: None,
+        monarch_worker: &|r| (r == 1).then(|| killed.clone()),
+    });
+    assert_eq!(p.delete, ["w-host-1"]);
+    assert_eq!(p.status.restarts, 1);
+    let ff = p.status.first_failure.unwrap();
+    assert_eq!(
+        (ff.rank, ff.pod.as_str(), ff.signal),
+        (1, "w-host-1", Some(9))
+    );
+    assert!(ff.reason.contains("SIGKILL"), "{}", ff.reason);
+    assert_eq!(ff.stderr_tail.as_deref(), Some("bye"));
+    assert_eq!(ff.command.as_deref(), Some("python -u"));
+}
+
+#[test]
+fn failed_host_is_replaced_with_backoff_then_gives_up() {
+    let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    pods.insert(1, pod(1, FAILED_POD, "h1"));
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.delete, ["w-host-1"]);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+    assert_eq!(p.events[0].reason, "HostFailed");
+    assert!(p.events[0].note.contains("Evicted"), "{}", p.events[0].note);
+    // It fails again right away: the second restart waits 10s.
+    w.status = Some(p.status);
+    let p = run(&w, &pods, Liveness::Alive, 105);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(5)));
+    assert_eq!(
+        conditions::get(&p.status.conditions, PROGRESSING)
+            .unwrap()
+            .reason,
+        "BackoffWaiting"
+    );
+    let p = run(&w, &pods, Liveness::Alive, 111);
+    assert_eq!(p.delete, ["w-host-1"]);
+    assert_eq!(p.status.restarts, 2);
+    // Beyond the limit: Failed with the reason, and it stays Failed.
+    w.status = Some(p.status);
+    let p = run(&w, &pods, Liveness::Alive, 500);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert!(
+        failed.message.contains("host 1 Failed (Evicted)"),
+        "{}",
+        failed.message
+    );
+    assert!(failed.message.contains("restart limit 2"));
+    assert!(p.delete.is_empty() && p.create.is_empty());
+    w.status = Some(p.status);
+    let healed: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &healed, Liveness::Alive, 600);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+}
+
+#[test]
+fn gang_policy_recreates_every_pod() {
+    let w = mk_world("{action: RecreateGang}");
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    pods.insert(2, pod(2, FAILED_POD, "h1"));
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.status.attempt, 1, "a gang recreation is a new attempt");
+}
+
+/// A new operator (watching since 500) that has not heard the agents
+/// of pods Ready since 100 keeps them Ready, not Degraded, for
+/// healthTimeout; then they are Expired as unreachable (invariant 3).
+#[test]
+fn a_new_operator_keeps_ready_hosts_until_it_can_tell() {
+    let mut w = mk_world("{}");
+    let ready_at = "  phase: Running\n  podIP: 10.244.0.2\n  conditions: [{type: Ready, status: 'True', lastTransitionTime: '1970-01-01T00:01:40Z'}]\n";
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
+    let at = |now: i64, w: &World, live: Liveness| {
+        plan(&PlanInput {
+            world: w,
+            timings: timings(w),
+            pods: &pods,
+            extra_pods: vec![],
+            liveness: &|_| live,
+            expired_since: &|_| None,
+            link_error: &|_| None,
+            watching_since: &|_| Some(Timestamp::from_second(500).unwrap()),
+            secret_hash: "s1",
+            credentials_note: None,
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(now).unwrap(),
+            hold: None,
+            admitted: None,
+            monarch_worker: &|_| None,
+        })
+    };
+    // What the old operator recorded: Running.
+    let p = at(400, &w, Liveness::Alive);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    w.status = Some(p.status);
+    let p = at(501, &w, Liveness::Unknown);
+    assert_eq!(
+        p.status.phase,
+        Some(WorldPhase::Running),
+        "{:?}",
+        p.status.hosts
+    );
+    assert!(p.events.is_empty(), "{:?}", p.events);
+    assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(9)));
+    // Heard: nothing changes.
+    let p = at(502, &w, Liveness::Alive);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    // Never heard within healthTimeout of the takeover: unreachable.
+    let p = at(511, &w, Liveness::Unknown);
+    let h0 = runs::get(&p.status.hosts, 0).unwrap();
+    assert_eq!(h0.state, HostState::Expired, "{h0:?}");
+    assert!(p.delete.is_empty());
+}
+
+/// Pods mounting another token than the Secret's are replaced once,
+/// with an Event that says why; pods without the annotation stay.
+#[test]
+fn pods_holding_a_replaced_token_are_replaced() {
+    let w = mk_world("{}");
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    for r in [0, 1] {
+        pods.get_mut(&r)
+            .unwrap()
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(
+                super::super::desired::ANNOTATION_SECRET_HASH.into(),
+                if r == 0 { "old" } else { "s1" }.into(),
+            );
+    }
+    let p = plan(&PlanInput {
+        world: &w,
+        timings: timings(&w),
+        pods: &pods,
+        extra_pods: vec![],
+        liveness: &|_| Liveness::Alive,
+        expired_since: &|_| None,
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: Some("Secret w-agent and its copy were deleted".into()),
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(100).unwrap(),
+        hold: None,
+        admitted: None,
+        monarch_worker: &|_| None,
+    });
+    assert_eq!(p.delete, ["w-host-0"]);
+    assert_eq!(p.status.restarts, 0);
+    let ev = p
+        .events
+        .iter()
+        .find(|e| e.reason == "CredentialsReplaced")
+        .unwrap();
+    assert_eq!(
+        ev.note,
+        "Secret w-agent and its copy were deleted: replacing 1 host pods"
+    );
+}
+
+/// A pod Ready while the operator never hears its agent (a refused
+/// handshake after the credentials changed) is Expired after
+/// healthTimeout, says why, and is replaced after evictionTimeout.
+#[test]
+fn a_ready_host_the_operator_cannot_reach_expires_and_is_replaced() {
+    let w = mk_world("{}");
+    let ready_at = "  phase: Running\n  podIP: 10.244.0.2\n  conditions: [{type: Ready, status: 'True', lastTransitionTime: '1970-01-01T00:01:40Z'}]\n";
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
+    let at = |now: i64, w: &World| {
+        plan(&PlanInput {
+            world: w,
+            timings: timings(w),
+            pods: &pods,
+            extra_pods: vec![],
+            liveness: &|r| {
+                if r == 0 {
+                    Liveness::Unknown
+                } else {
+                    Liveness::Alive
+                }
+            },
+            expired_since: &|_| None,
+            secret_hash: "s1",
+            credentials_note: None,
+            watching_since: &|_| Some(Timestamp::from_second(90).unwrap()),
+            link_error: &|r| {
+                (r == 0).then(|| {
+                    "10.244.0.2:26602 failed authentication: it does not hold our shared secret"
+                        .to_string()
+                })
+            },
+            hash: "h1",
+            critical_failure: None,
+            now: Timestamp::from_second(now).unwrap(),
+            hold: None,
+            admitted: None,
+            monarch_worker: &|_| None,
+        })
+    };
+    let p = at(105, &w);
+    assert_eq!(
+        runs::get(&p.status.hosts, 0).unwrap().state,
+        HostState::Starting
+    );
+    assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(5)));
+    let p = at(111, &w);
+    let h0 = runs::get(&p.status.hosts, 0).unwrap();
+    assert_eq!(h0.state, HostState::Expired);
+    assert!(
+        h0.reason
+            .as_deref()
+            .unwrap()
+            .contains("failed authentication"),
+        "{h0:?}"
+    );
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+    assert!(p.delete.is_empty(), "evictionTimeout has not passed");
+    let p = at(171, &w);
+    assert_eq!(p.delete, ["w-host-0"]);
+    assert!(
+        p.quick.contains("w-host-0"),
+        "a hung host does not get its grace period"
+    );
+    assert_eq!(p.status.restarts, 1);
+}
+
+#[test]
+fn suspend_writes_the_phase_then_deletes_pods_and_resume_is_a_new_attempt() {
+    let mut w = mk_world("{}");
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    w.status = Some(p.status);
+    w.status.as_mut().unwrap().restarts = 1;
+    // Suspending is a spec change (a new generation).
+    w.spec.suspend = true;
+    w.metadata.generation = Some(2);
+    let p = run(&w, &pods, Liveness::Alive, 101);
+    assert!(
+        p.delete.is_empty(),
+        "the phase is written before any pod goes"
+    );
+    assert!(p.create.is_empty());
+    assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+    assert!(conditions::is_true(&p.status.conditions, SUSPENDED));
+    assert!(!conditions::is_true(&p.status.conditions, READY));
+    assert_eq!(p.status.restarts, 1, "suspending keeps the restart count");
+    assert_eq!(p.events[0].reason, "Suspended");
+    assert!(p.requeue_after.is_some());
+    w.status = Some(p.status);
+    let p = run(&w, &pods, Liveness::Alive, 102);
+    assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+    assert!(p.events.is_empty(), "announced once");
+    // Gone: nothing is created while suspended.
+    w.status = Some(p.status);
+    let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 103);
+    assert!(p.create.is_empty() && p.delete.is_empty());
+    let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+    assert_eq!(cond.message, "spec.suspend is true; no host pods");
+    assert_eq!(p.status.attempt, 0);
+    // Resume: every host again, a new attempt, restarts kept.
+    w.status = Some(p.status);
+    w.spec.suspend = false;
+    w.metadata.generation = Some(3);
+    let p = run(&w, &BTreeMap::new(), Liveness::Unknown, 104);
+    assert_eq!(p.create, [0, 1, 2]);
+    assert_eq!(p.status.attempt, 1);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+    let cond = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("False", "Resumed")
+    );
+    assert!(p.events.iter().any(|e| e.reason == "Resumed"));
+    // A World never suspended has no Suspended condition.
+    let fresh = run(&mk_world("{}"), &BTreeMap::new(), Liveness::Unknown, 100);
+    assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
+}
+
+fn run_held(w: &World, pods: &BTreeMap<u64, Pod>, hold: Option<(&str, &str)>, now: i64) -> Plan {
+    plan(&PlanInput {
+        world: w,
+        timings: timings(w),
+        pods,
+        extra_pods: vec![],
+        liveness: &|_| Liveness::Alive,
+        expired_since: &|_| None,
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: None,
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(now).unwrap(),
+        hold: hold.map(|(r, m)| Hold {
+            reason: r.into(),
+            message: m.into(),
+        }),
+        admitted: hold
+            .is_none()
+            .then(|| "admitted by ClusterQueue cq".to_string()),
+        monarch_worker: &|_| None,
+    })
+}
+
+/// Invariant 7: held since creation, no pods, no Ready; the first
+/// admission is attempt 0.
+#[test]
+fn a_world_held_since_creation_starts_as_attempt_0_when_admitted() {
+    let mut w = mk_world("{}");
+    let p = run_held(
+        &w,
+        &BTreeMap::new(),
+        Some(("AwaitingAdmission", "waiting for Kueue")),
+        100,
+    );
+    assert!(p.create.is_empty() && p.delete.is_empty());
+    assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+    let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+        ("True", "AwaitingAdmission", "waiting for Kueue")
+    );
+    assert!(conditions::get(&p.status.conditions, READY).is_none());
+    w.status = Some(p.status);
+    let p = run_held(&w, &BTreeMap::new(), None, 101);
+    assert_eq!(p.create, [0, 1, 2]);
+    assert_eq!(p.status.attempt, 0);
+    let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+        (
+            "False",
+            "Admitted",
+            "admitted by ClusterQueue cq; attempt 0"
+        )
+    );
+    assert_eq!(p.events[0].reason, "Admitted");
+}
+
+/// Invariants 6, 7: an eviction takes the suspend path (phase first,
+/// then the pods), is not a failure, and the re-admission is a new
+/// attempt with the restart count kept.
+#[test]
+fn an_eviction_stops_a_running_world_and_readmission_is_a_new_attempt() {
+    let mut w = mk_world("{}");
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run_held(&w, &pods, None, 100);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    w.status = Some(p.status);
+    let evicted = Some(("Preempted", "evicted by Kueue (Preempted): for a workload"));
+    let p = run_held(&w, &pods, evicted, 101);
+    assert!(
+        p.delete.is_empty(),
+        "the phase is written before any pod goes"
+    );
+    assert_eq!(p.status.phase, Some(WorldPhase::Suspended));
+    assert!(!conditions::is_true(&p.status.conditions, FAILED));
+    assert!(!conditions::is_true(&p.status.conditions, READY));
+    w.status = Some(p.status);
+    let p = run_held(&w, &pods, evicted, 102);
+    assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+    let c = conditions::get(&p.status.conditions, SUSPENDED).unwrap();
+    assert_eq!(c.reason, "Preempted");
+    assert!(
+        c.message.ends_with("3 host pods still terminating"),
+        "{}",
+        c.message
+    );
+    w.status = Some(p.status);
+    let p = run_held(&w, &BTreeMap::new(), evicted, 103);
+    assert_eq!(p.status.restarts, 0);
+    w.status = Some(p.status);
+    let p = run_held(&w, &BTreeMap::new(), None, 104);
+    assert_eq!(p.create, [0, 1, 2]);
+    assert_eq!(p.status.attempt, 1);
+    assert_eq!(p.status.restarts, 0);
+}
+
+#[test]
+fn starting_hosts_are_reported_not_restarted() {
+    let w = mk_world("{}");
+    let stuck = "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable}]\n";
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, stuck, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Unknown, 100);
+    assert!(p.delete.is_empty() && p.create.is_empty());
+    assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+    let ready = conditions::get(&p.status.conditions, READY).unwrap();
+    assert!(
+        ready.message.contains("host 0: Unschedulable"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        p.status.hosts[0].value.reason.as_deref(),
+        Some("Unschedulable")
+    );
+}
+
+#[test]
+fn expired_host_waits_for_eviction_timeout() {
+    let mut w = mk_world("{}");
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    // Expired at 90 (see `run`): replaced at 90 + evictionTimeout (60).
+    let p = run(&w, &pods, Liveness::Expired, 100);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(50)));
+    assert_eq!(
+        p.status.degraded_since,
+        Some(Time(Timestamp::from_second(100).unwrap()))
+    );
+    w.status = Some(p.status);
+    assert_eq!(p.events[0].reason, "HostExpired");
+    assert_eq!(p.events.len(), 3, "one per host");
+    let p = run(&w, &pods, Liveness::Expired, 149);
+    assert!(p.delete.is_empty());
+    assert!(p.events.is_empty(), "once per transition");
+    let p = run(&w, &pods, Liveness::Expired, 150);
+    assert_eq!(p.delete.len(), 3);
+}
+
+#[test]
+fn changed_template_rolls_pods_and_extra_pods_go() {
+    let w = mk_world("{}");
+    let pods: BTreeMap<_, _> = (0..3)
+        .map(|r| (r, pod(r, POD_READY, if r == 1 { "old" } else { "h1" })))
+        .collect();
+    let mut input = PlanInput {
+        world: &w,
+        timings: timings(&w),
+        pods: &pods,
+        extra_pods: vec!["w-host-7".into()],
+        liveness: &|_| Liveness::Alive,
+        expired_since: &|_| None,
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: None,
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(1).unwrap(),
+        hold: None,
+        admitted: None,
+        monarch_worker: &|_| None,
+    };
+    let p = plan(&input);
+    assert_eq!(p.delete, ["w-host-7", "w-host-1"]);
+    assert_eq!(p.events[0].reason, "RollingHosts");
+    input.critical_failure = Some("ProcMesh train failed".into());
+    let p = plan(&input);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    assert_eq!(
+        conditions::get(&p.status.conditions, FAILED)
+            .unwrap()
+            .reason,
+        "CriticalProcMeshFailed"
+    );
+}
+
+#[test]
+fn not_ready_before_ever_ready_is_starting() {
+    let mut w = mk_world("{}");
+    let unready =
+        "  phase: Running\n  podIP: 127.0.1.2\n  conditions: [{type: Ready, status: 'False'}]\n";
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, unready, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+    assert_eq!(
+        p.status.hosts[0].value.reason.as_deref(),
+        Some("AwaitingReadiness")
+    );
+    let ready: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    w.status = Some(run(&w, &ready, Liveness::Alive, 101).status);
+    let p = run(&w, &pods, Liveness::Alive, 102);
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+    assert_eq!(p.status.hosts[0].value.state, HostState::NotReady);
+}
+
+#[test]
+fn backoff_doubles_and_caps() {
+    let b = Duration::from_secs(1);
+    let m = Duration::from_secs(5);
+    assert_eq!(backoff_delay(b, m, 0), Duration::from_secs(1));
+    assert_eq!(backoff_delay(b, m, 2), Duration::from_secs(4));
+    assert_eq!(backoff_delay(b, m, 3), m);
+    assert_eq!(backoff_delay(b, m, 1000), m);
+}
+
+/// A World that was up and lost a host is Degraded while the host is
+/// replaced (it used to go back to Creating), then Running again.
+#[test]
+fn a_world_that_was_up_recovers_as_degraded_not_creating() {
+    let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
+    let mut pods: BTreeMap<u64, Pod> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    w.status = Some(p.status);
+    // Host 1's pod is gone and its replacement is not up yet.
+    pods.remove(&1);
+    let p = run(&w, &pods, Liveness::Alive, 110);
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded), "{:?}", p.status);
+    let c = conditions::get(&p.status.conditions, DEGRADED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "HostsRecovering")
+    );
+    assert!(c.message.contains("host 1"), "{}", c.message);
+    assert!(p.status.degraded_since.is_some());
+    w.status = Some(p.status);
+    pods.insert(1, pod(1, POD_READY, "h1"));
+    let p = run(&w, &pods, Liveness::Alive, 120);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    assert!(p.status.degraded_since.is_none());
+}
