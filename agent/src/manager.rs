@@ -35,7 +35,7 @@ use super::fence::Fence;
 use super::lifecycle::{self, Control};
 use super::logs::LogHub;
 use super::protocol::{
-    ActorFailure, CreateOrUpdate, CreateOutcome, MAX_ACTOR_REASON, ProcPhase, ProcReport,
+    CreateOrUpdate, CreateOutcome, FailedActor, MAX_ACTOR_REASON, ProcPhase, ProcReport,
     ProcStateChanged, RankReport,
 };
 use super::spawn::Spawner;
@@ -317,7 +317,7 @@ impl ProcManager {
         tracing::warn!(proc = %name, %actor, %reason, "actor failed");
         self.inner.update(name, incarnation, |st| {
             st.actor_failures = st.actor_failures.saturating_add(1);
-            st.actor_failure.get_or_insert(ActorFailure {
+            st.actor_failure.get_or_insert(FailedActor {
                 actor,
                 reason,
                 at_ms: now_ms(),

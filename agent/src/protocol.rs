@@ -223,7 +223,7 @@ pub struct ProcReport {
     pub seq: u64,
     /// The first actor failure of this incarnation of a runtime-aware
     /// proc, as its `mesh` actor reported it ([`ActorFailed`]).
-    pub actor_failure: Option<ActorFailure>,
+    pub actor_failure: Option<FailedActor>,
     /// How many actors of this incarnation failed.
     pub actor_failures: u32,
     /// When `status` last changed, on the agent's wall clock (milliseconds
@@ -243,7 +243,7 @@ pub struct ProcReport {
 
 /// An actor that failed inside a runtime-aware proc.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ActorFailure {
+pub struct FailedActor {
     /// The actor's id, as text.
     pub actor: String,
     /// Why it failed (at most [`MAX_ACTOR_REASON`] bytes).

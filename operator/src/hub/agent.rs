@@ -89,7 +89,7 @@ pub struct ProcObs {
     /// Incarnation the state belongs to.
     pub incarnation: u32,
     /// The first actor failure of this incarnation (runtime-aware procs).
-    pub actor_failure: Option<protocol::ActorFailure>,
+    pub actor_failure: Option<protocol::FailedActor>,
     /// How many actors of this incarnation failed.
     pub actor_failures: u32,
     /// Set while the agent reports the proc stalled (`spec.stallTimeout`).

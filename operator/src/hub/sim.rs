@@ -110,7 +110,7 @@ impl SimConnector {
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let p = procs.get_mut(host)?.get_mut(name)?;
         p.actor_failures += 1;
-        p.actor_failure.get_or_insert(protocol::ActorFailure {
+        p.actor_failure.get_or_insert(protocol::FailedActor {
             actor: actor.to_string(),
             reason: reason.to_string(),
             at_ms: 1_700_000_000_000,

@@ -61,7 +61,7 @@ pub fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hostmesh_agent::protocol::ActorFailure as Reported;
+    use hostmesh_agent::protocol::FailedActor as Reported;
     use hostmesh_crds::procmesh::ProcState;
 
     fn obs(inc: u32, failure: Option<(&str, u64)>, count: u32) -> ProcObs {

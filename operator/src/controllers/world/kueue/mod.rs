@@ -49,15 +49,15 @@
 pub mod sync;
 pub mod workload;
 
-pub use workload::{Placement, Progress, Verdict};
+pub use workload::{Placement, Verdict, WorkloadProgress};
 
 use hostmesh_crds::WorldStatus;
 use hostmesh_crds::world::WorldPhase;
 
 /// What a World's stored status tells its Workload (invariant 6).
-pub fn progress(status: Option<&WorldStatus>) -> Progress {
+pub fn progress(status: Option<&WorldStatus>) -> WorkloadProgress {
     let Some(s) = status else {
-        return Progress {
+        return WorkloadProgress {
             all_ready: false,
             failed: None,
         };
@@ -68,7 +68,7 @@ pub fn progress(status: Option<&WorldStatus>) -> Progress {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "the World failed".to_string())
     });
-    Progress {
+    WorkloadProgress {
         all_ready: s.phase == Some(WorldPhase::Running)
             && s.desired_hosts > 0
             && s.ready_hosts == s.desired_hosts,

@@ -101,7 +101,7 @@ pub struct WorkloadInput<'a> {
     /// What the World's stored status says, reported on an admitted
     /// Workload (kueue invariant 6); `None` for a World another
     /// controller runs.
-    pub progress: Option<workload::Progress>,
+    pub progress: Option<workload::WorkloadProgress>,
 }
 
 /// Keeps the World's Workload and returns what Kueue lets the World do

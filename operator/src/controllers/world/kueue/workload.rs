@@ -439,7 +439,7 @@ fn set_condition(
 /// What an admitted World tells its Workload, as Kueue's job framework
 /// does for its own kinds (kueue invariant 6).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Progress {
+pub struct WorkloadProgress {
     /// Every host is Ready (the World is Running).
     pub all_ready: bool,
     /// The World failed for good, with the message of its `Failed`
@@ -454,7 +454,7 @@ pub struct Progress {
 /// after a host is lost, then `Recovered`. A failed World is
 /// `Finished=True` (reason `Failed`), which gives its quota back. The patch
 /// carries the resourceVersion, as [`release_quota`]'s does.
-pub fn report(wl: &Value, progress: &Progress, now: &Time) -> Option<Value> {
+pub fn report(wl: &Value, progress: &WorkloadProgress, now: &Time) -> Option<Value> {
     let mut conds = conditions(wl);
     let before = conds.clone();
     let generation = wl.pointer("/metadata/generation").and_then(Value::as_i64);
@@ -675,8 +675,8 @@ mod tests {
         assert_ne!(n, name(&w));
     }
 
-    fn progress(all_ready: bool, failed: Option<&str>) -> Progress {
-        Progress {
+    fn progress(all_ready: bool, failed: Option<&str>) -> WorkloadProgress {
+        WorkloadProgress {
             all_ready,
             failed: failed.map(str::to_string),
         }
