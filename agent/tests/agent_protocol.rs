@@ -336,6 +336,69 @@ async fn shutdown_host_stops_procs_then_the_agent_exits() {
     wait_all_gone(&pids);
 }
 
+/// `ShutdownHost {max_concurrency: 2}` over six procs that, on TERM, log
+/// `start`, linger, log `end` and exit: the log never shows more than two
+/// stops under way, and does show two at once (the bound is a bound, not a
+/// serial stop). Only the order of the lines is read, never a clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_host_stops_at_most_max_concurrency_procs_at_once() {
+    const PROCS: usize = 6;
+    const BOUND: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("term.log");
+    // The TERM trap is installed before the ready mark; `wait` returns on
+    // the signal, and the trap lingers a second with its stop under way.
+    let script = format!(
+        "trap 'echo start >> {log}; sleep 1; echo end >> {log}; kill $p 2>/dev/null; exit 0' TERM; \
+         sleep 300 & p=$!; touch {dir}/ready.$RANK; wait $p",
+        log = log.display(),
+        dir = dir.path().display()
+    );
+    let scripts = vec![script.as_str(); PROCS];
+    let mut agent = ChildAgent::start(&[], &scripts);
+    let addr = agent.addr();
+    let pids = agent.pids();
+    hostmesh_testkit::eventually("every proc installed its TERM trap", || {
+        (0..PROCS).all(|r| dir.path().join(format!("ready.{r}")).exists())
+    })
+    .await;
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    c.shutdown_host(addr, Duration::from_secs(20), BOUND)
+        .await
+        .unwrap();
+    let st = tokio::task::spawn_blocking(move || {
+        let st = agent.wait();
+        (st, agent)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert!(st.success(), "{st:?}");
+    wait_all_gone(&pids);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (mut under_way, mut most, mut stopped) = (0usize, 0usize, 0usize);
+    for line in text.lines() {
+        match line {
+            "start" => {
+                under_way += 1;
+                most = most.max(under_way);
+            }
+            "end" => {
+                under_way -= 1;
+                stopped += 1;
+            }
+            other => panic!("unexpected line {other:?} in {text}"),
+        }
+    }
+    assert_eq!(stopped, PROCS, "every proc got TERM and ended: {text}");
+    assert!(
+        most <= BOUND,
+        "{most} stops under way at once, above max_concurrency {BOUND}: {text}"
+    );
+    assert_eq!(most, BOUND, "stops ran concurrently up to the bound: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     let agent = ChildAgent::start(&[], &[]);
