@@ -148,6 +148,58 @@ async fn wrong_secret_is_refused_and_can_do_nothing() {
     assert!(!agent.stderr_text().contains(SECRET));
 }
 
+/// `AgentClient::resync` (client invariant 1): a watched agent sends a
+/// fresh Snapshot holding what it has now, with no `Disconnected` in
+/// between, and heartbeats keep coming on the same watch, with a digest
+/// equal to the digest of that snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_brings_a_fresh_snapshot_over_the_same_watch() {
+    let agent = ChildAgent::start(
+        &[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")],
+        &["exec sleep 60"],
+    );
+    let addr = agent.addr();
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    c.watch(0, addr);
+    assert_eq!(snapshot(&mut rx).await.len(), 1);
+    // A second proc whose change the test reads past, as if it were lost.
+    c.create_or_update(addr, sh("later", 1, "exec sleep 61"))
+        .await
+        .unwrap();
+    poll_state(&c, addr, "later", |s| {
+        matches!(s.status, ProcPhase::Ready { .. })
+    })
+    .await;
+    c.resync(0);
+    let mut snap = None;
+    for _ in 0..1000 {
+        match next(&mut rx).await.kind {
+            AgentEventKind::Push(AgentPush::Snapshot { procs, .. }) => {
+                snap = Some(procs);
+                break;
+            }
+            AgentEventKind::Disconnected { reason } => panic!("resync dropped the watch: {reason}"),
+            _ => {}
+        }
+    }
+    let procs = snap.expect("a fresh snapshot");
+    let mut names: Vec<&str> = procs.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["later", "p0"], "{procs:?}");
+    let want = hostmesh_agent::digest(&procs);
+    for _ in 0..1000 {
+        match next(&mut rx).await.kind {
+            AgentEventKind::Push(AgentPush::Heartbeat { digest, .. }) => {
+                assert_eq!(digest, want, "the heartbeat's digest is the snapshot's");
+                return;
+            }
+            AgentEventKind::Disconnected { reason } => panic!("resync dropped the watch: {reason}"),
+            _ => {}
+        }
+    }
+    panic!("no heartbeat after the resync");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_drives_procs_and_receives_every_change() {
     let agent = ChildAgent::start(&[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")], &[]);
@@ -396,7 +448,10 @@ async fn shutdown_host_stops_at_most_max_concurrency_procs_at_once() {
         most <= BOUND,
         "{most} stops under way at once, above max_concurrency {BOUND}: {text}"
     );
-    assert_eq!(most, BOUND, "stops ran concurrently up to the bound: {text}");
+    assert_eq!(
+        most, BOUND,
+        "stops ran concurrently up to the bound: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
