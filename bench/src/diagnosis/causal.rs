@@ -95,9 +95,11 @@ fn start_agent(
     rank: u64,
     addr: SocketAddr,
     secret_file: &std::path::Path,
+    epoch: &str,
 ) -> anyhow::Result<Agent> {
     let child = Command::new(bin)
         .args(["agent", "--world", "w", "--health-port", "0"])
+        .args(["--epoch", epoch])
         .args(["--heartbeat-interval", "200ms"])
         .arg("--host-rank")
         .arg(rank.to_string())
@@ -148,11 +150,27 @@ async fn scenario(op: &Operator, bin: &std::path::Path, runs: usize) -> anyhow::
     let pods: Api<Pod> = Api::namespaced(op.client.clone(), NS);
     let mut agents = Vec::new();
     for rank in 0..2u64 {
-        let addr: SocketAddr = format!("{}:26600", ip(rank as u8 + 1)).parse()?;
-        agents.push(start_agent(bin, rank, addr, &secret_file)?);
+        // The World's port (it has none set: the default).
+        let addr: SocketAddr = format!(
+            "{}:{}",
+            ip(rank as u8 + 1),
+            hostmesh_crds::world::DEFAULT_PORT
+        )
+        .parse()?;
         let pod = format!("w-host-{rank}");
-        op.until("the host pod", || async { pods.get_opt(&pod).await.ok()? })
+        let created = op
+            .until("the host pod", || async { pods.get_opt(&pod).await.ok()? })
             .await?;
+        // The agent runs with its pod's rank epoch (the operator refuses,
+        // and fences, an agent of another one).
+        let epoch = created
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hostmesh.dev/epoch"))
+            .map_or("0", String::as_str)
+            .to_string();
+        agents.push(start_agent(bin, rank, addr, &secret_file, &epoch)?);
         let status = serde_json::json!({"status": {
             "phase": "Running",
             "podIP": addr.ip().to_string(),

@@ -36,8 +36,16 @@ pub(crate) fn run(runs: usize) -> anyhow::Result<()> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        incidents::run().await.context("incident phases")?;
-        causal::run(&hostmesh, runs).await.context("root cause")?;
-        stall::run().await.context("stall detection")
+        let suite = async {
+            incidents::run().await.context("incident phases")?;
+            causal::run(&hostmesh, runs).await.context("root cause")?;
+            stall::run().await.context("stall detection")
+        };
+        // Ctrl-C or SIGTERM drops the suite's futures, and with them the
+        // agent processes and clusters they started.
+        tokio::select! {
+            r = suite => r,
+            () = hostmesh_operator::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+        }
     })
 }
