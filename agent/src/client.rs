@@ -8,7 +8,9 @@
 //!    on silence (no push for `heartbeat_timeout`) or a failed subscribe
 //!    reports `Disconnected` once and resubscribes with exponential backoff.
 //!    Each (re)subscription starts with a full `Snapshot`, so nothing is
-//!    lost across an outage on either side.
+//!    lost across an outage on either side. [`AgentClient::resync`] asks a
+//!    connected watch to subscribe again over the same port (the agent
+//!    replaces the old subscription): a fresh `Snapshot`, no `Disconnected`.
 //! 2. Requests are calls with `call_timeout`; a call never waits forever.
 //! 3. Dropping the last clone of a client stops its watches and shuts its
 //!    proc down, so agents see the supervisor go.
@@ -128,6 +130,8 @@ impl Default for ClientConfig {
 struct Watch {
     addr: SocketAddr,
     cancel: CancellationToken,
+    /// Asks the watch for a fresh snapshot ([`AgentClient::resync`]).
+    resync: Arc<tokio::sync::Notify>,
 }
 
 struct Inner {
@@ -230,18 +234,31 @@ impl AgentClient {
             old.cancel.cancel();
         }
         let cancel = CancellationToken::new();
+        let resync = Arc::new(tokio::sync::Notify::new());
         watches.insert(
             rank,
             Watch {
                 addr,
                 cancel: cancel.clone(),
+                resync: resync.clone(),
             },
         );
         tokio::spawn(watch_loop(
             self.inner.clone(),
             HostId { rank, addr },
             cancel,
+            resync,
         ));
+    }
+
+    /// Asks the agent of host `rank` for a fresh `Snapshot` (invariant 1):
+    /// the supervisor's picture of it no longer matches the digest in its
+    /// heartbeat. Nothing happens for a rank that is not watched; a watch
+    /// that is reconnecting gets its snapshot from the reconnect.
+    pub fn resync(&self, rank: usize) {
+        if let Some(w) = self.lock().get(&rank) {
+            w.resync.notify_one();
+        }
     }
 
     /// Stops watching host `rank`.
@@ -406,7 +423,12 @@ pub fn agent_ref(addr: SocketAddr) -> Result<ActorRef<HostAgent>, hostmesh_runti
     Ok(ActorRef::attest(proc.actor(HOST_AGENT_ACTOR, 0)?))
 }
 
-async fn watch_loop(inner: Arc<Inner>, host: HostId, cancel: CancellationToken) {
+async fn watch_loop(
+    inner: Arc<Inner>,
+    host: HostId,
+    cancel: CancellationToken,
+    resync: Arc<tokio::sync::Notify>,
+) {
     let cfg = inner.config.clone();
     let mut backoff = cfg.backoff_initial;
     let mut down_reported = false;
@@ -418,15 +440,26 @@ async fn watch_loop(inner: Arc<Inner>, host: HostId, cancel: CancellationToken) 
         }
     };
     while !cancel.is_cancelled() {
-        let reason = match subscribe(&inner, host.addr).await {
+        let (port, rx) = inner.proc.open_port::<AgentPush>();
+        let reason = match subscribe(&inner, host.addr, &port).await {
             Err(reason) => reason,
-            Ok(mut rx) => {
+            Ok(()) => {
+                let mut rx = rx;
                 emit(AgentEventKind::Connected).await;
                 backoff = cfg.backoff_initial;
                 down_reported = false;
                 loop {
                     tokio::select! {
                         () = cancel.cancelled() => return,
+                        () = resync.notified() => {
+                            // The same port: the agent replaces the old
+                            // subscription with one that starts with a
+                            // Snapshot.
+                            tracing::info!(rank = host.rank, addr = %host.addr, "resubscribing for a fresh snapshot");
+                            if let Err(e) = subscribe(&inner, host.addr, &port).await {
+                                break format!("resubscribe failed: {e}");
+                            }
+                        }
                         r = tokio::time::timeout(cfg.heartbeat_timeout, rx.recv()) => match r {
                             Ok(Ok(push)) => emit(AgentEventKind::Push(push)).await,
                             Ok(Err(e)) => break format!("subscription closed: {e}"),
@@ -454,14 +487,15 @@ async fn watch_loop(inner: Arc<Inner>, host: HostId, cancel: CancellationToken) 
 async fn subscribe(
     inner: &Inner,
     addr: SocketAddr,
-) -> Result<hostmesh_runtime::PortReceiver<AgentPush>, String> {
+    port: &hostmesh_runtime::PortRef<AgentPush>,
+) -> Result<(), String> {
     let agent = agent_ref(addr).map_err(|e| e.to_string())?;
-    let (port, rx) = inner.proc.open_port::<AgentPush>();
+    let port = port.clone();
     match agent
         .call(&inner.proc, &Subscribe { port }, inner.config.call_timeout)
         .await
     {
-        Ok(Ok(())) => Ok(rx),
+        Ok(Ok(())) => Ok(()),
         Ok(Err(refused)) => Err(format!("subscribe refused: {refused}")),
         Err(e) => Err(e.to_string()),
     }

@@ -65,7 +65,7 @@ pub use fence::{
 };
 pub use health::Readiness;
 pub use logs::{LogHub, MAX_LINE, MAX_QUEUE_BYTES};
-pub use manager::{ProcManager, digest};
+pub use manager::{DigestEntry, ProcManager, digest, digest_entries};
 pub use monarch::MonarchWorker;
 pub use proc_agent::{
     ActorState, GetActorState, JoinedProc, Keepalive, MESH_ACTOR, MeshAgent, SpawnFor, join_host,

@@ -505,13 +505,49 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A digest of a set of proc states: FNV-1a over each proc's name,
-/// incarnation, status label, pid and whether it is stalled, in name order. The agent sends it in
-/// heartbeats; a supervisor computes it over its own picture and asks for a
-/// snapshot when they differ.
+/// What [`digest`] reads of one proc's state: its name, incarnation,
+/// status label, pid and whether it is stalled. A supervisor that keeps
+/// these per proc can compute the digest of its own picture
+/// ([`digest_entries`]) without keeping the whole reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DigestEntry {
+    /// Proc name.
+    pub name: String,
+    /// Incarnation.
+    pub restarts: u32,
+    /// [`ProcPhase::label`](crate::protocol::ProcPhase::label).
+    pub label: &'static str,
+    /// Pid, 0 when none.
+    pub pid: u32,
+    /// Reported stalled.
+    pub stalled: bool,
+}
+
+impl DigestEntry {
+    /// The entry of one report.
+    pub fn of(s: &ProcReport) -> Self {
+        DigestEntry {
+            name: s.name.clone(),
+            restarts: s.restarts,
+            label: s.status.label(),
+            pid: s.pid.unwrap_or(0),
+            stalled: s.stall.is_some(),
+        }
+    }
+}
+
+/// A digest of a set of proc states: FNV-1a over each proc's
+/// [`DigestEntry`], in name order. The agent sends it in heartbeats; a
+/// supervisor computes it over its own picture and asks for a snapshot when
+/// they differ.
 pub fn digest(states: &[ProcReport]) -> u64 {
-    let mut sorted: Vec<&ProcReport> = states.iter().collect();
-    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut entries: Vec<DigestEntry> = states.iter().map(DigestEntry::of).collect();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    digest_entries(&entries)
+}
+
+/// [`digest`] of entries already in name order (a `BTreeMap`'s values).
+pub fn digest_entries<'a>(sorted: impl IntoIterator<Item = &'a DigestEntry>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for b in bytes {
@@ -523,9 +559,9 @@ pub fn digest(states: &[ProcReport]) -> u64 {
         eat(s.name.as_bytes());
         eat(&[0]);
         eat(&s.restarts.to_le_bytes());
-        eat(s.status.label().as_bytes());
-        eat(&s.pid.unwrap_or(0).to_le_bytes());
-        eat(&[u8::from(s.stall.is_some())]);
+        eat(s.label.as_bytes());
+        eat(&s.pid.to_le_bytes());
+        eat(&[u8::from(s.stalled)]);
     }
     h
 }

@@ -148,6 +148,58 @@ async fn wrong_secret_is_refused_and_can_do_nothing() {
     assert!(!agent.stderr_text().contains(SECRET));
 }
 
+/// `AgentClient::resync` (client invariant 1): a watched agent sends a
+/// fresh Snapshot holding what it has now, with no `Disconnected` in
+/// between, and heartbeats keep coming on the same watch, with a digest
+/// equal to the digest of that snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_brings_a_fresh_snapshot_over_the_same_watch() {
+    let agent = ChildAgent::start(
+        &[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")],
+        &["exec sleep 60"],
+    );
+    let addr = agent.addr();
+    let (c, mut rx) = client("operator", SECRET.as_bytes()).await;
+    c.watch(0, addr);
+    assert_eq!(snapshot(&mut rx).await.len(), 1);
+    // A second proc whose change the test reads past, as if it were lost.
+    c.create_or_update(addr, sh("later", 1, "exec sleep 61"))
+        .await
+        .unwrap();
+    poll_state(&c, addr, "later", |s| {
+        matches!(s.status, ProcPhase::Ready { .. })
+    })
+    .await;
+    c.resync(0);
+    let mut snap = None;
+    for _ in 0..1000 {
+        match next(&mut rx).await.kind {
+            AgentEventKind::Push(AgentPush::Snapshot { procs, .. }) => {
+                snap = Some(procs);
+                break;
+            }
+            AgentEventKind::Disconnected { reason } => panic!("resync dropped the watch: {reason}"),
+            _ => {}
+        }
+    }
+    let procs = snap.expect("a fresh snapshot");
+    let mut names: Vec<&str> = procs.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["later", "p0"], "{procs:?}");
+    let want = hostmesh_agent::digest(&procs);
+    for _ in 0..1000 {
+        match next(&mut rx).await.kind {
+            AgentEventKind::Push(AgentPush::Heartbeat { digest, .. }) => {
+                assert_eq!(digest, want, "the heartbeat's digest is the snapshot's");
+                return;
+            }
+            AgentEventKind::Disconnected { reason } => panic!("resync dropped the watch: {reason}"),
+            _ => {}
+        }
+    }
+    panic!("no heartbeat after the resync");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_drives_procs_and_receives_every_change() {
     let agent = ChildAgent::start(&[("HOSTMESH_HEARTBEAT_INTERVAL", "100ms")], &[]);
@@ -334,6 +386,72 @@ async fn shutdown_host_stops_procs_then_the_agent_exits() {
     .0;
     assert!(st.success(), "{st:?}");
     wait_all_gone(&pids);
+}
+
+/// `ShutdownHost {max_concurrency: 2}` over six procs that, on TERM, log
+/// `start`, linger, log `end` and exit: the log never shows more than two
+/// stops under way, and does show two at once (the bound is a bound, not a
+/// serial stop). Only the order of the lines is read, never a clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_host_stops_at_most_max_concurrency_procs_at_once() {
+    const PROCS: usize = 6;
+    const BOUND: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("term.log");
+    // The TERM trap is installed before the ready mark; `wait` returns on
+    // the signal, and the trap lingers a second with its stop under way.
+    let script = format!(
+        "trap 'echo start >> {log}; sleep 1; echo end >> {log}; kill $p 2>/dev/null; exit 0' TERM; \
+         sleep 300 & p=$!; touch {dir}/ready.$RANK; wait $p",
+        log = log.display(),
+        dir = dir.path().display()
+    );
+    let scripts = vec![script.as_str(); PROCS];
+    let mut agent = ChildAgent::start(&[], &scripts);
+    let addr = agent.addr();
+    let pids = agent.pids();
+    hostmesh_testkit::eventually("every proc installed its TERM trap", || {
+        (0..PROCS).all(|r| dir.path().join(format!("ready.{r}")).exists())
+    })
+    .await;
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    c.shutdown_host(addr, Duration::from_secs(20), BOUND)
+        .await
+        .unwrap();
+    let st = tokio::task::spawn_blocking(move || {
+        let st = agent.wait();
+        (st, agent)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert!(st.success(), "{st:?}");
+    wait_all_gone(&pids);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (mut under_way, mut most, mut stopped) = (0usize, 0usize, 0usize);
+    for line in text.lines() {
+        match line {
+            "start" => {
+                under_way += 1;
+                most = most.max(under_way);
+            }
+            "end" => {
+                under_way -= 1;
+                stopped += 1;
+            }
+            other => panic!("unexpected line {other:?} in {text}"),
+        }
+    }
+    assert_eq!(stopped, PROCS, "every proc got TERM and ended: {text}");
+    assert!(
+        most <= BOUND,
+        "{most} stops under way at once, above max_concurrency {BOUND}: {text}"
+    );
+    assert_eq!(
+        most, BOUND,
+        "stops ran concurrently up to the bound: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,12 @@
 //! hostmesh benchmark suites. Run as
 //! `cargo run --release -p hostmesh-bench -- <suite>` (`chaos` also takes
-//! `--runs N` and `--scenarios a,b`); each suite prints one JSON object per
+//! `--runs N` and `--scenarios a,b`; `diagnosis` takes `--runs N`, the
+//! causal-scenario runs, default 20); each suite prints one JSON object per
 //! line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod agent;
 mod apiserver;
+mod diagnosis;
 mod e2e;
 mod image;
 mod kubelet;
@@ -20,11 +22,12 @@ use hostmesh_bench::{chaos, report};
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis.
     suite: String,
-    /// chaos: runs of each scenario.
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
+    /// chaos: runs of each scenario (default 3); diagnosis: runs of the
+    /// causal scenario (default 20).
+    #[arg(long)]
+    runs: Option<usize>,
     /// chaos: the scenarios to run (comma-separated; all by default).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
@@ -53,16 +56,17 @@ fn main() -> anyhow::Result<()> {
         "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
+        "diagnosis" => diagnosis::run(cli.runs.unwrap_or(20)),
         "chaos" => {
             let scenarios = cli
                 .scenarios
                 .iter()
                 .map(|s| chaos::Scenario::parse(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            chaos::run(cli.runs, &scenarios)
+            chaos::run(cli.runs.unwrap_or(3), &scenarios)
         }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis"
         ),
     }
 }

@@ -109,6 +109,7 @@ async fn status_writes() -> anyhow::Result<()> {
                 host: host.clone(),
                 pod_uid: format!("uid-{h}"),
                 clock: None,
+                digest: None,
             })
             .await?;
             pushes += 1;
@@ -186,6 +187,7 @@ async fn expiry() -> anyhow::Result<()> {
                 host,
                 pod_uid: format!("uid-{h}"),
                 clock: None,
+                digest: None,
             })
             .await?;
         }

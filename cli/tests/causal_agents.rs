@@ -85,7 +85,7 @@ fn ip(n: u8) -> String {
     format!("127.{}.{}.{n}", 100 + (pid % 100), 1 + (pid / 100) % 250)
 }
 
-fn start_agent(rank: u64, epoch: &str, addr: SocketAddr, secret_file: &std::path::Path) -> Agent {
+fn start_agent(rank: u64, addr: SocketAddr, secret_file: &std::path::Path, epoch: &str) -> Agent {
     let child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
         .args(["agent", "--world", "w", "--health-port", "0"])
         .args(["--epoch", epoch])
@@ -166,18 +166,26 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut agents = Vec::new();
     for rank in 0..2u64 {
-        let addr: SocketAddr = format!("{}:26602", ip(rank as u8 + 1)).parse().unwrap();
+        // The World's port (it sets none: the default), and the agent of
+        // the pod's rank epoch (the operator refuses, and fences, another).
+        let addr: SocketAddr = format!(
+            "{}:{}",
+            ip(rank as u8 + 1),
+            hostmesh_crds::world::DEFAULT_PORT
+        )
+        .parse()
+        .unwrap();
         let pod = format!("w-host-{rank}");
-        // The agent runs with its pod's rank epoch, as the pod's env gives it.
         let created =
             eventually_async("the host pod", async || pods.get_opt(&pod).await.ok()?).await;
         let epoch = created
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get("hostmesh.dev/epoch").cloned())
-            .unwrap_or_else(|| "0".to_string());
-        agents.push(start_agent(rank, &epoch, addr, &secret_file));
+            .and_then(|a| a.get("hostmesh.dev/epoch"))
+            .map_or("0", String::as_str)
+            .to_string();
+        agents.push(start_agent(rank, addr, &secret_file, &epoch));
         let status = serde_json::json!({"status": {
             "phase": "Running",
             "podIP": addr.ip().to_string(),

@@ -167,8 +167,8 @@ pub struct RestartPolicy {
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub backoff: Option<String>,
     /// Rules, first match wins, deciding whether a failure is retried. With
-    /// no match: exit codes 126, 127 (cannot execute / not found) and 1-2
-    /// for usage errors are permanent; others and signals are retried.
+    /// no match: exit codes 126 and 127 (cannot execute / command not found)
+    /// are permanent; every other exit code and every signal is retried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<ExitRule>,
     /// What a stall (`spec.stallTimeout`) does. `Failure` (default): a

@@ -55,6 +55,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         },
         pod_uid: uid.into(),
         clock: None,
+        digest: None,
     };
     let t0 = Instant::now();
     hub.handle_push(beat(0, "uid-0"), t0);

@@ -72,13 +72,25 @@ impl Actor for TestActor {
     }
 }
 
+/// A label the test actors of this process refuse, on top of `"refuse"`
+/// (which every process refuses): set once, by `--refuse` of
+/// `hostmesh-runtime-testproc`, so that one proc of a mesh fails a spawn the
+/// others accept.
+static REFUSED_HERE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Makes the test actors of this process refuse `label` (see
+/// [`REFUSED_HERE`]); a second call is ignored.
+pub fn refuse_label_in_this_process(label: String) {
+    let _ = REFUSED_HERE.set(label);
+}
+
 impl RemoteSpawn for TestActor {
     type Params = String;
     async fn new(label: String) -> Result<Self, ActorError> {
-        if label == "refuse" {
-            return Err(ActorError::new(
-                "this test actor refuses the label \"refuse\"",
-            ));
+        if label == "refuse" || REFUSED_HERE.get() == Some(&label) {
+            return Err(ActorError::new(format!(
+                "this test actor refuses the label {label:?}"
+            )));
         }
         Ok(TestActor::with_label(label))
     }

@@ -252,7 +252,10 @@ async fn malformed_and_oversize_frames_close_only_their_connection() {
 async fn cast_to_a_slice_reaches_exactly_that_slice() {
     let mut peers = Vec::new();
     for i in 0..4 {
-        peers.push(start_peer(&format!("h{i}"), &["--actors", "0"]).await);
+        // Proc 2 alone refuses the label "picky" (see the spawn below).
+        let refuse: &[&str] = if i == 2 { &["--refuse", "picky"] } else { &[] };
+        let args = [&["--actors", "0"][..], refuse].concat();
+        peers.push(start_peer(&format!("h{i}"), &args).await);
     }
     let c = client().await;
     let region: Region = "host=2,gpu=2".parse().unwrap();
@@ -280,12 +283,13 @@ async fn cast_to_a_slice_reaches_exactly_that_slice() {
     let counts = mesh.call_all(&c, &Count, T).await.unwrap();
     // ranks: (h0,g0)=0 (h0,g1)=1 (h1,g0)=2 (h1,g1)=3
     assert_eq!(counts.to_vec(), vec![1, 0, 6, 5]);
-    // Spawning with params the actor refuses names the failed ranks.
+    // A spawn that fails on one proc only names that rank, and only it:
+    // the other three accepted the params.
     let e = procs
-        .spawn::<TestActor>(&c, "again", &"refuse".to_string(), T)
+        .spawn::<TestActor>(&c, "again", &"picky".to_string(), T)
         .await
         .unwrap_err();
-    match e {
+    match &e {
         Error::Ranks {
             op: "spawn",
             failed,
@@ -293,11 +297,22 @@ async fn cast_to_a_slice_reaches_exactly_that_slice() {
         } => {
             assert_eq!(
                 failed.iter().map(|f| f.0).collect::<Vec<_>>(),
-                vec![0, 1, 2, 3]
+                vec![2],
+                "only rank 2 refused: {e}"
             );
             assert!(failed[0].1.contains("refuses"), "{failed:?}");
         }
         other => panic!("expected a rank error, got {other}"),
     }
+    // Params every proc refuses name every rank.
+    let e = procs
+        .spawn::<TestActor>(&c, "refused", &"refuse".to_string(), T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Ranks { op: "spawn", failed, total: 4 }
+            if failed.iter().map(|f| f.0).collect::<Vec<_>>() == [0, 1, 2, 3]),
+        "{e}"
+    );
     drop(peers);
 }

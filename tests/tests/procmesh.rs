@@ -147,6 +147,12 @@ async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result
     let env = Env::start("procmesh-restart").await?;
     let marks = tempfile::tempdir()?;
     env.apply(&world_yaml("w", &[("host", 1)], "")).await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let uid_before = pods.get("w-host-0").await?.metadata.uid;
+    anyhow::ensure!(uid_before.is_some(), "host pod w-host-0 has no UID");
     // Rank 1 fails the first time only.
     let cmd = format!(
         "if [ \"$RANK\" = 1 ] && [ ! -e {m}/once ]; then touch {m}/once; echo first-try >&2; exit 3; fi; exec sleep 300",
@@ -168,5 +174,12 @@ async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result
     assert_eq!(status["running"], 2, "{status:#}");
     // The root cause stays recorded after the recovery.
     assert_eq!(status["firstFailure"]["rank"], 1, "{status:#}");
+    // In place: the rank was restarted by its agent in the same host pod,
+    // not by replacing the pod.
+    assert_eq!(
+        pods.get("w-host-0").await?.metadata.uid,
+        uid_before,
+        "the host pod was replaced; an in-place restart keeps it"
+    );
     Ok(())
 }

@@ -192,6 +192,9 @@ pub enum HostReport {
         pod_uid: String,
         /// The agent's send time and the receipt time, when the agent said.
         clock: Option<ClockSample>,
+        /// [`hostmesh_agent::digest`] of every proc the agent holds, when
+        /// it said: the hub compares it with its own picture of the host.
+        digest: Option<u64>,
     },
     /// A proc changed state.
     ProcState {
@@ -295,6 +298,10 @@ pub trait AgentLink: Send + Sync {
     fn renew(&self, _epoch: u64) -> BoxFuture<'_, Result<hostmesh_agent::EpochVerdict, LinkError>> {
         Box::pin(async { Ok(hostmesh_agent::EpochVerdict::Current) })
     }
+    /// Asks the agent for a fresh Snapshot (the hub's picture of it does
+    /// not match its heartbeat's digest); the snapshot arrives as a push.
+    /// Never blocks. The default does nothing.
+    fn resync(&self) {}
 }
 
 /// Dials agents.

@@ -30,6 +30,13 @@
 //!    and every heartbeat that counts is answered with a `Renew` of the
 //!    pod's epoch from the link's own task, so an agent stops hearing
 //!    renewals as soon as this hub stops hearing it.
+//! 8. A lost push heals: the hub keeps, per host, what the agent's
+//!    [`hostmesh_agent::digest`] reads of every proc it heard of (from the
+//!    Snapshot and every change since). When two heartbeats in a row carry
+//!    a digest that differs from the digest of that picture, it asks the
+//!    agent for a fresh Snapshot ([`AgentLink::resync`]), at most once per
+//!    [`RESYNC_INTERVAL`] per host; the Snapshot replaces the picture
+//!    (invariant 3).
 
 pub mod agent;
 pub mod clock;
@@ -67,6 +74,9 @@ pub use heartbeat::Liveness;
 pub const COALESCE_INTERVAL: Duration = Duration::from_secs(1);
 const PUSH_QUEUE: usize = 4096;
 const DRAIN_BATCH: usize = 1024;
+/// Least time between two requests for a fresh Snapshot of one host
+/// (invariant 8).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A ProcMesh, by namespace and name.
 pub type MeshKey = WorldKey;
@@ -85,6 +95,13 @@ pub struct WorldAgents {
 }
 
 struct HostEntry {
+    /// What the digest reads of every proc the agent reported, by name
+    /// (invariant 8).
+    held: BTreeMap<String, hostmesh_agent::DigestEntry>,
+    /// Heartbeats in a row whose digest differed from `held`'s.
+    digest_misses: u32,
+    /// When a fresh Snapshot was last asked for (invariant 8).
+    resync_asked: Option<Instant>,
     pod_uid: String,
     addr: SocketAddr,
     link: Option<Arc<dyn AgentLink>>,
@@ -146,6 +163,9 @@ pub struct HubStats {
     pub world_triggers: u64,
     /// ProcMesh triggers emitted.
     pub mesh_triggers: u64,
+    /// Fresh snapshots asked for because a heartbeat's digest differed
+    /// from the hub's picture (invariant 8).
+    pub resyncs: u64,
 }
 
 /// The supervision hub (see the module doc).
@@ -296,17 +316,24 @@ impl Hub {
     /// Applies one push to the hub's view.
     pub fn handle_push(&self, push: HostReport, now: Instant) {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).pushes += 1;
-        let mut st = self.lock();
-        let st = &mut *st;
+        let mut guard = self.lock();
+        let st = &mut *guard;
         match push {
             HostReport::Heartbeat {
                 host,
                 pod_uid,
                 clock,
+                digest,
             } => {
                 let gap = beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
                 self.observe_heartbeat(gap);
+                let resync = digest.and_then(|d| check_digest(st, &host, &pod_uid, d, now));
+                drop(guard);
+                if let Some(link) = resync {
+                    self.stats.lock().unwrap_or_else(|e| e.into_inner()).resyncs += 1;
+                    link.resync();
+                }
             }
             HostReport::Snapshot {
                 host,
@@ -316,6 +343,19 @@ impl Hub {
             } => {
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
+                if let Some(h) = st
+                    .worlds
+                    .get_mut(&host.world)
+                    .and_then(|w| w.hosts.get_mut(&host.rank))
+                    .filter(|h| h.pod_uid == pod_uid)
+                {
+                    h.held = procs
+                        .iter()
+                        .map(|p| (p.name.clone(), hostmesh_agent::DigestEntry::of(p)))
+                        .collect();
+                    h.digest_misses = 0;
+                    h.resync_asked = None;
+                }
                 worker::from_snapshot(st, &host, &procs, now);
                 let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
@@ -366,6 +406,14 @@ impl Hub {
                 }
             }
             HostReport::ProcState { host, state } => {
+                if let Some(h) = st
+                    .worlds
+                    .get_mut(&host.world)
+                    .and_then(|w| w.hosts.get_mut(&host.rank))
+                {
+                    h.held
+                        .insert(state.name.clone(), hostmesh_agent::DigestEntry::of(&state));
+                }
                 if worker::is_worker(&state) {
                     worker::record(st, &host, state, now);
                     return;
@@ -416,6 +464,7 @@ impl Hub {
                     h.link_error = Some(reason);
                     debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
                     h.link = None;
+                    h.digest_misses = 0;
                     h.sent.clear();
                     h.stopping.clear();
                     h.book = None;
@@ -616,6 +665,9 @@ impl Hub {
                     }
                 }
                 let h = entry.hosts.entry(*rank).or_insert_with(|| HostEntry {
+                    held: BTreeMap::new(),
+                    digest_misses: 0,
+                    resync_asked: None,
                     pod_uid: uid.clone(),
                     addr: *addr,
                     link: None,
@@ -808,6 +860,41 @@ fn sample_clock(st: &mut State, host: &HostKey, pod_uid: &str, sample: Option<cl
     {
         h.clock.add(sample);
     }
+}
+
+/// Compares an agent's heartbeat `digest` with the hub's picture of the
+/// host (invariant 8); returns the link to ask for a fresh Snapshot when
+/// it is time to.
+fn check_digest(
+    st: &mut State,
+    host: &HostKey,
+    pod_uid: &str,
+    digest: u64,
+    now: Instant,
+) -> Option<Arc<dyn AgentLink>> {
+    let h = st
+        .worlds
+        .get_mut(&host.world)?
+        .hosts
+        .get_mut(&host.rank)
+        .filter(|h| h.pod_uid == pod_uid && h.reported_at.is_some())?;
+    let held = hostmesh_agent::digest_entries(h.held.values());
+    if held == digest {
+        h.digest_misses = 0;
+        return None;
+    }
+    h.digest_misses += 1;
+    let recently = h
+        .resync_asked
+        .is_some_and(|at| now.saturating_duration_since(at) < RESYNC_INTERVAL);
+    if h.digest_misses < 2 || recently {
+        return None;
+    }
+    let link = h.link.clone()?;
+    info!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, agent = digest, hub = held, procs = h.held.len(), "the agent's proc digest differs from the hub's picture; asking for a fresh snapshot");
+    h.digest_misses = 0;
+    h.resync_asked = Some(now);
+    Some(link)
 }
 
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {

@@ -100,10 +100,13 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
             host,
             state: c.state,
         },
-        AgentEventKind::Push(RtPush::Heartbeat { sent_at_ms, .. }) => HostReport::Heartbeat {
+        AgentEventKind::Push(RtPush::Heartbeat {
+            sent_at_ms, digest, ..
+        }) => HostReport::Heartbeat {
             host,
             pod_uid: uid(),
             clock: Some(ClockSample::now(sent_at_ms)),
+            digest: Some(digest),
         },
     })
 }
@@ -183,6 +186,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
             let link: Arc<dyn AgentLink> = Arc::new(RuntimeLink {
                 client,
                 addr: target.addr,
+                rank,
             });
             Ok(link)
         })
@@ -205,6 +209,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
 struct RuntimeLink {
     client: AgentClient,
     addr: SocketAddr,
+    rank: usize,
 }
 
 impl AgentLink for RuntimeLink {
@@ -292,6 +297,10 @@ impl AgentLink for RuntimeLink {
                 .await
                 .map_err(LinkError::from)
         })
+    }
+
+    fn resync(&self) {
+        self.client.resync(self.rank);
     }
 }
 

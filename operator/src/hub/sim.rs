@@ -49,6 +49,8 @@ pub struct SimConnector {
     /// Hosts whose agent's clock is off the hub's by this many ms (its
     /// snapshots and heartbeats are stamped with it).
     pub clock_skew_ms: Mutex<HashMap<HostKey, i64>>,
+    /// Hosts whose agent was asked for a fresh snapshot, in order.
+    pub resyncs: Mutex<Vec<HostKey>>,
 }
 
 impl SimConnector {
@@ -122,6 +124,33 @@ impl SimConnector {
         })
     }
 
+    /// The agent of `host` (in pod `pod_uid`)'s Snapshot of its procs.
+    fn snapshot(&self, host: &HostKey, pod_uid: &str) -> HostReport {
+        let procs: Vec<protocol::ProcReport> = {
+            let all = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            all.get(host)
+                .map(|h| h.values().cloned().collect())
+                .unwrap_or_default()
+        };
+        HostReport::Snapshot {
+            host: host.clone(),
+            pod_uid: pod_uid.to_string(),
+            procs,
+            clock: Some(ClockSample::now(self.agent_now_ms(host))),
+        }
+    }
+
+    /// [`hostmesh_agent::digest`] of the procs `host`'s agent holds (what
+    /// its heartbeats carry).
+    pub fn digest_of(&self, host: &HostKey) -> u64 {
+        let all = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs: Vec<protocol::ProcReport> = all
+            .get(host)
+            .map(|h| h.values().cloned().collect())
+            .unwrap_or_default();
+        hostmesh_agent::digest(&procs)
+    }
+
     /// Sets proc `name` on `host` to `status` and returns the push to send.
     pub fn set_status(
         &self,
@@ -187,6 +216,7 @@ fn now_ms() -> u64 {
 struct SimLink {
     sim: Arc<SimConnector>,
     host: HostKey,
+    pod_uid: String,
     pushes: mpsc::Sender<HostReport>,
 }
 
@@ -206,6 +236,19 @@ impl SimLink {
 }
 
 impl AgentLink for SimLink {
+    fn resync(&self) {
+        self.sim
+            .resyncs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.host.clone());
+        let snap = self.sim.snapshot(&self.host, &self.pod_uid);
+        let pushes = self.pushes.clone();
+        tokio::spawn(async move {
+            let _ = pushes.send(snap).await;
+        });
+    }
+
     fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             self.record(SimRequest::Create(Box::new(req.clone())));
@@ -314,18 +357,7 @@ impl AgentConnector for SimHandle {
                     reason: "connection refused".to_string(),
                 });
             }
-            let procs: Vec<protocol::ProcReport> = {
-                let all = sim.procs.lock().unwrap_or_else(|e| e.into_inner());
-                all.get(&target.host)
-                    .map(|h| h.values().cloned().collect())
-                    .unwrap_or_default()
-            };
-            let snap = HostReport::Snapshot {
-                host: target.host.clone(),
-                pod_uid: target.pod_uid.clone(),
-                procs,
-                clock: Some(ClockSample::now(sim.agent_now_ms(&target.host))),
-            };
+            let snap = sim.snapshot(&target.host, &target.pod_uid);
             pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {
                 let (sim, host, uid, pushes) = (
@@ -344,6 +376,7 @@ impl AgentConnector for SimHandle {
                             host: host.clone(),
                             pod_uid: uid.clone(),
                             clock: Some(ClockSample::now(sim.agent_now_ms(&host))),
+                            digest: Some(sim.digest_of(&host)),
                         };
                         if pushes.send(beat).await.is_err() {
                             return;
@@ -354,6 +387,7 @@ impl AgentConnector for SimHandle {
             let link: Arc<dyn AgentLink> = Arc::new(SimLink {
                 sim,
                 host: target.host,
+                pod_uid: target.pod_uid,
                 pushes,
             });
             Ok(link)

@@ -89,6 +89,7 @@ async fn liveness_follows_heartbeats_and_expiry() {
             host: host(1),
             pod_uid: "a-1".into(),
             clock: None,
+            digest: None,
         },
         later,
     );
@@ -365,6 +366,7 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
                         agent_ms: (sent + skew) as u64,
                         hub: Timestamp::from_millisecond(sent + d).unwrap(),
                     }),
+                    digest: None,
                 },
                 Instant::now(),
             );
@@ -439,4 +441,62 @@ async fn a_refused_agent_is_not_heard_and_epochs_are_remembered() {
     a.epochs.clear();
     hub.sync_world(&wk(), a).await;
     assert_eq!(hub.highest_epoch(&wk(), 0), 7);
+}
+
+/// Hub invariant 8: a lost push heals. Heartbeats whose digest matches
+/// the hub's picture ask for nothing; once a change is lost on its way,
+/// the second heartbeat in a row with a different digest gets a fresh
+/// Snapshot, which brings the change, and then the digests agree again.
+#[tokio::test]
+async fn a_lost_push_is_healed_by_the_heartbeat_digest() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    let beat = || HostReport::Heartbeat {
+        host: host(0),
+        pod_uid: "a-0".into(),
+        clock: None,
+        digest: Some(sim.digest_of(&host(0))),
+    };
+    for _ in 0..3 {
+        hub.handle_push(beat(), Instant::now());
+    }
+    assert_eq!(hub.stats().resyncs, 0, "the pictures agree: nothing asked");
+    assert!(sim.resyncs.lock().unwrap().is_empty());
+
+    // Rank 1 exits 3, and the push saying so is lost.
+    let name = proc_name("pm.abc", 1);
+    let exited = ProcPhase::Stopped {
+        exit_code: 3,
+        stderr_tail: vec!["boom".into()],
+    };
+    let lost = sim.set_status(&host(0), &name, exited);
+    assert!(lost.is_some(), "the proc exists on the simulated agent");
+    drop(lost);
+    hub.handle_push(beat(), Instant::now());
+    assert_eq!(
+        hub.stats().resyncs,
+        0,
+        "one differing heartbeat may be a race"
+    );
+    hub.handle_push(beat(), Instant::now());
+    assert_eq!(hub.stats().resyncs, 1, "two in a row ask for a snapshot");
+    assert_eq!(*sim.resyncs.lock().unwrap(), vec![host(0)]);
+    // The snapshot comes as a push (from the simulated agent's task).
+    let snap = tokio::time::timeout(hostmesh_testkit::PATIENCE, rx.recv())
+        .await
+        .expect("a push within the patience bound")
+        .expect("push channel open");
+    assert!(matches!(snap, HostReport::Snapshot { .. }), "{snap:?}");
+    hub.handle_push(snap, Instant::now());
+    let states = hub.proc_states(&wk(), "pm.abc");
+    assert_eq!(states[&1].exit_code, Some(3));
+    assert_eq!(states[&0].state, ProcState::Running, "rank 0 untouched");
+    for _ in 0..3 {
+        hub.handle_push(beat(), Instant::now());
+    }
+    assert_eq!(hub.stats().resyncs, 1, "healed: the digests agree again");
 }

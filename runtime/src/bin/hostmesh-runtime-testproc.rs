@@ -2,7 +2,7 @@
 //! prints `READY <proc id>`, and exits when stdin closes.
 //!
 //! Usage: `hostmesh-runtime-testproc --name N --listen tcp:127.0.0.1:0
-//! [--secret S] [--max-frame BYTES] [--actors N]`
+//! [--secret S] [--max-frame BYTES] [--actors N] [--refuse LABEL]`
 
 use std::io::Read as _;
 use std::io::Write as _;
@@ -27,6 +27,10 @@ struct Args {
     /// Test actors to spawn at start (t0, t1, ...).
     #[arg(long, default_value_t = 1)]
     actors: usize,
+    /// A label this process's test actors refuse to spawn with (one
+    /// failing rank of a mesh).
+    #[arg(long)]
+    refuse: Option<String>,
 }
 
 #[tokio::main]
@@ -36,6 +40,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(label) = args.refuse {
+        hostmesh_runtime::testing::refuse_label_in_this_process(label);
+    }
     let config = ServerConfig {
         name: args.name,
         listen: args.listen.parse()?,

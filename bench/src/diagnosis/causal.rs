@@ -1,0 +1,282 @@
+//! `root_cause_correct_ratio`: the causal scenario of issue #15, `runs`
+//! times, with real agents (two `hostmesh agent` processes on loopback; the
+//! suite plays the kubelet for their pods) and the real controllers in
+//! process. In each run a fresh ProcMesh of 8 ranks starts, rank 5 is
+//! SIGKILLed, the others exit 1 about 50 ms after it is gone, and rank 5's
+//! report is held back 500 ms on its way to the hub by a delaying connector
+//! around the real one (as `cli/tests/causal_agents.rs` does). A run is
+//! correct when `firstFailure` is rank 5 and every other failed rank is
+//! collateral with `causedBy` 5. Baseline: null (the target is 1.0).
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::future::BoxFuture;
+use hostmesh_crds::ProcMesh;
+use hostmesh_crds::procmesh::{ProcMeshStatus, ProcState};
+use hostmesh_operator::hub::{
+    AgentConnector, AgentLink, AgentTarget, HostKey, HostReport, LinkError, WorldKey,
+    default_connector, parse_proc_name,
+};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use tokio::sync::mpsc;
+
+use super::cluster::{NS, Operator};
+use crate::report::{emit, failure};
+
+const ROOT: u64 = 5;
+const HELD: Duration = Duration::from_millis(500);
+/// How long after rank 5 is gone the others exit.
+const CASCADE: Duration = Duration::from_millis(50);
+
+/// The real connector, with the root rank's end held back [`HELD`].
+struct Delaying(Arc<dyn AgentConnector>);
+
+fn is_root_end(r: &HostReport) -> bool {
+    matches!(r, HostReport::ProcState { state, .. }
+        if state.status.is_terminal()
+            && parse_proc_name(&state.name).is_some_and(|(_, rank)| rank == ROOT))
+}
+
+impl AgentConnector for Delaying {
+    fn connect(
+        &self,
+        target: AgentTarget,
+        pushes: mpsc::Sender<HostReport>,
+    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>> {
+        let (tx, mut rx) = mpsc::channel::<HostReport>(4096);
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                if is_root_end(&r) {
+                    let p = pushes.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(HELD).await;
+                        let _ = p.send(r).await;
+                    });
+                } else if pushes.send(r).await.is_err() {
+                    return;
+                }
+            }
+        });
+        self.0.connect(target, tx)
+    }
+
+    fn forget_host(&self, host: &HostKey) {
+        self.0.forget_host(host);
+    }
+
+    fn forget_world(&self, world: &WorldKey) {
+        self.0.forget_world(world);
+    }
+}
+
+/// A `hostmesh agent` process, killed when dropped.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback IP of this process's own.
+fn ip(n: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{n}", 100 + (pid % 100), 1 + (pid / 100) % 250)
+}
+
+fn start_agent(
+    bin: &std::path::Path,
+    rank: u64,
+    addr: SocketAddr,
+    secret_file: &std::path::Path,
+    epoch: &str,
+) -> anyhow::Result<Agent> {
+    let child = Command::new(bin)
+        .args(["agent", "--world", "w", "--health-port", "0"])
+        .args(["--epoch", epoch])
+        .args(["--heartbeat-interval", "200ms"])
+        .arg("--host-rank")
+        .arg(rank.to_string())
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--secret-file")
+        .arg(secret_file)
+        .env_remove("HOSTMESH_SUPERVISOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("start {}", bin.display()))?;
+    Ok(Agent(child))
+}
+
+/// Runs the scenario `runs` times and emits the ratio of correct runs.
+pub(crate) async fn run(bin: &std::path::Path, runs: usize) -> anyhow::Result<()> {
+    let op = Operator::start(Arc::new(Delaying(default_connector()))).await?;
+    let outcome = scenario(&op, bin, runs).await;
+    op.stop().await;
+    let correct = outcome?;
+    emit(
+        "root_cause_correct_ratio",
+        correct as f64 / runs.max(1) as f64,
+        "ratio",
+        None,
+    );
+    Ok(())
+}
+
+async fn scenario(op: &Operator, bin: &std::path::Path, runs: usize) -> anyhow::Result<usize> {
+    op.apply(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, namespace: diag}\n\
+         spec:\n  shape: [{name: host, size: 2}]\n  healthTimeout: 30s\n  template:\n    spec:\n      containers: [{name: host, image: busybox}]\n",
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(op.client.clone(), NS);
+    let token = op
+        .until("the World's agent Secret", || async {
+            let s = secrets.get_opt("w-agent").await.ok()??;
+            Some(s.data?.get("token")?.0.clone())
+        })
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, &token)?;
+    let pods: Api<Pod> = Api::namespaced(op.client.clone(), NS);
+    let mut agents = Vec::new();
+    for rank in 0..2u64 {
+        // The World's port (it has none set: the default).
+        let addr: SocketAddr = format!(
+            "{}:{}",
+            ip(rank as u8 + 1),
+            hostmesh_crds::world::DEFAULT_PORT
+        )
+        .parse()?;
+        let pod = format!("w-host-{rank}");
+        let created = op
+            .until("the host pod", || async { pods.get_opt(&pod).await.ok()? })
+            .await?;
+        // The agent runs with its pod's rank epoch (the operator refuses,
+        // and fences, an agent of another one).
+        let epoch = created
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hostmesh.dev/epoch"))
+            .map_or("0", String::as_str)
+            .to_string();
+        agents.push(start_agent(bin, rank, addr, &secret_file, &epoch)?);
+        let status = serde_json::json!({"status": {
+            "phase": "Running",
+            "podIP": addr.ip().to_string(),
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
+        }});
+        pods.patch_status(&pod, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+    }
+    let mut correct = 0;
+    for i in 0..runs {
+        match one_run(op, dir.path(), i).await {
+            Ok(true) => correct += 1,
+            Ok(false) => {}
+            Err(e) => failure("root_cause", i, &format!("{e:#}")),
+        }
+    }
+    drop(agents);
+    Ok(correct)
+}
+
+/// One run on a fresh ProcMesh `pm-<i>`; whether the root cause was right.
+async fn one_run(op: &Operator, base: &std::path::Path, i: usize) -> anyhow::Result<bool> {
+    let dir = base.join(format!("run-{i}"));
+    std::fs::create_dir_all(&dir)?;
+    let d = dir.display();
+    let name = format!("pm-{i}");
+    let script = format!(
+        "if [ \"$RANK\" = {ROOT} ]; then echo $$ > {d}/root.pid; exec sleep 300; fi; \
+         while [ ! -e {d}/go ]; do sleep 0.02; done; echo \"rank $RANK: connection reset by peer\" >&2; exit 1"
+    );
+    op.apply(&format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: {name}, namespace: diag}}\n\
+         spec:\n  world: w\n  perHost: [{{name: gpu, size: 4}}]\n  command: [sh, -c, {script:?}]\n  restartPolicy: {{policy: Never}}\n"
+    ))
+    .await?;
+    let meshes: Api<ProcMesh> = Api::namespaced(op.client.clone(), NS);
+    op.until("8 procs running", || async {
+        let s = meshes.get(&name).await.ok()?.status?;
+        (s.running == 8).then_some(())
+    })
+    .await?;
+    let pid_file = dir.join("root.pid");
+    let pid: i32 = op
+        .until("rank 5's pid", || async {
+            std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+        })
+        .await?;
+    // SAFETY: kill(2) with a pid the run's own proc wrote; no memory involved.
+    anyhow::ensure!(
+        unsafe { libc::kill(pid, libc::SIGKILL) } == 0,
+        "kill rank 5"
+    );
+    op.until("rank 5 gone", || async {
+        hostmesh_testkit::process::gone(pid as u32).then_some(())
+    })
+    .await?;
+    tokio::time::sleep(CASCADE).await;
+    std::fs::write(dir.join("go"), b"")?;
+    // Settled: rank 5's (held) report is in and no rank runs or stops.
+    let s = op
+        .until("the failures settled", || async {
+            let s = meshes.get(&name).await.ok()?.status?;
+            s.first_failure.as_ref()?;
+            let settled = s.ranks.iter().all(|r| {
+                !matches!(
+                    r.value.state,
+                    ProcState::Running
+                        | ProcState::Starting
+                        | ProcState::Stopping
+                        | ProcState::Pending
+                )
+            });
+            settled.then_some(s)
+        })
+        .await?;
+    let right = judge(&s);
+    if !right {
+        failure(
+            "root_cause",
+            i,
+            &format!(
+                "firstFailure {:?}, failed {}, collateral {}",
+                s.first_failure.as_ref().map(|f| f.rank),
+                s.failed,
+                s.collateral
+            ),
+        );
+    }
+    meshes.delete(&name, &DeleteParams::default()).await?;
+    op.until("the ProcMesh gone", || async {
+        meshes.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await?;
+    Ok(right)
+}
+
+/// Rank 5 is the first failure and every other failed rank is its
+/// collateral.
+fn judge(s: &ProcMeshStatus) -> bool {
+    let Some(ff) = s.first_failure.as_ref() else {
+        return false;
+    };
+    ff.rank == ROOT
+        && s.collateral + 1 == s.failed
+        && (0..8).filter(|r| *r != ROOT).all(|rank| {
+            hostmesh_crds::runs::get(&s.ranks, rank)
+                .is_some_and(|r| r.state != ProcState::Failed || r.caused_by == Some(ROOT))
+        })
+}
