@@ -12,63 +12,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use hostmesh_crds::ProcMesh;
 use hostmesh_crds::procmesh::ProcState;
-use hostmesh_operator::hub::{
-    AgentConnector, AgentLink, AgentTarget, HostKey, HostReport, LinkError, WorldKey,
-    default_connector, parse_proc_name,
-};
+use hostmesh_operator::hub::default_connector;
+use hostmesh_operator::hub::holdback::HoldBack;
 use hostmesh_operator::{ControllerContext, OperatorArgs};
 use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use tokio::sync::mpsc;
 
 const NS: &str = "causal";
 const ROOT: u64 = 5;
 const HELD: Duration = Duration::from_millis(500);
-
-/// The real connector, with the root rank's end held back [`HELD`].
-struct Delaying(Arc<dyn AgentConnector>);
-
-fn is_root_end(r: &HostReport) -> bool {
-    matches!(r, HostReport::ProcState { state, .. }
-        if state.status.is_terminal()
-            && parse_proc_name(&state.name).is_some_and(|(_, rank)| rank == ROOT))
-}
-
-impl AgentConnector for Delaying {
-    fn connect(
-        &self,
-        target: AgentTarget,
-        pushes: mpsc::Sender<HostReport>,
-    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>> {
-        let (tx, mut rx) = mpsc::channel::<HostReport>(4096);
-        tokio::spawn(async move {
-            while let Some(r) = rx.recv().await {
-                if is_root_end(&r) {
-                    let p = pushes.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(HELD).await;
-                        let _ = p.send(r).await;
-                    });
-                } else if pushes.send(r).await.is_err() {
-                    return;
-                }
-            }
-        });
-        self.0.connect(target, tx)
-    }
-
-    fn forget_host(&self, host: &HostKey) {
-        self.0.forget_host(host);
-    }
-
-    fn forget_world(&self, world: &WorldKey) {
-        self.0.forget_world(world);
-    }
-}
 
 struct Agent(Child);
 
@@ -139,7 +94,11 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     let ctx = ControllerContext::new(
         client.clone(),
         args,
-        Arc::new(Delaying(default_connector())),
+        Arc::new(HoldBack {
+            inner: default_connector(),
+            rank: ROOT,
+            delay: HELD,
+        }),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(hostmesh_operator::controllers::run(ctx, async move {

@@ -3,8 +3,9 @@
 //! suite plays the kubelet for their pods) and the real controllers in
 //! process. In each run a fresh ProcMesh of 8 ranks starts, rank 5 is
 //! SIGKILLed, the others exit 1 about 50 ms after it is gone, and rank 5's
-//! report is held back 500 ms on its way to the hub by a delaying connector
-//! around the real one (as `cli/tests/causal_agents.rs` does). A run is
+//! report is held back 500 ms on its way to the hub by
+//! `hostmesh_operator::hub::holdback::HoldBack` around the real connector
+//! (as in `cli/tests/causal_agents.rs`). A run is
 //! correct when `firstFailure` is rank 5 and every other failed rank is
 //! collateral with `causedBy` 5. Baseline: null (the target is 1.0).
 
@@ -14,16 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::future::BoxFuture;
 use hostmesh_crds::ProcMesh;
 use hostmesh_crds::procmesh::{ProcMeshStatus, ProcState};
-use hostmesh_operator::hub::{
-    AgentConnector, AgentLink, AgentTarget, HostKey, HostReport, LinkError, WorldKey,
-    default_connector, parse_proc_name,
-};
+use hostmesh_operator::hub::default_connector;
+use hostmesh_operator::hub::holdback::HoldBack;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use tokio::sync::mpsc;
 
 use super::cluster::{NS, Operator};
 use crate::report::{emit, failure};
@@ -32,47 +29,6 @@ const ROOT: u64 = 5;
 const HELD: Duration = Duration::from_millis(500);
 /// How long after rank 5 is gone the others exit.
 const CASCADE: Duration = Duration::from_millis(50);
-
-/// The real connector, with the root rank's end held back [`HELD`].
-struct Delaying(Arc<dyn AgentConnector>);
-
-fn is_root_end(r: &HostReport) -> bool {
-    matches!(r, HostReport::ProcState { state, .. }
-        if state.status.is_terminal()
-            && parse_proc_name(&state.name).is_some_and(|(_, rank)| rank == ROOT))
-}
-
-impl AgentConnector for Delaying {
-    fn connect(
-        &self,
-        target: AgentTarget,
-        pushes: mpsc::Sender<HostReport>,
-    ) -> BoxFuture<'static, Result<Arc<dyn AgentLink>, LinkError>> {
-        let (tx, mut rx) = mpsc::channel::<HostReport>(4096);
-        tokio::spawn(async move {
-            while let Some(r) = rx.recv().await {
-                if is_root_end(&r) {
-                    let p = pushes.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(HELD).await;
-                        let _ = p.send(r).await;
-                    });
-                } else if pushes.send(r).await.is_err() {
-                    return;
-                }
-            }
-        });
-        self.0.connect(target, tx)
-    }
-
-    fn forget_host(&self, host: &HostKey) {
-        self.0.forget_host(host);
-    }
-
-    fn forget_world(&self, world: &WorldKey) {
-        self.0.forget_world(world);
-    }
-}
 
 /// A `hostmesh agent` process, killed when dropped.
 struct Agent(Child);
@@ -118,7 +74,12 @@ fn start_agent(
 
 /// Runs the scenario `runs` times and emits the ratio of correct runs.
 pub(crate) async fn run(bin: &std::path::Path, runs: usize) -> anyhow::Result<()> {
-    let op = Operator::start(Arc::new(Delaying(default_connector()))).await?;
+    let op = Operator::start(Arc::new(HoldBack {
+        inner: default_connector(),
+        rank: ROOT,
+        delay: HELD,
+    }))
+    .await?;
     let outcome = scenario(&op, bin, runs).await;
     op.stop().await;
     let correct = outcome?;

@@ -43,6 +43,7 @@ pub mod clock;
 pub mod coalesce;
 pub mod fence;
 pub mod heartbeat;
+pub mod holdback;
 mod procs;
 pub mod runtime_client;
 pub mod sim;
