@@ -224,14 +224,33 @@ impl Env {
     }
 
     fn install_crds(&self, bin: &Path) -> anyhow::Result<()> {
-        let out = Command::new(bin).arg("crds").output()?;
+        self.apply_crds(
+            bin,
+            &[],
+            &["crd/worlds.hostmesh.dev", "crd/procmeshes.hostmesh.dev"],
+        )?;
+        if self.options.serve_monarch_mesh {
+            self.apply_crds(
+                bin,
+                &["--monarch-mesh"],
+                &["crd/monarchmeshes.monarch.pytorch.org"],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Applies what `hostmesh crds <args>` prints, server-side, and waits
+    /// until `names` are Established.
+    fn apply_crds(&self, bin: &Path, args: &[&str], names: &[&str]) -> anyhow::Result<()> {
+        let out = Command::new(bin).arg("crds").args(args).output()?;
         if !out.status.success() {
             bail!(
-                "hostmesh crds failed: {}",
+                "hostmesh crds {} failed: {}",
+                args.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let path = self.dir.path().join("crds.yaml");
+        let path = self.dir.path().join(format!("crds{}.yaml", args.join("")));
         std::fs::write(&path, &out.stdout)?;
         self.kubectl(&[
             "apply",
@@ -239,39 +258,10 @@ impl Env {
             "-f",
             path.to_str().unwrap_or_default(),
         ])?;
-        self.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/worlds.hostmesh.dev",
-            "crd/procmeshes.hostmesh.dev",
-            "--timeout=60s",
-        ])?;
-        if self.options.serve_monarch_mesh {
-            let out = Command::new(bin)
-                .args(["crds", "--monarch-mesh"])
-                .output()?;
-            if !out.status.success() {
-                bail!(
-                    "hostmesh crds --monarch-mesh failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            let path = self.dir.path().join("monarchmesh-crd.yaml");
-            std::fs::write(&path, &out.stdout)?;
-            self.kubectl(&[
-                "apply",
-                "--server-side",
-                "-f",
-                path.to_str().unwrap_or_default(),
-            ])?;
-            self.kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                "crd/monarchmeshes.monarch.pytorch.org",
-                "--timeout=60s",
-            ])?;
-        }
-        Ok(())
+        let mut wait = vec!["wait", "--for=condition=Established"];
+        wait.extend_from_slice(names);
+        wait.push("--timeout=60s");
+        self.kubectl(&wait).map(drop)
     }
 
     /// Starts the operator process (again, after [`Env::kill_operator`]).
