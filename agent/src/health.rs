@@ -2,6 +2,11 @@
 //! agent runs; `/readyz` answers 200 once the agent serves its protocol (and,
 //! on a Monarch host, once its worker listens) and 503 once it is shutting
 //! down. Nothing else is served (404), and nothing here reveals proc state.
+//!
+//! It listens on the pod IP (the kubelet's probe) and, best effort, on
+//! loopback at the same port: `kubectl port-forward` connects to localhost
+//! inside the pod's network namespace. Where pods share one namespace
+//! (`--pod-network host`), the loopback port belongs to the first agent.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -60,30 +65,53 @@ pub(crate) async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| HostError::io("health listener address", e))?;
+    // Best effort: a second agent in a shared namespace finds it taken.
+    let local = if bound.ip().is_loopback() || bound.ip().is_unspecified() {
+        None
+    } else {
+        let lo = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port());
+        match TcpListener::bind(lo).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(%lo, error = %e, "health endpoint not on loopback");
+                None
+            }
+        }
+    };
+    let main = accept_loop(listener, readiness.clone());
     let fut = async move {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %e, "health endpoint accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let readiness = readiness.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let ready = readiness.get();
-                    async move { Ok::<_, Infallible>(answer(req.uri().path(), ready)) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+        match local {
+            Some(l) => {
+                futures::future::join(main, accept_loop(l, readiness)).await;
+            }
+            None => main.await,
         }
     };
     Ok((bound, fut))
+}
+
+async fn accept_loop(listener: TcpListener, readiness: Readiness) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "health endpoint accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let readiness = readiness.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let ready = readiness.get();
+                async move { Ok::<_, Infallible>(answer(req.uri().path(), ready)) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
 }
 
 fn answer(path: &str, ready: bool) -> Response<Full<Bytes>> {

@@ -50,6 +50,39 @@ async fn world_of_four_hosts_becomes_running_with_an_agent_per_pod() -> anyhow::
         &env.namespace,
         "--timeout=60s",
     ])?;
+    // The README's `kubectl port-forward` to the agent's health port: it
+    // connects to localhost inside the pod, where the agent listens too.
+    let mut pf = std::process::Command::new("kubectl")
+        .env("KUBECONFIG", &env.kubeconfig)
+        .args([
+            "port-forward",
+            "-n",
+            &env.namespace,
+            "pod/w4-host-0",
+            ":26601",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    // Kept open until kubectl is killed: it writes more lines.
+    let mut out = std::io::BufReader::new(pf.stdout.take().expect("piped"));
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    // "Forwarding from 127.0.0.1:<port> -> 26601"
+    let local = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_string();
+    let ready = hostmesh_testkit::http::get(local.as_str(), "/readyz").await;
+    let _ = pf.kill();
+    let _ = pf.wait();
+    drop(out);
+    assert_eq!(
+        ready.map(|(code, _)| code),
+        Some(200),
+        "port-forward to the health port ({line})"
+    );
     // And kubectl get shows the printer columns.
     let table = env.kubectl(&["get", "worlds", "-n", &env.namespace])?;
     assert!(
