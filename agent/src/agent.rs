@@ -88,7 +88,7 @@ impl Agent {
             .epoch_table(peers.clone());
         if config.fence.epoch > 0 {
             builder = builder.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
-                rank: config.host_rank as u64,
+                rank: config.host_rank,
                 epoch: config.fence.epoch,
             });
         }

@@ -18,6 +18,7 @@
 //!    (`--supervisor`) push to the `supervisor` actor; their pushes reach the
 //!    same channel.
 
+use hostmesh_mesh::Rank;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -42,7 +43,7 @@ pub const SUPERVISOR_ACTOR: &str = "supervisor";
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HostId {
     /// Host rank.
-    pub rank: usize,
+    pub rank: Rank,
     /// Agent address (pod IP and World port).
     pub addr: SocketAddr,
 }
@@ -225,7 +226,7 @@ impl AgentClient {
     /// Subscribes to the agent of host `rank` at `addr` and keeps the
     /// subscription alive (invariant 1). Watching the same rank at a new
     /// address replaces the old watch; at the same address it is a no-op.
-    pub fn watch(&self, rank: usize, addr: SocketAddr) {
+    pub fn watch(&self, rank: Rank, addr: SocketAddr) {
         let mut watches = self.lock();
         if watches.get(&rank).is_some_and(|w| w.addr == addr) {
             return;
@@ -255,14 +256,14 @@ impl AgentClient {
     /// the supervisor's picture of it no longer matches the digest in its
     /// heartbeat. Nothing happens for a rank that is not watched; a watch
     /// that is reconnecting gets its snapshot from the reconnect.
-    pub fn resync(&self, rank: usize) {
+    pub fn resync(&self, rank: Rank) {
         if let Some(w) = self.lock().get(&rank) {
             w.resync.notify_one();
         }
     }
 
     /// Stops watching host `rank`.
-    pub fn unwatch(&self, rank: usize) {
+    pub fn unwatch(&self, rank: Rank) {
         if let Some(w) = self.lock().remove(&rank) {
             w.cancel.cancel();
         }

@@ -3,6 +3,7 @@
 //! [`AgentConfig`] at start-up so that a missing or invalid setting fails
 //! before anything runs, naming the setting.
 
+use hostmesh_mesh::Rank;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -95,7 +96,7 @@ pub struct AgentConfig {
     /// World namespace, if given.
     pub namespace: Option<String>,
     /// This host's rank.
-    pub host_rank: usize,
+    pub host_rank: Rank,
     /// Runtime protocol listen address.
     pub listen: SocketAddr,
     /// Health listen address.

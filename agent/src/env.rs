@@ -3,6 +3,7 @@
 //! agent's identity and the address book, and validates the request on the
 //! way (a rank outside the extent or on another host is an error).
 
+use hostmesh_mesh::Rank;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -15,7 +16,7 @@ pub struct AgentIdentity {
     /// World name.
     pub world: String,
     /// This host's rank.
-    pub host_rank: usize,
+    pub host_rank: Rank,
     /// The agent's runtime address.
     pub addr: SocketAddr,
     /// Path of the shared secret file (procs read it to join the runtime).
@@ -30,7 +31,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const PROGRESS_FILE_VAR: &str = "HOSTMESH_PROGRESS_FILE";
 
 /// Checks a request's shape: name, command, extent, rank.
-pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), HostError> {
+pub(crate) fn validate(req: &CreateOrUpdate, host_rank: Rank) -> Result<(), HostError> {
     let name = &req.name;
     if name.is_empty()
         || name.len() > 128
@@ -127,7 +128,7 @@ pub(crate) fn validate(req: &CreateOrUpdate, host_rank: usize) -> Result<(), Hos
 
 /// The coordinates of `rank` in `spec.extent` (row-major: the last
 /// dimension varies fastest).
-pub fn coordinates(spec: &ProcSpec, rank: usize) -> Vec<usize> {
+pub fn coordinates(spec: &ProcSpec, rank: Rank) -> Vec<usize> {
     let mut rest = rank;
     let mut coords = vec![0; spec.extent.len()];
     for (i, d) in spec.extent.iter().enumerate().rev() {
@@ -226,7 +227,7 @@ mod tests {
     use super::*;
     use crate::protocol::Dim;
 
-    fn req(rank: usize) -> CreateOrUpdate {
+    fn req(rank: Rank) -> CreateOrUpdate {
         let mut spec = ProcSpec::command("true", &[]);
         spec.extent = vec![
             Dim::new("replica", 2),
@@ -244,7 +245,7 @@ mod tests {
         }
     }
 
-    fn agent(host_rank: usize) -> AgentIdentity {
+    fn agent(host_rank: Rank) -> AgentIdentity {
         AgentIdentity {
             world: "trainer".into(),
             host_rank,

@@ -22,6 +22,7 @@
 //!    `HOSTMESH_RANK_EPOCHS`), so the runtime handshake refuses a replaced
 //!    rank's older copy (`hostmesh_runtime::channel::epoch`).
 
+use hostmesh_mesh::Rank;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ pub fn proc_epochs(
     let Some(claim) = claim.filter(|c| !c.trim().is_empty()) else {
         return Ok(None);
     };
-    let pair = |s: &str, sep: char| -> Option<(u64, u64)> {
+    let pair = |s: &str, sep: char| -> Option<(Rank, u64)> {
         let (r, e) = s.trim().split_once(sep)?;
         Some((r.trim().parse().ok()?, e.trim().parse().ok()?))
     };
@@ -119,7 +120,7 @@ struct State {
 /// One agent's fence (see the module doc).
 #[derive(Debug)]
 pub struct Fence {
-    host_rank: usize,
+    host_rank: Rank,
     policy: OnceLock<FencePolicy>,
     peers: OnceLock<EpochTable>,
     state: Mutex<State>,
@@ -129,7 +130,7 @@ pub struct Fence {
 impl Fence {
     /// An open fence for host `host_rank`, its policy the default until
     /// [`Fence::configure`].
-    pub(crate) fn new(host_rank: usize) -> Self {
+    pub(crate) fn new(host_rank: Rank) -> Self {
         Fence {
             host_rank,
             policy: OnceLock::new(),
@@ -150,7 +151,7 @@ impl Fence {
     /// contact.
     pub fn configure(&self, policy: FencePolicy) {
         let _ = self.policy.set(policy);
-        self.peers().raise(self.host_rank as u64, self.epoch());
+        self.peers().raise(self.host_rank, self.epoch());
         self.lock().last_contact = Instant::now();
     }
 
@@ -169,7 +170,7 @@ impl Fence {
     pub fn claim(&self) -> Option<EpochClaim> {
         let epoch = self.epoch();
         (epoch > 0).then_some(EpochClaim {
-            rank: self.host_rank as u64,
+            rank: self.host_rank,
             epoch,
         })
     }
@@ -180,7 +181,7 @@ impl Fence {
         let Some(c) = self.claim() else {
             return Vec::new();
         };
-        let known = (0..ranks.max(self.host_rank + 1) as u64)
+        let known = (0..ranks.max(self.host_rank + 1))
             .filter_map(|r| Some(format!("{r}={}", self.peers().current(r)?)))
             .collect::<Vec<_>>()
             .join(",");
@@ -229,7 +230,7 @@ impl Fence {
     pub fn address_book(&self, epochs: &[u64]) {
         for (r, e) in epochs.iter().enumerate() {
             if *e > 0 {
-                self.peers().raise(r as u64, *e);
+                self.peers().raise(r, *e);
             }
         }
         if let Some(e) = epochs.get(self.host_rank)

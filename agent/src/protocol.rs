@@ -9,6 +9,7 @@
 //! 3. Every [`ProcStateChanged`] carries the proc's full state, so a
 //!    subscriber never needs an earlier message to interpret a later one.
 
+use hostmesh_mesh::Rank;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -73,8 +74,8 @@ impl ProcSpec {
     }
 
     /// Number of procs in the whole mesh.
-    pub fn world_size(&self) -> usize {
-        self.extent.iter().map(|d| d.size as usize).product()
+    pub fn world_size(&self) -> Rank {
+        self.extent.iter().map(|d| d.size as Rank).product()
     }
 
     /// Number of procs on each host.
@@ -94,7 +95,7 @@ pub struct CreateOrUpdate {
     /// also the proc's runtime name).
     pub name: String,
     /// The proc's global rank in its mesh.
-    pub rank: usize,
+    pub rank: Rank,
     /// What to run.
     pub spec: ProcSpec,
     /// The operator's restart counter for this proc. A higher incarnation of
@@ -190,7 +191,7 @@ impl ProcPhase {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankReport {
     /// The proc's rank.
-    pub rank: usize,
+    pub rank: Rank,
     /// Where the proc is in its life: starting, ready, stopping, or how
     /// it ended.
     pub status: ProcPhase,
@@ -204,7 +205,7 @@ pub struct ProcReport {
     /// The proc name.
     pub name: String,
     /// Its global rank.
-    pub rank: usize,
+    pub rank: Rank,
     /// OS process id of the current incarnation, once spawned.
     pub pid: Option<u32>,
     /// The command line that was run (executable and arguments).
@@ -303,7 +304,7 @@ pub struct ProcStacks {
     /// The proc name.
     pub name: String,
     /// Its rank.
-    pub rank: usize,
+    pub rank: Rank,
     /// How they were taken: `py-spy`, `kernel` (`/proc/<pid>/task/*/stack`),
     /// `wchan` (wait channel and system call), or `none` (no process).
     pub method: String,
@@ -317,7 +318,7 @@ pub struct ProcStacks {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcStateChanged {
     /// The host's rank.
-    pub host_rank: usize,
+    pub host_rank: Rank,
     /// The proc's new state.
     pub state: ProcReport,
 }
@@ -334,7 +335,7 @@ pub enum AgentPush {
     /// subscriber fell behind: it replaces the subscriber's picture.
     Snapshot {
         /// The host's rank.
-        host_rank: usize,
+        host_rank: Rank,
         /// The agent's runtime address.
         agent_addr: String,
         /// Sequence number the snapshot is current at.
@@ -356,7 +357,7 @@ pub enum AgentPush {
     /// to it is gone.
     Heartbeat {
         /// The host's rank.
-        host_rank: usize,
+        host_rank: Rank,
         /// Latest sequence number.
         seq: u64,
         /// [`digest`](crate::digest) of all proc states.

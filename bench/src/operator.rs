@@ -10,6 +10,7 @@
 //!   held in the operator's caches (reflector stores of Worlds and their
 //!   pods, and the hub's view of every agent).
 
+use hostmesh_crds::Rank;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use tokio::sync::mpsc;
 
 use crate::report::emit;
 
-const HOSTS: u64 = 1_000;
+const HOSTS: Rank = 1_000;
 
 fn world_key(i: usize) -> WorldKey {
     WorldKey {
@@ -39,7 +40,7 @@ fn world_key(i: usize) -> WorldKey {
     }
 }
 
-fn agents(n: u64, timeout: Duration) -> WorldAgents {
+fn agents(n: Rank, timeout: Duration) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"bench-secret-0123456789"[..]),
         health_timeout: timeout,
@@ -82,7 +83,7 @@ async fn status_writes() -> anyhow::Result<()> {
     for h in 0..HOSTS {
         let req = CreateOrUpdate {
             name: proc_name("train.bench", h),
-            rank: h as usize,
+            rank: h,
             spec: ProcSpec::command("sleep", &["1000"]),
             incarnation: 0,
         };
@@ -98,7 +99,7 @@ async fn status_writes() -> anyhow::Result<()> {
     let storm = Duration::from_secs(5);
     let start = Instant::now();
     let mut pushes = 0u64;
-    let mut round = 0u64;
+    let mut round: Rank = 0;
     while start.elapsed() < storm {
         for h in 0..HOSTS {
             let host = HostKey {
@@ -168,7 +169,7 @@ async fn expiry() -> anyhow::Result<()> {
     let mut last_silent_beat = Instant::now();
     hub.sync_world(&wk, agents(HOSTS, timeout)).await;
     let tx = hub.push_sender();
-    let silent = 7u64;
+    let silent: Rank = 7;
     let deadline = Instant::now() + timeout * 5;
     let mut seen = None;
     while Instant::now() < deadline && seen.is_none() {

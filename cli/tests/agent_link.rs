@@ -109,14 +109,14 @@ fn agents(secret: &[u8], addr: SocketAddr) -> WorldAgents {
     }
 }
 
-fn sleeper(rank: u64) -> CreateOrUpdate {
+fn sleeper(rank: hostmesh_crds::Rank) -> CreateOrUpdate {
     let mut spec = ProcSpec::command("sleep", &["300"]);
     spec.proc_mesh = "pm".into();
     spec.extent = vec![Dim::new("host", 1), Dim::new("gpu", 1)];
     spec.per_host_dims = 1;
     CreateOrUpdate {
         name: proc_name("pm.abc", rank),
-        rank: rank as usize,
+        rank,
         spec,
         incarnation: 0,
     }

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 const NS: &str = "causal";
-const ROOT: u64 = 5;
+const ROOT: hostmesh_crds::Rank = 5;
 const HELD: Duration = Duration::from_millis(500);
 
 struct Agent(Child);

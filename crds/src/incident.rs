@@ -10,6 +10,7 @@
 //!    keeps whole seconds). The phase times, where set, never decrease in the order `failedAt`,
 //!    `detectedAt`, `decidedAt`, `podsReadyAt`, `procsRunningAt`.
 
+use hostmesh_mesh::Rank;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -43,12 +44,12 @@ pub struct Incident {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<IncidentAction>,
     /// The rank that failed first.
-    pub rank: u64,
+    pub rank: Rank,
     /// Why it failed, decoded (at most [`MAX_ROOT_CAUSE`] bytes).
     pub root_cause: String,
     /// Later failures of other ranks within the cascade window.
     #[serde(default)]
-    pub collateral: u64,
+    pub collateral: Rank,
 }
 
 /// What the restart policy did about an incident.
@@ -97,7 +98,7 @@ mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
 
-    fn incident(i: u64) -> Incident {
+    fn incident(i: Rank) -> Incident {
         let t = MicroTime(Timestamp::from_second(1_700_000_000 + i as i64).unwrap());
         Incident {
             failed_at: t.clone(),
@@ -108,7 +109,7 @@ mod tests {
             action: Some(IncidentAction::RestartGang),
             rank: i,
             root_cause: "x".repeat(100_000),
-            collateral: u64::MAX,
+            collateral: Rank::MAX,
         }
     }
 
@@ -119,7 +120,7 @@ mod tests {
             push(&mut ring, incident(i));
         }
         assert_eq!(ring.len(), MAX_INCIDENTS);
-        assert_eq!(ring[0].rank, 100 - MAX_INCIDENTS as u64, "oldest dropped");
+        assert_eq!(ring[0].rank, 100 - MAX_INCIDENTS, "oldest dropped");
         assert_eq!(ring[MAX_INCIDENTS - 1].rank, 99);
         assert!(ring.iter().all(|i| i.root_cause.len() == MAX_ROOT_CAUSE));
         let bytes = serde_json::to_vec(&ring).unwrap().len();

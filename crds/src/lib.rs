@@ -23,7 +23,7 @@ pub mod procmesh;
 pub mod validate;
 pub mod world;
 
-pub use hostmesh_mesh::{Dim, Shape, runs, shape};
+pub use hostmesh_mesh::{Dim, Rank, Shape, runs, shape};
 pub use procmesh::{ProcMesh, ProcMeshSpec, ProcMeshStatus};
 pub use world::{World, WorldSpec, WorldStatus};
 

@@ -19,17 +19,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DURATION_PATTERN;
-use hostmesh_mesh::Run;
 use hostmesh_mesh::shape::{Dim, MAX_DIMS, Shape};
+use hostmesh_mesh::{Rank, Run};
 
 /// Default `spawnTimeout`.
 pub const DEFAULT_SPAWN_TIMEOUT: &str = "60s";
 /// Default `stopTimeout`.
 pub const DEFAULT_STOP_TIMEOUT: &str = "30s";
 /// Largest number of procs on one host.
-pub const MAX_PROCS_PER_HOST: u64 = 1024;
+pub const MAX_PROCS_PER_HOST: Rank = 1024;
 /// Largest number of procs in one ProcMesh.
-pub const MAX_PROCS: u64 = 200_000;
+pub const MAX_PROCS: Rank = 200_000;
 /// Most bytes of stderr kept per failed rank in status.
 pub const MAX_STDERR_TAIL: usize = 1024;
 /// Most bytes of the head of stderr kept per failed rank in status.
@@ -255,18 +255,18 @@ pub struct ProcMeshStatus {
     pub extent: Option<String>,
     /// Procs running.
     #[serde(default)]
-    pub running: u64,
+    pub running: Rank,
     /// Procs that exited 0.
     #[serde(default)]
-    pub succeeded: u64,
+    pub succeeded: Rank,
     /// Procs that failed (exit code, signal, timeout, lost host), the
     /// collateral ones included.
     #[serde(default)]
-    pub failed: u64,
+    pub failed: Rank,
     /// Of the failed procs, those that failed within the cascade of an
     /// earlier failure (their rank status says `causedBy`).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub collateral: u64,
+    pub collateral: Rank,
     /// Per-rank proc state as runs of equal state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<Run<RankStatus>>,
@@ -374,10 +374,10 @@ pub struct RankStatus {
     /// For a collateral failure: the rank whose failure began the cascade
     /// (this rank failed within the cascade window after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub caused_by: Option<u64>,
+    pub caused_by: Option<Rank>,
 }
 
-fn is_zero(n: &u64) -> bool {
+fn is_zero(n: &Rank) -> bool {
     *n == 0
 }
 
@@ -433,9 +433,9 @@ pub const MAX_ACTOR_FAILURES: usize = 16;
 #[serde(rename_all = "camelCase")]
 pub struct ActorFailure {
     /// Proc rank.
-    pub rank: u64,
+    pub rank: Rank,
     /// Host rank.
-    pub host: u64,
+    pub host: Rank,
     /// The actor (`<proc>/<name>[<index>]` as the runtime prints it).
     pub actor: String,
     /// Why it failed (at most [`MAX_REASON`] bytes).
@@ -509,9 +509,9 @@ pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankS
 #[serde(rename_all = "camelCase")]
 pub struct FirstFailure {
     /// Proc rank.
-    pub rank: u64,
+    pub rank: Rank,
     /// Host rank (pod `<world>-host-<host>`).
-    pub host: u64,
+    pub host: Rank,
     /// When it failed: the agent's clock corrected by its estimated offset
     /// (for a lost host, when its agent was last heard; for a spawn timeout,
     /// when the operator noticed), to
@@ -636,7 +636,7 @@ mod tests {
         let (runs, truncated) = rank_runs(v);
         assert!(truncated);
         assert_eq!(runs.len(), hostmesh_mesh::runs::MAX_RUNS);
-        let incident = |i: u64| crate::incident::Incident {
+        let incident = |i: Rank| crate::incident::Incident {
             failed_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
             detected_at: MicroTime(k8s_openapi::jiff::Timestamp::now()),
             decided_at: None,

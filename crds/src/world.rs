@@ -8,8 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DURATION_PATTERN;
-use hostmesh_mesh::Run;
 use hostmesh_mesh::shape::{Dim, MAX_DIMS, Shape};
+use hostmesh_mesh::{Rank, Run};
 
 /// Default agent port.
 pub const DEFAULT_PORT: u16 = 26602;
@@ -18,7 +18,7 @@ pub const DEFAULT_HEALTH_TIMEOUT: &str = "10s";
 /// Default `evictionTimeout`.
 pub const DEFAULT_EVICTION_TIMEOUT: &str = "60s";
 /// Largest number of hosts in one World.
-pub const MAX_HOSTS: u64 = 10_000;
+pub const MAX_HOSTS: Rank = 10_000;
 
 /// Desired state of a World.
 // kube's printcolumn(...) lists trip clippy's duplicated-attribute check.
@@ -317,10 +317,10 @@ pub struct WorldStatus {
     pub ready: Option<String>,
     /// Hosts whose pod is Ready and whose agent heartbeats.
     #[serde(default)]
-    pub ready_hosts: u32,
+    pub ready_hosts: Rank,
     /// Hosts the World asks for.
     #[serde(default)]
-    pub desired_hosts: u32,
+    pub desired_hosts: Rank,
     /// Per-rank host state as runs of equal state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<Run<HostStatus>>,
@@ -359,7 +359,7 @@ pub struct WorldStatus {
 #[serde(rename_all = "camelCase")]
 pub struct HostFailure {
     /// Host rank.
-    pub rank: u64,
+    pub rank: Rank,
     /// The host pod.
     pub pod: String,
     /// When it was observed.

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MeshError, check_dim_name, parse_err};
+use super::{MeshError, Rank, check_dim_name, parse_err};
 
 /// Ordered named dimensions, row-major (the last dimension varies fastest).
 ///
@@ -97,7 +97,7 @@ impl Extent {
     }
 
     /// Number of ranks (product of the sizes).
-    pub fn num_ranks(&self) -> usize {
+    pub fn num_ranks(&self) -> Rank {
         self.sizes.iter().product()
     }
 
@@ -128,7 +128,7 @@ impl Extent {
     }
 
     /// The rank of the given coordinates.
-    pub fn rank_of(&self, coords: &[usize]) -> Result<usize, MeshError> {
+    pub fn rank_of(&self, coords: &[usize]) -> Result<Rank, MeshError> {
         if coords.len() != self.sizes.len() || coords.iter().zip(&self.sizes).any(|(c, s)| c >= s) {
             return Err(MeshError::BadCoords {
                 coords: coords.to_vec(),
@@ -139,7 +139,7 @@ impl Extent {
     }
 
     /// The point (coordinates) of a rank.
-    pub fn point(&self, rank: usize) -> Result<Point, MeshError> {
+    pub fn point(&self, rank: Rank) -> Result<Point, MeshError> {
         let len = self.num_ranks();
         if rank >= len {
             return Err(MeshError::RankOutOfRange { rank, len });
@@ -220,14 +220,14 @@ impl FromStr for Extent {
 /// A rank of an extent together with its coordinates.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Point {
-    rank: usize,
+    rank: Rank,
     coords: Vec<usize>,
     extent: Extent,
 }
 
 impl Point {
     /// The rank (row-major index).
-    pub fn rank(&self) -> usize {
+    pub fn rank(&self) -> Rank {
         self.rank
     }
 

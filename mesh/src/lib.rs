@@ -37,6 +37,12 @@ pub use runs::Run;
 pub use shape::{Dim, Shape};
 pub use value_mesh::{Span, ValueMesh};
 
+/// A rank: a position in a mesh, counted row-major from 0 (the last
+/// dimension varies fastest). The one rank type of hostmesh: the API's status
+/// runs and incidents, the agent protocol, the hub and the runtime all use it,
+/// so no boundary casts between rank widths.
+pub type Rank = usize;
+
 /// Errors from building, parsing or slicing meshes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MeshError {
@@ -69,9 +75,9 @@ pub enum MeshError {
     #[error("rank {rank} is out of range: there are {len} ranks")]
     RankOutOfRange {
         /// The rank asked for.
-        rank: usize,
+        rank: Rank,
         /// Number of ranks.
-        len: usize,
+        len: Rank,
     },
     /// A slice range is empty or runs past the dimension's size.
     #[error(

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MeshError, Region, parse_err};
+use super::{MeshError, Rank, Region, parse_err};
 
 /// A named mesh of items (host addresses, proc ids, ...), one per rank of a
 /// region. Text form `name:item,item@region`, for example
@@ -59,7 +59,7 @@ impl<T: Clone> MeshRef<T> {
     }
 
     /// The item of one rank.
-    pub fn get(&self, rank: usize) -> Option<&T> {
+    pub fn get(&self, rank: Rank) -> Option<&T> {
         self.items.get(rank)
     }
 

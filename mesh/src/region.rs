@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Extent, MeshError, Point, parse_err};
+use super::{Extent, MeshError, Point, Rank, parse_err};
 
 /// A set of locations in a base extent, described by an offset and one
 /// `(size, stride)` per dimension. Its own ranks are row-major over its sizes.
@@ -48,12 +48,12 @@ impl Region {
     }
 
     /// Number of ranks in this region.
-    pub fn num_ranks(&self) -> usize {
+    pub fn num_ranks(&self) -> Rank {
         self.extent.num_ranks()
     }
 
     /// Location in the base extent of one of this region's ranks.
-    pub fn location(&self, rank: usize) -> Result<usize, MeshError> {
+    pub fn location(&self, rank: Rank) -> Result<usize, MeshError> {
         let p = self.extent.point(rank)?;
         Ok(self.offset
             + p.coords()
@@ -64,12 +64,12 @@ impl Region {
     }
 
     /// The point of one of this region's ranks.
-    pub fn point(&self, rank: usize) -> Result<Point, MeshError> {
+    pub fn point(&self, rank: Rank) -> Result<Point, MeshError> {
         self.extent.point(rank)
     }
 
     /// This region's rank of a base-extent location, if the region holds it.
-    pub fn rank_of_location(&self, location: usize) -> Option<usize> {
+    pub fn rank_of_location(&self, location: usize) -> Option<Rank> {
         let mut rem = location.checked_sub(self.offset)?;
         let mut coords = Vec::with_capacity(self.strides.len());
         // Strides produced by slicing decrease along the dimensions, so the

@@ -10,16 +10,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{MeshError, Region, Shape, Span, ValueMesh};
+use crate::{MeshError, Rank, Region, Shape, Span, ValueMesh};
 
 /// A range of consecutive ranks holding the same value.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Run<T> {
     /// First rank of the run.
-    pub start: u64,
+    pub start: Rank,
     /// Number of ranks in the run (at least 1).
-    pub count: u64,
+    pub count: Rank,
     /// The value every rank of the run holds.
     #[serde(flatten)]
     pub value: T,
@@ -27,7 +27,7 @@ pub struct Run<T> {
 
 impl<T> Run<T> {
     /// One past the last rank of the run.
-    pub fn end(&self) -> u64 {
+    pub fn end(&self) -> Rank {
         self.start.saturating_add(self.count)
     }
 }
@@ -39,7 +39,7 @@ pub fn encode<T: PartialEq>(values: impl IntoIterator<Item = T>) -> Vec<Run<T>> 
         match out.last_mut() {
             Some(last) if last.value == v => last.count += 1,
             _ => out.push(Run {
-                start: rank as u64,
+                start: rank,
                 count: 1,
                 value: v,
             }),
@@ -65,7 +65,7 @@ pub fn encode_bounded<T: PartialEq>(
             Some(last) if last.value == v => last.count += 1,
             _ if full => return (out, true),
             _ => out.push(Run {
-                start: rank as u64,
+                start: rank,
                 count: 1,
                 value: v,
             }),
@@ -80,8 +80,8 @@ pub fn from_value_mesh<T: Clone>(mesh: &ValueMesh<T>) -> Vec<Run<T>> {
     mesh.runs()
         .iter()
         .map(|r| Run {
-            start: r.start as u64,
-            count: (r.end - r.start) as u64,
+            start: r.start,
+            count: r.end - r.start,
             value: r.value.clone(),
         })
         .collect()
@@ -97,8 +97,8 @@ pub fn to_value_mesh<T: PartialEq>(
     let runs = runs
         .into_iter()
         .map(|r| Span {
-            start: r.start as usize,
-            end: r.end() as usize,
+            start: r.start,
+            end: r.end(),
             value: r.value,
         })
         .collect();
@@ -118,7 +118,7 @@ pub fn decode<T: Clone>(runs: &[Run<T>]) -> Vec<T> {
 }
 
 /// The value at `rank`, by binary search over the runs.
-pub fn get<T>(runs: &[Run<T>], rank: u64) -> Option<&T> {
+pub fn get<T>(runs: &[Run<T>], rank: Rank) -> Option<&T> {
     let idx = runs.partition_point(|r| r.end() <= rank);
     runs.get(idx).filter(|r| r.start <= rank).map(|r| &r.value)
 }
@@ -135,7 +135,7 @@ mod tests {
         assert_eq!((runs[1].start, runs[1].count, runs[1].value), (2, 3, 2));
         assert_eq!(decode(&runs), v);
         for (rank, want) in v.iter().enumerate() {
-            assert_eq!(get(&runs, rank as u64), Some(want));
+            assert_eq!(get(&runs, rank), Some(want));
         }
         assert_eq!(get(&runs, 7), None);
         assert!(encode(Vec::<u8>::new()).is_empty());
@@ -147,7 +147,7 @@ mod tests {
         let (runs, truncated) = encode_bounded(alternating.clone(), MAX_RUNS);
         assert!(truncated);
         assert_eq!(runs.len(), MAX_RUNS);
-        assert_eq!(runs.last().unwrap().end(), MAX_RUNS as u64);
+        assert_eq!(runs.last().unwrap().end(), MAX_RUNS);
         let (runs, truncated) = encode_bounded(alternating[..10].to_vec(), MAX_RUNS);
         assert!(!truncated);
         assert_eq!(runs.len(), 10);

@@ -1,8 +1,8 @@
 //! API shapes: [`Dim`] and [`Shape`], the ordered named dimensions of a
-//! World or a ProcMesh spec (`replica=2,host=4`) as a user wrote them, with
-//! the row-major mapping between a rank and its coordinates. A [`Shape`] is
-//! not validated (validation reports its problems by field); [`Shape::extent`]
-//! turns a valid one into the runtime's [`Extent`].
+//! World or a ProcMesh spec (`replica=2,host=4`) as a user wrote them. A
+//! [`Shape`] is not validated (validation reports its problems by field);
+//! [`Shape::extent`] turns a valid one into the [`Extent`] that maps ranks to
+//! coordinates.
 //!
 //! Invariants:
 //! 1. A shape is an ordered list (the API server does not keep map order);
@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Extent, MeshError};
+use crate::{Extent, MeshError, Rank};
 
 /// Largest size of one dimension.
 pub const MAX_DIM_SIZE: u32 = 16_384;
@@ -71,10 +71,10 @@ impl Shape {
 
     /// Number of ranks (product of sizes; 1 for an empty shape). Saturates
     /// instead of overflowing, so hostile sizes cannot panic.
-    pub fn num_ranks(&self) -> u64 {
+    pub fn num_ranks(&self) -> Rank {
         self.dims
             .iter()
-            .fold(1u64, |acc, d| acc.saturating_mul(u64::from(d.size)))
+            .fold(1, |acc: Rank, d| acc.saturating_mul(d.size as Rank))
     }
 
     /// This shape followed by `inner`'s dimensions.
@@ -82,36 +82,6 @@ impl Shape {
         let mut dims = self.dims.clone();
         dims.extend(inner.dims.iter().cloned());
         Shape { dims }
-    }
-
-    /// Coordinates of `rank`, outermost first; `None` when out of range.
-    pub fn coords(&self, rank: u64) -> Option<Vec<u32>> {
-        if rank >= self.num_ranks() {
-            return None;
-        }
-        let mut rest = rank;
-        let mut out = vec![0u32; self.dims.len()];
-        for (i, d) in self.dims.iter().enumerate().rev() {
-            let size = u64::from(d.size);
-            out[i] = (rest % size) as u32;
-            rest /= size;
-        }
-        Some(out)
-    }
-
-    /// Rank of `coords`; `None` when their number or a value is out of range.
-    pub fn rank_of(&self, coords: &[u32]) -> Option<u64> {
-        if coords.len() != self.dims.len() {
-            return None;
-        }
-        let mut rank = 0u64;
-        for (c, d) in coords.iter().zip(&self.dims) {
-            if *c >= d.size {
-                return None;
-            }
-            rank = rank * u64::from(d.size) + u64::from(*c);
-        }
-        Some(rank)
     }
 }
 
@@ -137,18 +107,14 @@ mod tests {
     }
 
     #[test]
-    fn coords_round_trip_row_major() {
-        let e = mk(&[("replica", 2), ("host", 4), ("gpu", 8)]);
-        assert_eq!(e.num_ranks(), 64);
-        assert_eq!(e.coords(0), Some(vec![0, 0, 0]));
-        assert_eq!(e.coords(9), Some(vec![0, 1, 1]));
-        assert_eq!(e.coords(63), Some(vec![1, 3, 7]));
-        assert_eq!(e.coords(64), None);
-        for r in 0..64 {
-            assert_eq!(e.rank_of(&e.coords(r).unwrap()), Some(r));
-        }
-        assert_eq!(e.rank_of(&[2, 0, 0]), None);
-        assert_eq!(e.rank_of(&[0, 0]), None);
+    fn extent_keeps_order_and_rank_count() {
+        let s = mk(&[("replica", 2), ("host", 4), ("gpu", 8)]);
+        let e = s.extent().unwrap();
+        assert_eq!(s.num_ranks(), 64);
+        assert_eq!(e.num_ranks(), s.num_ranks());
+        assert_eq!(e.labels(), ["replica", "host", "gpu"]);
+        assert_eq!(e.point(9).unwrap().coords(), [0, 1, 1]);
+        assert!(mk(&[("host", 0)]).extent().is_err());
     }
 
     #[test]
@@ -162,6 +128,6 @@ mod tests {
     #[test]
     fn huge_sizes_saturate() {
         let e = mk(&[("a", u32::MAX), ("b", u32::MAX), ("c", u32::MAX)]);
-        assert_eq!(e.num_ranks(), u64::MAX);
+        assert_eq!(e.num_ranks(), Rank::MAX);
     }
 }

@@ -2,16 +2,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{MeshError, Region};
+use super::{MeshError, Rank, Region};
 
 /// Ranks `start..end` (end exclusive) all holding `value`: the in-memory
 /// form of a [`Run`](crate::runs::Run) (which counts instead).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Span<T> {
     /// First rank of the run.
-    pub start: usize,
+    pub start: Rank,
     /// One past the last rank of the run.
-    pub end: usize,
+    pub end: Rank,
     /// The value every rank of the run holds.
     pub value: T,
 }
@@ -129,7 +129,7 @@ impl<T: PartialEq> ValueMesh<T> {
 
     /// Sets one rank's value, splitting and merging runs as needed
     /// (a binary search plus at most two insertions).
-    pub fn set(&mut self, rank: usize, value: T) -> Result<(), MeshError>
+    pub fn set(&mut self, rank: Rank, value: T) -> Result<(), MeshError>
     where
         T: Clone,
     {
@@ -177,7 +177,7 @@ impl<T: PartialEq> ValueMesh<T> {
 }
 
 impl<T> ValueMesh<T> {
-    fn run_index(&self, rank: usize) -> Result<usize, MeshError> {
+    fn run_index(&self, rank: Rank) -> Result<usize, MeshError> {
         let len = self.len();
         if rank >= len {
             return Err(MeshError::RankOutOfRange { rank, len });
@@ -191,7 +191,7 @@ impl<T> ValueMesh<T> {
     }
 
     /// Number of ranks.
-    pub fn len(&self) -> usize {
+    pub fn len(&self) -> Rank {
         self.region.num_ranks()
     }
 
@@ -201,7 +201,7 @@ impl<T> ValueMesh<T> {
     }
 
     /// The value of one rank.
-    pub fn get(&self, rank: usize) -> Option<&T> {
+    pub fn get(&self, rank: Rank) -> Option<&T> {
         self.run_index(rank).ok().map(|i| &self.runs[i].value)
     }
 
@@ -211,7 +211,7 @@ impl<T> ValueMesh<T> {
     }
 
     /// Every rank with its value, in rank order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, &T)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (Rank, &T)> + '_ {
         self.runs
             .iter()
             .flat_map(|r| (r.start..r.end).map(move |rank| (rank, &r.value)))

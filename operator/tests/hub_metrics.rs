@@ -27,7 +27,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         namespace: "ns".into(),
         name: "w".into(),
     };
-    let hosts: BTreeMap<u64, (String, SocketAddr)> = (0..2)
+    let hosts: BTreeMap<hostmesh_crds::Rank, (String, SocketAddr)> = (0..2)
         .map(|r| {
             (
                 r,
@@ -48,7 +48,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         },
     )
     .await;
-    let beat = |rank: u64, uid: &str| HostReport::Heartbeat {
+    let beat = |rank: hostmesh_crds::Rank, uid: &str| HostReport::Heartbeat {
         host: HostKey {
             world: world.clone(),
             rank,

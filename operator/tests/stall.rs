@@ -78,7 +78,7 @@ async fn a_stall_under_gang_restarts_every_rank_and_keeps_a_stacks_configmap() {
         ff.reason
     );
     // Every rank was stopped for the gang restart, not only the stalled one.
-    let stops = |rank: u64| {
+    let stops = |rank: hostmesh_crds::Rank| {
         let host = HostKey {
             rank: rank / 2,
             ..host1.clone()

@@ -10,6 +10,7 @@
 //!    [`Error::Ranks`] naming every rank that failed and why.
 //! 3. A sliced mesh addresses exactly the ranks of its region.
 
+use hostmesh_mesh::Rank;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -153,7 +154,7 @@ impl<A: crate::Actor> ActorMesh<A> {
     }
 
     /// The actor of one rank.
-    pub fn get(&self, rank: usize) -> Option<ActorRef<A>> {
+    pub fn get(&self, rank: Rank) -> Option<ActorRef<A>> {
         self.mesh.get(rank).cloned().map(ActorRef::attest)
     }
 

@@ -9,6 +9,7 @@
 //! correct when `firstFailure` is rank 5 and every other failed rank is
 //! collateral with `causedBy` 5. Baseline: null (the target is 1.0).
 
+use hostmesh_crds::Rank;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use super::cluster::{NS, Operator};
 use crate::report::{emit, failure};
 
-const ROOT: u64 = 5;
+const ROOT: Rank = 5;
 const HELD: Duration = Duration::from_millis(500);
 /// How long after rank 5 is gone the others exit.
 const CASCADE: Duration = Duration::from_millis(50);

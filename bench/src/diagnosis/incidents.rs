@@ -12,6 +12,7 @@
 //! hosts Ready), `procs` (hosts Ready to procs running), `total`. The
 //! World's `backoff` is 0 s. Baseline: null.
 
+use hostmesh_crds::Rank;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::cluster::{NS, Operator};
 use crate::report::emit;
 
-const HOSTS: u64 = 16;
+const HOSTS: Rank = 16;
 
 /// Runs the two recoveries, each on a cluster of its own.
 pub(crate) async fn run() -> anyhow::Result<()> {

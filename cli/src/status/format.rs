@@ -1,6 +1,7 @@
 //! Pure formatting of World and ProcMesh views (invariants 1-3 of the
 //! module).
 
+use hostmesh_crds::Rank;
 use std::fmt::Write as _;
 
 use hostmesh_crds::procmesh::{ProcState, RankStatus};
@@ -224,7 +225,7 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
 }
 
 /// `" (1 root, 7 collateral)"` when some failures were collateral.
-fn collateral_note(failed: u64, collateral: u64) -> String {
+fn collateral_note(failed: Rank, collateral: Rank) -> String {
     if collateral == 0 {
         return String::new();
     }

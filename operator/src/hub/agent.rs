@@ -3,6 +3,7 @@
 //! implementation wraps the runtime's agent client; tests and benchmarks use
 //! in-memory agents.
 
+use hostmesh_crds::Rank;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ pub struct HostKey {
     /// Its World.
     pub world: WorldKey,
     /// Host rank.
-    pub rank: u64,
+    pub rank: Rank,
 }
 
 /// Where to dial an agent and how to authenticate.
@@ -65,7 +66,7 @@ impl std::fmt::Debug for AgentTarget {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcObs {
     /// Host rank that reported it.
-    pub host: u64,
+    pub host: Rank,
     /// The API state the agent's report maps to (Running, Failed, ...).
     pub state: ProcState,
     /// Exit code, when it exited.
@@ -98,7 +99,7 @@ pub struct ProcObs {
 
 impl ProcObs {
     /// Summarizes an agent's proc state reported by host `host`.
-    pub fn from_agent(host: u64, s: &protocol::ProcReport) -> Self {
+    pub fn from_agent(host: Rank, s: &protocol::ProcReport) -> Self {
         use protocol::ProcPhase as S;
         let tail = |lines: &Vec<String>| (!lines.is_empty()).then(|| lines.join("\n"));
         let mut o = ProcObs {
@@ -239,7 +240,7 @@ pub enum HostReport {
 pub enum LinkError {
     /// The hub has no live connection to that host's agent (yet).
     #[error("host {0} has no agent connection yet")]
-    NotConnected(u64),
+    NotConnected(Rank),
     /// Dialing the agent failed (unreachable, or the handshake refused).
     #[error("cannot connect to the agent at {addr}: {reason}")]
     Connect {
@@ -269,7 +270,7 @@ pub trait AgentLink: Send + Sync {
     /// Sends the World's address book (host rank to agent address).
     fn set_address_book(
         &self,
-        hosts: Vec<(u64, SocketAddr)>,
+        hosts: Vec<(Rank, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>>;
     /// The stacks of the named procs, each at most `max_bytes`, waiting at
     /// most `timeout` (default: refused, for agents that cannot).
@@ -289,7 +290,7 @@ pub trait AgentLink: Send + Sync {
     /// epoch); the default sends the addresses only.
     fn set_address_book_with_epochs(
         &self,
-        book: Vec<(u64, SocketAddr, u64)>,
+        book: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         self.set_address_book(book.into_iter().map(|(r, a, _)| (r, a)).collect())
     }

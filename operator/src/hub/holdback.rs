@@ -6,6 +6,7 @@
 //! Invariant: every other report is passed on at once and in order; the
 //! held one is sent after the delay, whatever came in between.
 
+use hostmesh_crds::Rank;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ pub struct HoldBack {
     /// The connector that dials the agents.
     pub inner: Arc<dyn AgentConnector>,
     /// The rank whose end is held back.
-    pub rank: u64,
+    pub rank: Rank,
     /// How long it is held.
     pub delay: Duration,
 }

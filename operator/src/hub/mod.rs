@@ -53,6 +53,7 @@ mod worker;
 pub use procs::{mesh_name, parse_proc_name, proc_name};
 pub use stacks::RankStacks;
 
+use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -90,9 +91,9 @@ pub struct WorldAgents {
     /// No heartbeat for this long: Expired.
     pub health_timeout: Duration,
     /// Hosts with a pod IP: rank to (pod UID, agent address).
-    pub hosts: BTreeMap<u64, (String, SocketAddr)>,
+    pub hosts: BTreeMap<Rank, (String, SocketAddr)>,
     /// Rank epochs of those pods (`hostmesh.dev/epoch`; absent: 0).
-    pub epochs: BTreeMap<u64, u64>,
+    pub epochs: BTreeMap<Rank, u64>,
 }
 
 struct HostEntry {
@@ -139,11 +140,11 @@ struct HostEntry {
 
 struct WorldEntry {
     agents: WorldAgents,
-    hosts: BTreeMap<u64, HostEntry>,
+    hosts: BTreeMap<Rank, HostEntry>,
     /// Proc states by mesh id, then rank.
-    procs: HashMap<String, BTreeMap<u64, ProcObs>>,
+    procs: HashMap<String, BTreeMap<Rank, ProcObs>>,
     /// The highest epoch given for each rank, kept after its pod goes.
-    highest_epochs: BTreeMap<u64, u64>,
+    highest_epochs: BTreeMap<Rank, u64>,
 }
 
 struct State {
@@ -372,7 +373,7 @@ impl Hub {
                 let mut touched = HashSet::new();
                 // What the hub knew of this host's procs: a failure it had
                 // heard of keeps its times.
-                let mut known: HashMap<(String, u64), ProcObs> = HashMap::new();
+                let mut known: HashMap<(String, Rank), ProcObs> = HashMap::new();
                 for (mesh, states) in w.procs.iter_mut() {
                     let before = states.len();
                     states.retain(|r, o| {
@@ -501,7 +502,7 @@ impl Hub {
     }
 
     /// The hub's view of host `rank`'s agent in pod `pod_uid`.
-    pub fn liveness(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Liveness {
+    pub fn liveness(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Liveness {
         let st = self.lock();
         let key = HostKey {
             world: world.clone(),
@@ -534,7 +535,7 @@ impl Hub {
 
     /// Since when this hub has been dialing host `rank`'s agent in pod
     /// `pod_uid` (a new leader: since it took over).
-    pub fn watching_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+    pub fn watching_since(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<Timestamp> {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -545,7 +546,7 @@ impl Hub {
 
     /// When this hub last counted a heartbeat of host `rank`'s agent in pod
     /// `pod_uid`.
-    pub fn pod_last_heard(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+    pub fn pod_last_heard(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<Timestamp> {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -556,7 +557,7 @@ impl Hub {
 
     /// The highest rank epoch this hub was given for host `rank` of
     /// `world` (0: none).
-    pub fn highest_epoch(&self, world: &WorldKey, rank: u64) -> u64 {
+    pub fn highest_epoch(&self, world: &WorldKey, rank: Rank) -> u64 {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -568,7 +569,7 @@ impl Hub {
     /// Why the hub's last connection to host `rank`'s agent in pod `pod_uid`
     /// dropped or failed (a refused handshake, an unreachable address), if
     /// no heartbeat came since.
-    pub fn link_error(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<String> {
+    pub fn link_error(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<String> {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -579,7 +580,7 @@ impl Hub {
 
     /// When this hub last heard host `rank`'s agent (any pod of the rank
     /// this hub still knows): a lost host's procs died after it.
-    pub fn last_heard(&self, world: &WorldKey, rank: u64) -> Option<Timestamp> {
+    pub fn last_heard(&self, world: &WorldKey, rank: Rank) -> Option<Timestamp> {
         self.lock()
             .worlds
             .get(world)
@@ -588,7 +589,7 @@ impl Hub {
     }
 
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
-    pub fn expired_since(&self, world: &WorldKey, rank: u64, pod_uid: &str) -> Option<Timestamp> {
+    pub fn expired_since(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<Timestamp> {
         if self.liveness(world, rank, pod_uid) != Liveness::Expired {
             return None;
         }
@@ -625,7 +626,7 @@ impl Hub {
             let book_changed =
                 entry.agents.hosts != agents.hosts || entry.agents.epochs != agents.epochs;
             entry.agents = agents.clone();
-            let gone: Vec<u64> = entry
+            let gone: Vec<Rank> = entry
                 .hosts
                 .keys()
                 .filter(|r| !agents.hosts.contains_key(r))
@@ -767,7 +768,7 @@ impl Hub {
     }
 
     /// Whether every host in `ranks` of `world` has a live connection.
-    pub fn connected(&self, world: &WorldKey, ranks: u64) -> bool {
+    pub fn connected(&self, world: &WorldKey, ranks: Rank) -> bool {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -799,7 +800,7 @@ const BOOK_RETRY_MIN: Duration = Duration::from_millis(100);
 const BOOK_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// An address book: host rank to agent address and rank epoch.
-type Book = Vec<(u64, SocketAddr, u64)>;
+type Book = Vec<(Rank, SocketAddr, u64)>;
 
 fn book_of(agents: &WorldAgents) -> Book {
     agents

@@ -6,6 +6,7 @@
 //! procs of its predecessor (the agent refuses a changed spec under an old
 //! name).
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +17,12 @@ use k8s_openapi::jiff::Timestamp;
 use super::{AgentLink, CreateOrUpdate, Hub, LinkError, MeshKey, ProcObs, WorldKey};
 
 /// Name of the proc of rank `rank` of the proc mesh `mesh_id` on its agent.
-pub fn proc_name(mesh_id: &str, rank: u64) -> String {
+pub fn proc_name(mesh_id: &str, rank: Rank) -> String {
     format!("{mesh_id}.{rank}")
 }
 
 /// `(mesh id, rank)` of a proc name made by [`proc_name`].
-pub fn parse_proc_name(name: &str) -> Option<(&str, u64)> {
+pub fn parse_proc_name(name: &str) -> Option<(&str, Rank)> {
     let (mesh, rank) = name.rsplit_once('.')?;
     Some((mesh, rank.parse().ok()?))
 }
@@ -47,7 +48,7 @@ impl Hub {
     pub async fn ensure_procs(
         &self,
         world: &WorldKey,
-        host_rank: u64,
+        host_rank: Rank,
         reqs: Vec<CreateOrUpdate>,
         grace: Duration,
     ) -> Result<usize, LinkError> {
@@ -103,12 +104,12 @@ impl Hub {
         mesh_id: &str,
         grace: Duration,
     ) -> Result<(), LinkError> {
-        let work: Vec<(u64, Arc<dyn AgentLink>, Vec<String>)> = {
+        let work: Vec<(Rank, Arc<dyn AgentLink>, Vec<String>)> = {
             let mut st = self.lock();
             let Some(w) = st.worlds.get_mut(world) else {
                 return Ok(());
             };
-            let running: Vec<(u64, u64)> = w
+            let running: Vec<(Rank, Rank)> = w
                 .procs
                 .get(mesh_id)
                 .map(|m| {
@@ -170,7 +171,7 @@ impl Hub {
     }
 
     /// Proc states of `mesh_id`, by rank.
-    pub fn proc_states(&self, world: &WorldKey, mesh_id: &str) -> BTreeMap<u64, ProcObs> {
+    pub fn proc_states(&self, world: &WorldKey, mesh_id: &str) -> BTreeMap<Rank, ProcObs> {
         let st = self.lock();
         st.worlds
             .get(world)
@@ -182,7 +183,7 @@ impl Hub {
     /// Hosts of `world` whose agent's Snapshot this hub has, and since when
     /// (a rank on any other host has not been heard from yet: unknown, not
     /// missing).
-    pub fn reported_hosts(&self, world: &WorldKey) -> BTreeMap<u64, Timestamp> {
+    pub fn reported_hosts(&self, world: &WorldKey) -> BTreeMap<Rank, Timestamp> {
         let st = self.lock();
         st.worlds
             .get(world)

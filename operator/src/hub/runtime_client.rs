@@ -9,6 +9,7 @@
 //! 3. Requests go through the client with its call timeout; errors come back
 //!    as text for the hub to log and retry.
 
+use hostmesh_crds::Rank;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -59,7 +60,7 @@ pub struct RuntimeConnector {
 fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport> {
     let host = HostKey {
         world: world.clone(),
-        rank: ev.host.rank as u64,
+        rank: ev.host.rank,
     };
     let mut uids = uids.lock().unwrap_or_else(|e| e.into_inner());
     let dialed = uids.entry(ev.host.rank).or_default();
@@ -173,7 +174,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
         let this = self.clone();
         Box::pin(async move {
             let (client, uids) = this.client_for(&target, pushes).await?;
-            let rank = target.host.rank as usize;
+            let rank = target.host.rank;
             uids.lock().unwrap_or_else(|e| e.into_inner()).insert(
                 rank,
                 Dialed {
@@ -194,7 +195,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
 
     fn forget_host(&self, host: &HostKey) {
         if let Some(w) = self.lock().get(&host.world) {
-            w.client.unwatch(host.rank as usize);
+            w.client.unwatch(host.rank);
         }
     }
 
@@ -234,7 +235,7 @@ impl AgentLink for RuntimeLink {
 
     fn set_address_book(
         &self,
-        hosts: Vec<(u64, SocketAddr)>,
+        hosts: Vec<(Rank, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             let n = hosts
@@ -269,7 +270,7 @@ impl AgentLink for RuntimeLink {
 
     fn set_address_book_with_epochs(
         &self,
-        hosts: Vec<(u64, SocketAddr, u64)>,
+        hosts: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             let n = hosts

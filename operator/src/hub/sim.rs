@@ -3,6 +3,7 @@
 //! restart of an ended proc under a higher incarnation, stop) and push every
 //! state change, without running processes.
 
+use hostmesh_crds::Rank;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ pub enum SimRequest {
     /// Stop.
     Stop(String),
     /// SetAddressBook.
-    Book(Vec<(u64, SocketAddr)>),
+    Book(Vec<(Rank, SocketAddr)>),
 }
 
 /// Connector to simulated agents.
@@ -302,7 +303,7 @@ impl AgentLink for SimLink {
 
     fn set_address_book(
         &self,
-        hosts: Vec<(u64, SocketAddr)>,
+        hosts: Vec<(Rank, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             let hung = self

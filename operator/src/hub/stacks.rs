@@ -6,6 +6,7 @@
 //!    a host that does not answer yields an error per rank, never a hang.
 //! 2. The hub's lock is not held across the requests (hub invariant 4).
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +24,12 @@ impl Hub {
         &self,
         world: &WorldKey,
         mesh_id: &str,
-        ranks: &[u64],
+        ranks: &[Rank],
         max_bytes: usize,
         timeout: Duration,
-    ) -> BTreeMap<u64, RankStacks> {
+    ) -> BTreeMap<Rank, RankStacks> {
         let mut out = BTreeMap::new();
-        let mut by_host: BTreeMap<u64, (Arc<dyn AgentLink>, Vec<u64>)> = BTreeMap::new();
+        let mut by_host: BTreeMap<Rank, (Arc<dyn AgentLink>, Vec<Rank>)> = BTreeMap::new();
         {
             let st = self.lock();
             let Some(w) = st.worlds.get(world) else {
@@ -60,7 +61,7 @@ impl Hub {
         for (host, ranks, got) in futures::future::join_all(asks).await {
             match got {
                 Ok(stacks) => {
-                    let mut stacks: BTreeMap<u64, _> = stacks
+                    let mut stacks: BTreeMap<Rank, _> = stacks
                         .into_iter()
                         .filter_map(|s| Some((super::parse_proc_name(&s.name)?.1, s)))
                         .collect();

@@ -1,5 +1,6 @@
 //! Hub tests with simulated agents (in memory).
 
+use hostmesh_crds::Rank;
 use std::time::{Duration, Instant};
 
 use hostmesh_agent::protocol::{ProcPhase, ProcSpec};
@@ -15,11 +16,11 @@ fn wk() -> WorldKey {
     }
 }
 
-fn host(rank: u64) -> HostKey {
+fn host(rank: Rank) -> HostKey {
     HostKey { world: wk(), rank }
 }
 
-fn agents(n: u64, uid: &str) -> WorldAgents {
+fn agents(n: Rank, uid: &str) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"secret"[..]),
         health_timeout: Duration::from_secs(10),
@@ -38,10 +39,10 @@ fn agents(n: u64, uid: &str) -> WorldAgents {
     }
 }
 
-fn req(rank: u64, incarnation: u32) -> CreateOrUpdate {
+fn req(rank: Rank, incarnation: u32) -> CreateOrUpdate {
     CreateOrUpdate {
         name: proc_name("pm.abc", rank),
-        rank: rank as usize,
+        rank,
         spec: ProcSpec::command("sh", &[]),
         incarnation,
     }
@@ -355,7 +356,7 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
     let now = Timestamp::now().as_millisecond();
     // Host 0's clock is 30 s behind the hub's, host 1's 20 s ahead; the
     // heartbeats took 2 ms and 5 ms at best.
-    for (rank, skew, delays) in [(0u64, -30_000i64, [40, 2, 300]), (1, 20_000, [5, 90, 7])] {
+    for (rank, skew, delays) in [(0, -30_000i64, [40, 2, 300]), (1, 20_000, [5, 90, 7])] {
         for (i, d) in delays.into_iter().enumerate() {
             let sent = now - 10_000 + i as i64 * 1000;
             hub.handle_push(
@@ -374,7 +375,7 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
     }
     // Rank 0 died at hub time now-1000 (its clock: -30 s); rank 1 at
     // now-950 (its clock: +20 s). Rank 1's report arrives first.
-    let kill = |rank: u64, skew: i64, at: i64| {
+    let kill = |rank: Rank, skew: i64, at: i64| {
         sim.set_status_at(
             &host(rank),
             &proc_name("pm.abc", rank),
@@ -390,7 +391,7 @@ async fn failure_times_are_the_agents_corrected_by_their_clock_offset() {
     hub.handle_push(kill(1, 20_000, now - 950), Instant::now());
     hub.handle_push(kill(0, -30_000, now - 1000), Instant::now());
     let states = hub.proc_states(&wk(), "pm.abc");
-    let at = |r: u64| states[&r].failed_at.unwrap().as_millisecond();
+    let at = |r: Rank| states[&r].failed_at.unwrap().as_millisecond();
     // Offset by the best sample (the snapshot's, in memory, or the
     // heartbeats' 2 ms and 5 ms).
     assert!((now - 1000..=now - 998).contains(&at(0)), "{}", at(0) - now);

@@ -9,6 +9,7 @@
 //!    other change (it listens now) wakes it within the coalescing
 //!    interval.
 
+use hostmesh_crds::Rank;
 use std::time::Instant;
 
 use hostmesh_agent::contract::MONARCH_WORKER_PROC;
@@ -55,7 +56,7 @@ impl Hub {
     pub fn monarch_worker(
         &self,
         world: &WorldKey,
-        rank: u64,
+        rank: Rank,
         pod_uid: &str,
     ) -> Option<protocol::ProcReport> {
         self.lock()

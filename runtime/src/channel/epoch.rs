@@ -13,6 +13,7 @@
 //!    its rank. The check applies to connections made after the epoch was
 //!    raised; a connection opened before stays until it drops.
 
+use hostmesh_mesh::Rank;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EpochClaim {
     /// Host rank.
-    pub rank: u64,
+    pub rank: Rank,
     /// The rank's epoch the proc's host copy was started with.
     pub epoch: u64,
 }
@@ -36,19 +37,19 @@ impl std::fmt::Display for EpochClaim {
 /// The newest epoch a proc knows for each rank; shared by its transport
 /// and whoever learns of replacements (the agent, from the address book).
 #[derive(Clone, Debug, Default)]
-pub struct EpochTable(Arc<RwLock<BTreeMap<u64, u64>>>);
+pub struct EpochTable(Arc<RwLock<BTreeMap<Rank, u64>>>);
 
 impl EpochTable {
     /// Records that `rank` is at `epoch` (invariant 2: a lower one changes
     /// nothing).
-    pub fn raise(&self, rank: u64, epoch: u64) {
+    pub fn raise(&self, rank: Rank, epoch: u64) {
         let mut t = self.0.write().unwrap_or_else(|p| p.into_inner());
         let e = t.entry(rank).or_default();
         *e = (*e).max(epoch);
     }
 
     /// The newest epoch known for `rank`.
-    pub fn current(&self, rank: u64) -> Option<u64> {
+    pub fn current(&self, rank: Rank) -> Option<u64> {
         self.0
             .read()
             .unwrap_or_else(|p| p.into_inner())

@@ -321,7 +321,7 @@ mod tests {
         );
     }
 
-    fn claiming(rank: u64, epoch: u64) -> Epochs {
+    fn claiming(rank: hostmesh_mesh::Rank, epoch: u64) -> Epochs {
         Epochs {
             own: Some(EpochClaim { rank, epoch }),
             table: super::super::epoch::EpochTable::default(),

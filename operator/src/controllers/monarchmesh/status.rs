@@ -35,7 +35,8 @@ pub fn from_world(mesh: &MonarchMesh, world: &World, now: &Time) -> MonarchMeshS
     let want = mesh.spec.replicas;
     let ready = i32::try_from(ws.ready_hosts).unwrap_or(i32::MAX);
     let running = ws.phase == Some(WorldPhase::Running);
-    let all_ready = running && ready == want && ws.desired_hosts == want.unsigned_abs();
+    let all_ready =
+        running && ready == want && usize::try_from(want).is_ok_and(|w| ws.desired_hosts == w);
     let mut conds: Vec<_> = old
         .conditions
         .into_iter()

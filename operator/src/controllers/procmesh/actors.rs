@@ -11,6 +11,7 @@
 //! 3. A new entry is returned separately, once, so the controller emits one
 //!    Event per failure.
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 
 use hostmesh_crds::procmesh::{ActorFailure, MAX_ACTOR_FAILURES, MAX_REASON, head};
@@ -23,7 +24,7 @@ use crate::hub::ProcObs;
 /// the entries that are new (invariant 3).
 pub fn merge(
     prev: &[ActorFailure],
-    states: &BTreeMap<u64, ProcObs>,
+    states: &BTreeMap<Rank, ProcObs>,
 ) -> (Vec<ActorFailure>, Vec<ActorFailure>) {
     let mut all = prev.to_vec();
     let mut fresh = Vec::new();
@@ -111,13 +112,13 @@ mod tests {
 
     #[test]
     fn the_list_is_bounded_and_keeps_the_first() {
-        let states: BTreeMap<u64, ProcObs> = (0..40)
-            .map(|r| (r, obs(0, Some(("a", 1_000 + r)), 1)))
+        let states: BTreeMap<Rank, ProcObs> = (0..40)
+            .map(|r| (r, obs(0, Some(("a", 1_000 + r as u64)), 1)))
             .collect();
         let (all, fresh) = merge(&[], &states);
         assert_eq!(all.len(), MAX_ACTOR_FAILURES);
         assert_eq!(fresh.len(), MAX_ACTOR_FAILURES);
         assert_eq!(all[0].rank, 0);
-        assert_eq!(all.last().unwrap().rank, MAX_ACTOR_FAILURES as u64 - 1);
+        assert_eq!(all.last().unwrap().rank, MAX_ACTOR_FAILURES - 1);
     }
 }

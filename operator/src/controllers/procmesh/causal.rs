@@ -13,6 +13,7 @@
 //! 3. The window is fixed and measured on the corrected clock from the
 //!    root's time: `root.at <= f.at <= root.at + CASCADE_WINDOW`.
 
+use hostmesh_crds::Rank;
 use std::time::Duration;
 
 use hostmesh_crds::procmesh::RankStatus;
@@ -28,7 +29,7 @@ pub const CASCADE_WINDOW: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
     /// The proc rank.
-    pub rank: u64,
+    pub rank: Rank,
     /// When it failed (corrected agent clock, else when noticed).
     pub at: Timestamp,
     /// When the operator first received it.
@@ -48,7 +49,7 @@ pub fn root(failures: &[Failure]) -> Option<&Failure> {
 
 /// Whether `f` is collateral of a root `root_rank` that failed at `root_at`
 /// (invariants 2 and 3).
-pub fn is_collateral(root_rank: u64, root_at: Timestamp, f: &Failure) -> bool {
+pub fn is_collateral(root_rank: Rank, root_at: Timestamp, f: &Failure) -> bool {
     let window = SignedDuration::try_from(CASCADE_WINDOW).unwrap_or(SignedDuration::MAX);
     f.rank != root_rank && f.timed && f.at >= root_at && f.at <= root_at + window
 }
@@ -61,7 +62,7 @@ mod tests {
         Timestamp::from_millisecond(1_700_000_000_000 + ms).unwrap()
     }
 
-    fn failure(rank: u64, ms: i64, timed: bool) -> Failure {
+    fn failure(rank: Rank, ms: i64, timed: bool) -> Failure {
         Failure {
             rank,
             at: at(ms),

@@ -14,6 +14,7 @@
 //!    failure that caused it stays on record).
 
 use hostmesh_agent::protocol::{Dim, ProcSpec};
+use hostmesh_crds::Rank;
 use hostmesh_crds::procmesh::DEFAULT_SPAWN_TIMEOUT;
 use hostmesh_crds::{ProcMesh, World};
 use kube::ResourceExt as _;
@@ -32,7 +33,7 @@ pub const CONTRACT_VARS: &[&str] = &[
 ];
 
 /// Global rank of `local` on host `host_rank`.
-pub fn proc_rank(host_rank: u64, per_host: u64, local: u64) -> u64 {
+pub fn proc_rank(host_rank: Rank, per_host: Rank, local: Rank) -> Rank {
     host_rank * per_host + local
 }
 
@@ -131,8 +132,8 @@ fn spec_of(pm: &ProcMesh, world: &World) -> ProcSpec {
 pub fn host_procs(
     pm: &ProcMesh,
     world: &World,
-    host_rank: u64,
-    incarnation: &dyn Fn(u64) -> u32,
+    host_rank: Rank,
+    incarnation: &dyn Fn(Rank) -> u32,
 ) -> Vec<CreateOrUpdate> {
     let per_host = pm.spec.per_host_shape().num_ranks();
     let spec = proc_spec(pm, world);
@@ -142,7 +143,7 @@ pub fn host_procs(
             let rank = proc_rank(host_rank, per_host, local);
             CreateOrUpdate {
                 name: proc_name(&id, rank),
-                rank: rank as usize,
+                rank,
                 spec: spec.clone(),
                 incarnation: incarnation(rank),
             }

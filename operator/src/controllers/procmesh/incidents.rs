@@ -15,6 +15,7 @@
 //! 3. A refined root only moves `failedAt` earlier; `detectedAt` keeps the
 //!    first detection, so the times stay monotonic.
 
+use hostmesh_crds::Rank;
 use std::time::Duration;
 
 use hostmesh_crds::incident::{self, Incident, IncidentAction};
@@ -52,9 +53,9 @@ pub fn on_failure(
     ring: &mut Vec<Incident>,
     root: &Failure,
     cause: &str,
-    collateral: u64,
+    collateral: Rank,
     may_open: bool,
-) -> Option<(u64, Timestamp)> {
+) -> Option<(Rank, Timestamp)> {
     let window = SignedDuration::try_from(CASCADE_WINDOW).unwrap_or(SignedDuration::MAX);
     let target = if may_open {
         open(ring).filter(|i| i.decided_at.is_none() || root.at <= i.failed_at.0 + window)
@@ -150,7 +151,7 @@ mod tests {
         Timestamp::from_millisecond(1_700_000_000_000 + ms).unwrap()
     }
 
-    fn failure(rank: u64, ms: i64, detected: i64) -> Failure {
+    fn failure(rank: Rank, ms: i64, detected: i64) -> Failure {
         Failure {
             rank,
             at: at(ms),
@@ -253,7 +254,7 @@ mod tests {
             assert!(ring.last().unwrap().closed());
         }
         assert_eq!(ring.len(), incident::MAX_INCIDENTS);
-        assert_eq!(ring[0].rank, 40 - incident::MAX_INCIDENTS as u64);
+        assert_eq!(ring[0].rank, 40 - incident::MAX_INCIDENTS);
         assert!(
             ring.iter()
                 .all(|i| i.root_cause.len() <= incident::MAX_ROOT_CAUSE && monotonic(i))

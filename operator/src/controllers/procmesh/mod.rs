@@ -21,6 +21,7 @@ pub mod incidents;
 pub mod plan;
 pub mod stall;
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,7 +147,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let extent = world_extent.concat(&pm.spec.per_host_shape()).to_string();
     let lost_hosts = lost_hosts(&world);
     let reported = ctx.hub.reported_hosts(&key);
-    let last_heard: BTreeMap<u64, Timestamp> = lost_hosts
+    let last_heard: BTreeMap<Rank, Timestamp> = lost_hosts
         .keys()
         .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h)?)))
         .collect();
@@ -257,7 +258,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
 
 /// The incarnation status recorded for `rank` (before this reconcile's
 /// decisions): a stall of an older incarnation is not a stall of the rank.
-fn recorded_incarnation(pm: &ProcMesh, rank: u64) -> u32 {
+fn recorded_incarnation(pm: &ProcMesh, rank: Rank) -> u32 {
     let Some(st) = pm.status.as_ref() else {
         return 0;
     };
@@ -301,7 +302,7 @@ async fn stop_stale(
 /// at all), with
 /// their state, from its status runs (the World controller is the source
 /// of truth for pod-level states the hub cannot see).
-fn lost_hosts(world: &World) -> BTreeMap<u64, HostState> {
+fn lost_hosts(world: &World) -> BTreeMap<Rank, HostState> {
     let mut out = BTreeMap::new();
     for run in world.status.iter().flat_map(|s| &s.hosts) {
         if matches!(

@@ -39,6 +39,7 @@
 //! 8. A stalled rank (`stall.rs`) is `Stalled`, a failure like any
 //!    other, when `restartPolicy.onStall` is `Failure`.
 
+use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -75,20 +76,20 @@ pub struct PlanInput<'a> {
     /// Its World is suspended (`spec.suspend` or phase Suspended).
     pub world_suspended: bool,
     /// Hosts of the World.
-    pub hosts: u64,
+    pub hosts: Rank,
     /// The full extent (World shape then perHost), for display.
     pub extent: String,
     /// Agents' reports by rank.
-    pub states: &'a BTreeMap<u64, ProcObs>,
+    pub states: &'a BTreeMap<Rank, ProcObs>,
     /// Hosts that are gone (Expired, Failed, Terminating, no pod), with
     /// their state.
-    pub lost_hosts: &'a BTreeMap<u64, HostState>,
+    pub lost_hosts: &'a BTreeMap<Rank, HostState>,
     /// Hosts whose agent has reported its procs to this operator, and since
     /// when (invariant 4).
-    pub reported: &'a BTreeMap<u64, Timestamp>,
+    pub reported: &'a BTreeMap<Rank, Timestamp>,
     /// For lost hosts: when the operator last heard their agent (their
     /// procs' failure time, which no agent reports).
-    pub last_heard: &'a BTreeMap<u64, Timestamp>,
+    pub last_heard: &'a BTreeMap<Rank, Timestamp>,
     /// The wall-clock time the plan is computed at: spawn timeouts and
     /// restart backoff are compared with it.
     pub now: Timestamp,
@@ -100,12 +101,12 @@ pub struct Incarnations {
     /// Incarnation of every rank without an override.
     pub base: u32,
     /// Per-rank incarnations.
-    pub per_rank: HashMap<u64, u32>,
+    pub per_rank: HashMap<Rank, u32>,
 }
 
 impl Incarnations {
     /// Incarnation of `rank`.
-    pub fn get(&self, rank: u64) -> u32 {
+    pub fn get(&self, rank: Rank) -> u32 {
         self.per_rank
             .get(&rank)
             .copied()
@@ -152,7 +153,7 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
 
 /// A rank's failure in words: the signal by name, the exit code with what
 /// it means ([`super::exit`]), naming `program` where the code is about it.
-fn describe(rank: u64, s: &RankStatus, program: &str) -> String {
+fn describe(rank: Rank, s: &RankStatus, program: &str) -> String {
     if s.signal == Some(9) && s.reason.as_deref() == Some(super::exit::OOM_KILLED) {
         return format!("rank {rank} {}", super::exit::oom_killed());
     }
@@ -211,8 +212,8 @@ struct Working<'i, 'a> {
     generation: Option<i64>,
     same_gen: bool,
     now_t: Time,
-    per_host: u64,
-    total: u64,
+    per_host: Rank,
+    total: Rank,
     world_running: bool,
     /// The mesh already ended in this generation (Failed or Succeeded).
     was_terminal: bool,
@@ -365,7 +366,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// When the ranks of `host` time out: the spawn clock runs while the
     /// World is up, and for a rank only once its agent has reported to this
     /// operator (invariant 4).
-    fn deadline(&self, host: u64) -> Option<Timestamp> {
+    fn deadline(&self, host: Rank) -> Option<Timestamp> {
         let heard = self.input.reported.get(&host)?;
         let spawn = self.spawn_time.as_ref()?;
         Some(spawn.0.max(*heard) + sd(self.input.timings.spawn_timeout))
@@ -381,7 +382,7 @@ impl<'i, 'a> Working<'i, 'a> {
             .map_or("", String::as_str)
     }
 
-    fn unheard(&self, host: u64) -> bool {
+    fn unheard(&self, host: Rank) -> bool {
         !self.input.reported.contains_key(&host)
     }
 
@@ -389,7 +390,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// the spawn clock (invariants 4-5).
     fn observe_ranks(&mut self) {
         let input = self.input;
-        self.ranks = Vec::with_capacity(usize::try_from(self.total).unwrap_or(0));
+        self.ranks = Vec::with_capacity(self.total);
         for rank in 0..self.total {
             let host = rank / self.per_host.max(1);
             let s = self.observe_rank(rank, host);
@@ -412,7 +413,7 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    fn observe_rank(&self, rank: u64, host: u64) -> RankStatus {
+    fn observe_rank(&self, rank: Rank, host: Rank) -> RankStatus {
         let input = self.input;
         let want = self.inc.get(rank);
         match input.states.get(&rank) {
@@ -482,8 +483,8 @@ impl<'i, 'a> Working<'i, 'a> {
     /// The root cause and the collateral failures, then give up or restart
     /// per `restartPolicy` (invariants 2-3, 7).
     fn decide_failures(&mut self) {
-        let failed: Vec<u64> = (0..self.total)
-            .filter(|r| self.ranks[*r as usize].state.is_failure())
+        let failed: Vec<Rank> = (0..self.total)
+            .filter(|r| self.ranks[*r].state.is_failure())
             .collect();
         let root = self.find_root_cause(&failed);
         if self.was_terminal {
@@ -501,17 +502,17 @@ impl<'i, 'a> Working<'i, 'a> {
         let policy = &pm.spec.restart_policy;
         // The root first, then other independent failures; the collateral
         // ones are counted, not listed.
-        let mut order: Vec<u64> = failed
+        let mut order: Vec<Rank> = failed
             .iter()
             .copied()
-            .filter(|r| self.ranks[*r as usize].caused_by.is_none())
+            .filter(|r| self.ranks[*r].caused_by.is_none())
             .collect();
         order.sort_by_key(|r| (root != Some(*r), *r));
         let collateral = failed.len() - order.len();
         let mut summary = order
             .iter()
             .take(3)
-            .map(|r| describe(*r, &self.ranks[*r as usize], self.program()))
+            .map(|r| describe(*r, &self.ranks[*r], self.program()))
             .collect::<Vec<_>>()
             .join("; ");
         if let Some(root_rank) = root.filter(|_| collateral > 0) {
@@ -519,9 +520,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 "; {collateral} collateral (failed after rank {root_rank})"
             ));
         }
-        let permanent = failed
-            .iter()
-            .find(|r| !retryable(pm, &self.ranks[**r as usize]));
+        let permanent = failed.iter().find(|r| !retryable(pm, &self.ranks[**r]));
         // A restart counts once per incident, however many ranks it restarts
         // (a lost host with 8 procs is one restart, as a gang restart is).
         let needed = 1;
@@ -530,7 +529,7 @@ impl<'i, 'a> Working<'i, 'a> {
         } else if let Some(r) = permanent {
             self.failure_reason = Some(format!(
                 "{} (permanent failure, not retried)",
-                describe(*r, &self.ranks[*r as usize], self.program())
+                describe(*r, &self.ranks[*r], self.program())
             ));
         } else if self.restarts.saturating_add(needed) > policy.max_restarts {
             self.failure_reason = Some(format!(
@@ -556,7 +555,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// What is failing now: the failed ranks, and failures a restart has
     /// already superseded whose reports still come in (a root reported
     /// after its collateral, which a gang restart answered already).
-    fn failures(&self, failed: &[u64]) -> Vec<Failure> {
+    fn failures(&self, failed: &[Rank]) -> Vec<Failure> {
         let now = self.input.now;
         let mut out = Vec::with_capacity(failed.len());
         for &r in failed {
@@ -567,7 +566,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 .filter(|o| o.incarnation >= self.inc.get(r) && o.state.is_failure());
             let timed = obs.and_then(|o| Some((o.failed_at?, o.detected_at.unwrap_or(now))));
             // A lost host's procs died after its agent was last heard.
-            let untimed_at = match self.ranks[r as usize].state {
+            let untimed_at = match self.ranks[r].state {
                 ProcState::Lost => self
                     .input
                     .last_heard
@@ -580,7 +579,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 at: timed.map_or(untimed_at, |t| t.0),
                 detected: timed.map_or(now, |t| t.1),
                 timed: timed.is_some(),
-                status: self.ranks[r as usize].clone(),
+                status: self.ranks[r].clone(),
                 oom_killed: obs.is_some_and(|o| o.oom_killed),
             });
         }
@@ -605,7 +604,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// Finds the root of what is failing ([`causal`]), records it in the
     /// incident timeline and `firstFailure`, and marks the collateral
     /// ranks. Returns the rank at the root of the incident.
-    fn find_root_cause(&mut self, failed: &[u64]) -> Option<u64> {
+    fn find_root_cause(&mut self, failed: &[Rank]) -> Option<Rank> {
         let failures = self.failures(failed);
         let root = causal::root(&failures)?.clone();
         let cause = describe(root.rank, &root.status, self.program());
@@ -614,12 +613,12 @@ impl<'i, 'a> Working<'i, 'a> {
                 .unwrap_or((root.rank, root.at));
         // Collateral: counted over every failure of the cascade (some may
         // be restarting already), marked on the ranks still failed.
-        let mut collateral = 0u64;
+        let mut collateral: Rank = 0;
         for f in &failures {
             if causal::is_collateral(root_rank, root_at, f) {
                 collateral += 1;
                 if failed.binary_search(&f.rank).is_ok() {
-                    self.ranks[f.rank as usize].caused_by = Some(root_rank);
+                    self.ranks[f.rank].caused_by = Some(root_rank);
                 }
             }
         }
@@ -677,7 +676,7 @@ impl<'i, 'a> Working<'i, 'a> {
 
     /// Restarts the failed ranks (or the gang) once the backoff since the
     /// last restart has passed; until then, says when.
-    fn restart_after_backoff(&mut self, failed: &[u64], needed: u32, summary: String) {
+    fn restart_after_backoff(&mut self, failed: &[Rank], needed: u32, summary: String) {
         let input = self.input;
         let delay = if self.restarts == 0 {
             Duration::ZERO
@@ -732,7 +731,7 @@ impl<'i, 'a> Working<'i, 'a> {
             self.ranks.iter_mut().for_each(|s| *s = restarting.clone());
         } else {
             for r in failed {
-                self.ranks[*r as usize] = restarting.clone();
+                self.ranks[*r] = restarting.clone();
             }
         }
         self.out.events.push(PlannedEvent {
@@ -746,8 +745,8 @@ impl<'i, 'a> Working<'i, 'a> {
         self.progressing = Some(("Restarting", summary));
     }
 
-    fn count(&self, f: impl Fn(ProcState) -> bool) -> u64 {
-        self.ranks.iter().filter(|s| f(s.state)).count() as u64
+    fn count(&self, f: impl Fn(ProcState) -> bool) -> Rank {
+        self.ranks.iter().filter(|s| f(s.state)).count()
     }
 
     /// The mesh's phase from its ranks and the decision.
@@ -811,7 +810,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let running = self.count(|s| s == ProcState::Running);
         let succeeded = self.count(|s| s == ProcState::Succeeded);
         let failed = self.count(|s| s.is_failure());
-        let collateral = self.ranks.iter().filter(|s| s.caused_by.is_some()).count() as u64;
+        let collateral = self.ranks.iter().filter(|s| s.caused_by.is_some()).count();
         let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
         let prev_actors = if self.same_gen {
             self.prev.actor_failures.as_slice()

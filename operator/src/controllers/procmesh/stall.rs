@@ -19,6 +19,7 @@
 //!    named in the summary instead.
 //! 4. Without `stallTimeout` the ProcMesh has no `Stalled` condition.
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -56,9 +57,9 @@ pub fn configmap_name(name: &str) -> String {
 
 /// The stalled ranks of the current incarnations (invariant 1).
 pub fn stalled(
-    states: &BTreeMap<u64, ProcObs>,
-    incarnation: impl Fn(u64) -> u32,
-) -> BTreeMap<u64, (&ProcObs, &Stall)> {
+    states: &BTreeMap<Rank, ProcObs>,
+    incarnation: impl Fn(Rank) -> u32,
+) -> BTreeMap<Rank, (&ProcObs, &Stall)> {
     states
         .iter()
         .filter(|(r, o)| o.state == ProcState::Running && o.incarnation >= incarnation(**r))
@@ -101,8 +102,8 @@ pub fn observed(pm: &ProcMesh, o: &ProcObs, mut observed: RankStatus) -> RankSta
 }
 
 /// Ranks as runs in words: `5, 7-9`.
-pub fn rank_list(ranks: impl IntoIterator<Item = u64>, total: u64) -> String {
-    let set: std::collections::BTreeSet<u64> = ranks.into_iter().collect();
+pub fn rank_list(ranks: impl IntoIterator<Item = Rank>, total: Rank) -> String {
+    let set: std::collections::BTreeSet<Rank> = ranks.into_iter().collect();
     runs::encode((0..total).map(|r| set.contains(&r)))
         .into_iter()
         .filter(|run| run.value)
@@ -119,8 +120,8 @@ pub fn rank_list(ranks: impl IntoIterator<Item = u64>, total: u64) -> String {
 pub fn set_condition(
     pm: &ProcMesh,
     status: &mut ProcMeshStatus,
-    stalled: &BTreeMap<u64, (&ProcObs, &Stall)>,
-    total: u64,
+    stalled: &BTreeMap<Rank, (&ProcObs, &Stall)>,
+    total: Rank,
     now: Timestamp,
 ) -> Option<PlannedEvent> {
     if pm.spec.stall_timeout.is_none() {
@@ -161,8 +162,8 @@ pub fn set_condition(
 
 fn message(
     pm: &ProcMesh,
-    stalled: &BTreeMap<u64, (&ProcObs, &Stall)>,
-    total: u64,
+    stalled: &BTreeMap<Rank, (&ProcObs, &Stall)>,
+    total: Rank,
     now: Timestamp,
 ) -> String {
     let now_ms = u64::try_from(now.as_millisecond()).unwrap_or(0);
@@ -182,7 +183,7 @@ fn message(
 
 /// The episode key of a set of stalls (invariant 2): a digest of each
 /// stalled rank, its incarnation and its last progress.
-pub fn episode(stalled: &BTreeMap<u64, (&ProcObs, &Stall)>) -> String {
+pub fn episode(stalled: &BTreeMap<Rank, (&ProcObs, &Stall)>) -> String {
     let mut text = String::new();
     for (r, (o, s)) in stalled {
         let _ = write!(text, "{r}:{}:{};", o.incarnation, s.last_progress_ms);
@@ -193,8 +194,8 @@ pub fn episode(stalled: &BTreeMap<u64, (&ProcObs, &Stall)>) -> String {
 
 /// The ranks whose stacks are asked for: stalled ones first, then the
 /// others by rank, at most [`MAX_STACK_RANKS`] (invariant 3).
-pub fn ranks_to_capture(stalled: &[u64], total: u64) -> Vec<u64> {
-    let mut out: Vec<u64> = stalled.iter().copied().take(MAX_STACK_RANKS).collect();
+pub fn ranks_to_capture(stalled: &[Rank], total: Rank) -> Vec<Rank> {
+    let mut out: Vec<Rank> = stalled.iter().copied().take(MAX_STACK_RANKS).collect();
     let mut r = 0;
     while out.len() < MAX_STACK_RANKS && r < total {
         if !stalled.contains(&r) {
@@ -208,9 +209,9 @@ pub fn ranks_to_capture(stalled: &[u64], total: u64) -> Vec<u64> {
 /// The ConfigMap data for captured stacks, within its bounds (invariant 3).
 pub fn configmap_data(
     summary_head: &str,
-    order: &[u64],
-    stacks: &BTreeMap<u64, crate::hub::RankStacks>,
-    total: u64,
+    order: &[Rank],
+    stacks: &BTreeMap<Rank, crate::hub::RankStacks>,
+    total: Rank,
 ) -> BTreeMap<String, String> {
     let mut data = BTreeMap::new();
     let mut used = summary_head.len() + 1024;
@@ -247,7 +248,7 @@ pub fn configmap_data(
         data.insert(format!("rank-{r}"), text);
     }
     let kept = order.len() - left_out.len();
-    if (kept as u64) < total {
+    if kept < total {
         let _ = writeln!(
             summary,
             "stacks of {kept} of {total} ranks kept (stalled ranks first, at most {MAX_STACK_RANKS} ranks, {} KiB in all)",
@@ -269,8 +270,8 @@ pub async fn capture_on_new_episode(
     pm: &ProcMesh,
     world: &WorldKey,
     mesh_id: &str,
-    stalled: &BTreeMap<u64, (&ProcObs, &Stall)>,
-    total: u64,
+    stalled: &BTreeMap<Rank, (&ProcObs, &Stall)>,
+    total: Rank,
 ) -> Option<PlannedEvent> {
     if stalled.is_empty() {
         return None;
@@ -293,7 +294,7 @@ pub async fn capture_on_new_episode(
     {
         return None;
     }
-    let stalled_ranks: Vec<u64> = stalled.keys().copied().collect();
+    let stalled_ranks: Vec<Rank> = stalled.keys().copied().collect();
     let order = ranks_to_capture(&stalled_ranks, total);
     let per_rank = (MAX_CONFIGMAP_BYTES / order.len().max(1)).clamp(512, MAX_RANK_BYTES);
     tracing::info!(procmesh = %pm.name_any(), stalled = stalled.len(), ranks = order.len(), "stall: capturing stacks");
@@ -412,7 +413,7 @@ mod tests {
     fn the_condition_names_the_stalled_ranks_and_ends() {
         let pm = crate::controllers::procmesh::desired::tests::mk_pm(", stallTimeout: 2s");
         let mut status = ProcMeshStatus::default();
-        let states: BTreeMap<u64, ProcObs> = [
+        let states: BTreeMap<Rank, ProcObs> = [
             (3, obs(None)),
             (5, obs(Some(stall(Some(0))))),
             (6, obs(Some(stall(Some(0))))),
@@ -448,7 +449,7 @@ mod tests {
 
     #[test]
     fn episodes_change_with_a_new_stall_only() {
-        let a: BTreeMap<u64, ProcObs> = [(5, obs(Some(stall(None))))].into();
+        let a: BTreeMap<Rank, ProcObs> = [(5, obs(Some(stall(None))))].into();
         let mut b = a.clone();
         b.insert(6, obs(Some(stall(None))));
         let ka = episode(&stalled(&a, |_| 0));
@@ -458,18 +459,18 @@ mod tests {
 
     #[test]
     fn the_configmap_stays_within_its_bounds() {
-        let total = 10_000u64;
+        let total: Rank = 10_000;
         let order = ranks_to_capture(&[7777], total);
         assert_eq!(order.len(), MAX_STACK_RANKS);
         assert_eq!(order[0], 7777, "stalled ranks first");
-        let stacks: BTreeMap<u64, crate::hub::RankStacks> = order
+        let stacks: BTreeMap<Rank, crate::hub::RankStacks> = order
             .iter()
             .map(|r| {
                 (
                     *r,
                     Ok(ProcStacks {
                         name: format!("pm.x.{r}"),
-                        rank: *r as usize,
+                        rank: *r,
                         method: "kernel".into(),
                         text: "x".repeat(100_000),
                         truncated: true,

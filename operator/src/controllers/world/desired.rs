@@ -12,6 +12,7 @@
 //!    does not, so admission-webhook mutations never look like drift.
 
 use hostmesh_agent::contract::{self, BIN_DIR, BIN_PATH, HEALTH_PORT, SECRET_DIR, SECRET_FILE};
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 
 use hostmesh_crds::World;
@@ -62,7 +63,7 @@ const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
 const SECRET_VOLUME: &str = "hostmesh-secret";
 
 /// Name of host pod `rank` of World `world`.
-pub fn pod_name(world: &str, rank: u64) -> String {
+pub fn pod_name(world: &str, rank: Rank) -> String {
     format!("{world}-host-{rank}")
 }
 
@@ -293,7 +294,7 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 /// it when `placement` is given (kueue invariant 4).
 pub fn pod(
     world: &World,
-    rank: u64,
+    rank: Rank,
     agent_image: &str,
     hash: &str,
     placement: Option<&Placement>,

@@ -13,6 +13,7 @@
 //!    (`GangScheduled=False`, reason `ProviderNotInstalled`); the pods are
 //!    still created (they wait, and the condition says why).
 
+use hostmesh_crds::Rank;
 use hostmesh_crds::World;
 use hostmesh_crds::world::{GangProvider, GangSpec};
 use kube::api::{ApiResource, GroupVersionKind};
@@ -54,7 +55,7 @@ pub fn scheduler_name(gang: &GangSpec) -> Option<String> {
 }
 
 /// The group object for `world` with `hosts` members (gang invariant 1).
-pub fn group(world: &World, gang: &GangSpec, hosts: u64) -> Result<Value, Error> {
+pub fn group(world: &World, gang: &GangSpec, hosts: Rank) -> Result<Value, Error> {
     let owner = world
         .controller_owner_ref(&())
         .ok_or(Error::MissingField("World metadata.uid"))?;
@@ -139,13 +140,13 @@ pub fn condition(
     gang: &GangSpec,
     live: usize,
     bound: usize,
-    hosts: u64,
+    hosts: Rank,
 ) -> (bool, &'static str, String) {
     let who = match scheduler_name(gang) {
         Some(s) => format!("scheduler {s}"),
         None => "the default scheduler".to_string(),
     };
-    if live as u64 == hosts && bound == live {
+    if live == hosts && bound == live {
         return (
             true,
             "AllBound",

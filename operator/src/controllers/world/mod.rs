@@ -30,6 +30,7 @@ pub mod secret;
 pub mod topology;
 pub mod worker;
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -188,7 +189,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
         let rank = p
             .labels()
             .get(desired::LABEL_RANK)
-            .and_then(|r| r.parse::<u64>().ok());
+            .and_then(|r| r.parse::<Rank>().ok());
         match rank {
             Some(r) if r < n && p.name_any() == desired::pod_name(&name, r) => {
                 pods.insert(r, p);
@@ -226,28 +227,28 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
             },
         )
         .await;
-    let uids: BTreeMap<u64, String> = pods
+    let uids: BTreeMap<Rank, String> = pods
         .iter()
         .filter_map(|(r, p)| Some((*r, p.uid()?)))
         .collect();
-    let liveness = |r: u64| {
+    let liveness = |r: Rank| {
         uids.get(&r)
             .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
     };
 
-    let expired_since = |r: u64| {
+    let expired_since = |r: Rank| {
         uids.get(&r)
             .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
     };
-    let watching_since = |r: u64| {
+    let watching_since = |r: Rank| {
         uids.get(&r)
             .and_then(|uid| ctx.hub.watching_since(&key, r, uid))
     };
-    let link_error = |r: u64| {
+    let link_error = |r: Rank| {
         uids.get(&r)
             .and_then(|uid| ctx.hub.link_error(&key, r, uid))
     };
-    let monarch_worker = |r: u64| {
+    let monarch_worker = |r: Rank| {
         uids.get(&r)
             .and_then(|uid| ctx.hub.monarch_worker(&key, r, uid))
     };

@@ -19,6 +19,7 @@
 //!    from the environment when there is one.
 
 use hostmesh_agent::contract;
+use hostmesh_crds::Rank;
 use hostmesh_crds::monarch::{self as api, MonarchSpec};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
 use std::collections::BTreeMap;
@@ -49,7 +50,7 @@ pub fn command(spec: &MonarchSpec) -> Vec<String> {
 }
 
 /// Invariant 1: the labels attach mode selects and ranks workers by.
-pub fn labels(spec: &MonarchSpec, world: &str, rank: u64) -> BTreeMap<String, String> {
+pub fn labels(spec: &MonarchSpec, world: &str, rank: Rank) -> BTreeMap<String, String> {
     BTreeMap::from([
         (
             api::LABEL_APP_NAME.to_string(),
@@ -73,7 +74,7 @@ fn env(name: &str, value: String) -> EnvVar {
 
 /// Invariant 2 and the agent's worker settings, on the host container; and
 /// the worker's container port.
-pub fn configure_host(spec: &MonarchSpec, rank: u64, host: &mut Container) {
+pub fn configure_host(spec: &MonarchSpec, rank: Rank, host: &mut Container) {
     let port = spec.port();
     let envs = host.env.get_or_insert_with(Vec::new);
     envs.retain(|e| e.name != api::ENV_PORT && e.name != api::ENV_SERVICE_PROC_RANK);

@@ -37,6 +37,7 @@
 //! 8. A host pod mounting another agent token than the Secret's (see its
 //!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart.
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -61,19 +62,19 @@ pub struct PlanInput<'a> {
     /// Parsed timings of its spec.
     pub timings: WorldTimings,
     /// Its pods by host rank.
-    pub pods: &'a BTreeMap<u64, Pod>,
+    pub pods: &'a BTreeMap<Rank, Pod>,
     /// Pods whose rank label is outside the shape (to delete).
     pub extra_pods: Vec<String>,
     /// The hub's view of each rank's agent.
-    pub liveness: &'a dyn Fn(u64) -> Liveness,
+    pub liveness: &'a dyn Fn(Rank) -> Liveness,
     /// When each Expired rank expired.
-    pub expired_since: &'a dyn Fn(u64) -> Option<Timestamp>,
+    pub expired_since: &'a dyn Fn(Rank) -> Option<Timestamp>,
     /// Why the operator's last connection to each rank's agent failed, if
     /// no heartbeat came since.
-    pub link_error: &'a dyn Fn(u64) -> Option<String>,
+    pub link_error: &'a dyn Fn(Rank) -> Option<String>,
     /// Since when this operator has been dialing each rank's agent (in its
     /// current pod); `None` before it has.
-    pub watching_since: &'a dyn Fn(u64) -> Option<Timestamp>,
+    pub watching_since: &'a dyn Fn(Rank) -> Option<Timestamp>,
     /// Hash of the agent token the pods must mount
     /// ([`super::desired::secret_hash`]).
     pub secret_hash: &'a str,
@@ -94,7 +95,7 @@ pub struct PlanInput<'a> {
     pub admitted: Option<String>,
     /// Each rank's Monarch worker as its agent last reported it (a World
     /// with `spec.monarch`; see [`super::worker`]).
-    pub monarch_worker: &'a dyn Fn(u64) -> Option<ProcReport>,
+    pub monarch_worker: &'a dyn Fn(Rank) -> Option<ProcReport>,
 }
 
 /// Why the World is held suspended though `spec.suspend` is false.
@@ -111,7 +112,7 @@ pub struct Hold {
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Ranks to create pods for.
-    pub create: Vec<u64>,
+    pub create: Vec<Rank>,
     /// Pod names to delete.
     pub delete: Vec<String>,
     /// Of `delete`, the pods of Expired hosts: their agent no longer
@@ -134,7 +135,7 @@ fn sd(d: Duration) -> SignedDuration {
 /// This operator took over host `rank`'s Ready pod (the pod was Ready
 /// before it started watching it) less than `healthTimeout` ago: until the
 /// agent's first heartbeat, its recorded state stands (invariant 3).
-fn taking_over(input: &PlanInput<'_>, rank: u64, pod: &Pod) -> bool {
+fn taking_over(input: &PlanInput<'_>, rank: Rank, pod: &Pod) -> bool {
     let (Some(ready), Some(watching)) = (ready_since(pod), (input.watching_since)(rank)) else {
         return false;
     };
@@ -187,7 +188,7 @@ struct Working<'i, 'a> {
     generation: Option<i64>,
     now_t: Time,
     /// Hosts of the World.
-    n: u64,
+    n: Rank,
     /// The World already failed in this generation.
     was_failed: bool,
     /// The World was up (Running or Degraded) in this generation: a host
@@ -198,7 +199,7 @@ struct Working<'i, 'a> {
     attempt: u32,
     hosts: Vec<HostStatus>,
     /// Hosts Expired without ever heartbeating, and since when (invariant 3).
-    silent: BTreeMap<u64, Timestamp>,
+    silent: BTreeMap<Rank, Timestamp>,
     failure_reason: Option<String>,
     progressing: Option<(&'static str, String)>,
     waiting_backoff: bool,
@@ -252,7 +253,7 @@ impl<'i, 'a> Working<'i, 'a> {
             .map(|(r, h)| match &world.spec.monarch {
                 Some(m) => super::worker::host_status(
                     h,
-                    (input.monarch_worker)(r as u64).as_ref(),
+                    (input.monarch_worker)(r).as_ref(),
                     m.port(),
                     input.now,
                 ),
@@ -336,7 +337,7 @@ impl<'i, 'a> Working<'i, 'a> {
             phase: Some(WorldPhase::Suspended),
             ready: Some(format!("0/{n}")),
             ready_hosts: 0,
-            desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+            desired_hosts: n,
             hosts: host_runs,
             hosts_truncated: truncated,
             conditions: conds,
@@ -377,16 +378,16 @@ impl<'i, 'a> Working<'i, 'a> {
         self.out.events.push(event(Severity::Normal, reason, note));
     }
 
-    fn ranks_in(&self, state: HostState) -> Vec<u64> {
+    fn ranks_in(&self, state: HostState) -> Vec<Rank> {
         (0..self.n)
-            .filter(|r| self.hosts[*r as usize].state == state)
+            .filter(|r| self.hosts[*r].state == state)
             .collect()
     }
 
     /// Hosts of a World that was up are not all Ready: it is recovering
     /// (Degraded), not being created.
     fn recovering(&self) -> bool {
-        self.was_up && u64::from(self.ready()) < self.n
+        self.was_up && self.ready() < self.n
     }
 
     fn troubled(&self) -> bool {
@@ -453,7 +454,7 @@ impl<'i, 'a> Working<'i, 'a> {
             {
                 self.requeue_within(left);
             }
-            let h = &self.hosts[r as usize];
+            let h = &self.hosts[r];
             if h.state != HostState::Starting || h.reason.as_deref() != Some("AwaitingHeartbeat") {
                 continue;
             }
@@ -476,7 +477,7 @@ impl<'i, 'a> Working<'i, 'a> {
                     "Unreachable: no heartbeat from the agent since the pod became Ready".into()
                 }
             };
-            self.hosts[r as usize] = HostStatus {
+            self.hosts[r] = HostStatus {
                 state: HostState::Expired,
                 reason: Some(hostmesh_crds::procmesh::head(&why, 320).to_string()),
             };
@@ -538,7 +539,7 @@ impl<'i, 'a> Working<'i, 'a> {
             .iter()
             .take(5)
             .map(|r| {
-                let h = &self.hosts[*r as usize];
+                let h = &self.hosts[*r];
                 format!(
                     "host {r} {:?} ({})",
                     h.state,
@@ -581,7 +582,7 @@ impl<'i, 'a> Working<'i, 'a> {
         }
         self.restarts += 1;
         self.last_restart = Some(self.now_t.clone());
-        let victims: Vec<u64> = match fp.action {
+        let victims: Vec<Rank> = match fp.action {
             FailureAction::ReplaceHost => act_on,
             FailureAction::RecreateGang => {
                 self.attempt += 1;
@@ -594,7 +595,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 && let Some(name) = &p.metadata.name
             {
                 self.out.delete.push(name.clone());
-                if self.hosts[r as usize].state == HostState::Expired {
+                if self.hosts[r].state == HostState::Expired {
                     self.out.quick.insert(name.clone());
                 }
             }
@@ -661,11 +662,11 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    fn ready(&self) -> u32 {
+    fn ready(&self) -> Rank {
         self.hosts
             .iter()
             .filter(|h| h.state == HostState::Ready)
-            .count() as u32
+            .count()
     }
 
     /// The World's phase from its hosts and the decision.
@@ -674,7 +675,7 @@ impl<'i, 'a> Working<'i, 'a> {
             WorldPhase::Failed
         } else if self.troubled() || self.recovering() {
             WorldPhase::Degraded
-        } else if u64::from(self.ready()) == self.n {
+        } else if self.ready() == self.n {
             WorldPhase::Running
         } else {
             WorldPhase::Creating
@@ -707,7 +708,7 @@ impl<'i, 'a> Working<'i, 'a> {
             phase: Some(phase),
             ready: Some(format!("{ready}/{n}")),
             ready_hosts: ready,
-            desired_hosts: u32::try_from(n).unwrap_or(u32::MAX),
+            desired_hosts: n,
             hosts: host_runs,
             hosts_truncated: truncated,
             conditions: conds,
@@ -737,7 +738,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 super::worker::failure(
                     r,
                     super::desired::pod_name(&name, r),
-                    &self.hosts[r as usize],
+                    &self.hosts[r],
                     report.as_ref(),
                     &self.now_t,
                 )

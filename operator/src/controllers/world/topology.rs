@@ -17,6 +17,7 @@
 //!    stride, ordered by `hostmesh.dev/rank`; the same in the pod set
 //!    template's `kueue.x-k8s.io/podset-*` annotations.
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 
 use hostmesh_crds::World;
@@ -43,11 +44,11 @@ fn entries(world: &World) -> &[TopologySpec] {
 }
 
 /// `stride(d)` of topology invariant 1 (`None`: not a dimension).
-pub fn stride(world: &World, dim: &str) -> Option<u64> {
+pub fn stride(world: &World, dim: &str) -> Option<Rank> {
     let shape = world.spec.full_shape();
     let dims = shape.dims();
     let i = dims.iter().position(|d| d.name == dim)?;
-    Some(dims[i + 1..].iter().map(|d| u64::from(d.size)).product())
+    Some(dims[i + 1..].iter().map(|d| d.size as Rank).product())
 }
 
 fn world_id(world: &World) -> String {
@@ -61,7 +62,7 @@ fn world_id(world: &World) -> String {
 
 /// The group labels and the affinity of host `rank` (topology invariants
 /// 1-3); empty when the World asks for no topology.
-pub fn placement(world: &World, rank: u64) -> (BTreeMap<String, String>, Option<Affinity>) {
+pub fn placement(world: &World, rank: Rank) -> (BTreeMap<String, String>, Option<Affinity>) {
     let mut labels = BTreeMap::new();
     let mut affinity = PodAffinity::default();
     let mut anti = PodAntiAffinity::default();

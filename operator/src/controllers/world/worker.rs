@@ -15,6 +15,7 @@
 //!    failure after the World's `Ready` condition last turned true.
 
 use hostmesh_agent::protocol::{ProcPhase, ProcReport};
+use hostmesh_crds::Rank;
 use hostmesh_crds::conditions::{self, READY};
 use hostmesh_crds::procmesh::head;
 use hostmesh_crds::world::{HostFailure, HostState, HostStatus, WorldStatus};
@@ -111,7 +112,7 @@ fn stderr_tail(report: &ProcReport) -> Option<String> {
 /// The failure record of host `rank` (pod `pod`) in state `host`, with the
 /// worker's exit when `report` says it ended.
 pub fn failure(
-    rank: u64,
+    rank: Rank,
     pod: String,
     host: &HostStatus,
     report: Option<&ProcReport>,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::controllers::procmesh::desired::tests::mk_pm;
+use hostmesh_crds::Rank;
 
 fn timings(pm: &ProcMesh) -> ProcMeshTimings {
     let w = crate::controllers::procmesh::desired::tests::mk_world();
@@ -27,7 +28,7 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
     }
 }
 
-fn all(hosts: u64, per: u64, state: ProcState, inc: u32) -> BTreeMap<u64, ProcObs> {
+fn all(hosts: Rank, per: Rank, state: ProcState, inc: u32) -> BTreeMap<Rank, ProcObs> {
     (0..hosts * per)
         .map(|r| (r, obs(state, None, inc)))
         .collect()
@@ -36,7 +37,7 @@ fn all(hosts: u64, per: u64, state: ProcState, inc: u32) -> BTreeMap<u64, ProcOb
 fn run(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
-    states: &BTreeMap<u64, ProcObs>,
+    states: &BTreeMap<Rank, ProcObs>,
     now: i64,
 ) -> Plan {
     run_lost(pm, world, states, &BTreeMap::new(), now)
@@ -45,8 +46,8 @@ fn run(
 fn run_lost(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
-    states: &BTreeMap<u64, ProcObs>,
-    lost_hosts: &BTreeMap<u64, HostState>,
+    states: &BTreeMap<Rank, ProcObs>,
+    lost_hosts: &BTreeMap<Rank, HostState>,
     now: i64,
 ) -> Plan {
     // Both agents reported long ago: the spawn clock alone decides.
@@ -57,9 +58,9 @@ fn run_lost(
 fn run_reported(
     pm: &ProcMesh,
     world: Option<WorldPhase>,
-    states: &BTreeMap<u64, ProcObs>,
-    lost_hosts: &BTreeMap<u64, HostState>,
-    reported: &BTreeMap<u64, Timestamp>,
+    states: &BTreeMap<Rank, ProcObs>,
+    lost_hosts: &BTreeMap<Rank, HostState>,
+    reported: &BTreeMap<Rank, Timestamp>,
     now: i64,
 ) -> Plan {
     plan(&PlanInput {
@@ -118,7 +119,7 @@ fn a_suspended_world_stops_without_failures_and_respawns_on_resume() {
     let mut states = all(2, 2, ProcState::Stopped, 0);
     states.insert(1, obs(ProcState::Killed, None, 0));
     let suspended = Some(WorldPhase::Suspended);
-    let lost: BTreeMap<u64, HostState> = (0..2).map(|h| (h, HostState::Terminating)).collect();
+    let lost: BTreeMap<Rank, HostState> = (0..2).map(|h| (h, HostState::Terminating)).collect();
     let p = run_lost(&pm, suspended, &states, &lost, 101);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
     assert!(p.spawn.is_none() && !p.stop);
@@ -357,7 +358,7 @@ fn a_new_leader_never_times_out_ranks_it_has_not_heard_from() {
     // Host 0 reports its two procs running; host 1 reports none of them.
     let mut states = all(1, 2, ProcState::Running, 0);
     let at = |s| Timestamp::from_second(s).unwrap();
-    let reported: BTreeMap<u64, Timestamp> = [(0, at(1_000)), (1, at(1_000))].into();
+    let reported: BTreeMap<Rank, Timestamp> = [(0, at(1_000)), (1, at(1_000))].into();
     let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 1_001);
     assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
     assert!(p.status.first_failure.is_none(), "{:?}", p.status);
@@ -367,7 +368,7 @@ fn a_new_leader_never_times_out_ranks_it_has_not_heard_from() {
     assert_eq!(p.status.first_failure.unwrap().state, ProcState::Timeout);
 
     // Host 1 has not reported: its ranks stay as recorded, with no timeout.
-    let reported: BTreeMap<u64, Timestamp> = [(0, at(1_000))].into();
+    let reported: BTreeMap<Rank, Timestamp> = [(0, at(1_000))].into();
     for r in 2..4 {
         states.remove(&r);
     }
@@ -507,7 +508,7 @@ fn timed(
     }
 }
 
-fn run_ms(pm: &ProcMesh, states: &BTreeMap<u64, ProcObs>, now_ms: i64) -> Plan {
+fn run_ms(pm: &ProcMesh, states: &BTreeMap<Rank, ProcObs>, now_ms: i64) -> Plan {
     let reported = (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect();
     plan(&PlanInput {
         pm,
@@ -571,7 +572,7 @@ fn a_collateral_report_arriving_first_gives_way_to_the_root() {
             // The ranks are still shown as they ended: 0-2 collateral of 3.
             assert_eq!(s.collateral, 3);
             assert_eq!(s.failed, 4);
-            let caused: Vec<Option<u64>> = (0..4)
+            let caused: Vec<Option<Rank>> = (0..4)
                 .map(|r| runs::get(&s.ranks, r).unwrap().caused_by)
                 .collect();
             assert_eq!(caused, [Some(3), Some(3), Some(3), None]);

@@ -9,6 +9,7 @@
 //! a World naming a queue on a cluster without Kueue is held with reason
 //! `KueueNotInstalled`, never silently Pending).
 
+use hostmesh_crds::Rank;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
@@ -94,7 +95,7 @@ pub struct WorkloadInput<'a> {
     /// `desired::pod_set_template`).
     pub template: PodTemplateSpec,
     /// Its number of hosts.
-    pub hosts: u64,
+    pub hosts: Rank,
     /// Host pods of the World that still exist (terminating ones too): the
     /// quota is given back only at 0 (kueue invariant 3).
     pub pods_left: usize,

@@ -6,6 +6,7 @@
 //! `kueue.x-k8s.io/v1beta2` (Kueue 0.15 and later; the storage version
 //! from 0.19).
 
+use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 
 use hostmesh_crds::World;
@@ -79,7 +80,7 @@ pub fn name(world: &World) -> String {
 /// node selectors, affinity, priority), its number of hosts and its
 /// topology. Not the agent image or port: an operator upgrade rolls the
 /// host pods but does not requeue an admitted World (kueue invariant 2).
-pub fn pod_set_hash(world: &World, hosts: u64) -> String {
+pub fn pod_set_hash(world: &World, hosts: Rank) -> String {
     let topology = world.spec.scheduling.as_ref().map(|s| &s.topology);
     let input = json!({"template": world.spec.template, "hosts": hosts, "topology": topology});
     let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
@@ -110,7 +111,7 @@ pub fn desired(
     world: &World,
     queue: &str,
     template: PodTemplateSpec,
-    hosts: u64,
+    hosts: Rank,
     priority: Option<&Priority>,
     pod_set_hash: &str,
 ) -> Result<Value, Error> {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::controllers::world::observe::tests::{READY as POD_READY, mk_pod};
+use hostmesh_crds::Rank;
 
 const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, generation: 1}\n\
 spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: {spec: {containers: [{name: host, image: x}]}}\n";
@@ -17,7 +18,7 @@ fn timings(w: &World) -> WorldTimings {
     hostmesh_crds::validate::world("w", &w.spec).unwrap()
 }
 
-fn pod(rank: u64, status: &str, hash: &str) -> Pod {
+fn pod(rank: Rank, status: &str, hash: &str) -> Pod {
     let mut p = mk_pod(status);
     p.metadata.name = Some(format!("w-host-{rank}"));
     p.metadata.annotations = Some(BTreeMap::from([(
@@ -27,7 +28,7 @@ fn pod(rank: u64, status: &str, hash: &str) -> Pod {
     p
 }
 
-fn run(w: &World, pods: &BTreeMap<u64, Pod>, live: Liveness, now: i64) -> Plan {
+fn run(w: &World, pods: &BTreeMap<Rank, Pod>, live: Liveness, now: i64) -> Plan {
     plan(&PlanInput {
         world: w,
         timings: timings(w),
@@ -405,7 +406,7 @@ fn suspend_writes_the_phase_then_deletes_pods_and_resume_is_a_new_attempt() {
     assert!(conditions::get(&fresh.status.conditions, SUSPENDED).is_none());
 }
 
-fn run_held(w: &World, pods: &BTreeMap<u64, Pod>, hold: Option<(&str, &str)>, now: i64) -> Plan {
+fn run_held(w: &World, pods: &BTreeMap<Rank, Pod>, hold: Option<(&str, &str)>, now: i64) -> Plan {
     plan(&PlanInput {
         world: w,
         timings: timings(w),
@@ -620,7 +621,7 @@ fn backoff_doubles_and_caps() {
 #[test]
 fn a_world_that_was_up_recovers_as_degraded_not_creating() {
     let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
-    let mut pods: BTreeMap<u64, Pod> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let mut pods: BTreeMap<Rank, Pod> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
     let p = run(&w, &pods, Liveness::Alive, 100);
     assert_eq!(p.status.phase, Some(WorldPhase::Running));
     w.status = Some(p.status);
