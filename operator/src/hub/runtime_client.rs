@@ -240,12 +240,12 @@ impl AgentLink for RuntimeLink {
         Box::pin(async move {
             let n = hosts
                 .iter()
-                .map(|(r, _)| *r as usize + 1)
+                .map(|(r, _)| *r + 1)
                 .max()
                 .unwrap_or(0);
             let mut book = vec![String::new(); n];
             for (r, a) in hosts {
-                book[r as usize] = a.to_string();
+                book[r] = a.to_string();
             }
             self.client
                 .set_address_book(self.addr, book)
@@ -275,14 +275,14 @@ impl AgentLink for RuntimeLink {
         Box::pin(async move {
             let n = hosts
                 .iter()
-                .map(|(r, _, _)| *r as usize + 1)
+                .map(|(r, _, _)| *r + 1)
                 .max()
                 .unwrap_or(0);
             let mut book = vec![String::new(); n];
             let mut epochs = vec![0; n];
             for (r, a, e) in hosts {
-                book[r as usize] = a.to_string();
-                epochs[r as usize] = e;
+                book[r] = a.to_string();
+                epochs[r] = e;
             }
             self.client
                 .set_address_book_with_epochs(self.addr, book, epochs)

@@ -33,13 +33,14 @@ use hostmesh_crds::monarchmesh::{MonarchMesh, MonarchMeshStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tracing::debug;
 
 use crate::controllers::shared::ControllerContext;
+use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::{Error, FIELD_MANAGER};
 
 /// Kind label in metrics and logs.
@@ -108,7 +109,7 @@ pub async fn reconcile(
                 .await;
         }
         let st = status::blocked(&mesh, status::INVALID_SPEC, &msg, &now);
-        write_status(&mesh, &ctx, st, true).await?;
+        write_status(&*mesh, &ctx, st, true).await?;
         return Ok(Action::await_change());
     }
 
@@ -121,7 +122,7 @@ pub async fn reconcile(
             "World {name} already exists and is not this MonarchMesh's; delete that World or give the mesh another name"
         );
         let st = status::blocked(&mesh, status::WORLD_CONFLICT, &msg, &now);
-        write_status(&mesh, &ctx, st, true).await?;
+        write_status(&*mesh, &ctx, st, true).await?;
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
 
@@ -136,7 +137,7 @@ pub async fn reconcile(
         .await?;
 
     let st = status::from_world(&mesh, &world, &now);
-    match write_status(&mesh, &ctx, st, false).await? {
+    match write_status(&*mesh, &ctx, st, false).await? {
         Some(wait) => Ok(Action::requeue(wait)),
         None => Ok(Action::await_change()),
     }
@@ -157,35 +158,17 @@ fn controlled_by(world: &World, mesh: &MonarchMesh) -> bool {
         .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
 }
 
-/// Writes `status` whole when it changed (invariant 4); returns the delay
-/// after which to retry a deferred write.
-async fn write_status(
-    mesh: &MonarchMesh,
-    ctx: &ControllerContext,
-    status: MonarchMeshStatus,
-    force: bool,
-) -> Result<Option<Duration>, Error> {
-    let old = mesh.status.clone().unwrap_or_default();
-    if mesh.status.as_ref() == Some(&status) {
-        return Ok(None);
+impl PacedStatus for MonarchMesh {
+    type Status = MonarchMeshStatus;
+    const KIND: &'static str = KIND;
+    fn status(&self) -> Option<&MonarchMeshStatus> {
+        self.status.as_ref()
     }
-    let urgent = force
-        || crate::controllers::shared::writes::urgent(
-            old.phase,
-            status.phase,
-            &old.conditions,
-            &status.conditions,
-        )
-        || old.first_failure != status.first_failure;
-    let ns = mesh.namespace().unwrap_or_default();
-    let key = format!("{KIND}/{ns}/{}", mesh.name_any());
-    if let Some(wait) = ctx.pacer.admit(&key, urgent, std::time::Instant::now()) {
-        return Ok(Some(wait));
+    fn set_status(&mut self, status: MonarchMeshStatus) {
+        self.status = Some(status);
     }
-    let api: Api<MonarchMesh> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut obj = mesh.clone();
-    obj.status = Some(status);
-    api.replace_status(&mesh.name_any(), &PostParams::default(), &obj)
-        .await?;
-    Ok(None)
+    fn is_urgent(old: &MonarchMeshStatus, new: &MonarchMeshStatus) -> bool {
+        old.first_failure != new.first_failure
+            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
+    }
 }

@@ -34,7 +34,6 @@ use hostmesh_crds::world::{HostState, WorldPhase};
 use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
@@ -42,6 +41,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::Error;
+use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
 
@@ -184,7 +184,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let prev_restarts = pm.status.as_ref().map_or(0, |s| s.restarts);
     let written_ahead = plan.spawn.is_some() && plan.status.restarts != prev_restarts;
     if written_ahead {
-        write_status(pm, ctx, &plan.status, true).await?;
+        write_status(pm, ctx, plan.status.clone(), true).await?;
     }
     if let Some(inc) = plan.spawn.as_ref().filter(|_| !replacing) {
         let mut errors = Vec::new();
@@ -226,7 +226,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
     let deferred = if written_ahead {
         None
     } else {
-        write_status(pm, ctx, &plan.status, false).await?
+        write_status(pm, ctx, plan.status.clone(), false).await?
     };
     // Recovery phases count once, with the status that records them.
     if deferred.is_none() {
@@ -358,7 +358,7 @@ async fn invalid(
     if pm.status.as_ref() != Some(&status) {
         ctx.event(pm, true, "InvalidSpec", msg.to_string()).await;
     }
-    write_status(pm, ctx, &status, true).await?;
+    write_status(pm, ctx, status.clone(), true).await?;
     Ok(if retry {
         Action::requeue(Duration::from_secs(10))
     } else {
@@ -366,45 +366,19 @@ async fn invalid(
     })
 }
 
-/// Writes `status` whole through the status subresource when it changed,
-/// paced per object ([`crate::controllers::shared::writes`]; a new first failure and `force`
-/// skip the pacing). Returns the delay after which to retry a deferred
-/// write.
-pub async fn write_status(
-    pm: &ProcMesh,
-    ctx: &ControllerContext,
-    status: &ProcMeshStatus,
-    force: bool,
-) -> Result<Option<Duration>, Error> {
-    let old = pm.status.clone().unwrap_or_default();
-    if pm.status.as_ref() == Some(status) {
-        return Ok(None);
+impl PacedStatus for ProcMesh {
+    type Status = ProcMeshStatus;
+    const KIND: &'static str = "procmesh";
+    fn status(&self) -> Option<&ProcMeshStatus> {
+        self.status.as_ref()
     }
-    let urgent = force
-        || old.first_failure != status.first_failure
-        || crate::controllers::shared::writes::urgent(
-            old.phase,
-            status.phase,
-            &old.conditions,
-            &status.conditions,
-        );
-    let key = format!(
-        "procmesh/{}/{}",
-        pm.namespace().unwrap_or_default(),
-        pm.name_any()
-    );
-    if let Some(wait) = ctx.pacer.admit(&key, urgent, std::time::Instant::now()) {
-        return Ok(Some(wait));
+    fn set_status(&mut self, status: ProcMeshStatus) {
+        self.status = Some(status);
     }
-    let api: Api<ProcMesh> =
-        Api::namespaced(ctx.client.clone(), &pm.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion it was computed from:
-    // a write based on a stale read fails with 409 and is recomputed.
-    let mut obj = pm.clone();
-    obj.status = Some(status.clone());
-    api.replace_status(&pm.name_any(), &PostParams::default(), &obj)
-        .await?;
-    Ok(None)
+    fn is_urgent(old: &ProcMeshStatus, new: &ProcMeshStatus) -> bool {
+        old.first_failure != new.first_failure
+            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
+    }
 }
 
 async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> {
@@ -438,7 +412,7 @@ async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error
             pm.metadata.generation,
             &Time(now),
         );
-        write_status(pm, ctx, &status, true).await?;
+        write_status(pm, ctx, status.clone(), true).await?;
         info!(procmesh = %name, "stopping procs before deletion");
         ctx.event(
             pm,
@@ -460,6 +434,6 @@ async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error
     for id in ctx.hub.mesh_ids(&key, &prefix) {
         ctx.hub.forget_procs(&key, &id);
     }
-    ctx.pacer.forget(&format!("procmesh/{ns}/{name}"));
+    ctx.pacer.forget(&writes::pacer_key::<ProcMesh>(&ns, &name));
     Ok(Action::await_change())
 }

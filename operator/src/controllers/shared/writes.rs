@@ -4,16 +4,85 @@
 //! object, however often reconciles run. The hub paces its triggers the same
 //! way; this covers reconciles triggered by watches (pods, Worlds).
 //!
+//! [`write_status`] is the one status writer of the World, ProcMesh and
+//! MonarchMesh controllers; each kind says what its status is and what is
+//! urgent in it through [`PacedStatus`].
+//!
 //! Invariants:
 //! 1. A deferred write is never lost: the caller requeues after the returned
 //!    delay and recomputes the whole status then.
 //! 2. Urgent writes are never delayed.
+//! 3. A status is replaced whole, guarded by the resourceVersion it was
+//!    computed from: a write based on a stale read fails with 409 and is
+//!    recomputed, never merged into a newer one.
 
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::context::ControllerContext;
+use crate::Error;
+
+/// A namespaced resource whose status [`write_status`] writes.
+pub trait PacedStatus:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+{
+    /// The status type.
+    type Status: Clone + PartialEq + Default;
+    /// The first part of the pacer's key (`world`, `procmesh`, ...).
+    const KIND: &'static str;
+    /// The object's current status.
+    fn status(&self) -> Option<&Self::Status>;
+    /// Replaces the object's status.
+    fn set_status(&mut self, status: Self::Status);
+    /// Whether going from `old` to `new` is a change a user must see at once
+    /// (usually [`urgent`] on phase and conditions, and a new first failure).
+    fn is_urgent(old: &Self::Status, new: &Self::Status) -> bool;
+}
+
+/// The pacer's key of the object `name` in `ns`.
+pub fn pacer_key<K: PacedStatus>(ns: &str, name: &str) -> String {
+    format!("{}/{ns}/{name}", K::KIND)
+}
+
+/// Writes `status` whole through the status subresource when it changed,
+/// paced per object (`force` skips the pacing). Returns the delay after which
+/// to retry a deferred write (invariant 1).
+pub async fn write_status<K: PacedStatus>(
+    obj: &K,
+    ctx: &ControllerContext,
+    status: K::Status,
+    force: bool,
+) -> Result<Option<Duration>, Error> {
+    if obj.status() == Some(&status) {
+        return Ok(None);
+    }
+    let old = obj.status().cloned().unwrap_or_default();
+    let urgent = force || K::is_urgent(&old, &status);
+    let ns = obj.namespace().unwrap_or_default();
+    let key = pacer_key::<K>(&ns, &obj.name_any());
+    if let Some(wait) = ctx.pacer.admit(&key, urgent, Instant::now()) {
+        return Ok(Some(wait));
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut replaced = obj.clone();
+    replaced.set_status(status);
+    api.replace_status(&obj.name_any(), &PostParams::default(), &replaced)
+        .await?;
+    Ok(None)
+}
 
 /// Paces status writes per object key.
 #[derive(Debug)]

@@ -45,13 +45,14 @@ use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::Liveness;
 use crate::hub::{WorldAgents, WorldKey};
@@ -592,43 +593,19 @@ async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Ac
     Ok(Action::await_change())
 }
 
-/// Writes `status` whole through the status subresource when it changed,
-/// paced per object ([`crate::controllers::shared::writes`]; `force` skips the pacing). Returns
-/// the delay after which to retry a deferred write.
-pub async fn write_status(
-    world: &World,
-    ctx: &ControllerContext,
-    status: WorldStatus,
-    force: bool,
-) -> Result<Option<Duration>, Error> {
-    let old = world.status.clone().unwrap_or_default();
-    if world.status.as_ref() == Some(&status) {
-        return Ok(None);
+impl PacedStatus for World {
+    type Status = WorldStatus;
+    const KIND: &'static str = "world";
+    fn status(&self) -> Option<&WorldStatus> {
+        self.status.as_ref()
     }
-    let urgent = force
-        || crate::controllers::shared::writes::urgent(
-            old.phase,
-            status.phase,
-            &old.conditions,
-            &status.conditions,
-        );
-    let key = format!(
-        "world/{}/{}",
-        world.namespace().unwrap_or_default(),
-        world.name_any()
-    );
-    if let Some(wait) = ctx.pacer.admit(&key, urgent, std::time::Instant::now()) {
-        return Ok(Some(wait));
+    fn set_status(&mut self, status: WorldStatus) {
+        self.status = Some(status);
     }
-    let api: Api<World> =
-        Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
-    // Replaced whole, guarded by the resourceVersion it was computed from:
-    // a write based on a stale read fails with 409 and is recomputed.
-    let mut obj = world.clone();
-    obj.status = Some(status);
-    api.replace_status(&world.name_any(), &PostParams::default(), &obj)
-        .await?;
-    Ok(None)
+    fn is_urgent(old: &WorldStatus, new: &WorldStatus) -> bool {
+        old.first_failure != new.first_failure
+            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
+    }
 }
 
 async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error> {
@@ -670,9 +647,9 @@ async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error
         kueue::sync::release_on_delete(&ctx.client, world).await?;
     }
     ctx.hub.forget_world(&key_of(world));
-    ctx.pacer.forget(&format!(
-        "world/{}/{name}",
-        world.namespace().unwrap_or_default()
+    ctx.pacer.forget(&writes::pacer_key::<World>(
+        &world.namespace().unwrap_or_default(),
+        &name,
     ));
     ctx.event(
         world,
