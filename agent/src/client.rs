@@ -85,7 +85,7 @@ pub enum ClientError {
         addr: SocketAddr,
         /// Why.
         #[source]
-        source: hostmesh_runtime::Error,
+        source: hostmesh_runtime::RuntimeError,
     },
     /// The agent refused the request.
     #[error("agent {addr} refused: {message}")]
@@ -97,7 +97,7 @@ pub enum ClientError {
     },
     /// The client proc could not start.
     #[error("cannot start the agent client: {0}")]
-    Start(#[source] hostmesh_runtime::Error),
+    Start(#[source] hostmesh_runtime::RuntimeError),
 }
 
 /// Tunables of [`AgentClient`].

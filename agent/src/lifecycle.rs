@@ -28,7 +28,7 @@ use super::manager::Inner;
 use super::oom::OomCounter;
 use super::protocol::{CreateOrUpdate, ProcPhase, duration_ms};
 use super::spawn::{self, ProcChild, SpawnRequest};
-use super::stall::{self, Progress, ProgressFile, StallChange, StallWatch};
+use super::stall::{self, OutputProgress, ProgressFile, StallChange, StallWatch};
 
 /// Longest wait for a proc's stderr to reach end of file after it exited.
 const TAIL_WAIT: Duration = Duration::from_secs(1);
@@ -219,7 +219,7 @@ fn stall_signals(
     inc: u32,
     spec: &crate::protocol::ProcSpec,
     env: &mut Vec<(String, String)>,
-) -> (Option<Arc<Progress>>, Option<ProgressFile>) {
+) -> (Option<Arc<OutputProgress>>, Option<ProgressFile>) {
     if spec.stall_timeout_ms.is_none() {
         return (None, None);
     }
@@ -246,7 +246,7 @@ fn stall_signals(
             None
         }
     };
-    (Some(Progress::new(pattern)), file)
+    (Some(OutputProgress::new(pattern)), file)
 }
 
 fn report_stall(inner: &Inner, name: &str, inc: u32, change: StallChange) {

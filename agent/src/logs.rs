@@ -51,7 +51,7 @@ struct State {
     closed: bool,
 }
 
-struct Shared {
+struct LogShared {
     state: Mutex<State>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     wake: Condvar,
@@ -59,7 +59,7 @@ struct Shared {
     dropped: AtomicU64,
 }
 
-impl Shared {
+impl LogShared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -68,7 +68,7 @@ impl Shared {
 /// One output of the agent (its stdout or its stderr) shared by all procs.
 #[derive(Clone)]
 pub struct LogHub {
-    shared: Arc<Shared>,
+    shared: Arc<LogShared>,
 }
 
 impl std::fmt::Debug for LogHub {
@@ -84,7 +84,7 @@ impl LogHub {
     /// Starts a writer thread forwarding to `out`; each proc stream buffers
     /// at most `capacity` lines.
     pub fn start(name: &str, capacity: usize, out: Box<dyn Write + Send>) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(LogShared {
             state: Mutex::new(State::default()),
             thread: Mutex::new(None),
             wake: Condvar::new(),
@@ -145,7 +145,7 @@ impl LogHub {
 
 /// A proc stream feeding a [`LogHub`]; ends when dropped.
 pub(crate) struct LogSource {
-    shared: Arc<Shared>,
+    shared: Arc<LogShared>,
     id: u64,
 }
 
@@ -183,7 +183,7 @@ impl Drop for LogSource {
     }
 }
 
-fn writer(shared: Arc<Shared>, mut out: Box<dyn Write + Send>) {
+fn writer(shared: Arc<LogShared>, mut out: Box<dyn Write + Send>) {
     let mut buf = Vec::with_capacity(64 * 1024);
     loop {
         {
@@ -338,7 +338,7 @@ pub(crate) async fn pump<R: AsyncRead + Unpin>(
     pipe: R,
     source: LogSource,
     tail: Option<Arc<Mutex<Tail>>>,
-    progress: Option<Arc<crate::stall::Progress>>,
+    progress: Option<Arc<crate::stall::OutputProgress>>,
 ) {
     let mut reader = BufReader::with_capacity(MAX_LINE, pipe);
     let mut line: Vec<u8> = Vec::new();
@@ -374,7 +374,7 @@ pub(crate) async fn pump<R: AsyncRead + Unpin>(
 fn emit(
     source: &LogSource,
     tail: Option<&Mutex<Tail>>,
-    progress: Option<&crate::stall::Progress>,
+    progress: Option<&crate::stall::OutputProgress>,
     line: &[u8],
 ) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);

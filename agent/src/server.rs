@@ -318,7 +318,9 @@ pub(crate) fn pump(
     tokio::spawn(async move {
         while !closed.load(Ordering::SeqCst) {
             let push = sub.next().await;
-            if closed.load(Ordering::SeqCst) || pusher.send(&proc, &Forward(push)).await.is_err() {
+            if closed.load(Ordering::SeqCst)
+                || pusher.send(&proc, &ForwardPush(push)).await.is_err()
+            {
                 break;
             }
         }
@@ -327,7 +329,7 @@ pub(crate) fn pump(
 
 /// A push on its way to a subscriber (local to the agent's proc).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Forward(pub(crate) AgentPush);
+pub(crate) struct ForwardPush(pub(crate) AgentPush);
 
 /// Sends pushes to one subscriber's port; stops when they come back
 /// undeliverable (the subscriber is gone).
@@ -338,7 +340,7 @@ pub(crate) struct Pusher {
 
 impl Actor for Pusher {
     fn register(h: &mut Handlers<Self>) {
-        h.handle::<Forward>();
+        h.handle::<ForwardPush>();
     }
 
     async fn handle_undeliverable(
@@ -357,9 +359,9 @@ impl Actor for Pusher {
     }
 }
 
-impl Handler<Forward> for Pusher {
+impl Handler<ForwardPush> for Pusher {
     type Reply = ();
-    async fn handle(&mut self, cx: &Context<Self>, m: Forward) -> Result<(), ActorError> {
+    async fn handle(&mut self, cx: &Context<Self>, m: ForwardPush) -> Result<(), ActorError> {
         if self.closed.load(Ordering::SeqCst) {
             cx.stop("subscription replaced");
             return Ok(());

@@ -46,17 +46,17 @@ pub(crate) fn pattern(p: &str) -> Result<regex::bytes::Regex, String> {
 
 /// The last progress of one proc, fed by its output pumps.
 #[derive(Debug)]
-pub(crate) struct Progress {
+pub(crate) struct OutputProgress {
     origin: Instant,
     /// Microseconds after `origin` of the last progress; 0 before any.
     last: AtomicU64,
     pattern: Option<regex::bytes::Regex>,
 }
 
-impl Progress {
+impl OutputProgress {
     /// Progress as of now (a proc starts with a full timeout).
     pub(crate) fn new(pattern: Option<regex::bytes::Regex>) -> Arc<Self> {
-        Arc::new(Progress {
+        Arc::new(OutputProgress {
             origin: Instant::now(),
             last: AtomicU64::new(0),
             pattern,
@@ -190,7 +190,7 @@ pub(crate) fn check_every(timeout: Duration) -> Duration {
 #[derive(Debug)]
 pub(crate) struct StallWatch {
     timeout: Duration,
-    progress: Arc<Progress>,
+    progress: Arc<OutputProgress>,
     file: Option<ProgressFile>,
     pid: u32,
     /// The last progress seen at the previous check, and the CPU time then.
@@ -212,7 +212,7 @@ impl StallWatch {
     /// A watch of process `pid` with `timeout`.
     pub(crate) fn new(
         timeout: Duration,
-        progress: Arc<Progress>,
+        progress: Arc<OutputProgress>,
         file: Option<ProgressFile>,
         pid: u32,
     ) -> Self {
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_pattern_makes_only_matching_lines_progress() {
-        let p = Progress::new(Some(pattern("^step [0-9]+").unwrap()));
+        let p = OutputProgress::new(Some(pattern("^step [0-9]+").unwrap()));
         let before = p.last();
         p.line(b"loading data");
         assert_eq!(
@@ -279,7 +279,7 @@ mod tests {
         );
         p.line(b"step 12 loss 0.3");
         assert!(p.last() > before);
-        let any = Progress::new(None);
+        let any = OutputProgress::new(None);
         let before = any.last();
         any.line(b"anything");
         assert!(any.last() > before);
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_stall_starts_after_the_timeout_and_ends_with_progress() {
-        let p = Progress::new(None);
+        let p = OutputProgress::new(None);
         let pid = std::process::id();
         let mut w = StallWatch::new(Duration::from_secs(2), p.clone(), None, pid);
         let t0 = p.last();
@@ -308,7 +308,7 @@ mod tests {
         let dir = tmp.path().join("progress");
         let f = ProgressFile::create(&dir, "pm.0", 0).unwrap();
         let path = f.path().to_owned();
-        let p = Progress::new(None);
+        let p = OutputProgress::new(None);
         let mut w = StallWatch::new(Duration::from_secs(60), p.clone(), Some(f), 1);
         let before = p.last();
         let later = SystemTime::now() + Duration::from_secs(1);

@@ -123,21 +123,21 @@ async fn raw_sink(s: TcpStream) -> std::io::Result<()> {
     }
 }
 
-pub(crate) struct Peer {
+pub(crate) struct PeerProc {
     child: Child,
     pub(crate) proc: ProcId,
     echo: String,
     sink: String,
 }
 
-impl Drop for Peer {
+impl Drop for PeerProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-pub(crate) fn start_peer(actors: usize) -> anyhow::Result<Peer> {
+pub(crate) fn start_peer(actors: usize) -> anyhow::Result<PeerProc> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("runtime")
         .env(PEER_ENV, actors.to_string())
@@ -154,7 +154,7 @@ pub(crate) fn start_peer(actors: usize) -> anyhow::Result<Peer> {
     let proc = parts.next().context("proc id")?.parse()?;
     let echo = parts.next().context("echo addr")?.to_string();
     let sink = parts.next().context("sink addr")?.to_string();
-    Ok(Peer {
+    Ok(PeerProc {
         child,
         proc,
         echo,

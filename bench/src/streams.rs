@@ -104,7 +104,7 @@ where
     Ok(out)
 }
 
-struct Forward {
+struct PortForward {
     child: tokio::process::Child,
     port: u16,
 }
@@ -113,7 +113,7 @@ async fn forward(
     kubeconfig: &std::path::Path,
     port: u16,
     websockets: bool,
-) -> anyhow::Result<Forward> {
+) -> anyhow::Result<PortForward> {
     let mut child = tokio::process::Command::new("kubectl")
         .args(["port-forward", "pod/sink", &format!(":{port}")])
         .env("KUBECONFIG", kubeconfig)
@@ -141,7 +141,7 @@ async fn forward(
     })
     .await??;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Forward { child, port: local })
+    Ok(PortForward { child, port: local })
 }
 
 async fn kubectl_ms(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<f64> {

@@ -27,7 +27,7 @@ use tracing::warn;
 pub enum DevEnvError {
     /// The API server did not start.
     #[error("API server: {0}")]
-    ApiServer(#[from] hostmesh_devcluster::apiserver::Error),
+    ApiServer(#[from] hostmesh_devcluster::apiserver::ApiServerError),
     /// The kubelet did not start.
     #[error("kubelet: {0}")]
     Kubelet(#[from] hostmesh_devcluster::kubelet::KubeletError),

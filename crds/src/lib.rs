@@ -36,7 +36,7 @@ pub const VERSION: &str = "v1alpha1";
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum CrdError {
     /// A spec failed validation; each entry names the field and the fix.
     #[error("invalid spec: {}", validate::join(.0))]
     Invalid(Vec<validate::FieldError>),
@@ -45,22 +45,22 @@ pub enum Error {
     Yaml(String),
 }
 
-impl Error {
+impl CrdError {
     /// A short label for metrics and Events.
     pub fn label(&self) -> &'static str {
         match self {
-            Error::Invalid(_) => "invalid_spec",
-            Error::Yaml(_) => "yaml",
+            CrdError::Invalid(_) => "invalid_spec",
+            CrdError::Yaml(_) => "yaml",
         }
     }
 }
 
 /// Both CRDs (`World`, then `ProcMesh`) as one multi-document YAML text, as
 /// printed by `hostmesh crds` and shipped in the Helm chart.
-pub fn crd_yaml() -> Result<String, Error> {
+pub fn crd_yaml() -> Result<String, CrdError> {
     let mut out = String::new();
     for crd in [World::crd(), ProcMesh::crd()] {
-        let doc = serde_saphyr::to_string(&crd).map_err(|e| Error::Yaml(e.to_string()))?;
+        let doc = serde_saphyr::to_string(&crd).map_err(|e| CrdError::Yaml(e.to_string()))?;
         out.push_str("---\n");
         out.push_str(&doc);
         if !out.ends_with('\n') {

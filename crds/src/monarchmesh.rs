@@ -187,8 +187,8 @@ fn rule(
 
 /// The MonarchMesh CRD as YAML (`hostmesh crds --monarch-mesh`, the chart's
 /// `monarch.serveMonarchMesh` template); invariant 3.
-pub fn crd_yaml() -> Result<String, crate::Error> {
-    let doc = serde_saphyr::to_string(&crd()).map_err(|e| crate::Error::Yaml(e.to_string()))?;
+pub fn crd_yaml() -> Result<String, crate::CrdError> {
+    let doc = serde_saphyr::to_string(&crd()).map_err(|e| crate::CrdError::Yaml(e.to_string()))?;
     let mut out = format!("---\n{doc}");
     if !out.ends_with('\n') {
         out.push('\n');

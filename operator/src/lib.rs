@@ -91,16 +91,16 @@ pub enum Pending {
     ProcsStopping(String),
 }
 
-/// Errors of the operator library. Each has a short [`Error::label`] shared
+/// Errors of the operator library. Each has a short [`OperatorError::label`] shared
 /// by metrics and Events.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum OperatorError {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<OperatorError>>),
     /// An object lacks a field the operator needs.
     #[error("missing field {0}")]
     MissingField(&'static str),
@@ -113,12 +113,12 @@ pub enum Error {
     Serde(#[from] serde_json::Error),
 }
 
-impl Error {
+impl OperatorError {
     /// The error a finalizer wrapper carries, else `self`.
-    pub fn root(&self) -> &Error {
+    pub fn root(&self) -> &OperatorError {
         use kube::runtime::finalizer::Error as F;
         match self {
-            Error::Finalizer(f) => match f.as_ref() {
+            OperatorError::Finalizer(f) => match f.as_ref() {
                 F::ApplyFailed(e) | F::CleanupFailed(e) => e.root(),
                 _ => self,
             },
@@ -130,8 +130,8 @@ impl Error {
     pub fn api_status(&self) -> Option<(u16, &str)> {
         use kube::runtime::finalizer::Error as F;
         let kube_err = match self.root() {
-            Error::Kube(e) => Some(e),
-            Error::Finalizer(f) => match f.as_ref() {
+            OperatorError::Kube(e) => Some(e),
+            OperatorError::Finalizer(f) => match f.as_ref() {
                 F::AddFinalizer(e) | F::RemoveFinalizer(e) => Some(e),
                 _ => None,
             },
@@ -148,7 +148,7 @@ impl Error {
     /// (404), a write based on a stale read (409, or 422 from a failed
     /// resourceVersion `test` in a status patch).
     pub fn is_transient(&self) -> bool {
-        if matches!(self.root(), Error::Pending(_)) {
+        if matches!(self.root(), OperatorError::Pending(_)) {
             return true;
         }
         match self.api_status() {
@@ -161,18 +161,18 @@ impl Error {
     /// A short label for metrics and Events.
     pub fn label(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "kube",
-            Error::Finalizer(_) => "finalizer",
-            Error::MissingField(_) => "missing_field",
-            Error::Pending(_) => "waiting",
-            Error::Serde(_) => "serde",
+            OperatorError::Kube(_) => "kube",
+            OperatorError::Finalizer(_) => "finalizer",
+            OperatorError::MissingField(_) => "missing_field",
+            OperatorError::Pending(_) => "waiting",
+            OperatorError::Serde(_) => "serde",
         }
     }
 }
 
 /// Connects to the cluster (kubeconfig or in-cluster), resolving the API
 /// server's name without the C library (`hostmesh_net`).
-pub async fn connect() -> Result<Client, Error> {
+pub async fn connect() -> Result<Client, OperatorError> {
     let config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;
@@ -181,7 +181,7 @@ pub async fn connect() -> Result<Client, Error> {
 
 /// `hostmesh operator`: connects, then runs the controllers and the hub
 /// until Ctrl-C or SIGTERM.
-pub async fn run(args: OperatorArgs) -> Result<(), Error> {
+pub async fn run(args: OperatorArgs) -> Result<(), OperatorError> {
     let client = connect().await?;
     let ctx = ControllerContext::new(client, args, hub::default_connector());
     controllers::run(ctx, shutdown_signal()).await

@@ -54,7 +54,7 @@ pub enum OpsError {
     Health(#[from] health::HealthError),
     /// The controllers failed.
     #[error(transparent)]
-    Operator(#[from] crate::Error),
+    Operator(#[from] crate::OperatorError),
     /// No kubeconfig or in-cluster configuration, or a bad one.
     #[error("cannot configure the Kubernetes client: {0}; set KUBECONFIG or run in a pod")]
     Connect(String),

@@ -7,7 +7,7 @@
 //!    before any reply is awaited, and links dial in parallel; replies come
 //!    back to one port.
 //! 2. A mesh operation either yields a value for every rank or fails with
-//!    [`Error::Ranks`] naming every rank that failed and why.
+//!    [`RuntimeError::Ranks`] naming every rank that failed and why.
 //! 3. A sliced mesh addresses exactly the ranks of its region.
 
 use hostmesh_mesh::Rank;
@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::actor::{ActorRef, Handler, RemoteSpawn};
-use crate::error::Error;
+use crate::error::RuntimeError;
 use crate::id::{ActorId, PortId, ProcId};
 use crate::port::{self, Message, PortRef, handler_port};
 use crate::proc::{CanSend, Proc, SpawnActor};
@@ -34,7 +34,7 @@ pub struct ProcMesh {
 
 impl ProcMesh {
     /// A proc mesh; one proc per rank of `region`.
-    pub fn new(name: &str, region: Region, procs: Vec<ProcId>) -> Result<Self, Error> {
+    pub fn new(name: &str, region: Region, procs: Vec<ProcId>) -> Result<Self, RuntimeError> {
         Ok(ProcMesh {
             mesh: MeshRef::new(name, region, procs)?,
         })
@@ -46,7 +46,7 @@ impl ProcMesh {
     }
 
     /// The sub-mesh where `dim` is restricted to `range`.
-    pub fn range(&self, dim: &str, range: Range<usize>) -> Result<Self, Error> {
+    pub fn range(&self, dim: &str, range: Range<usize>) -> Result<Self, RuntimeError> {
         Ok(ProcMesh {
             mesh: self.mesh.range(dim, range)?,
         })
@@ -60,7 +60,7 @@ impl ProcMesh {
         name: &str,
         params: &A::Params,
         timeout: Duration,
-    ) -> Result<ActorMesh<A>, Error> {
+    ) -> Result<ActorMesh<A>, RuntimeError> {
         self.spawn_supervised(cx, name, params, None, timeout).await
     }
 
@@ -73,11 +73,12 @@ impl ProcMesh {
         params: &A::Params,
         owner: Option<PortRef<SupervisionEvent>>,
         timeout: Duration,
-    ) -> Result<ActorMesh<A>, Error> {
+    ) -> Result<ActorMesh<A>, RuntimeError> {
         let msg = SpawnActor {
             type_name: std::any::type_name::<A>().to_string(),
             name: name.to_string(),
-            params: postcard::to_allocvec(params).map_err(|e| Error::Encode(e.to_string()))?,
+            params: postcard::to_allocvec(params)
+                .map_err(|e| RuntimeError::Encode(e.to_string()))?,
             owner,
         };
         let payload = port::encode(&msg)?;
@@ -101,7 +102,7 @@ impl ProcMesh {
             }
         }
         if !failed.is_empty() {
-            return Err(Error::Ranks {
+            return Err(RuntimeError::Ranks {
                 op: "spawn",
                 total: dests.len(),
                 failed,
@@ -131,7 +132,7 @@ impl<A> Clone for ActorMesh<A> {
 
 impl<A: crate::Actor> ActorMesh<A> {
     /// An actor mesh from known actor ids (the caller vouches for the type).
-    pub fn attest(name: &str, region: Region, actors: Vec<ActorId>) -> Result<Self, Error> {
+    pub fn attest(name: &str, region: Region, actors: Vec<ActorId>) -> Result<Self, RuntimeError> {
         Ok(ActorMesh {
             mesh: MeshRef::new(name, region, actors)?,
             _a: PhantomData,
@@ -164,7 +165,7 @@ impl<A: crate::Actor> ActorMesh<A> {
     }
 
     /// The sub-mesh where `dim` is restricted to `range`.
-    pub fn range(&self, dim: &str, range: Range<usize>) -> Result<Self, Error> {
+    pub fn range(&self, dim: &str, range: Range<usize>) -> Result<Self, RuntimeError> {
         Ok(ActorMesh {
             mesh: self.mesh.range(dim, range)?,
             _a: PhantomData,
@@ -172,7 +173,7 @@ impl<A: crate::Actor> ActorMesh<A> {
     }
 
     /// The sub-mesh over `region` (inside this mesh's region).
-    pub fn sliced(&self, region: Region) -> Result<Self, Error> {
+    pub fn sliced(&self, region: Region) -> Result<Self, RuntimeError> {
         Ok(ActorMesh {
             mesh: self.mesh.sliced(region)?,
             _a: PhantomData,
@@ -180,7 +181,7 @@ impl<A: crate::Actor> ActorMesh<A> {
     }
 
     /// Sends `msg` to every actor (fire and forget); it is encoded once.
-    pub async fn cast<M: Message>(&self, cx: &impl CanSend, msg: &M) -> Result<(), Error>
+    pub async fn cast<M: Message>(&self, cx: &impl CanSend, msg: &M) -> Result<(), RuntimeError>
     where
         A: Handler<M>,
     {
@@ -201,7 +202,7 @@ impl<A: crate::Actor> ActorMesh<A> {
         cx: &impl CanSend,
         msg: &M,
         timeout: Duration,
-    ) -> Result<ValueMesh<<A as Handler<M>>::Reply>, Error>
+    ) -> Result<ValueMesh<<A as Handler<M>>::Reply>, RuntimeError>
     where
         A: Handler<M>,
         <A as Handler<M>>::Reply: PartialEq,
@@ -219,7 +220,7 @@ impl<A: crate::Actor> ActorMesh<A> {
             }
         }
         if !failed.is_empty() {
-            return Err(Error::Ranks {
+            return Err(RuntimeError::Ranks {
                 op: "call",
                 total: dests.len(),
                 failed,
@@ -236,7 +237,7 @@ async fn gather<R: Message>(
     dests: &[PortId],
     payload: Bytes,
     timeout: Duration,
-) -> Result<Vec<Result<R, String>>, Error> {
+) -> Result<Vec<Result<R, String>>, RuntimeError> {
     let proc = cx.proc();
     let (reply, mut rx) = port::port_pair::<R>(proc, cx.sender_id(), dests.len().max(1));
     let mut rank_of: HashMap<&ActorId, Vec<usize>> = HashMap::with_capacity(dests.len());

@@ -25,7 +25,7 @@ pub enum StartError {
 
 /// Errors from procs, actors, ports and actor meshes.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum RuntimeError {
     /// An identity is invalid.
     #[error(transparent)]
     Id(#[from] IdError),

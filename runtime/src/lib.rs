@@ -63,7 +63,7 @@ pub mod testing;
 
 pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
 pub use channel::{ChannelConfig, batched};
-pub use error::{ActorError, Error, StartError};
+pub use error::{ActorError, RuntimeError, StartError};
 pub use id::{ActorId, ChannelAddr, PortId, ProcId};
 pub use payload::Payload;
 pub use port::{Message, OncePortRef, OnceReceiver, PortReceiver, PortRef};

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::Error;
+use crate::RuntimeError;
 use crate::channel::Envelope;
 use crate::id::{ActorId, PortId};
 use crate::proc::{CanSend, Proc};
@@ -88,11 +88,11 @@ pub(crate) fn encode_into<M: Serialize + ?Sized>(
     postcard::serialize_with_flavor(msg, IntoBuf(buf))
 }
 
-pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
+pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, RuntimeError> {
     // Size first, so a large message is written once into an exact buffer
     // instead of being copied as a growing vector doubles.
-    let size =
-        postcard::experimental::serialized_size(msg).map_err(|e| Error::Encode(e.to_string()))?;
+    let size = postcard::experimental::serialized_size(msg)
+        .map_err(|e| RuntimeError::Encode(e.to_string()))?;
     if size > ARENA_MAX {
         // Large: into a reused buffer of this thread (no fresh pages).
         return LARGE.with(|pool| {
@@ -100,7 +100,7 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
             let buf = pool.get(size);
             if let Err(e) = encode_into(msg, buf) {
                 buf.clear();
-                return Err(Error::Encode(e.to_string()));
+                return Err(RuntimeError::Encode(e.to_string()));
             }
             Ok(buf.split().freeze())
         });
@@ -114,15 +114,15 @@ pub(crate) fn encode<M: Serialize>(msg: &M) -> Result<Bytes, Error> {
         }
         if let Err(e) = encode_into(msg, &mut arena) {
             arena.clear();
-            return Err(Error::Encode(e.to_string()));
+            return Err(RuntimeError::Encode(e.to_string()));
         }
         Ok(arena.split().freeze())
     })
 }
 
-pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, Error> {
+pub(crate) fn decode<M: DeserializeOwned>(env: &Envelope) -> Result<M, RuntimeError> {
     crate::payload::decode_shared(crate::payload::Src::Own(env.payload.clone())).map_err(|e| {
-        Error::Decode {
+        RuntimeError::Decode {
             from: env.sender.to_string(),
             reason: e.to_string(),
         }
@@ -169,7 +169,7 @@ impl<M: Message> PortRef<M> {
 
     /// Sends `msg` to the port (fire and forget; failures come back to the
     /// sender as undeliverable).
-    pub async fn send(&self, cx: &impl CanSend, msg: &M) -> Result<(), Error> {
+    pub async fn send(&self, cx: &impl CanSend, msg: &M) -> Result<(), RuntimeError> {
         let payload = encode(msg)?;
         cx.proc()
             .post(cx.sender_id(), self.id.clone(), None, payload)
@@ -194,7 +194,7 @@ impl<M: Message> OncePortRef<M> {
     }
 
     /// Sends the one message.
-    pub async fn send(self, cx: &impl CanSend, msg: &M) -> Result<(), Error> {
+    pub async fn send(self, cx: &impl CanSend, msg: &M) -> Result<(), RuntimeError> {
         let payload = encode(msg)?;
         cx.proc().post(cx.sender_id(), self.id, None, payload).await;
         Ok(())
@@ -211,19 +211,19 @@ pub struct PortReceiver<M> {
 
 impl<M: Message> PortReceiver<M> {
     /// The next message; `Err(PortClosed)` when the proc shuts down.
-    pub async fn recv(&mut self) -> Result<M, Error> {
+    pub async fn recv(&mut self) -> Result<M, RuntimeError> {
         let env = self.recv_envelope().await?;
         decode(&env)
     }
 
     /// The next message and its sender.
-    pub async fn recv_from(&mut self) -> Result<(ActorId, M), Error> {
+    pub async fn recv_from(&mut self) -> Result<(ActorId, M), RuntimeError> {
         let env = self.recv_envelope().await?;
         Ok((env.sender.clone(), decode(&env)?))
     }
 
-    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, Error> {
-        self.rx.recv().await.ok_or(Error::PortClosed)
+    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, RuntimeError> {
+        self.rx.recv().await.ok_or(RuntimeError::PortClosed)
     }
 }
 
@@ -244,17 +244,17 @@ pub struct OnceReceiver<M> {
 impl<M: Message> OnceReceiver<M> {
     /// Waits for the message. An undeliverable bounce or a failed handler
     /// arrives as `Err(CallFailed)`.
-    pub async fn recv(mut self) -> Result<M, Error> {
+    pub async fn recv(mut self) -> Result<M, RuntimeError> {
         let env = self.recv_envelope().await?;
         decode(&env)
     }
 
-    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, Error> {
-        let rx = self.rx.as_mut().ok_or(Error::PortClosed)?;
-        let env = rx.await.map_err(|_| Error::PortClosed)?;
+    pub(crate) async fn recv_envelope(&mut self) -> Result<Envelope, RuntimeError> {
+        let rx = self.rx.as_mut().ok_or(RuntimeError::PortClosed)?;
+        let env = rx.await.map_err(|_| RuntimeError::PortClosed)?;
         self.rx = None;
         if let Some(reason) = &env.error {
-            return Err(Error::CallFailed {
+            return Err(RuntimeError::CallFailed {
                 dest: env.sender.to_string(),
                 reason: reason.clone(),
             });

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
-use crate::error::{ActorError, Error};
+use crate::error::{ActorError, RuntimeError};
 use crate::id::{ActorId, ChannelAddr};
 use crate::payload::Payload;
 use crate::proc::{Proc, ProcConfig};
@@ -188,7 +188,7 @@ pub struct ServerConfig {
 
 /// Starts a proc that registers [`TestActor`] and spawns
 /// `config.actors` of them.
-pub async fn start_server(config: &ServerConfig) -> Result<Proc, Error> {
+pub async fn start_server(config: &ServerConfig) -> Result<Proc, RuntimeError> {
     let mut pc = ProcConfig::default();
     pc.channel.max_frame_len = config.max_frame_len;
     let mut b = Proc::builder(config.name.clone())

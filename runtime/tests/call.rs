@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use hostmesh_runtime::{Actor, ActorError, Context, Error, Handler, Handlers, PortRef, Proc};
+use hostmesh_runtime::{
+    Actor, ActorError, Context, Handler, Handlers, PortRef, Proc, RuntimeError,
+};
 use serde::{Deserialize, Serialize};
 
 const SECRET: &[u8] = b"test-secret-0123456789abcdef";
@@ -111,7 +113,7 @@ async fn wrong_secret_fails_the_call_quickly() {
         .call(&intruder, &"x".to_string(), Duration::from_secs(60))
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::CallFailed { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::CallFailed { .. }), "{e}");
     assert!(e.to_string().contains("authentication"), "{e}");
     let nosecret = Proc::builder("anon").build().await.unwrap();
     let e = nosecret.connect(server.id().addr()).await.unwrap_err();

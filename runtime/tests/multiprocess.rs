@@ -12,7 +12,7 @@ use hostmesh_runtime::testing::{
     Count, EchoText, Forward, PanicNow, Sleep, Tell, TestActor, WhoAmI,
 };
 use hostmesh_runtime::{
-    ActorRef, ActorStatus, ChannelConfig, Error, Proc, ProcConfig, ProcId, SupervisionEvent,
+    ActorRef, ActorStatus, ChannelConfig, Proc, ProcConfig, ProcId, RuntimeError, SupervisionEvent,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -127,7 +127,10 @@ async fn killed_peer_gives_errors_and_events_not_a_hang() {
         .expect("the pending call ends")
         .unwrap_err();
     assert!(
-        matches!(e, Error::ConnectionLost { .. } | Error::CallFailed { .. }),
+        matches!(
+            e,
+            RuntimeError::ConnectionLost { .. } | RuntimeError::CallFailed { .. }
+        ),
         "pending call fails with the lost connection: {e}"
     );
     // A send to the dead proc comes back as an undeliverable event.
@@ -145,7 +148,7 @@ async fn killed_peer_gives_errors_and_events_not_a_hang() {
         .call(&c, &EchoText("y".into()), Duration::from_secs(600))
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::CallFailed { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::CallFailed { .. }), "{e}");
 }
 
 #[tokio::test]
@@ -290,7 +293,7 @@ async fn cast_to_a_slice_reaches_exactly_that_slice() {
         .await
         .unwrap_err();
     match &e {
-        Error::Ranks {
+        RuntimeError::Ranks {
             op: "spawn",
             failed,
             total: 4,
@@ -310,7 +313,7 @@ async fn cast_to_a_slice_reaches_exactly_that_slice() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, Error::Ranks { op: "spawn", failed, total: 4 }
+        matches!(&e, RuntimeError::Ranks { op: "spawn", failed, total: 4 }
             if failed.iter().map(|f| f.0).collect::<Vec<_>>() == [0, 1, 2, 3]),
         "{e}"
     );

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hostmesh_runtime::{
-    Actor, ActorError, ActorRef, ActorStatus, Context, Error, Handler, Handlers, Proc,
+    Actor, ActorError, ActorRef, ActorStatus, Context, Handler, Handlers, Proc, RuntimeError,
     SupervisionEvent, Undeliverable,
 };
 use tokio::sync::mpsc;
@@ -174,7 +174,7 @@ async fn handler_error_stops_the_actor_with_an_event() {
         .call(&p, &Cmd::Ok, Duration::from_secs(60))
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::CallFailed { .. }), "{e}");
+    assert!(matches!(e, RuntimeError::CallFailed { .. }), "{e}");
 }
 
 #[tokio::test]

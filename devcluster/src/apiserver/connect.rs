@@ -47,14 +47,14 @@ use crate::streams::upgrade::{self, Kind};
 
 /// A connect request: pod and subresource.
 #[derive(Debug, Clone)]
-pub(crate) struct Target {
+pub(crate) struct ConnectTarget {
     ns: String,
     name: String,
     sub: String,
 }
 
 /// The connect subresource `path` addresses, if it is one.
-pub(crate) fn target(store: &Store, path: &str) -> Option<Target> {
+pub(crate) fn target(store: &Store, path: &str) -> Option<ConnectTarget> {
     let Ok(Route::Resource(t)) = route::route(path, &store.registry()) else {
         return None;
     };
@@ -65,7 +65,7 @@ pub(crate) fn target(store: &Store, path: &str) -> Option<Target> {
     if !matches!(sub, "exec" | "attach" | "portforward") {
         return None;
     }
-    Some(Target {
+    Some(ConnectTarget {
         ns: t.ns.clone()?,
         name: t.name.clone()?,
         sub: sub.to_string(),
@@ -125,7 +125,11 @@ fn all<'a>(query: &'a [(String, String)], key: &str) -> impl Iterator<Item = &'a
 }
 
 /// The kubelet path and query for `t`.
-fn kubelet_uri(t: &Target, pod: &Value, query: &[(String, String)]) -> Result<String, ApiError> {
+fn kubelet_uri(
+    t: &ConnectTarget,
+    pod: &Value,
+    query: &[(String, String)],
+) -> Result<String, ApiError> {
     if t.sub == "portforward" {
         for p in all(query, "ports").flat_map(|v| v.split(',')) {
             match p.trim().parse::<u16>() {
@@ -226,7 +230,7 @@ async fn dial(
 /// Serves one connect request (invariant 1: already authorized).
 pub(crate) async fn serve(
     ctx: &Arc<Ctx>,
-    t: &Target,
+    t: &ConnectTarget,
     mut req: http::Request<Incoming>,
     query: &HashMap<String, String>,
 ) -> Result<Response<Body>, ApiError> {
@@ -410,8 +414,8 @@ mod tests {
             .collect()
     }
 
-    fn target(sub: &str) -> Target {
-        Target {
+    fn target(sub: &str) -> ConnectTarget {
+        ConnectTarget {
             ns: "default".into(),
             name: "p".into(),
             sub: sub.into(),

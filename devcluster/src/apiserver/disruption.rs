@@ -31,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 use super::handlers::{Request, delete_one, name_of, ns_of};
 use super::lifecycle::{DeleteOpts, Propagation};
 use super::meta;
-use super::route::Target;
+use super::route::RouteTarget;
 use super::status::ApiError;
-use super::store::{State, Store};
+use super::store::{Store, StoreState};
 
 const PDBS: &str = "policy/poddisruptionbudgets";
 const PODS: &str = "/pods";
@@ -168,7 +168,7 @@ fn status(pdb: &Value, pods: &[Arc<Value>], now: chrono::DateTime<chrono::Utc>) 
     })
 }
 
-fn pods_of(st: &State, ns: &str) -> Vec<Arc<Value>> {
+fn pods_of(st: &StoreState, ns: &str) -> Vec<Arc<Value>> {
     st.scan(PODS, Some(ns), None)
         .map(|(_, p)| p.clone())
         .collect()
@@ -244,7 +244,11 @@ fn too_many(message: String) -> ApiError {
 }
 
 /// POST `pods/{name}/eviction` (invariants 2 to 4).
-pub(crate) fn evict(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn evict(
+    store: &Store,
+    t: &RouteTarget,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();
     let ns = ns_of(t).to_string();
     let body = req.json_body()?;

@@ -29,7 +29,7 @@ use super::auth::{self, Authenticator, User};
 use super::handlers::{self, Request};
 use super::lifecycle::Part;
 use super::response::{Body, error_response, full, json_response, stream_response};
-use super::route::{self, Route, Target};
+use super::route::{self, Route, RouteTarget};
 use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
@@ -245,7 +245,7 @@ async fn resource(
     ctx: &Arc<Ctx>,
     user: &User,
     method: &Method,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
     let store = &ctx.store;

@@ -11,7 +11,7 @@
 use serde_json::{Value, json};
 
 use super::meta;
-use super::store::State;
+use super::store::StoreState;
 use super::tls::KUBERNETES_SERVICE_IP;
 
 const NAME: &str = "kubernetes";
@@ -19,7 +19,7 @@ const NS: &str = "default";
 
 /// Writes `obj` under `key` unless an object there already has the same
 /// `fields` (its metadata is kept).
-fn upsert(st: &mut State, key: &str, mut obj: Value, fields: &[&str]) {
+fn upsert(st: &mut StoreState, key: &str, mut obj: Value, fields: &[&str]) {
     if let Some(current) = st.get(key, NS, NAME) {
         if fields.iter().all(|f| current.get(*f) == obj.get(*f)) {
             return;
@@ -31,7 +31,7 @@ fn upsert(st: &mut State, key: &str, mut obj: Value, fields: &[&str]) {
 
 /// Creates or refreshes the Service, Endpoints and EndpointSlice for a
 /// server reachable at `host:port` (invariants 1 and 2).
-pub(crate) fn ensure(st: &mut State, host: &str, port: u16) {
+pub(crate) fn ensure(st: &mut StoreState, host: &str, port: u16) {
     let metadata = || {
         json!({"name": NAME, "namespace": NS, "uid": meta::new_uid(), "creationTimestamp": meta::now(),
                "labels": {"component": "apiserver", "provider": "kubernetes"}})

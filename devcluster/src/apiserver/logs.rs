@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::request::Request;
 use super::response::{Body, stream_response};
-use super::route::Target;
+use super::route::RouteTarget;
 use super::status::ApiError;
 use super::store::Store;
 
@@ -37,7 +37,7 @@ pub(crate) async fn proxy(
     store: &Store,
     token: &str,
     shutdown: CancellationToken,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
     let name = t.name.clone().unwrap_or_default();

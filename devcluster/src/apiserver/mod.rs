@@ -67,7 +67,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Errors starting or stopping the API server.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum ApiServerError {
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -100,7 +100,7 @@ pub enum Error {
     Client(String),
 }
 
-impl Error {
+impl ApiServerError {
     fn io(path: &Path, source: std::io::Error) -> Self {
         Self::Io {
             path: path.to_path_buf(),
@@ -109,7 +109,7 @@ impl Error {
     }
 }
 
-impl From<rcgen::Error> for Error {
+impl From<rcgen::Error> for ApiServerError {
     fn from(e: rcgen::Error) -> Self {
         Self::Tls(e.to_string())
     }
@@ -221,17 +221,19 @@ impl std::fmt::Debug for ApiServerHandle {
 
 impl ApiServer {
     /// Starts serving; returns once the listener is bound.
-    pub async fn start(config: ApiServerConfig) -> Result<ApiServerHandle, Error> {
+    pub async fn start(config: ApiServerConfig) -> Result<ApiServerHandle, ApiServerError> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|source| Error::Bind {
+            .map_err(|source| ApiServerError::Bind {
                 addr: config.listen,
                 source,
             })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind {
-            addr: config.listen,
-            source,
-        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ApiServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
         let creds = tls::Credentials::load_or_generate(config.data_dir.as_deref(), addr.ip())?;
         let acceptor = tokio_rustls::TlsAcceptor::from(creds.server_config()?);
         let host = if addr.ip().is_unspecified() {
@@ -247,7 +249,7 @@ impl ApiServer {
         let kubeconfig_yaml = creds.kubeconfig(&url);
         if let Some(p) = &config.kubeconfig {
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+                std::fs::create_dir_all(dir).map_err(|e| ApiServerError::io(dir, e))?;
             }
             tls::write_private(p, &kubeconfig_yaml)?;
         }
@@ -263,7 +265,7 @@ impl ApiServer {
 
         let sa_key = tls::unhex(&creds.sa_key)
             .filter(|k| !k.is_empty())
-            .ok_or_else(|| Error::Tls("the service account signing key is not hex: delete sa-signing-key in the data directory to make a new one".into()))?;
+            .ok_or_else(|| ApiServerError::Tls("the service account signing key is not hex: delete sa-signing-key in the data directory to make a new one".into()))?;
         let authn = auth::Authenticator::new(creds.token.clone(), &sa_key);
         let shutdown = CancellationToken::new();
         let ctx = Arc::new(http::Ctx {
@@ -373,7 +375,7 @@ impl ApiServerHandle {
         &self,
         user: &str,
         groups: &[&str],
-    ) -> Result<(String, String), Error> {
+    ) -> Result<(String, String), ApiServerError> {
         self.creds.issue_client_cert(user, groups)
     }
 
@@ -383,7 +385,7 @@ impl ApiServerHandle {
         &self,
         user: &str,
         groups: &[&str],
-    ) -> Result<String, Error> {
+    ) -> Result<String, ApiServerError> {
         use base64::Engine as _;
         let (cert, key) = self.issue_client_cert(user, groups)?;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
@@ -397,11 +399,11 @@ impl ApiServerHandle {
     }
 
     /// A kube client for this server.
-    pub fn client(&self) -> Result<kube::Client, Error> {
+    pub fn client(&self) -> Result<kube::Client, ApiServerError> {
         let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml)
-            .map_err(|e| Error::Client(e.to_string()))?;
-        let cfg = kube::Config::try_from(kc).map_err(|e| Error::Client(e.to_string()))?;
-        kube::Client::try_from(cfg).map_err(|e| Error::Client(e.to_string()))
+            .map_err(|e| ApiServerError::Client(e.to_string()))?;
+        let cfg = kube::Config::try_from(kc).map_err(|e| ApiServerError::Client(e.to_string()))?;
+        kube::Client::try_from(cfg).map_err(|e| ApiServerError::Client(e.to_string()))
     }
 
     /// Stops serving: open watches end, state is flushed to the data

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::Error;
+use super::ApiServerError;
 use super::store::{Snapshot, Store};
 
 /// The state file in `dir`.
@@ -19,14 +19,14 @@ pub(crate) fn state_file(dir: &Path) -> PathBuf {
 }
 
 /// Loads `state.json` from `dir` into the store, if it exists.
-pub(crate) fn load(dir: &Path, store: &Store) -> Result<(), Error> {
+pub(crate) fn load(dir: &Path, store: &Store) -> Result<(), ApiServerError> {
     let path = state_file(dir);
     let raw = match std::fs::read(&path) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(&path, e)),
+        Err(e) => return Err(ApiServerError::io(&path, e)),
     };
-    let snap: Snapshot = serde_json::from_slice(&raw).map_err(|e| Error::Corrupt {
+    let snap: Snapshot = serde_json::from_slice(&raw).map_err(|e| ApiServerError::Corrupt {
         path: path.clone(),
         reason: e.to_string(),
     })?;
@@ -34,8 +34,8 @@ pub(crate) fn load(dir: &Path, store: &Store) -> Result<(), Error> {
     Ok(())
 }
 
-fn write(dir: &Path, snap: &Snapshot) -> Result<(), Error> {
-    let body = serde_json::to_string(snap).map_err(|e| Error::Corrupt {
+fn write(dir: &Path, snap: &Snapshot) -> Result<(), ApiServerError> {
+    let body = serde_json::to_string(snap).map_err(|e| ApiServerError::Corrupt {
         path: state_file(dir),
         reason: e.to_string(),
     })?;

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::proto;
 use super::registry::ResourceInfo;
-use super::route::Target;
+use super::route::RouteTarget;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 
@@ -116,11 +116,11 @@ impl Request {
     }
 }
 
-pub(crate) fn ns_of(t: &Target) -> &str {
+pub(crate) fn ns_of(t: &RouteTarget) -> &str {
     t.ns.as_deref().unwrap_or("")
 }
 
-pub(crate) fn name_of(t: &Target) -> Result<&str, ApiError> {
+pub(crate) fn name_of(t: &RouteTarget) -> Result<&str, ApiError> {
     t.name
         .as_deref()
         .ok_or_else(|| ApiError::method_not_allowed("this verb needs an object name in the URL"))

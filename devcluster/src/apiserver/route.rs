@@ -8,7 +8,7 @@ use super::status::ApiError;
 
 /// A resource address.
 #[derive(Debug, Clone)]
-pub(crate) struct Target {
+pub(crate) struct RouteTarget {
     pub(crate) info: Arc<ResourceInfo>,
     pub(crate) version: String,
     /// The namespace in the path (`None`: cluster-scoped or all namespaces).
@@ -29,7 +29,7 @@ pub(crate) enum Route {
     OpenApiV2,
     OpenApiV3,
     OpenApiV3Doc(String, String),
-    Resource(Target),
+    Resource(RouteTarget),
 }
 
 /// Routes a path (without query).
@@ -92,7 +92,7 @@ fn resource(
     };
     let target =
         |info: Arc<ResourceInfo>, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
-            Ok(Route::Resource(Target {
+            Ok(Route::Resource(RouteTarget {
                 info,
                 version: v.to_string(),
                 ns: ns.map(str::to_string),

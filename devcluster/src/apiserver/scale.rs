@@ -21,7 +21,7 @@ use super::lifecycle::{self, Part};
 use super::meta;
 use super::patch as formats;
 use super::registry::{ResourceInfo, ScalePaths};
-use super::route::Target;
+use super::route::RouteTarget;
 use super::status::ApiError;
 use super::store::Store;
 
@@ -126,7 +126,7 @@ fn view(info: &ResourceInfo, obj: &Value) -> Result<Value, ApiError> {
 }
 
 /// GET `.../{name}/scale`.
-pub(crate) fn get(store: &Store, t: &Target) -> Result<(u16, Value), ApiError> {
+pub(crate) fn get(store: &Store, t: &RouteTarget) -> Result<(u16, Value), ApiError> {
     paths(&t.info)?;
     let name = name_of(t)?;
     let obj = store
@@ -140,7 +140,7 @@ pub(crate) fn get(store: &Store, t: &Target) -> Result<(u16, Value), ApiError> {
 /// PUT or PATCH `.../{name}/scale` (invariants 2 and 3).
 pub(crate) fn write(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
     patch: bool,
 ) -> Result<(u16, Value), ApiError> {

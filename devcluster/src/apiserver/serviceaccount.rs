@@ -25,9 +25,9 @@ use serde_json::{Value, json};
 use super::auth::token::{API_AUDIENCE, Claims, ObjRef, Signer};
 use super::meta;
 use super::request::{Request, name_of, ns_of};
-use super::route::Target;
+use super::route::RouteTarget;
 use super::status::ApiError;
-use super::store::{State, Store};
+use super::store::{Store, StoreState};
 
 /// Where the API credentials appear in a container.
 pub(crate) const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -149,7 +149,7 @@ pub(crate) fn admit_pod(pod: &mut Value, sa_automount: Option<bool>) {
 /// Gives namespace `ns` what the controller manager would: a `default`
 /// ServiceAccount and the `kube-root-ca.crt` ConfigMap (kept current with
 /// the server's CA).
-pub(crate) fn namespace_defaults(st: &mut State, ns: &str, ca_pem: Option<&str>) {
+pub(crate) fn namespace_defaults(st: &mut StoreState, ns: &str, ca_pem: Option<&str>) {
     if st.get("/serviceaccounts", ns, "default").is_none() {
         let sa = json!({
             "apiVersion": "v1",
@@ -191,7 +191,7 @@ pub(crate) struct TokenIssuer {
 pub(crate) fn token_request(
     issuer: &TokenIssuer,
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();

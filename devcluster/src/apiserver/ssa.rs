@@ -27,7 +27,7 @@ pub(crate) type Path = Vec<String>;
 
 /// Context for walking an object: built-in merge keys or a CRD schema.
 #[derive(Clone, Copy)]
-pub(crate) struct Shape<'a> {
+pub(crate) struct FieldShape<'a> {
     pub(crate) builtin: bool,
     pub(crate) schema: Option<&'a Value>,
 }
@@ -36,7 +36,7 @@ const SKIP_TOP: &[&str] = &["apiVersion", "kind"];
 const META_TRACKED: &[&str] = &["labels", "annotations", "finalizers", "ownerReferences"];
 
 /// The leaf and item paths of `obj`.
-pub(crate) fn fields_of(obj: &Value, shape: Shape<'_>) -> BTreeSet<Path> {
+pub(crate) fn fields_of(obj: &Value, shape: FieldShape<'_>) -> BTreeSet<Path> {
     let mut out = BTreeSet::new();
     if let Some(m) = obj.as_object() {
         for (k, v) in m {
@@ -223,7 +223,7 @@ pub(crate) fn remove_path(v: &mut Value, path: &[String]) {
 
 /// Merges an applied configuration into the live object (maps deep, keyed
 /// lists by key, sets by union, atomic lists replaced).
-pub(crate) fn merge_applied(live: &mut Value, applied: &Value, shape: Shape<'_>) {
+pub(crate) fn merge_applied(live: &mut Value, applied: &Value, shape: FieldShape<'_>) {
     merge_value(live, applied, "", shape.builtin, shape.schema);
 }
 
@@ -286,7 +286,7 @@ fn merge_value(
 
 /// One `managedFields` entry.
 #[derive(Clone, Debug)]
-pub(crate) struct Entry {
+pub(crate) struct ManagedEntry {
     pub(crate) manager: String,
     pub(crate) operation: String,
     pub(crate) api_version: String,
@@ -296,13 +296,13 @@ pub(crate) struct Entry {
 }
 
 /// Reads `metadata.managedFields`.
-pub(crate) fn read_entries(obj: &Value) -> Vec<Entry> {
+pub(crate) fn read_entries(obj: &Value) -> Vec<ManagedEntry> {
     let s = |e: &Value, k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     obj.pointer("/metadata/managedFields")
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
-                .map(|e| Entry {
+                .map(|e| ManagedEntry {
                     manager: s(e, "manager"),
                     operation: s(e, "operation"),
                     api_version: s(e, "apiVersion"),
@@ -316,7 +316,7 @@ pub(crate) fn read_entries(obj: &Value) -> Vec<Entry> {
 }
 
 /// Writes `metadata.managedFields` (dropping entries that own nothing).
-pub(crate) fn write_entries(obj: &mut Value, entries: &[Entry]) {
+pub(crate) fn write_entries(obj: &mut Value, entries: &[ManagedEntry]) {
     let list: Vec<Value> = entries
         .iter()
         .filter(|e| !e.fields.is_empty())
@@ -357,13 +357,14 @@ pub(crate) fn apply(
     force: bool,
     api_version: &str,
     subresource: &str,
-    shape: Shape<'_>,
+    shape: FieldShape<'_>,
 ) -> Result<Value, ApiError> {
     let mut entries = live.map(read_entries).unwrap_or_default();
     let new_set = fields_of(applied, shape);
     let live_v = live.cloned().unwrap_or(Value::Null);
-    let is_me =
-        |e: &Entry| e.manager == manager && e.operation == "Apply" && e.subresource == subresource;
+    let is_me = |e: &ManagedEntry| {
+        e.manager == manager && e.operation == "Apply" && e.subresource == subresource
+    };
 
     let mut conflicts = Vec::new();
     for e in entries.iter_mut().filter(|e| !is_me(e)) {
@@ -421,7 +422,7 @@ pub(crate) fn apply(
         }
     }
     entries.retain(|e| !is_me(e));
-    entries.push(Entry {
+    entries.push(ManagedEntry {
         manager: manager.to_string(),
         operation: "Apply".into(),
         api_version: api_version.to_string(),
@@ -440,7 +441,7 @@ pub(crate) fn record_update(
     manager: &str,
     api_version: &str,
     subresource: &str,
-    shape: Shape<'_>,
+    shape: FieldShape<'_>,
 ) {
     let mut entries = old.map(read_entries).unwrap_or_default();
     let new_fields = fields_of(new, shape);
@@ -481,7 +482,7 @@ pub(crate) fn record_update(
             e.time = now();
             e.api_version = api_version.to_string();
         }
-        None => entries.push(Entry {
+        None => entries.push(ManagedEntry {
             manager: manager.to_string(),
             operation: "Update".into(),
             api_version: api_version.to_string(),
@@ -507,7 +508,7 @@ fn display(p: &Path) -> String {
 mod tests {
     use super::*;
 
-    const BUILTIN: Shape<'static> = Shape {
+    const BUILTIN: FieldShape<'static> = FieldShape {
         builtin: true,
         schema: None,
     };

@@ -74,10 +74,10 @@ impl ResourceState {
 }
 
 /// Past events after a resourceVersion and a receiver for later ones.
-pub(crate) type Subscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>);
+pub(crate) type WatchSubscription = (Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>);
 
 /// The locked state.
-pub(crate) struct State {
+pub(crate) struct StoreState {
     rv: u64,
     /// The resourceVersion the history starts at (the restored one after a
     /// restart, else 0): no event of any resource before it is kept.
@@ -96,7 +96,7 @@ pub(crate) struct State {
     rbac_writes: u64,
 }
 
-impl State {
+impl StoreState {
     /// How many writes to RBAC resources happened so far.
     pub(crate) fn rbac_writes(&self) -> u64 {
         self.rbac_writes
@@ -321,7 +321,11 @@ impl State {
 
     /// Events of a resource after `since`, and a receiver for later ones;
     /// 410 when the history no longer reaches back to `since`.
-    pub(crate) fn subscribe(&mut self, key: &str, since: u64) -> Result<Subscription, ApiError> {
+    pub(crate) fn subscribe(
+        &mut self,
+        key: &str,
+        since: u64,
+    ) -> Result<WatchSubscription, ApiError> {
         let window = self.window;
         let r = self.res(key);
         Self::compact(r, window);
@@ -360,7 +364,7 @@ pub(crate) const CRD_KEY: &str = "apiextensions.k8s.io/customresourcedefinitions
 
 /// The shared store.
 pub(crate) struct Store {
-    state: Mutex<State>,
+    state: Mutex<StoreState>,
     /// Woken after deletions and finalizer changes (garbage collector).
     pub(crate) gc: Notify,
     /// Woken after writes (persistence).
@@ -381,7 +385,7 @@ impl Store {
     /// none older than `window`.
     pub(crate) fn new(history_limit: usize, window: std::time::Duration) -> Self {
         Self {
-            state: Mutex::new(State {
+            state: Mutex::new(StoreState {
                 rv: 0,
                 floor: 0,
                 registry: Registry::new(),
@@ -399,7 +403,7 @@ impl Store {
     }
 
     /// Locks the state.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, StoreState> {
         // A panic while holding the lock would be a bug; keep serving.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -473,7 +477,11 @@ impl Store {
 
 /// Checks that a namespaced object's namespace exists and is not
 /// terminating.
-pub(crate) fn check_namespace(st: &State, info: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
+pub(crate) fn check_namespace(
+    st: &StoreState,
+    info: &ResourceInfo,
+    ns: &str,
+) -> Result<(), ApiError> {
     if !info.namespaced {
         return Ok(());
     }

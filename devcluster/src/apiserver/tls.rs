@@ -25,7 +25,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
-use super::Error;
+use super::ApiServerError;
 
 /// ClusterIP of the `default/kubernetes` Service.
 pub(crate) const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
@@ -59,7 +59,7 @@ impl Credentials {
     pub(crate) fn load_or_generate(
         dir: Option<&Path>,
         ip: std::net::IpAddr,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, ApiServerError> {
         if let Some(dir) = dir {
             let read = |f: &str| std::fs::read_to_string(dir.join(f));
             if let (Ok(ca_pem), Ok(cert_pem), Ok(key_pem), Ok(token)) = (
@@ -135,7 +135,7 @@ impl Credentials {
         }
         let creds = Self::generate(ip)?;
         if let Some(dir) = dir {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            std::fs::create_dir_all(dir).map_err(|e| ApiServerError::io(dir, e))?;
             for (f, body) in [
                 ("ca.pem", &creds.ca_pem),
                 ("server.pem", &creds.cert_pem),
@@ -152,7 +152,7 @@ impl Credentials {
         Ok(creds)
     }
 
-    fn generate(ip: std::net::IpAddr) -> Result<Self, Error> {
+    fn generate(ip: std::net::IpAddr) -> Result<Self, ApiServerError> {
         let ca_key = KeyPair::generate()?;
         let ca_key_pem = ca_key.serialize_pem();
         let ca_params = ca_params()?;
@@ -175,16 +175,16 @@ impl Credentials {
         &self,
         user: &str,
         groups: &[&str],
-    ) -> Result<(String, String), Error> {
+    ) -> Result<(String, String), ApiServerError> {
         let ca_key = self.ca_key_pem.as_deref().ok_or_else(|| {
-            Error::Tls("this data directory has no CA key (ca-key.pem), so no client certificate can be issued: start with a new data directory".into())
+            ApiServerError::Tls("this data directory has no CA key (ca-key.pem), so no client certificate can be issued: start with a new data directory".into())
         })?;
         let issuer = Issuer::new(ca_params()?, KeyPair::from_pem(ca_key)?);
         // rcgen writes one value per attribute type: a second group goes
         // under the same OID (2.5.4.10) spelled as a custom type; more do
         // not fit. The server reads every O of certificates made elsewhere.
         if groups.len() > 2 {
-            return Err(Error::Tls(format!(
+            return Err(ApiServerError::Tls(format!(
                 "a client certificate issued here carries at most two groups (O), not {}: bind RBAC roles to the user or to fewer groups",
                 groups.len()
             )));
@@ -209,21 +209,21 @@ impl Credentials {
     }
 
     /// The rustls server configuration (HTTP/2 and HTTP/1.1 via ALPN).
-    pub(crate) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, Error> {
+    pub(crate) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, ApiServerError> {
         use rustls::pki_types::pem::PemObject as _;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::Tls(format!("bad serving certificate: {e}")))?;
+            .map_err(|e| ApiServerError::Tls(format!("bad serving certificate: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-            .map_err(|e| Error::Tls(format!("bad serving key: {e}")))?;
+            .map_err(|e| ApiServerError::Tls(format!("bad serving key: {e}")))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
-            let ca = ca.map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+            let ca = ca.map_err(|e| ApiServerError::Tls(format!("bad CA certificate: {e}")))?;
             roots
                 .add(ca)
-                .map_err(|e| Error::Tls(format!("bad CA certificate: {e}")))?;
+                .map_err(|e| ApiServerError::Tls(format!("bad CA certificate: {e}")))?;
         }
         // Invariant 3: a client certificate is optional, but must be ours.
         let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
@@ -232,13 +232,13 @@ impl Credentials {
         )
         .allow_unauthenticated()
         .build()
-        .map_err(|e| Error::Tls(e.to_string()))?;
+        .map_err(|e| ApiServerError::Tls(e.to_string()))?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Tls(e.to_string()))?
+            .map_err(|e| ApiServerError::Tls(e.to_string()))?
             .with_client_cert_verifier(clients)
             .with_single_cert(certs, key)
-            .map_err(|e| Error::Tls(e.to_string()))?;
+            .map_err(|e| ApiServerError::Tls(e.to_string()))?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(cfg))
     }
@@ -258,7 +258,7 @@ impl Credentials {
 fn serving_cert(
     issuer: &Issuer<'_, KeyPair>,
     ip: std::net::IpAddr,
-) -> Result<(String, String), Error> {
+) -> Result<(String, String), ApiServerError> {
     let mut sans = vec![
         "127.0.0.1".to_string(),
         "::1".to_string(),
@@ -301,7 +301,7 @@ fn names_everything(cert_pem: &str) -> bool {
 
 /// The CA's parameters (the same on every start, so certificates issued
 /// later name the CA exactly as its certificate does).
-fn ca_params() -> Result<CertificateParams, Error> {
+fn ca_params() -> Result<CertificateParams, ApiServerError> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
@@ -319,7 +319,7 @@ fn ca_params() -> Result<CertificateParams, Error> {
 const CA_KEY_FILE: &str = "ca-key.pem";
 
 /// Writes a file readable by its owner only.
-pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), Error> {
+pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), ApiServerError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
@@ -329,21 +329,21 @@ pub(crate) fn write_private(path: &Path, body: &str) -> Result<(), Error> {
         .truncate(true)
         .mode(0o600)
         .open(&tmp)
-        .map_err(|e| Error::io(&tmp, e))?;
+        .map_err(|e| ApiServerError::io(&tmp, e))?;
     f.write_all(body.as_bytes())
-        .map_err(|e| Error::io(&tmp, e))?;
+        .map_err(|e| ApiServerError::io(&tmp, e))?;
     drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    std::fs::rename(&tmp, path).map_err(|e| ApiServerError::io(path, e))
 }
 
 /// The file the service account signing key is kept in.
 const SA_KEY_FILE: &str = "sa-signing-key";
 
 /// 32 random bytes as hex.
-fn random_hex() -> Result<String, Error> {
+fn random_hex() -> Result<String, ApiServerError> {
     let mut raw = [0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
-        .map_err(|_| Error::Tls("the system random generator failed".into()))?;
+        .map_err(|_| ApiServerError::Tls("the system random generator failed".into()))?;
     Ok(hex(&raw))
 }
 

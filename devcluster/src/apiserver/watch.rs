@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handlers::{Request, present};
 use super::response::to_vec_ordered;
-use super::route::Target;
+use super::route::RouteTarget;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{EventType, Store, WatchEvent};
@@ -55,7 +55,7 @@ impl Filter {
 }
 
 struct Encoder {
-    target: Target,
+    target: RouteTarget,
     table: bool,
     metadata: bool,
     include: Option<String>,
@@ -128,7 +128,7 @@ pub(crate) struct WatchConfig {
 /// Starts a watch; the returned receiver yields the response body chunks.
 pub(crate) fn start(
     store: Arc<Store>,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
     cfg: WatchConfig,
     shutdown: CancellationToken,

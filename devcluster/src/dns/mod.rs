@@ -113,7 +113,7 @@ pub struct ClusterDns {
 
 /// Answers on one UDP socket and one TCP listener until dropped.
 pub struct Serving {
-    _server: Server<server::Handler>,
+    _server: Server<server::DnsHandler>,
 }
 
 impl ClusterDns {
@@ -157,7 +157,7 @@ impl ClusterDns {
     /// address inside a pod's network namespace) until the returned
     /// [`Serving`] is dropped. Must be called within a tokio runtime.
     pub fn serve(&self, udp: UdpSocket, tcp: TcpListener) -> Serving {
-        let mut server = Server::new(server::Handler {
+        let mut server = Server::new(server::DnsHandler {
             zone: self.zone.clone(),
         });
         server.register_socket(udp);

@@ -24,18 +24,18 @@ use super::records::{Answer, Zone};
 
 /// Answers queries from the latest zone the feed published.
 #[derive(Clone)]
-pub(crate) struct Handler {
+pub(crate) struct DnsHandler {
     pub(crate) zone: watch::Receiver<Option<Arc<Zone>>>,
 }
 
-impl Handler {
+impl DnsHandler {
     fn current(&self) -> Option<Arc<Zone>> {
         self.zone.borrow().clone()
     }
 }
 
 #[async_trait::async_trait]
-impl RequestHandler for Handler {
+impl RequestHandler for DnsHandler {
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,

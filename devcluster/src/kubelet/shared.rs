@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     /// Port of the log endpoint (0: not served), published in the Node.
     pub(crate) log_port: Mutex<u16>,
     /// Bounds on concurrent exec, attach and port-forward sessions.
-    pub(crate) stream_limits: super::streaming::Limits,
+    pub(crate) stream_limits: super::streaming::StreamLimits,
     /// What log rotation cut from the front of each live container log.
     pub(crate) log_cuts: super::logrotate::Cuts,
 }

@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 
 /// The state of one container's current (or next) run.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Run {
+pub(crate) enum ContainerRun {
     /// Not running: not started yet, backing off, or unable to start.
     Waiting {
         /// `PodInitializing`, `ContainerCreating`, `CrashLoopBackOff`, `CreateContainerConfigError`, ...
@@ -55,10 +55,10 @@ pub(crate) enum Run {
     },
 }
 
-impl Run {
+impl ContainerRun {
     /// A waiting state.
     pub(crate) fn waiting(reason: &str, message: Option<String>) -> Self {
-        Run::Waiting {
+        ContainerRun::Waiting {
             reason: reason.into(),
             message,
         }
@@ -66,20 +66,20 @@ impl Run {
 
     fn to_api(&self) -> ContainerState {
         match self {
-            Run::Waiting { reason, message } => ContainerState {
+            ContainerRun::Waiting { reason, message } => ContainerState {
                 waiting: Some(ContainerStateWaiting {
                     reason: Some(reason.clone()),
                     message: message.clone(),
                 }),
                 ..Default::default()
             },
-            Run::Running { started_at, .. } => ContainerState {
+            ContainerRun::Running { started_at, .. } => ContainerState {
                 running: Some(ContainerStateRunning {
                     started_at: Some(Time(*started_at)),
                 }),
                 ..Default::default()
             },
-            Run::Terminated {
+            ContainerRun::Terminated {
                 pid,
                 exit_code,
                 signal,
@@ -116,9 +116,9 @@ pub(crate) struct Ctr {
     /// Image as written in the spec.
     pub(crate) image: String,
     /// Current state.
-    pub(crate) run: Run,
+    pub(crate) run: ContainerRun,
     /// The previous run, once it terminated.
-    pub(crate) last: Option<Run>,
+    pub(crate) last: Option<ContainerRun>,
     /// Restarts so far.
     pub(crate) restarts: i32,
     /// Passed its readiness probe (or has none) while running.
@@ -133,7 +133,7 @@ impl Ctr {
         Self {
             name: name.into(),
             image: image.into(),
-            run: Run::waiting(reason, None),
+            run: ContainerRun::waiting(reason, None),
             last: None,
             restarts: 0,
             ready: false,
@@ -142,21 +142,26 @@ impl Ctr {
     }
 
     fn to_api(&self) -> ContainerStatus {
-        let running = matches!(self.run, Run::Running { .. });
+        let running = matches!(self.run, ContainerRun::Running { .. });
         ContainerStatus {
             name: self.name.clone(),
             image: self.image.clone(),
             image_id: String::new(),
             container_id: match &self.run {
-                Run::Running { pid, .. } => Some(container_id(*pid)),
-                Run::Terminated { pid, .. } => pid.map(container_id),
-                Run::Waiting { .. } => None,
+                ContainerRun::Running { pid, .. } => Some(container_id(*pid)),
+                ContainerRun::Terminated { pid, .. } => pid.map(container_id),
+                ContainerRun::Waiting { .. } => None,
             },
             ready: self.ready && running,
             started: Some(running && self.started),
             restart_count: self.restarts,
             state: Some(self.run.to_api()),
-            last_state: Some(self.last.as_ref().map(Run::to_api).unwrap_or_default()),
+            last_state: Some(
+                self.last
+                    .as_ref()
+                    .map(ContainerRun::to_api)
+                    .unwrap_or_default(),
+            ),
             ..Default::default()
         }
     }
@@ -198,15 +203,15 @@ pub(crate) fn phase(input: &StatusInput<'_>) -> &'static str {
     let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
     for c in input.main {
         match &c.run {
-            Run::Running { .. } => running += 1,
-            Run::Terminated { exit_code, .. } => {
+            ContainerRun::Running { .. } => running += 1,
+            ContainerRun::Terminated { exit_code, .. } => {
                 stopped += 1;
                 if *exit_code == 0 {
                     succeeded += 1;
                 }
             }
-            Run::Waiting { .. } => {
-                if matches!(c.last, Some(Run::Terminated { .. })) {
+            ContainerRun::Waiting { .. } => {
+                if matches!(c.last, Some(ContainerRun::Terminated { .. })) {
                     stopped += 1;
                 } else {
                     waiting += 1;
@@ -225,7 +230,7 @@ pub(crate) fn phase(input: &StatusInput<'_>) -> &'static str {
         let restarting = input
             .main
             .iter()
-            .any(|c| matches!(c.run, Run::Waiting { .. }));
+            .any(|c| matches!(c.run, ContainerRun::Waiting { .. }));
         if restarting || input.restart_policy == "Always" {
             return "Running";
         }
@@ -271,13 +276,13 @@ pub(crate) fn pod_status(input: &StatusInput<'_>) -> PodStatus {
     let unready: Vec<&str> = input
         .main
         .iter()
-        .filter(|c| !(c.ready && matches!(c.run, Run::Running { .. })))
+        .filter(|c| !(c.ready && matches!(c.run, ContainerRun::Running { .. })))
         .map(|c| c.name.as_str())
         .collect();
     let uninit: Vec<&str> = input
         .init
         .iter()
-        .filter(|c| !matches!(c.run, Run::Terminated { exit_code: 0, .. }))
+        .filter(|c| !matches!(c.run, ContainerRun::Terminated { exit_code: 0, .. }))
         .map(|c| c.name.as_str())
         .collect();
     let ready = unready.is_empty() && !terminal;
@@ -369,8 +374,8 @@ pub(crate) fn qos_class(spec: &k8s_openapi::api::core::v1::PodSpec) -> String {
 mod tests {
     use super::*;
 
-    fn term(code: i32) -> Run {
-        Run::Terminated {
+    fn term(code: i32) -> ContainerRun {
+        ContainerRun::Terminated {
             pid: Some(10),
             exit_code: code,
             signal: None,
@@ -385,7 +390,7 @@ mod tests {
         }
     }
 
-    fn ctr(run: Run, last: Option<Run>, ready: bool) -> Ctr {
+    fn ctr(run: ContainerRun, last: Option<ContainerRun>, ready: bool) -> Ctr {
         Ctr {
             name: "c".into(),
             image: "i".into(),
@@ -415,7 +420,7 @@ mod tests {
     #[test]
     fn phases_follow_kubernetes() {
         let running = [ctr(
-            Run::Running {
+            ContainerRun::Running {
                 pid: 1,
                 started_at: Timestamp::now(),
             },
@@ -423,10 +428,14 @@ mod tests {
             true,
         )];
         assert_eq!(phase(&input("Always", &running, &[])), "Running");
-        let creating = [ctr(Run::waiting("ContainerCreating", None), None, false)];
+        let creating = [ctr(
+            ContainerRun::waiting("ContainerCreating", None),
+            None,
+            false,
+        )];
         assert_eq!(phase(&input("Always", &creating, &[])), "Pending");
         let backoff = [ctr(
-            Run::waiting("CrashLoopBackOff", None),
+            ContainerRun::waiting("CrashLoopBackOff", None),
             Some(term(1)),
             false,
         )];
@@ -446,7 +455,7 @@ mod tests {
     #[test]
     fn conditions_keep_transition_times_and_name_unready_containers() {
         let unready = [ctr(
-            Run::Running {
+            ContainerRun::Running {
                 pid: 1,
                 started_at: Timestamp::now(),
             },
@@ -475,7 +484,7 @@ mod tests {
                 .all(|c| c.last_transition_time.as_ref() == Some(&t0))
         );
         let ready_now = [ctr(
-            Run::Running {
+            ContainerRun::Running {
                 pid: 1,
                 started_at: Timestamp::now(),
             },

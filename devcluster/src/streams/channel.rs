@@ -50,7 +50,7 @@ pub(crate) struct TermSize {
 
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum ExecOutcome {
     /// The command exited with this code (a signal `s` counts as `128 + s`).
     Exited(i32),
     /// The command could not run, or the session failed.
@@ -58,10 +58,10 @@ pub(crate) enum Outcome {
 }
 
 /// The status document for `outcome` of `command`.
-pub(crate) fn status(outcome: &Outcome, command: &[String]) -> Value {
+pub(crate) fn status(outcome: &ExecOutcome, command: &[String]) -> Value {
     match outcome {
-        Outcome::Exited(0) => json!({"metadata": {}, "status": "Success"}),
-        Outcome::Exited(code) => json!({
+        ExecOutcome::Exited(0) => json!({"metadata": {}, "status": "Success"}),
+        ExecOutcome::Exited(code) => json!({
             "metadata": {},
             "status": "Failure",
             "message": format!(
@@ -70,7 +70,7 @@ pub(crate) fn status(outcome: &Outcome, command: &[String]) -> Value {
             "reason": "NonZeroExitCode",
             "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
         }),
-        Outcome::Error(message) => json!({
+        ExecOutcome::Error(message) => json!({
             "metadata": {},
             "status": "Failure",
             "message": format!("Internal error occurred: {message}"),
@@ -88,12 +88,12 @@ mod tests {
     #[test]
     fn exit_codes_travel_as_client_go_reads_them() {
         let cmd = vec!["sh".to_string(), "-c".into(), "exit 3".into()];
-        assert_eq!(status(&Outcome::Exited(0), &cmd)["status"], "Success");
-        let s = status(&Outcome::Exited(3), &cmd);
+        assert_eq!(status(&ExecOutcome::Exited(0), &cmd)["status"], "Success");
+        let s = status(&ExecOutcome::Exited(3), &cmd);
         assert_eq!(s["reason"], "NonZeroExitCode");
         assert_eq!(s["details"]["causes"][0]["reason"], "ExitCode");
         assert_eq!(s["details"]["causes"][0]["message"], "3");
-        let e = status(&Outcome::Error("no such file".into()), &cmd);
+        let e = status(&ExecOutcome::Error("no such file".into()), &cmd);
         assert_eq!(
             (e["reason"].as_str(), e["code"].as_u64()),
             (Some("InternalError"), Some(500))

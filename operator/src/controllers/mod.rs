@@ -18,14 +18,14 @@ use tracing::info;
 
 pub use shared::ControllerContext;
 
-use crate::{Error, hub};
+use crate::{OperatorError, hub};
 
 /// Runs both controllers (one pair per watched namespace) and the hub
 /// until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<ControllerContext>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
+) -> Result<(), OperatorError> {
     let shutdown = shutdown.shared();
     let (tw, rw) = mpsc::unbounded_channel();
     let (tm, rm) = mpsc::unbounded_channel();

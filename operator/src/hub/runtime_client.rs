@@ -238,11 +238,7 @@ impl AgentLink for RuntimeLink {
         hosts: Vec<(Rank, SocketAddr)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
-            let n = hosts
-                .iter()
-                .map(|(r, _)| *r + 1)
-                .max()
-                .unwrap_or(0);
+            let n = hosts.iter().map(|(r, _)| *r + 1).max().unwrap_or(0);
             let mut book = vec![String::new(); n];
             for (r, a) in hosts {
                 book[r] = a.to_string();
@@ -273,11 +269,7 @@ impl AgentLink for RuntimeLink {
         hosts: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
-            let n = hosts
-                .iter()
-                .map(|(r, _, _)| *r + 1)
-                .max()
-                .unwrap_or(0);
+            let n = hosts.iter().map(|(r, _, _)| *r + 1).max().unwrap_or(0);
             let mut book = vec![String::new(); n];
             let mut epochs = vec![0; n];
             for (r, a, e) in hosts {

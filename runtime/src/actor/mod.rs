@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ActorError, Error};
+use crate::error::{ActorError, RuntimeError};
 use crate::id::ActorId;
 use crate::port::{self, Message, OncePortRef, OnceReceiver, PortReceiver, PortRef, handler_port};
 use crate::proc::{CanSend, Proc};
@@ -158,7 +158,7 @@ impl<A: Actor> Context<A> {
 
     /// Spawns a child actor supervised by this one; it is named after this
     /// actor with the next free index.
-    pub async fn spawn_child<C: Actor>(&self, child: C) -> Result<ActorRef<C>, Error> {
+    pub async fn spawn_child<C: Actor>(&self, child: C) -> Result<ActorRef<C>, RuntimeError> {
         let index = self.proc.next_index(self.id.name());
         let r = self
             .proc
@@ -246,7 +246,7 @@ impl<A: Actor> ActorRef<A> {
 
     /// Sends `msg` (fire and forget). Waits only while the destination's
     /// queue is full; delivery failures return to `cx` as undeliverable.
-    pub async fn send<M: Message>(&self, cx: &impl CanSend, msg: &M) -> Result<(), Error>
+    pub async fn send<M: Message>(&self, cx: &impl CanSend, msg: &M) -> Result<(), RuntimeError>
     where
         A: Handler<M>,
     {
@@ -267,7 +267,7 @@ impl<A: Actor> ActorRef<A> {
         cx: &impl CanSend,
         msg: &M,
         timeout: Duration,
-    ) -> Result<<A as Handler<M>>::Reply, Error>
+    ) -> Result<<A as Handler<M>>::Reply, RuntimeError>
     where
         A: Handler<M>,
     {
@@ -284,7 +284,7 @@ pub(crate) async fn call_raw<R: Message>(
     dest: crate::id::PortId,
     payload: bytes::Bytes,
     timeout: Duration,
-) -> Result<R, Error> {
+) -> Result<R, RuntimeError> {
     let proc = cx.proc();
     let (reply, mut rx) = port::once_pair::<R>(proc, cx.sender_id());
     let peer = dest.actor().proc().clone();
@@ -313,11 +313,11 @@ pub(crate) async fn call_raw<R: Message>(
         biased;
         r = rx.recv_envelope() => match r {
             Ok(env) => port::decode(&env),
-            Err(Error::CallFailed { reason, .. }) => Err(Error::CallFailed { dest: dest.to_string(), reason }),
+            Err(RuntimeError::CallFailed { reason, .. }) => Err(RuntimeError::CallFailed { dest: dest.to_string(), reason }),
             Err(e) => Err(e),
         },
-        _ = tokio::time::sleep(timeout) => Err(Error::Timeout { dest: dest.to_string(), timeout }),
-        _ = lost_fut => Err(Error::ConnectionLost { peer: peer.to_string(), dest: dest.to_string() }),
+        _ = tokio::time::sleep(timeout) => Err(RuntimeError::Timeout { dest: dest.to_string(), timeout }),
+        _ = lost_fut => Err(RuntimeError::ConnectionLost { peer: peer.to_string(), dest: dest.to_string() }),
     }
 }
 

@@ -23,11 +23,11 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub(crate) struct Admission {
     max_total: usize,
     max_per_source: usize,
-    state: Mutex<Pending>,
+    state: Mutex<PendingHandshake>,
 }
 
 #[derive(Debug, Default)]
-struct Pending {
+struct PendingHandshake {
     total: usize,
     by_source: HashMap<IpAddr, usize>,
 }
@@ -52,7 +52,7 @@ impl std::fmt::Display for Refusal {
 
 /// A pending handshake's slot; given back on drop (invariant 1).
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub(crate) struct AdmitSlot {
     admission: Arc<Admission>,
     source: Option<IpAddr>,
 }
@@ -63,17 +63,17 @@ impl Admission {
         Arc::new(Admission {
             max_total: max_total.max(1),
             max_per_source: max_per_source.max(1),
-            state: Mutex::new(Pending::default()),
+            state: Mutex::new(PendingHandshake::default()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingHandshake> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A slot for a handshake from `source` (`None`: a Unix socket), or why
     /// not.
-    pub(crate) fn admit(self: &Arc<Self>, source: Option<IpAddr>) -> Result<Slot, Refusal> {
+    pub(crate) fn admit(self: &Arc<Self>, source: Option<IpAddr>) -> Result<AdmitSlot, Refusal> {
         let mut st = self.lock();
         if st.total >= self.max_total {
             return Err(Refusal::Total(st.total));
@@ -86,7 +86,7 @@ impl Admission {
             *n += 1;
         }
         st.total += 1;
-        Ok(Slot {
+        Ok(AdmitSlot {
             admission: self.clone(),
             source,
         })
@@ -99,7 +99,7 @@ impl Admission {
     }
 }
 
-impl Drop for Slot {
+impl Drop for AdmitSlot {
     fn drop(&mut self) {
         let mut st = self.admission.lock();
         st.total = st.total.saturating_sub(1);

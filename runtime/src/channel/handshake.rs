@@ -65,7 +65,7 @@ fn nonce() -> Result<[u8; 32], ChannelError> {
 }
 
 /// The two sides' epoch claims, dialer's first.
-type Claims = (Option<EpochClaim>, Option<EpochClaim>);
+type EpochClaims = (Option<EpochClaim>, Option<EpochClaim>);
 
 fn transcript(
     label: &str,
@@ -73,7 +73,7 @@ fn transcript(
     acceptor: &ProcId,
     nd: &[u8; 32],
     na: &[u8; 32],
-    claims: Claims,
+    claims: EpochClaims,
 ) -> Vec<u8> {
     let mut t = Vec::with_capacity(160);
     for part in [label.to_string(), dialer.to_string(), acceptor.to_string()] {

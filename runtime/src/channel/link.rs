@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::frame::{self};
-use super::queue::{LinkQueue, Run};
+use super::queue::{LinkQueue, SharedHeaderRun};
 use super::{ChannelError, Envelope};
 use crate::id::ProcId;
 use crate::port::{OPEN_PORT_BIT, UNDELIVERABLE_PORT};
@@ -92,7 +92,7 @@ pub(super) struct Link<I: Inbound> {
     pub(super) attach: mpsc::UnboundedReceiver<Conn>,
     pub(super) lost: watch::Sender<u64>,
     /// Taken from the queue, not yet written.
-    pub(super) pending: VecDeque<Run>,
+    pub(super) pending: VecDeque<SharedHeaderRun>,
     /// The newest connection the link does not write on, if any.
     pub(super) secondary: Option<Secondary>,
 }
@@ -133,7 +133,7 @@ impl<I: Inbound> Link<I> {
                             .pending
                             .drain(..)
                             .chain(rest)
-                            .flat_map(Run::into_envelopes)
+                            .flat_map(SharedHeaderRun::into_envelopes)
                         {
                             self.t.bounce(env, reason.clone());
                         }
@@ -163,7 +163,7 @@ impl<I: Inbound> Link<I> {
                     // Replies and pushes to opened ports (invariant 4).
                     port_msgs += n;
                 } else {
-                    let run = Run {
+                    let run = SharedHeaderRun {
                         head: env,
                         frames: BytesMut::new(),
                         more: n - 1,
@@ -209,7 +209,7 @@ impl<I: Inbound> Link<I> {
             .pending
             .drain(..)
             .chain(rest)
-            .flat_map(Run::into_envelopes)
+            .flat_map(SharedHeaderRun::into_envelopes)
         {
             self.t.bounce(env, reason.to_string());
         }

@@ -43,7 +43,7 @@ pub(super) const RUN_BYTES: usize = 32 * 1024;
 /// header elided. A stream of messages from one sender to one actor crosses
 /// from the sending task to the link task with no per-message allocation
 /// and no per-message reference counting.
-pub(super) struct Run {
+pub(super) struct SharedHeaderRun {
     pub(super) head: Envelope,
     /// Frames of the messages after the head (header elided).
     pub(super) frames: BytesMut,
@@ -51,9 +51,9 @@ pub(super) struct Run {
     pub(super) more: usize,
 }
 
-impl Run {
+impl SharedHeaderRun {
     pub(super) fn new(head: Envelope) -> Self {
-        Run {
+        SharedHeaderRun {
             head,
             frames: BytesMut::new(),
             more: 0,
@@ -64,7 +64,7 @@ impl Run {
     /// [`frame::encode_repeat_with`]: the first becomes the head.
     fn from_frames(sender: &ActorId, dest: &PortId, mut frames: BytesMut, count: usize) -> Self {
         let payload = frame::split_repeat(&mut frames);
-        Run {
+        SharedHeaderRun {
             head: Envelope {
                 sender: sender.clone(),
                 dest: dest.clone(),
@@ -163,7 +163,7 @@ pub(super) struct LinkQueue {
 
 #[derive(Default)]
 struct QueueItems {
-    runs: VecDeque<Run>,
+    runs: VecDeque<SharedHeaderRun>,
     /// Messages in `runs` (at most `capacity`).
     len: usize,
     /// Payload bytes of the runs' heads (large messages are always heads).
@@ -224,7 +224,7 @@ impl LinkQueue {
                 Ok(joined) => Some(joined),
                 Err(env) => {
                     items.bytes += env.payload.len();
-                    items.runs.push_back(Run::new(env));
+                    items.runs.push_back(SharedHeaderRun::new(env));
                     None
                 }
             };
@@ -292,14 +292,16 @@ impl LinkQueue {
         dest: &PortId,
         frames: BytesMut,
         count: usize,
-    ) -> Result<(), Box<Run>> {
+    ) -> Result<(), Box<SharedHeaderRun>> {
         if count == 0 {
             return Ok(());
         }
         let wake = {
             let mut items = self.items();
             if items.closed {
-                return Err(Box::new(Run::from_frames(sender, dest, frames, count)));
+                return Err(Box::new(SharedHeaderRun::from_frames(
+                    sender, dest, frames, count,
+                )));
             }
             items.len += count;
             // Joins the last run when that moves no bytes or few (a
@@ -321,7 +323,7 @@ impl LinkQueue {
                     run.more += count;
                 }
                 _ => {
-                    let run = Run::from_frames(sender, dest, frames, count);
+                    let run = SharedHeaderRun::from_frames(sender, dest, frames, count);
                     items.bytes += run.head.payload.len();
                     items.runs.push_back(run);
                 }
@@ -355,7 +357,12 @@ impl LinkQueue {
     /// messages (at least one run when `must` is set); returns how many
     /// messages. With nothing to take, marks the link task idle (it waits
     /// for `ready` next).
-    pub(super) fn take(&self, into: &mut VecDeque<Run>, room: usize, must: bool) -> usize {
+    pub(super) fn take(
+        &self,
+        into: &mut VecDeque<SharedHeaderRun>,
+        room: usize,
+        must: bool,
+    ) -> usize {
         let (n, wake) = {
             let mut items = self.items();
             let mut n = 0;
@@ -390,11 +397,11 @@ impl LinkQueue {
     pub(super) fn set_idle(&self) -> Option<usize> {
         let mut items = self.items();
         items.idle = items.len == 0;
-        items.runs.front().map(Run::len)
+        items.runs.front().map(SharedHeaderRun::len)
     }
 
     /// Everything queued now (to bounce when the peer is unreachable).
-    pub(super) fn drain_all(&self) -> VecDeque<Run> {
+    pub(super) fn drain_all(&self) -> VecDeque<SharedHeaderRun> {
         let q = {
             let mut items = self.items();
             items.len = 0;
@@ -407,7 +414,7 @@ impl LinkQueue {
     }
 
     /// Refuses further pushes; returns what was queued.
-    pub(super) fn close(&self) -> VecDeque<Run> {
+    pub(super) fn close(&self) -> VecDeque<SharedHeaderRun> {
         let q = {
             let mut items = self.items();
             items.closed = true;

@@ -27,13 +27,13 @@ use std::task::{Context, Poll};
 use bytes::BytesMut;
 
 use super::frame;
-use super::queue::{LinkQueue, RUN_BYTES, RUN_PAYLOAD_MAX, Run};
+use super::queue::{LinkQueue, RUN_BYTES, RUN_PAYLOAD_MAX, SharedHeaderRun};
 use crate::id::{ActorId, PortId, ProcId};
 
 /// Where a staged run goes back when its link closed.
 pub(super) trait Bounce: Send + Sync {
     /// Hands the run's messages back as undeliverable.
-    fn bounce_run(&self, run: Run, reason: String);
+    fn bounce_run(&self, run: SharedHeaderRun, reason: String);
 }
 
 /// A run of messages staged on this thread.

@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 use super::admit::{Admission, WarnLimiter};
 use super::frame::Arrivals;
 use super::handshake;
-use super::queue::{LinkQueue, PushError, Run};
+use super::queue::{LinkQueue, PushError, SharedHeaderRun};
 use super::stage::{self, Stage};
 use super::{ChannelConfig, ChannelError, Envelope};
 use crate::id::{ActorId, ChannelAddr, ProcId};
@@ -71,7 +71,7 @@ struct LinkHandle {
 }
 
 impl<I: Inbound> stage::Bounce for Transport<I> {
-    fn bounce_run(&self, run: Run, reason: String) {
+    fn bounce_run(&self, run: SharedHeaderRun, reason: String) {
         for env in run.into_envelopes() {
             self.bounce(env, reason.clone());
         }

@@ -27,7 +27,7 @@ use tracing::{debug, error, warn};
 
 use crate::actor::{self, Actor, ActorRef, Handlers, Mailbox, RemoteSpawn, Signal};
 use crate::channel::{Arrivals, ChannelConfig, Envelope, Inbound, Listener, Transport};
-use crate::error::Error;
+use crate::error::RuntimeError;
 use crate::id::{ActorId, ChannelAddr, PortId, ProcId};
 use crate::port::{
     self, Message, OPEN_PORT_BIT, OncePortRef, OnceReceiver, PortReceiver, PortRef,
@@ -85,7 +85,7 @@ type SpawnFn = Arc<
             String,
             Bytes,
             Option<PortRef<SupervisionEvent>>,
-        ) -> BoxFuture<'static, Result<ActorId, Error>>
+        ) -> BoxFuture<'static, Result<ActorId, RuntimeError>>
         + Send
         + Sync,
 >;
@@ -144,14 +144,16 @@ impl ProcBuilder {
         let f: SpawnFn = Arc::new(|proc: Proc, name: String, params: Bytes, owner| {
             Box::pin(async move {
                 let params: A::Params =
-                    postcard::from_bytes(&params).map_err(|e| Error::Decode {
+                    postcard::from_bytes(&params).map_err(|e| RuntimeError::Decode {
                         from: format!("spawn parameters of {}", std::any::type_name::<A>()),
                         reason: e.to_string(),
                     })?;
-                let actor = A::new(params).await.map_err(|e| Error::SpawnFailed {
-                    actor: name.clone(),
-                    reason: crate::error::StartError::New(e.to_string()),
-                })?;
+                let actor = A::new(params)
+                    .await
+                    .map_err(|e| RuntimeError::SpawnFailed {
+                        actor: name.clone(),
+                        reason: crate::error::StartError::New(e.to_string()),
+                    })?;
                 let r = proc
                     .spawn_with(&name, 0, actor, actor::Supervisor::from_owner(owner))
                     .await?;
@@ -173,22 +175,24 @@ impl ProcBuilder {
     }
 
     /// Binds the listener (if any) and starts the proc.
-    pub async fn build(self) -> Result<Proc, Error> {
+    pub async fn build(self) -> Result<Proc, RuntimeError> {
         let (addr, listener) = match &self.listen {
             None | Some(ChannelAddr::Unbound(_)) => (ChannelAddr::Unbound(rand::random()), None),
             Some(ChannelAddr::Tcp(a)) => {
-                let l = TcpListener::bind(a).await.map_err(|source| Error::Listen {
-                    addr: a.to_string(),
-                    source,
-                })?;
-                let local = l.local_addr().map_err(|source| Error::Listen {
+                let l = TcpListener::bind(a)
+                    .await
+                    .map_err(|source| RuntimeError::Listen {
+                        addr: a.to_string(),
+                        source,
+                    })?;
+                let local = l.local_addr().map_err(|source| RuntimeError::Listen {
                     addr: a.to_string(),
                     source,
                 })?;
                 (ChannelAddr::Tcp(local), Some(Listener::Tcp(l)))
             }
             Some(ChannelAddr::Unix(p)) => {
-                let l = UnixListener::bind(p).map_err(|source| Error::Listen {
+                let l = UnixListener::bind(p).map_err(|source| RuntimeError::Listen {
                     addr: p.display().to_string(),
                     source,
                 })?;
@@ -287,7 +291,7 @@ impl Proc {
     }
 
     /// Spawns a top-level actor `name[0]`; its failure goes to the sink.
-    pub async fn spawn<A: Actor>(&self, name: &str, actor: A) -> Result<ActorRef<A>, Error> {
+    pub async fn spawn<A: Actor>(&self, name: &str, actor: A) -> Result<ActorRef<A>, RuntimeError> {
         self.spawn_with(name, 0, actor, actor::Supervisor::Sink)
             .await
     }
@@ -305,13 +309,13 @@ impl Proc {
         index: u32,
         actor: A,
         supervisor: actor::Supervisor,
-    ) -> Result<ActorRef<A>, Error> {
+    ) -> Result<ActorRef<A>, RuntimeError> {
         let id = self.id().actor(name, index)?;
         let (tx, rx) = actor::mailbox(self.inner.config.mailbox_capacity);
         {
             let mut actors = lock(&self.inner.actors);
             if actors.contains_key(&id) {
-                return Err(Error::ActorExists(Box::new(id)));
+                return Err(RuntimeError::ActorExists(Box::new(id)));
             }
             actors.insert(id.clone(), tx.clone());
         }
@@ -327,7 +331,7 @@ impl Proc {
         );
         match started.await {
             Ok(()) => Ok(ActorRef::attest(id)),
-            Err(reason) => Err(Error::SpawnFailed {
+            Err(reason) => Err(RuntimeError::SpawnFailed {
                 actor: id.to_string(),
                 reason,
             }),
@@ -360,7 +364,7 @@ impl Proc {
 
     /// Dials `addr`, authenticates, and returns the proc found there. Later
     /// messages to that proc use this connection.
-    pub async fn connect(&self, addr: &ChannelAddr) -> Result<ProcId, Error> {
+    pub async fn connect(&self, addr: &ChannelAddr) -> Result<ProcId, RuntimeError> {
         Ok(self.inner.transport.connect(addr).await?)
     }
 
@@ -486,7 +490,7 @@ impl Proc {
         name: String,
         params: Bytes,
         events: Option<PortRef<SupervisionEvent>>,
-    ) -> Option<Result<ActorId, Error>> {
+    ) -> Option<Result<ActorId, RuntimeError>> {
         let spawn = self.registry_spawn(type_name)?;
         Some(spawn(self.clone(), name, params, events).await)
     }

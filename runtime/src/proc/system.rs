@@ -55,7 +55,7 @@ impl Handler<SpawnActor> for ProcAgent {
     ) -> Result<Self::Reply, ActorError> {
         let proc = cx.proc_ref();
         let Some(spawn) = proc.registry_spawn(&m.type_name) else {
-            return Ok(Err(crate::Error::NotRegistered {
+            return Ok(Err(crate::RuntimeError::NotRegistered {
                 type_name: m.type_name,
                 proc: proc.id().to_string(),
             }

@@ -11,7 +11,7 @@ use super::User;
 use super::attrs::Attributes;
 use crate::apiserver::handlers::Request;
 use crate::apiserver::proto;
-use crate::apiserver::route::Target;
+use crate::apiserver::route::RouteTarget;
 use crate::apiserver::status::ApiError;
 use crate::apiserver::store::Store;
 
@@ -53,7 +53,7 @@ fn asked(spec: &Value) -> Result<Attributes, ApiError> {
 pub(crate) fn review(
     store: &Store,
     user: &User,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let mut body = if req.content_type.contains("protobuf") {
@@ -138,7 +138,7 @@ pub(crate) fn review(
 pub(crate) fn token_review(
     auth: &super::Authenticator,
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let mut body = req.json_body()?;

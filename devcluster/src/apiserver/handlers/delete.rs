@@ -8,7 +8,7 @@ use crate::apiserver::lifecycle::{self, DeleteOpts, DeleteStep, Propagation};
 use crate::apiserver::meta;
 use crate::apiserver::proto;
 use crate::apiserver::registry::ResourceInfo;
-use crate::apiserver::route::Target;
+use crate::apiserver::route::RouteTarget;
 use crate::apiserver::status::{ApiError, success_status};
 use crate::apiserver::store::Store;
 
@@ -60,7 +60,11 @@ fn delete_opts(req: &Request) -> Result<DeleteOpts, ApiError> {
 }
 
 /// DELETE of one object.
-pub(crate) fn delete(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn delete(
+    store: &Store,
+    t: &RouteTarget,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();
     let opts = delete_opts(req)?;
     delete_one(
@@ -109,7 +113,7 @@ pub(crate) fn delete_one(
 /// DELETE of a collection (with selectors).
 pub(crate) fn delete_collection(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let labels = req.label_selector()?;
@@ -142,7 +146,7 @@ pub(crate) fn delete_collection(
 /// PUT `namespaces/{name}/finalize`: replaces `spec.finalizers`.
 pub(crate) fn finalize_namespace(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();

@@ -19,9 +19,9 @@ use super::limits;
 use super::meta::{self, meta_mut};
 use super::podsecurity;
 use super::registry::ResourceInfo;
-use super::route::Target;
+use super::route::RouteTarget;
 use super::serviceaccount;
-use super::ssa::{self, Shape};
+use super::ssa::{self, FieldShape};
 use super::status::{ApiError, success_status};
 use super::store::{ObjKey, Store, check_namespace};
 use super::table;
@@ -62,8 +62,8 @@ pub(crate) fn as_metadata(body: Value) -> Value {
 }
 
 /// The shape used for managedFields of a resource.
-pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> Shape<'a> {
-    Shape {
+pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> FieldShape<'a> {
+    FieldShape {
         builtin: info.builtin,
         schema: info.schemas.get(version),
     }
@@ -81,7 +81,7 @@ pub(crate) fn present(info: &ResourceInfo, version: &str, obj: &Value) -> Value 
 }
 
 /// GET of one object.
-pub(crate) fn get(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn get(store: &Store, t: &RouteTarget, req: &Request) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?;
     let obj = store
         .lock()
@@ -114,7 +114,11 @@ struct Continue {
 }
 
 /// LIST with selectors, limit and continue.
-pub(crate) fn list(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn list(
+    store: &Store,
+    t: &RouteTarget,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
     use base64::Engine as _;
     let labels = req.label_selector()?;
     let fields = req.field_selector(&t.info)?;
@@ -208,7 +212,11 @@ fn items_last_key(items: &[(ObjKey, Arc<Value>)], fallback: &ObjKey) -> (String,
 }
 
 /// POST: create.
-pub(crate) fn create(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn create(
+    store: &Store,
+    t: &RouteTarget,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
     if t.name.is_some() {
         return Err(ApiError::method_not_allowed(
             "POST creates objects: send it to the collection URL, without a name",
@@ -287,7 +295,7 @@ pub(crate) fn insert_new(
 /// PUT of the object or its status.
 pub(crate) fn update(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
     part: Part,
 ) -> Result<(u16, Value), ApiError> {
@@ -323,7 +331,7 @@ pub(crate) fn update(
 /// (`None`: unchanged). Answers with the stored object.
 pub(crate) fn write_existing(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     name: &str,
     dry_run: bool,
     f: impl FnOnce(Option<&Value>) -> Result<Option<Value>, ApiError>,
@@ -363,7 +371,11 @@ pub(crate) fn write_existing(
 }
 
 /// POST `pods/{name}/binding`: assigns the pod to a node.
-pub(crate) fn bind(store: &Store, t: &Target, req: &Request) -> Result<(u16, Value), ApiError> {
+pub(crate) fn bind(
+    store: &Store,
+    t: &RouteTarget,
+    req: &Request,
+) -> Result<(u16, Value), ApiError> {
     let name = name_of(t)?.to_string();
     let body = req.json_body()?;
     let node = body
@@ -411,7 +423,7 @@ pub(crate) fn track_update(
     manager: &str,
     api_version: &str,
     sub: &str,
-    shape: Shape<'_>,
+    shape: FieldShape<'_>,
 ) {
     let before = old.pointer("/metadata/managedFields");
     let after = new.pointer("/metadata/managedFields");

@@ -8,7 +8,7 @@ use crate::apiserver::lifecycle::{self, Part};
 use crate::apiserver::meta::meta_mut;
 use crate::apiserver::patch as formats;
 use crate::apiserver::podsecurity;
-use crate::apiserver::route::Target;
+use crate::apiserver::route::RouteTarget;
 use crate::apiserver::serviceaccount;
 use crate::apiserver::ssa;
 use crate::apiserver::status::ApiError;
@@ -18,7 +18,7 @@ use crate::apiserver::times;
 /// PATCH of the object or its status, in any supported patch format.
 pub(crate) fn patch(
     store: &Store,
-    t: &Target,
+    t: &RouteTarget,
     req: &Request,
     part: Part,
 ) -> Result<(u16, Value), ApiError> {

@@ -55,7 +55,7 @@ impl Worker {
                     lock(&self.shared.groups).remove(&pgid);
                 }
                 let started_at = match &slot.ctr.run {
-                    Run::Running { started_at, .. } => Some(*started_at),
+                    ContainerRun::Running { started_at, .. } => Some(*started_at),
                     _ => None,
                 };
                 let name = slot.ctr.name.clone();
@@ -65,7 +65,7 @@ impl Worker {
                 let Some(slot) = self.slots.get_mut(idx) else {
                     return;
                 };
-                let run = Run::Terminated {
+                let run = ContainerRun::Terminated {
                     pid,
                     exit_code: code,
                     signal,
@@ -172,7 +172,7 @@ impl Worker {
 
     /// Records a finished run of slot `i` and schedules a restart if the
     /// restart policy asks for one.
-    pub(super) fn after_exit(&mut self, i: usize, run: Run, code: i32) {
+    pub(super) fn after_exit(&mut self, i: usize, run: ContainerRun, code: i32) {
         let policy = restart_policy(&self.pod);
         let cfg = &self.shared.config;
         let stopping = self.stopping;
@@ -192,11 +192,11 @@ impl Worker {
             self.next_init = i + 1;
             if self.next_init == self.n_init {
                 for s in &mut self.slots[self.n_init..] {
-                    s.ctr.run = Run::waiting("ContainerCreating", None);
+                    s.ctr.run = ContainerRun::waiting("ContainerCreating", None);
                     s.next_start = Some(Instant::now());
                 }
             } else {
-                self.slots[self.next_init].ctr.run = Run::waiting("PodInitializing", None);
+                self.slots[self.next_init].ctr.run = ContainerRun::waiting("PodInitializing", None);
             }
             return;
         }
@@ -230,7 +230,7 @@ impl Worker {
                 slot.ctr.name
             ),
         );
-        slot.ctr.run = Run::waiting(
+        slot.ctr.run = ContainerRun::waiting(
             "CrashLoopBackOff",
             Some(format!(
                 "back-off {delay:?} restarting failed container={} pod={}",

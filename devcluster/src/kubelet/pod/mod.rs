@@ -43,7 +43,7 @@ use super::net::{ApiService, Sandbox};
 use super::probe::{self, ProbeSpec};
 use super::process::{self, Launch, Namespace, Output};
 use super::shared::{ExecTarget, PodEntry, Shared, lock, pod_key};
-use super::status::{Ctr, Run, StatusInput, pod_status, qos_class};
+use super::status::{ContainerRun, Ctr, StatusInput, pod_status, qos_class};
 use super::volumes::{create_mount_targets, prepare_volumes};
 
 mod exit;
@@ -238,11 +238,11 @@ impl Worker {
             ));
         }
         for s in &mut slots[..n_init.min(1)] {
-            s.ctr.run = Run::waiting("PodInitializing", None);
+            s.ctr.run = ContainerRun::waiting("PodInitializing", None);
         }
         if n_init == 0 {
             for s in &mut slots {
-                s.ctr.run = Run::waiting("ContainerCreating", None);
+                s.ctr.run = ContainerRun::waiting("ContainerCreating", None);
             }
         }
         // Containers that ran under an earlier kubelet keep their restart
@@ -456,7 +456,7 @@ impl Worker {
                     };
                     tracing::warn!(pod = %self.key(), error = %e, "cannot prepare pod volumes");
                     for s in self.slots.iter_mut().filter(|s| !s.ever_started) {
-                        s.ctr.run = Run::waiting(reason, Some(e.to_string()));
+                        s.ctr.run = ContainerRun::waiting(reason, Some(e.to_string()));
                     }
                     self.retry_at = Some(now + RETRY);
                     return;

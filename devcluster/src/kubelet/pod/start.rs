@@ -198,15 +198,14 @@ impl Worker {
                 };
                 let message = e.to_string();
                 let slot = &mut self.slots[i];
-                let repeated =
-                    matches!(&slot.ctr.run, Run::Waiting { message: Some(m), .. } if *m == message);
+                let repeated = matches!(&slot.ctr.run, ContainerRun::Waiting { message: Some(m), .. } if *m == message);
                 if repeated {
                     tracing::debug!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "still cannot start container");
                 } else {
                     tracing::warn!(pod = %format!("{}/{}", self.ns, self.name), container = %slot.ctr.name, error = %message, "cannot start container");
                     events::emit(&self.shared, &self.pod, true, "Failed", message.clone());
                 }
-                slot.ctr.run = Run::waiting(reason, Some(message));
+                slot.ctr.run = ContainerRun::waiting(reason, Some(message));
                 slot.next_start = Some(now + RETRY);
                 return;
             }
@@ -265,7 +264,7 @@ impl Worker {
                 );
                 slot.pgid = Some(pid);
                 slot.started = Some(now);
-                slot.ctr.run = Run::Running { pid, started_at };
+                slot.ctr.run = ContainerRun::Running { pid, started_at };
                 let mk = |p: Option<&k8s_openapi::api::core::v1::Probe>,
                           what: &str|
                  -> Option<ProbeState> {
@@ -320,7 +319,7 @@ impl Worker {
                     "Failed",
                     format!("Error: cannot start container {}: {e}", slot.ctr.name),
                 );
-                let run = Run::Terminated {
+                let run = ContainerRun::Terminated {
                     pid: None,
                     exit_code: 128,
                     signal: None,

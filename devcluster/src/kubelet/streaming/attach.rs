@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use crate::streams::channel::{Outcome, STDOUT};
+use crate::streams::channel::{ExecOutcome, STDOUT};
 
 use super::super::logrotate;
 use super::super::logs::log_path;
@@ -18,10 +18,10 @@ use super::Session;
 use super::exec::ExecIo;
 
 /// Streams the container's new output until it ends or `gone` fires.
-pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) -> Outcome {
+pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) -> ExecOutcome {
     let key = (session.ns.clone(), session.pod.clone());
     let Some(dir) = lock(&session.shared.pods).get(&key).map(|e| e.dir.clone()) else {
-        return Outcome::Error(format!("pod {}/{} is not on this node", key.0, key.1));
+        return ExecOutcome::Error(format!("pod {}/{} is not on this node", key.0, key.1));
     };
     // Input is accepted and dropped (the container has no stdin).
     if let Some(mut stdin) = io.stdin {
@@ -32,7 +32,7 @@ pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) 
     let mut offset = logrotate::end_position(cuts, &path).await;
     loop {
         tokio::select! {
-            _ = gone.cancelled() => return Outcome::Exited(0),
+            _ = gone.cancelled() => return ExecOutcome::Exited(0),
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         let running = lock(&session.shared.pods).get(&key).is_some_and(|e| {
@@ -47,11 +47,11 @@ pub(super) async fn run(session: &Session, io: ExecIo, gone: CancellationToken) 
                 && io.stdout
                 && io.out.send((STDOUT, Bytes::from(buf))).await.is_err()
             {
-                return Outcome::Exited(0);
+                return ExecOutcome::Exited(0);
             }
         }
         if !running {
-            return Outcome::Exited(0);
+            return ExecOutcome::Exited(0);
         }
     }
 }

@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::streams::channel::{Outcome, STDERR, STDOUT, TermSize};
+use crate::streams::channel::{ExecOutcome, STDERR, STDOUT, TermSize};
 
 use super::super::process::{self, Launch, Namespace, Output};
 use super::super::shared::{ExecTarget, Shared, lock};
@@ -213,9 +213,11 @@ pub(crate) async fn run(
     tty: bool,
     io: ExecIo,
     gone: CancellationToken,
-) -> Outcome {
+) -> ExecOutcome {
     let Some((program, args)) = command.split_first() else {
-        return Outcome::Error("you must specify at least one command for the container".into());
+        return ExecOutcome::Error(
+            "you must specify at least one command for the container".into(),
+        );
     };
     let launch = Launch {
         program: program.clone(),
@@ -248,7 +250,7 @@ pub(crate) async fn run(
                 }
                 Some(p)
             }
-            Err(e) => return Outcome::Error(format!("cannot allocate a terminal: {e}")),
+            Err(e) => return ExecOutcome::Error(format!("cannot allocate a terminal: {e}")),
         }
     } else {
         None
@@ -263,7 +265,7 @@ pub(crate) async fn run(
                     stderr: c,
                     controlling_tty: true,
                 },
-                _ => return Outcome::Error("cannot set up the terminal".into()),
+                _ => return ExecOutcome::Error("cannot set up the terminal".into()),
             }
         }
         None => Output::Streams {
@@ -301,12 +303,12 @@ pub(crate) async fn run(
     let (mut child, keeper) = match spawned {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Outcome::Error(format!(
+            return ExecOutcome::Error(format!(
                 "error executing command in container: exec: {program:?}: executable file not found in $PATH"
             ));
         }
         Err(e) => {
-            return Outcome::Error(format!(
+            return ExecOutcome::Error(format!(
                 "error executing command in container: {program:?}: {e}"
             ));
         }
@@ -382,7 +384,11 @@ pub(crate) async fn run(
     }
 }
 
-async fn wait(child: &mut tokio::process::Child, pgid: i32, gone: &CancellationToken) -> Outcome {
+async fn wait(
+    child: &mut tokio::process::Child,
+    pgid: i32,
+    gone: &CancellationToken,
+) -> ExecOutcome {
     use std::os::unix::process::ExitStatusExt as _;
     let status = tokio::select! {
         s = child.wait() => s,
@@ -392,8 +398,8 @@ async fn wait(child: &mut tokio::process::Child, pgid: i32, gone: &CancellationT
         }
     };
     match status {
-        Ok(s) => Outcome::Exited(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))),
-        Err(e) => Outcome::Error(format!("cannot wait for the command: {e}")),
+        Ok(s) => ExecOutcome::Exited(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))),
+        Err(e) => ExecOutcome::Error(format!("cannot wait for the command: {e}")),
     }
 }
 

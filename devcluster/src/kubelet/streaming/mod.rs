@@ -51,19 +51,19 @@ type Counts = Arc<Mutex<(usize, HashMap<(String, String), usize>)>>;
 
 /// Bounds on concurrent sessions (invariant 1).
 #[derive(Debug, Default)]
-pub(crate) struct Limits {
+pub(crate) struct StreamLimits {
     counts: Counts,
 }
 
 /// A session's slot; released when dropped.
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub(crate) struct StreamSlot {
     counts: Counts,
     pod: (String, String),
 }
 
-impl Limits {
-    fn acquire(&self, ns: &str, pod: &str) -> Result<Slot, String> {
+impl StreamLimits {
+    fn acquire(&self, ns: &str, pod: &str) -> Result<StreamSlot, String> {
         let mut c = lock(&self.counts);
         let key = (ns.to_string(), pod.to_string());
         if c.0 >= MAX_SESSIONS {
@@ -79,7 +79,7 @@ impl Limits {
         }
         c.0 += 1;
         c.1.insert(key.clone(), n + 1);
-        Ok(Slot {
+        Ok(StreamSlot {
             counts: self.counts.clone(),
             pod: key,
         })
@@ -92,7 +92,7 @@ impl Limits {
     }
 }
 
-impl Drop for Slot {
+impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut c = lock(&self.counts);
         c.0 = c.0.saturating_sub(1);
@@ -296,7 +296,7 @@ pub(crate) async fn run(
     what: &str,
     io: exec::ExecIo,
     gone: tokio_util::sync::CancellationToken,
-) -> crate::streams::channel::Outcome {
+) -> crate::streams::channel::ExecOutcome {
     if what == "attach" {
         attach::run(session, io, gone).await
     } else {
@@ -321,7 +321,7 @@ pub(crate) struct Session {
     pub(crate) container: String,
     pub(crate) opts: ExecOptions,
     pub(crate) protocol: String,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl Session {
@@ -386,8 +386,8 @@ mod tests {
 
     #[test]
     fn sessions_are_bounded_per_pod_and_per_kubelet() {
-        let l = Limits::default();
-        let per_pod: Vec<Slot> = (0..MAX_SESSIONS_PER_POD)
+        let l = StreamLimits::default();
+        let per_pod: Vec<StreamSlot> = (0..MAX_SESSIONS_PER_POD)
             .map(|_| l.acquire("a", "p").unwrap())
             .collect();
         let e = l.acquire("a", "p").unwrap_err();

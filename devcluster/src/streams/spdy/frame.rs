@@ -35,7 +35,7 @@ pub(crate) type Headers = Vec<(String, String)>;
 
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Frame {
+pub(crate) enum SpdyFrame {
     /// Opens a stream.
     SynStream {
         /// Stream id (odd from the client, even from the server).
@@ -315,14 +315,18 @@ impl Codec {
     }
 
     /// Appends `frame` to `out`.
-    pub(crate) fn encode(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), FrameError> {
+    pub(crate) fn encode(
+        &mut self,
+        frame: &SpdyFrame,
+        out: &mut BytesMut,
+    ) -> Result<(), FrameError> {
         let control = |out: &mut BytesMut, kind: u16, flags: u8, len: usize| {
             out.put_u16(0x8000 | VERSION);
             out.put_u16(kind);
             out.put_u32((u32::from(flags) << 24) | (len as u32 & 0x00ff_ffff));
         };
         match frame {
-            Frame::SynStream {
+            SpdyFrame::SynStream {
                 id,
                 associated,
                 priority,
@@ -337,8 +341,9 @@ impl Codec {
                 out.put_u8(0);
                 out.extend_from_slice(&block);
             }
-            Frame::SynReply { id, flags, headers } | Frame::Headers { id, flags, headers } => {
-                let kind = if matches!(frame, Frame::SynReply { .. }) {
+            SpdyFrame::SynReply { id, flags, headers }
+            | SpdyFrame::Headers { id, flags, headers } => {
+                let kind = if matches!(frame, SpdyFrame::SynReply { .. }) {
                     2
                 } else {
                     8
@@ -348,12 +353,12 @@ impl Codec {
                 out.put_u32(id & 0x7fff_ffff);
                 out.extend_from_slice(&block);
             }
-            Frame::RstStream { id, status } => {
+            SpdyFrame::RstStream { id, status } => {
                 control(out, 3, 0, 8);
                 out.put_u32(id & 0x7fff_ffff);
                 out.put_u32(*status);
             }
-            Frame::Settings { flags, entries } => {
+            SpdyFrame::Settings { flags, entries } => {
                 control(out, 4, *flags, 4 + 8 * entries.len());
                 out.put_u32(entries.len() as u32);
                 for (f, id, v) in entries {
@@ -361,21 +366,21 @@ impl Codec {
                     out.put_u32(*v);
                 }
             }
-            Frame::Ping(id) => {
+            SpdyFrame::Ping(id) => {
                 control(out, 6, 0, 4);
                 out.put_u32(*id);
             }
-            Frame::GoAway { last_good, status } => {
+            SpdyFrame::GoAway { last_good, status } => {
                 control(out, 7, 0, 8);
                 out.put_u32(last_good & 0x7fff_ffff);
                 out.put_u32(*status);
             }
-            Frame::WindowUpdate { id, delta } => {
+            SpdyFrame::WindowUpdate { id, delta } => {
                 control(out, 9, 0, 8);
                 out.put_u32(id & 0x7fff_ffff);
                 out.put_u32(delta & 0x7fff_ffff);
             }
-            Frame::Data { id, flags, data } => {
+            SpdyFrame::Data { id, flags, data } => {
                 if data.len() > 0x00ff_ffff {
                     return Err(invalid("a DATA frame holds at most 2^24 - 1 bytes"));
                 }
@@ -388,7 +393,7 @@ impl Codec {
     }
 
     /// Takes one frame off the front of `buf`; `None` until one is complete.
-    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<SpdyFrame>, FrameError> {
         if buf.len() < 8 {
             return Ok(None);
         }
@@ -406,7 +411,7 @@ impl Codec {
             if id == 0 {
                 return Err(invalid("DATA frame on stream 0"));
             }
-            return Ok(Some(Frame::Data {
+            return Ok(Some(SpdyFrame::Data {
                 id,
                 flags,
                 data: body,
@@ -438,7 +443,7 @@ impl Codec {
                     return Err(invalid("SYN_STREAM with stream id 0"));
                 }
                 let headers = self.decompress(&body)?;
-                Frame::SynStream {
+                SpdyFrame::SynStream {
                     id,
                     associated,
                     priority,
@@ -451,14 +456,14 @@ impl Codec {
                 let id = body.get_u32() & 0x7fff_ffff;
                 let headers = self.decompress(&body)?;
                 if kind == 2 {
-                    Frame::SynReply { id, flags, headers }
+                    SpdyFrame::SynReply { id, flags, headers }
                 } else {
-                    Frame::Headers { id, flags, headers }
+                    SpdyFrame::Headers { id, flags, headers }
                 }
             }
             3 => {
                 need(&body, 8, "RST_STREAM")?;
-                Frame::RstStream {
+                SpdyFrame::RstStream {
                     id: body.get_u32() & 0x7fff_ffff,
                     status: body.get_u32(),
                 }
@@ -478,22 +483,22 @@ impl Codec {
                         ((fid >> 24) as u8, fid & 0x00ff_ffff, body.get_u32())
                     })
                     .collect();
-                Frame::Settings { flags, entries }
+                SpdyFrame::Settings { flags, entries }
             }
             6 => {
                 need(&body, 4, "PING")?;
-                Frame::Ping(body.get_u32())
+                SpdyFrame::Ping(body.get_u32())
             }
             7 => {
                 need(&body, 8, "GOAWAY")?;
-                Frame::GoAway {
+                SpdyFrame::GoAway {
                     last_good: body.get_u32() & 0x7fff_ffff,
                     status: body.get_u32(),
                 }
             }
             9 => {
                 need(&body, 8, "WINDOW_UPDATE")?;
-                Frame::WindowUpdate {
+                SpdyFrame::WindowUpdate {
                     id: body.get_u32() & 0x7fff_ffff,
                     delta: body.get_u32() & 0x7fff_ffff,
                 }
@@ -545,18 +550,18 @@ pub(crate) fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
 }
 
 impl tokio_util::codec::Decoder for Codec {
-    type Item = Frame;
+    type Item = SpdyFrame;
     type Error = FrameError;
 
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<SpdyFrame>, FrameError> {
         Codec::decode(self, src)
     }
 }
 
-impl tokio_util::codec::Encoder<Frame> for Codec {
+impl tokio_util::codec::Encoder<SpdyFrame> for Codec {
     type Error = FrameError;
 
-    fn encode(&mut self, item: Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
+    fn encode(&mut self, item: SpdyFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
         Codec::encode(self, &item, dst)
     }
 }
@@ -591,7 +596,7 @@ mod tests {
     #[test]
     fn every_frame_round_trips_through_one_context_per_direction() {
         let frames = vec![
-            Frame::SynStream {
+            SpdyFrame::SynStream {
                 id: 1,
                 associated: 0,
                 priority: 0,
@@ -602,47 +607,47 @@ mod tests {
                     ("requestid", "0"),
                 ]),
             },
-            Frame::SynStream {
+            SpdyFrame::SynStream {
                 id: 3,
                 associated: 0,
                 priority: 0,
                 flags: FLAG_FIN,
                 headers: hdrs(&[("streamtype", "data"), ("port", "8080"), ("requestid", "0")]),
             },
-            Frame::SynReply {
+            SpdyFrame::SynReply {
                 id: 1,
                 flags: 0,
                 headers: vec![],
             },
-            Frame::Headers {
+            SpdyFrame::Headers {
                 id: 3,
                 flags: FLAG_FIN,
                 headers: hdrs(&[("a", "b"), ("a", "c")]),
             },
-            Frame::Data {
+            SpdyFrame::Data {
                 id: 3,
                 flags: FLAG_FIN,
                 data: Bytes::from_static(b"hello"),
             },
-            Frame::Data {
+            SpdyFrame::Data {
                 id: 1,
                 flags: 0,
                 data: Bytes::new(),
             },
-            Frame::RstStream {
+            SpdyFrame::RstStream {
                 id: 3,
                 status: RST_CANCEL,
             },
-            Frame::Settings {
+            SpdyFrame::Settings {
                 flags: 0,
                 entries: vec![(0, 7, 65536)],
             },
-            Frame::Ping(2),
-            Frame::GoAway {
+            SpdyFrame::Ping(2),
+            SpdyFrame::GoAway {
                 last_good: 3,
                 status: 0,
             },
-            Frame::WindowUpdate { id: 1, delta: 1024 },
+            SpdyFrame::WindowUpdate { id: 1, delta: 1024 },
         ];
         let (mut tx, mut rx) = (Codec::new(), Codec::new());
         let mut wire = BytesMut::new();
@@ -678,7 +683,7 @@ mod tests {
         let f = Codec::new().decode(&mut wire).unwrap().unwrap();
         assert_eq!(
             f,
-            Frame::SynStream {
+            SpdyFrame::SynStream {
                 id: 1,
                 associated: 0,
                 priority: 0,

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
-use super::frame::{Codec, FLAG_FIN, Frame, Headers, MAX_DATA, RST_CANCEL, RST_REFUSED};
+use super::frame::{Codec, FLAG_FIN, Headers, MAX_DATA, RST_CANCEL, RST_REFUSED, SpdyFrame};
 
 /// Frames one stream's inbox buffers before reading waits (invariant 4).
 const INBOX: usize = 16;
@@ -61,7 +61,7 @@ pub(crate) struct Closed;
 #[derive(Clone, Debug)]
 pub(crate) struct StreamWriter {
     id: u32,
-    out: mpsc::Sender<Frame>,
+    out: mpsc::Sender<SpdyFrame>,
 }
 
 impl StreamWriter {
@@ -70,7 +70,7 @@ impl StreamWriter {
         let mut data = data;
         while !data.is_empty() {
             let chunk = data.split_to(data.len().min(MAX_DATA));
-            self.send(Frame::Data {
+            self.send(SpdyFrame::Data {
                 id: self.id,
                 flags: 0,
                 data: chunk,
@@ -82,7 +82,7 @@ impl StreamWriter {
 
     /// Half-closes the stream (FIN): the peer reads to its end.
     pub(crate) async fn finish(&self) -> Result<(), Closed> {
-        self.send(Frame::Data {
+        self.send(SpdyFrame::Data {
             id: self.id,
             flags: FLAG_FIN,
             data: Bytes::new(),
@@ -92,14 +92,14 @@ impl StreamWriter {
 
     /// Aborts the stream (RST_STREAM CANCEL).
     pub(crate) async fn reset(&self) -> Result<(), Closed> {
-        self.send(Frame::RstStream {
+        self.send(SpdyFrame::RstStream {
             id: self.id,
             status: RST_CANCEL,
         })
         .await
     }
 
-    async fn send(&self, f: Frame) -> Result<(), Closed> {
+    async fn send(&self, f: SpdyFrame) -> Result<(), Closed> {
         self.out.send(f).await.map_err(|_| Closed)
     }
 }
@@ -128,7 +128,7 @@ async fn drive<IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut framed = Framed::with_capacity(io, Codec::new(), 64 * 1024);
-    let (out_tx, mut out_rx) = mpsc::channel::<Frame>(64);
+    let (out_tx, mut out_rx) = mpsc::channel::<SpdyFrame>(64);
     // The session holds a writer while someone takes new streams; streams
     // hold theirs. Once the stream channel and every stream are gone,
     // `out_rx` ends (invariant 3).
@@ -167,10 +167,10 @@ async fn drive<IO>(
                     None => break,
                 };
                 match frame {
-                    Frame::SynStream { id, flags, headers, .. } => {
+                    SpdyFrame::SynStream { id, flags, headers, .. } => {
                         last_seen = last_seen.max(id);
                         let (Some(tx), Some(out)) = (streams_tx.as_ref(), own_writer.clone()) else {
-                            let _ = framed.send(Frame::RstStream { id, status: RST_REFUSED }).await;
+                            let _ = framed.send(SpdyFrame::RstStream { id, status: RST_REFUSED }).await;
                             continue;
                         };
                         inboxes.retain(|_, s| !s.is_closed());
@@ -178,12 +178,12 @@ async fn drive<IO>(
                         let live = out.strong_count().saturating_sub(2);
                         if live >= max_streams {
                             tracing::warn!(max_streams, "refusing a SPDY stream beyond the bound");
-                            let _ = framed.send(Frame::RstStream { id, status: RST_REFUSED }).await;
+                            let _ = framed.send(SpdyFrame::RstStream { id, status: RST_REFUSED }).await;
                             continue;
                         }
                         // Invariant 1: the reply goes out before the stream
                         // is handed over, so it precedes the stream's data.
-                        if framed.send(Frame::SynReply { id, flags: 0, headers: vec![] }).await.is_err() {
+                        if framed.send(SpdyFrame::SynReply { id, flags: 0, headers: vec![] }).await.is_err() {
                             return;
                         }
                         let (in_tx, in_rx) = mpsc::channel(INBOX);
@@ -200,7 +200,7 @@ async fn drive<IO>(
                             inboxes.remove(&id);
                         }
                     }
-                    Frame::Data { id, flags, data } => {
+                    SpdyFrame::Data { id, flags, data } => {
                         if let Some(inbox) = inboxes.get(&id) {
                             if !data.is_empty() && inbox.send(data).await.is_err() {
                                 inboxes.remove(&id);
@@ -210,22 +210,22 @@ async fn drive<IO>(
                             }
                         }
                     }
-                    Frame::Headers { id, flags, .. } | Frame::SynReply { id, flags, .. } => {
+                    SpdyFrame::Headers { id, flags, .. } | SpdyFrame::SynReply { id, flags, .. } => {
                         if flags & FLAG_FIN != 0 {
                             inboxes.remove(&id);
                         }
                     }
-                    Frame::RstStream { id, .. } => {
+                    SpdyFrame::RstStream { id, .. } => {
                         inboxes.remove(&id);
                     }
-                    Frame::Ping(id) => {
+                    SpdyFrame::Ping(id) => {
                         // The accepting side's pings are even: echo the peer's.
-                        if id % 2 == 1 && framed.send(Frame::Ping(id)).await.is_err() {
+                        if id % 2 == 1 && framed.send(SpdyFrame::Ping(id)).await.is_err() {
                             return;
                         }
                     }
-                    Frame::GoAway { .. } => break,
-                    Frame::Settings { .. } | Frame::WindowUpdate { .. } => {}
+                    SpdyFrame::GoAway { .. } => break,
+                    SpdyFrame::Settings { .. } | SpdyFrame::WindowUpdate { .. } => {}
                 }
             }
         }
@@ -233,12 +233,12 @@ async fn drive<IO>(
     inboxes.clear();
     drop(streams_tx);
     let _ = framed
-        .send(Frame::GoAway {
+        .send(SpdyFrame::GoAway {
             last_good: last_seen,
             status: 0,
         })
         .await;
-    let _ = futures::SinkExt::<Frame>::close(&mut framed).await;
+    let _ = futures::SinkExt::<SpdyFrame>::close(&mut framed).await;
 }
 
 #[cfg(test)]
@@ -258,7 +258,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             self.framed
-                .send(Frame::SynStream {
+                .send(SpdyFrame::SynStream {
                     id,
                     associated: 0,
                     priority: 0,
@@ -269,7 +269,7 @@ mod tests {
                 .unwrap();
         }
 
-        async fn next(&mut self) -> Frame {
+        async fn next(&mut self) -> SpdyFrame {
             tokio::time::timeout(std::time::Duration::from_secs(30), self.framed.next())
                 .await
                 .expect("a frame in time")
@@ -286,11 +286,14 @@ mod tests {
             framed: Framed::new(b, Codec::new()),
         };
         peer.open(1, &[("streamtype", "stdin")]).await;
-        assert!(matches!(peer.next().await, Frame::SynReply { id: 1, .. }));
+        assert!(matches!(
+            peer.next().await,
+            SpdyFrame::SynReply { id: 1, .. }
+        ));
         let mut s = streams.recv().await.unwrap();
         assert_eq!(header(&s.headers, "streamtype"), Some("stdin"));
         peer.framed
-            .send(Frame::Data {
+            .send(SpdyFrame::Data {
                 id: 1,
                 flags: FLAG_FIN,
                 data: Bytes::from_static(b"in"),
@@ -303,7 +306,7 @@ mod tests {
         s.writer.finish().await.unwrap();
         assert_eq!(
             peer.next().await,
-            Frame::Data {
+            SpdyFrame::Data {
                 id: 1,
                 flags: 0,
                 data: Bytes::from_static(b"out")
@@ -311,30 +314,33 @@ mod tests {
         );
         assert!(matches!(
             peer.next().await,
-            Frame::Data {
+            SpdyFrame::Data {
                 id: 1,
                 flags: FLAG_FIN,
                 ..
             }
         ));
         // Pings from the peer come back.
-        peer.framed.send(Frame::Ping(5)).await.unwrap();
-        assert_eq!(peer.next().await, Frame::Ping(5));
+        peer.framed.send(SpdyFrame::Ping(5)).await.unwrap();
+        assert_eq!(peer.next().await, SpdyFrame::Ping(5));
         // Beyond the bound, streams are refused.
         peer.open(3, &[]).await;
         peer.open(5, &[]).await;
-        assert!(matches!(peer.next().await, Frame::SynReply { id: 3, .. }));
+        assert!(matches!(
+            peer.next().await,
+            SpdyFrame::SynReply { id: 3, .. }
+        ));
         let _s3 = streams.recv().await.unwrap();
         assert_eq!(
             peer.next().await,
-            Frame::RstStream {
+            SpdyFrame::RstStream {
                 id: 5,
                 status: RST_REFUSED
             }
         );
         // Dropping everything ends the session with GOAWAY.
         drop((s, _s3, streams));
-        assert!(matches!(peer.next().await, Frame::GoAway { .. }));
+        assert!(matches!(peer.next().await, SpdyFrame::GoAway { .. }));
         task.await.unwrap();
     }
 }

@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::Error;
+use crate::OperatorError;
 
 /// Label on the World and Service: the MonarchMesh they belong to.
 pub const LABEL_MONARCH_MESH: &str = "hostmesh.dev/monarch-mesh";
@@ -69,10 +69,10 @@ pub fn worker_command(mesh: &MonarchMesh) -> Result<Vec<String>, FieldError> {
     Ok(command.into_iter().chain(args).collect())
 }
 
-fn owner_meta(mesh: &MonarchMesh, name: String) -> Result<ObjectMeta, Error> {
+fn owner_meta(mesh: &MonarchMesh, name: String) -> Result<ObjectMeta, OperatorError> {
     let owner = mesh
         .controller_owner_ref(&())
-        .ok_or(Error::MissingField("MonarchMesh metadata.uid"))?;
+        .ok_or(OperatorError::MissingField("MonarchMesh metadata.uid"))?;
     let mut labels = mesh.labels().clone();
     labels.insert(LABEL_MONARCH_MESH.to_string(), mesh.name_any());
     labels.insert(
@@ -90,7 +90,7 @@ fn owner_meta(mesh: &MonarchMesh, name: String) -> Result<ObjectMeta, Error> {
 
 /// The World of `mesh` as a server-side apply body (invariants 1-4), with
 /// `command` its [`worker_command`].
-pub fn world(mesh: &MonarchMesh, command: &[String]) -> Result<serde_json::Value, Error> {
+pub fn world(mesh: &MonarchMesh, command: &[String]) -> Result<serde_json::Value, OperatorError> {
     let name = mesh.name_any();
     let mut meta = owner_meta(mesh, name.clone())?;
     let annotations: BTreeMap<String, String> = mesh
@@ -135,7 +135,7 @@ pub fn world(mesh: &MonarchMesh, command: &[String]) -> Result<serde_json::Value
 /// The headless Service `<name>-svc` selecting the mesh's workers, as
 /// monarch-kubernetes makes it (the workers' own DNS names come from the
 /// World's Service).
-pub fn service(mesh: &MonarchMesh) -> Result<Service, Error> {
+pub fn service(mesh: &MonarchMesh) -> Result<Service, OperatorError> {
     let name = mesh.name_any();
     let mut meta = owner_meta(mesh, format!("{name}{SERVICE_SUFFIX}"))?;
     meta.labels

@@ -41,7 +41,7 @@ use tracing::debug;
 
 use crate::controllers::shared::ControllerContext;
 use crate::controllers::shared::writes::{self, PacedStatus, write_status};
-use crate::{Error, FIELD_MANAGER};
+use crate::{FIELD_MANAGER, OperatorError};
 
 /// Kind label in metrics and logs.
 const KIND: &str = "monarchmesh";
@@ -75,7 +75,11 @@ pub async fn controller(
         .await;
 }
 
-fn error_policy(mesh: Arc<MonarchMesh>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
+fn error_policy(
+    mesh: Arc<MonarchMesh>,
+    err: &OperatorError,
+    ctx: Arc<ControllerContext>,
+) -> Action {
     crate::controllers::shared::requeue_on_error(KIND, &*mesh, err, &ctx)
 }
 
@@ -83,7 +87,7 @@ fn error_policy(mesh: Arc<MonarchMesh>, err: &Error, ctx: Arc<ControllerContext>
 pub async fn reconcile(
     mesh: Arc<MonarchMesh>,
     ctx: Arc<ControllerContext>,
-) -> Result<Action, Error> {
+) -> Result<Action, OperatorError> {
     let _timer = ctx.metrics.reconcile(KIND);
     if mesh.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -91,7 +95,7 @@ pub async fn reconcile(
     let name = mesh.name_any();
     let ns = mesh
         .namespace()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
+        .ok_or(OperatorError::MissingField("metadata.namespace"))?;
     let now = Time(Timestamp::now());
 
     // Validate (invariant 3).

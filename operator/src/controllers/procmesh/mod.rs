@@ -40,7 +40,7 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::Error;
+use crate::OperatorError;
 use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
@@ -92,12 +92,15 @@ pub async fn controller(
     .await;
 }
 
-fn error_policy(pm: Arc<ProcMesh>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
+fn error_policy(pm: Arc<ProcMesh>, err: &OperatorError, ctx: Arc<ControllerContext>) -> Action {
     crate::controllers::shared::requeue_on_error("procmesh", &*pm, err, &ctx)
 }
 
 /// Reconciles one ProcMesh.
-pub async fn reconcile(pm: Arc<ProcMesh>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
+pub async fn reconcile(
+    pm: Arc<ProcMesh>,
+    ctx: Arc<ControllerContext>,
+) -> Result<Action, OperatorError> {
     let ctx = &*ctx;
     crate::controllers::shared::reconcile_finalized(
         "procmesh",
@@ -117,7 +120,7 @@ fn world_key(pm: &ProcMesh) -> WorldKey {
     }
 }
 
-async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> {
+async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let ns = pm.namespace().unwrap_or_default();
     let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&pm.spec.world)
@@ -128,7 +131,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> 
         Err(errs) => return invalid(pm, ctx, &validate::join(&errs), world.is_none()).await,
     };
     let Some(world) = world else {
-        return Err(Error::MissingField("World"));
+        return Err(OperatorError::MissingField("World"));
     };
     let key = world_key(pm);
     let world_extent = world.spec.full_shape();
@@ -322,7 +325,7 @@ async fn invalid(
     ctx: &ControllerContext,
     msg: &str,
     retry: bool,
-) -> Result<Action, Error> {
+) -> Result<Action, OperatorError> {
     let mut status = pm.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
     let generation = pm.metadata.generation;
@@ -381,7 +384,7 @@ impl PacedStatus for ProcMesh {
     }
 }
 
-async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Error> {
+async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let name = pm.name_any();
     let prefix = desired::mesh_prefix(pm);
     let key = world_key(pm);

@@ -110,7 +110,7 @@ pub async fn ensure_finalizer<K>(
     api: &kube::Api<K>,
     obj: Arc<K>,
     name: &str,
-) -> Result<Arc<K>, crate::Error>
+) -> Result<Arc<K>, crate::OperatorError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
@@ -141,7 +141,7 @@ pub async fn reconcile_finalized<K, A, FA, C, FC>(
     finalizer: &str,
     apply: A,
     cleanup: C,
-) -> Result<kube::runtime::controller::Action, crate::Error>
+) -> Result<kube::runtime::controller::Action, crate::OperatorError>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -152,16 +152,20 @@ where
         + Sync
         + 'static,
     A: FnOnce(Arc<K>) -> FA,
-    FA: std::future::Future<Output = Result<kube::runtime::controller::Action, crate::Error>>,
+    FA: std::future::Future<
+            Output = Result<kube::runtime::controller::Action, crate::OperatorError>,
+        >,
     C: FnOnce(Arc<K>) -> FC,
-    FC: std::future::Future<Output = Result<kube::runtime::controller::Action, crate::Error>>,
+    FC: std::future::Future<
+            Output = Result<kube::runtime::controller::Action, crate::OperatorError>,
+        >,
 {
     use kube::ResourceExt as _;
     use kube::runtime::finalizer::{Event as Finalizer, finalizer as run_finalizer};
     let _timer = ctx.metrics.reconcile(kind);
     let ns = obj
         .namespace()
-        .ok_or(crate::Error::MissingField("metadata.namespace"))?;
+        .ok_or(crate::OperatorError::MissingField("metadata.namespace"))?;
     let api: kube::Api<K> = kube::Api::namespaced(ctx.client.clone(), &ns);
     let obj = ensure_finalizer(&api, obj, finalizer).await?;
     run_finalizer(&api, finalizer, obj, |event| async move {
@@ -171,7 +175,7 @@ where
         }
     })
     .await
-    .map_err(|e| crate::Error::Finalizer(Box::new(e)))
+    .map_err(|e| crate::OperatorError::Finalizer(Box::new(e)))
 }
 
 /// The error policy both controllers share: count the error under its
@@ -180,7 +184,7 @@ where
 pub fn requeue_on_error<K: kube::Resource>(
     kind: &'static str,
     obj: &K,
-    err: &crate::Error,
+    err: &crate::OperatorError,
     ctx: &ControllerContext,
 ) -> kube::runtime::controller::Action {
     use kube::ResourceExt as _;

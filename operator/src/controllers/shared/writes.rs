@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::context::ControllerContext;
-use crate::Error;
+use crate::OperatorError;
 
 /// A namespaced resource whose status [`write_status`] writes.
 pub trait PacedStatus:
@@ -65,7 +65,7 @@ pub async fn write_status<K: PacedStatus>(
     ctx: &ControllerContext,
     status: K::Status,
     force: bool,
-) -> Result<Option<Duration>, Error> {
+) -> Result<Option<Duration>, OperatorError> {
     if obj.status() == Some(&status) {
         return Ok(None);
     }

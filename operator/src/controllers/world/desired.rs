@@ -31,7 +31,7 @@ use super::kueue::Placement;
 use super::kueue::workload::{
     ANNOTATION_WORKLOAD, LABEL_POD_SET, LABEL_TAS, POD_SET, TOPOLOGY_GATE,
 };
-use crate::Error;
+use crate::OperatorError;
 
 /// Label: the World a pod belongs to.
 pub const LABEL_WORLD: &str = "hostmesh.dev/world";
@@ -72,10 +72,10 @@ pub fn secret_name(world: &str) -> String {
     format!("{world}-agent")
 }
 
-fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, Error> {
+fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, OperatorError> {
     let owner = world
         .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingField("World metadata.uid"))?;
+        .ok_or_else(|| OperatorError::MissingField("World metadata.uid"))?;
     Ok(ObjectMeta {
         name: Some(name),
         namespace: world.namespace(),
@@ -89,7 +89,7 @@ fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, Error> {
 }
 
 /// The headless Service `<world>` giving host pods stable DNS names.
-pub fn service(world: &World) -> Result<Service, Error> {
+pub fn service(world: &World) -> Result<Service, OperatorError> {
     let name = world.name_any();
     Ok(Service {
         metadata: owned_meta(world, name.clone())?,
@@ -113,7 +113,7 @@ pub fn service(world: &World) -> Result<Service, Error> {
 /// 64 hex digits (text with no whitespace, so the key the agent derives from
 /// the file is exactly these bytes). Created once, never rewritten: rotating
 /// it would cut every agent off.
-pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, Error> {
+pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, OperatorError> {
     let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
     Ok(Secret {
         metadata: owned_meta(world, secret_name(&world.name_any()))?,
@@ -203,7 +203,7 @@ pub fn pod_set_template(
     world: &World,
     agent_image: &str,
     hash: &str,
-) -> Result<PodTemplateSpec, Error> {
+) -> Result<PodTemplateSpec, OperatorError> {
     let pod = pod(world, 0, agent_image, hash, None)?;
     let mut labels = pod.metadata.labels.unwrap_or_default();
     labels.remove(LABEL_RANK);
@@ -298,7 +298,7 @@ pub fn pod(
     agent_image: &str,
     hash: &str,
     placement: Option<&Placement>,
-) -> Result<Pod, Error> {
+) -> Result<Pod, OperatorError> {
     let world_name = world.name_any();
     let name = pod_name(&world_name, rank);
     let template = &world.spec.template;
@@ -322,9 +322,9 @@ pub fn pod(
     let mut spec: PodSpec = template
         .spec
         .clone()
-        .ok_or(Error::MissingField("spec.template.spec"))?;
+        .ok_or(OperatorError::MissingField("spec.template.spec"))?;
     if spec.containers.is_empty() {
-        return Err(Error::MissingField("spec.template.spec.containers"));
+        return Err(OperatorError::MissingField("spec.template.spec.containers"));
     }
     spec.hostname = Some(name);
     spec.subdomain = Some(world_name.clone());

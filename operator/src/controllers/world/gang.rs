@@ -20,7 +20,7 @@ use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
-use crate::Error;
+use crate::OperatorError;
 
 /// scheduler-plugins' pod label naming the pod's PodGroup.
 pub const LABEL_SCHEDULER_PLUGINS_GROUP: &str = "scheduling.x-k8s.io/pod-group";
@@ -55,10 +55,10 @@ pub fn scheduler_name(gang: &GangSpec) -> Option<String> {
 }
 
 /// The group object for `world` with `hosts` members (gang invariant 1).
-pub fn group(world: &World, gang: &GangSpec, hosts: Rank) -> Result<Value, Error> {
+pub fn group(world: &World, gang: &GangSpec, hosts: Rank) -> Result<Value, OperatorError> {
     let owner = world
         .controller_owner_ref(&())
-        .ok_or(Error::MissingField("World metadata.uid"))?;
+        .ok_or(OperatorError::MissingField("World metadata.uid"))?;
     let ar = resource(gang.provider);
     let priority = world
         .spec

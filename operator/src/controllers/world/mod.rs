@@ -56,7 +56,7 @@ use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::Liveness;
 use crate::hub::{WorldAgents, WorldKey};
-use crate::{Error, FIELD_MANAGER};
+use crate::{FIELD_MANAGER, OperatorError};
 
 /// Finalizer on Worlds.
 pub const FINALIZER: &str = "hostmesh.dev/world";
@@ -108,12 +108,15 @@ pub async fn controller(
         .await;
 }
 
-fn error_policy(world: Arc<World>, err: &Error, ctx: Arc<ControllerContext>) -> Action {
+fn error_policy(world: Arc<World>, err: &OperatorError, ctx: Arc<ControllerContext>) -> Action {
     crate::controllers::shared::requeue_on_error("world", &*world, err, &ctx)
 }
 
 /// Reconciles one World.
-pub async fn reconcile(world: Arc<World>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
+pub async fn reconcile(
+    world: Arc<World>,
+    ctx: Arc<ControllerContext>,
+) -> Result<Action, OperatorError> {
     let ctx = &*ctx;
     crate::controllers::shared::reconcile_finalized(
         "world",
@@ -133,7 +136,7 @@ fn key_of(world: &World) -> WorldKey {
     }
 }
 
-async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> {
+async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let name = world.name_any();
     debug!(world = %name, rv = ?world.resource_version(), "reconciling");
     let ns = world.namespace().unwrap_or_default();
@@ -483,7 +486,7 @@ async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, Error> 
 async fn ensure_gang_group(
     world: &World,
     ctx: &ControllerContext,
-) -> Result<Option<(&'static str, String)>, Error> {
+) -> Result<Option<(&'static str, String)>, OperatorError> {
     let Some(g) = gang::spec(world) else {
         return Ok(None);
     };
@@ -539,7 +542,7 @@ async fn critical_failure(
     world: &World,
     ctx: &ControllerContext,
     ns: &str,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<String>, OperatorError> {
     let meshes: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), ns);
     let name = world.name_any();
     for pm in meshes.list(&ListParams::default()).await?.items {
@@ -561,7 +564,11 @@ async fn critical_failure(
     Ok(None)
 }
 
-async fn invalid(world: &World, ctx: &ControllerContext, msg: &str) -> Result<Action, Error> {
+async fn invalid(
+    world: &World,
+    ctx: &ControllerContext,
+    msg: &str,
+) -> Result<Action, OperatorError> {
     debug!(world = %world.name_any(), message = %msg, "invalid spec");
     let mut status = world.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
@@ -608,7 +615,7 @@ impl PacedStatus for World {
     }
 }
 
-async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Error> {
+async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let name = world.name_any();
     let ns = world.namespace().unwrap_or_default();
     // ProcMeshes first (invariant 4).

@@ -23,7 +23,7 @@ use kube::api::PostParams;
 use kube::{Api, ResourceExt as _};
 
 use super::desired;
-use crate::Error;
+use crate::OperatorError;
 use crate::controllers::shared::ControllerContext;
 use hostmesh_crds::World;
 
@@ -51,7 +51,7 @@ fn key_of(s: &Secret) -> Option<Vec<u8>> {
 }
 
 /// A Secret named `name` owned by `world` holding `token`.
-fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, Error> {
+fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, OperatorError> {
     let mut s = desired::secret(world, [0; 32])?;
     s.metadata.name = Some(name);
     s.data = Some(
@@ -62,7 +62,7 @@ fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, Error
     Ok(s)
 }
 
-async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), Error> {
+async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), OperatorError> {
     match api.create(&PostParams::default(), secret).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -76,14 +76,14 @@ pub async fn ensure(
     ctx: &ControllerContext,
     ns: &str,
     hub_key: Option<Vec<u8>>,
-) -> Result<SecretOutcome, Error> {
+) -> Result<SecretOutcome, OperatorError> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired::secret_name(&world.name_any());
     let copy_name = recovery_name(&world.name_any());
     let primary = api.get_opt(&name).await?;
     let copy = api.get_opt(&copy_name).await?;
     if let Some(s) = &primary {
-        let key = key_of(s).ok_or(Error::MissingField("agent Secret data.token"))?;
+        let key = key_of(s).ok_or(OperatorError::MissingField("agent Secret data.token"))?;
         if copy.is_none() {
             create(&api, &with_token(world, copy_name, &key)?).await?;
         }
@@ -120,7 +120,7 @@ pub async fn ensure(
     }
     // Neither exists and no operator holds the token: a new one.
     let fresh = desired::secret(world, rand::random())?;
-    let key = key_of(&fresh).ok_or(Error::MissingField("agent Secret data.token"))?;
+    let key = key_of(&fresh).ok_or(OperatorError::MissingField("agent Secret data.token"))?;
     match api.create(&PostParams::default(), &fresh).await {
         Ok(_) => {}
         // Lost a race with ourselves (a previous reconcile): read it back.

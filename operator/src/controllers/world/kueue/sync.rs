@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tracing::{debug, info};
 
 use super::workload::{self, Placement, Priority, Verdict};
-use crate::Error;
+use crate::OperatorError;
 
 /// What Kueue lets the World do this reconcile.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,7 +76,7 @@ pub fn queue_name(world: &World) -> Option<&str> {
 
 /// Whether the API server serves Kueue's Workload API (the version the
 /// operator writes).
-pub async fn served(client: &Client) -> Result<bool, Error> {
+pub async fn served(client: &Client) -> Result<bool, OperatorError> {
     match client
         .list_api_group_resources(&format!("{}/{}", workload::GROUP, workload::VERSION))
         .await
@@ -109,9 +109,9 @@ pub struct WorkloadInput<'a> {
 /// (kueue invariants 1-5). Call only for a World that names a queue. The
 /// API server refusing the operator Kueue's objects (403: the chart's
 /// `kueue.enabled` is off) holds the World with reason `KueueForbidden`.
-pub async fn gate(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, Error> {
+pub async fn gate(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, OperatorError> {
     match gate_inner(client, input).await {
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => Ok(Gate::held(
+        Err(OperatorError::Kube(kube::Error::Api(e))) if e.code == 403 => Ok(Gate::held(
             "KueueForbidden",
             format!(
                 "the operator may not use Kueue's API ({}): install the hostmesh chart with kueue.enabled=true (docs/scheduling.md)",
@@ -122,7 +122,7 @@ pub async fn gate(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, Err
     }
 }
 
-async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, Error> {
+async fn gate_inner(client: &Client, input: WorkloadInput<'_>) -> Result<Gate, OperatorError> {
     let world = input.world;
     let Some(queue) = queue_name(world) else {
         return Ok(Gate::OPEN);
@@ -322,7 +322,7 @@ async fn priority(
     client: &Client,
     world: &World,
     template: &PodTemplateSpec,
-) -> Result<Result<Option<Priority>, Gate>, Error> {
+) -> Result<Result<Option<Priority>, Gate>, OperatorError> {
     if let Some(class) = world.labels().get(LABEL_PRIORITY_CLASS) {
         let api: Api<DynamicObject> =
             Api::all_with(client.clone(), &workload::workload_priority_classes());
@@ -368,7 +368,7 @@ async fn priority(
 
 /// Removes Kueue's `resource-in-use` finalizer from a Workload whose World
 /// has no hosts left (what Kueue's integrations do once their job stopped).
-async fn drop_finalizer(api: &Api<DynamicObject>, wl: &Value) -> Result<(), Error> {
+async fn drop_finalizer(api: &Api<DynamicObject>, wl: &Value) -> Result<(), OperatorError> {
     let finalizers: Vec<&str> = wl
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -400,7 +400,7 @@ async fn drop_finalizer(api: &Api<DynamicObject>, wl: &Value) -> Result<(), Erro
 
 /// A World being deleted: its Workload goes with it (owner reference), and
 /// Kueue's `resource-in-use` finalizer is removed so it can.
-pub async fn release_on_delete(client: &Client, world: &World) -> Result<(), Error> {
+pub async fn release_on_delete(client: &Client, world: &World) -> Result<(), OperatorError> {
     if !served(client).await? {
         return Ok(());
     }

@@ -16,7 +16,7 @@ use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
-use crate::Error;
+use crate::OperatorError;
 
 /// Kueue's API group.
 pub const GROUP: &str = "kueue.x-k8s.io";
@@ -114,10 +114,10 @@ pub fn desired(
     hosts: Rank,
     priority: Option<&Priority>,
     pod_set_hash: &str,
-) -> Result<Value, Error> {
+) -> Result<Value, OperatorError> {
     let owner = world
         .controller_owner_ref(&())
-        .ok_or(Error::MissingField("World metadata.uid"))?;
+        .ok_or(OperatorError::MissingField("World metadata.uid"))?;
     let mut template = template;
     let mut pod_set = json!({"name": POD_SET, "count": hosts});
     // Topology invariant 4: Kueue's topology-aware scheduling.
