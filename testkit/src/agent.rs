@@ -284,7 +284,10 @@ mod tests {
             .map(|d| pid_octets(base.wrapping_add(d)))
             .collect();
         assert_eq!(seen.len(), 25_000);
-        assert!(seen.iter().all(|&(s, t)| s >= 100 && t >= 1 && t <= 250));
+        assert!(
+            seen.iter()
+                .all(|&(s, t)| s >= 100 && (1..=250).contains(&t))
+        );
     }
 
     #[test]
