@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,66 +18,24 @@ use hostmesh_operator::hub::protocol::{Dim, ProcSpec};
 use hostmesh_operator::hub::{
     CreateOrUpdate, Hub, WorldAgents, WorldKey, default_connector, proc_name,
 };
+use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
 use hostmesh_testkit::{eventually_async, eventually_ok};
 use tokio::sync::mpsc;
 
-struct Agent {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback IP of its own for this test process and `n`.
-fn ip(n: u8) -> String {
-    let pid = std::process::id();
-    format!("127.{}.{}.{n}", 100 + (pid % 100), (pid / 100) % 250)
-}
-
-fn start_agent(secret: &[u8], n: u8) -> Agent {
+fn start_agent(secret: &[u8], n: u8) -> AgentProcess {
     start_agent_with(secret, n, &[])
 }
 
 /// [`start_agent`] with more `hostmesh agent` flags.
-fn start_agent_with(secret: &[u8], n: u8, extra: &[&str]) -> Agent {
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("token");
-    std::fs::write(&secret_file, secret).unwrap();
-    let addr: SocketAddr = format!("{}:26602", ip(n)).parse().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
-        .args([
-            "agent",
-            "--world",
-            "w",
-            "--host-rank",
-            "0",
-            "--health-port",
-            "0",
-            "--heartbeat-interval",
-            "200ms",
-        ])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--secret-file")
-        .arg(&secret_file)
-        .args(extra)
-        .env_remove("HOSTMESH_SUPERVISOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("hostmesh agent starts");
-    Agent {
-        child,
-        addr,
-        _dir: dir,
-    }
+fn start_agent_with(secret: &[u8], n: u8, extra: &[&str]) -> AgentProcess {
+    AgentProcess::builder(
+        env!("CARGO_BIN_EXE_hostmesh"),
+        SocketAddr::new(loopback_ip(n), 26602),
+        AgentSecret::Bytes(secret.to_vec()),
+    )
+    .args(extra)
+    .spawn()
+    .expect("hostmesh agent starts")
 }
 
 fn wk() -> WorldKey {
@@ -130,7 +87,7 @@ async fn hub_drives_a_real_agent() {
     // The agent may still be starting: dial until it heartbeats.
     eventually_async("agent heartbeats", async || {
         let h = hub.clone();
-        let a = agents(secret, agent.addr);
+        let a = agents(secret, agent.addr());
         tokio::spawn(async move { h.sync_world(&wk(), a).await });
         (hub.liveness(&wk(), 0, "pod-0") == Liveness::Alive).then_some(())
     })
@@ -164,7 +121,7 @@ async fn a_wrong_secret_gets_nothing_done() {
     let (hub, _stop) = running_hub();
     hub.sync_world(
         &wk(),
-        agents(b"not-the-world-secret-at-all-0000", agent.addr),
+        agents(b"not-the-world-secret-at-all-0000", agent.addr()),
     )
     .await;
     let err = hub
@@ -230,10 +187,10 @@ async fn a_stale_agent_is_refused_and_fences_itself() {
     let secret = b"0123456789abcdef0123456789abcdef";
     let agent = start_agent_with(secret, 3, &["--epoch", "5"]);
     let (hub, _stop) = running_hub();
-    running_sleeper(&hub, &with_epoch(agents(secret, agent.addr), 5)).await;
+    running_sleeper(&hub, &with_epoch(agents(secret, agent.addr()), 5)).await;
     // The rank was replaced: its pod is of epoch 6 now, and the old agent
     // still answers at the address.
-    let newer = with_epoch(agents(secret, agent.addr), 6);
+    let newer = with_epoch(agents(secret, agent.addr()), 6);
     let why = eventually_async("the stale agent refused", async || {
         let (h, a) = (hub.clone(), newer.clone());
         tokio::spawn(async move { h.sync_world(&wk(), a).await });
@@ -246,7 +203,7 @@ async fn a_stale_agent_is_refused_and_fences_itself() {
     // It stopped its proc as a failure, and takes no new one.
     let c = observer(secret).await;
     let st = eventually_async("the stale agent's proc ended", async || {
-        let st = sleeper_state(&c, agent.addr).await;
+        let st = sleeper_state(&c, agent.addr()).await;
         st.status.is_terminal().then_some(st)
     })
     .await;
@@ -260,7 +217,7 @@ async fn a_stale_agent_is_refused_and_fences_itself() {
     );
     let mut again = sleeper(1);
     again.name = proc_name("pm.abc", 1);
-    let refused = c.create_or_update(agent.addr, again).await;
+    let refused = c.create_or_update(agent.addr(), again).await;
     assert!(
         matches!(&refused, Err(e) if e.to_string().contains("fenced")),
         "{refused:?}"
@@ -283,7 +240,7 @@ async fn a_cut_off_agent_fences_after_its_timeout_and_says_why() {
             "1s",
         ],
     );
-    let a = with_epoch(agents(secret, agent.addr), 1);
+    let a = with_epoch(agents(secret, agent.addr()), 1);
     let (hub, stop) = running_hub();
     running_sleeper(&hub, &a).await;
     let c = observer(secret).await;
@@ -294,7 +251,7 @@ async fn a_cut_off_agent_fences_after_its_timeout_and_says_why() {
         if connected.elapsed() > timeout + Duration::from_secs(1) {
             break;
         }
-        let st = sleeper_state(&c, agent.addr).await;
+        let st = sleeper_state(&c, agent.addr()).await;
         assert!(
             matches!(st.status, ProcPhase::Ready { .. }),
             "fenced while connected: {st:?}"
@@ -308,7 +265,7 @@ async fn a_cut_off_agent_fences_after_its_timeout_and_says_why() {
     drop(hub);
     let cut = std::time::Instant::now();
     let st = eventually_async("the cut-off agent fenced its proc", async || {
-        let st = sleeper_state(&c, agent.addr).await;
+        let st = sleeper_state(&c, agent.addr()).await;
         st.status.is_terminal().then_some(st)
     })
     .await;

@@ -8,7 +8,6 @@
 //! still names rank 5 as the first failure, with the others collateral.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use hostmesh_crds::procmesh::ProcState;
 use hostmesh_operator::hub::default_connector;
 use hostmesh_operator::hub::holdback::HoldBack;
 use hostmesh_operator::{ControllerContext, OperatorArgs};
+use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
 use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -24,41 +24,6 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 const NS: &str = "causal";
 const ROOT: hostmesh_crds::Rank = 5;
 const HELD: Duration = Duration::from_millis(500);
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A loopback IP of this test process's own.
-fn ip(n: u8) -> String {
-    let pid = std::process::id();
-    format!("127.{}.{}.{n}", 100 + (pid % 100), 1 + (pid / 100) % 250)
-}
-
-fn start_agent(rank: u64, addr: SocketAddr, secret_file: &std::path::Path, epoch: &str) -> Agent {
-    let child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
-        .args(["agent", "--world", "w", "--health-port", "0"])
-        .args(["--epoch", epoch])
-        .args(["--heartbeat-interval", "200ms"])
-        .arg("--host-rank")
-        .arg(rank.to_string())
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--secret-file")
-        .arg(secret_file)
-        .env_remove("HOSTMESH_SUPERVISOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("hostmesh agent starts");
-    Agent(child)
-}
 
 async fn apply(client: &kube::Client, yaml: &str) {
     let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
@@ -124,16 +89,13 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     std::fs::write(&secret_file, &token).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut agents = Vec::new();
-    for rank in 0..2u64 {
+    for rank in 0..2usize {
         // The World's port (it sets none: the default), and the agent of
         // the pod's rank epoch (the operator refuses, and fences, another).
-        let addr: SocketAddr = format!(
-            "{}:{}",
-            ip(rank as u8 + 1),
-            hostmesh_crds::world::DEFAULT_PORT
-        )
-        .parse()
-        .unwrap();
+        let addr = SocketAddr::new(
+            loopback_ip(rank as u8 + 1),
+            hostmesh_crds::world::DEFAULT_PORT,
+        );
         let pod = format!("w-host-{rank}");
         let created =
             eventually_async("the host pod", async || pods.get_opt(&pod).await.ok()?).await;
@@ -144,7 +106,17 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
             .and_then(|a| a.get("hostmesh.dev/epoch"))
             .map_or("0", String::as_str)
             .to_string();
-        agents.push(start_agent(rank, addr, &secret_file, &epoch));
+        agents.push(
+            AgentProcess::builder(
+                env!("CARGO_BIN_EXE_hostmesh"),
+                addr,
+                AgentSecret::File(secret_file.clone()),
+            )
+            .host_rank(rank)
+            .epoch(epoch)
+            .spawn()
+            .expect("hostmesh agent starts"),
+        );
         let status = serde_json::json!({"status": {
             "phase": "Running",
             "podIP": addr.ip().to_string(),

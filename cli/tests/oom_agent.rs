@@ -10,9 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +19,7 @@ use hostmesh_operator::hub::protocol::{Dim, ProcSpec};
 use hostmesh_operator::hub::{
     CreateOrUpdate, Hub, Liveness, WorldAgents, WorldKey, default_connector, proc_name,
 };
+use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
 use hostmesh_testkit::{eventually_async, eventually_ok};
 use tokio::sync::mpsc;
 
@@ -115,49 +114,6 @@ fn make_cgroup() -> Result<Cgroup, String> {
     Err(why.join("; "))
 }
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_agent_in(cg: &Cgroup, secret_file: &Path, addr: SocketAddr) -> Agent {
-    let procs = cg.dir.join("cgroup.procs");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hostmesh"));
-    cmd.args([
-        "agent",
-        "--world",
-        "w",
-        "--host-rank",
-        "0",
-        "--health-port",
-        "0",
-    ])
-    .args(["--heartbeat-interval", "200ms"])
-    .arg("--listen")
-    .arg(addr.to_string())
-    .arg("--secret-file")
-    .arg(secret_file)
-    .env_remove("HOSTMESH_SUPERVISOR")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::inherit());
-    // SAFETY: between fork and exec the child only writes its own pid to a
-    // file (open, write, close: async-signal-safe system calls; the path
-    // and the pid text are made before the fork where possible).
-    unsafe {
-        cmd.pre_exec(move || {
-            // getpid is async-signal-safe; the move itself is one write.
-            let pid = libc::getpid().to_string();
-            std::fs::write(&procs, pid)
-        });
-    }
-    Agent(cmd.spawn().expect("hostmesh agent starts in its cgroup"))
-}
-
 fn wk() -> WorldKey {
     WorldKey {
         namespace: "ns".into(),
@@ -178,18 +134,16 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
         }
     };
     let secret = b"0123456789abcdef0123456789abcdef";
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("token");
-    std::fs::write(&secret_file, secret).unwrap();
-    let pid = std::process::id();
-    let addr: SocketAddr = format!(
-        "127.{}.{}.9:26602",
-        100 + (pid % 100),
-        1 + (pid / 100) % 250
+    let addr = SocketAddr::new(loopback_ip(9), 26602);
+    // In its cgroup before it runs: all it starts is limited too.
+    let agent = AgentProcess::builder(
+        env!("CARGO_BIN_EXE_hostmesh"),
+        addr,
+        AgentSecret::Bytes(secret.to_vec()),
     )
-    .parse()
-    .unwrap();
-    let agent = start_agent_in(&cg, &secret_file, addr);
+    .cgroup_procs(cg.dir.join("cgroup.procs"))
+    .spawn()
+    .expect("hostmesh agent starts in its cgroup");
 
     let hub = Hub::new(default_connector());
     let (tw, _rw) = mpsc::unbounded_channel();

@@ -11,15 +11,14 @@
 
 use hostmesh_crds::Rank;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use hostmesh_crds::ProcMesh;
 use hostmesh_crds::procmesh::{ProcMeshStatus, ProcState};
 use hostmesh_operator::hub::default_connector;
 use hostmesh_operator::hub::holdback::HoldBack;
+use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
@@ -30,48 +29,6 @@ const ROOT: Rank = 5;
 const HELD: Duration = Duration::from_millis(500);
 /// How long after rank 5 is gone the others exit.
 const CASCADE: Duration = Duration::from_millis(50);
-
-/// A `hostmesh agent` process, killed when dropped.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A loopback IP of this process's own.
-fn ip(n: u8) -> String {
-    let pid = std::process::id();
-    format!("127.{}.{}.{n}", 100 + (pid % 100), 1 + (pid / 100) % 250)
-}
-
-fn start_agent(
-    bin: &std::path::Path,
-    rank: u64,
-    addr: SocketAddr,
-    secret_file: &std::path::Path,
-    epoch: &str,
-) -> anyhow::Result<Agent> {
-    let child = Command::new(bin)
-        .args(["agent", "--world", "w", "--health-port", "0"])
-        .args(["--epoch", epoch])
-        .args(["--heartbeat-interval", "200ms"])
-        .arg("--host-rank")
-        .arg(rank.to_string())
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--secret-file")
-        .arg(secret_file)
-        .env_remove("HOSTMESH_SUPERVISOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("start {}", bin.display()))?;
-    Ok(Agent(child))
-}
 
 /// Runs the scenario `runs` times and emits the ratio of correct runs.
 pub(crate) async fn run(bin: &std::path::Path, runs: usize) -> anyhow::Result<()> {
@@ -111,14 +68,12 @@ async fn scenario(op: &Operator, bin: &std::path::Path, runs: usize) -> anyhow::
     std::fs::write(&secret_file, &token)?;
     let pods: Api<Pod> = Api::namespaced(op.client.clone(), NS);
     let mut agents = Vec::new();
-    for rank in 0..2u64 {
+    for rank in 0..2usize {
         // The World's port (it has none set: the default).
-        let addr: SocketAddr = format!(
-            "{}:{}",
-            ip(rank as u8 + 1),
-            hostmesh_crds::world::DEFAULT_PORT
-        )
-        .parse()?;
+        let addr = SocketAddr::new(
+            loopback_ip(rank as u8 + 1),
+            hostmesh_crds::world::DEFAULT_PORT,
+        );
         let pod = format!("w-host-{rank}");
         let created = op
             .until("the host pod", || async { pods.get_opt(&pod).await.ok()? })
@@ -132,7 +87,13 @@ async fn scenario(op: &Operator, bin: &std::path::Path, runs: usize) -> anyhow::
             .and_then(|a| a.get("hostmesh.dev/epoch"))
             .map_or("0", String::as_str)
             .to_string();
-        agents.push(start_agent(bin, rank, addr, &secret_file, &epoch)?);
+        agents.push(
+            AgentProcess::builder(bin, addr, AgentSecret::File(secret_file.clone()))
+                .host_rank(rank)
+                .epoch(epoch)
+                .quiet()
+                .spawn()?,
+        );
         let status = serde_json::json!({"status": {
             "phase": "Running",
             "podIP": addr.ip().to_string(),
