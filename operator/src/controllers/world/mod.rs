@@ -1,6 +1,7 @@
 //! The World controller: a thin reconcile around kube's `finalizer()`, with
 //! the pipeline dereference → validate ([`hostmesh_crds::validate`]) →
-//! build ([`desired`]) → decide ([`plan`]) → apply → write status whole.
+//! build ([`desired`]) → decide ([`plan`]) → apply (`apply`, in named
+//! phases) → write status whole.
 //!
 //! Invariants:
 //! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
@@ -19,6 +20,7 @@
 //! 6. A World that names a Kueue queue runs only as its Workload allows
 //!    ([`kueue`]); until then it is held with the suspend path.
 
+mod apply;
 pub mod desired;
 pub mod fencing;
 pub mod gang;
@@ -30,19 +32,14 @@ pub mod secret;
 pub mod topology;
 pub mod worker;
 
-use hostmesh_crds::Rank;
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt as _;
 use hostmesh_crds::conditions::{self, FAILED, READY};
 use hostmesh_crds::procmesh::ProcMeshPhase;
-use hostmesh_crds::validate;
 use hostmesh_crds::world::{WorldPhase, WorldStatus};
 use hostmesh_crds::{ProcMesh, World};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -50,12 +47,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::controllers::shared::writes::{self, PacedStatus, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
-use crate::hub::Liveness;
-use crate::hub::{WorldAgents, WorldKey};
+use crate::hub::WorldKey;
 use crate::{FIELD_MANAGER, OperatorError};
 
 /// Finalizer on Worlds.
@@ -123,7 +119,7 @@ pub async fn reconcile(
         world,
         ctx,
         FINALIZER,
-        |w| async move { apply(&w, ctx).await },
+        |w| async move { apply::apply(&w, ctx).await },
         |w| async move { cleanup(&w, ctx).await },
     )
     .await
@@ -134,350 +130,6 @@ fn key_of(world: &World) -> WorldKey {
         namespace: world.namespace().unwrap_or_default(),
         name: world.name_any(),
     }
-}
-
-async fn apply(world: &World, ctx: &ControllerContext) -> Result<Action, OperatorError> {
-    let name = world.name_any();
-    debug!(world = %name, rv = ?world.resource_version(), "reconciling");
-    let ns = world.namespace().unwrap_or_default();
-    let hash = desired::template_hash(world, &ctx.args.agent_image);
-    if !world.spec.managed_by_hostmesh() {
-        // Invariant 5: no status, no objects; only the Workload, for
-        // MultiKueue to dispatch (and only from a valid spec).
-        debug!(world = %name, managed_by = %world.spec.managed_by, "managed by another controller");
-        if kueue::sync::queue_name(world).is_some() && validate::world(&name, &world.spec).is_ok() {
-            kueue::sync::gate(
-                &ctx.client,
-                kueue::sync::WorkloadInput {
-                    world,
-                    template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
-                    hosts: world.spec.full_shape().num_ranks(),
-                    pods_left: 0,
-                    progress: None,
-                },
-            )
-            .await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
-        return Ok(Action::await_change());
-    }
-    let timings = match validate::world(&name, &world.spec) {
-        Ok(t) => t,
-        Err(errs) => return invalid(world, ctx, &validate::join(&errs)).await,
-    };
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-
-    // Service and Secret.
-    let svc = desired::service(world)?;
-    Api::<Service>::namespaced(ctx.client.clone(), &ns)
-        .patch(&name, &pp, &Patch::Apply(&svc))
-        .await?;
-    let secret = secret::ensure(
-        world,
-        ctx,
-        &ns,
-        ctx.hub.world_secret(&key_of(world)).map(|k| k.to_vec()),
-    )
-    .await?;
-    let gang_problem = ensure_gang_group(world, ctx).await?;
-
-    // Pods, by rank.
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let lp = ListParams::default().labels(&format!("{}={name}", desired::LABEL_WORLD));
-    let n = world.spec.full_shape().num_ranks();
-    let mut pods = BTreeMap::new();
-    let mut extra = Vec::new();
-    let listed = pods_api.list(&lp).await?.items;
-    let pods_left = listed.len();
-    for p in listed {
-        let rank = p
-            .labels()
-            .get(desired::LABEL_RANK)
-            .and_then(|r| r.parse::<Rank>().ok());
-        match rank {
-            Some(r) if r < n && p.name_any() == desired::pod_name(&name, r) => {
-                pods.insert(r, p);
-            }
-            _ if p.metadata.deletion_timestamp.is_none() => extra.push(p.name_any()),
-            _ => {}
-        }
-    }
-
-    // Agents: dial the hosts that have an IP.
-    let key = key_of(world);
-    let hosts = pods
-        .iter()
-        .filter_map(|(r, p)| {
-            Some((
-                *r,
-                (
-                    p.uid()?,
-                    SocketAddr::new(observe::pod_ip(p)?, world.spec.port),
-                ),
-            ))
-        })
-        .collect();
-    ctx.hub
-        .sync_world(
-            &key,
-            WorldAgents {
-                secret: secret.key.clone().into(),
-                health_timeout: timings.health_timeout,
-                hosts,
-                epochs: pods
-                    .iter()
-                    .map(|(r, p)| (*r, fencing::pod_epoch(p)))
-                    .collect(),
-            },
-        )
-        .await;
-    let uids: BTreeMap<Rank, String> = pods
-        .iter()
-        .filter_map(|(r, p)| Some((*r, p.uid()?)))
-        .collect();
-    let liveness = |r: Rank| {
-        uids.get(&r)
-            .map_or(Liveness::Unknown, |uid| ctx.hub.liveness(&key, r, uid))
-    };
-
-    let expired_since = |r: Rank| {
-        uids.get(&r)
-            .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
-    };
-    let watching_since = |r: Rank| {
-        uids.get(&r)
-            .and_then(|uid| ctx.hub.watching_since(&key, r, uid))
-    };
-    let link_error = |r: Rank| {
-        uids.get(&r)
-            .and_then(|uid| ctx.hub.link_error(&key, r, uid))
-    };
-    let monarch_worker = |r: Rank| {
-        uids.get(&r)
-            .and_then(|uid| ctx.hub.monarch_worker(&key, r, uid))
-    };
-    let secret_hash = desired::secret_hash(&secret.key);
-    // Invariant 6: what Kueue lets the World do.
-    let gate = if kueue::sync::queue_name(world).is_some() {
-        kueue::sync::gate(
-            &ctx.client,
-            kueue::sync::WorkloadInput {
-                world,
-                template: desired::pod_set_template(world, &ctx.args.agent_image, &hash)?,
-                hosts: n,
-                pods_left,
-                progress: Some(kueue::progress(world.status.as_ref())),
-            },
-        )
-        .await?
-    } else {
-        kueue::sync::Gate::OPEN
-    };
-    let (hold, placement, admitted) = match gate {
-        kueue::sync::Gate::Held { reason, message } => {
-            (Some(plan::Hold { reason, message }), None, None)
-        }
-        kueue::sync::Gate::Open { placement, message } => (None, placement, message),
-    };
-    let pod_hash = desired::placed_hash(&hash, placement.as_ref());
-    let critical = critical_failure(world, ctx, &ns).await?;
-    let plan = plan::plan(&plan::PlanInput {
-        world,
-        timings,
-        pods: &pods,
-        extra_pods: extra,
-        liveness: &liveness,
-        expired_since: &expired_since,
-        link_error: &link_error,
-        watching_since: &watching_since,
-        secret_hash: &secret_hash,
-        credentials_note: secret.replaced.clone(),
-        hash: &pod_hash,
-        critical_failure: critical,
-        now: Timestamp::now(),
-        hold,
-        admitted,
-        monarch_worker: &monarch_worker,
-    });
-
-    // Fencing invariant 3: a pod stuck terminating whose agent must have
-    // fenced goes without its kubelet's word, so its rank is replaced.
-    let mut stuck_requeue = None;
-    for (r, p) in &pods {
-        let uid = uids.get(r).map(String::as_str).unwrap_or_default();
-        let verdict = fencing::stuck(
-            p,
-            liveness(*r) == Liveness::Alive,
-            ctx.hub.pod_last_heard(&key, *r, uid),
-            watching_since(*r),
-            Timestamp::now(),
-        );
-        match verdict {
-            fencing::Stuck::Wait => {}
-            fencing::Stuck::Until(at) => {
-                let left = Duration::try_from(at.duration_since(Timestamp::now()))
-                    .unwrap_or_default()
-                    .max(Duration::from_millis(100));
-                stuck_requeue = Some(stuck_requeue.map_or(left, |d: Duration| d.min(left)));
-            }
-            fencing::Stuck::ForceDelete => {
-                let pod_name = p.name_any();
-                warn!(world = %name, pod = %pod_name, "host pod stuck terminating and its agent must have fenced: deleting it without its kubelet");
-                let dp = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..DeleteParams::default()
-                };
-                match pods_api.delete(&pod_name, &dp).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-
-    for pod_name in &plan.delete {
-        info!(world = %name, pod = %pod_name, "deleting host pod");
-        let dp = if plan.quick.contains(pod_name) {
-            DeleteParams {
-                grace_period_seconds: Some(1),
-                ..DeleteParams::default()
-            }
-        } else {
-            DeleteParams::default()
-        };
-        match pods_api.delete(pod_name, &dp).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    // A pod the API server refuses (PodSecurity, quota, a webhook) is not
-    // retried in silence: its message goes into a ReplicaFailure condition
-    // and a Warning Event, as a ReplicaSet reports FailedCreate.
-    let mut refused: Option<String> = None;
-    for rank in &plan.create {
-        let mut pod = desired::pod(
-            world,
-            *rank,
-            &ctx.args.agent_image,
-            &pod_hash,
-            placement.as_ref(),
-        )?;
-        pod.metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(
-                desired::ANNOTATION_SECRET_HASH.to_string(),
-                secret_hash.clone(),
-            );
-        let epoch = fencing::next_epoch(Timestamp::now(), ctx.hub.highest_epoch(&key, *rank));
-        fencing::stamp(
-            &mut pod,
-            epoch,
-            fencing::fence_timeout(timings.health_timeout, timings.eviction_timeout),
-        );
-        let pod_name = desired::pod_name(&name, *rank);
-        let mut pod = serde_json::to_value(&pod)?;
-        if let Some(g) = gang::spec(world) {
-            gang::place_pod(&mut pod, world, g);
-        }
-        match pods_api.patch(&pod_name, &pp, &Patch::Apply(&pod)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                debug!(world = %name, pod = %pod_name, code = e.code, message = %e.message, "the API server refused a host pod");
-                refused.get_or_insert(format!("host pod {pod_name}: {}", e.message));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let mut status = plan.status.clone();
-    let generation = world.metadata.generation;
-    let now = Time(Timestamp::now());
-    match &refused {
-        Some(msg) => {
-            let was = conditions::get(&status.conditions, conditions::REPLICA_FAILURE)
-                .filter(|c| c.status == "True")
-                .map(|c| c.message.clone());
-            if was.as_deref() != Some(msg.as_str()) {
-                warn!(world = %name, message = %msg, "the API server refused a host pod");
-                ctx.event(world, true, "FailedCreate", msg.clone()).await;
-            }
-            conditions::set(
-                &mut status.conditions,
-                conditions::REPLICA_FAILURE,
-                true,
-                "FailedCreate",
-                msg,
-                generation,
-                &now,
-            );
-        }
-        None if conditions::get(&status.conditions, conditions::REPLICA_FAILURE).is_some() => {
-            conditions::set(
-                &mut status.conditions,
-                conditions::REPLICA_FAILURE,
-                false,
-                "PodsCreated",
-                "",
-                generation,
-                &now,
-            );
-        }
-        None => {}
-    }
-    if let Some(g) = gang::spec(world)
-        && status.phase != Some(WorldPhase::Suspended)
-    {
-        let live: Vec<&Pod> = pods
-            .values()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        let bound = live
-            .iter()
-            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
-            .count();
-        let (ok, reason, message) = match &gang_problem {
-            Some((reason, message)) => (false, *reason, message.clone()),
-            None => gang::condition(world, g, live.len(), bound, n),
-        };
-        conditions::set(
-            &mut status.conditions,
-            conditions::GANG_SCHEDULED,
-            ok,
-            reason,
-            &message,
-            generation,
-            &now,
-        );
-    }
-    for ev in &plan.events {
-        ctx.event(
-            world,
-            ev.severity == crate::controllers::shared::Severity::Warning,
-            ev.reason,
-            ev.note.clone(),
-        )
-        .await;
-    }
-    debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
-    let deferred = write_status(world, ctx, status.clone(), false).await?;
-
-    // A suspended or queued World with no pod left waits on a spec change,
-    // a pod event or its Workload's watch, not on polling.
-    let steady = plan.status.phase == Some(WorldPhase::Running)
-        || plan.status.phase == Some(WorldPhase::Failed)
-        || (plan.status.phase == Some(WorldPhase::Suspended) && pods_left == 0);
-    let default_requeue = if steady {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(3)
-    };
-    let requeue = [plan.requeue_after, deferred, stuck_requeue]
-        .into_iter()
-        .flatten()
-        .fold(default_requeue, Duration::min);
-    Ok(Action::requeue(requeue))
 }
 
 /// Applies the gang provider's group object (gang invariant 1), or says
