@@ -544,17 +544,6 @@ impl Hub {
             .map(|h| h.watched_at)
     }
 
-    /// When this hub last counted a heartbeat of host `rank`'s agent in pod
-    /// `pod_uid`.
-    pub fn pod_last_heard(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<Timestamp> {
-        let st = self.lock();
-        st.worlds
-            .get(world)
-            .and_then(|w| w.hosts.get(&rank))
-            .filter(|h| h.pod_uid == pod_uid)
-            .and_then(|h| h.last_heard)
-    }
-
     /// The highest rank epoch this hub was given for host `rank` of
     /// `world` (0: none).
     pub fn highest_epoch(&self, world: &WorldKey, rank: Rank) -> u64 {
@@ -578,13 +567,20 @@ impl Hub {
             .and_then(|h| h.link_error.clone())
     }
 
-    /// When this hub last heard host `rank`'s agent (any pod of the rank
-    /// this hub still knows): a lost host's procs died after it.
-    pub fn last_heard(&self, world: &WorldKey, rank: Rank) -> Option<Timestamp> {
+    /// When this hub last counted a heartbeat of host `rank`'s agent: of
+    /// the one in pod `pod_uid`, or with `None` of whichever pod of the rank
+    /// this hub still knows (a lost host's procs died after it).
+    pub fn last_heard(
+        &self,
+        world: &WorldKey,
+        rank: Rank,
+        pod_uid: Option<&str>,
+    ) -> Option<Timestamp> {
         self.lock()
             .worlds
             .get(world)
             .and_then(|w| w.hosts.get(&rank))
+            .filter(|h| pod_uid.is_none_or(|uid| h.pod_uid == uid))
             .and_then(|h| h.last_heard)
     }
 

@@ -414,7 +414,7 @@ async fn a_refused_agent_is_not_heard_and_epochs_are_remembered() {
     a.epochs = BTreeMap::from([(0, 7)]);
     hub.sync_world(&wk(), a.clone()).await;
     assert_eq!(hub.highest_epoch(&wk(), 0), 7);
-    assert_eq!(hub.pod_last_heard(&wk(), 0, "a-0"), None);
+    assert_eq!(hub.last_heard(&wk(), 0, Some("a-0")), None);
     let (tw, _rw) = mpsc::unbounded_channel();
     let (tm, _rm) = mpsc::unbounded_channel();
     hub.handle_push(
@@ -435,7 +435,7 @@ async fn a_refused_agent_is_not_heard_and_epochs_are_remembered() {
     // A heartbeat that counts clears it and is remembered.
     drain(&hub, &mut rx);
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
-    assert!(hub.pod_last_heard(&wk(), 0, "a-0").is_some());
+    assert!(hub.last_heard(&wk(), 0, Some("a-0")).is_some());
     assert_eq!(hub.link_error(&wk(), 0, "a-0"), None);
     // The pod goes: its epoch stays known for the next one.
     a.hosts.clear();

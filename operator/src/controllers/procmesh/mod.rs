@@ -152,7 +152,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     let reported = ctx.hub.reported_hosts(&key);
     let last_heard: BTreeMap<Rank, Timestamp> = lost_hosts
         .keys()
-        .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h)?)))
+        .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h, None)?)))
         .collect();
     let mut plan = plan::plan(&plan::PlanInput {
         pm,

@@ -327,7 +327,7 @@ async fn act_on_stuck_pods(
             hub.liveness(*r) == Liveness::Alive,
             hub.ctx
                 .hub
-                .pod_last_heard(hub.key, *r, hub.uid(*r).unwrap_or_default()),
+                .last_heard(hub.key, *r, Some(hub.uid(*r).unwrap_or_default())),
             hub.watching_since(*r),
             Timestamp::now(),
         );
