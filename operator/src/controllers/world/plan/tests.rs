@@ -18,6 +18,29 @@ fn timings(w: &World) -> WorldTimings {
     hostmesh_crds::validate::world("w", &w.spec).unwrap()
 }
 
+/// A plan input with every host Alive and nothing else to say: tests
+/// override the fields they are about.
+fn input<'a>(w: &'a World, pods: &'a BTreeMap<Rank, Pod>, now: i64) -> PlanInput<'a> {
+    PlanInput {
+        world: w,
+        timings: timings(w),
+        pods,
+        extra_pods: vec![],
+        liveness: &|_| Liveness::Alive,
+        expired_since: &|_| None,
+        link_error: &|_| None,
+        watching_since: &|_| None,
+        secret_hash: "s1",
+        credentials_note: None,
+        hash: "h1",
+        critical_failure: None,
+        now: Timestamp::from_second(now).unwrap(),
+        hold: None,
+        admitted: None,
+        monarch_worker: &|_| None,
+    }
+}
+
 fn pod(rank: Rank, status: &str, hash: &str) -> Pod {
     let mut p = mk_pod(status);
     p.metadata.name = Some(format!("w-host-{rank}"));
@@ -30,22 +53,9 @@ fn pod(rank: Rank, status: &str, hash: &str) -> Pod {
 
 fn run(w: &World, pods: &BTreeMap<Rank, Pod>, live: Liveness, now: i64) -> Plan {
     plan(&PlanInput {
-        world: w,
-        timings: timings(w),
-        pods,
-        extra_pods: vec![],
         liveness: &|_| live,
         expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
-        link_error: &|_| None,
-        watching_since: &|_| None,
-        secret_hash: "s1",
-        credentials_note: None,
-        hash: "h1",
-        critical_failure: None,
-        now: Timestamp::from_second(now).unwrap(),
-        hold: None,
-        admitted: None,
-        monarch_worker: &|_| None,
+        ..input(w, pods, now)
     })
 }
 
@@ -104,22 +114,8 @@ fn a_killed_monarch_worker_is_a_host_failure() {
         ..Default::default()
     };
     let p = plan(&PlanInput {
-        world: &w,
-        timings: timings(&w),
-        pods: &pods,
-        extra_pods: vec![],
-        liveness: &|_| Liveness::Alive,
-        expired_since: &|_| None,
-        link_error: &|_| None,
-        watching_since: &|_| None,
-        secret_hash: "s1",
-        credentials_note: None,
-        hash: "h1",
-        critical_failure: None,
-        now: Timestamp::from_second(100).unwrap(),
-        hold: None,
-        admitted: None,
         monarch_worker: &|r| (r == 1).then(|| killed.clone()),
+        ..input(&w, &pods, 100)
     });
     assert_eq!(p.delete, ["w-host-1"]);
     assert_eq!(p.status.restarts, 1);
@@ -197,22 +193,9 @@ fn a_new_operator_keeps_ready_hosts_until_it_can_tell() {
     let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
     let at = |now: i64, w: &World, live: Liveness| {
         plan(&PlanInput {
-            world: w,
-            timings: timings(w),
-            pods: &pods,
-            extra_pods: vec![],
             liveness: &|_| live,
-            expired_since: &|_| None,
-            link_error: &|_| None,
             watching_since: &|_| Some(Timestamp::from_second(500).unwrap()),
-            secret_hash: "s1",
-            credentials_note: None,
-            hash: "h1",
-            critical_failure: None,
-            now: Timestamp::from_second(now).unwrap(),
-            hold: None,
-            admitted: None,
-            monarch_worker: &|_| None,
+            ..input(w, &pods, now)
         })
     };
     // What the old operator recorded: Running.
@@ -257,22 +240,8 @@ fn pods_holding_a_replaced_token_are_replaced() {
             );
     }
     let p = plan(&PlanInput {
-        world: &w,
-        timings: timings(&w),
-        pods: &pods,
-        extra_pods: vec![],
-        liveness: &|_| Liveness::Alive,
-        expired_since: &|_| None,
-        link_error: &|_| None,
-        watching_since: &|_| None,
-        secret_hash: "s1",
         credentials_note: Some("Secret w-agent and its copy were deleted".into()),
-        hash: "h1",
-        critical_failure: None,
-        now: Timestamp::from_second(100).unwrap(),
-        hold: None,
-        admitted: None,
-        monarch_worker: &|_| None,
+        ..input(&w, &pods, 100)
     });
     assert_eq!(p.delete, ["w-host-0"]);
     assert_eq!(p.status.restarts, 0);
@@ -297,10 +266,6 @@ fn a_ready_host_the_operator_cannot_reach_expires_and_is_replaced() {
     let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, ready_at, "h1"))).collect();
     let at = |now: i64, w: &World| {
         plan(&PlanInput {
-            world: w,
-            timings: timings(w),
-            pods: &pods,
-            extra_pods: vec![],
             liveness: &|r| {
                 if r == 0 {
                     Liveness::Unknown
@@ -308,9 +273,6 @@ fn a_ready_host_the_operator_cannot_reach_expires_and_is_replaced() {
                     Liveness::Alive
                 }
             },
-            expired_since: &|_| None,
-            secret_hash: "s1",
-            credentials_note: None,
             watching_since: &|_| Some(Timestamp::from_second(90).unwrap()),
             link_error: &|r| {
                 (r == 0).then(|| {
@@ -318,12 +280,7 @@ fn a_ready_host_the_operator_cannot_reach_expires_and_is_replaced() {
                         .to_string()
                 })
             },
-            hash: "h1",
-            critical_failure: None,
-            now: Timestamp::from_second(now).unwrap(),
-            hold: None,
-            admitted: None,
-            monarch_worker: &|_| None,
+            ..input(w, &pods, now)
         })
     };
     let p = at(105, &w);
@@ -408,19 +365,6 @@ fn suspend_writes_the_phase_then_deletes_pods_and_resume_is_a_new_attempt() {
 
 fn run_held(w: &World, pods: &BTreeMap<Rank, Pod>, hold: Option<(&str, &str)>, now: i64) -> Plan {
     plan(&PlanInput {
-        world: w,
-        timings: timings(w),
-        pods,
-        extra_pods: vec![],
-        liveness: &|_| Liveness::Alive,
-        expired_since: &|_| None,
-        link_error: &|_| None,
-        watching_since: &|_| None,
-        secret_hash: "s1",
-        credentials_note: None,
-        hash: "h1",
-        critical_failure: None,
-        now: Timestamp::from_second(now).unwrap(),
         hold: hold.map(|(r, m)| Hold {
             reason: r.into(),
             message: m.into(),
@@ -428,7 +372,7 @@ fn run_held(w: &World, pods: &BTreeMap<Rank, Pod>, hold: Option<(&str, &str)>, n
         admitted: hold
             .is_none()
             .then(|| "admitted by ClusterQueue cq".to_string()),
-        monarch_worker: &|_| None,
+        ..input(w, pods, now)
     })
 }
 
@@ -556,22 +500,8 @@ fn changed_template_rolls_pods_and_extra_pods_go() {
         .map(|r| (r, pod(r, POD_READY, if r == 1 { "old" } else { "h1" })))
         .collect();
     let mut input = PlanInput {
-        world: &w,
-        timings: timings(&w),
-        pods: &pods,
         extra_pods: vec!["w-host-7".into()],
-        liveness: &|_| Liveness::Alive,
-        expired_since: &|_| None,
-        link_error: &|_| None,
-        watching_since: &|_| None,
-        secret_hash: "s1",
-        credentials_note: None,
-        hash: "h1",
-        critical_failure: None,
-        now: Timestamp::from_second(1).unwrap(),
-        hold: None,
-        admitted: None,
-        monarch_worker: &|_| None,
+        ..input(&w, &pods, 1)
     };
     let p = plan(&input);
     assert_eq!(p.delete, ["w-host-7", "w-host-1"]);
