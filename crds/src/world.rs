@@ -347,7 +347,8 @@ pub struct WorldStatus {
     /// it as `HOSTMESH_ATTEMPT` (0 on the first run).
     #[serde(default)]
     pub attempt: u32,
-    /// The first host failure since the World last became Ready: which
+    /// The first host failure since the World last became Ready (a failed
+    /// host, or one whose agent went silent past `healthTimeout`): which
     /// host, when, why and, for a Monarch worker, how it exited. Kept when
     /// more hosts fail after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

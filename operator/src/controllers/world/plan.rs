@@ -726,21 +726,26 @@ impl<'i, 'a> Working<'i, 'a> {
     fn first_failure(&self) -> Option<hostmesh_crds::world::HostFailure> {
         let world = self.input.world;
         let name = kube::ResourceExt::name_any(world);
-        let failures = self
-            .ranks_in(HostState::Failed)
-            .into_iter()
+        // A failed host, or one whose agent went silent (Expired, as of
+        // when it expired), lowest rank first.
+        let failures = (0..self.n)
+            .filter(|r| matches!(self.hosts[*r].state, HostState::Failed | HostState::Expired))
             .map(|r| {
                 let report = world
                     .spec
                     .monarch
                     .as_ref()
                     .and_then(|_| (self.input.monarch_worker)(r));
+                let at = match self.hosts[r].state {
+                    HostState::Expired => (self.input.expired_since)(r).map(Time),
+                    _ => None,
+                };
                 super::worker::failure(
                     r,
                     super::desired::pod_name(&name, r),
                     &self.hosts[r],
                     report.as_ref(),
-                    &self.now_t,
+                    at.as_ref().unwrap_or(&self.now_t),
                 )
             })
             .collect();

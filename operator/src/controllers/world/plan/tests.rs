@@ -483,6 +483,17 @@ fn expired_host_waits_for_eviction_timeout() {
         p.status.degraded_since,
         Some(Time(Timestamp::from_second(100).unwrap()))
     );
+    // The lowest expired rank is the World's first failure, as of when it
+    // expired, with the hub's reason.
+    let ff = p
+        .status
+        .first_failure
+        .clone()
+        .expect("an expired host is a failure");
+    assert_eq!((ff.rank, ff.pod.as_str()), (0, "w-host-0"));
+    assert_eq!(ff.time, Time(Timestamp::from_second(90).unwrap()));
+    assert_eq!(ff.exit_code.or(ff.signal), None);
+    assert!(!ff.reason.is_empty());
     w.status = Some(p.status);
     assert_eq!(p.events[0].reason, "HostExpired");
     assert_eq!(p.events.len(), 3, "one per host");
