@@ -16,8 +16,10 @@
 //!    false for good once it has exited. The agent never restarts it: an
 //!    exit is a host failure the operator acts on.
 //! 4. Listening is read from the namespace's socket tables, never probed
-//!    by connecting (see `listen`). Once it listens, only the worker's end
-//!    is watched (a worker that closes its socket but runs on stays Ready).
+//!    by connecting (see `listen`), and read again every [`RECHECK`] once it
+//!    listens: a worker that closes its socket but runs on leaves the host
+//!    not ready until it listens again (the proc itself stays `Ready`; only
+//!    its end is a host failure).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -31,6 +33,8 @@ use super::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 
 /// How often the socket tables are read while the worker does not listen.
 const POLL: Duration = Duration::from_millis(100);
+/// How often the socket tables are read again once the worker listens.
+const RECHECK: Duration = Duration::from_secs(1);
 /// A spawn timeout no worker reaches: a worker that never listens is left
 /// running and reported, not killed (the host just stays not Ready).
 const NEVER: Duration = Duration::from_secs(10 * 365 * 86_400);
@@ -137,6 +141,7 @@ pub(crate) fn start(
 /// Waits for the worker to listen, then for it to end.
 async fn watch(manager: ProcManager, port: u16, addr: String, readiness: Readiness) {
     let mut warned = false;
+    let mut listening = false;
     let mut events = manager.subscribe();
     loop {
         match manager.state(MONARCH_WORKER_PROC).map(|s| s.status) {
@@ -145,6 +150,7 @@ async fn watch(manager: ProcManager, port: u16, addr: String, readiness: Readine
                     tracing::info!(port, "monarch worker listens");
                     let _ = manager.check_in(MONARCH_WORKER_PROC, addr.clone());
                     readiness.set_worker_listening(true);
+                    listening = true;
                 }
                 Ok(false) => {}
                 Err(e) if !warned => {
@@ -154,9 +160,27 @@ async fn watch(manager: ProcManager, port: u16, addr: String, readiness: Readine
                 Err(_) => {}
             },
             Ok(ProcPhase::Ready { .. }) => {
-                // Listening: wait for the next change of any proc.
-                if events.recv().await.is_err() {
-                    events = manager.subscribe();
+                // Listening: wait for the next change of any proc, and read
+                // the socket tables again now and then (invariant 4).
+                tokio::select! {
+                    r = events.recv() => {
+                        if r.is_err() {
+                            events = manager.subscribe();
+                        }
+                    }
+                    () = tokio::time::sleep(RECHECK) => {
+                        if let Ok(now) = listen::listening(port)
+                            && now != listening
+                        {
+                            listening = now;
+                            if now {
+                                tracing::info!(port, "monarch worker listens again; this host is ready");
+                            } else {
+                                tracing::warn!(port, "monarch worker runs but no longer listens; this host is not ready");
+                            }
+                            readiness.set_worker_listening(now);
+                        }
+                    }
                 }
                 continue;
             }
