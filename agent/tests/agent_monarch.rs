@@ -10,14 +10,10 @@ use std::time::Duration;
 use hostmesh_agent::contract::MONARCH_WORKER_PROC;
 use hostmesh_agent::protocol::ProcPhase;
 use hostmesh_agent::{Agent, AgentConfig, MonarchWorker};
+use hostmesh_e2e::inproc::loopback_agent_config;
 use hostmesh_testkit::{eventually_async, http};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 async fn readyz(agent: &Agent) -> u16 {
     http::get(agent.health_addr(), "/readyz")
@@ -31,27 +27,19 @@ async fn the_worker_gates_readiness_and_its_exit_is_reported() {
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET).unwrap();
     let gate = dir.path().join("gate");
-    let port = free_port();
+    let port = http::free_port();
     let script = format!(
         "echo worker starting >&2; while [ ! -e {gate} ]; do sleep 0.05; done; \
          exec python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", {port})); s.listen(); print(\"listening\", flush=True); time.sleep(3600)'",
         gate = gate.display()
     );
     let config = AgentConfig {
-        world: "mw".into(),
-        namespace: None,
-        host_rank: 0,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        health: "127.0.0.1:0".parse().unwrap(),
-        secret_file,
-        supervisor: None,
         heartbeat_interval: Duration::from_millis(200),
-        limits: Default::default(),
         monarch: Some(MonarchWorker {
             command: vec!["sh".into(), "-c".into(), script],
             port,
         }),
-        fence: Default::default(),
+        ..loopback_agent_config("mw", secret_file)
     };
     let agent = Agent::start(config).await.unwrap();
     let m = agent.manager().clone();

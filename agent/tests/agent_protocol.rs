@@ -627,17 +627,9 @@ async fn one_client_watches_many_agents() {
     let mut agents = Vec::new();
     for rank in 0..HOSTS {
         let config = hostmesh_agent::AgentConfig {
-            world: "many".into(),
-            namespace: None,
             host_rank: rank,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            health: "127.0.0.1:0".parse().unwrap(),
-            secret_file: secret_file.clone(),
-            supervisor: None,
             heartbeat_interval: Duration::from_millis(200),
-            limits: Default::default(),
-            monarch: None,
-            fence: Default::default(),
+            ..hostmesh_e2e::inproc::loopback_agent_config("many", secret_file.clone())
         };
         agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }

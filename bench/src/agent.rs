@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, Dim, ProcPhase, ProcSpec};
-use hostmesh_agent::{
-    Agent, AgentClient, AgentConfig, AgentEvent, AgentEventKind, ClientConfig, Limits,
-};
+use hostmesh_agent::{Agent, AgentClient, AgentEvent, AgentEventKind, ClientConfig};
+use hostmesh_e2e::inproc::loopback_agent_config;
 use tokio::sync::mpsc;
 
 use crate::report::emit;
@@ -58,20 +57,7 @@ async fn suite() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET)?;
-    let agent = Agent::start(AgentConfig {
-        world: "bench".into(),
-        namespace: None,
-        host_rank: 0,
-        listen: "127.0.0.1:0".parse()?,
-        health: "127.0.0.1:0".parse()?,
-        secret_file,
-        supervisor: None,
-        heartbeat_interval: Duration::from_secs(1),
-        limits: Limits::default(),
-        monarch: None,
-        fence: Default::default(),
-    })
-    .await?;
+    let agent = Agent::start(loopback_agent_config("bench", secret_file)).await?;
     let addr = agent.addr();
     let (tx, events) = mpsc::channel(65536);
     let client = AgentClient::new("bench", SECRET, ClientConfig::default(), tx).await?;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use hostmesh_crds::{ProcMesh, World};
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use hostmesh_e2e::inproc::{Controllers, operator_args};
 use hostmesh_operator::hub::sim::{SimConnector, connector};
-use hostmesh_operator::{ControllerContext, OperatorArgs};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -38,21 +38,8 @@ async fn suite() -> anyhow::Result<()> {
     let client = server.client()?;
     install(&client).await?;
     let sim = Arc::new(SimConnector::default());
-    let args = OperatorArgs {
-        agent_image: "agent:bench".into(),
-        watch_namespaces: vec![NS.into()],
-        concurrency: 4,
-        instance: "bench".into(),
-        serve_monarch_mesh: false,
-    };
-    let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(async move {
-        let _ = hostmesh_operator::controllers::run(ctx, async move {
-            let _ = stopped.await;
-        })
-        .await;
-    });
+    let controllers =
+        Controllers::start(client.clone(), operator_args(NS, "bench"), connector(&sim));
     for (i, hosts) in [16u32, 64].into_iter().enumerate() {
         let plain = to_ready(&client, &format!("plain{hosts}"), hosts, false, 2 * i as u8).await?;
         let queued = to_ready(
@@ -70,8 +57,7 @@ async fn suite() -> anyhow::Result<()> {
             Some(plain.as_secs_f64()),
         );
     }
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+    controllers.stop().await;
     server.shutdown().await;
     Ok(())
 }

@@ -7,19 +7,17 @@
 //! on its way to the hub (a delaying connector around the real one): status
 //! still names rank 5 as the first failure, with the others collateral.
 
-use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::ProcMesh;
 use hostmesh_crds::procmesh::ProcState;
+use hostmesh_e2e::inproc::{Controllers, WorldAgents, operator_args};
 use hostmesh_operator::hub::default_connector;
 use hostmesh_operator::hub::holdback::HoldBack;
-use hostmesh_operator::{ControllerContext, OperatorArgs};
-use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
-use hostmesh_testkit::eventually_async;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use hostmesh_testkit::{PATIENCE, eventually_async};
+use kube::api::{Api, Patch, PatchParams};
 
 const NS: &str = "causal";
 const ROOT: hostmesh_crds::Rank = 5;
@@ -41,34 +39,16 @@ async fn apply(client: &kube::Client, yaml: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() {
-    let (server, client) = hostmesh_testkit::cluster::api_server().await;
-    hostmesh_testkit::cluster::install_crds(&client).await;
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    let args = OperatorArgs {
-        agent_image: "agent:test".into(),
-        watch_namespaces: vec![NS.into()],
-        concurrency: 4,
-        instance: "test".into(),
-        serve_monarch_mesh: false,
-    };
-    let ctx = ControllerContext::new(
+    let (server, client) = hostmesh_testkit::cluster::crd_server_with_namespace(NS).await;
+    let controllers = Controllers::start(
         client.clone(),
-        args,
+        operator_args(NS, "test"),
         Arc::new(HoldBack {
             inner: default_connector(),
             rank: ROOT,
             delay: HELD,
         }),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(hostmesh_operator::controllers::run(ctx, async move {
-        let _ = stopped.await;
-    }));
 
     // The World, its Secret, then the agents with that Secret and its pods
     // Ready at the agents' addresses.
@@ -78,54 +58,19 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
          spec:\n  shape: [{name: host, size: 2}]\n  healthTimeout: 30s\n  template:\n    spec:\n      containers: [{name: host, image: busybox}]\n",
     )
     .await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-    let token = eventually_async("the World's agent Secret", async || {
-        let s = secrets.get_opt("w-agent").await.ok()??;
-        Some(s.data?.get("token")?.0.clone())
-    })
-    .await;
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("token");
-    std::fs::write(&secret_file, &token).unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let mut agents = Vec::new();
-    for rank in 0..2usize {
-        // The World's port (it sets none: the default), and the agent of
-        // the pod's rank epoch (the operator refuses, and fences, another).
-        let addr = SocketAddr::new(
-            loopback_ip(rank as u8 + 1),
-            hostmesh_crds::world::DEFAULT_PORT,
-        );
-        let pod = format!("w-host-{rank}");
-        let created =
-            eventually_async("the host pod", async || pods.get_opt(&pod).await.ok()?).await;
-        let epoch = created
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("hostmesh.dev/epoch"))
-            .map_or("0", String::as_str)
-            .to_string();
-        agents.push(
-            AgentProcess::builder(
-                env!("CARGO_BIN_EXE_hostmesh"),
-                addr,
-                AgentSecret::File(secret_file.clone()),
-            )
-            .host_rank(rank)
-            .epoch(epoch)
-            .spawn()
-            .expect("hostmesh agent starts"),
-        );
-        let status = serde_json::json!({"status": {
-            "phase": "Running",
-            "podIP": addr.ip().to_string(),
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
-        }});
-        pods.patch_status(&pod, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
+    let agents = WorldAgents {
+        client: &client,
+        namespace: NS,
+        world: "w",
+        hosts: 2,
+        bin: Path::new(env!("CARGO_BIN_EXE_hostmesh")),
+        quiet: false,
+        bound: PATIENCE,
     }
+    .start(dir.path())
+    .await
+    .expect("the World's agents start and their pods are Ready");
 
     // Rank 5 prints its exception first, then noise that pushes it out of
     // the tail; the others wait for `go` and then exit 1.
@@ -245,8 +190,7 @@ async fn a_killed_rank_is_the_root_and_the_ranks_that_followed_are_collateral() 
     )
     .await;
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+    controllers.stop().await;
     drop(agents);
     server.shutdown().await;
 }

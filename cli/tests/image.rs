@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, ProcPhase, ProcSpec};
 use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
+use hostmesh_testkit::http::free_port;
 use tokio::sync::mpsc;
 
 const SECRET: &[u8] = b"hostmesh-image-test-secret-0123456789";
@@ -315,14 +316,6 @@ fn rootfs_image(kind: &str, files: &[(&str, PathBuf)], links: &[(&str, &str)]) -
         ctx.path().to_str().unwrap(),
     ]);
     tag
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A container this test started; removed (by name) when dropped, after

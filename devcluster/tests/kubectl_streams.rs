@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use hostmesh_testkit::http::free_port;
 use hostmesh_testkit::{PATIENCE, eventually, eventually_async, eventually_ok};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -227,15 +228,6 @@ async fn cp_copies_files_in_and_out() {
     .await;
     assert_eq!(std::fs::read_to_string(&back).unwrap(), body);
     env.cluster.stop().await;
-}
-
-/// A free port on this machine.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `kubectl port-forward pod :port`; returns the child and the

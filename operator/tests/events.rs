@@ -18,11 +18,8 @@ async fn a_new_message_for_a_repeated_reason_is_a_new_event() {
         serde_json::from_value(serde_json::json!({"metadata": {"name": "subject"}})).unwrap();
     let cm = cms.create(&PostParams::default(), &cm).await.unwrap();
     let args = OperatorArgs {
-        agent_image: "agent:test".into(),
-        watch_namespaces: vec!["default".into()],
         concurrency: 1,
-        instance: "test".into(),
-        serve_monarch_mesh: false,
+        ..hostmesh_e2e::inproc::operator_args("default", "test")
     };
     let ctx = ControllerContext::new(
         client.clone(),

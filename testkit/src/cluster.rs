@@ -1,11 +1,13 @@
 //! An embedded API server for a test, optionally with the hostmesh CRDs
 //! (and Monarch's `MonarchMesh` CRD, [`install_monarch_mesh_crd`])
-//! installed and established.
+//! installed and established, and a namespace of the test's own
+//! ([`crd_server_with_namespace`]).
 
 use std::path::Path;
 
 use hostmesh_crds::{ProcMesh, World};
 use hostmesh_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, CustomResourceExt as _};
@@ -40,6 +42,22 @@ pub async fn server_with_crds(kubeconfig: &Path) -> ApiServerHandle {
     let (server, client) = api_server_with_kubeconfig(kubeconfig).await;
     install_crds(&client).await;
     server
+}
+
+/// An API server with the hostmesh CRDs installed and namespace `ns`
+/// created, and a client for it: what a suite running the controllers in
+/// process starts from.
+pub async fn crd_server_with_namespace(ns: &str) -> (ApiServerHandle, Client) {
+    let (server, client) = api_server().await;
+    install_crds(&client).await;
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))
+            .expect("a Namespace from its name");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
+    (server, client)
 }
 
 /// Creates the World and ProcMesh CRDs and waits until both kinds serve.

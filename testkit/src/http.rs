@@ -1,5 +1,6 @@
 //! A raw HTTP/1.1 GET over loopback, for endpoints that must answer plain
-//! HTTP (health, metrics).
+//! HTTP (health, metrics), and a free loopback port ([`free_port`]) for a
+//! server the test starts.
 
 use std::time::Duration;
 
@@ -8,6 +9,15 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 /// How long a single response may take.
 const HTTP_WAIT: Duration = Duration::from_secs(60);
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, then
+/// released), for a server or forward the test starts next.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port on 127.0.0.1")
+        .port()
+}
 
 /// GET over a fresh connection; `(status code, body)`, or `None` when
 /// nothing (complete) answers.

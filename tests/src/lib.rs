@@ -16,6 +16,10 @@
 //!
 //! Every child process is killed when the [`Env`] drops (the kubelet first
 //! stops the pods' processes), so a failing test leaves nothing behind.
+//!
+//! Suites that run the controllers in their own process against an
+//! embedded API server (the operator's, the CLI's causal test, the
+//! benchmarks) start them and their agents with [`inproc`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 
+pub mod inproc;
 pub mod monarch;
 
 /// How long any single wait in the suite may take before the test fails.
@@ -613,6 +618,22 @@ pub fn condition_true(status: &serde_json::Value, kind: &str) -> bool {
         cs.iter()
             .any(|c| c["type"] == kind && c["status"] == "True")
     })
+}
+
+/// The `state` of host `rank` in a World status: that of the `hosts` run
+/// (`start`, `count`) holding the rank, `""` when no run does.
+pub fn host_state(status: &serde_json::Value, rank: u64) -> String {
+    status["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| {
+            let start = r["start"].as_u64().unwrap_or(u64::MAX);
+            let count = r["count"].as_u64().unwrap_or(0);
+            start <= rank && rank < start.saturating_add(count)
+        })
+        .map(|r| r["state"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
 }
 
 /// PIDs of live processes whose environment satisfies `pred` (reads

@@ -2,23 +2,9 @@
 //! detection slack) and replaced per failurePolicy; with RecreateGang the
 //! whole World is recreated.
 
-use hostmesh_e2e::{Env, condition_true, signal, world_yaml};
+use hostmesh_e2e::{Env, condition_true, host_state, signal, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-
-fn host_state(status: &serde_json::Value, rank: u64) -> String {
-    status["hosts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| {
-            let start = r["start"].as_u64().unwrap_or(u64::MAX);
-            let count = r["count"].as_u64().unwrap_or(0);
-            start <= rank && rank < start.saturating_add(count)
-        })
-        .map(|r| r["state"].as_str().unwrap_or_default().to_owned())
-        .unwrap_or_default()
-}
 
 async fn pod_uid(env: &Env, name: &str) -> anyhow::Result<String> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);

@@ -12,14 +12,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hostmesh_e2e::{Env, always_for, condition_true, signal};
+use hostmesh_e2e::{Env, always_for, condition_true, host_state, signal};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
 use super::Timing;
 use super::fixture::{
-    self, BOUND, PROCS, SPAWN_TIMEOUT, Trail, WORLD, WORLD_FAST_EXPIRY, check, count, host_state,
-    mesh_up, until, world_up,
+    self, BOUND, PROCS, SPAWN_TIMEOUT, Trail, WORLD, WORLD_FAST_EXPIRY, check, count, mesh_up,
+    until, world_up,
 };
 
 /// SIGKILL one proc under `OnFailure`: one restart, `firstFailure` names

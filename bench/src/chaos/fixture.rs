@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use hostmesh_e2e::{Env, condition_true, world_yaml};
+use hostmesh_e2e::{Env, condition_true, host_state, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
@@ -184,21 +184,6 @@ pub(crate) async fn status(env: &Env, kind: &str, name: &str) -> anyhow::Result<
         .await
         .with_context(|| format!("reading {kind} {name}"))?;
     Ok(o.data.get("status").cloned().unwrap_or_default())
-}
-
-/// The state of host `rank` in a World status (`""` when not listed).
-pub(crate) fn host_state(status: &serde_json::Value, rank: u64) -> String {
-    status["hosts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| {
-            let start = r["start"].as_u64().unwrap_or(u64::MAX);
-            let count = r["count"].as_u64().unwrap_or(0);
-            start <= rank && rank < start.saturating_add(count)
-        })
-        .map(|r| r["state"].as_str().unwrap_or_default().to_owned())
-        .unwrap_or_default()
 }
 
 /// The World is Running and Ready with both hosts Ready.

@@ -10,19 +10,17 @@
 //! collateral with `causedBy` 5. Baseline: null (the target is 1.0).
 
 use hostmesh_crds::Rank;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::ProcMesh;
 use hostmesh_crds::procmesh::{ProcMeshStatus, ProcState};
+use hostmesh_e2e::inproc::WorldAgents;
 use hostmesh_operator::hub::default_connector;
 use hostmesh_operator::hub::holdback::HoldBack;
-use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 
-use super::cluster::{NS, Operator};
+use super::cluster::{BOUND, NS, Operator};
 use crate::report::{emit, failure};
 
 const ROOT: Rank = 5;
@@ -37,7 +35,7 @@ pub(crate) async fn run(bin: &std::path::Path, runs: usize) -> anyhow::Result<()
         rank: ROOT,
         delay: HELD,
     }))
-    .await?;
+    .await;
     let outcome = scenario(&op, bin, runs).await;
     op.stop().await;
     let correct = outcome?;
@@ -56,52 +54,18 @@ async fn scenario(op: &Operator, bin: &std::path::Path, runs: usize) -> anyhow::
          spec:\n  shape: [{name: host, size: 2}]\n  healthTimeout: 30s\n  template:\n    spec:\n      containers: [{name: host, image: busybox}]\n",
     )
     .await?;
-    let secrets: Api<Secret> = Api::namespaced(op.client.clone(), NS);
-    let token = op
-        .until("the World's agent Secret", || async {
-            let s = secrets.get_opt("w-agent").await.ok()??;
-            Some(s.data?.get("token")?.0.clone())
-        })
-        .await?;
     let dir = tempfile::tempdir()?;
-    let secret_file = dir.path().join("token");
-    std::fs::write(&secret_file, &token)?;
-    let pods: Api<Pod> = Api::namespaced(op.client.clone(), NS);
-    let mut agents = Vec::new();
-    for rank in 0..2usize {
-        // The World's port (it has none set: the default).
-        let addr = SocketAddr::new(
-            loopback_ip(rank as u8 + 1),
-            hostmesh_crds::world::DEFAULT_PORT,
-        );
-        let pod = format!("w-host-{rank}");
-        let created = op
-            .until("the host pod", || async { pods.get_opt(&pod).await.ok()? })
-            .await?;
-        // The agent runs with its pod's rank epoch (the operator refuses,
-        // and fences, an agent of another one).
-        let epoch = created
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("hostmesh.dev/epoch"))
-            .map_or("0", String::as_str)
-            .to_string();
-        agents.push(
-            AgentProcess::builder(bin, addr, AgentSecret::File(secret_file.clone()))
-                .host_rank(rank)
-                .epoch(epoch)
-                .quiet()
-                .spawn()?,
-        );
-        let status = serde_json::json!({"status": {
-            "phase": "Running",
-            "podIP": addr.ip().to_string(),
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
-        }});
-        pods.patch_status(&pod, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
+    let agents = WorldAgents {
+        client: &op.client,
+        namespace: NS,
+        world: "w",
+        hosts: 2,
+        bin,
+        quiet: true,
+        bound: BOUND,
     }
+    .start(dir.path())
+    .await?;
     let mut correct = 0;
     for i in 0..runs {
         match one_run(op, dir.path(), i).await {

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use hostmesh_devcluster::apiserver::ApiServerHandle;
+use hostmesh_e2e::inproc::{Controllers, operator_args};
 use hostmesh_operator::hub::AgentConnector;
-use hostmesh_operator::{ControllerContext, OperatorArgs};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
 /// The namespace of every object.
 pub(crate) const NS: &str = "diag";
@@ -29,46 +29,24 @@ pub(crate) const BOUND: Duration = Duration::from_secs(120);
 pub(crate) struct Operator {
     server: ApiServerHandle,
     pub(crate) client: kube::Client,
-    stop: tokio::sync::oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<()>,
+    controllers: Controllers,
 }
 
 impl Operator {
     /// Starts the API server and the controllers over `connector`.
-    pub(crate) async fn start(connector: Arc<dyn AgentConnector>) -> anyhow::Result<Operator> {
-        let (server, client) = hostmesh_testkit::cluster::api_server().await;
-        hostmesh_testkit::cluster::install_crds(&client).await;
-        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await?;
-        let args = OperatorArgs {
-            agent_image: "agent:bench".into(),
-            watch_namespaces: vec![NS.into()],
-            concurrency: 4,
-            instance: "bench".into(),
-            serve_monarch_mesh: false,
-        };
-        let ctx = ControllerContext::new(client.clone(), args, connector);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(async move {
-            let _ = hostmesh_operator::controllers::run(ctx, async move {
-                let _ = stopped.await;
-            })
-            .await;
-        });
-        Ok(Operator {
+    pub(crate) async fn start(connector: Arc<dyn AgentConnector>) -> Operator {
+        let (server, client) = hostmesh_testkit::cluster::crd_server_with_namespace(NS).await;
+        let controllers = Controllers::start(client.clone(), operator_args(NS, "bench"), connector);
+        Operator {
             server,
             client,
-            stop,
-            run,
-        })
+            controllers,
+        }
     }
 
     /// Stops the controllers, then the API server (invariant 1).
     pub(crate) async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.run).await;
+        self.controllers.stop().await;
         self.server.shutdown().await;
     }
 

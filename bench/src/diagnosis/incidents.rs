@@ -35,7 +35,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         ("RecreateGang", "incident_recreate_gang"),
     ] {
         let sim = Arc::new(SimConnector::with_heartbeat(Duration::from_millis(200)));
-        let op = Operator::start(connector(&sim)).await?;
+        let op = Operator::start(connector(&sim)).await;
         let kubelet = op.play_kubelet();
         let outcome = recovery(&op, action).await;
         let _ = kubelet.send(());

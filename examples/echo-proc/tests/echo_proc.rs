@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
-use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, Limits, SpawnFor, mesh_ref};
+use hostmesh_agent::{Agent, AgentClient, ClientConfig, SpawnFor, mesh_ref};
+use hostmesh_e2e::inproc::loopback_agent_config;
 use hostmesh_echo_proc::{Echo, Fail, echo_type_name};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
 use hostmesh_testkit::eventually_ok;
@@ -17,21 +18,9 @@ async fn echo_proc_joins_its_host_and_echoes() {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET).unwrap();
-    let agent = Agent::start(AgentConfig {
-        world: "w".into(),
-        namespace: None,
-        host_rank: 0,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        health: "127.0.0.1:0".parse().unwrap(),
-        secret_file,
-        supervisor: None,
-        heartbeat_interval: Duration::from_secs(1),
-        limits: Limits::default(),
-        monarch: None,
-        fence: Default::default(),
-    })
-    .await
-    .unwrap();
+    let agent = Agent::start(loopback_agent_config("w", secret_file))
+        .await
+        .unwrap();
     let addr = agent.addr();
     let (tx, _rx) = tokio::sync::mpsc::channel(1024);
     let client = AgentClient::new("test", SECRET, ClientConfig::default(), tx)

@@ -1,20 +1,21 @@
 //! What the operator's controller suites share: the embedded API server
-//! with the hostmesh CRDs, the real controllers against it with simulated
-//! agents behind the hub (the suite plays the kubelet by writing pod
-//! status, the agents through [`SimConnector`]).
+//! with the hostmesh CRDs, the real controllers against it (started by
+//! `hostmesh_e2e::inproc`) with simulated agents behind the hub (the suite
+//! plays the kubelet by writing pod status, the agents through
+//! [`SimConnector`]).
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use hostmesh_crds::{ProcMesh, World};
 use hostmesh_devcluster::apiserver::ApiServerHandle;
+use hostmesh_e2e::inproc::{Controllers, operator_args};
 use hostmesh_operator::hub::sim::{SimConnector, connector};
 use hostmesh_operator::{ControllerContext, OperatorArgs};
 use hostmesh_testkit::eventually_async;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
 pub(crate) const NS: &str = "ctl";
 
@@ -23,8 +24,7 @@ pub(crate) struct Cluster {
     pub(crate) client: Client,
     pub(crate) sim: Arc<SimConnector>,
     pub(crate) ctx: Arc<ControllerContext>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    run: Option<tokio::task::JoinHandle<()>>,
+    controllers: Option<Controllers>,
 }
 
 impl Cluster {
@@ -51,74 +51,40 @@ impl Cluster {
                 }),
             )
             .try_init();
-        let (server, client) = hostmesh_testkit::cluster::api_server().await;
-        hostmesh_testkit::cluster::install_crds(&client).await;
+        let (server, client) = hostmesh_testkit::cluster::crd_server_with_namespace(NS).await;
         if serve_monarch_mesh {
             hostmesh_testkit::cluster::install_monarch_mesh_crd(&client).await;
         }
-        let ns: Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
         let sim = Arc::new(sim);
         let args = OperatorArgs {
-            agent_image: "agent:test".into(),
-            watch_namespaces: vec![NS.into()],
-            concurrency: 4,
-            instance: "test".into(),
             serve_monarch_mesh,
+            ..operator_args(NS, "test")
         };
-        let ctx = ControllerContext::new(client.clone(), args, connector(&sim));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn({
-            let ctx = ctx.clone();
-            async move {
-                let _ = hostmesh_operator::controllers::run(ctx, async move {
-                    let _ = stopped.await;
-                })
-                .await;
-            }
-        });
+        let controllers = Controllers::start(client.clone(), args, connector(&sim));
         Cluster {
             server: Some(server),
             client,
             sim,
-            ctx,
-            stop: Some(stop),
-            run: Some(run),
+            ctx: controllers.ctx.clone(),
+            controllers: Some(controllers),
         }
     }
 
     /// Stops the operator and starts a fresh one (new hub, new caches)
     /// against the same API server and agents.
     pub(crate) async fn restart_operator(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(r) = self.run.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        if let Some(c) = self.controllers.take() {
+            c.stop().await;
         }
         let args = self.ctx.args.clone();
-        self.ctx = ControllerContext::new(self.client.clone(), args, connector(&self.sim));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let ctx = self.ctx.clone();
-        self.run = Some(tokio::spawn(async move {
-            let _ = hostmesh_operator::controllers::run(ctx, async move {
-                let _ = stopped.await;
-            })
-            .await;
-        }));
-        self.stop = Some(stop);
+        let controllers = Controllers::start(self.client.clone(), args, connector(&self.sim));
+        self.ctx = controllers.ctx.clone();
+        self.controllers = Some(controllers);
     }
 
     pub(crate) async fn shutdown(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(r) = self.run.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        if let Some(c) = self.controllers.take() {
+            c.stop().await;
         }
         if let Some(s) = self.server.take() {
             s.shutdown().await;
