@@ -115,6 +115,30 @@ pub struct AgentConfig {
     pub fence: crate::FencePolicy,
 }
 
+impl AgentConfig {
+    /// An agent of World `world` on loopback, as tests, benchmarks and
+    /// examples run one in their own process: host rank 0, agent and health
+    /// ports chosen by the OS on 127.0.0.1, its secret in `secret_file`,
+    /// heartbeats every second, no namespace, supervisor or Monarch worker,
+    /// default limits and fence policy. Callers change fields as they need.
+    pub fn loopback(world: &str, secret_file: PathBuf) -> AgentConfig {
+        let loopback = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+        AgentConfig {
+            world: world.into(),
+            namespace: None,
+            host_rank: 0,
+            listen: loopback,
+            health: loopback,
+            secret_file,
+            supervisor: None,
+            heartbeat_interval: Duration::from_secs(1),
+            limits: Limits::default(),
+            monarch: None,
+            fence: Default::default(),
+        }
+    }
+}
+
 /// Limits and defaults of the proc manager.
 #[derive(Debug, Clone)]
 pub struct Limits {

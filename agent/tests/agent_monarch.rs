@@ -10,7 +10,6 @@ use std::time::Duration;
 use hostmesh_agent::contract::MONARCH_WORKER_PROC;
 use hostmesh_agent::protocol::ProcPhase;
 use hostmesh_agent::{Agent, AgentConfig, MonarchWorker};
-use hostmesh_e2e::inproc::loopback_agent_config;
 use hostmesh_testkit::{eventually_async, http};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
@@ -39,7 +38,7 @@ async fn the_worker_gates_readiness_and_its_exit_is_reported() {
             command: vec!["sh".into(), "-c".into(), script],
             port,
         }),
-        ..loopback_agent_config("mw", secret_file)
+        ..AgentConfig::loopback("mw", secret_file)
     };
     let agent = Agent::start(config).await.unwrap();
     let m = agent.manager().clone();

@@ -629,7 +629,7 @@ async fn one_client_watches_many_agents() {
         let config = hostmesh_agent::AgentConfig {
             host_rank: rank,
             heartbeat_interval: Duration::from_millis(200),
-            ..hostmesh_e2e::inproc::loopback_agent_config("many", secret_file.clone())
+            ..hostmesh_agent::AgentConfig::loopback("many", secret_file.clone())
         };
         agents.push(hostmesh_agent::Agent::start(config).await.unwrap());
     }

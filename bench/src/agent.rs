@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hostmesh_agent::protocol::{AgentPush, CreateOrUpdate, Dim, ProcPhase, ProcSpec};
-use hostmesh_agent::{Agent, AgentClient, AgentEvent, AgentEventKind, ClientConfig};
-use hostmesh_e2e::inproc::loopback_agent_config;
+use hostmesh_agent::{Agent, AgentClient, AgentConfig, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
 use crate::report::emit;
@@ -57,7 +56,7 @@ async fn suite() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET)?;
-    let agent = Agent::start(loopback_agent_config("bench", secret_file)).await?;
+    let agent = Agent::start(AgentConfig::loopback("bench", secret_file)).await?;
     let addr = agent.addr();
     let (tx, events) = mpsc::channel(65536);
     let client = AgentClient::new("bench", SECRET, ClientConfig::default(), tx).await?;

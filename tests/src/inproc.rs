@@ -2,9 +2,8 @@
 //! controllers against an embedded API server with no kubelet (the suite
 //! writes pod status itself): [`operator_args`], [`Controllers`] (the
 //! World and ProcMesh controllers on a task), [`WorldAgents`] (real
-//! `hostmesh agent` processes for a World's host pods) and
-//! [`loopback_agent_config`] (an in-process [`hostmesh_agent::Agent`]'s
-//! config on loopback).
+//! `hostmesh agent` processes for a World's host pods). An in-process
+//! agent's config on loopback is `hostmesh_agent::AgentConfig::loopback`.
 //!
 //! Invariants:
 //! 1. [`Controllers::stop`] is bounded: it waits at most [`STOP_BOUND`]
@@ -14,13 +13,12 @@
 //!    rank epoch; each of its waits gives up after the caller's bound with
 //!    an error naming what it waited for.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hostmesh_agent::{AgentConfig, Limits};
 use hostmesh_operator::hub::AgentConnector;
 use hostmesh_operator::{ControllerContext, OperatorArgs};
 use hostmesh_testkit::agent::{AgentProcess, AgentSecret, loopback_ip};
@@ -169,27 +167,5 @@ impl WorldAgents<'_> {
         hostmesh_testkit::poll(self.bound, async || get().await.ok_or(()))
             .await
             .map_err(|()| anyhow::anyhow!("{what}: not reached in {:?}", self.bound))
-    }
-}
-
-/// The config of an in-process agent of World `world`: host rank 0,
-/// listening on 127.0.0.1 with its agent and health ports chosen by the
-/// OS, its secret in `secret_file`, heartbeats every second, no namespace,
-/// supervisor or Monarch worker, default limits and fence policy. Callers
-/// change fields as they need.
-pub fn loopback_agent_config(world: &str, secret_file: PathBuf) -> AgentConfig {
-    let loopback = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0);
-    AgentConfig {
-        world: world.into(),
-        namespace: None,
-        host_rank: 0,
-        listen: loopback,
-        health: loopback,
-        secret_file,
-        supervisor: None,
-        heartbeat_interval: Duration::from_secs(1),
-        limits: Limits::default(),
-        monarch: None,
-        fence: Default::default(),
     }
 }

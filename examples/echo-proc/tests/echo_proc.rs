@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
-use hostmesh_agent::{Agent, AgentClient, ClientConfig, SpawnFor, mesh_ref};
-use hostmesh_e2e::inproc::loopback_agent_config;
+use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, SpawnFor, mesh_ref};
 use hostmesh_echo_proc::{Echo, Fail, echo_type_name};
 use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
 use hostmesh_testkit::eventually_ok;
@@ -18,7 +17,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET).unwrap();
-    let agent = Agent::start(loopback_agent_config("w", secret_file))
+    let agent = Agent::start(AgentConfig::loopback("w", secret_file))
         .await
         .unwrap();
     let addr = agent.addr();
