@@ -105,3 +105,49 @@ async fn the_worker_gates_readiness_and_its_exit_is_reported() {
     })
     .await;
 }
+
+/// Invariant 4: a worker that closes its socket but runs on takes the host
+/// out of Ready until it listens again; the proc itself stays Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_listening_leaves_the_host_not_ready_until_it_listens_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let (close, reopen) = (dir.path().join("close"), dir.path().join("reopen"));
+    let port = http::free_port();
+    // Listens, closes its socket once `close` exists, listens again once
+    // `reopen` exists; never exits by itself.
+    let program = format!(
+        "import os,socket,time\n\
+         def listen():\n    s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port})); s.listen(); return s\n\
+         def wait(p):\n    while not os.path.exists(p): time.sleep(0.05)\n\
+         s=listen(); wait({close:?}); s.close(); wait({reopen:?}); s=listen(); time.sleep(3600)\n",
+        close = close.display().to_string(),
+        reopen = reopen.display().to_string(),
+    );
+    let config = AgentConfig {
+        heartbeat_interval: Duration::from_millis(200),
+        monarch: Some(MonarchWorker {
+            command: vec!["python3".into(), "-c".into(), program],
+            port,
+        }),
+        ..AgentConfig::loopback("mw", secret_file)
+    };
+    let agent = Agent::start(config).await.unwrap();
+    let m = agent.manager().clone();
+    let ready = async |want: u16, what: &str| {
+        eventually_async(what, async || (readyz(&agent).await == want).then_some(())).await;
+    };
+    ready(200, "/readyz 200 once the worker listens").await;
+
+    std::fs::write(&close, b"").unwrap();
+    ready(503, "/readyz 503 once the worker stops listening").await;
+    let s = m.state(MONARCH_WORKER_PROC).unwrap();
+    assert!(
+        matches!(s.status, ProcPhase::Ready { .. }),
+        "the worker runs on and stays Ready: {s:?}"
+    );
+
+    std::fs::write(&reopen, b"").unwrap();
+    ready(200, "/readyz 200 once the worker listens again").await;
+}
