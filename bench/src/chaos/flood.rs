@@ -1,5 +1,5 @@
 //! Scenario `unauth_flood`: 20,000 TCP connections that never
-//! authenticate, each opened and closed at once, at most [`CONCURRENCY`] at
+//! authenticate, each opened and reset at once, at most [`CONCURRENCY`] at
 //! a time, against host 0's agent port (its pod IP and the World's port).
 //!
 //! Passes when the agent is the same live process afterwards, its VmRSS
@@ -7,6 +7,7 @@
 //! [`RSS_BOUND_KIB`], and the World stayed Running with both hosts Ready
 //! (expiry is 2 s, so a starved agent would show) and no restart.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -69,19 +70,37 @@ pub(crate) async fn unauth_flood(run: &str) -> anyhow::Result<Timing> {
         })
     };
     let start = Instant::now();
-    let failed = futures::stream::iter(0..CONNECTIONS)
+    let why_failed = futures::stream::iter(0..CONNECTIONS)
         .map(|_| async move {
             match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
                 .await
             {
-                // Opened, then closed at once by the drop.
-                Ok(Ok(_stream)) => 0u64,
-                _ => 1,
+                // Opened, then reset at once: SO_LINGER 0 leaves no
+                // TIME_WAIT behind, so consecutive runs against a reused
+                // pod IP do not run this client out of ephemeral ports.
+                Ok(Ok(stream)) => {
+                    // Deprecated for a non-zero linger, which blocks on
+                    // drop; a zero linger resets at once.
+                    #[allow(deprecated)]
+                    let _ = stream.set_linger(Some(Duration::ZERO));
+                    None
+                }
+                Ok(Err(e)) => Some(format!("{:?}", e.kind())),
+                Err(_) => Some("no answer within 5s".to_string()),
             }
         })
         .buffer_unordered(CONCURRENCY)
-        .fold(0u64, |n, f| async move { n + f })
+        .fold(
+            BTreeMap::<String, u64>::new(),
+            |mut kinds, why| async move {
+                if let Some(why) = why {
+                    *kinds.entry(why).or_default() += 1;
+                }
+                kinds
+            },
+        )
         .await;
+    let failed: u64 = why_failed.values().sum();
     let flood_s = start.elapsed().as_secs_f64();
     let mut trail = Trail::default();
     let api = env.hostmesh_api("World");
@@ -108,7 +127,7 @@ pub(crate) async fn unauth_flood(run: &str) -> anyhow::Result<Timing> {
     )?;
     check(
         failed == 0,
-        format!("{failed} of {CONNECTIONS} connections could not be opened"),
+        format!("{failed} of {CONNECTIONS} connections could not be opened ({why_failed:?})"),
         &trail,
     )?;
     check(
