@@ -91,7 +91,7 @@ pub struct WorldAgents<'a> {
     /// The World's name.
     pub world: &'a str,
     /// How many host pods (ranks `0..hosts`).
-    pub hosts: usize,
+    pub hosts: hostmesh_crds::Rank,
     /// The `hostmesh` binary the agents run.
     pub bin: &'a Path,
     /// Silence the agents' stderr.
@@ -135,7 +135,9 @@ impl WorldAgents<'_> {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get("hostmesh.dev/epoch"))
+                .and_then(|a| {
+                    a.get(hostmesh_operator::controllers::world::fencing::ANNOTATION_EPOCH)
+                })
                 .map_or("0", String::as_str)
                 .to_string();
             let mut builder =
