@@ -20,6 +20,17 @@ async fn readyz(agent: &Agent) -> u16 {
         .map_or(0, |(code, _)| code)
 }
 
+/// An agent on loopback for a Monarch host whose worker runs `command` and
+/// listens on `port`.
+async fn monarch_agent(secret_file: std::path::PathBuf, command: Vec<String>, port: u16) -> Agent {
+    let config = AgentConfig {
+        heartbeat_interval: Duration::from_millis(200),
+        monarch: Some(MonarchWorker { command, port }),
+        ..AgentConfig::loopback("mw", secret_file)
+    };
+    Agent::start(config).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_gates_readiness_and_its_exit_is_reported() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,15 +43,7 @@ async fn the_worker_gates_readiness_and_its_exit_is_reported() {
          exec python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", {port})); s.listen(); print(\"listening\", flush=True); time.sleep(3600)'",
         gate = gate.display()
     );
-    let config = AgentConfig {
-        heartbeat_interval: Duration::from_millis(200),
-        monarch: Some(MonarchWorker {
-            command: vec!["sh".into(), "-c".into(), script],
-            port,
-        }),
-        ..AgentConfig::loopback("mw", secret_file)
-    };
-    let agent = Agent::start(config).await.unwrap();
+    let agent = monarch_agent(secret_file, vec!["sh".into(), "-c".into(), script], port).await;
     let m = agent.manager().clone();
     let mut events = m.subscribe();
 
@@ -125,15 +128,12 @@ async fn a_worker_that_stops_listening_leaves_the_host_not_ready_until_it_listen
         close = close.display().to_string(),
         reopen = reopen.display().to_string(),
     );
-    let config = AgentConfig {
-        heartbeat_interval: Duration::from_millis(200),
-        monarch: Some(MonarchWorker {
-            command: vec!["python3".into(), "-c".into(), program],
-            port,
-        }),
-        ..AgentConfig::loopback("mw", secret_file)
-    };
-    let agent = Agent::start(config).await.unwrap();
+    let agent = monarch_agent(
+        secret_file,
+        vec!["python3".into(), "-c".into(), program],
+        port,
+    )
+    .await;
     let m = agent.manager().clone();
     let ready = async |want: u16, what: &str| {
         eventually_async(what, async || (readyz(&agent).await == want).then_some(())).await;

@@ -40,7 +40,7 @@ use kube::{Api, ResourceExt as _};
 use tracing::debug;
 
 use crate::controllers::shared::ControllerContext;
-use crate::controllers::shared::writes::{self, PacedStatus, write_status};
+use crate::controllers::shared::writes::{self, write_status};
 use crate::{FIELD_MANAGER, OperatorError};
 
 /// Kind label in metrics and logs.
@@ -162,17 +162,4 @@ fn controlled_by(world: &World, mesh: &MonarchMesh) -> bool {
         .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
 }
 
-impl PacedStatus for MonarchMesh {
-    type Status = MonarchMeshStatus;
-    const KIND: &'static str = KIND;
-    fn status(&self) -> Option<&MonarchMeshStatus> {
-        self.status.as_ref()
-    }
-    fn set_status(&mut self, status: MonarchMeshStatus) {
-        self.status = Some(status);
-    }
-    fn is_urgent(old: &MonarchMeshStatus, new: &MonarchMeshStatus) -> bool {
-        old.first_failure != new.first_failure
-            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
-    }
-}
+writes::paced_status!(MonarchMesh, MonarchMeshStatus, KIND);

@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::OperatorError;
-use crate::controllers::shared::writes::{self, PacedStatus, write_status};
+use crate::controllers::shared::writes::{self, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::{MeshKey, WorldKey};
 
@@ -217,15 +217,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
             name: pm.name_any(),
         });
     }
-    for ev in &plan.events {
-        ctx.event(
-            pm,
-            ev.severity == crate::controllers::shared::Severity::Warning,
-            ev.reason,
-            ev.note.clone(),
-        )
-        .await;
-    }
+    ctx.planned_events(pm, &plan.events).await;
     let deferred = if written_ahead {
         None
     } else {
@@ -369,20 +361,7 @@ async fn invalid(
     })
 }
 
-impl PacedStatus for ProcMesh {
-    type Status = ProcMeshStatus;
-    const KIND: &'static str = "procmesh";
-    fn status(&self) -> Option<&ProcMeshStatus> {
-        self.status.as_ref()
-    }
-    fn set_status(&mut self, status: ProcMeshStatus) {
-        self.status = Some(status);
-    }
-    fn is_urgent(old: &ProcMeshStatus, new: &ProcMeshStatus) -> bool {
-        old.first_failure != new.first_failure
-            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
-    }
-}
+writes::paced_status!(ProcMesh, ProcMeshStatus, "procmesh");
 
 async fn cleanup(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let name = pm.name_any();

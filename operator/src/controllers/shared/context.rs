@@ -94,6 +94,18 @@ impl ControllerContext {
             warn!(reason, error = %e, "cannot publish Event");
         }
     }
+
+    /// Publishes the Events a plan decided on `obj`, in order.
+    pub async fn planned_events<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        events: &[super::events::PlannedEvent],
+    ) {
+        for ev in events {
+            let warning = ev.severity == super::events::Severity::Warning;
+            self.event(obj, warning, ev.reason, ev.note.clone()).await;
+        }
+    }
 }
 
 /// An object reference from namespace and name.

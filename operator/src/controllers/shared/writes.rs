@@ -52,6 +52,34 @@ pub trait PacedStatus:
     fn is_urgent(old: &Self::Status, new: &Self::Status) -> bool;
 }
 
+/// Implements [`PacedStatus`] for a kind whose status has `phase`,
+/// `conditions` and `firstFailure`: urgent when the phase or a condition's
+/// status flips ([`urgent`]) or the first failure changes.
+macro_rules! paced_status {
+    ($kind:ty, $status:ty, $key:expr) => {
+        impl $crate::controllers::shared::writes::PacedStatus for $kind {
+            type Status = $status;
+            const KIND: &'static str = $key;
+            fn status(&self) -> Option<&$status> {
+                self.status.as_ref()
+            }
+            fn set_status(&mut self, status: $status) {
+                self.status = Some(status);
+            }
+            fn is_urgent(old: &$status, new: &$status) -> bool {
+                old.first_failure != new.first_failure
+                    || $crate::controllers::shared::writes::urgent(
+                        old.phase,
+                        new.phase,
+                        &old.conditions,
+                        &new.conditions,
+                    )
+            }
+        }
+    };
+}
+pub(crate) use paced_status;
+
 /// The pacer's key of the object `name` in `ns`.
 pub fn pacer_key<K: PacedStatus>(ns: &str, name: &str) -> String {
     format!("{}/{ns}/{name}", K::KIND)

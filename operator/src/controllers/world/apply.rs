@@ -119,15 +119,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     {
         gang_condition(world, g, &mut status, &observed.pods, gang_problem);
     }
-    for ev in &plan.events {
-        ctx.event(
-            world,
-            ev.severity == crate::controllers::shared::Severity::Warning,
-            ev.reason,
-            ev.note.clone(),
-        )
-        .await;
-    }
+    ctx.planned_events(world, &plan.events).await;
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
     let deferred = write_status(world, ctx, status, false).await?;
     Ok(Action::requeue(requeue_after(
@@ -150,17 +142,7 @@ async fn unmanaged(
     {
         return Ok(Action::await_change());
     }
-    kueue::sync::gate(
-        &ctx.client,
-        kueue::sync::WorkloadInput {
-            world,
-            template: desired::pod_set_template(world, &ctx.args.agent_image, hash)?,
-            hosts: world.spec.full_shape().num_ranks(),
-            pods_left: 0,
-            progress: None,
-        },
-    )
-    .await?;
+    kueue::sync::gate(&ctx.client, workload_input(world, ctx, hash, 0, None)?).await?;
     Ok(Action::requeue(Duration::from_secs(30)))
 }
 
@@ -269,6 +251,23 @@ impl<'a> HubView<'a> {
     }
 }
 
+/// What the World's Kueue Workload is built from.
+fn workload_input<'a>(
+    world: &'a World,
+    ctx: &ControllerContext,
+    hash: &str,
+    pods_left: usize,
+    progress: Option<kueue::WorkloadProgress>,
+) -> Result<kueue::sync::WorkloadInput<'a>, OperatorError> {
+    Ok(kueue::sync::WorkloadInput {
+        world,
+        template: desired::pod_set_template(world, &ctx.args.agent_image, hash)?,
+        hosts: world.spec.full_shape().num_ranks(),
+        pods_left,
+        progress,
+    })
+}
+
 /// What Kueue lets the World do (invariant 6 of [`super`]).
 struct KueueGate {
     hold: Option<plan::Hold>,
@@ -283,15 +282,10 @@ async fn ask_kueue(
     pods_left: usize,
 ) -> Result<KueueGate, OperatorError> {
     let gate = if kueue::sync::queue_name(world).is_some() {
+        let progress = Some(kueue::progress(world.status.as_ref()));
         kueue::sync::gate(
             &ctx.client,
-            kueue::sync::WorkloadInput {
-                world,
-                template: desired::pod_set_template(world, &ctx.args.agent_image, hash)?,
-                hosts: world.spec.full_shape().num_ranks(),
-                pods_left,
-                progress: Some(kueue::progress(world.status.as_ref())),
-            },
+            workload_input(world, ctx, hash, pods_left, progress)?,
         )
         .await?
     } else {

@@ -49,7 +49,7 @@ use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::controllers::shared::writes::{self, PacedStatus, write_status};
+use crate::controllers::shared::writes::{self, write_status};
 use crate::controllers::shared::{ControllerContext, obj_ref};
 use crate::hub::WorldKey;
 use crate::{FIELD_MANAGER, OperatorError};
@@ -252,20 +252,7 @@ async fn invalid(
     Ok(Action::await_change())
 }
 
-impl PacedStatus for World {
-    type Status = WorldStatus;
-    const KIND: &'static str = "world";
-    fn status(&self) -> Option<&WorldStatus> {
-        self.status.as_ref()
-    }
-    fn set_status(&mut self, status: WorldStatus) {
-        self.status = Some(status);
-    }
-    fn is_urgent(old: &WorldStatus, new: &WorldStatus) -> bool {
-        old.first_failure != new.first_failure
-            || writes::urgent(old.phase, new.phase, &old.conditions, &new.conditions)
-    }
-}
+writes::paced_status!(World, WorldStatus, "world");
 
 async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, OperatorError> {
     let name = world.name_any();
