@@ -359,50 +359,54 @@ impl ProcManager {
     /// Stops every running proc, at most `max_concurrency` at a time, and
     /// refuses new ones from now on (invariant 4).
     pub async fn shutdown(&self, grace: Duration, max_concurrency: usize) {
-        let running: Vec<String> = {
-            let table = self.inner.lock();
-            self.inner.shutting_down.store(true, Ordering::SeqCst);
-            table
-                .procs
-                .iter()
-                .filter(|(_, e)| !e.state.status.is_terminal())
-                .map(|(n, _)| n.clone())
-                .collect()
-        };
+        let running = self.running_names(true);
         tracing::info!(
             procs = running.len(),
             ?grace,
             max_concurrency,
             "stopping all procs"
         );
-        futures::stream::iter(running)
-            .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
-                if let Err(e) = self.stop(&name, grace).await {
-                    tracing::warn!(proc = %name, error = %e, "stop during shutdown");
-                }
-            })
-            .await;
+        self.stop_all(running, grace, max_concurrency, true).await;
     }
 
     /// Stops every running proc after the fence tripped (invariant 5):
     /// TERM, the fence's grace, KILL, at most `max_concurrency` at a time.
     pub async fn fence_procs(&self, max_concurrency: usize) {
         let grace = self.inner.fence.policy().grace;
-        let running: Vec<String> = {
-            // Under the table lock, so no create slips in after the list.
-            let table = self.inner.lock();
-            table
-                .procs
-                .iter()
-                .filter(|(_, e)| !e.state.status.is_terminal())
-                .map(|(n, _)| n.clone())
-                .collect()
-        };
+        let running = self.running_names(false);
         tracing::warn!(procs = running.len(), ?grace, "fenced: stopping every proc");
-        futures::stream::iter(running)
+        self.stop_all(running, grace, max_concurrency, false).await;
+    }
+
+    /// The procs not ended yet, listed under the table lock so no create
+    /// slips in after the list; `shutting_down` also refuses new ones from
+    /// then on.
+    fn running_names(&self, shutting_down: bool) -> Vec<String> {
+        let table = self.inner.lock();
+        if shutting_down {
+            self.inner.shutting_down.store(true, Ordering::SeqCst);
+        }
+        table
+            .procs
+            .iter()
+            .filter(|(_, e)| !e.state.status.is_terminal())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Stops `names` (TERM, `grace`, KILL), at most `max_concurrency` at a
+    /// time; `requested` as in [`ProcManager::stop_as`].
+    async fn stop_all(
+        &self,
+        names: Vec<String>,
+        grace: Duration,
+        max_concurrency: usize,
+        requested: bool,
+    ) {
+        futures::stream::iter(names)
             .for_each_concurrent(max_concurrency.clamp(1, 256), |name| async move {
-                if let Err(e) = self.stop_as(&name, grace, false).await {
-                    tracing::warn!(proc = %name, error = %e, "stop while fencing");
+                if let Err(e) = self.stop_as(&name, grace, requested).await {
+                    tracing::warn!(proc = %name, error = %e, requested, "stop of every proc");
                 }
             })
             .await;

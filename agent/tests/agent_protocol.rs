@@ -370,13 +370,17 @@ async fn dialed_supervisor_restarted_receives_full_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_host_stops_procs_then_the_agent_exits() {
-    let mut agent = ChildAgent::start(&[], &["exec sleep 60", "exec sleep 61"]);
+    let agent = ChildAgent::start(&[], &["exec sleep 60", "exec sleep 61"]);
+    shut_down(agent, Duration::from_secs(10), 1).await;
+}
+
+/// Sends `ShutdownHost {grace, max_concurrency}` to `agent`, then waits
+/// until the agent exits 0 and every proc it had is gone.
+async fn shut_down(mut agent: ChildAgent, grace: Duration, max_concurrency: usize) {
     let addr = agent.addr();
     let pids = agent.pids();
     let (c, _ev) = client("operator", SECRET.as_bytes()).await;
-    c.shutdown_host(addr, Duration::from_secs(10), 1)
-        .await
-        .unwrap();
+    c.shutdown_host(addr, grace, max_concurrency).await.unwrap();
     let st = tokio::task::spawn_blocking(move || {
         let st = agent.wait();
         (st, agent)
@@ -407,26 +411,12 @@ async fn shutdown_host_stops_at_most_max_concurrency_procs_at_once() {
         dir = dir.path().display()
     );
     let scripts = vec![script.as_str(); PROCS];
-    let mut agent = ChildAgent::start(&[], &scripts);
-    let addr = agent.addr();
-    let pids = agent.pids();
+    let agent = ChildAgent::start(&[], &scripts);
     hostmesh_testkit::eventually("every proc installed its TERM trap", || {
         (0..PROCS).all(|r| dir.path().join(format!("ready.{r}")).exists())
     })
     .await;
-    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
-    c.shutdown_host(addr, Duration::from_secs(20), BOUND)
-        .await
-        .unwrap();
-    let st = tokio::task::spawn_blocking(move || {
-        let st = agent.wait();
-        (st, agent)
-    })
-    .await
-    .unwrap()
-    .0;
-    assert!(st.success(), "{st:?}");
-    wait_all_gone(&pids);
+    shut_down(agent, Duration::from_secs(20), BOUND).await;
 
     let text = std::fs::read_to_string(&log).unwrap();
     let (mut under_way, mut most, mut stopped) = (0usize, 0usize, 0usize);

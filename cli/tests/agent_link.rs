@@ -84,24 +84,9 @@ async fn hub_drives_a_real_agent() {
     let secret = b"0123456789abcdef0123456789abcdef";
     let agent = start_agent(secret, 1);
     let (hub, _stop) = running_hub();
-    // The agent may still be starting: dial until it heartbeats.
-    eventually_async("agent heartbeats", async || {
-        let h = hub.clone();
-        let a = agents(secret, agent.addr());
-        tokio::spawn(async move { h.sync_world(&wk(), a).await });
-        (hub.liveness(&wk(), 0, "pod-0") == Liveness::Alive).then_some(())
-    })
-    .await;
-    eventually_ok("the proc created", async || {
-        hub.ensure_procs(&wk(), 0, vec![sleeper(0)], Duration::from_secs(1))
-            .await
-    })
-    .await;
-    eventually_async("proc Running", async || {
-        let s = hub.proc_states(&wk(), "pm.abc");
-        (s.get(&0)?.state == ProcState::Running).then_some(())
-    })
-    .await;
+    // The agent may still be starting: running_sleeper dials until it
+    // heartbeats.
+    running_sleeper(&hub, &agents(secret, agent.addr())).await;
     hub.stop_procs(&wk(), "pm.abc", Duration::from_secs(2))
         .await
         .expect("stop reaches the agent");
