@@ -59,6 +59,7 @@ pub const PROGRESS_PATTERN_SIZE_LIMIT: usize = 1 << 20;
     printcolumn(name = "EXTENT", type_ = "string", json_path = ".status.extent"),
     printcolumn(name = "RUNNING", type_ = "integer", json_path = ".status.running"),
     printcolumn(name = "FAILED", type_ = "integer", json_path = ".status.failed"),
+    printcolumn(name = "RESTARTS", type_ = "integer", json_path = ".status.restarts"),
     printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "AGE",
