@@ -143,6 +143,10 @@ async fn watch(manager: ProcManager, port: u16, addr: String, readiness: Readine
     let mut warned = false;
     let mut listening = false;
     let mut events = manager.subscribe();
+    // One interval for the whole watch: proc events in between do not
+    // postpone the next reading of the socket tables.
+    let mut recheck = tokio::time::interval(RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         match manager.state(MONARCH_WORKER_PROC).map(|s| s.status) {
             Ok(ProcPhase::Starting) => match listen::listening(port) {
@@ -168,7 +172,7 @@ async fn watch(manager: ProcManager, port: u16, addr: String, readiness: Readine
                             events = manager.subscribe();
                         }
                     }
-                    () = tokio::time::sleep(RECHECK) => {
+                    _ = recheck.tick() => {
                         if let Ok(now) = listen::listening(port)
                             && now != listening
                         {

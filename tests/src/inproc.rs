@@ -131,15 +131,7 @@ impl WorldAgents<'_> {
                     pods.get_opt(&pod).await.ok()?
                 })
                 .await?;
-            let epoch = created
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| {
-                    a.get(hostmesh_operator::controllers::world::fencing::ANNOTATION_EPOCH)
-                })
-                .map_or("0", String::as_str)
-                .to_string();
+            let epoch = hostmesh_operator::controllers::world::fencing::pod_epoch(&created);
             let mut builder =
                 AgentProcess::builder(self.bin, addr, AgentSecret::File(secret_file.clone()))
                     .host_rank(rank)

@@ -100,6 +100,9 @@ struct HostEntry {
     /// What the digest reads of every proc the agent reported, by name
     /// (invariant 8).
     held: BTreeMap<String, hostmesh_agent::DigestEntry>,
+    /// The digest of `held`, computed once per change of `held` rather than
+    /// on every heartbeat (`None`: not computed since the last change).
+    held_digest: Option<u64>,
     /// Heartbeats in a row whose digest differed from `held`'s.
     digest_misses: u32,
     /// When a fresh Snapshot was last asked for (invariant 8).
@@ -355,6 +358,7 @@ impl Hub {
                         .iter()
                         .map(|p| (p.name.clone(), hostmesh_agent::DigestEntry::of(p)))
                         .collect();
+                    h.held_digest = None;
                     h.digest_misses = 0;
                     h.resync_asked = None;
                 }
@@ -415,6 +419,7 @@ impl Hub {
                 {
                     h.held
                         .insert(state.name.clone(), hostmesh_agent::DigestEntry::of(&state));
+                    h.held_digest = None;
                 }
                 if worker::is_worker(&state) {
                     worker::record(st, &host, state, now);
@@ -664,6 +669,7 @@ impl Hub {
                 }
                 let h = entry.hosts.entry(*rank).or_insert_with(|| HostEntry {
                     held: BTreeMap::new(),
+                    held_digest: None,
                     digest_misses: 0,
                     resync_asked: None,
                     pod_uid: uid.clone(),
@@ -876,7 +882,9 @@ fn check_digest(
         .hosts
         .get_mut(&host.rank)
         .filter(|h| h.pod_uid == pod_uid && h.reported_at.is_some())?;
-    let held = hostmesh_agent::digest_entries(h.held.values());
+    let held = *h
+        .held_digest
+        .get_or_insert_with(|| hostmesh_agent::digest_entries(h.held.values()));
     if held == digest {
         h.digest_misses = 0;
         return None;

@@ -72,16 +72,10 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     let pod_hash = desired::placed_hash(&hash, gate.placement.as_ref());
     let critical = super::critical_failure(world, ctx, &ns).await?;
     let liveness = |r: Rank| hub.liveness(r);
-    let expired_since = |r: Rank| {
-        hub.uid(r)
-            .and_then(|uid| ctx.hub.expired_since(&key, r, uid))
-    };
+    let expired_since = |r: Rank| hub.expired_since(r);
     let watching_since = |r: Rank| hub.watching_since(r);
-    let link_error = |r: Rank| hub.uid(r).and_then(|uid| ctx.hub.link_error(&key, r, uid));
-    let monarch_worker = |r: Rank| {
-        hub.uid(r)
-            .and_then(|uid| ctx.hub.monarch_worker(&key, r, uid))
-    };
+    let link_error = |r: Rank| hub.link_error(r);
+    let monarch_worker = |r: Rank| hub.monarch_worker(r);
     let plan = plan::plan(&plan::PlanInput {
         world,
         timings,
@@ -249,6 +243,26 @@ impl<'a> HubView<'a> {
         self.uid(r)
             .and_then(|uid| self.ctx.hub.watching_since(self.key, r, uid))
     }
+
+    fn expired_since(&self, r: Rank) -> Option<Timestamp> {
+        self.uid(r)
+            .and_then(|uid| self.ctx.hub.expired_since(self.key, r, uid))
+    }
+
+    fn last_heard(&self, r: Rank) -> Option<Timestamp> {
+        self.uid(r)
+            .and_then(|uid| self.ctx.hub.last_heard(self.key, r, Some(uid)))
+    }
+
+    fn link_error(&self, r: Rank) -> Option<String> {
+        self.uid(r)
+            .and_then(|uid| self.ctx.hub.link_error(self.key, r, uid))
+    }
+
+    fn monarch_worker(&self, r: Rank) -> Option<hostmesh_agent::protocol::ProcReport> {
+        self.uid(r)
+            .and_then(|uid| self.ctx.hub.monarch_worker(self.key, r, uid))
+    }
 }
 
 /// What the World's Kueue Workload is built from.
@@ -319,9 +333,7 @@ async fn act_on_stuck_pods(
         let verdict = fencing::stuck(
             p,
             hub.liveness(*r) == Liveness::Alive,
-            hub.ctx
-                .hub
-                .last_heard(hub.key, *r, Some(hub.uid(*r).unwrap_or_default())),
+            hub.last_heard(*r),
             hub.watching_since(*r),
             Timestamp::now(),
         );

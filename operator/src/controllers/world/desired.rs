@@ -282,7 +282,8 @@ pub fn host_container_index(containers: &[Container]) -> usize {
         .unwrap_or(0)
 }
 
-fn env(name: &str, value: impl Into<String>) -> EnvVar {
+/// A plain environment variable of a host container.
+pub(super) fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value: Some(value.into()),

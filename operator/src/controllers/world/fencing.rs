@@ -27,10 +27,10 @@
 use std::time::Duration;
 
 use hostmesh_agent::contract::{self, FENCE_GRACE};
-use k8s_openapi::api::core::v1::{EnvVar, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::desired::host_container_index;
+use super::desired::{env, host_container_index};
 use crate::hub::fence::RENEW_EVERY;
 
 /// Annotation on host pods: the pod's rank epoch.
@@ -69,14 +69,6 @@ pub fn fence_timeout(health_timeout: Duration, eviction_timeout: Duration) -> Du
     health_timeout
         .saturating_add(eviction_timeout)
         .max(MIN_FENCE_TIMEOUT)
-}
-
-fn env(name: &str, value: String) -> EnvVar {
-    EnvVar {
-        name: name.to_string(),
-        value: Some(value),
-        value_from: None,
-    }
 }
 
 /// Gives a new host pod its epoch and fence settings (annotation and agent

@@ -21,7 +21,9 @@
 use hostmesh_agent::contract;
 use hostmesh_crds::Rank;
 use hostmesh_crds::monarch::{self as api, MonarchSpec};
-use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
+use k8s_openapi::api::core::v1::{Container, ContainerPort};
+
+use super::desired::env;
 use std::collections::BTreeMap;
 
 /// Name of the worker's container port.
@@ -62,14 +64,6 @@ pub fn labels(spec: &MonarchSpec, world: &str, rank: Rank) -> BTreeMap<String, S
         ),
         (api::LABEL_POD_INDEX.to_string(), rank.to_string()),
     ])
-}
-
-fn env(name: &str, value: String) -> EnvVar {
-    EnvVar {
-        name: name.to_string(),
-        value: Some(value),
-        value_from: None,
-    }
 }
 
 /// Invariant 2 and the agent's worker settings, on the host container; and
@@ -116,8 +110,8 @@ mod tests {
     fn host_env_keeps_the_template_ids_and_replaces_port_and_rank() {
         let mut host = Container {
             env: Some(vec![
-                env(api::ENV_SERVICE_PROC_IDS, "[\"a\",\"b\"]".into()),
-                env(api::ENV_PORT, "1".into()),
+                env(api::ENV_SERVICE_PROC_IDS, "[\"a\",\"b\"]"),
+                env(api::ENV_PORT, "1"),
             ]),
             ..Default::default()
         };
