@@ -55,11 +55,14 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
                         .clone()
                         .unwrap_or_else(|| format!("ExitCode{}", t.exit_code));
                     // The kubelet's message names what failed (the program,
-                    // the path, the OS error): keep it with the container.
+                    // the path, the OS error), or is the tail of the
+                    // container's log: keep it with the container, and when
+                    // it must be cut keep its end, where the cause is.
                     match t.message.as_deref().map(str::trim) {
                         Some(m) if !m.is_empty() => {
-                            let full = format!("{reason}: container {name}: {m}");
-                            hostmesh_crds::procmesh::head(&full, MAX_REASON).to_string()
+                            let prefix = format!("{reason}: container {name}: ");
+                            let room = MAX_REASON.saturating_sub(prefix.len());
+                            format!("{prefix}{}", hostmesh_crds::procmesh::tail(m, room))
                         }
                         _ => reason,
                     }
@@ -209,6 +212,19 @@ pub(crate) mod tests {
                 "{yaml}"
             );
         }
+        // A long message (a log tail under FallbackToLogsOnError) keeps its
+        // end, where the cause is, within the bound.
+        let log: Vec<String> = (0..40).map(|i| format!("line {i} of the log")).collect();
+        let yaml = format!(
+            "  phase: Failed\n  containerStatuses: [{{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {{terminated: {{exitCode: 1, reason: Error, message: '{}'}}}}}}]\n",
+            log.join(" ")
+        );
+        let why = observe_pod(Some(&mk_pod(&yaml)), Liveness::Alive)
+            .reason
+            .unwrap();
+        assert!(why.starts_with("Error: container host: "), "{why}");
+        assert!(why.ends_with("line 39 of the log"), "{why}");
+        assert!(why.len() <= MAX_REASON, "{}", why.len());
         assert_eq!(
             observe_pod(None, Liveness::Unknown).state,
             HostState::Pending
