@@ -113,7 +113,9 @@ mod tests {
             .collect();
         assert_eq!(
             cols,
-            ["WORLD", "EXTENT", "RUNNING", "FAILED", "PHASE", "AGE"]
+            [
+                "WORLD", "EXTENT", "RUNNING", "FAILED", "RESTARTS", "PHASE", "AGE"
+            ]
         );
     }
 
