@@ -10,6 +10,11 @@
 # The Helm scenario is left out: the chart's operator pod would need a node
 # of the cluster's own to run on.
 #
+# The tests are picked with a filter over `--workspace` rather than with `-p`:
+# `-p hostmesh-e2e` resolves features for that package alone, which gives most
+# workspace crates a different hash and builds them all a second time (twice
+# the disk; a CI machine ran out of it and the linker died with SIGBUS).
+#
 # Usage: .ci/e2e-external-cluster.sh [nextest args...]  (after `cargo build --bin hostmesh`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +45,7 @@ pids+=($!)
 
 status=0
 KUBECONFIG="$dir/kubeconfig" HOSTMESH_BIN="$bin" \
-  cargo nextest run -p hostmesh-e2e -E 'not binary(helm)' "$@" || status=$?
+  cargo nextest run --workspace -E 'package(hostmesh-e2e) & not binary(helm)' "$@" || status=$?
 
 # Every test removed its namespace and its Node.
 left=$(KUBECONFIG="$dir/kubeconfig" kubectl get namespaces,nodes -o name | grep -E '^(namespace/e2e-|node/hostmesh-e2e-)' || true)
