@@ -415,25 +415,40 @@ async fn a_refused_agent_is_not_heard_and_epochs_are_remembered() {
     hub.sync_world(&wk(), a.clone()).await;
     assert_eq!(hub.highest_epoch(&wk(), 0), 7);
     assert_eq!(hub.last_heard(&wk(), 0, Some("a-0")), None);
+    // Heard once (its snapshot), so Alive until healthTimeout (10 s) passes.
+    let t0 = Instant::now();
+    while let Ok(p) = rx.try_recv() {
+        hub.handle_push(p, t0);
+    }
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
     let (tw, _rw) = mpsc::unbounded_channel();
     let (tm, _rm) = mpsc::unbounded_channel();
-    hub.handle_push(
-        HostReport::Refused {
-            host: host(0),
-            pod_uid: "a-0".into(),
-            reason: "a stale agent answers".into(),
-        },
-        Instant::now(),
-    );
+    // From then on the hub refuses its pushes, one per second for 11 s.
+    let refused = || HostReport::Refused {
+        host: host(0),
+        pod_uid: "a-0".into(),
+        reason: "a stale agent answers".into(),
+    };
+    for s in 1..=11 {
+        hub.handle_push(refused(), t0 + Duration::from_secs(s));
+    }
     assert_eq!(
         hub.link_error(&wk(), 0, "a-0").as_deref(),
         Some("a stale agent answers")
     );
-    assert_ne!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
-    hub.tick(Instant::now() + Duration::from_secs(11), &tw, &tm);
-    assert_ne!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    // Refused pushes do not keep it Alive: it expires as if silent.
+    hub.tick(t0 + Duration::from_secs(11), &tw, &tm);
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Expired);
     // A heartbeat that counts clears it and is remembered.
-    drain(&hub, &mut rx);
+    hub.handle_push(
+        HostReport::Heartbeat {
+            host: host(0),
+            pod_uid: "a-0".into(),
+            clock: None,
+            digest: None,
+        },
+        t0 + Duration::from_secs(12),
+    );
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
     assert!(hub.last_heard(&wk(), 0, Some("a-0")).is_some());
     assert_eq!(hub.link_error(&wk(), 0, "a-0"), None);

@@ -1,6 +1,8 @@
 //! Host state from a pod and the hub's view of its agent: the pod-level
-//! reason when there is one (Unschedulable, ImagePullBackOff, OOMKilled,
-//! Evicted), and readiness that needs both pod Ready and heartbeats.
+//! reason when there is one (Unschedulable, ImagePullBackOff, Evicted), how
+//! a failed pod's container ended (reason, exit code, the signal 128+n
+//! means, the kubelet's message), and readiness that needs both pod Ready
+//! and heartbeats.
 
 use crate::hub::Liveness;
 use hostmesh_crds::world::{HostState, HostStatus};
@@ -36,37 +38,12 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
     let Some(status) = pod.status.as_ref() else {
         return host(HostState::Starting, None);
     };
-    let containers = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten());
     match status.phase.as_deref() {
         Some("Failed") => {
             if let Some(r) = status.reason.as_deref() {
                 return host(HostState::Failed, Some(r));
             }
-            let term_reason = containers
-                .filter_map(|c| Some((&c.name, c.state.as_ref()?.terminated.as_ref()?)))
-                .find(|(_, t)| t.exit_code != 0 || t.reason.as_deref() == Some("OOMKilled"))
-                .map(|(name, t)| {
-                    let reason = t
-                        .reason
-                        .clone()
-                        .unwrap_or_else(|| format!("ExitCode{}", t.exit_code));
-                    // The kubelet's message names what failed (the program,
-                    // the path, the OS error), or is the tail of the
-                    // container's log: keep it with the container, and when
-                    // it must be cut keep its end, where the cause is.
-                    match t.message.as_deref().map(str::trim) {
-                        Some(m) if !m.is_empty() => {
-                            let prefix = format!("{reason}: container {name}: ");
-                            let room = MAX_REASON.saturating_sub(prefix.len());
-                            format!("{prefix}{}", hostmesh_crds::procmesh::tail(m, room))
-                        }
-                        _ => reason,
-                    }
-                });
+            let term_reason = failed_container(pod).map(|c| c.describe());
             return host(
                 HostState::Failed,
                 Some(term_reason.as_deref().unwrap_or("PodFailed")),
@@ -111,6 +88,90 @@ pub fn observe_pod(pod: Option<&Pod>, liveness: Liveness) -> HostStatus {
         (false, Liveness::Alive) => host(HostState::NotReady, Some("ReadinessProbeFailed")),
         (false, Liveness::Unknown) => host(HostState::Starting, None),
     }
+}
+
+/// How a host pod's container ended, as the kubelet reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedContainer {
+    /// The container (`host`, or the init container `hostmesh-install`).
+    pub name: String,
+    /// The kubelet's reason (`Error`, `OOMKilled`, `StartError`), if any.
+    pub reason: Option<String>,
+    /// Its exit code (137 for a SIGKILL).
+    pub exit_code: i32,
+    /// The signal that ended it: the kubelet's `signal`, or read from an
+    /// exit code of 128+n when n names a real signal.
+    pub signal: Option<i32>,
+    /// The kubelet's message: what failed to start, or the tail of the
+    /// container's log (`FallbackToLogsOnError`).
+    pub message: Option<String>,
+    /// The container's command and args from the pod spec.
+    pub command: Vec<String>,
+}
+
+impl FailedContainer {
+    /// `Error: container host exited with code 137 (SIGKILL): <message>`,
+    /// bounded to the host reason's length; a long message keeps its end,
+    /// where the cause is.
+    pub fn describe(&self) -> String {
+        let reason = self.reason.as_deref().unwrap_or("Error");
+        let signal = self
+            .signal
+            .and_then(crate::controllers::procmesh::exit::signal_name)
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        let prefix = format!(
+            "{reason}: container {} exited with code {}{signal}",
+            self.name, self.exit_code
+        );
+        match self.message.as_deref().map(str::trim) {
+            Some(m) if !m.is_empty() => {
+                let room = MAX_REASON.saturating_sub(prefix.len() + 2);
+                format!("{prefix}: {}", hostmesh_crds::procmesh::tail(m, room))
+            }
+            _ => prefix,
+        }
+    }
+}
+
+/// The first of the pod's containers (init containers first) that ended
+/// with a non-zero code or was OOM-killed.
+pub fn failed_container(pod: &Pod) -> Option<FailedContainer> {
+    let status = pod.status.as_ref()?;
+    let spec = pod.spec.as_ref();
+    let command = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .find(|c| c.name == name)
+            .map(|c| {
+                c.command
+                    .iter()
+                    .flatten()
+                    .chain(c.args.iter().flatten())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| Some((&c.name, c.state.as_ref()?.terminated.as_ref()?)))
+        .find(|(_, t)| t.exit_code != 0 || t.reason.as_deref() == Some("OOMKilled"))
+        .map(|(name, t)| FailedContainer {
+            name: name.clone(),
+            reason: t.reason.clone(),
+            exit_code: t.exit_code,
+            signal: t.signal.filter(|s| *s != 0).or_else(|| {
+                (t.exit_code > 128)
+                    .then(|| t.exit_code - 128)
+                    .filter(|s| crate::controllers::procmesh::exit::signal_name(*s).is_some())
+            }),
+            message: t.message.clone().filter(|m| !m.trim().is_empty()),
+            command: command(name),
+        })
 }
 
 /// The pod's IP when it has one and is not being deleted.
@@ -180,12 +241,12 @@ pub(crate) mod tests {
             (
                 "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: OOMKilled}}}]\n",
                 HostState::Failed,
-                "OOMKilled",
+                "OOMKilled: container host exited with code 137 (SIGKILL)",
             ),
             (
                 "  phase: Failed\n  initContainerStatuses: [{name: hostmesh-install, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 128, reason: StartError, message: 'failed to start \"/w/hostmesh\": Permission denied (os error 13)'}}}]\n",
                 HostState::Failed,
-                "StartError: container hostmesh-install: failed to start \"/w/hostmesh\": Permission denied (os error 13)",
+                "StartError: container hostmesh-install exited with code 128: failed to start \"/w/hostmesh\": Permission denied (os error 13)",
             ),
             (
                 "  phase: Failed\n  reason: Evicted\n",
@@ -195,7 +256,7 @@ pub(crate) mod tests {
             (
                 "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 3}}}]\n",
                 HostState::Failed,
-                "ExitCode3",
+                "Error: container host exited with code 3",
             ),
             ("  phase: Succeeded\n", HostState::Failed, "AgentExited"),
             (
@@ -222,7 +283,10 @@ pub(crate) mod tests {
         let why = observe_pod(Some(&mk_pod(&yaml)), Liveness::Alive)
             .reason
             .unwrap();
-        assert!(why.starts_with("Error: container host: "), "{why}");
+        assert!(
+            why.starts_with("Error: container host exited with code 1: "),
+            "{why}"
+        );
         assert!(why.ends_with("line 39 of the log"), "{why}");
         assert!(why.len() <= MAX_REASON, "{}", why.len());
         assert_eq!(

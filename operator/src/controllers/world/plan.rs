@@ -740,13 +740,30 @@ impl<'i, 'a> Working<'i, 'a> {
                     HostState::Expired => (self.input.expired_since)(r).map(Time),
                     _ => None,
                 };
-                super::worker::failure(
+                let mut f = super::worker::failure(
                     r,
                     super::desired::pod_name(&name, r),
                     &self.hosts[r],
                     report.as_ref(),
                     at.as_ref().unwrap_or(&self.now_t),
-                )
+                );
+                // A host container that ended (the agent crashed, was
+                // killed or OOM-killed): its code, signal, log tail and
+                // command, as for a worker.
+                let container = (self.hosts[r].state == HostState::Failed
+                    && f.exit_code.is_none()
+                    && f.signal.is_none())
+                .then(|| {
+                    self.input
+                        .pods
+                        .get(&r)
+                        .and_then(super::observe::failed_container)
+                })
+                .flatten();
+                if let Some(c) = container {
+                    super::worker::fill_from_container(&mut f, c);
+                }
+                f
             })
             .collect();
         super::worker::first_failure(&self.prev, failures)

@@ -17,7 +17,7 @@
 use hostmesh_agent::protocol::{ProcPhase, ProcReport};
 use hostmesh_crds::Rank;
 use hostmesh_crds::conditions::{self, READY};
-use hostmesh_crds::procmesh::head;
+use hostmesh_crds::procmesh::{head, tail};
 use hostmesh_crds::world::{HostFailure, HostState, HostStatus, WorldStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -97,13 +97,8 @@ fn stderr_tail(report: &ProcReport) -> Option<String> {
         ProcPhase::Stopped { stderr_tail, .. } | ProcPhase::Killed { stderr_tail, .. }
             if !stderr_tail.is_empty() =>
         {
-            let all = stderr_tail.join("\n");
             // Keep the end: the last lines say why.
-            let mut cut = all.len().saturating_sub(MAX_TAIL);
-            while !all.is_char_boundary(cut) {
-                cut += 1;
-            }
-            Some(all[cut..].to_string())
+            Some(tail(&stderr_tail.join("\n"), MAX_TAIL))
         }
         _ => None,
     }
@@ -137,6 +132,16 @@ pub fn failure(
         stderr_tail: ended.and_then(stderr_tail),
         command: ended.map(|r| exit::command_line(&r.command, &[], MAX_COMMAND)),
     }
+}
+
+/// Fills failure `f` of a host whose container ended from how it ended:
+/// its exit code (and signal, when 128+n names one), the container log's
+/// tail the kubelet kept as its message, and its command line.
+pub fn fill_from_container(f: &mut HostFailure, c: super::observe::FailedContainer) {
+    f.exit_code = Some(c.exit_code);
+    f.signal = c.signal;
+    f.stderr_tail = c.message.map(|m| tail(&m, MAX_TAIL));
+    f.command = (!c.command.is_empty()).then(|| exit::command_line(&c.command, &[], MAX_COMMAND));
 }
 
 /// Invariant 3: the World's `firstFailure` given the previous status and

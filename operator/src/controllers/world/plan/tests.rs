@@ -129,6 +129,47 @@ fn a_killed_monarch_worker_is_a_host_failure() {
     assert_eq!(ff.command.as_deref(), Some("python -u"));
 }
 
+/// A host whose agent container was killed: `firstFailure` carries the
+/// container's exit code, the signal it means, the log tail the kubelet
+/// kept and the container's command.
+#[test]
+fn a_killed_host_container_is_named_in_first_failure() {
+    let w = mk_world("{maxRestarts: 2}");
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let mut dead = pod(
+        2,
+        "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: Error, message: \"serving\\nlast words\"}}}]\n",
+        "h1",
+    );
+    dead.spec = Some(
+        serde_saphyr::from_str(
+            "containers: [{name: host, image: x, command: [/hostmesh/hostmesh, agent], args: [--port, '26602']}]",
+        )
+        .unwrap(),
+    );
+    pods.insert(2, dead);
+    let p = plan(&input(&w, &pods, 100));
+    let ff = p.status.first_failure.unwrap();
+    assert_eq!(
+        (ff.rank, ff.exit_code, ff.signal),
+        (2, Some(137), Some(9)),
+        "{ff:?}"
+    );
+    assert_eq!(
+        ff.reason,
+        "Error: container host exited with code 137 (SIGKILL): serving\nlast words"
+    );
+    assert_eq!(ff.stderr_tail.as_deref(), Some("serving\nlast words"));
+    assert_eq!(
+        ff.command.as_deref(),
+        Some("/hostmesh/hostmesh agent --port 26602")
+    );
+    // A pod-level failure (Evicted) has no container exit to report.
+    pods.insert(2, pod(2, FAILED_POD, "h1"));
+    let ff = plan(&input(&w, &pods, 100)).status.first_failure.unwrap();
+    assert_eq!((ff.exit_code, ff.signal, ff.command), (None, None, None));
+}
+
 #[test]
 fn failed_host_is_replaced_with_backoff_then_gives_up() {
     let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
