@@ -55,9 +55,10 @@ pub struct AgentArgs {
     /// from the operator; empty: never.
     #[arg(long, env = contract::env::FENCE_TIMEOUT)]
     pub fence_timeout: Option<String>,
-    /// Grace between TERM and KILL when fencing.
-    #[arg(long, env = contract::env::FENCE_GRACE, default_value = "5s")]
-    pub fence_grace: String,
+    /// Grace between TERM and KILL when fencing (default
+    /// [`contract::FENCE_GRACE`], 5s, which the operator counts on).
+    #[arg(long, env = contract::env::FENCE_GRACE)]
+    pub fence_grace: Option<String>,
     /// Grace period between TERM and KILL when the agent itself is stopped.
     #[arg(long, env = "HOSTMESH_STOP_GRACE", default_value = "10s")]
     pub stop_grace: String,
@@ -285,7 +286,10 @@ impl AgentArgs {
         let fence = crate::FencePolicy {
             epoch: parse_num::<u64>("--epoch (HOSTMESH_EPOCH)", &self.epoch)?,
             timeout: fence_timeout,
-            grace: parse_duration("--fence-grace (HOSTMESH_FENCE_GRACE)", &self.fence_grace)?,
+            grace: match &self.fence_grace {
+                Some(s) => parse_duration("--fence-grace (HOSTMESH_FENCE_GRACE)", s)?,
+                None => contract::FENCE_GRACE,
+            },
         };
         Ok(AgentConfig {
             monarch,
@@ -481,12 +485,29 @@ mod tests {
         let base = ["--world", "w", "--host-rank", "0", "--pod-ip", "127.0.0.2"];
         let c = args(&base).validate().unwrap();
         assert_eq!((c.fence.epoch, c.fence.timeout), (0, None));
+        assert_eq!(
+            c.fence.grace,
+            contract::FENCE_GRACE,
+            "the operator counts on it"
+        );
         let mut v = base.to_vec();
-        v.extend_from_slice(&["--epoch", "7", "--fence-timeout", "70s"]);
+        v.extend_from_slice(&[
+            "--epoch",
+            "7",
+            "--fence-timeout",
+            "70s",
+            "--fence-grace",
+            "2s",
+        ]);
         let c = args(&v).validate().unwrap();
         assert_eq!(c.fence.epoch, 7);
         assert_eq!(c.fence.timeout, Some(Duration::from_secs(70)));
-        for (flag, bad) in [("--epoch", "x1"), ("--fence-timeout", "0s")] {
+        assert_eq!(c.fence.grace, Duration::from_secs(2));
+        for (flag, bad) in [
+            ("--epoch", "x1"),
+            ("--fence-timeout", "0s"),
+            ("--fence-grace", "x"),
+        ] {
             let mut v = base.to_vec();
             v.extend_from_slice(&[flag, bad]);
             let e = args(&v).validate().unwrap_err().to_string();

@@ -136,30 +136,6 @@ async fn with_recreate_gang_every_host_is_recreated() -> anyhow::Result<()> {
     let pids = env.agent_pids("w", 0);
     assert_eq!(pids.len(), 1);
     signal(pids[0], "KILL")?;
-    // The root cause without logs: which host, the container's exit code
-    // and the signal it means.
-    let status = env
-        .wait_for("World", "w", "firstFailure names host 1", |s| {
-            !s["firstFailure"].is_null()
-        })
-        .await?;
-    let f = &status["firstFailure"];
-    assert_eq!(
-        (f["rank"].as_u64(), f["pod"].as_str()),
-        (Some(1), Some("w-host-1")),
-        "{f:#}"
-    );
-    assert_eq!(
-        (f["exitCode"].as_i64(), f["signal"].as_i64()),
-        (Some(137), Some(9)),
-        "{f:#}"
-    );
-    assert!(
-        f["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("container host exited with code 137 (SIGKILL)")),
-        "{f:#}"
-    );
     restarted_and_ready(&env).await?;
     assert_ne!(pod_uid(&env, "w-host-0").await?, uids[0]);
     assert_ne!(
