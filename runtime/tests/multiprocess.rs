@@ -215,14 +215,21 @@ async fn malformed_and_oversize_frames_close_only_their_connection() {
     assert_closed_by_peer(&mut g).await;
     // A valid header announcing an oversize frame.
     let mut o = TcpStream::connect(addr).await.unwrap();
-    let mut hdr = b"HM\x01\x01".to_vec();
+    let mut hdr = vec![b'H', b'M', hostmesh_runtime::channel::WIRE_VERSION, 1];
     hdr.extend_from_slice(&(1u32 << 30).to_be_bytes());
     o.write_all(&hdr).await.unwrap();
     assert_closed_by_peer(&mut o).await;
-    // A wrong protocol version.
+    // A wrong protocol version: refused, and told why in its version.
     let mut v = TcpStream::connect(addr).await.unwrap();
     v.write_all(b"HM\x09\x01\x00\x00\x00\x01x").await.unwrap();
-    assert_closed_by_peer(&mut v).await;
+    let mut reply = Vec::new();
+    tokio::time::timeout(T, v.read_to_end(&mut reply))
+        .await
+        .expect("the peer closed the bad connection")
+        .unwrap();
+    assert_eq!(&reply[..4], b"HM\x09\x01", "a Hello frame of version 9");
+    let why = String::from_utf8_lossy(&reply[8..]);
+    assert!(why.contains("the dialer 9"), "{why}");
     // A connection that stays silent does not block others.
     let _silent = TcpStream::connect(addr).await.unwrap();
     // The authenticated connection still works.

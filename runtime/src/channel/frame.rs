@@ -23,8 +23,13 @@ use crate::id::{ActorId, PortId};
 
 /// The first two bytes of every frame.
 pub(crate) const MAGIC: [u8; 2] = *b"HM";
-/// The protocol version this build speaks.
-pub(crate) const VERSION: u8 = 1;
+/// The wire protocol version this build speaks. Bumped with every change
+/// that an older build cannot read (2: rank epochs in the handshake,
+/// `SetAddressBook` and the agent's pushes). A peer of another version is
+/// refused at its first frame ([`ChannelError::Version`]), and an acceptor
+/// tells it why in its own version (the handshake's `Reject`, which every
+/// version encodes alike).
+pub(crate) const VERSION: u8 = 2;
 /// Size of the frame header.
 pub(crate) const HEADER_LEN: usize = 8;
 
@@ -231,8 +236,20 @@ pub(crate) fn encode_ack(buf: &mut BytesMut, count: u64) {
 
 /// Appends a handshake frame to `buf`.
 pub(crate) fn encode_hello<T: Serialize>(buf: &mut BytesMut, msg: &T) -> Result<(), ChannelError> {
+    encode_hello_as(buf, VERSION, msg)
+}
+
+/// [`encode_hello`] under another version's header: how an acceptor
+/// refuses a peer of that version in words it can read.
+pub(crate) fn encode_hello_as<T: Serialize>(
+    buf: &mut BytesMut,
+    version: u8,
+    msg: &T,
+) -> Result<(), ChannelError> {
     let body = postcard::to_allocvec(msg).map_err(|e| ChannelError::Encode(e.to_string()))?;
+    let start = buf.len();
     put_header(buf, FrameKind::Hello, body.len());
+    buf[start + 2] = version;
     buf.extend_from_slice(&body);
     Ok(())
 }
@@ -431,10 +448,10 @@ pub(crate) fn decode(
         )));
     }
     if buf[2] != VERSION {
-        return Err(ChannelError::Protocol(format!(
-            "unsupported protocol version {} (this build speaks {VERSION})",
-            buf[2]
-        )));
+        return Err(ChannelError::Version {
+            peer: buf[2],
+            ours: VERSION,
+        });
     }
     let kind = FrameKind::from_u8(buf[3])
         .ok_or_else(|| ChannelError::Protocol(format!("unknown frame kind {}", buf[3])))?;

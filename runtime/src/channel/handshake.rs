@@ -19,6 +19,10 @@
 //! 4. A side with a secret refuses a peer without one, and vice versa.
 //! 5. Once the MAC checks out, each side refuses a peer whose epoch claim
 //!    is older than the epoch its table knows for that rank.
+//! 6. A dialer of another wire protocol version ([`frame::VERSION`]) is
+//!    refused before anything else, with a `Reject` framed in its own
+//!    version: `Reject` is the fifth variant with one string in every
+//!    version, so the older or newer peer reads why.
 
 use bytes::BytesMut;
 use ring::hmac;
@@ -34,6 +38,8 @@ use crate::id::ProcId;
 /// Largest handshake frame accepted.
 const MAX_HELLO: usize = 16 * 1024;
 
+/// Handshake messages. Invariant 6: `Reject` stays the fifth variant
+/// with a single string, in this and every later version.
 #[derive(Serialize, Deserialize)]
 enum Hello {
     Open {
@@ -205,7 +211,23 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     epochs: &Epochs,
 ) -> Result<(ProcId, BytesMut), ChannelError> {
     let mut buf = BytesMut::with_capacity(4096);
-    let (peer, nd, claim_d) = match recv(s, &mut buf).await? {
+    let open = match recv(s, &mut buf).await {
+        // Invariant 6.
+        Err(ChannelError::Version { peer, ours }) => {
+            let reason = format!(
+                "{local} speaks hostmesh wire protocol {ours}, the dialer {peer}: both ends must run compatible hostmesh builds"
+            );
+            let mut out = BytesMut::new();
+            if frame::encode_hello_as(&mut out, peer, &Hello::Reject { reason }).is_ok() {
+                // Best effort, like any refusal.
+                let _ = s.write_all(&out).await;
+                let _ = s.flush().await;
+            }
+            return Err(ChannelError::Version { peer, ours });
+        }
+        r => r?,
+    };
+    let (peer, nd, claim_d) = match open {
         Hello::Open { proc, nonce, claim } => (proc, nonce, claim),
         _ => return Err(ChannelError::Protocol("expected an open message".into())),
     };
@@ -319,6 +341,66 @@ mod tests {
             matches!(d, Err(ChannelError::Auth(_))),
             "dialer refuses an unauthenticated acceptor"
         );
+    }
+
+    /// Invariant 6: a dialer of another version gets a `Reject` in its
+    /// own version's frame, which names both versions, and the acceptor
+    /// fails with the typed error.
+    #[tokio::test]
+    async fn a_dialer_of_another_version_is_told_in_its_own_version() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let acc = id("tcp:127.0.0.1:9/server");
+        let server = tokio::spawn(async move {
+            accept(&mut b, &acc, None, &Epochs::default())
+                .await
+                .map(|r| r.0)
+        });
+        // A future version's Open (its body does not matter).
+        let mut open = BytesMut::new();
+        frame::encode_hello_as(&mut open, frame::VERSION + 1, &"an open of v+1").unwrap();
+        a.write_all(&open).await.unwrap();
+        let mut reply = Vec::new();
+        a.read_to_end(&mut reply).await.unwrap();
+        assert_eq!(
+            &reply[..4],
+            [b'H', b'M', frame::VERSION + 1, 1],
+            "{reply:?}"
+        );
+        // The fifth variant, one string: what any version decodes as Reject.
+        let body = &reply[frame::HEADER_LEN..];
+        assert_eq!(body[0], 4, "Reject is variant 4");
+        let (reason, rest): (String, _) = postcard::take_from_bytes(&body[1..]).unwrap();
+        assert!(rest.is_empty());
+        let ours = frame::VERSION;
+        assert!(
+            reason.contains(&format!("wire protocol {ours}, the dialer {}", ours + 1)),
+            "{reason}"
+        );
+        let e = server.await.unwrap().unwrap_err();
+        assert!(
+            matches!(e, ChannelError::Version { peer, ours: o } if peer == ours + 1 && o == ours),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("compatible hostmesh builds"), "{e}");
+    }
+
+    /// A dialer that meets an acceptor of another version says which.
+    #[tokio::test]
+    async fn an_acceptor_of_another_version_is_named_by_the_dialer() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let d = id("unbound:1/client");
+        let client = tokio::spawn(async move {
+            dial(&mut a, &d, None, &Epochs::default())
+                .await
+                .map(|r| r.0)
+        });
+        let mut first = vec![0u8; 1];
+        b.read_exact(&mut first).await.unwrap();
+        let mut challenge = BytesMut::new();
+        frame::encode_hello_as(&mut challenge, 9, &"a challenge of v9").unwrap();
+        b.write_all(&challenge).await.unwrap();
+        let e = client.await.unwrap().unwrap_err();
+        assert!(matches!(e, ChannelError::Version { peer: 9, .. }), "{e:?}");
     }
 
     fn claiming(rank: hostmesh_mesh::Rank, epoch: u64) -> Epochs {

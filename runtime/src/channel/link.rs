@@ -228,7 +228,8 @@ impl<I: Inbound> Link<I> {
                         found: found.to_string(),
                     });
                 }
-                Err(e @ ChannelError::Auth(_)) => return Err(e),
+                // Neither a refusal nor another wire version heals by retrying.
+                Err(e @ (ChannelError::Auth(_) | ChannelError::Version { .. })) => return Err(e),
                 Err(e) => {
                     if Instant::now() + delay > deadline {
                         return Err(e);

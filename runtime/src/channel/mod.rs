@@ -56,6 +56,9 @@ mod transport;
 use std::time::Duration;
 
 pub(crate) use frame::{Arrivals, Envelope};
+/// The wire protocol version this build speaks (the third byte of every
+/// frame header).
+pub const WIRE_VERSION: u8 = frame::VERSION;
 pub use stage::{Batched, batched};
 pub(crate) use transport::{Inbound, Listener, Transport};
 
@@ -107,6 +110,17 @@ pub enum ChannelError {
     /// The peer broke the wire protocol (bad magic, version, kind or body).
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The peer speaks another version of the wire protocol (a frame
+    /// header's version byte): both ends must run compatible builds.
+    #[error(
+        "the peer speaks hostmesh wire protocol {peer}, this build speaks {ours}: both ends must run compatible hostmesh builds"
+    )]
+    Version {
+        /// The version in the peer's frame header.
+        peer: u8,
+        /// The version this build speaks ([`WIRE_VERSION`]).
+        ours: u8,
+    },
     /// A frame is larger than `max_frame_len`.
     #[error(
         "frame of {len} bytes exceeds the maximum of {max} bytes (raise ChannelConfig::max_frame_len on both sides or send less)"
