@@ -335,19 +335,10 @@ impl AgentClient {
         self.call(addr, &m).await
     }
 
-    /// Sends the World's address book (agent addresses by host rank).
+    /// `SetAddressBook`: the agent addresses and rank epochs by host rank
+    /// (`epochs` may be empty: no epochs). An agent whose own rank is at a
+    /// newer epoch fences itself.
     pub async fn set_address_book(
-        &self,
-        addr: SocketAddr,
-        hosts: Vec<String>,
-    ) -> Result<(), ClientError> {
-        self.set_address_book_with_epochs(addr, hosts, Vec::new())
-            .await
-    }
-
-    /// `SetAddressBook` with the rank epochs by host rank: an agent whose
-    /// own rank is at a newer epoch fences itself.
-    pub async fn set_address_book_with_epochs(
         &self,
         addr: SocketAddr,
         hosts: Vec<String>,

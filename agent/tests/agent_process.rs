@@ -150,7 +150,7 @@ fn a_replaced_ranks_older_copy_cannot_connect() {
         let c = AgentClient::new("operator", secret, ClientConfig::default(), tx)
             .await
             .unwrap();
-        c.set_address_book_with_epochs(
+        c.set_address_book(
             addr,
             vec![addr.to_string(), "127.0.0.1:1".into()],
             vec![3, 6],

@@ -600,9 +600,13 @@ async fn address_book_gives_master_addr_off_host_zero() {
         matches!(&e, ClientError::Refused { message, .. } if message.contains("SetAddressBook")),
         "{e}"
     );
-    c.set_address_book(addr, vec!["127.0.0.9:26602".into(), addr.to_string()])
-        .await
-        .unwrap();
+    c.set_address_book(
+        addr,
+        vec!["127.0.0.9:26602".into(), addr.to_string()],
+        vec![],
+    )
+    .await
+    .unwrap();
     req.spec.master_port = Some(1234);
     c.create_or_update(addr, req).await.unwrap();
     agent.line("[mesh/17] master=127.0.0.9:1234 group=1");
@@ -627,7 +631,9 @@ async fn one_client_watches_many_agents() {
     let book: Vec<String> = agents.iter().map(|a| a.addr().to_string()).collect();
     for (rank, a) in agents.iter().enumerate() {
         c.watch(rank, a.addr());
-        c.set_address_book(a.addr(), book.clone()).await.unwrap();
+        c.set_address_book(a.addr(), book.clone(), vec![])
+            .await
+            .unwrap();
     }
     let mut snapshots = std::collections::HashSet::new();
     for _ in 0..100_000 {

@@ -267,10 +267,11 @@ pub trait AgentLink: Send + Sync {
     fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>>;
     /// Stops the proc `name`: TERM, then KILL after `grace`.
     fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), LinkError>>;
-    /// Sends the World's address book (host rank to agent address).
+    /// Sends the World's address book: each host rank's agent address and
+    /// rank epoch.
     fn set_address_book(
         &self,
-        hosts: Vec<(Rank, SocketAddr)>,
+        book: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>>;
     /// The stacks of the named procs, each at most `max_bytes`, waiting at
     /// most `timeout` (default: refused, for agents that cannot).
@@ -285,14 +286,6 @@ pub trait AgentLink: Send + Sync {
                 "this agent cannot capture stacks".into(),
             ))
         })
-    }
-    /// Sends the address book with rank epochs (host rank, address,
-    /// epoch); the default sends the addresses only.
-    fn set_address_book_with_epochs(
-        &self,
-        book: Vec<(Rank, SocketAddr, u64)>,
-    ) -> BoxFuture<'_, Result<(), LinkError>> {
-        self.set_address_book(book.into_iter().map(|(r, a, _)| (r, a)).collect())
     }
     /// `Renew {epoch}`: this hub hears the agent, which should be of
     /// `epoch`; the default (a simulated agent) does nothing.

@@ -828,7 +828,7 @@ fn book_sender(
         let mut backoff = BOOK_RETRY_MIN;
         loop {
             let book = rx.borrow_and_update().clone();
-            match link.set_address_book_with_epochs(book).await {
+            match link.set_address_book(book).await {
                 Ok(()) => {
                     backoff = BOOK_RETRY_MIN;
                     if rx.changed().await.is_err() {

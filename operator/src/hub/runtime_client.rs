@@ -233,23 +233,6 @@ impl AgentLink for RuntimeLink {
         })
     }
 
-    fn set_address_book(
-        &self,
-        hosts: Vec<(Rank, SocketAddr)>,
-    ) -> BoxFuture<'_, Result<(), LinkError>> {
-        Box::pin(async move {
-            let n = hosts.iter().map(|(r, _)| *r + 1).max().unwrap_or(0);
-            let mut book = vec![String::new(); n];
-            for (r, a) in hosts {
-                book[r] = a.to_string();
-            }
-            self.client
-                .set_address_book(self.addr, book)
-                .await
-                .map_err(LinkError::from)
-        })
-    }
-
     fn capture_stacks(
         &self,
         names: Vec<String>,
@@ -264,7 +247,7 @@ impl AgentLink for RuntimeLink {
         })
     }
 
-    fn set_address_book_with_epochs(
+    fn set_address_book(
         &self,
         hosts: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
@@ -277,7 +260,7 @@ impl AgentLink for RuntimeLink {
                 epochs[r] = e;
             }
             self.client
-                .set_address_book_with_epochs(self.addr, book, epochs)
+                .set_address_book(self.addr, book, epochs)
                 .await
                 .map_err(LinkError::from)
         })

@@ -25,8 +25,8 @@ pub enum SimRequest {
     Create(Box<CreateOrUpdate>),
     /// Stop.
     Stop(String),
-    /// SetAddressBook.
-    Book(Vec<(Rank, SocketAddr)>),
+    /// SetAddressBook: rank, address and epoch of each host.
+    Book(Vec<(Rank, SocketAddr, u64)>),
 }
 
 /// Connector to simulated agents.
@@ -303,7 +303,7 @@ impl AgentLink for SimLink {
 
     fn set_address_book(
         &self,
-        hosts: Vec<(Rank, SocketAddr)>,
+        book: Vec<(Rank, SocketAddr, u64)>,
     ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
             let hung = self
@@ -326,7 +326,7 @@ impl AgentLink for SimLink {
                     return Err(LinkError::Refused("no actor host[0] on this proc".into()));
                 }
             }
-            self.record(SimRequest::Book(hosts));
+            self.record(SimRequest::Book(book));
             Ok(())
         })
     }
