@@ -272,6 +272,15 @@ impl ProcManager {
         )
     }
 
+    /// What a heartbeat carries: the sequence number, the [`digest`] of
+    /// every proc state and how many procs there are, read under the lock
+    /// without copying a report.
+    pub fn heartbeat(&self) -> (u64, u64, usize) {
+        let table = self.inner.lock();
+        let d = digest_reports(table.procs.values().map(|e| &e.state));
+        (table.seq, d, table.procs.len())
+    }
+
     /// Subscribes to state changes (invariant 2). Take a [`snapshot`]
     /// after subscribing and skip events with a `seq` it already covers.
     ///
@@ -545,27 +554,59 @@ impl DigestEntry {
 /// supervisor computes it over its own picture and asks for a snapshot when
 /// they differ.
 pub fn digest(states: &[ProcReport]) -> u64 {
-    let mut entries: Vec<DigestEntry> = states.iter().map(DigestEntry::of).collect();
-    entries.sort_by(|a, b| a.name.cmp(&b.name));
-    digest_entries(&entries)
+    let mut sorted: Vec<&ProcReport> = states.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    digest_reports(sorted)
+}
+
+/// [`digest`] of reports already in name order, without copying them.
+fn digest_reports<'a>(sorted: impl IntoIterator<Item = &'a ProcReport>) -> u64 {
+    let mut h = Fnv::default();
+    for s in sorted {
+        h.entry(
+            &s.name,
+            s.restarts,
+            s.status.label(),
+            s.pid.unwrap_or(0),
+            s.stall.is_some(),
+        );
+    }
+    h.0
 }
 
 /// [`digest`] of entries already in name order (a `BTreeMap`'s values).
 pub fn digest_entries<'a>(sorted: impl IntoIterator<Item = &'a DigestEntry>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+    let mut h = Fnv::default();
     for s in sorted {
-        eat(s.name.as_bytes());
-        eat(&[0]);
-        eat(&s.restarts.to_le_bytes());
-        eat(s.label.as_bytes());
-        eat(&s.pid.to_le_bytes());
-        eat(&[u8::from(s.stalled)]);
+        h.entry(&s.name, s.restarts, s.label, s.pid, s.stalled);
     }
-    h
+    h.0
+}
+
+/// The FNV-1a state of a digest.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn eat(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// One proc's [`DigestEntry`] fields.
+    fn entry(&mut self, name: &str, restarts: u32, label: &str, pid: u32, stalled: bool) {
+        self.eat(name.as_bytes());
+        self.eat(&[0]);
+        self.eat(&restarts.to_le_bytes());
+        self.eat(label.as_bytes());
+        self.eat(&pid.to_le_bytes());
+        self.eat(&[u8::from(stalled)]);
+    }
 }

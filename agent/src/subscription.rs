@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::{Interval, MissedTickBehavior};
 
-use super::manager::{ProcManager, digest};
+use super::manager::ProcManager;
 use super::protocol::{AgentPush, ProcStateChanged};
 
 /// A stream of [`AgentPush`]es for one subscriber.
@@ -90,12 +90,12 @@ impl Subscription {
     }
 
     fn heartbeat_push(&mut self) -> AgentPush {
-        let (seq, procs) = self.manager.snapshot();
+        let (seq, digest, procs) = self.manager.heartbeat();
         AgentPush::Heartbeat {
             host_rank: self.manager.identity().host_rank,
             seq,
-            digest: digest(&procs),
-            procs: procs.len(),
+            digest,
+            procs,
             sent_at_ms: super::manager::now_ms(),
             epoch: self.manager.fence().epoch(),
             fenced: self.manager.fence().fenced(),
