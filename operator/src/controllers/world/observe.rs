@@ -110,9 +110,12 @@ pub struct FailedContainer {
 }
 
 impl FailedContainer {
-    /// `Error: container host exited with code 137 (SIGKILL): <message>`,
-    /// bounded to the host reason's length; a long message keeps its end,
-    /// where the cause is.
+    /// `Error: container host exited with code 1: <message>`, bounded to
+    /// the host reason's length; a long message keeps its end, where the
+    /// cause is. A container killed by a signal is described without its
+    /// log (`OOMKilled: container host exited with code 137 (SIGKILL)`):
+    /// what it last printed is not why it was killed, and stays in
+    /// `firstFailure.stderrTail`.
     pub fn describe(&self) -> String {
         let reason = self.reason.as_deref().unwrap_or("Error");
         let signal = self
@@ -125,7 +128,7 @@ impl FailedContainer {
             self.name, self.exit_code
         );
         match self.message.as_deref().map(str::trim) {
-            Some(m) if !m.is_empty() => {
+            Some(m) if !m.is_empty() && self.signal.is_none() => {
                 let room = MAX_REASON.saturating_sub(prefix.len() + 2);
                 format!("{prefix}: {}", hostmesh_crds::procmesh::tail(m, room))
             }

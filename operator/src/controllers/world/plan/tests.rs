@@ -156,8 +156,8 @@ fn a_killed_host_container_is_named_in_first_failure() {
         "{ff:?}"
     );
     assert_eq!(
-        ff.reason,
-        "Error: container host exited with code 137 (SIGKILL): serving\nlast words"
+        ff.reason, "Error: container host exited with code 137 (SIGKILL)",
+        "the log is not why it was killed"
     );
     assert_eq!(ff.stderr_tail.as_deref(), Some("serving\nlast words"));
     assert_eq!(
