@@ -139,10 +139,10 @@ fn procmesh_view_names_the_first_failure_with_a_clean_stderr_tail() {
         "escape characters must be removed: {text:?}"
     );
     assert!(
-        text.contains("  5      Failed (exit 3)    exited with code 3\n"),
+        text.contains("  5      Failed (exit 3)   exited with code 3\n"),
         "{text}"
     );
-    assert!(text.contains("  6      Killed (signal 9)\n"), "{text}");
+    assert!(text.contains("  6      Killed (SIGKILL)\n"), "{text}");
     assert!(
         text.contains("status describes generation 2; the spec is at 3"),
         "{text}"
@@ -186,7 +186,7 @@ fn world_view_shows_monarch_and_the_first_failure() {
     let text = format_world(&world, &[], now());
     for want in [
         "  monarch    mesh trainer, worker port 27000",
-        "First failure: host 3 (trainer-host-3), signal 9, 60s ago",
+        "First failure: host 3 (trainer-host-3), signal 9 (SIGKILL), 60s ago",
         "  reason: monarch worker (pid 7) killed by signal SIGKILL (9)",
         "  command: python -u -c x",
         "    | a\n    | b",

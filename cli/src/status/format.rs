@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use hostmesh_crds::procmesh::{ProcState, RankStatus};
 use hostmesh_crds::runs::Run;
 use hostmesh_crds::{ProcMesh, World};
+use hostmesh_operator::controllers::procmesh::exit::signal_name;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
@@ -54,7 +55,7 @@ pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> Strin
             let _ = write!(what, ", exit code {code}");
         }
         if let Some(sig) = f.signal {
-            let _ = write!(what, ", signal {sig}");
+            let _ = write!(what, ", {}", signal(sig));
         }
         let _ = writeln!(
             out,
@@ -153,7 +154,7 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
             let _ = write!(what, ", exit code {code}");
         }
         if let Some(sig) = f.signal {
-            let _ = write!(what, ", signal {sig}");
+            let _ = write!(what, ", {}", signal(sig));
         }
         let _ = writeln!(
             out,
@@ -301,11 +302,22 @@ fn incidents(out: &mut String, list: &[hostmesh_crds::incident::Incident]) {
     );
 }
 
+/// `signal 9 (SIGKILL)`, or `signal N` when N names no standard signal.
+fn signal(sig: i32) -> String {
+    match signal_name(sig) {
+        Some(name) => format!("signal {sig} ({name})"),
+        None => format!("signal {sig}"),
+    }
+}
+
 fn rank_state(v: &RankStatus) -> String {
     let mut s = format!("{:?}", v.state);
     match (v.state, v.exit_code, v.signal) {
         (_, _, Some(sig)) => {
-            let _ = write!(s, " (signal {sig})");
+            let _ = match signal_name(sig) {
+                Some(name) => write!(s, " ({name})"),
+                None => write!(s, " (signal {sig})"),
+            };
         }
         (ProcState::Succeeded, _, _) => {}
         (_, Some(code), _) => {
