@@ -1,7 +1,9 @@
 //! Status-write pacing per object: a change a user must see (a phase or a
-//! condition status flips, e.g. the first failure) is written at once;
-//! other changes (counts, runs, messages) at most once per interval per
-//! object, however often reconciles run. The hub paces its triggers the same
+//! condition status flips, e.g. the first failure) is written at once, and
+//! so is a restart counted (the pass that counts it also deletes its
+//! evidence, the failed pod or proc, so a later pass could not count it
+//! again); other changes (counts, runs, messages) at most once per interval
+//! per object, however often reconciles run. The hub paces its triggers the same
 //! way; this covers reconciles triggered by watches (pods, Worlds).
 //!
 //! [`write_status`] is the one status writer of the World, ProcMesh and
@@ -10,7 +12,8 @@
 //!
 //! Invariants:
 //! 1. A deferred write is never lost: the caller requeues after the returned
-//!    delay and recomputes the whole status then.
+//!    delay and recomputes the whole status then. Only what a later pass
+//!    derives again is deferred: a new `restarts` count is urgent.
 //! 2. Urgent writes are never delayed.
 //! 3. A status is replaced whole, guarded by the resourceVersion it was
 //!    computed from: a write based on a stale read fails with 409 and is
@@ -53,8 +56,9 @@ pub trait PacedStatus:
 }
 
 /// Implements [`PacedStatus`] for a kind whose status has `phase`,
-/// `conditions` and `firstFailure`: urgent when the phase or a condition's
-/// status flips ([`urgent`]) or the first failure changes.
+/// `conditions`, `firstFailure` and `restarts`: urgent when the phase or a
+/// condition's status flips ([`urgent`]), the first failure changes or a
+/// restart was counted (invariant 1).
 macro_rules! paced_status {
     ($kind:ty, $status:ty, $key:expr) => {
         impl $crate::controllers::shared::writes::PacedStatus for $kind {
@@ -68,6 +72,7 @@ macro_rules! paced_status {
             }
             fn is_urgent(old: &$status, new: &$status) -> bool {
                 old.first_failure != new.first_failure
+                    || old.restarts != new.restarts
                     || $crate::controllers::shared::writes::urgent(
                         old.phase,
                         new.phase,
@@ -205,6 +210,29 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         }
+    }
+
+    /// Invariant 1: a counted restart is written at once, with or without
+    /// a phase change; a count that a later pass derives again waits.
+    #[test]
+    fn a_counted_restart_is_urgent() {
+        use hostmesh_crds::World;
+        use hostmesh_crds::world::{WorldPhase, WorldStatus};
+        let old = WorldStatus {
+            phase: Some(WorldPhase::Degraded),
+            ready_hosts: 1,
+            ..Default::default()
+        };
+        let more_ready = WorldStatus {
+            ready_hosts: 2,
+            ..old.clone()
+        };
+        assert!(!<World as PacedStatus>::is_urgent(&old, &more_ready));
+        let restarted = WorldStatus {
+            restarts: 1,
+            ..old.clone()
+        };
+        assert!(<World as PacedStatus>::is_urgent(&old, &restarted));
     }
 
     #[test]
