@@ -48,6 +48,14 @@ pub fn signal_name(sig: i32) -> Option<&'static str> {
     })
 }
 
+/// The signal an exit code of 128+n stands for (invariant 2): n when it
+/// names a real signal.
+pub fn signal_of_code(code: i32) -> Option<i32> {
+    (code > 128)
+        .then(|| code - 128)
+        .filter(|s| signal_name(*s).is_some())
+}
+
 /// What a signal usually means for a training proc, when that is worth
 /// saying.
 fn signal_hint(sig: i32) -> Option<&'static str> {
@@ -91,8 +99,7 @@ pub fn exited(code: i32, program: &str) -> String {
         127 => format!(
             "exited with code 127: command not found: {program:?} (not on PATH in the image, or the file does not exist)"
         ),
-        c if c > 128 && signal_name(c - 128).is_some() => {
-            let sig = c - 128;
+        c if let Some(sig) = signal_of_code(c) => {
             let name = signal_name(sig).unwrap_or_default();
             match signal_hint(sig) {
                 Some(h) => {

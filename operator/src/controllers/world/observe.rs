@@ -167,11 +167,10 @@ pub fn failed_container(pod: &Pod) -> Option<FailedContainer> {
             name: name.clone(),
             reason: t.reason.clone(),
             exit_code: t.exit_code,
-            signal: t.signal.filter(|s| *s != 0).or_else(|| {
-                (t.exit_code > 128)
-                    .then(|| t.exit_code - 128)
-                    .filter(|s| crate::controllers::procmesh::exit::signal_name(*s).is_some())
-            }),
+            signal: t
+                .signal
+                .filter(|s| *s != 0)
+                .or_else(|| crate::controllers::procmesh::exit::signal_of_code(t.exit_code)),
             message: t.message.clone().filter(|m| !m.trim().is_empty()),
             command: command(name),
         })
