@@ -104,17 +104,15 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     let python = monarch_python().await?;
     let env = Env::start("monarch-in").await?;
     ready_world(&env, &python).await?;
-    let command = [
-        python.display().to_string(),
-        "-u".into(),
-        client_script().display().to_string(),
-        env.namespace.clone(),
-        MESH.into(),
-        HOSTS.to_string(),
-    ];
     env.kubectl_apply(
         "monarch-client",
-        &monarch::client_pod(&env, "monarch-client", &command),
+        &monarch::client_pod(
+            &env,
+            "monarch-client",
+            &python,
+            &client_script(),
+            &[env.namespace.clone(), MESH.into(), HOSTS.to_string()],
+        )?,
     )?;
     let logs = || env.pod_logs("monarch-client");
     let phase = || env.pod_phase("monarch-client");
