@@ -278,7 +278,7 @@ pub(crate) fn check_update(info: &ResourceInfo, old: &Value, new: &Value) -> Res
         };
         if data(old) != data(new) {
             return Err(ApiError::invalid(
-                &info.kind,
+                &info.group_kind(),
                 &name,
                 vec![("data".into(), "Forbidden: field is immutable when `immutable` is set; delete and recreate the object".into())],
             ));
@@ -416,7 +416,7 @@ pub(crate) fn validate_builtin(info: &ResourceInfo, obj: &Value) -> Result<(), A
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(&info.kind, &name, causes))
+        Err(ApiError::invalid(&info.group_kind(), &name, causes))
     }
 }
 

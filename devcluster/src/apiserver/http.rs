@@ -205,13 +205,20 @@ async fn dispatch(
     let registry = ctx.store.registry();
     let route = match route::route(path, &registry) {
         Ok(r) => r,
+        Err(e) if e.code == 404 && !route::handled(path, &registry) => {
+            return full(
+                404,
+                "text/plain; charset=utf-8",
+                Bytes::from_static(b"404 page not found\n"),
+            );
+        }
         Err(e) => return error_response(&e),
     };
     let get_only = |v: Value| {
         if method == Method::GET {
             json_response(200, &v)
         } else {
-            error_response(&ApiError::method_not_allowed("only GET is served here"))
+            error_response(&ApiError::method_not_allowed())
         }
     };
     match route {
@@ -258,10 +265,7 @@ async fn resource(
     }
     if t.info.is_review() {
         if method != Method::POST || t.name.is_some() {
-            return Err(ApiError::method_not_allowed(format!(
-                "{} only supports create (POST)",
-                t.info.plural
-            )));
+            return Err(ApiError::method_not_allowed());
         }
         let (code, body) = if t.info.plural == "tokenreviews" {
             auth::review::token_review(&ctx.auth, store, t, req)?
@@ -296,13 +300,7 @@ async fn resource(
         (&Method::PATCH, Some("status")) => handlers::patch(store, t, req, Part::Status)?,
         (&Method::DELETE, None) if t.name.is_none() => handlers::delete_collection(store, t, req)?,
         (&Method::DELETE, None) => handlers::delete(store, t, req)?,
-        (m, s) => {
-            return Err(ApiError::method_not_allowed(format!(
-                "{m} is not supported on {}{}",
-                t.info.plural,
-                s.map(|s| format!("/{s}")).unwrap_or_default()
-            )));
-        }
+        _ => return Err(ApiError::method_not_allowed()),
     };
     let reply = if req.wants_metadata() {
         (reply.0, handlers::as_metadata(reply.1))

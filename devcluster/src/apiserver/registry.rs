@@ -82,6 +82,15 @@ impl ResourceInfo {
         format!("{}/{}", self.group, self.plural)
     }
 
+    /// `Kind` or `Kind.group`, as validation errors name an object's kind.
+    pub(crate) fn group_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
+
     /// `v1` or `group/version`.
     pub(crate) fn api_version(&self, version: &str) -> String {
         if self.group.is_empty() {

@@ -121,7 +121,5 @@ pub(crate) fn ns_of(t: &RouteTarget) -> &str {
 }
 
 pub(crate) fn name_of(t: &RouteTarget) -> Result<&str, ApiError> {
-    t.name
-        .as_deref()
-        .ok_or_else(|| ApiError::method_not_allowed("this verb needs an object name in the URL"))
+    t.name.as_deref().ok_or_else(ApiError::method_not_allowed)
 }

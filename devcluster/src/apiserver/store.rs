@@ -499,6 +499,7 @@ pub(crate) fn check_namespace(
     st: &StoreState,
     info: &ResourceInfo,
     ns: &str,
+    name: &str,
 ) -> Result<(), ApiError> {
     if !info.namespaced {
         return Ok(());
@@ -509,9 +510,24 @@ pub(crate) fn check_namespace(
             if n.pointer("/metadata/deletionTimestamp")
                 .is_some_and(|v| !v.is_null()) =>
         {
-            Err(ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            )))
+            // As the NamespaceLifecycle admission: the object's resource
+            // and name, and a `NamespaceTerminating` cause.
+            let mut e = ApiError::forbidden_on(
+                &info.group,
+                &info.plural,
+                name,
+                &format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            );
+            if let Some(d) = e.details.as_mut() {
+                d["causes"] = serde_json::json!([{
+                    "reason": "NamespaceTerminating",
+                    "message": format!("namespace {ns} is being terminated"),
+                    "field": "metadata.namespace",
+                }]);
+            }
+            Err(e)
         }
         Some(_) => Ok(()),
     }

@@ -218,9 +218,7 @@ pub(crate) fn create(
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     if t.name.is_some() {
-        return Err(ApiError::method_not_allowed(
-            "POST creates objects: send it to the collection URL, without a name",
-        ));
+        return Err(ApiError::method_not_allowed());
     }
     let mut obj = req.json_body()?;
     times::check_body(&t.info, &t.version, &mut obj)?;
@@ -275,7 +273,7 @@ pub(crate) fn insert_new(
     let name = meta::name(&obj).to_string();
     limits::check(info, &obj)?;
     let mut st = store.lock();
-    check_namespace(&st, info, ns)?;
+    check_namespace(&st, info, ns, &name)?;
     if st.get(&info.key(), ns, &name).is_some() {
         return Err(ApiError::already_exists(&info.group, &info.plural, &name));
     }
@@ -349,7 +347,7 @@ pub(crate) fn write_existing(
     };
     limits::check(&t.info, &new)?;
     if created {
-        check_namespace(&st, &t.info, ns)?;
+        check_namespace(&st, &t.info, ns, name)?;
     }
     if dry_run {
         return Ok((
