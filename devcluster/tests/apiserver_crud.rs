@@ -1152,6 +1152,20 @@ async fn error_statuses_are_shaped_as_the_real_servers() {
         ),
         (
             "GET",
+            "/api/v1/namespaces/default/pods/nope/ephemeralcontainers".into(),
+            "",
+            (
+                404,
+                status(
+                    r#""pods \"nope\" not found""#,
+                    "NotFound",
+                    r#"{"name":"nope","kind":"pods"}"#,
+                    404,
+                ),
+            ),
+        ),
+        (
+            "GET",
             "/api/v1/foos".into(),
             "",
             (

@@ -111,6 +111,7 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
             let (kind, verbs): (&str, Vec<&str>) = match sub {
                 "status" => (&r.kind, vec!["get", "patch", "update"]),
                 "binding" => ("Binding", vec!["create"]),
+                "ephemeralcontainers" => (&r.kind, vec!["get", "patch", "update"]),
                 "log" => (&r.kind, vec!["get"]),
                 "exec" => ("PodExecOptions", vec!["create", "get"]),
                 "attach" => ("PodAttachOptions", vec!["create", "get"]),

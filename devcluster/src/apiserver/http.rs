@@ -298,6 +298,12 @@ async fn resource(
         (&Method::PUT, Some("finalize")) => handlers::finalize_namespace(store, t, req)?,
         (&Method::PATCH, None) => handlers::patch(store, t, req, Part::Main)?,
         (&Method::PATCH, Some("status")) => handlers::patch(store, t, req, Part::Status)?,
+        (&Method::PUT, Some("ephemeralcontainers")) => {
+            handlers::update(store, t, req, Part::Ephemeral)?
+        }
+        (&Method::PATCH, Some("ephemeralcontainers")) => {
+            handlers::patch(store, t, req, Part::Ephemeral)?
+        }
         (&Method::DELETE, None) if t.name.is_none() => handlers::delete_collection(store, t, req)?,
         (&Method::DELETE, None) => handlers::delete(store, t, req)?,
         _ => return Err(ApiError::method_not_allowed()),

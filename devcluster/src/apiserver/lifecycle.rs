@@ -16,6 +16,7 @@
 use serde_json::{Value, json};
 
 use super::defaults;
+use super::ephemeral;
 use super::meta::{self, is_deleting, meta_mut};
 use super::registry::ResourceInfo;
 use super::schema;
@@ -26,6 +27,20 @@ use super::status::ApiError;
 pub(crate) enum Part {
     Main,
     Status,
+    /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers`.
+    Ephemeral,
+}
+
+impl Part {
+    /// The subresource a write to this part goes through (managedFields
+    /// record it).
+    pub(crate) fn subresource(self) -> &'static str {
+        match self {
+            Part::Main => "",
+            Part::Status => "status",
+            Part::Ephemeral => "ephemeralcontainers",
+        }
+    }
 }
 
 /// Checks `apiVersion`, `kind`, name and namespace of a client object
@@ -153,6 +168,12 @@ pub(crate) fn prepare_create(
     {
         o.remove("status");
     }
+    if info.builtin && info.group.is_empty() && info.plural == "pods" {
+        let causes = ephemeral::check_create(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&kind, &name, causes));
+        }
+    }
     defaults::on_create(info, obj);
     admit(info, version, obj, strict)
 }
@@ -279,6 +300,17 @@ pub(crate) fn prepare_update(
         ));
     }
     match part {
+        Part::Ephemeral => {
+            // Everything but the ephemeral containers stays as stored.
+            new = ephemeral::merge(old, &new);
+            if let Some(spec) = new.get_mut("spec") {
+                ephemeral::default(spec);
+            }
+            let causes = ephemeral::check_update(old, &new);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(&info.group_kind(), &name, causes));
+            }
+        }
         Part::Status => {
             // Only status changes; metadata and spec stay as stored.
             let status = new.get("status").cloned();

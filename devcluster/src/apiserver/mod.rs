@@ -14,7 +14,7 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `limits` (request and object size limits), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `scale` (the scale subresource), `disruption` (PodDisruptionBudget status,
+//! `scale` (the scale subresource), `ephemeral` (`pods/ephemeralcontainers`), `disruption` (PodDisruptionBudget status,
 //! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `connect`
 //! (exec, attach and port-forward to the kubelet), `gc`, `persist`, `proto`
 //! (protobuf bodies), `times` (Time and MicroTime formats).
@@ -25,6 +25,7 @@ mod convert;
 mod defaults;
 mod discovery;
 mod disruption;
+mod ephemeral;
 mod gc;
 mod handlers;
 mod http;

@@ -128,6 +128,7 @@ impl ResourceInfo {
             subs.extend([
                 "attach",
                 "binding",
+                "ephemeralcontainers",
                 "eviction",
                 "exec",
                 "log",

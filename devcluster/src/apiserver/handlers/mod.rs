@@ -303,7 +303,8 @@ pub(crate) fn update(
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, Some(&name))?;
     let manager = req.manager();
-    let sub = if part == Part::Status { "status" } else { "" };
+    let sub = part.subresource();
+    let security = ephemeral_admission(store, &ns, part);
     write_existing(store, t, &name, req.dry_run(), |old| {
         let Some(old) = old else {
             return Err(ApiError::not_found(&t.info.group, &t.info.plural, &name));
@@ -313,6 +314,9 @@ pub(crate) fn update(
         else {
             return Ok(None);
         };
+        if let Some(security) = &security {
+            req.warn(security.admit_pod(&new)?);
+        }
         track_update(
             old,
             &mut new,
@@ -323,6 +327,17 @@ pub(crate) fn update(
         );
         Ok(Some(new))
     })
+}
+
+/// The PodSecurity policy a write to `pods/ephemeralcontainers` in `ns` is
+/// admitted by (the pod with its new containers is checked as a new pod
+/// is), read before the store lock is taken; `None` for other parts.
+pub(crate) fn ephemeral_admission(
+    store: &Store,
+    ns: &str,
+    part: Part,
+) -> Option<podsecurity::Policy> {
+    (part == Part::Ephemeral).then(|| podsecurity::Policy::lookup(store, ns))
 }
 
 /// Runs `f` on the live object under the store lock and stores its result

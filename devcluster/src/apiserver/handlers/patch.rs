@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Request, name_of, ns_of, shape, track_update, write_existing};
+use super::{Request, ephemeral_admission, name_of, ns_of, shape, track_update, write_existing};
 use crate::apiserver::lifecycle::{self, Part};
 use crate::apiserver::meta::meta_mut;
 use crate::apiserver::patch as formats;
@@ -52,9 +52,10 @@ pub(crate) fn patch(
     }
     let body = req.json_body()?;
     let manager = req.manager();
-    let sub = if part == Part::Status { "status" } else { "" };
+    let sub = part.subresource();
     let av = t.info.api_version(&t.version);
     let info = t.info.clone();
+    let admission = ephemeral_admission(store, &ns, part);
     if apply {
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
@@ -143,6 +144,9 @@ pub(crate) fn patch(
                         part,
                         req.strict(),
                     )?;
+                    if let (Some(a), Some(n)) = (&admission, &new) {
+                        warnings = a.admit_pod(n)?;
+                    }
                     Ok(new.map(|mut n| {
                         if let Some(mf) = mf {
                             meta_mut(&mut n).insert("managedFields".into(), mf);
@@ -196,6 +200,9 @@ pub(crate) fn patch(
         else {
             return Ok(None);
         };
+        if let Some(a) = &admission {
+            req.warn(a.admit_pod(&new)?);
+        }
         track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));
         Ok(Some(new))
     })
