@@ -78,6 +78,81 @@ fn deleting(obj: &Value) -> bool {
         .is_some_and(|v| !v.is_null())
 }
 
+/// The real server's description of the node address columns.
+const NODE_ADDRESSES: &str =
+    "List of addresses reachable to the node. Queried from cloud provider, if available.";
+
+/// A Node's cells, as kube-apiserver's node printer: status (with
+/// `SchedulingDisabled`), roles from the `node-role.kubernetes.io/<role>`
+/// and `kubernetes.io/role` labels, then the wide columns.
+fn node_row(o: &Value) -> Vec<Value> {
+    let ready = o
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| c["status"] == "True");
+    let mut status = match ready {
+        Some(true) => "Ready",
+        Some(false) => "NotReady",
+        None => "Unknown",
+    }
+    .to_string();
+    if o.pointer("/spec/unschedulable") == Some(&json!(true)) {
+        status.push_str(",SchedulingDisabled");
+    }
+    let mut roles: Vec<String> = o
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| {
+                    if let Some(role) = k.strip_prefix("node-role.kubernetes.io/") {
+                        (!role.is_empty()).then(|| role.to_string())
+                    } else if k == "kubernetes.io/role" {
+                        v.as_str().filter(|r| !r.is_empty()).map(str::to_string)
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort();
+    roles.dedup();
+    let address = |type_: &str| {
+        o.pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|a| a["type"] == type_))
+            .and_then(|a| a["address"].as_str())
+            .map_or_else(|| "<none>".to_string(), str::to_string)
+    };
+    let info = |f: &str| {
+        let v = s(o, &format!("/status/nodeInfo/{f}"));
+        if v.is_empty() {
+            "<unknown>".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    vec![
+        json!(s(o, "/metadata/name")),
+        json!(status),
+        json!(if roles.is_empty() {
+            "<none>".to_string()
+        } else {
+            roles.join(",")
+        }),
+        age(o),
+        json!(s(o, "/status/nodeInfo/kubeletVersion")),
+        json!(address("InternalIP")),
+        json!(address("ExternalIP")),
+        json!(info("osImage")),
+        json!(info("kernelVersion")),
+        json!(info("containerRuntimeVersion")),
+    ]
+}
+
 /// Columns and cells of a built-in resource.
 fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>) {
     let name_col = col(
@@ -201,28 +276,31 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
                     "Kubelet Version reported by the node.",
                     0,
                 ),
+                col("Internal-IP", "string", "", NODE_ADDRESSES, 1),
+                col("External-IP", "string", "", NODE_ADDRESSES, 1),
+                col(
+                    "OS-Image",
+                    "string",
+                    "",
+                    "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).",
+                    1,
+                ),
+                col(
+                    "Kernel-Version",
+                    "string",
+                    "",
+                    "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).",
+                    1,
+                ),
+                col(
+                    "Container-Runtime",
+                    "string",
+                    "",
+                    "ContainerRuntime Version reported by the node through runtime remote API (e.g. containerd://1.4.2).",
+                    1,
+                ),
             ],
-            objs.iter()
-                .map(|o| {
-                    let ready = o
-                        .pointer("/status/conditions")
-                        .and_then(Value::as_array)
-                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-                        .map(|c| c["status"] == "True");
-                    let status = match ready {
-                        Some(true) => "Ready",
-                        Some(false) => "NotReady",
-                        None => "Unknown",
-                    };
-                    vec![
-                        name(o),
-                        json!(status),
-                        json!("<none>"),
-                        age(o),
-                        json!(s(o, "/status/nodeInfo/kubeletVersion")),
-                    ]
-                })
-                .collect(),
+            objs.iter().map(node_row).collect(),
         ),
         ("", "services") => (
             vec![
