@@ -80,6 +80,8 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
     {
         let verbs = if r.is_review() {
             vec!["create"]
+        } else if r.read_only {
+            vec!["get", "list"]
         } else {
             vec![
                 "create",

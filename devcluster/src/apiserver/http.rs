@@ -34,7 +34,10 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{connect, discovery, disruption, limits, logs, openapi, podsecurity, scale};
+use super::{
+    componentstatus, connect, discovery, disruption, limits, logs, openapi, podsecurity, scale,
+    table,
+};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -275,6 +278,30 @@ async fn resource(
         return Ok(json_response(code, &body));
     }
     let reply = match (method, sub) {
+        (&Method::GET, None) if componentstatus::is_target(t) => {
+            req.warn(vec![componentstatus::DEPRECATED.into()]);
+            let body = componentstatus::get(t, watching)?;
+            if req.wants_table() {
+                let items = match body.get("items").and_then(Value::as_array) {
+                    Some(items) => items.clone(),
+                    None => vec![body],
+                };
+                (
+                    200,
+                    table::table(
+                        &t.info,
+                        &t.version,
+                        &items,
+                        req.q("includeObject"),
+                        None,
+                        true,
+                    ),
+                )
+            } else {
+                (200, body)
+            }
+        }
+        _ if componentstatus::is_target(t) => return Err(ApiError::method_not_allowed()),
         (&Method::GET, None) if watching => {
             let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;
             return Ok(stream_response(rx, "application/json"));

@@ -20,6 +20,7 @@
 //! (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod auth;
+mod componentstatus;
 mod connect;
 mod convert;
 mod defaults;

@@ -49,6 +49,8 @@ pub(crate) struct ResourceInfo {
     pub(crate) selectable_fields: Vec<String>,
     /// CRD `subresources.scale`: where replicas and the selector live.
     pub(crate) scale: Option<ScalePaths>,
+    /// Served for `get` and `list` only (`componentstatuses`).
+    pub(crate) read_only: bool,
 }
 
 impl ScalePaths {
@@ -218,6 +220,15 @@ const BUILTINS: &[Builtin] = &[
         "LimitRange",
         true,
         &["limits"],
+        false,
+    ),
+    b(
+        "",
+        "v1",
+        "componentstatuses",
+        "ComponentStatus",
+        false,
+        &["cs"],
         false,
     ),
     b(
@@ -438,6 +449,7 @@ impl Registry {
                     scale: (r.group == "apps"
                         && matches!(r.plural, "deployments" | "replicasets" | "statefulsets"))
                     .then(ScalePaths::builtin),
+                    read_only: r.plural == "componentstatuses",
                 })
             })
             .collect();
@@ -613,5 +625,6 @@ fn crd_info(crd: &Value) -> Option<ResourceInfo> {
         columns,
         selectable_fields,
         scale,
+        read_only: false,
     })
 }

@@ -489,6 +489,52 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
                 .map(|o| vec![name(o), json!(s(o, "/spec/holderIdentity")), age(o)])
                 .collect(),
         ),
+        ("", "componentstatuses") => (
+            vec![
+                name_col,
+                col(
+                    "Status",
+                    "string",
+                    "",
+                    "Status of the component conditions",
+                    0,
+                ),
+                col(
+                    "Message",
+                    "string",
+                    "",
+                    "Message of the component conditions",
+                    0,
+                ),
+                col(
+                    "Error",
+                    "string",
+                    "",
+                    "Error of the component conditions",
+                    0,
+                ),
+            ],
+            objs.iter()
+                .map(|o| {
+                    let healthy = o
+                        .get("conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Healthy"));
+                    let status = match healthy.map(|c| c["status"] == "True") {
+                        Some(true) => "Healthy",
+                        Some(false) => "Unhealthy",
+                        None => "Unknown",
+                    };
+                    let f = |k: &str| healthy.and_then(|c| c[k].as_str()).unwrap_or("");
+                    vec![
+                        name(o),
+                        json!(status),
+                        json!(f("message")),
+                        json!(f("error")),
+                    ]
+                })
+                .collect(),
+        ),
         ("apiextensions.k8s.io", "customresourcedefinitions") => (
             vec![name_col, col("Created At", "date", "", "", 0)],
             objs.iter()
