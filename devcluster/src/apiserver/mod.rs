@@ -5,6 +5,8 @@
 //! optionally in a directory (docs/apiserver.md).
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
+//! `componentstatus` (`kubectl get cs`), `aggregator` (APIService
+//! objects), `flowcontrol` (the default FlowSchemas and priority levels),
 //! `auth` (authentication, RBAC, access reviews), `policy` (default
 //! ClusterRoles and bindings, aggregation), `serviceaccount`
 //! (TokenRequest, pod admission, namespace defaults), `podsecurity` (Pod
@@ -19,6 +21,7 @@
 //! (exec, attach and port-forward to the kubelet), `gc`, `persist`, `proto`
 //! (protobuf bodies), `times` (Time and MicroTime formats).
 
+mod aggregator;
 mod auth;
 mod componentstatus;
 mod connect;
@@ -27,6 +30,7 @@ mod defaults;
 mod discovery;
 mod disruption;
 mod ephemeral;
+mod flowcontrol;
 mod gc;
 mod handlers;
 mod http;
@@ -335,6 +339,8 @@ fn bootstrap(store: &store::Store) {
     for ns in namespaces {
         serviceaccount::namespace_defaults(&mut st, &ns, store.root_ca.get().map(String::as_str));
     }
+    aggregator::sync(&mut st);
+    flowcontrol::bootstrap(&mut st);
     drop(st);
     policy::bootstrap(store);
 }

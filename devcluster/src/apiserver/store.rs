@@ -260,6 +260,7 @@ impl StoreState {
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
+            super::aggregator::sync(self);
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
@@ -294,6 +295,7 @@ impl StoreState {
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
+            super::aggregator::sync(self);
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;

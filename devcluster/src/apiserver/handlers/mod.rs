@@ -73,7 +73,7 @@ pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> FieldShape<'a>
 /// storage; only `apiVersion` differs).
 pub(crate) fn present(info: &ResourceInfo, version: &str, obj: &Value) -> Value {
     let av = info.api_version(version);
-    let mut o = convert::to_view(info, obj);
+    let mut o = convert::to_view(info, version, obj);
     if o.get("apiVersion").and_then(Value::as_str) != Some(av.as_str()) {
         o["apiVersion"] = json!(av);
     }
@@ -354,7 +354,9 @@ pub(crate) fn write_existing(
     let mut st = store.lock();
     let old = st.get(&key, ns, name);
     let created = old.is_none();
-    let view = old.as_deref().map(|o| convert::to_view(&t.info, o));
+    let view = old
+        .as_deref()
+        .map(|o| convert::to_view(&t.info, &t.version, o));
     let new = f(view.as_ref())?.map(|n| convert::to_storage(&t.info, n));
     let Some(new) = new else {
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
