@@ -65,6 +65,7 @@ async fn groups_come_in_the_real_order_each_with_its_apiservice() {
             "authorization.k8s.io",
             "autoscaling",
             "batch",
+            "certificates.k8s.io",
             "networking.k8s.io",
             "policy",
             "rbac.authorization.k8s.io",
@@ -92,6 +93,7 @@ async fn groups_come_in_the_real_order_each_with_its_apiservice() {
         "v1.apps",
         "v2.autoscaling",
         "v1.autoscaling",
+        "v1.certificates.k8s.io",
         "v1.flowcontrol.apiserver.k8s.io",
         "v1.node.k8s.io",
         "v1.storage.k8s.io",
@@ -207,6 +209,10 @@ async fn the_stores_clients_probe_answer_with_their_kinds() {
         (
             "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers",
             "HorizontalPodAutoscalerList",
+        ),
+        (
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            "CertificateSigningRequestList",
         ),
     ] {
         let v = get(&client, path).await;

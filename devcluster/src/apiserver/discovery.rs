@@ -111,7 +111,7 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
         out.push(e);
         for sub in r.subresources() {
             let (kind, verbs): (&str, Vec<&str>) = match sub {
-                "status" => (&r.kind, vec!["get", "patch", "update"]),
+                "status" | "approval" => (&r.kind, vec!["get", "patch", "update"]),
                 "binding" => ("Binding", vec!["create"]),
                 "ephemeralcontainers" => (&r.kind, vec!["get", "patch", "update"]),
                 "log" => (&r.kind, vec!["get"]),

@@ -35,8 +35,8 @@ use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
 use super::{
-    componentstatus, connect, discovery, disruption, limits, logs, openapi, podsecurity, scale,
-    table,
+    certs, componentstatus, connect, discovery, disruption, limits, logs, openapi, podsecurity,
+    scale, table,
 };
 
 /// Everything a request handler needs.
@@ -183,16 +183,17 @@ async fn handle(
             )));
         }
     };
+    // Public paths are served to anyone; they never reach a resource.
+    let user = user.unwrap_or_else(User::anonymous);
     let request = Request {
         query,
         content_type,
         accept,
         user_agent,
         body,
+        user: user.clone(),
         warnings: std::sync::Mutex::default(),
     };
-    // Public paths are served to anyone; they never reach a resource.
-    let user = user.unwrap_or_else(User::anonymous);
     let resp = dispatch(&ctx, &user, &method, &path, &request).await;
     debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
@@ -330,6 +331,14 @@ async fn resource(
         }
         (&Method::PATCH, Some("ephemeralcontainers")) => {
             handlers::patch(store, t, req, Part::Ephemeral)?
+        }
+        (&Method::PUT, Some("approval")) => {
+            certs::signer::may_approve(store, user, t)?;
+            handlers::update(store, t, req, Part::Approval)?
+        }
+        (&Method::PATCH, Some("approval")) => {
+            certs::signer::may_approve(store, user, t)?;
+            handlers::patch(store, t, req, Part::Approval)?
         }
         (&Method::DELETE, None) if t.name.is_none() => handlers::delete_collection(store, t, req)?,
         (&Method::DELETE, None) => handlers::delete(store, t, req)?,

@@ -15,6 +15,7 @@
 
 use serde_json::{Value, json};
 
+use super::certs;
 use super::defaults;
 use super::ephemeral;
 use super::meta::{self, is_deleting, meta_mut};
@@ -29,6 +30,8 @@ pub(crate) enum Part {
     Status,
     /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers`.
     Ephemeral,
+    /// `certificatesigningrequests/approval`: only `status.conditions`.
+    Approval,
 }
 
 impl Part {
@@ -39,6 +42,7 @@ impl Part {
             Part::Main => "",
             Part::Status => "status",
             Part::Ephemeral => "ephemeralcontainers",
+            Part::Approval => "approval",
         }
     }
 }
@@ -170,6 +174,12 @@ pub(crate) fn prepare_create(
     }
     if info.builtin && info.group.is_empty() && info.plural == "pods" {
         let causes = ephemeral::check_create(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&kind, &name, causes));
+        }
+    }
+    if certs::is_csr(info) {
+        let causes = certs::validate_spec(obj);
         if !causes.is_empty() {
             return Err(ApiError::invalid(&kind, &name, causes));
         }
@@ -311,7 +321,7 @@ pub(crate) fn prepare_update(
                 return Err(ApiError::invalid(&info.group_kind(), &name, causes));
             }
         }
-        Part::Status => {
+        Part::Status | Part::Approval => {
             // Only status changes; metadata and spec stay as stored.
             let status = new.get("status").cloned();
             new = old.clone();
@@ -372,6 +382,10 @@ pub(crate) fn prepare_update(
             defaults::on_update(info, old, &mut new);
             defaults::check_update(info, old, &new)?;
         }
+    }
+    if certs::is_csr(info) {
+        certs::prepare_update(old, &mut new, part)
+            .map_err(|c| ApiError::invalid(&info.group_kind(), &name, c))?;
     }
     admit(info, version, &mut new, strict)?;
     if !info.builtin && part == Part::Main {

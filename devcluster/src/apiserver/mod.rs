@@ -5,7 +5,8 @@
 //! optionally in a directory (docs/apiserver.md).
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
-//! `componentstatus` (`kubectl get cs`), `aggregator` (APIService
+//! `componentstatus` (`kubectl get cs`), `certs` (CertificateSigningRequests,
+//! their approval and signers), `aggregator` (APIService
 //! objects), `flowcontrol` (the default FlowSchemas and priority levels),
 //! `auth` (authentication, RBAC, access reviews), `policy` (default
 //! ClusterRoles and bindings, aggregation), `serviceaccount`
@@ -23,6 +24,7 @@
 
 mod aggregator;
 mod auth;
+mod certs;
 mod componentstatus;
 mod connect;
 mod convert;
@@ -295,6 +297,14 @@ impl ApiServer {
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
         tasks.spawn(policy::run(store.clone(), shutdown.clone()));
         tasks.spawn(disruption::run(store.clone(), shutdown.clone()));
+        tasks.spawn(certs::signer::run(
+            store.clone(),
+            certs::signer::Ca {
+                cert_pem: creds.ca_pem.clone(),
+                key_pem: creds.ca_key_pem.clone(),
+            },
+            shutdown.clone(),
+        ));
         if let Some(dir) = config.data_dir.clone() {
             tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
         }

@@ -143,6 +143,12 @@ impl ResourceInfo {
         if self.builtin && self.group.is_empty() && self.plural == "serviceaccounts" {
             subs.push("token");
         }
+        if self.builtin
+            && self.group == "certificates.k8s.io"
+            && self.plural == "certificatesigningrequests"
+        {
+            subs.push("approval");
+        }
         subs
     }
 }
@@ -283,6 +289,15 @@ const BUILTINS: &[Builtin] = &[
         "HorizontalPodAutoscaler",
         true,
         &["hpa"],
+        true,
+    ),
+    b(
+        "certificates.k8s.io",
+        "v1",
+        "certificatesigningrequests",
+        "CertificateSigningRequest",
+        false,
+        &["csr"],
         true,
     ),
     b(

@@ -19,6 +19,9 @@ pub(crate) struct Request {
     pub(crate) accept: String,
     pub(crate) user_agent: String,
     pub(crate) body: Bytes,
+    /// Who asks (recorded where the API records requesters, e.g. in a
+    /// CertificateSigningRequest's spec).
+    pub(crate) user: super::auth::User,
     /// Warnings admission gives the client (`Warning` response headers).
     pub(crate) warnings: std::sync::Mutex<Vec<String>>,
 }

@@ -155,6 +155,42 @@ fn hpa_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+/// A CertificateSigningRequest's cells: its conditions as `kubectl get csr`
+/// shows them (`Pending`, `Approved,Issued`, `Denied`, ...).
+fn csr_row(o: &Value) -> Vec<Value> {
+    let mut conditions: Vec<String> = o
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c["status"] != "False")
+                .filter_map(|c| c["type"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    if conditions.is_empty() {
+        conditions.push("Pending".into());
+    }
+    if o.pointer("/status/certificate")
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty())
+    {
+        conditions.push("Issued".into());
+    }
+    let duration = o
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+        .map_or("<none>".to_string(), human_duration);
+    vec![
+        json!(s(o, "/metadata/name")),
+        age(o),
+        json!(s(o, "/spec/signerName")),
+        json!(s(o, "/spec/username")),
+        json!(duration),
+        json!(conditions.join(",")),
+    ]
+}
+
 fn deleting(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
@@ -918,6 +954,41 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
                     ]
                 })
                 .collect(),
+        ),
+        ("certificates.k8s.io", "certificatesigningrequests") => (
+            vec![
+                name_col,
+                age_col,
+                col(
+                    "SignerName",
+                    "string",
+                    "",
+                    "Requested signer for the request. It is a qualified name in the form: `scope-hostname.io/name`.",
+                    0,
+                ),
+                col(
+                    "Requestor",
+                    "string",
+                    "",
+                    "Name of the user who created the request.",
+                    0,
+                ),
+                col(
+                    "RequestedDuration",
+                    "string",
+                    "",
+                    "The requested duration of the issued certificate.",
+                    0,
+                ),
+                col(
+                    "Condition",
+                    "string",
+                    "",
+                    "The conditions of the request and whether a certificate was issued.",
+                    0,
+                ),
+            ],
+            objs.iter().map(csr_row).collect(),
         ),
         ("apiextensions.k8s.io", "customresourcedefinitions") => (
             vec![name_col, col("Created At", "date", "", "", 0)],

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::certs;
 use super::convert;
 use super::lifecycle::{self, Part};
 use super::limits;
@@ -235,6 +236,9 @@ pub(crate) fn create(
         let mut o = obj.clone();
         let mut warnings = Vec::new();
         lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
+        if certs::is_csr(&t.info) {
+            certs::set_requester(&mut o, &req.user);
+        }
         if is_pod {
             let automount = serviceaccount::lookup(store, &ns, &o)?;
             serviceaccount::admit_pod(&mut o, automount);

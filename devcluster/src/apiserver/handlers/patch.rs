@@ -72,7 +72,7 @@ pub(crate) fn patch(
                 m.remove("managedFields");
                 m.remove("resourceVersion");
             }
-            let applied_for_merge = if part == Part::Status {
+            let applied_for_merge = if matches!(part, Part::Status | Part::Approval) {
                 // Only the status of a status apply counts.
                 let mut a = json!({"apiVersion": applied["apiVersion"], "kind": applied["kind"], "metadata": {"name": name}});
                 if let Some(s) = applied.get("status") {
@@ -90,7 +90,7 @@ pub(crate) fn patch(
             };
             match old {
                 None => {
-                    if part == Part::Status {
+                    if matches!(part, Part::Status | Part::Approval) {
                         return Err(ApiError::not_found(&info.group, &info.plural, &name));
                     }
                     let mut o = ssa::apply(
@@ -113,6 +113,9 @@ pub(crate) fn patch(
                     }
                     let mf = o.pointer("/metadata/managedFields").cloned();
                     lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
+                    if crate::apiserver::certs::is_csr(&info) {
+                        crate::apiserver::certs::set_requester(&mut o, &req.user);
+                    }
                     if let Some(automount) = automount {
                         serviceaccount::admit_pod(&mut o, automount?);
                         warnings = security.admit_pod(&o)?;
