@@ -1071,3 +1071,69 @@ async fn kubectl_gets_what_a_real_cluster_serves() {
     }
     env.server.shutdown().await;
 }
+
+/// `hostmesh apiserver --kubeconfig-auth client-cert`: the kubeconfig
+/// carries a client certificate for `hostmesh-admin` in `system:masters`
+/// instead of the token.
+#[tokio::test]
+async fn a_client_certificate_kubeconfig_is_written_on_request() {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: hostmesh_devcluster::apiserver::ApiServerArgs,
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    let cli = Cli::try_parse_from([
+        "hostmesh-apiserver",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        p(&kubeconfig),
+        "--kubeconfig-auth",
+        "client-cert",
+    ])
+    .expect("flags parse");
+    let (server, client) = hostmesh_testkit::cluster::api_server_with(cli.args.into()).await;
+    let yaml = std::fs::read_to_string(&kubeconfig).expect("kubeconfig written");
+    assert!(yaml.contains("client-certificate-data:") && yaml.contains("client-key-data:"));
+    assert!(
+        !yaml.contains(server.token()),
+        "no token in a client-cert kubeconfig"
+    );
+    let who: serde_json::Value = client
+        .request(
+            http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+                .header("content-type", "application/json")
+                .body(
+                    br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#
+                        .to_vec(),
+                )
+                .expect("request"),
+        )
+        .await
+        .expect("whoami");
+    assert_eq!(who["status"]["userInfo"]["username"], "hostmesh-admin");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        serde_json::json!(["system:masters", "system:authenticated"])
+    );
+    let out = tokio::process::Command::new("kubectl")
+        .args(["auth", "whoami", "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let who: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "hostmesh-admin");
+    let bad = Cli::try_parse_from(["x", "--kubeconfig-auth", "password"]);
+    assert!(bad.is_err());
+    server.shutdown().await;
+}
