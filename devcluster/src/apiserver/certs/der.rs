@@ -75,6 +75,52 @@ pub(crate) fn whole(input: &[u8]) -> Option<Element<'_>> {
     }
 }
 
+const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
+
+/// The subject `Name` of a DER X.509 certificate.
+pub(crate) fn certificate_subject(cert: &[u8]) -> Option<Element<'_>> {
+    let outer = whole(cert).filter(|e| e.tag == SEQUENCE)?;
+    let tbs = children(outer.content)?
+        .into_iter()
+        .next()
+        .filter(|e| e.tag == SEQUENCE)?;
+    let fields = children(tbs.content)?;
+    // [0] version is optional; then serial, signature, issuer, validity,
+    // subject.
+    let skip = usize::from(fields.first()?.tag == 0xa0);
+    fields
+        .into_iter()
+        .nth(skip + 4)
+        .filter(|e| e.tag == SEQUENCE)
+}
+
+/// The common name (empty when there is none) and the organizations, in
+/// order, of a `Name`: every CN and O of every RDN, multi-valued ones
+/// included (as openssl writes `O = a + O = b`).
+pub(crate) fn common_name_and_orgs(name: &Element<'_>) -> Option<(String, Vec<String>)> {
+    let mut cn = String::new();
+    let mut orgs = Vec::new();
+    for rdn in children(name.content)? {
+        for atv in children(rdn.content)? {
+            let parts = children(atv.content)?;
+            let [oid, value] = parts.as_slice() else {
+                return None;
+            };
+            if oid.tag != OID {
+                return None;
+            }
+            let value = String::from_utf8(value.content.to_vec()).ok()?;
+            if oid.content == OID_CN {
+                cn = value;
+            } else if oid.content == OID_O {
+                orgs.push(value);
+            }
+        }
+    }
+    Some((cn, orgs))
+}
+
 /// An element with `tag` around `content`.
 pub(crate) fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     let mut out = vec![tag];

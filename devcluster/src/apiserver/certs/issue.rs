@@ -24,11 +24,7 @@ fn subject_of(cert_pem: &str) -> Option<Vec<u8>> {
         .flat_map(|l| l.trim().chars())
         .collect();
     let cert = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-    let outer = der::whole(&cert)?;
-    let tbs = der::children(outer.content)?.into_iter().next()?;
-    let fields = der::children(tbs.content)?;
-    let skip = usize::from(fields.first()?.tag == 0xa0);
-    Some(fields.get(skip + 4)?.raw.to_vec())
+    Some(der::certificate_subject(&cert)?.raw.to_vec())
 }
 
 /// A key usage's bit (`KeyUsage` of RFC 5280), if `usage` is one.

@@ -6,8 +6,6 @@
 
 use super::der::{self, BIT_STRING, Element, OID, SEQUENCE};
 
-const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
-const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
 /// `extensionRequest` (PKCS#9).
 const OID_EXTENSION_REQUEST: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x0e];
 /// `subjectAltName`.
@@ -73,7 +71,7 @@ pub(crate) fn parse(pem: &[u8]) -> Result<Csr, String> {
         [_version, subject, spki, rest @ ..] => (subject, spki, rest.first()),
         _ => return Err(malformed()),
     };
-    let (common_name, organizations) = names(subject).ok_or_else(malformed)?;
+    let (common_name, organizations) = der::common_name_and_orgs(subject).ok_or_else(malformed)?;
     let (key_alg, key_bits) = public_key(spki).ok_or_else(malformed)?;
     verify(alg, sig, info.raw, key_alg, key_bits)?;
     let (san, san_kinds) = attributes
@@ -87,30 +85,6 @@ pub(crate) fn parse(pem: &[u8]) -> Result<Csr, String> {
         san,
         san_kinds,
     })
-}
-
-/// CN and the Os of a `Name`.
-fn names(name: &Element<'_>) -> Option<(String, Vec<String>)> {
-    let mut cn = String::new();
-    let mut orgs = Vec::new();
-    for rdn in der::children(name.content)? {
-        for atv in der::children(rdn.content)? {
-            let parts = der::children(atv.content)?;
-            let [oid, value] = parts.as_slice() else {
-                return None;
-            };
-            if oid.tag != OID {
-                return None;
-            }
-            let value = String::from_utf8(value.content.to_vec()).ok()?;
-            if oid.content == OID_CN {
-                cn = value;
-            } else if oid.content == OID_O {
-                orgs.push(value);
-            }
-        }
-    }
-    Some((cn, orgs))
 }
 
 /// The key algorithm OID (with its curve, for EC keys) and the key bits.
