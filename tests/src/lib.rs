@@ -930,6 +930,21 @@ fn parent_of(pid: i32) -> Option<i32> {
         .ok()
 }
 
+/// The PID that process `pid` (of this machine) has in its own PID
+/// namespace: itself for a process kubelet's pods, which share the
+/// machine's; its number inside the pod for a container runtime's (the
+/// last `NSpid` of `/proc/<pid>/status`), which is what an agent reports.
+pub fn pid_in_pod(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(pid)
+}
+
 /// Sends `signal` to `pid`.
 pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
