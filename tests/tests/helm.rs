@@ -343,7 +343,7 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     while !gone().await? {
         anyhow::ensure!(
             start.elapsed() < hostmesh_e2e::WAIT,
-            "chart objects still present after uninstall"
+            "chart objects or the leader's Lease still present after uninstall"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
