@@ -14,7 +14,7 @@ use super::config::{KubeletArgs, KubeletConfig};
 use super::error::{KubeletError, Result};
 use super::ipam::IpPool;
 use super::logs;
-use super::net::{Ipv4Net, NodeNetwork, PodNetwork, PodRange};
+use super::net::{NodeNetwork, PodNetwork, PodRange};
 use super::node;
 use super::pods;
 use super::process;
@@ -171,12 +171,6 @@ impl KubeletHandle {
     /// says so in a sentence); `None` with `--pod-network=host`.
     pub fn pod_range(&self) -> Option<&PodRange> {
         self.shared.network.as_ref().map(|net| &net.pod_range)
-    }
-
-    /// The node's /24 of the pod range (its `spec.podCIDR`); `None` with
-    /// `--pod-network=host`.
-    pub fn pod_subnet(&self) -> Option<Ipv4Net> {
-        self.shared.network.as_ref().map(|net| net.subnet)
     }
 
     /// The port of the log endpoint the API server's `pods/log` proxy uses,
