@@ -4,7 +4,8 @@
 //! runs as a pod (as the chart's non-root user), that operator makes a World
 //! Ready, a `helm upgrade` that changes the pod template rolls the operator
 //! to a new pod (maxSurge 1, maxUnavailable 0) whose operator takes over the
-//! Lease and makes a second World Ready, and uninstall removes the operator process and the chart's objects.
+//! Lease and makes a second World Ready, and uninstall removes the operator process, the chart's
+//! objects and the leader's Lease.
 //!
 //! Credentials: the operator runs with the chart's ServiceAccount and RBAC
 //! only: the API server's ServiceAccount admission mounts a token for it,
@@ -20,11 +21,14 @@ use hostmesh_e2e::{
     world_yaml,
 };
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 
 const RELEASE_NAME: &str = "hostmesh-operator";
+/// The chart's default `leaderElection.leaseName`.
+const LEASE_NAME: &str = "hostmesh-operator";
 
 /// The chart values of these tests: one replica, text logs, watching
 /// `namespace` only (a Role) or every namespace (a ClusterRole), and the
@@ -287,13 +291,19 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
             .await?
             .items
             .len();
-        Ok(d + p + sa + r == 0)
+        // The leader's Lease goes with its Pod (it owns the Lease), though
+        // the release on SIGTERM was refused: the chart's RBAC went first.
+        let lease = Api::<Lease>::namespaced(env.client.clone(), &ns)
+            .get_opt(LEASE_NAME)
+            .await?
+            .is_some();
+        Ok(d + p + sa + r == 0 && !lease)
     };
     let start = std::time::Instant::now();
     while !gone().await? {
         anyhow::ensure!(
             start.elapsed() < hostmesh_e2e::WAIT,
-            "chart objects still present after uninstall"
+            "chart objects or the leader's Lease still present after uninstall"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
