@@ -124,6 +124,8 @@ pub struct EnvOptions {
     /// [`Env::stop_apiserver`] and [`Env::start_apiserver`] can restart it
     /// with the same address, objects and credentials.
     pub restartable_apiserver: bool,
+    /// More arguments for `hostmesh apiserver` (`--watch-window 30s`).
+    pub apiserver_args: Vec<String>,
 }
 
 /// A cluster, a namespace and an operator for one test.
@@ -224,7 +226,12 @@ impl Env {
             (path, None, kube::Client::try_default().await?)
         } else {
             let path = dir.path().join("kubeconfig");
-            let child = spawn_apiserver(&bin, dir.path(), apiserver_listen.as_deref())?;
+            let child = spawn_apiserver(
+                &bin,
+                dir.path(),
+                apiserver_listen.as_deref(),
+                &options.apiserver_args,
+            )?;
             wait_until("the API server's kubeconfig", || path.exists()).await?;
             let client = client_for(&path).await?;
             (path, Some(child), client)
@@ -482,11 +489,18 @@ impl Env {
             &hostmesh_bin(),
             self.dir.path(),
             Some(&listen),
+            &self.options.apiserver_args,
         )?);
         let client = self.client.clone();
         hostmesh_testkit::wait::poll(WAIT, async || client.apiserver_version().await.map(drop))
             .await
             .context("the restarted API server does not answer")
+    }
+
+    /// The embedded API server's pid (`None` on a real cluster or while it
+    /// is stopped).
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
     }
 
     /// SIGKILLs every operator process.
@@ -796,7 +810,12 @@ fn log_file(dir: &Path, name: &str) -> anyhow::Result<std::fs::File> {
 /// Starts `hostmesh apiserver` writing `dir/kubeconfig` and appending to
 /// `dir/apiserver.log`: on a free port, or restartable (`listen` given)
 /// on that address with its state in `dir/apiserver`.
-fn spawn_apiserver(bin: &Path, dir: &Path, listen: Option<&str>) -> anyhow::Result<Child> {
+fn spawn_apiserver(
+    bin: &Path,
+    dir: &Path,
+    listen: Option<&str>,
+    extra: &[String],
+) -> anyhow::Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -810,6 +829,7 @@ fn spawn_apiserver(bin: &Path, dir: &Path, listen: Option<&str>) -> anyhow::Resu
     if listen.is_some() {
         cmd.arg("--data-dir").arg(dir.join("apiserver"));
     }
+    cmd.args(extra);
     cmd.stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -19,6 +19,7 @@
 //! run's processes go with its cluster when the run ends (the harness's
 //! `Env` drop), and a frozen agent is thawed first.
 
+mod churn;
 mod faults;
 mod fixture;
 mod flood;
@@ -58,11 +59,14 @@ pub enum Scenario {
     /// Stop the API server (SIGTERM or SIGKILL, 5 s or 20 s) under a
     /// running World and start it again on the same data.
     ApiRestart,
+    /// Workers create and delete Worlds with ProcMeshes; nothing is left,
+    /// and the API server gives its memory back.
+    Churn,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::ProcKill,
         Scenario::AgentKill,
         Scenario::AgentStop,
@@ -73,6 +77,7 @@ impl Scenario {
         Scenario::UnauthFlood,
         Scenario::UpKill,
         Scenario::ApiRestart,
+        Scenario::Churn,
     ];
 
     /// The scenario's name, the prefix of its result lines.
@@ -88,6 +93,7 @@ impl Scenario {
             Scenario::UnauthFlood => "unauth_flood",
             Scenario::UpKill => "up_kill",
             Scenario::ApiRestart => "api_restart",
+            Scenario::Churn => "churn",
         }
     }
 
@@ -193,6 +199,7 @@ async fn run_once(scenario: Scenario, name: &str, index: usize) -> anyhow::Resul
         Scenario::UnauthFlood => flood::unauth_flood(name).await,
         Scenario::UpKill => up::up_kill(name).await,
         Scenario::ApiRestart => restart::api_restart(name, index).await,
+        Scenario::Churn => churn::churn(name).await,
     }
 }
 

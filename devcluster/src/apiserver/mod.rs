@@ -228,6 +228,16 @@ pub struct ApiServerArgs {
         value_parser = memory::parse_duration
     )]
     pub event_ttl: Duration,
+    /// How long watch events stay in the history a watch can resume from
+    /// (`5m`, as kube-apiserver's `--etcd-compaction-interval`); older
+    /// resumes get 410 Gone and relist.
+    #[arg(
+        long,
+        env = "HOSTMESH_APISERVER_WATCH_WINDOW",
+        default_value = "5m",
+        value_parser = memory::parse_duration
+    )]
+    pub watch_window: Duration,
 }
 
 impl From<ApiServerArgs> for ApiServerConfig {
@@ -238,6 +248,7 @@ impl From<ApiServerArgs> for ApiServerConfig {
             kubeconfig: Some(a.kubeconfig),
             kubeconfig_auth: a.kubeconfig_auth,
             event_ttl: a.event_ttl,
+            watch_window: a.watch_window,
             ..Self::default()
         }
     }
