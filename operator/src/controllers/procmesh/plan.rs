@@ -157,8 +157,15 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
 }
 
 /// A rank's failure in words: the signal by name, the exit code with what
-/// it means ([`super::exit`]), naming `program` where the code is about it.
+/// it means ([`super::exit`]), naming `program` where the code is about it;
+/// at most [`procmesh::MAX_FIRST_FAILURE_REASON`] bytes, whatever the
+/// agent's reason holds.
 fn describe(rank: Rank, s: &RankStatus, program: &str) -> String {
+    let text = describe_unbounded(rank, s, program);
+    procmesh::bounded(&text, procmesh::MAX_FIRST_FAILURE_REASON).into_owned()
+}
+
+fn describe_unbounded(rank: Rank, s: &RankStatus, program: &str) -> String {
     if s.signal == Some(9) && s.reason.as_deref() == Some(super::exit::OOM_KILLED) {
         return format!("rank {rank} {}", super::exit::oom_killed());
     }
@@ -674,12 +681,7 @@ impl<'i, 'a> Working<'i, 'a> {
             Some(_) => return,
         };
         let s = &root.status;
-        // Bounded, whatever the agent's reason holds (a huge command line).
-        let reason = procmesh::bounded(
-            &describe(root.rank, s, self.program()),
-            procmesh::MAX_FIRST_FAILURE_REASON,
-        )
-        .into_owned();
+        let reason = describe(root.rank, s, self.program());
         self.first_failure = Some(FirstFailure {
             rank: root.rank,
             host: root.rank / self.per_host.max(1),

@@ -816,3 +816,21 @@ fn the_ranks_of_a_gone_host_wait_for_its_replacement() {
     let p = run_reported(&pm, RUNNING, &states, &none, &reported, 3_006);
     assert!(timed_out(&p, 2), "{:?}", p.events);
 }
+
+/// Issue 30: whatever an agent reports (a reason naming a 1 MiB command),
+/// the status stays small: every text bounded, cut with a marker.
+#[test]
+fn status_stays_small_whatever_the_agent_reports() {
+    let pm = small("");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    let mut failed = obs(ProcState::Failed, Some(127), 0);
+    failed.reason = Some(format!("executable {:?} not found", "x".repeat(1 << 20)));
+    failed.stderr_tail = Some("e".repeat(1 << 20));
+    states.insert(1, failed);
+    let p = run(&pm, RUNNING, &states, 100);
+    let ff = p.status.first_failure.as_ref().unwrap();
+    assert!(ff.reason.len() <= procmesh::MAX_FIRST_FAILURE_REASON);
+    assert!(ff.reason.ends_with(procmesh::TRUNCATED), "{}", &ff.reason[..80]);
+    let size = serde_json::to_vec(&p.status).unwrap().len();
+    assert!(size < 16 * 1024, "{size} bytes of status");
+}
