@@ -102,7 +102,16 @@ pub(crate) async fn api_restart(run: &str, index: usize) -> anyhow::Result<Timin
     })
     .await
     .map_err(|()| anyhow::anyhow!("host 1's ranks were not respawned in {BOUND:?}"))?;
-    let (pm, _) = until(&env, &mut trail, "ProcMesh", "pm", "Ready again", t0, mesh_up).await?;
+    let (pm, _) = until(
+        &env,
+        &mut trail,
+        "ProcMesh",
+        "pm",
+        "Ready again",
+        t0,
+        mesh_up,
+    )
+    .await?;
     let (w, _) = until(
         &env,
         &mut trail,

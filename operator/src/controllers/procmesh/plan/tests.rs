@@ -830,7 +830,11 @@ fn status_stays_small_whatever_the_agent_reports() {
     let p = run(&pm, RUNNING, &states, 100);
     let ff = p.status.first_failure.as_ref().unwrap();
     assert!(ff.reason.len() <= procmesh::MAX_FIRST_FAILURE_REASON);
-    assert!(ff.reason.ends_with(procmesh::TRUNCATED), "{}", &ff.reason[..80]);
+    assert!(
+        ff.reason.ends_with(procmesh::TRUNCATED),
+        "{}",
+        &ff.reason[..80]
+    );
     let size = serde_json::to_vec(&p.status).unwrap().len();
     assert!(size < 16 * 1024, "{size} bytes of status");
 }
