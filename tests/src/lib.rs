@@ -503,6 +503,14 @@ impl Env {
         self.apiserver.as_ref().map(Child::id)
     }
 
+    /// The pids of the running operator processes, oldest first.
+    pub fn operator_pids(&self) -> Vec<i32> {
+        self.operators
+            .iter()
+            .filter_map(|c| i32::try_from(c.id()).ok())
+            .collect()
+    }
+
     /// SIGKILLs every operator process.
     pub fn kill_operator(&mut self) {
         for mut c in self.operators.drain(..) {

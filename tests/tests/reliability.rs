@@ -1,12 +1,14 @@
 //! e2e (issue 30): no process outlives its ProcMesh, its rank or its host
 //! pod, `setsid` daemons included; a ProcMesh goes with its World, also
-//! when the World is deleted before the operator reconciled it.
+//! when the World is deleted before the operator reconciled it; an
+//! operator frozen and thawed blames no agent for its own pause.
 
 use std::path::Path;
 use std::time::Duration;
 
-use hostmesh_e2e::{Env, condition_true, world_yaml};
+use hostmesh_e2e::{Env, always_for, condition_true, signal, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams};
 
 fn mesh_yaml(name: &str, per_host: u32, command: &str, extra: &str) -> String {
@@ -163,5 +165,68 @@ async fn a_procmesh_goes_with_its_world() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
+
+/// Issue 30, item 4: an operator frozen (SIGSTOP) for several
+/// `healthTimeout`s and thawed blames no agent: no host expires, the
+/// ProcMesh restarts nothing and its procs are the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_operator_blames_no_agent_when_it_wakes() -> anyhow::Result<()> {
+    let env = Env::start("operator-freeze").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  healthTimeout: 2s\n  evictionTimeout: 3s\n",
+    ))
+    .await?;
+    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
+    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let procs = env.proc_pids("w", "pm");
+    assert_eq!(procs.len(), 4, "{procs:?}");
+    let operators = env.operator_pids();
+    assert_eq!(operators.len(), 1, "{operators:?}");
+
+    // Frozen for five healthTimeouts, as a frozen VM or a throttled CPU
+    // would hold it.
+    signal(operators[0], "STOP")?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    signal(operators[0], "CONT")?;
+
+    // Awake: it hears the agents again and blames none of them.
+    let meshes = env.hostmesh_api("ProcMesh");
+    always_for(
+        "pm stays Ready, restarting nothing",
+        Duration::from_secs(8),
+        async || {
+            let s = meshes.get("pm").await?.data["status"].clone();
+            let moved = !condition_true(&s, "Ready") || s["restarts"].as_u64().unwrap_or(0) != 0;
+            Ok(moved.then(|| s.to_string()))
+        },
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let expired: Vec<String> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("HostExpired"))
+        .map(|e| e.note.unwrap_or_default())
+        .collect();
+    assert!(
+        expired.is_empty(),
+        "hosts expired for the operator's pause: {expired:?}"
+    );
+    let log = env.log("operator");
+    assert!(
+        !log.contains("host agent expired"),
+        "the operator expired agents for its own pause: {}",
+        hostmesh_e2e::tail(&log, 40)
+    );
+    let w = env.hostmesh_api("World").get("w").await?.data["status"].clone();
+    assert!(condition_true(&w, "Ready") && w["restarts"] == 0, "{w}");
+    assert_eq!(env.proc_pids("w", "pm"), procs, "the procs were restarted");
     Ok(())
 }
