@@ -138,6 +138,7 @@ impl Agent {
                 manager.fence().watch().await;
                 readiness.set(false);
                 manager.fence_procs(concurrency).await;
+                super::descendants::kill_all();
             });
         }
         tracing::info!(
@@ -224,6 +225,9 @@ impl Agent {
                 self.manager.shutdown(Duration::ZERO, usize::MAX).await;
             }
         }
+        // Nothing the procs left survives the agent (in the `hostmesh
+        // agent` process, which reaps its procs' orphans).
+        super::descendants::kill_all();
         self.manager.close_output().await;
         self.proc.shutdown();
         tracing::info!("hostmesh agent stopped");
@@ -238,6 +242,10 @@ pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
     // Watch signals before anything is spawned, so an early SIGTERM still
     // stops procs gracefully.
     let signals = Signals::new()?;
+    // What the procs start stays below the agent, setsid daemons included
+    // (`descendants.rs`).
+    super::descendants::become_subreaper()
+        .map_err(|e| HostError::io("cannot become the procs' child subreaper", e))?;
     let agent = Agent::start(config).await?;
     agent.run_with(signals).await
 }

@@ -30,6 +30,10 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 /// change of its mtime) is progress (`stall.rs`).
 pub const PROGRESS_FILE_VAR: &str = "HOSTMESH_PROGRESS_FILE";
 
+/// The proc's name: runtime-aware procs check in with it, and the agent
+/// tells a proc's adopted descendants apart by it (`descendants.rs`).
+pub(crate) const PROC_NAME_VAR: &str = "HOSTMESH_PROC_NAME";
+
 /// Checks a request's shape: name, command, extent, rank.
 pub(crate) fn validate(req: &CreateOrUpdate, host_rank: Rank) -> Result<(), HostError> {
     let name = &req.name;
@@ -176,7 +180,7 @@ pub(crate) fn proc_env(
         ),
         ("HOSTMESH_WORLD".to_owned(), agent.world.clone()),
         ("HOSTMESH_PROC_MESH".to_owned(), spec.proc_mesh.clone()),
-        ("HOSTMESH_PROC_NAME".to_owned(), req.name.clone()),
+        (PROC_NAME_VAR.to_owned(), req.name.clone()),
         ("HOSTMESH_EXTENT".to_owned(), extent),
         ("HOSTMESH_AGENT_ADDR".to_owned(), agent.addr.to_string()),
         (

@@ -12,6 +12,8 @@
 //! - `env`: the proc environment contract.
 //! - `spawn`: starting (see `clone`), signalling and reaping proc processes.
 //! - `clone`: the `clone(CLONE_VM|CLONE_VFORK)` + `execve` spawn itself.
+//! - `descendants`: the agent as its procs' subreaper; a proc's
+//!   descendants (setsid daemons included) go with it.
 //! - `fence`: rank epochs and self-fencing.
 //! - `lifecycle`: one proc incarnation from spawn to final status.
 //! - `manager`: the proc table and the requests on it.
@@ -33,6 +35,7 @@ mod client;
 mod clone;
 mod config;
 pub mod contract;
+mod descendants;
 mod env;
 mod error;
 mod fence;
@@ -58,6 +61,7 @@ pub use client::{
     SupervisorInbox, agent_ref,
 };
 pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
+pub use descendants::become_subreaper;
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
 pub use error::HostError;
 pub use fence::{

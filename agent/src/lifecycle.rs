@@ -8,7 +8,10 @@
 //! 2. A stop is TERM to the process group, then KILL to the group once the
 //!    grace has passed; the final status is what the process really did.
 //! 3. After the main process ends, the rest of its process group is killed,
-//!    so nothing it started outlives it inside the group.
+//!    and so is every other descendant the agent can tell is the proc's
+//!    (`descendants.rs`: its subtree, and the daemons the agent adopted that
+//!    name it), so nothing it started outlives it; a stop sends them the
+//!    group's TERM and KILL too.
 //! 4. The final status carries the stderr tail, read up to end of file (or
 //!    for at most [`TAIL_WAIT`] when something else holds the pipe open),
 //!    and the head of stderr the tail lost.
@@ -23,6 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+use super::descendants;
 use super::logs::{self, Tail};
 use super::manager::Inner;
 use super::oom::OomCounter;
@@ -159,8 +163,13 @@ pub(crate) async fn run(
     // When it ended: the report below waits for the pipes to drain.
     let ended_at = super::manager::now_ms();
     inner.detach(&name, inc);
-    // Invariant 3: sweep what the proc left in its group.
+    // Invariant 3: sweep what the proc left in its group and elsewhere
+    // (its main process is reaped: only what the agent adopted).
     spawn::signal_group(pid, libc::SIGKILL);
+    let swept = descendants::signal_proc(None, &name, libc::SIGKILL);
+    if swept > 0 {
+        tracing::info!(proc = %name, processes = swept, "killed what the proc left running");
+    }
     // Drain both pipes (bounded: a grandchild may hold them open) so the
     // proc's last lines reach the agent's output and the stderr tail before
     // its end is reported, and before a shutting-down agent closes its output.
@@ -277,10 +286,13 @@ async fn stop(
         s.status = ProcPhase::Stopping { pid };
     });
     spawn::signal_group(pid, libc::SIGTERM);
+    descendants::signal_proc(Some(pid), name, libc::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
             tracing::info!(proc = %name, ?grace, "proc outlived its grace period; killing it");
+            // Before the group: the main process is not reaped yet.
+            descendants::signal_proc(Some(pid), name, libc::SIGKILL);
             spawn::signal_group(pid, libc::SIGKILL);
             child.wait().await
         }

@@ -20,7 +20,8 @@
 //!    variables replace them.
 //! 5. Every spawned process is reaped exactly once, by [`ProcChild::wait`]
 //!    (through a pidfd; a thread blocked in `waitpid` where pidfds are
-//!    missing).
+//!    missing), and is in `descendants::DIRECT` from its clone until then,
+//!    so the agent's reaper of adopted orphans never takes its status.
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -193,6 +194,7 @@ impl ProcChild {
             },
         };
         self.status = Some(st);
+        super::descendants::direct().remove(&pid);
         Ok(st)
     }
 }
@@ -239,12 +241,21 @@ impl Spawner {
             .name("hostmesh-spawner".into())
             .spawn(move || {
                 while let Ok((req, reply)) = rx.recv() {
-                    let result = raw_spawn(&req);
+                    // Registered before it can exit (invariant 5).
+                    let result = {
+                        let mut direct = super::descendants::direct();
+                        let result = raw_spawn(&req);
+                        if let Ok(raw) = &result {
+                            direct.insert(raw.pid);
+                        }
+                        result
+                    };
                     if let Err(Ok(raw)) = reply.send(result) {
                         // The requester is gone: do not leave the process
                         // behind.
                         signal_group(raw.pid as u32, libc::SIGKILL);
                         let _ = blocking_reap(raw.pid);
+                        super::descendants::direct().remove(&raw.pid);
                     }
                 }
             })?;

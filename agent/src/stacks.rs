@@ -93,14 +93,24 @@ fn py_spy_for(pid: u32) -> Option<PathBuf> {
 }
 
 async fn py_spy_dump(py_spy: &Path, pid: u32, max: usize) -> Result<String, String> {
-    let mut child = tokio::process::Command::new(py_spy)
-        .args(["dump", "--pid", &pid.to_string()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| e.to_string())?;
+    // Registered as the agent's own child until it is reaped, so the
+    // reaper of adopted orphans leaves it to tokio (`descendants`).
+    let mut child = {
+        let mut direct = crate::descendants::direct();
+        let child = tokio::process::Command::new(py_spy)
+            .args(["dump", "--pid", &pid.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Some(id) = child.id() {
+            direct.insert(id as i32);
+        }
+        child
+    };
+    let _registered = crate::descendants::Registered(child.id().map(|id| id as i32));
     let out = child.stdout.take().ok_or("no stdout")?;
     let err = child.stderr.take().ok_or("no stderr")?;
     let run = async {

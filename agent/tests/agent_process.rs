@@ -163,3 +163,67 @@ fn a_replaced_ranks_older_copy_cannot_connect() {
         assert!(peer(None).await.is_ok(), "an unclaimed peer");
     });
 }
+
+/// Whether `pid` is gone and reaped (no zombie left either).
+fn reaped(pid: u32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn wait_reaped(pids: &[u32]) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !pids.iter().all(|p| reaped(*p)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still there (or zombies): {:?}",
+            pids.iter().filter(|p| !reaped(**p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Issue 30: a proc's daemons go with it, whether they left its session
+/// (`setsid`) while it runs or were orphaned by a parent that exited (then
+/// the agent, their subreaper, adopted them), and they are reaped.
+#[test]
+fn a_procs_setsid_daemons_die_with_it() {
+    let agent = ChildAgent::start(
+        &[],
+        &[concat!(
+            "setsid sleep 311 </dev/null >/dev/null 2>&1 & echo daemon-a $!; ",
+            "sh -c 'setsid sleep 312 </dev/null >/dev/null 2>&1 & echo daemon-b $!'; ",
+            "exec sleep 300"
+        )],
+    );
+    let main = agent.pids()[0];
+    let daemons: Vec<u32> = ["[mesh/0] daemon-a ", "[mesh/0] daemon-b "]
+        .iter()
+        .map(|p| agent.line(p).parse().unwrap())
+        .collect();
+    assert!(daemons.iter().all(|p| !gone(*p)), "the daemons run");
+    // The main process ends (killed from outside): its daemons go too.
+    // SAFETY: signalling the proc this test's agent started.
+    assert_eq!(unsafe { libc::kill(main as i32, libc::SIGKILL) }, 0);
+    wait_reaped(&daemons);
+    agent.err_line("killed what the proc left running");
+}
+
+/// Issue 30: when the agent stops, nothing its procs started survives it,
+/// not even a daemon that cleared its environment (so no proc can be told
+/// from it) and changed its session.
+#[test]
+fn agent_stop_kills_daemons_it_cannot_attribute() {
+    let mut agent = ChildAgent::start(
+        &[],
+        &[concat!(
+            "sh -c 'env -i setsid sleep 313 </dev/null >/dev/null 2>&1 & echo daemon $!'; ",
+            "exec sleep 300"
+        )],
+    );
+    let pids = agent.pids();
+    let daemon: u32 = agent.line("[mesh/0] daemon ").parse().unwrap();
+    assert!(!gone(daemon), "the daemon runs");
+    agent.signal(libc::SIGTERM);
+    assert!(agent.wait().success());
+    wait_all_gone(&pids);
+    wait_all_gone(&[daemon]);
+}

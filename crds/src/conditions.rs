@@ -5,8 +5,9 @@
 //!    order of first appearance.
 //! 2. `lastTransitionTime` changes only when `status` changes, so writing a
 //!    recomputed status whole does not churn it.
-//! 3. Messages are truncated to the API's 32 KiB limit; reasons are the
-//!    CamelCase words the API accepts.
+//! 3. Messages are truncated to the API's 32 KiB limit, ending with
+//!    [`crate::procmesh::TRUNCATED`]; reasons are the CamelCase words the
+//!    API accepts.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -51,7 +52,7 @@ pub fn set(
     now: &Time,
 ) {
     let status = if status { "True" } else { "False" }.to_string();
-    let message = crate::procmesh::head(message, MAX_MESSAGE).to_string();
+    let message = crate::procmesh::bounded(message, MAX_MESSAGE).into_owned();
     let new = |ltt: Time| Condition {
         type_: type_.to_string(),
         status: status.clone(),

@@ -453,6 +453,46 @@ pub struct ActorFailure {
 pub const MAX_STDERR_RANKS: usize = 16;
 /// Most bytes of a reason kept in status.
 pub const MAX_REASON: usize = 256;
+/// Most bytes of `firstFailure.reason`.
+pub const MAX_FIRST_FAILURE_REASON: usize = 1024;
+
+/// The longest proc name an agent takes: a runtime proc name
+/// (`hostmesh_runtime::id::check_name`, `[A-Za-z0-9._-]{1,128}`).
+pub const MAX_PROC_NAME: usize = 128;
+/// What a proc name adds to its ProcMesh's name besides the rank:
+/// `<name>.<uid, 8>-<spec hash, 8>.<rank>` (the operator's
+/// `procmesh::desired::mesh_id` and `hub::proc_name`).
+pub const PROC_NAME_OVERHEAD: usize = 1 + 8 + 1 + 8 + 1;
+
+/// The longest ProcMesh name whose proc names (largest rank
+/// `largest_rank`) an agent takes: [`MAX_PROC_NAME`] less
+/// [`PROC_NAME_OVERHEAD`] and the rank's digits.
+pub fn max_name(largest_rank: Rank) -> usize {
+    MAX_PROC_NAME - PROC_NAME_OVERHEAD - largest_rank.to_string().len()
+}
+
+/// Most bytes of one string of `spec.command`, `spec.args` and `spec.env`
+/// (`NAME=value`): Linux's limit for one `execve` argument or variable
+/// (`MAX_ARG_STRLEN`, 32 pages, with its terminating NUL).
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;
+/// Most bytes of `spec.command`, `spec.args` and `spec.env` together: well
+/// within `execve`'s total (a quarter of the default 8 MiB stack), and
+/// leaving the object room for its status under the API server's 1.5 MiB
+/// object limit.
+pub const MAX_COMMAND_BYTES: usize = 256 * 1024;
+
+/// The marker [`bounded`] ends a cut text with.
+pub const TRUNCATED: &str = "... [truncated]";
+
+/// `s` cut to at most `max` bytes (on a character boundary), ending with
+/// [`TRUNCATED`] when cut, so status shows that text is missing.
+pub fn bounded(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let keep = head(s, max.saturating_sub(TRUNCATED.len()));
+    std::borrow::Cow::Owned(format!("{keep}{}", &TRUNCATED[..TRUNCATED.len().min(max)]))
+}
 
 /// Truncates `s` to its first `max` bytes (on a character boundary).
 pub fn head(s: &str, max: usize) -> &str {
@@ -498,7 +538,7 @@ pub fn rank_runs(values: impl IntoIterator<Item = RankStatus>) -> (Vec<Run<RankS
         if let Some(r) = v.reason.as_mut()
             && r.len() > MAX_REASON
         {
-            *r = crate::procmesh::tail(r, MAX_REASON);
+            *r = bounded(r, MAX_REASON).into_owned();
         }
         v
     });

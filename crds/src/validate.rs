@@ -257,6 +257,88 @@ pub struct ProcMeshTimings {
     pub stall_timeout: Option<Duration>,
 }
 
+/// The command, its arguments and its environment must fit what the agent
+/// can `execve` (each string at most [`procmesh::MAX_ARG_BYTES`]) and leave
+/// the object room for its status ([`procmesh::MAX_COMMAND_BYTES`] in all).
+fn check_command_sizes(spec: &ProcMeshSpec, errs: &mut Vec<FieldError>) {
+    let strings = spec
+        .command
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("spec.command[{i}]"), s.len()))
+        .chain(
+            spec.args
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("spec.args[{i}]"), s.len())),
+        )
+        .chain(
+            spec.env
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (format!("spec.env[{i}]"), e.name.len() + 1 + e.value.len())),
+        );
+    let mut total = 0usize;
+    for (field, len) in strings {
+        total = total.saturating_add(len);
+        if len > procmesh::MAX_ARG_BYTES {
+            errs.push(FieldError::new(
+                field,
+                format!(
+                    "Too long: {len} bytes; one argument or variable (NAME=value) may have at most {} bytes (Linux's execve limit); pass large data in a file or a ConfigMap",
+                    procmesh::MAX_ARG_BYTES
+                ),
+            ));
+        }
+    }
+    if total > procmesh::MAX_COMMAND_BYTES {
+        errs.push(FieldError::new(
+            "spec.command",
+            format!(
+                "Too long: command, args and env take {total} bytes together; use at most {} (pass large data in a file or a ConfigMap)",
+                procmesh::MAX_COMMAND_BYTES
+            ),
+        ));
+    }
+}
+
+/// [`proc_mesh`], and the ProcMesh's name: its procs' names
+/// (`<name>.<uid>-<hash>.<rank>`) must fit the agent's limit for the largest
+/// rank this mesh has on `world` ([`procmesh::max_name`]).
+pub fn proc_mesh_named(
+    name: &str,
+    spec: &ProcMeshSpec,
+    world: Option<&WorldSpec>,
+) -> Result<ProcMeshTimings, Vec<FieldError>> {
+    let checked = proc_mesh(spec, world);
+    let name_err = world.and_then(|w| {
+        let total = w
+            .full_shape()
+            .num_ranks()
+            .saturating_mul(spec.per_host_shape().num_ranks());
+        let largest = total.clamp(1, procmesh::MAX_PROCS) - 1;
+        let max = procmesh::max_name(largest);
+        (name.len() > max).then(|| {
+            FieldError::new(
+                "metadata.name",
+                format!(
+                    "Too long: {} bytes; a ProcMesh of {total} procs may have a name of at most {max} bytes, since its proc names ({name}.<uid>-<hash>.<rank>) may have at most {} (the agent's limit); use a shorter name",
+                    name.len(),
+                    procmesh::MAX_PROC_NAME
+                ),
+            )
+        })
+    });
+    match (checked, name_err) {
+        (r, None) => r,
+        (Ok(_), Some(e)) => Err(vec![e]),
+        (Err(mut errs), Some(e)) => {
+            errs.insert(0, e);
+            Err(errs)
+        }
+    }
+}
+
 /// `spec.stallTimeout` must be long enough to mean something, and
 /// `spec.progressPattern` must compile (within its size limit) and have a
 /// timeout to serve.
@@ -369,6 +451,7 @@ pub fn proc_mesh(
             "is empty; give the program to run, e.g. [python, train.py]",
         ));
     }
+    check_command_sizes(spec, &mut errs);
     for (i, e) in spec.env.iter().enumerate() {
         if e.name.is_empty() || e.name.contains('=') || e.name.contains('\0') {
             errs.push(FieldError::new(
@@ -620,5 +703,46 @@ mod tests {
                 .unwrap_or_else(|| panic!("{extra}: {errs:?}"));
             assert!(e.message.contains(words), "{extra}: {}", e.message);
         }
+    }
+    /// Issue 30: names and sizes the agent cannot take are refused naming
+    /// the field and the limit, computed for the mesh's largest rank.
+    #[test]
+    fn proc_mesh_names_and_command_sizes_the_agent_cannot_take() {
+        let w = world_spec(OK_WORLD);
+        let total = w.full_shape().num_ranks() * 8;
+        let spec: ProcMeshSpec =
+            serde_saphyr::from_str("world: t\nperHost: [{name: gpu, size: 8}]\ncommand: [sh]\n")
+                .unwrap();
+        let max = procmesh::max_name(total - 1);
+        assert_eq!(
+            max,
+            procmesh::MAX_PROC_NAME - procmesh::PROC_NAME_OVERHEAD - (total - 1).to_string().len()
+        );
+        assert!(proc_mesh_named(&"a".repeat(max), &spec, Some(&w)).is_ok());
+        let errs = proc_mesh_named(&"a".repeat(max + 1), &spec, Some(&w)).unwrap_err();
+        assert_eq!(errs[0].field, "metadata.name");
+        assert!(
+            errs[0].message.contains(&format!("at most {max} bytes"))
+                && errs[0].message.contains("128"),
+            "{}",
+            errs[0].message
+        );
+        // The largest mesh leaves the least room.
+        assert_eq!(procmesh::max_name(procmesh::MAX_PROCS - 1), 103);
+
+        let big = |n: usize| "x".repeat(n);
+        let mut spec2 = spec.clone();
+        spec2.args = vec![big(procmesh::MAX_ARG_BYTES + 1)];
+        let errs = proc_mesh(&spec2, Some(&w)).unwrap_err();
+        assert_eq!(errs[0].field, "spec.args[0]");
+        assert!(errs[0].message.contains("131071"), "{}", errs[0].message);
+        let mut spec3 = spec.clone();
+        spec3.args = (0..3).map(|_| big(100_000)).collect();
+        let errs = proc_mesh(&spec3, Some(&w)).unwrap_err();
+        assert_eq!(errs[0].field, "spec.command");
+        assert!(errs[0].message.contains("262144"), "{}", errs[0].message);
+        let mut spec4 = spec.clone();
+        spec4.args = vec![big(100_000)];
+        assert!(proc_mesh(&spec4, Some(&w)).is_ok());
     }
 }

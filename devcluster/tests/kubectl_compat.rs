@@ -1137,3 +1137,96 @@ async fn a_client_certificate_kubeconfig_is_written_on_request() {
     assert!(bad.is_err());
     server.shutdown().await;
 }
+
+/// Issue 30, compared with kube-apiserver v1.28: every namespace gets the
+/// `kubernetes` finalizer (added to any given, kept across update and
+/// patch), so `kubectl delete ns` waits for its contents, finalizers
+/// included, instead of leaving them behind.
+#[tokio::test]
+async fn namespaces_get_the_kubernetes_finalizer_and_wait_for_their_contents() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+    use kube::Api;
+    let env = start().await;
+    // Sent as protobuf, with no spec.
+    env.ok(&["create", "namespace", "team"]).await;
+    let fins = |json: &str| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(json).expect("json")["spec"]["finalizers"].clone()
+    };
+    let got = env.ok(&["get", "namespace", "team", "-o", "json"]).await;
+    assert_eq!(fins(&got), serde_json::json!(["kubernetes"]));
+    let other = env.write(
+        "ns.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: other}\nspec: {finalizers: [example.com/x]}\n",
+    );
+    let got = env.ok(&["create", "-f", p(&other), "-o", "json"]).await;
+    assert_eq!(
+        fins(&got),
+        serde_json::json!(["example.com/x", "kubernetes"])
+    );
+    let got = env
+        .ok(&[
+            "patch",
+            "namespace",
+            "team",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"finalizers":null}}"#,
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(
+        fins(&got),
+        serde_json::json!(["kubernetes"]),
+        "only /finalize changes them"
+    );
+    // A ConfigMap with a finalizer holds the namespace's deletion.
+    env.ok(&["-n", "team", "create", "configmap", "held"]).await;
+    env.ok(&[
+        "-n",
+        "team",
+        "patch",
+        "configmap",
+        "held",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+    ])
+    .await;
+    env.ok(&["delete", "namespace", "team", "--wait=false"])
+        .await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), "team");
+    let marked = hostmesh_testkit::poll(hostmesh_testkit::PATIENCE, async || {
+        match cms.get_opt("held").await {
+            Ok(Some(c)) if c.metadata.deletion_timestamp.is_some() => Ok(()),
+            _ => Err(()),
+        }
+    })
+    .await;
+    assert!(marked.is_ok(), "the namespace's contents are deleted");
+    let nss: Api<Namespace> = Api::all(env.client.clone());
+    let ns = nss.get("team").await.expect("still there");
+    assert_eq!(
+        ns.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    env.ok(&[
+        "-n",
+        "team",
+        "patch",
+        "configmap",
+        "held",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .await;
+    let gone = hostmesh_testkit::poll(hostmesh_testkit::PATIENCE, async || {
+        match nss.get_opt("team").await {
+            Ok(None) => Ok(()),
+            _ => Err(()),
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the namespace goes once it is empty");
+}

@@ -25,11 +25,16 @@
 //! - `kube` (feature `kube`): [`kube_client`] and [`kube_client_builder`],
 //!   Kubernetes clients whose connections resolve the API server's name with
 //!   [`Resolver`] (a kubeconfig naming its server by DNS).
+//! - [`watch`] (feature `kube`): watch streams with their own bounded
+//!   back-off, so every watcher of the operator and the embedded cluster
+//!   relists within seconds of an API server restart or a `410 Gone`.
 
 pub mod hosts;
 #[cfg(feature = "kube")]
 mod kube;
 pub mod resolve;
+#[cfg(feature = "kube")]
+pub mod watch;
 
 #[cfg(feature = "kube")]
 pub use kube::{ClientService, HyperResolver, kube_client, kube_client_builder};

@@ -44,11 +44,15 @@ fn invalid(what: &'static str, input: &str, reason: impl Into<String>) -> IdErro
     }
 }
 
-/// Checks a proc or actor name: non-empty, at most 128 characters of
-/// `[A-Za-z0-9_.-]`.
+/// The longest proc or actor name, in bytes (ProcMesh validation keeps
+/// proc names within it: `hostmesh_crds::procmesh::MAX_PROC_NAME`).
+pub const MAX_NAME: usize = 128;
+
+/// Checks a proc or actor name: non-empty, at most [`MAX_NAME`] characters
+/// of `[A-Za-z0-9_.-]`.
 pub fn check_name(name: &str) -> Result<(), IdError> {
     if name.is_empty()
-        || name.len() > 128
+        || name.len() > MAX_NAME
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))

@@ -120,6 +120,12 @@ pub struct EnvOptions {
     /// Directories put first on the kubelet's `PATH`, which containers
     /// inherit (so a worker command's `python` is a test venv's).
     pub kubelet_path: Vec<PathBuf>,
+    /// Run the embedded API server with `--data-dir` on a fixed port, so
+    /// [`Env::stop_apiserver`] and [`Env::start_apiserver`] can restart it
+    /// with the same address, objects and credentials.
+    pub restartable_apiserver: bool,
+    /// More arguments for `hostmesh apiserver` (`--watch-window 30s`).
+    pub apiserver_args: Vec<String>,
 }
 
 /// A cluster, a namespace and an operator for one test.
@@ -140,6 +146,8 @@ pub struct Env {
     pub images: Images,
     dir: tempfile::TempDir,
     apiserver: Option<Child>,
+    /// The address a restartable API server listens on.
+    apiserver_listen: Option<String>,
     kubelet: Option<Child>,
     controller_manager: Option<Child>,
     /// Operator processes, oldest first.
@@ -211,23 +219,19 @@ impl Env {
                 "KUBECONFIG is set, so the e2e suite runs its pods on that cluster's nodes: set HOSTMESH_TEST_IMAGE to a hostmesh image they have (image/build.sh, then load it; docs/testing.md), or HOSTMESH_E2E_NODES=process-kubelet to join a process kubelet instead"
             );
         }
+        let apiserver_listen = (!real_cluster && options.restartable_apiserver)
+            .then(|| format!("127.0.0.1:{}", hostmesh_testkit::http::free_port()));
         let (kubeconfig, apiserver, client) = if real_cluster {
             let path = PathBuf::from(std::env::var_os("KUBECONFIG").unwrap_or_default());
             (path, None, kube::Client::try_default().await?)
         } else {
             let path = dir.path().join("kubeconfig");
-            let log = log_file(dir.path(), "apiserver")?;
-            let child = Command::new(&bin)
-                .arg("apiserver")
-                .arg("--listen")
-                .arg("127.0.0.1:0")
-                .arg("--kubeconfig")
-                .arg(&path)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("starting hostmesh apiserver")?;
+            let child = spawn_apiserver(
+                &bin,
+                dir.path(),
+                apiserver_listen.as_deref(),
+                &options.apiserver_args,
+            )?;
             wait_until("the API server's kubeconfig", || path.exists()).await?;
             let client = client_for(&path).await?;
             (path, Some(child), client)
@@ -246,6 +250,7 @@ impl Env {
             images,
             dir,
             apiserver,
+            apiserver_listen,
             kubelet: None,
             controller_manager: None,
             operators: Vec::new(),
@@ -445,6 +450,65 @@ impl Env {
             )
             .await?;
         Ok(())
+    }
+
+    /// Stops the embedded API server with `signal` (`TERM`, `KILL`) and
+    /// waits for it to exit; only with
+    /// [`EnvOptions::restartable_apiserver`].
+    pub async fn stop_apiserver(&mut self, signal: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.apiserver_listen.is_some(),
+            "the API server is restartable only with EnvOptions::restartable_apiserver"
+        );
+        let mut child = self
+            .apiserver
+            .take()
+            .context("the API server is not running")?;
+        crate::signal(i32::try_from(child.id())?, signal)?;
+        let start = Instant::now();
+        while start.elapsed() < WAIT {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("the API server did not exit within {WAIT:?} of SIG{signal}")
+    }
+
+    /// Starts the API server again after [`Env::stop_apiserver`]: the same
+    /// address, data directory and credentials; returns once it answers.
+    pub async fn start_apiserver(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.apiserver.is_none(), "the API server is running");
+        let listen = self
+            .apiserver_listen
+            .clone()
+            .context("the API server is restartable only with EnvOptions::restartable_apiserver")?;
+        self.apiserver = Some(spawn_apiserver(
+            &hostmesh_bin(),
+            self.dir.path(),
+            Some(&listen),
+            &self.options.apiserver_args,
+        )?);
+        let client = self.client.clone();
+        hostmesh_testkit::wait::poll(WAIT, async || client.apiserver_version().await.map(drop))
+            .await
+            .context("the restarted API server does not answer")
+    }
+
+    /// The embedded API server's pid (`None` on a real cluster or while it
+    /// is stopped).
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// The pids of the running operator processes, oldest first.
+    pub fn operator_pids(&self) -> Vec<i32> {
+        self.operators
+            .iter()
+            .filter_map(|c| i32::try_from(c.id()).ok())
+            .collect()
     }
 
     /// SIGKILLs every operator process.
@@ -749,6 +813,36 @@ fn nix_terminate(child: &Child) -> std::io::Result<()> {
 
 fn log_file(dir: &Path, name: &str) -> anyhow::Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join(format!("{name}.log")))?)
+}
+
+/// Starts `hostmesh apiserver` writing `dir/kubeconfig` and appending to
+/// `dir/apiserver.log`: on a free port, or restartable (`listen` given)
+/// on that address with its state in `dir/apiserver`.
+fn spawn_apiserver(
+    bin: &Path,
+    dir: &Path,
+    listen: Option<&str>,
+    extra: &[String],
+) -> anyhow::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("apiserver.log"))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("apiserver")
+        .arg("--listen")
+        .arg(listen.unwrap_or("127.0.0.1:0"))
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"));
+    if listen.is_some() {
+        cmd.arg("--data-dir").arg(dir.join("apiserver"));
+    }
+    cmd.args(extra);
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting hostmesh apiserver")
 }
 
 /// A kube client from a kubeconfig file.

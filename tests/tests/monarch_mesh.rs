@@ -60,6 +60,7 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
             // The worker command is Monarch's `python -u -c ...`: the
             // venv's python, through the kubelet's PATH.
             kubelet_path: vec![venv_bin],
+            ..EnvOptions::default()
         },
     )
     .await?;

@@ -43,6 +43,8 @@ pub fn child_agent_main() {
         .try_init();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let code = rt.block_on(async {
+        // As `hostmesh agent` does (`run_agent`).
+        hostmesh_agent::become_subreaper().unwrap();
         let args = ChildCli::parse_from(["agent"]).args;
         let config = match args.validate() {
             Ok(c) => c,

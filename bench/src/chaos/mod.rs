@@ -19,9 +19,11 @@
 //! run's processes go with its cluster when the run ends (the harness's
 //! `Env` drop), and a frozen agent is thawed first.
 
+mod churn;
 mod faults;
 mod fixture;
 mod flood;
+mod restart;
 mod up;
 
 use std::time::Duration;
@@ -54,11 +56,17 @@ pub enum Scenario {
     UnauthFlood,
     /// kill -9 `hostmesh up`.
     UpKill,
+    /// Stop the API server (SIGTERM or SIGKILL, 5 s or 20 s) under a
+    /// running World and start it again on the same data.
+    ApiRestart,
+    /// Workers create and delete Worlds with ProcMeshes; nothing is left,
+    /// and the API server gives its memory back.
+    Churn,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::ProcKill,
         Scenario::AgentKill,
         Scenario::AgentStop,
@@ -68,6 +76,8 @@ impl Scenario {
         Scenario::SecretDelete,
         Scenario::UnauthFlood,
         Scenario::UpKill,
+        Scenario::ApiRestart,
+        Scenario::Churn,
     ];
 
     /// The scenario's name, the prefix of its result lines.
@@ -82,6 +92,8 @@ impl Scenario {
             Scenario::SecretDelete => "secret_delete",
             Scenario::UnauthFlood => "unauth_flood",
             Scenario::UpKill => "up_kill",
+            Scenario::ApiRestart => "api_restart",
+            Scenario::Churn => "churn",
         }
     }
 
@@ -107,8 +119,12 @@ pub struct Timing {
     pub detect: Option<f64>,
     /// Fault to Ready again.
     pub recover: Option<f64>,
-    /// Scenario figures: (name suffix, value, unit).
+    /// Scenario figures reported as their maximum over the runs: (name
+    /// suffix, value, unit).
     pub extra: Vec<(&'static str, f64, &'static str)>,
+    /// Scenario timings reported as p50 and p99 over the runs: (name
+    /// suffix, seconds, unit).
+    pub figures: Vec<(&'static str, f64, &'static str)>,
     /// Why the run failed although it measured (its figures still count).
     pub failure: Option<String>,
 }
@@ -147,7 +163,7 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
     };
     for run in 0..runs {
         let name = format!("chaos-{}-{run}", scenario.name());
-        let result = tokio::time::timeout(RUN_BOUND, run_once(scenario, &name)).await;
+        let result = tokio::time::timeout(RUN_BOUND, run_once(scenario, &name, run)).await;
         match result {
             Ok(Ok(t)) => {
                 if let Some(reason) = &t.failure {
@@ -171,7 +187,7 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
     out
 }
 
-async fn run_once(scenario: Scenario, name: &str) -> anyhow::Result<Timing> {
+async fn run_once(scenario: Scenario, name: &str, index: usize) -> anyhow::Result<Timing> {
     match scenario {
         Scenario::ProcKill => faults::proc_kill(name).await,
         Scenario::AgentKill => faults::host_lost(name, HostFault::Kill).await,
@@ -182,6 +198,8 @@ async fn run_once(scenario: Scenario, name: &str) -> anyhow::Result<Timing> {
         Scenario::SecretDelete => faults::secret_delete(name).await,
         Scenario::UnauthFlood => flood::unauth_flood(name).await,
         Scenario::UpKill => up::up_kill(name).await,
+        Scenario::ApiRestart => restart::api_restart(name, index).await,
+        Scenario::Churn => churn::churn(name).await,
     }
 }
 
@@ -203,6 +221,26 @@ pub fn emit_outcome(o: &Outcome) {
         if let (Some(p50), Some(p99)) = (percentile(&values, 50), percentile(&values, 99)) {
             emit(&format!("{name}_{what}_s_p50"), p50, "s", None);
             emit(&format!("{name}_{what}_s_p99"), p99, "s", None);
+        }
+    }
+    // Figures: p50 and p99 of each, named by their suffix (`_s` included).
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for t in &o.timings {
+        for &(k, _, unit) in &t.figures {
+            if !keys.iter().any(|(e, _)| *e == k) {
+                keys.push((k, unit));
+            }
+        }
+    }
+    for (k, unit) in keys {
+        let values: Vec<f64> = o
+            .timings
+            .iter()
+            .flat_map(|t| t.figures.iter().filter(|f| f.0 == k).map(|f| f.1))
+            .collect();
+        if let (Some(p50), Some(p99)) = (percentile(&values, 50), percentile(&values, 99)) {
+            emit(&format!("{name}_{k}_p50"), p50, unit, None);
+            emit(&format!("{name}_{k}_p99"), p99, unit, None);
         }
     }
     // Extras: the worst (largest) value over the runs.

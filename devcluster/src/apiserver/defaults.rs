@@ -81,7 +81,20 @@ fn default_pod_spec(spec: &mut Value) {
 /// Defaults applied when an object is created.
 pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
     if is(info, "", "namespaces") {
-        set_default(obj, &["spec", "finalizers"], json!(["kubernetes"]));
+        // Always the `kubernetes` finalizer, added to any given (as
+        // kube-apiserver's namespace strategy): a namespace's deletion waits
+        // until its contents are gone (gc invariant 4), whether it was
+        // created with a body that lists finalizers, an empty list, or
+        // none (`kubectl create namespace` sends protobuf with none).
+        let mut fins: Vec<Value> = obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if !fins.iter().any(|f| f == NAMESPACE_FINALIZER) {
+            fins.push(json!(NAMESPACE_FINALIZER));
+        }
+        super::meta::set_path(obj, &["spec", "finalizers"], Value::Array(fins));
         obj["status"] = json!({"phase": "Active"});
     } else if is(info, "", "pods") {
         if let Some(spec) = obj.get_mut("spec") {
@@ -145,9 +158,21 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
 /// The finalizer that holds a CRD until its custom resources are gone.
 pub(crate) const CRD_CLEANUP: &str = "customresourcecleanup.apiextensions.k8s.io";
 
+/// The finalizer every namespace is created with: the namespace's
+/// contents are deleted before it goes.
+pub(crate) const NAMESPACE_FINALIZER: &str = "kubernetes";
+
 /// Defaults applied on update of the main resource.
 pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
-    if is(info, "", "services") {
+    if is(info, "", "namespaces") {
+        // `spec.finalizers` changes only through `namespaces/{name}/finalize`
+        // (kube-apiserver keeps the old list on update and patch).
+        let old_fins = old
+            .pointer("/spec/finalizers")
+            .cloned()
+            .unwrap_or(json!([]));
+        super::meta::set_path(new, &["spec", "finalizers"], old_fins);
+    } else if is(info, "", "services") {
         // The cluster IP is allocated once and immutable.
         if let Some(ip) = old.pointer("/spec/clusterIP")
             && new

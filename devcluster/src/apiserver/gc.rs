@@ -23,11 +23,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::defaults::CRD_CLEANUP;
+use super::defaults::{CRD_CLEANUP, NAMESPACE_FINALIZER};
 use super::handlers::delete_one;
 use super::lifecycle::{DeleteOpts, Propagation};
 use super::meta;
@@ -273,8 +273,20 @@ fn act(store: &Store, a: Action) {
                 }
             }
         }),
+        // Only its own finalizer: others' stay until their owners finalize
+        // the namespace (as kube-controller-manager's namespace controller).
         Action::FinishNamespace { name } => edit(store, "/namespaces", "", &name, |o| {
-            meta::set_path(o, &["spec", "finalizers"], json!([]));
+            let fins: Vec<Value> = o
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .map(|f| {
+                    f.iter()
+                        .filter(|x| x.as_str() != Some(NAMESPACE_FINALIZER))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            meta::set_path(o, &["spec", "finalizers"], Value::Array(fins));
         }),
     }
 }
@@ -327,6 +339,7 @@ pub(crate) async fn run(store: Arc<Store>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn key_of(store: &Store, plural: &str) -> String {
         store

@@ -19,7 +19,8 @@
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
 //! `scale` (the scale subresource), `ephemeral` (`pods/ephemeralcontainers`), `disruption` (PodDisruptionBudget status,
 //! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `connect`
-//! (exec, attach and port-forward to the kubelet), `gc`, `persist`, `proto`
+//! (exec, attach and port-forward to the kubelet), `gc`, `memory` (Event
+//! TTL, history compaction, giving memory back), `persist`, `proto`
 //! (protobuf bodies), `times` (Time and MicroTime formats).
 
 mod aggregator;
@@ -41,6 +42,7 @@ mod lifecycle;
 mod limits;
 mod lists;
 mod logs;
+mod memory;
 mod meta;
 mod openapi;
 mod patch;
@@ -152,6 +154,9 @@ pub struct ApiServerConfig {
     /// How the written kubeconfig authenticates (`kubeconfig_yaml`,
     /// `client()`): the admin token (default) or a client certificate.
     pub kubeconfig_auth: KubeconfigAuth,
+    /// How long an Event lives after its last write (kube-apiserver's
+    /// `--event-ttl`, one hour by default).
+    pub event_ttl: Duration,
 }
 
 /// How a kubeconfig of this server authenticates its user,
@@ -179,6 +184,7 @@ impl Default for ApiServerConfig {
             max_body_bytes: limits::MAX_REQUEST_BODY,
             max_token_expiration: None,
             kubeconfig_auth: KubeconfigAuth::Token,
+            event_ttl: memory::DEFAULT_EVENT_TTL,
         }
     }
 }
@@ -213,6 +219,25 @@ pub struct ApiServerArgs {
         default_value = "token"
     )]
     pub kubeconfig_auth: KubeconfigAuth,
+    /// How long an Event lives after its last write (`1h`, `30m`, `90s`),
+    /// as kube-apiserver's `--event-ttl`.
+    #[arg(
+        long,
+        env = "HOSTMESH_APISERVER_EVENT_TTL",
+        default_value = "1h",
+        value_parser = memory::parse_duration
+    )]
+    pub event_ttl: Duration,
+    /// How long watch events stay in the history a watch can resume from
+    /// (`5m`, as kube-apiserver's `--etcd-compaction-interval`); older
+    /// resumes get 410 Gone and relist.
+    #[arg(
+        long,
+        env = "HOSTMESH_APISERVER_WATCH_WINDOW",
+        default_value = "5m",
+        value_parser = memory::parse_duration
+    )]
+    pub watch_window: Duration,
 }
 
 impl From<ApiServerArgs> for ApiServerConfig {
@@ -222,6 +247,8 @@ impl From<ApiServerArgs> for ApiServerConfig {
             data_dir: a.data_dir,
             kubeconfig: Some(a.kubeconfig),
             kubeconfig_auth: a.kubeconfig_auth,
+            event_ttl: a.event_ttl,
+            watch_window: a.watch_window,
             ..Self::default()
         }
     }
@@ -328,6 +355,11 @@ impl ApiServer {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(http::serve(listener, acceptor, ctx));
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
+        tasks.spawn(memory::run(
+            store.clone(),
+            config.event_ttl,
+            shutdown.clone(),
+        ));
         tasks.spawn(policy::run(store.clone(), shutdown.clone()));
         tasks.spawn(disruption::run(store.clone(), shutdown.clone()));
         tasks.spawn(certs::signer::run(

@@ -17,7 +17,8 @@
 //!    resourceVersion is answered with 410 Gone, even when no event after
 //!    it was lost. Events leave the history past `history_limit` per
 //!    resource and once older than the watch window (kube-apiserver's etcd
-//!    compaction, every 5 minutes by default).
+//!    compaction, every 5 minutes by default): at the resource's next write
+//!    or watch, and at the latest at the next memory sweep (`memory.rs`).
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 
@@ -318,8 +319,10 @@ impl StoreState {
         let _ = r.tx.send(ev);
     }
 
-    /// Drops the events older than `window` (invariant 3).
-    fn compact(r: &mut ResourceState, window: std::time::Duration) {
+    /// Drops the events older than `window` (invariant 3); returns how
+    /// many.
+    fn compact(r: &mut ResourceState, window: std::time::Duration) -> usize {
+        let mut dropped = 0;
         while let Some(old) = r.history.front() {
             if old.at.elapsed() <= window {
                 break;
@@ -327,7 +330,22 @@ impl StoreState {
             r.compacted = old.rv;
             r.evicted = true;
             r.history.pop_front();
+            dropped += 1;
         }
+        if dropped > 0 && r.history.capacity() > 4 * r.history.len().max(64) {
+            r.history.shrink_to_fit();
+        }
+        dropped
+    }
+
+    /// Compacts every resource's history, written lately or not (invariant
+    /// 3; `memory.rs`); returns how many events were dropped.
+    pub(crate) fn compact_all(&mut self) -> usize {
+        let window = self.window;
+        self.resources
+            .values_mut()
+            .map(|r| Self::compact(r, window))
+            .sum()
     }
 
     fn rebuild_registry(&mut self) {

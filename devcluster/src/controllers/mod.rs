@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use hostmesh_net::watch::WatchBackoff;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -89,6 +90,7 @@ pub fn start(client: kube::Client) -> ControllersHandle {
     };
     let wc = watcher::Config::default().any_semantic();
     let deployments = Controller::new(Api::<Deployment>::all(client.clone()), wc.clone())
+        .trigger_backoff(WatchBackoff::default())
         .owns(Api::<ReplicaSet>::all(client.clone()), wc.clone())
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(
@@ -102,6 +104,7 @@ pub fn start(client: kube::Client) -> ControllersHandle {
             }
         });
     let replicasets = Controller::new(Api::<ReplicaSet>::all(client.clone()), wc.clone())
+        .trigger_backoff(WatchBackoff::default())
         .owns(Api::<Pod>::all(client.clone()), wc.clone())
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(
@@ -114,7 +117,10 @@ pub fn start(client: kube::Client) -> ControllersHandle {
                 tracing::debug!(error = %e, "replicaset controller");
             }
         });
-    let services = Controller::new(Api::<Service>::all(client.clone()), wc.clone());
+    // Bounded back-offs: relisted within seconds of an API server restart
+    // (`hostmesh_net::watch`), not after kube-rs' default 30 s.
+    let services = Controller::new(Api::<Service>::all(client.clone()), wc.clone())
+        .trigger_backoff(WatchBackoff::default());
     let service_cache = services.store();
     let endpointslices = services
         .owns(Api::<EndpointSlice>::all(client.clone()), wc.clone())

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
@@ -96,7 +96,10 @@ where
     let (reader, writer) = reflector::store::<K>();
     let stream = reflector::reflector(
         writer,
-        watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
+        hostmesh_net::watch::recovering(watcher(
+            Api::<K>::all(client.clone()),
+            watcher::Config::default(),
+        )),
     );
     tasks.spawn(drive(stream, what, changed.clone()));
     reader

@@ -25,7 +25,6 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Binding, Node, Pod, Taint};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 use tokio::sync::watch;
@@ -71,7 +70,9 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         field = format!("spec.nodeName={}", shared.config.node_name);
         cfg = cfg.fields(&field);
     }
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    // Its own bounded back-off: a pod deleted while the API server was
+    // down is noticed within seconds of its return (`hostmesh_net::watch`).
+    let mut stream = hostmesh_net::watch::recovering(watcher::watcher(api, cfg)).boxed();
     let (attempts, mut ended) = mpsc::unbounded_channel();
     let mut retry = tokio::time::interval(RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -79,6 +79,18 @@ impl<K: Ord + Hash + Clone> HeartbeatIndex<K> {
         out
     }
 
+    /// Moves every deadline `by` later: the hub itself stalled for that
+    /// long ([`super::pause`]), so the silence counts against no key.
+    pub fn postpone(&mut self, by: Duration) {
+        self.deadlines = std::mem::take(&mut self.deadlines)
+            .into_iter()
+            .map(|(d, k)| (d + by, k))
+            .collect();
+        for d in self.by_key.values_mut() {
+            *d += by;
+        }
+    }
+
     /// The earliest deadline, to sleep until.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|(d, _)| *d)
@@ -127,6 +139,23 @@ mod tests {
         assert_eq!(idx.len(), 1);
         assert_eq!(idx.pop_expired(t0 + 100 * s), ["b"]);
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn a_postponed_index_expires_as_late_as_the_stall() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut idx = HeartbeatIndex::default();
+        idx.beat("a", t0, 10 * s);
+        idx.beat("b", t0 + 3 * s, 10 * s);
+        // The hub stalled 30 s from t0 + 5 s: a and b had 5 s and 8 s left.
+        idx.postpone(30 * s);
+        assert!(idx.pop_expired(t0 + 35 * s).is_empty());
+        assert_eq!(idx.deadline(&"a"), Some(t0 + 40 * s));
+        assert_eq!(idx.pop_expired(t0 + 40 * s), ["a"]);
+        assert_eq!(idx.next_deadline(), Some(t0 + 43 * s));
+        assert!(!idx.beat("b", t0 + 41 * s, 10 * s), "still live");
+        assert_eq!(idx.pop_expired(t0 + 51 * s), ["b"]);
     }
 
     #[test]

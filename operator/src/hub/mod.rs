@@ -37,6 +37,11 @@
 //!    agent for a fresh Snapshot ([`AgentLink::resync`]), at most once per
 //!    [`RESYNC_INTERVAL`] per host; the Snapshot replaces the picture
 //!    (invariant 3).
+//! 9. The operator's own stall is no host's silence ([`pause`]): when the
+//!    hub's loop wakes much later than it meant to (the process was
+//!    stopped, frozen or starved), every heartbeat deadline moves later by
+//!    the stall before any is judged or any push that waited through it
+//!    is handled.
 
 pub mod agent;
 pub mod clock;
@@ -44,6 +49,7 @@ pub mod coalesce;
 pub mod fence;
 pub mod heartbeat;
 pub mod holdback;
+pub mod pause;
 mod procs;
 pub mod runtime_client;
 pub mod sim;
@@ -251,17 +257,23 @@ impl Hub {
             return;
         };
         tokio::pin!(shutdown);
+        let mut pause = pause::PauseDetector::default();
         loop {
+            self.forgive_stall(pause.woke(Instant::now()));
             let next = self.tick(Instant::now(), &triggers_world, &triggers_mesh);
             let sleep = next
                 .map_or(Duration::from_secs(1), |n| {
                     n.saturating_duration_since(Instant::now())
                 })
                 .min(Duration::from_secs(1));
+            pause.expect(Instant::now() + sleep);
             tokio::select! {
                 _ = &mut shutdown => return,
                 push = rx.recv() => match push {
                     Some(p) => {
+                        // A stall is forgiven before the pushes that
+                        // waited through it count (invariant 9).
+                        self.forgive_stall(pause.woke(Instant::now()));
                         self.handle_push(p, Instant::now());
                         // Drain a bounded batch, so a storm of pushes cannot
                         // starve expiry and triggers.
@@ -278,6 +290,16 @@ impl Hub {
                 _ = self.wake.notified() => {}
             }
         }
+    }
+
+    /// The hub itself stalled for `stalled` ([`pause`]): every live
+    /// heartbeat deadline moves that much later, so no host is expired for
+    /// the operator's own silence (invariant 9).
+    pub fn forgive_stall(&self, stalled: Option<Duration>) {
+        let Some(by) = stalled else { return };
+        let mut st = self.lock();
+        warn!(stalled = ?by, hosts = st.heartbeats.len(), "the operator's process stalled (paused, frozen or starved): heartbeat deadlines moved later by the stall, no host is expired for it");
+        st.heartbeats.postpone(by);
     }
 
     /// Expires silent hosts and emits due triggers; returns when to tick

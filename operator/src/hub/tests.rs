@@ -516,3 +516,36 @@ async fn a_lost_push_is_healed_by_the_heartbeat_digest() {
     }
     assert_eq!(hub.stats().resyncs, 1, "healed: the digests agree again");
 }
+
+/// Issue 30, item 4: a stall of the operator's own process (forgiven by
+/// the hub's loop as it wakes) expires no host; a host still silent a
+/// `healthTimeout` after it expires as before.
+#[tokio::test]
+async fn the_operators_own_stall_expires_no_host() {
+    let (_sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    drain(&hub, &mut rx);
+    let (tw, _rw) = mpsc::unbounded_channel();
+    let (tm, _rm) = mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    hub.tick(t0, &tw, &tm);
+    // Stopped for 30 s, three healthTimeouts.
+    hub.forgive_stall(Some(30 * s));
+    hub.tick(t0 + 31 * s, &tw, &tm);
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Alive);
+    // Host 0's heartbeats arrive; host 1 stays silent.
+    hub.handle_push(
+        HostReport::Heartbeat {
+            host: host(0),
+            pod_uid: "a-0".into(),
+            clock: None,
+            digest: None,
+        },
+        t0 + 32 * s,
+    );
+    hub.tick(t0 + 41 * s, &tw, &tm);
+    assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
+    assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Expired);
+}

@@ -34,13 +34,14 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use tracing::debug;
 
-use crate::controllers::shared::ControllerContext;
 use crate::controllers::shared::writes::{self, write_status};
+use crate::controllers::shared::{ControllerContext, watch};
 use crate::{FIELD_MANAGER, OperatorError};
 
 /// Kind label in metrics and logs.
@@ -57,13 +58,13 @@ pub async fn controller(
     let (meshes, worlds) = match &namespace {
         Some(ns) => (
             Api::<MonarchMesh>::namespaced(client.clone(), ns),
-            Api::<World>::namespaced(client.clone(), ns),
+            Api::<PartialObjectMeta<World>>::namespaced(client.clone(), ns),
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let owned = watcher::Config::default().labels(desired::LABEL_MONARCH_MESH);
-    Controller::new(meshes, watcher::Config::default())
-        .owns(worlds, owned)
+    watch::controller(meshes, watcher::Config::default())
+        .owns_stream(watch::objects(worlds, owned))
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -228,4 +228,33 @@ pub(crate) mod tests {
         assert_eq!(reqs[0].rank, 7);
         assert_eq!(reqs[0].spec.local_world_size(), 1);
     }
+    /// Issue 30: the longest name validation allows makes proc names the
+    /// agent takes, to the byte (`hostmesh_crds::procmesh::max_name`); one
+    /// byte more would not.
+    #[test]
+    fn the_longest_valid_name_makes_proc_names_the_agent_takes() {
+        use hostmesh_crds::procmesh::{MAX_PROC_NAME, max_name};
+        assert_eq!(MAX_PROC_NAME, hostmesh_runtime::id::MAX_NAME);
+        let world = mk_world();
+        let pm = mk_pm("");
+        let total = 64;
+        let mut long = pm.clone();
+        long.metadata.name = Some("n".repeat(max_name(total - 1)));
+        long.metadata.uid = Some("0f1e2d3c-aaaa-bbbb-cccc-ddddeeeeffff".into());
+        assert!(
+            hostmesh_crds::validate::proc_mesh_named(
+                long.metadata.name.as_deref().unwrap(),
+                &long.spec,
+                Some(&world.spec)
+            )
+            .is_ok()
+        );
+        let last = host_procs(&long, &world, 7, &|_| 0).pop().unwrap();
+        assert_eq!(last.rank, total - 1);
+        assert_eq!(last.name.len(), MAX_PROC_NAME, "{}", last.name);
+        assert!(hostmesh_runtime::id::check_name(&last.name).is_ok());
+        long.metadata.name = Some("n".repeat(max_name(total - 1) + 1));
+        let last = host_procs(&long, &world, 7, &|_| 0).pop().unwrap();
+        assert!(hostmesh_runtime::id::check_name(&last.name).is_err());
+    }
 }

@@ -12,12 +12,15 @@
 //!    changed.
 //! 3. The finalizer is released only after every agent stopped the procs or
 //!    `stopTimeout` (plus a margin) passed, or when the World is gone.
+//! 4. A ProcMesh goes with its World: the World owns it once seen, and one
+//!    whose World was deleted before that is deleted ([`orphans`]).
 
 pub mod actors;
 pub mod causal;
 pub mod desired;
 pub mod exit;
 pub mod incidents;
+pub mod orphans;
 pub mod plan;
 pub mod stall;
 
@@ -35,14 +38,14 @@ use hostmesh_crds::{ProcMesh, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::OperatorError;
 use crate::controllers::shared::writes::{self, write_status};
-use crate::controllers::shared::{ControllerContext, obj_ref};
+use crate::controllers::shared::{ControllerContext, obj_ref, watch};
 use crate::hub::{MeshKey, WorldKey};
 
 /// Finalizer on ProcMeshes.
@@ -67,9 +70,22 @@ pub async fn controller(
         let key = rx.recv().await?;
         Some((obj_ref::<ProcMesh>(&key.namespace, &key.name), rx))
     });
-    let ctrl = Controller::new(meshes, watcher::Config::default());
+    // Each watch with its own back-off, the hub's triggers never behind
+    // one (`shared::watch`).
+    let ctrl = watch::controller(meshes, watcher::Config::default());
     let store = ctrl.store();
-    ctrl.watches(worlds, watcher::Config::default(), move |w: World| {
+    // Deletions of Worlds are remembered for the ProcMeshes they leave
+    // (`orphans`).
+    let seen = ctx.clone();
+    let world_events =
+        hostmesh_net::watch::recovering(kube::runtime::watcher(worlds, watcher::Config::default()))
+            .inspect(move |e| {
+                if let Ok(e) = e {
+                    seen.deleted_worlds.observe(e);
+                }
+            })
+            .touched_objects();
+    ctrl.watches_stream(world_events, move |w: World| {
         // A World's change (Running, Degraded, deleted) wakes its ProcMeshes.
         let ns = w.namespace();
         let name = w.name_any();
@@ -125,7 +141,24 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     let world = Api::<World>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&pm.spec.world)
         .await?;
-    let timings = match validate::proc_mesh(&pm.spec, world.as_ref().map(|w| &w.spec)) {
+    // Owned by its World, or gone with a World deleted before (`orphans`).
+    let owned;
+    let pm = match &world {
+        Some(w) => match orphans::ensure_owner(pm, w, ctx).await? {
+            Some(patched) => {
+                owned = patched;
+                &owned
+            }
+            None => pm,
+        },
+        None if orphans::delete_if_orphaned(pm, ctx).await? => return Ok(Action::await_change()),
+        None => pm,
+    };
+    let timings = match validate::proc_mesh_named(
+        &pm.name_any(),
+        &pm.spec,
+        world.as_ref().map(|w| &w.spec),
+    ) {
         Ok(t) => t,
         // A missing World may appear: look again now and then.
         Err(errs) => return invalid(pm, ctx, &validate::join(&errs), world.is_none()).await,

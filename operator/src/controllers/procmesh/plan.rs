@@ -22,7 +22,12 @@
 //!    clock of a rank starts no earlier than this operator's first report
 //!    from its host's agent: a rank not heard from yet (a new leader before
 //!    the agent's Snapshot) is unknown and keeps its recorded state; it is
-//!    never timed out from the original spawn time.
+//!    never timed out from the original spawn time. A rank an agent reports
+//!    alive (running or stopping, whatever its incarnation: an older one
+//!    that a restart is waiting to replace, on a pod still terminating) and
+//!    a rank of a host that is gone are never timed out, whatever the
+//!    clocks say: the clock of a replaced host's ranks starts at its new
+//!    agent's first report.
 //! 5. A live proc whose host is gone (Expired, Failed, Terminating, no pod)
 //!    is Lost, a failure, whether or not its report is still held (a gone
 //!    host's reports go with it: a rank status recorded running is enough);
@@ -152,8 +157,15 @@ pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
 }
 
 /// A rank's failure in words: the signal by name, the exit code with what
-/// it means ([`super::exit`]), naming `program` where the code is about it.
+/// it means ([`super::exit`]), naming `program` where the code is about it;
+/// at most [`procmesh::MAX_FIRST_FAILURE_REASON`] bytes, whatever the
+/// agent's reason holds.
 fn describe(rank: Rank, s: &RankStatus, program: &str) -> String {
+    let text = describe_unbounded(rank, s, program);
+    procmesh::bounded(&text, procmesh::MAX_FIRST_FAILURE_REASON).into_owned()
+}
+
+fn describe_unbounded(rank: Rank, s: &RankStatus, program: &str) -> String {
     if s.signal == Some(9) && s.reason.as_deref() == Some(super::exit::OOM_KILLED) {
         return format!("rank {rank} {}", super::exit::oom_killed());
     }
@@ -372,6 +384,23 @@ impl<'i, 'a> Working<'i, 'a> {
         Some(spawn.0.max(*heard) + sd(self.input.timings.spawn_timeout))
     }
 
+    /// When `rank` times out: its host's deadline, plus `stopTimeout` while
+    /// its agent still holds an older incarnation, which the restart stops
+    /// (up to `stopTimeout`) before it sends the new one (invariant 4).
+    fn rank_deadline(&self, rank: Rank, host: Rank) -> Option<Timestamp> {
+        let d = self.deadline(host)?;
+        let replacing = self
+            .input
+            .states
+            .get(&rank)
+            .is_some_and(|o| o.incarnation < self.inc.get(rank));
+        Some(if replacing {
+            d + sd(self.input.timings.stop_timeout)
+        } else {
+            d
+        })
+    }
+
     /// The first word of the command (what exit codes 126/127 are about).
     fn program(&self) -> &str {
         self.input
@@ -380,6 +409,15 @@ impl<'i, 'a> Working<'i, 'a> {
             .command
             .first()
             .map_or("", String::as_str)
+    }
+
+    /// Whether an agent reports a live process for `rank`, of any
+    /// incarnation (invariant 4: such a rank is never timed out).
+    fn reported_alive(&self, rank: Rank) -> bool {
+        self.input
+            .states
+            .get(&rank)
+            .is_some_and(|o| matches!(o.state, ProcState::Running | ProcState::Stopping))
     }
 
     fn unheard(&self, host: Rank) -> bool {
@@ -395,9 +433,13 @@ impl<'i, 'a> Working<'i, 'a> {
             let host = rank / self.per_host.max(1);
             let s = self.observe_rank(rank, host);
             let timed_out = self.world_running
-                && self.deadline(host).is_some_and(|d| d <= input.now)
+                && self
+                    .rank_deadline(rank, host)
+                    .is_some_and(|d| d <= input.now)
                 && matches!(s.state, ProcState::Starting)
-                && !self.was_terminal;
+                && !self.was_terminal
+                && !input.lost_hosts.contains_key(&host)
+                && !self.reported_alive(rank);
             self.ranks.push(if timed_out {
                 RankStatus {
                     state: ProcState::Timeout,
@@ -857,8 +899,11 @@ impl<'i, 'a> Working<'i, 'a> {
     fn schedule_requeue(&mut self, phase: ProcMeshPhase) {
         let now = self.input.now;
         if phase == ProcMeshPhase::Spawning && self.out.requeue_after.is_none() {
+            // A rank being replaced times out `stopTimeout` after its host.
+            let stop = sd(self.input.timings.stop_timeout);
             let left = (0..self.input.hosts)
                 .filter_map(|h| self.deadline(h))
+                .flat_map(|d| [d, d + stop])
                 .filter(|d| *d > now)
                 .min()
                 .and_then(|d| Duration::try_from(d.duration_since(now)).ok());

@@ -26,6 +26,9 @@ pub struct ControllerContext {
     pub args: OperatorArgs,
     /// Paces status writes per object.
     pub pacer: crate::controllers::shared::writes::StatusPacer,
+    /// Worlds seen deleted, for the ProcMeshes they leave
+    /// (`procmesh::orphans`).
+    pub deleted_worlds: crate::controllers::procmesh::orphans::DeletedWorlds,
 }
 
 impl ControllerContext {
@@ -67,10 +70,12 @@ impl ControllerContext {
             pacer: crate::controllers::shared::writes::StatusPacer::new(
                 crate::hub::COALESCE_INTERVAL,
             ),
+            deleted_worlds: Default::default(),
         })
     }
 
-    /// Publishes an Event on `obj`; failures are logged, never fatal.
+    /// Publishes an Event on `obj`; failures are logged, never fatal. The
+    /// note is cut to [`MAX_NOTE`] bytes, the API's limit.
     pub async fn event<K: kube::Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -85,7 +90,7 @@ impl ControllerContext {
                 EventType::Normal
             },
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(hostmesh_crds::procmesh::bounded(&note, MAX_NOTE).into_owned()),
             action: reason.to_string(),
             secondary: None,
         };
@@ -107,6 +112,9 @@ impl ControllerContext {
         }
     }
 }
+
+/// The longest Event note the API accepts (`events.k8s.io/v1`: 1 kB).
+pub const MAX_NOTE: usize = 1024;
 
 /// An object reference from namespace and name.
 pub fn obj_ref<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {

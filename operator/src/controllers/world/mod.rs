@@ -43,14 +43,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
 use crate::controllers::shared::writes::{self, write_status};
-use crate::controllers::shared::{ControllerContext, obj_ref};
+use crate::controllers::shared::{ControllerContext, obj_ref, watch};
 use crate::hub::WorldKey;
 use crate::{FIELD_MANAGER, OperatorError};
 
@@ -68,7 +69,7 @@ pub async fn controller(
     let (worlds, pods, meshes) = match &namespace {
         Some(ns) => (
             Api::<World>::namespaced(client.clone(), ns),
-            Api::<Pod>::namespaced(client.clone(), ns),
+            Api::<PartialObjectMeta<Pod>>::namespaced(client.clone(), ns),
             Api::<ProcMesh>::namespaced(client.clone(), ns),
         ),
         None => (
@@ -83,15 +84,20 @@ pub async fn controller(
         Some((obj_ref::<World>(&key.namespace, &key.name), rx))
     });
     let workload_triggers = kueue::sync::triggers(client.clone(), namespace.clone());
-    Controller::new(worlds, watcher::Config::default())
-        .owns(pods, managed)
-        .watches(meshes, watcher::Config::default(), |pm: ProcMesh| {
-            // A critical ProcMesh's failure fails its World.
-            let ns = pm.namespace()?;
-            pm.spec
-                .critical
-                .then(|| obj_ref::<World>(&ns, &pm.spec.world))
-        })
+    // Each watch with its own back-off, the hub's triggers never behind
+    // one (`shared::watch`).
+    watch::controller(worlds, watcher::Config::default())
+        .owns_stream(watch::objects(pods, managed))
+        .watches_stream(
+            watch::objects(meshes, watcher::Config::default()),
+            |pm: ProcMesh| {
+                // A critical ProcMesh's failure fails its World.
+                let ns = pm.namespace()?;
+                pm.spec
+                    .critical
+                    .then(|| obj_ref::<World>(&ns, &pm.spec.world))
+            },
+        )
         .reconcile_on(futures::stream::select(hub_triggers, workload_triggers))
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.args.concurrency))
         .graceful_shutdown_on(shutdown)

@@ -727,3 +727,114 @@ fn a_lost_host_is_the_root_of_the_exits_that_followed_it() {
     );
     assert_eq!(s.collateral, 2);
 }
+
+/// Issue 30: a rank its agent reports alive is never timed out, whatever
+/// the clocks say: a restart waiting for the old incarnation (a proc that
+/// ignores SIGTERM, stopped within `stopTimeout`) counts nothing more. Once
+/// the old incarnation ended, the new one has `stopTimeout` and
+/// `spawnTimeout` from the restart.
+#[test]
+fn a_rank_reported_alive_is_never_timed_out() {
+    let mut pm = small(
+        ", spawnTimeout: 5s, stopTimeout: 30s, restartPolicy: {policy: OnFailure, maxRestarts: 3}",
+    );
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let p = run(&pm, RUNNING, &states, 100);
+    pm.status = Some(p.status);
+    let mut stalled = obs(ProcState::Stalled, None, 0);
+    stalled.stderr_tail = None;
+    states.insert(1, stalled);
+    let p = run(&pm, RUNNING, &states, 101);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.spawn.as_ref().unwrap().get(1), 1);
+    pm.status = Some(p.status);
+    // The old incarnation is still alive long past spawnTimeout (and past
+    // stopTimeout: the clocks may say anything): no timeout, no restart.
+    for (state, now) in [(ProcState::Stopping, 120), (ProcState::Running, 10_000)] {
+        states.insert(1, obs(state, None, 0));
+        let p = run(&pm, RUNNING, &states, now);
+        assert_eq!(
+            (p.status.failed, p.status.restarts),
+            (0, 1),
+            "{state:?}: {:?}",
+            p.status.ranks
+        );
+        assert_eq!(p.status.ranks[1].value.state, ProcState::Starting);
+    }
+    // It ended (stopped by the restart at 131): the new incarnation has
+    // until 101 + 30 + 5.
+    states.insert(1, obs(ProcState::Stopped, None, 0));
+    let p = run(&pm, RUNNING, &states, 135);
+    assert!(!timed_out(&p, 1), "{:?}", p.events);
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(1_100)));
+    let p = run(&pm, RUNNING, &states, 137);
+    assert!(timed_out(&p, 1), "{:?}", p.events);
+}
+
+/// Whether the plan timed `rank` out (a Timeout restarts at once under
+/// OnFailure, so its Event says it).
+fn timed_out(p: &Plan, rank: Rank) -> bool {
+    let want = format!("rank {rank} did not start within spawnTimeout");
+    p.events.iter().any(|e| e.note.contains(&want))
+}
+
+/// Issue 30: the ranks of a host that is gone (its pod still terminating
+/// after a deletion the kubelet noticed late) are never timed out while it
+/// is gone, whether the old agent still reports them running or nothing is
+/// left; the replacement's agent starts their clock with its first report.
+#[test]
+fn the_ranks_of_a_gone_host_wait_for_its_replacement() {
+    let mut pm = small(", spawnTimeout: 5s, restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let p = run(&pm, RUNNING, &states, 100);
+    pm.status = Some(p.status);
+    let terminating = BTreeMap::from([(1, HostState::Terminating)]);
+    let p = run_lost(&pm, RUNNING, &states, &terminating, 101);
+    assert_eq!(p.status.restarts, 1);
+    pm.status = Some(p.status);
+    // Minutes later the old pod's agent still reports them running.
+    let p = run_lost(&pm, RUNNING, &states, &terminating, 1_000);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 1));
+    // The old pod is gone and its reports with it; no new pod yet.
+    for r in [2, 3] {
+        states.remove(&r);
+    }
+    let p = run_lost(&pm, RUNNING, &states, &terminating, 2_000);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 1));
+    // The replacement's agent reported at 3000: the clock starts there.
+    let at = |s| Timestamp::from_second(s).unwrap();
+    let reported: BTreeMap<Rank, Timestamp> = [(0, at(0)), (1, at(3_000))].into();
+    let none = BTreeMap::new();
+    let p = run_reported(&pm, RUNNING, &states, &none, &reported, 3_004);
+    assert!(!timed_out(&p, 2), "{:?}", p.events);
+    let p = run_reported(&pm, RUNNING, &states, &none, &reported, 3_006);
+    assert!(timed_out(&p, 2), "{:?}", p.events);
+}
+
+/// Issue 30: whatever an agent reports (a reason naming a 1 MiB command),
+/// the status stays small: every text bounded, cut with a marker.
+#[test]
+fn status_stays_small_whatever_the_agent_reports() {
+    let pm = small("");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    let mut failed = obs(ProcState::Failed, Some(127), 0);
+    failed.reason = Some(format!("executable {:?} not found", "x".repeat(1 << 20)));
+    failed.stderr_tail = Some("e".repeat(1 << 20));
+    states.insert(1, failed);
+    let p = run(&pm, RUNNING, &states, 100);
+    let ff = p.status.first_failure.as_ref().unwrap();
+    assert!(ff.reason.len() <= procmesh::MAX_FIRST_FAILURE_REASON);
+    assert!(
+        ff.reason.ends_with(procmesh::TRUNCATED),
+        "{}",
+        &ff.reason[..80]
+    );
+    let size = serde_json::to_vec(&p.status).unwrap().len();
+    assert!(size < 16 * 1024, "{size} bytes of status");
+}

@@ -448,7 +448,11 @@ pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = Object
             Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
             None => Api::all_with(client.clone(), &ar),
         };
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).boxed());
+        // Its own back-off: a failing watch neither spins nor waits long
+        // (`hostmesh_net::watch`).
+        let mut events = std::pin::pin!(
+            hostmesh_net::watch::recovering(watcher(api, watcher::Config::default())).boxed()
+        );
         // The controller going away (shutdown, lost leadership) drops the
         // receiver: the watch ends with it instead of lingering.
         loop {
