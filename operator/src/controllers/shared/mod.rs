@@ -1,12 +1,14 @@
 //! What the World and ProcMesh controllers share: the reconcile context
 //! and the finalizer-wrapped reconcile ([`context`]), status-write pacing
 //! ([`writes`]), planned Events with the restart backoff ([`events`]), and their
-//! publication, one Event per distinct message ([`recorder`]).
+//! publication, one Event per distinct message ([`recorder`]), and failure
+//! scope by a named dimension ([`scope`]).
 //! Neither controller imports the other; both import this.
 
 pub mod context;
 pub mod events;
 pub mod recorder;
+pub mod scope;
 pub mod writes;
 
 pub use context::{ControllerContext, obj_ref, reconcile_finalized, requeue_on_error};
