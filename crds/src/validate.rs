@@ -226,7 +226,11 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
                 "matches nothing; give exitCodes, signals, reasons or stderrPattern",
             ));
         }
-        check_pattern(&format!("{field}.stderrPattern"), r.stderr_pattern.as_deref(), &mut errs);
+        check_pattern(
+            &format!("{field}.stderrPattern"),
+            r.stderr_pattern.as_deref(),
+            &mut errs,
+        );
         if let Some(t) = r.unschedulable_for.as_deref() {
             if let Err(e) = duration::parse(&format!("{field}.unschedulableFor"), t) {
                 errs.push(e);
@@ -332,7 +336,11 @@ fn check_pattern(field: &str, pattern: Option<&str>, errs: &mut Vec<FieldError>)
     if p.len() > procmesh::MAX_PROGRESS_PATTERN {
         errs.push(FieldError::new(
             field,
-            format!("is {} bytes long; use at most {}", p.len(), procmesh::MAX_PROGRESS_PATTERN),
+            format!(
+                "is {} bytes long; use at most {}",
+                p.len(),
+                procmesh::MAX_PROGRESS_PATTERN
+            ),
         ));
     } else if let Err(e) = progress_regex(p) {
         errs.push(FieldError::new(
@@ -576,7 +584,11 @@ pub fn proc_mesh(
                 "matches nothing; give exitCodes, signals, reasons or stderrPattern",
             ));
         }
-        check_pattern(&format!("{field}.stderrPattern"), r.stderr_pattern.as_deref(), &mut errs);
+        check_pattern(
+            &format!("{field}.stderrPattern"),
+            r.stderr_pattern.as_deref(),
+            &mut errs,
+        );
     }
     check_progress(spec, &mut errs);
     check_deadline(
@@ -815,7 +827,11 @@ mod tests {
         let errs = proc_mesh(&pm, Some(&w)).unwrap_err();
         let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["spec.command", "spec.restartPolicy.rules[0]"]);
-        assert!(errs[1].message.contains("stderrPattern"), "{}", errs[1].message);
+        assert!(
+            errs[1].message.contains("stderrPattern"),
+            "{}",
+            errs[1].message
+        );
         let pm: ProcMeshSpec =
             serde_saphyr::from_str("world: t\nperHost: [{name: gpu, size: 8}]\ncommand: [sh]\n")
                 .unwrap();

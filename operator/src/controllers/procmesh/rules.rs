@@ -97,9 +97,7 @@ fn matches(rule: &ExitRule, re: Option<&regex::Regex>, s: &RankStatus) -> bool {
         || s.signal.is_some_and(|g| rule.signals.contains(&g));
     let reason_ok = rule.reasons.is_empty()
         || rule.reasons.iter().any(|r| match r {
-            RankReason::OOMKilled => {
-                s.reason.as_deref() == Some(super::exit::OOM_KILLED)
-            }
+            RankReason::OOMKilled => s.reason.as_deref() == Some(super::exit::OOM_KILLED),
             RankReason::HostLost => s.state == ProcState::Lost,
             RankReason::Timeout => s.state == ProcState::Timeout,
             RankReason::Stalled => s.state == ProcState::Stalled,
@@ -148,11 +146,17 @@ mod tests {
         );
         assert_eq!(d.note(), " (rule nccl: RestartWithoutCounting)");
         let d = rules.decide(&failed(3, "bad input file"));
-        assert_eq!((d.action, d.rule.as_deref()), (ExitAction::Fail, Some("rules[1]")));
+        assert_eq!(
+            (d.action, d.rule.as_deref()),
+            (ExitAction::Fail, Some("rules[1]"))
+        );
         // Exit code 3 without the pattern: the next rule; Retry reads as
         // Restart.
         let d = rules.decide(&failed(3, "other"));
-        assert_eq!((d.action, d.rule.as_deref()), (ExitAction::Restart, Some("rules[2]")));
+        assert_eq!(
+            (d.action, d.rule.as_deref()),
+            (ExitAction::Restart, Some("rules[2]"))
+        );
         let lost = RankStatus {
             state: ProcState::Lost,
             ..Default::default()

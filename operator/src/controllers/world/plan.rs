@@ -743,7 +743,10 @@ impl<'i, 'a> Working<'i, 'a> {
                     self.restarts, fp.max_restarts
                 )
             } else {
-                format!("{describe}; {what} (not counted: {} of {} so far)", self.restarts, fp.max_restarts)
+                format!(
+                    "{describe}; {what} (not counted: {} of {} so far)",
+                    self.restarts, fp.max_restarts
+                )
             },
         ));
         self.progressing = Some(("Restarting", format!("{describe}; {what}")));
@@ -774,9 +777,8 @@ impl<'i, 'a> Working<'i, 'a> {
         let mut candidates = act_on.clone();
         for r in 0..self.n {
             let h = &self.hosts[r];
-            let going = watch_going
-                && h.state == HostState::Terminating
-                && self.going_by_someone_else(r);
+            let going =
+                watch_going && h.state == HostState::Terminating && self.going_by_someone_else(r);
             let starting = watch_unschedulable && h.state == HostState::Starting;
             if (going || starting) && !candidates.contains(&r) {
                 candidates.push(r);
@@ -793,13 +795,14 @@ impl<'i, 'a> Working<'i, 'a> {
                     && self.going_by_someone_else(r),
             };
             let decision = rules.decide(&facts, input.now);
-            let unschedulable_since = super::rules::reasons(&facts)
-                .into_iter()
-                .find_map(|(why, since)| {
-                    (why == hostmesh_crds::world::HostReason::Unschedulable)
-                        .then_some(since)
-                        .flatten()
-                });
+            let unschedulable_since =
+                super::rules::reasons(&facts)
+                    .into_iter()
+                    .find_map(|(why, since)| {
+                        (why == hostmesh_crds::world::HostReason::Unschedulable)
+                            .then_some(since)
+                            .flatten()
+                    });
             let deleted = facts.deleted;
             if decision.is_none()
                 && let Some(due) = unschedulable_since.and_then(|t| rules.unschedulable_due(t))
@@ -813,7 +816,9 @@ impl<'i, 'a> Working<'i, 'a> {
                 format!(
                     "host {r} {:?} ({})",
                     h.state,
-                    h.reason.as_deref().unwrap_or(if deleted { "Deleted" } else { "no reason" })
+                    h.reason
+                        .as_deref()
+                        .unwrap_or(if deleted { "Deleted" } else { "no reason" })
                 )
             };
             match decision {
@@ -834,9 +839,11 @@ impl<'i, 'a> Working<'i, 'a> {
                         HostAction::FailWorld => {
                             if self.failure.is_none() {
                                 let why = format!("{what}{}", d.note());
-                                self.out
-                                    .events
-                                    .push(event(Severity::Warning, "WorldFailed", why.clone()));
+                                self.out.events.push(event(
+                                    Severity::Warning,
+                                    "WorldFailed",
+                                    why.clone(),
+                                ));
                                 self.failure = Some(("FailurePolicyRule".into(), why));
                             }
                         }
@@ -867,7 +874,10 @@ impl<'i, 'a> Working<'i, 'a> {
             return;
         }
         for (r, p) in self.input.pods {
-            if p.metadata.name.as_ref().is_some_and(|n| self.out.delete.contains(n))
+            if p.metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| self.out.delete.contains(n))
                 && let Some(h) = self.hosts.get_mut(*r)
             {
                 h.state = HostState::Terminating;
@@ -880,9 +890,8 @@ impl<'i, 'a> Working<'i, 'a> {
     /// recorded state was not `Terminating` (the operator records the hosts
     /// it deletes as `Terminating` in the same pass, see [`Plan::urgent`]).
     fn going_by_someone_else(&self, r: Rank) -> bool {
-        runs::get(&self.prev.hosts, r).is_some_and(|p| {
-            !matches!(p.state, HostState::Terminating | HostState::Pending)
-        })
+        runs::get(&self.prev.hosts, r)
+            .is_some_and(|p| !matches!(p.state, HostState::Terminating | HostState::Pending))
     }
 
     /// Records the rule that fired (kept with its first time while the same

@@ -94,7 +94,9 @@ impl<'a> HostRules<'a> {
     /// (`Unschedulable`) or whose pod is going (`Deleted`, `Preempted`,
     /// `NodeLost`): such hosts are then looked at, not only failed ones.
     pub fn watches(&self, reason: HostReason) -> bool {
-        self.rules.iter().any(|(r, _, _)| r.reasons.contains(&reason))
+        self.rules
+            .iter()
+            .any(|(r, _, _)| r.reasons.contains(&reason))
     }
 
     /// The first rule matching `facts` at `now` (invariant 1), if any.
@@ -173,7 +175,10 @@ pub fn reasons(facts: &HostFacts<'_>) -> Vec<(HostReason, Option<Timestamp>)> {
     if failed_container(pod).is_some_and(|c| c.reason.as_deref() == Some("OOMKilled")) {
         out.push((HostReason::OOMKilled, None));
     }
-    for c in status.and_then(|s| s.conditions.as_deref()).unwrap_or_default() {
+    for c in status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+    {
         match (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()) {
             ("DisruptionTarget", "True", Some("PreemptionByScheduler")) => {
                 out.push((HostReason::Preempted, None))
@@ -232,7 +237,10 @@ mod tests {
         };
         let evicted = mk_pod("  phase: Failed\n  reason: Evicted\n");
         let d = decide(&evicted, &failed(), false).unwrap();
-        assert_eq!((d.action, d.rule.as_str()), (HostAction::RestartWithoutCounting, "infra"));
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (HostAction::RestartWithoutCounting, "infra")
+        );
         let oom = mk_pod(
             "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: OOMKilled}}}]\n",
         );
@@ -241,7 +249,10 @@ mod tests {
             "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 3, reason: Error, message: 'nothing to do here'}}}]\n",
         );
         let d = decide(&done, &failed(), false).unwrap();
-        assert_eq!((d.action, d.rule.as_str()), (HostAction::Ignore, "rules[2]"));
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (HostAction::Ignore, "rules[2]")
+        );
         // Code 3 without the log line matches no rule: the plan's default.
         let other = mk_pod(
             "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 3, reason: Error, message: 'boom'}}}]\n",
@@ -256,7 +267,10 @@ mod tests {
         let preempted = mk_pod(
             "  phase: Running\n  conditions: [{type: DisruptionTarget, status: 'True', reason: PreemptionByScheduler}]\n",
         );
-        assert_eq!(decide(&preempted, &terminating, false).unwrap().rule, "infra");
+        assert_eq!(
+            decide(&preempted, &terminating, false).unwrap().rule,
+            "infra"
+        );
         // Unschedulable only matches once it lasted unschedulableFor.
         let pending = |since: &str| {
             mk_pod(&format!(
@@ -267,9 +281,14 @@ mod tests {
             state: HostState::Starting,
             reason: Some("Unschedulable".into()),
         };
-        assert_eq!(decide(&pending("1970-01-01T00:16:00Z"), &starting, false), None);
         assert_eq!(
-            decide(&pending("1970-01-01T00:15:00Z"), &starting, false).unwrap().rule,
+            decide(&pending("1970-01-01T00:16:00Z"), &starting, false),
+            None
+        );
+        assert_eq!(
+            decide(&pending("1970-01-01T00:15:00Z"), &starting, false)
+                .unwrap()
+                .rule,
             "stuck"
         );
         assert_eq!(

@@ -1069,7 +1069,13 @@ fn rules_restart_without_counting_and_ignore() {
     assert!(p.status.first_failure.is_none());
     let r1 = runs::get(&p.status.ranks, 1).unwrap();
     assert_eq!(r1.state, ProcState::Stopped);
-    assert!(r1.reason.as_deref().unwrap().starts_with("ignored (rule done: Ignore)"), "{r1:?}");
+    assert!(
+        r1.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("ignored (rule done: Ignore)"),
+        "{r1:?}"
+    );
     pm.status = Some(p.status);
     let p = run(&pm, RUNNING, &states, 11);
     assert!(!p.events.iter().any(|e| e.reason == "RuleFired"), "once");

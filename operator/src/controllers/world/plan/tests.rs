@@ -943,23 +943,41 @@ fn failure_rules_decide_counting_failing_and_deleted_pods() {
         assert_eq!(p.delete, ["w-host-1"]);
         assert_eq!(p.status.restarts, 0, "not counted");
         let fired = p.status.rule_fired.clone().unwrap();
-        assert_eq!((fired.name.as_str(), fired.action.as_str(), fired.rank), ("infra", "RestartWithoutCounting", 1));
-        assert!(p.events.iter().any(|e| e.reason == "RuleFired"), "{:?}", p.events);
+        assert_eq!(
+            (fired.name.as_str(), fired.action.as_str(), fired.rank),
+            ("infra", "RestartWithoutCounting", 1)
+        );
+        assert!(
+            p.events.iter().any(|e| e.reason == "RuleFired"),
+            "{:?}",
+            p.events
+        );
     }
     // Someone deletes host 2's pod: the rule names it, nothing is counted;
     // the pod is already going, so nothing more is deleted.
     let mut going = ready.clone();
-    going.get_mut(&2).unwrap().metadata.deletion_timestamp = Some(Time(Timestamp::from_second(103).unwrap()));
+    going.get_mut(&2).unwrap().metadata.deletion_timestamp =
+        Some(Time(Timestamp::from_second(103).unwrap()));
     let p = run(&w, &going, Liveness::Alive, 103);
     assert_eq!(p.status.restarts, 0);
     assert!(p.delete.is_empty(), "{:?}", p.delete);
     assert_eq!(p.status.rule_fired.as_ref().unwrap().rank, 2);
-    assert!(p.status.rule_fired.as_ref().unwrap().reason.contains("Deleted"));
+    assert!(
+        p.status
+            .rule_fired
+            .as_ref()
+            .unwrap()
+            .reason
+            .contains("Deleted")
+    );
     // The operator's own deletions are recorded Terminating at once (and
     // urgently), so they are never taken for someone else's.
     let p = run(&w, &pods, Liveness::Alive, 104);
     assert!(p.urgent);
-    assert_eq!(hostmesh_crds::runs::get(&p.status.hosts, 1).unwrap().state, HostState::Terminating);
+    assert_eq!(
+        hostmesh_crds::runs::get(&p.status.hosts, 1).unwrap().state,
+        HostState::Terminating
+    );
     // A host unschedulable for 30s fails the World.
     let unschedulable = |since: &str| {
         let mut pods = ready.clone();
@@ -973,14 +991,28 @@ fn failure_rules_decide_counting_failing_and_deleted_pods() {
         );
         pods
     };
-    let p = run(&w, &unschedulable("1970-01-01T00:01:30Z"), Liveness::Alive, 100);
+    let p = run(
+        &w,
+        &unschedulable("1970-01-01T00:01:30Z"),
+        Liveness::Alive,
+        100,
+    );
     assert_ne!(p.status.phase, Some(WorldPhase::Failed));
     assert_eq!(p.requeue_after, Some(Duration::from_secs(20)));
-    let p = run(&w, &unschedulable("1970-01-01T00:01:00Z"), Liveness::Alive, 100);
+    let p = run(
+        &w,
+        &unschedulable("1970-01-01T00:01:00Z"),
+        Liveness::Alive,
+        100,
+    );
     assert_eq!(p.status.phase, Some(WorldPhase::Failed));
     let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
     assert_eq!(failed.reason, "FailurePolicyRule");
-    assert!(failed.message.contains("(rule stuck: FailWorld)"), "{}", failed.message);
+    assert!(
+        failed.message.contains("(rule stuck: FailWorld)"),
+        "{}",
+        failed.message
+    );
 }
 
 #[test]
@@ -1006,7 +1038,9 @@ fn update_policies_roll_all_some_or_none_of_the_stale_hosts() {
     assert_eq!(p.delete, ["w-host-0"], "maxUnavailable 1 by default");
     assert_eq!(p.status.stale_hosts, 2);
     assert_eq!(
-        conditions::get(&p.status.conditions, PROGRESSING).unwrap().reason,
+        conditions::get(&p.status.conditions, PROGRESSING)
+            .unwrap()
+            .reason,
         "RollingUpdate"
     );
     // Host 0 is being recreated (down): nothing more until it is back.
@@ -1015,9 +1049,8 @@ fn update_policies_roll_all_some_or_none_of_the_stale_hosts() {
     let p = run(&w, &rolling, Liveness::Alive, 2);
     assert!(p.delete.is_empty());
     assert_eq!(p.create, [0]);
-    w.spec.update_policy.max_unavailable = Some(
-        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("67%".into()),
-    );
+    w.spec.update_policy.max_unavailable =
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("67%".into()));
     let p = run(&w, &pods, Liveness::Alive, 3);
     assert_eq!(p.delete, ["w-host-0", "w-host-1"], "67% of 3 is 2");
     assert_eq!(max_unavailable(&w.spec.update_policy, 100), 67);
