@@ -579,14 +579,22 @@ async fn restart_without_counting_rules_replace_a_deleted_host_for_free() -> any
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     pods.delete("w-host-1", &Default::default()).await?;
     let w = env
-        .wait_for("World", "w", "the rule fired", |s| !s["ruleFired"].is_null())
+        .wait_for("World", "w", "the rule fired", |s| {
+            !s["ruleFired"].is_null()
+        })
         .await?;
     assert_eq!(w["ruleFired"]["name"], "infra", "{w:#}");
     assert_eq!(w["ruleFired"]["rank"], 1, "{w:#}");
     let w = env
-        .wait_for("World", "w", "Ready with a new host 1", |s| condition_true(s, "Ready"))
+        .wait_for("World", "w", "Ready with a new host 1", |s| {
+            condition_true(s, "Ready")
+        })
         .await?;
-    assert_ne!(pod_uid(&env, "w-host-1").await?, before, "host 1 was replaced");
+    assert_ne!(
+        pod_uid(&env, "w-host-1").await?,
+        before,
+        "host 1 was replaced"
+    );
     assert_eq!(w["restarts"], 0, "{w:#}");
     let pm = env
         .wait_for("ProcMesh", "pm", "Running again", |s| {
@@ -594,7 +602,11 @@ async fn restart_without_counting_rules_replace_a_deleted_host_for_free() -> any
         })
         .await?;
     assert_eq!(pm["ruleFired"]["name"], "lost-host", "{pm:#}");
-    assert_eq!((pm["restarts"].as_u64(), pm["phase"].as_str()), (Some(0), Some("Running")), "{pm:#}");
+    assert_eq!(
+        (pm["restarts"].as_u64(), pm["phase"].as_str()),
+        (Some(0), Some("Running")),
+        "{pm:#}"
+    );
     Ok(())
 }
 
@@ -629,8 +641,127 @@ async fn a_stderr_rule_fails_the_mesh_and_is_named() -> anyhow::Result<()> {
             .await?
             .items
             .iter()
-            .any(|e| e.message.as_deref().unwrap_or_default().contains("rule cuda")))
+            .any(|e| {
+                e.message
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("rule cuda")
+            }))
     })
     .await?;
+    Ok(())
+}
+
+/// `updatePolicy`: with `OnNextRestart` a template change leaves the
+/// running hosts as they are (`staleHosts` counts them) until one is
+/// recreated anyway (a killed agent), which takes the new template; with
+/// `RollingUpdate` (`maxUnavailable: 1`) the rest are recreated one at a
+/// time until none is stale and the World is Ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn update_policies_apply_a_template_change_on_restart_or_rolling() -> anyhow::Result<()> {
+    let env = Env::start("batch-update").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 3)],
+        "  healthTimeout: 3s\n  evictionTimeout: 1s\n  failurePolicy: {maxRestarts: 3, backoff: 1s}\n  updatePolicy: {type: OnNextRestart}\n",
+    ))
+    .await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let uids = [
+        pod_uid(&env, "w-host-0").await?,
+        pod_uid(&env, "w-host-1").await?,
+        pod_uid(&env, "w-host-2").await?,
+    ];
+    let worlds = env.hostmesh_api("World");
+    let relabel =
+        |team: &str| json!({"spec": {"template": {"metadata": {"labels": {"team": team}}}}});
+    worlds
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(relabel("e2e-2")),
+        )
+        .await?;
+    let s = env
+        .wait_for("World", "w", "3 stale hosts", |s| s["staleHosts"] == 3)
+        .await?;
+    assert!(
+        condition_true(&s, "Ready"),
+        "stale hosts keep running: {s:#}"
+    );
+    for (r, uid) in uids.iter().enumerate() {
+        assert_eq!(
+            &pod_uid(&env, &format!("w-host-{r}")).await?,
+            uid,
+            "host {r} kept"
+        );
+    }
+    // A host recreated for a failure takes the new template.
+    let agents = env.agent_pids("w", 1);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    hostmesh_e2e::signal(agents[0], "KILL")?;
+    env.wait_for("World", "w", "host 1 replaced, 2 stale", |s| {
+        s["staleHosts"] == 2 && condition_true(s, "Ready")
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let team = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("team").cloned())
+            .unwrap_or_default()
+    };
+    let host1 = pods.get("w-host-1").await?;
+    assert_ne!(host1.metadata.uid.as_deref(), Some(uids[1].as_str()));
+    assert_eq!(team(&host1), "e2e-2", "the new template");
+    assert_eq!(pod_uid(&env, "w-host-0").await?, uids[0], "host 0 kept");
+    // RollingUpdate: the two stale hosts are recreated, one at a time.
+    worlds
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"updatePolicy": {"type": "RollingUpdate", "maxUnavailable": 1}}}),
+            ),
+        )
+        .await?;
+    let most_down = std::cell::Cell::new(0usize);
+    until(
+        "every host on the new template and the World Ready",
+        || async {
+            let now = host_pods(&env, "w").await?;
+            let down = (0..3)
+                .filter(|r| {
+                    !now.iter().any(|p| {
+                        p.metadata.name.as_deref() == Some(&format!("w-host-{r}"))
+                            && p.metadata.deletion_timestamp.is_none()
+                            && p.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                })
+                    })
+                })
+                .count();
+            most_down.set(most_down.get().max(down));
+            let w = worlds.get("w").await?;
+            let status = w.data.get("status").cloned().unwrap_or_default();
+            Ok(now.len() == 3
+                && now.iter().all(|p| team(p) == "e2e-2")
+                && status["staleHosts"].is_null()
+                && condition_true(&status, "Ready"))
+        },
+    )
+    .await?;
+    let most_down = most_down.get();
+    assert!(
+        most_down <= 1,
+        "maxUnavailable 1, but {most_down} hosts were down at once"
+    );
+    assert_ne!(pod_uid(&env, "w-host-0").await?, uids[0], "host 0 rolled");
+    assert_ne!(pod_uid(&env, "w-host-2").await?, uids[2], "host 2 rolled");
     Ok(())
 }
