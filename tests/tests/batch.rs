@@ -765,3 +765,67 @@ async fn update_policies_apply_a_template_change_on_restart_or_rolling() -> anyh
     assert_ne!(pod_uid(&env, "w-host-2").await?, uids[2], "host 2 rolled");
     Ok(())
 }
+
+/// `restartPolicy.scope: host` on a ProcMesh of extent `[host: 2, gpu: 2]`:
+/// rank 2 (host 1, gpu 0) failing once restarts the two ranks of host 1,
+/// counted as one restart; host 0's ranks keep their PIDs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_rank_restarts_only_the_ranks_of_its_host() -> anyhow::Result<()> {
+    let env = Env::start("batch-rank-scope").await?;
+    let dir = env.shared_dir()?;
+    env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
+    let go = dir.join("go");
+    let failed_once = dir.join("failed-once");
+    // Rank 2 fails once, when the test says so; every other run sleeps.
+    let command = format!(
+        "if [ \"$RANK\" = 2 ] && [ ! -e {once} ]; then while [ ! -e {go} ]; do sleep 0.2; done; touch {once}; exit 1; fi; exec sleep 300",
+        once = failed_once.display(),
+        go = go.display()
+    );
+    env.apply(&mesh_yaml(
+        "pm",
+        "w",
+        2,
+        &command,
+        "  restartPolicy: {policy: OnFailure, scope: host, maxRestarts: 3, backoff: 1s}\n",
+    ))
+    .await?;
+    env.wait_for("ProcMesh", "pm", "Running", |s| s["running"] == 4)
+        .await?;
+    let rank_pids = |rank: &str| {
+        env.proc_pids("w", "pm")
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|kv| kv == format!("RANK={rank}").as_bytes())
+            })
+            .collect::<Vec<i32>>()
+    };
+    let host0 = [rank_pids("0"), rank_pids("1")];
+    let rank3 = rank_pids("3");
+    assert!(
+        host0.iter().all(|p| !p.is_empty()) && !rank3.is_empty(),
+        "{host0:?} {rank3:?}"
+    );
+    std::fs::write(&go, "")?;
+    let s = env
+        .wait_for("ProcMesh", "pm", "restarted and Running again", |s| {
+            s["restarts"].as_u64().unwrap_or(0) >= 1 && s["running"] == 4
+        })
+        .await?;
+    assert_eq!(s["restarts"], 1, "one restart for the host's ranks: {s:#}");
+    assert!(failed_once.exists());
+    hostmesh_e2e::eventually("rank 3 restarted with rank 2", || {
+        let now = rank_pids("3");
+        !now.is_empty() && now != rank3
+    })
+    .await?;
+    assert_eq!(
+        [rank_pids("0"), rank_pids("1")],
+        host0,
+        "host 0's ranks kept their PIDs"
+    );
+    Ok(())
+}
