@@ -26,7 +26,7 @@ KUBE_VERSION = "v1.33.0"
 # docs/operations.md "RBAC"). The rendered manager rules must be exactly these: a new permission
 # is a conscious change here and in the chart.
 MANAGER_RULES = {
-    ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch"},
+    ("hostmesh.dev", "worlds"): {"get", "list", "watch", "patch", "delete"},
     ("hostmesh.dev", "procmeshes"): {"get", "list", "watch", "patch", "delete"},
     ("hostmesh.dev", "worlds/status"): {"update"},
     ("hostmesh.dev", "procmeshes/status"): {"update"},

@@ -1,14 +1,16 @@
 //! `hostmesh up`: the cluster in a box. Starts the embedded API server, the
 //! process kubelet and the operator in this process, installs the CRDs,
 //! applies a manifest, shows a live view of every applied World and ProcMesh
-//! until they are Ready, and tears everything down on Ctrl-C (or at once with
-//! `--exit-when-ready`).
+//! until they are Ready (or, for a batch job, finished), and tears everything
+//! down on Ctrl-C (or at once with `--exit-when-ready`).
 //!
 //! Invariants:
 //! 1. Teardown always runs, on success, failure, timeout and Ctrl-C: the
 //!    kubelet stops every process it started before `up` returns.
 //! 2. `--exit-when-ready` exits 0 only when every applied World and ProcMesh
-//!    has condition Ready=True; a Failed condition or the timeout is an error
+//!    has condition Ready=True or has finished successfully (a World
+//!    `Complete=True`, a ProcMesh `Succeeded`, or either deleted by a TTL
+//!    after it was seen so); a Failed condition or the timeout is an error
 //!    that names the object and the reason.
 
 use std::collections::BTreeMap;
@@ -125,6 +127,9 @@ pub struct Progress {
     pub phase: String,
     /// The Ready condition is True.
     pub ready: bool,
+    /// It finished successfully: a World's `Complete` condition is True
+    /// (`finishWhen`), a ProcMesh is `Succeeded`.
+    pub complete: bool,
     /// The Failed condition's message when it is True.
     pub failed: Option<String>,
     /// A short summary of the counters in status (ready hosts, running procs).
@@ -169,6 +174,8 @@ pub fn progress_of(kind: &str, obj: &DynamicObject) -> Progress {
             .unwrap_or("-")
             .to_owned(),
         ready: cond("Ready").is_some(),
+        complete: cond("Complete").is_some()
+            || (kind == "ProcMesh" && get("/phase").and_then(|p| p.as_str()) == Some("Succeeded")),
         failed: cond("Failed"),
         detail,
     }
@@ -251,6 +258,7 @@ async fn apply_and_watch(
     let deadline = Instant::now() + args.timeout;
     let mut shown: BTreeMap<String, Progress> = BTreeMap::new();
     let mut announced_ready = false;
+    let mut announced_finished = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     // What was printed last: a line is printed again only when it changed.
@@ -264,6 +272,14 @@ async fn apply_and_watch(
                 Api::namespaced_with(client.clone(), namespace, &a.resource);
             match api.get_opt(&a.name).await {
                 Ok(Some(obj)) => all.push(progress_of(&a.resource.kind, &obj)),
+                // Deleted after it finished (its TTL): done, not an error.
+                Ok(None)
+                    if shown
+                        .get(&key_of(a, &args.namespace))
+                        .is_some_and(|p| p.complete || p.phase == FINISHED_DELETED) =>
+                {
+                    all.push(finished_deleted(&a.resource.kind, namespace, &a.name));
+                }
                 // Deleted by someone (kubectl delete): report it, keep serving.
                 Ok(None) => {
                     if args.exit_when_ready {
@@ -315,7 +331,22 @@ async fn apply_and_watch(
             }
         }
         let live: Vec<&Progress> = all.iter().filter(|p| p.phase != DELETED).collect();
-        let ready = all.len() == watched.len() && !live.is_empty() && live.iter().all(|p| p.ready);
+        let finished = all.len() == watched.len()
+            && !live.is_empty()
+            && live.iter().any(|p| p.complete)
+            && live.iter().all(|p| p.complete);
+        if finished && !announced_finished {
+            announced_finished = true;
+            if args.exit_when_ready {
+                say("everything finished.");
+                return Ok(());
+            }
+            say("everything finished. Press Ctrl-C to tear down.");
+        }
+        let ready = all.len() == watched.len()
+            && !live.is_empty()
+            && live.iter().all(|p| p.ready || p.complete)
+            && live.iter().any(|p| p.ready);
         if ready && !announced_ready {
             announced_ready = true;
             if args.exit_when_ready {
@@ -327,7 +358,7 @@ async fn apply_and_watch(
         if args.exit_when_ready && Instant::now() >= deadline {
             let pending = all
                 .iter()
-                .filter(|p| !p.ready)
+                .filter(|p| !p.ready && !p.complete)
                 .map(|p| format!("{} {} ({})", p.kind, p.key, p.phase))
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -345,6 +376,31 @@ async fn apply_and_watch(
 
 /// The phase shown for an applied object someone deleted.
 const DELETED: &str = "Deleted";
+/// The phase shown for an applied object deleted after it finished.
+const FINISHED_DELETED: &str = "Deleted (finished)";
+
+/// The key of an applied object in the progress view.
+fn key_of(a: &Applied, default_namespace: &str) -> String {
+    format!(
+        "{}/{}",
+        a.namespace.as_deref().unwrap_or(default_namespace),
+        a.name
+    )
+}
+
+/// The progress line of an applied object deleted after it finished (a
+/// World's `ttlSecondsAfterFinished`, and its ProcMeshes with it).
+fn finished_deleted(kind: &str, namespace: &str, name: &str) -> Progress {
+    Progress {
+        kind: kind.to_owned(),
+        key: format!("{namespace}/{name}"),
+        phase: FINISHED_DELETED.to_owned(),
+        ready: false,
+        complete: true,
+        failed: None,
+        detail: "deleted after it finished".to_owned(),
+    }
+}
 
 /// The progress line of an applied object that no longer exists.
 fn deleted(kind: &str, namespace: &str, name: &str) -> Progress {
@@ -353,6 +409,7 @@ fn deleted(kind: &str, namespace: &str, name: &str) -> Progress {
         key: format!("{namespace}/{name}"),
         phase: DELETED.to_owned(),
         ready: false,
+        complete: false,
         failed: None,
         detail: "deleted; still serving (Ctrl-C to tear down)".to_owned(),
     }
@@ -361,6 +418,8 @@ fn deleted(kind: &str, namespace: &str, name: &str) -> Progress {
 fn render(p: &Progress) -> String {
     let mark = if p.failed.is_some() {
         "FAILED"
+    } else if p.complete {
+        "finished"
     } else if p.ready {
         "ready"
     } else {
@@ -427,6 +486,26 @@ mod tests {
         assert!(!p.ready);
         assert_eq!(p.failed.as_deref(), Some("rank 3 exited with code 3"));
         assert!(render(&p).contains("FAILED: rank 3 exited with code 3"));
+    }
+
+    #[test]
+    fn a_complete_world_and_a_succeeded_mesh_are_finished() {
+        let p = progress_of(
+            "World",
+            &obj(serde_json::json!({
+                "phase": "Succeeded", "readyHosts": 0, "desiredHosts": 2,
+                "conditions": [
+                    {"type": "Ready", "status": "False", "message": ""},
+                    {"type": "Complete", "status": "True", "message": "all 1 ProcMeshes succeeded: train"},
+                ],
+            })),
+        );
+        assert!(p.complete && !p.ready && p.failed.is_none());
+        assert!(render(&p).ends_with("finished"), "{}", render(&p));
+        let p = progress_of("ProcMesh", &obj(serde_json::json!({"phase": "Succeeded"})));
+        assert!(p.complete);
+        let p = progress_of("World", &obj(serde_json::json!({"phase": "Succeeded"})));
+        assert!(!p.complete, "a World says so with its Complete condition");
     }
 
     #[test]

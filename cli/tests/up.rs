@@ -152,3 +152,118 @@ fn up_serves_monarch_mesh_when_asked() {
     );
     assert!(stdout.contains("MonarchMesh"), "{stdout}");
 }
+
+/// A batch job on `hostmesh up` (`examples/batch.yaml`): the World has
+/// `finishWhen: ProcMeshesFinished` and `ttlSecondsAfterFinished: 5`, its
+/// ProcMesh's ranks exit 0. The World reaches `Complete=True`, its host
+/// pods go, and the World is deleted by its TTL; `up` says so and keeps
+/// serving until Ctrl-C.
+#[test]
+fn up_runs_a_batch_job_to_completion_and_its_ttl_deletes_the_world() {
+    use std::io::{BufRead as _, BufReader};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let batch = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/batch.yaml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args(["up", batch])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start hostmesh up");
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let wait_for = |needle: &str, seen: &mut Vec<String>| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+                let hit = line.contains(needle);
+                seen.push(line);
+                if hit {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    let kubeconfig = dir.path().join(".hostmesh/kubeconfig");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .env("KUBECONFIG", &kubeconfig)
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let finished = wait_for("everything finished", &mut seen);
+    // `kubectl wait --for=condition=Complete` works, as for a Job; the
+    // World may already be gone (TTL) by the time it asks.
+    let complete = finished && {
+        let out = kubectl(&[
+            "wait",
+            "--for=condition=Complete",
+            "world/batch",
+            "--timeout=5s",
+        ]);
+        out.contains("condition met") || kubectl(&["get", "world", "batch"]).is_empty()
+    };
+    // Its host pods go (Complete frees the hosts) and the TTL deletes the
+    // World and its ProcMesh.
+    let poll = |what: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if what() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    };
+    let pods_gone = complete
+        && poll(&|| {
+            kubectl(&[
+                "get",
+                "pods",
+                "-l",
+                "hostmesh.dev/world=batch",
+                "-o",
+                "name",
+            ])
+            .trim()
+            .is_empty()
+        });
+    let world_gone = pods_gone && wait_for("Deleted (finished)", &mut seen);
+    let mesh_gone = world_gone
+        && poll(&|| {
+            kubectl(&["get", "worlds,procmeshes", "-o", "name"])
+                .trim()
+                .is_empty()
+        });
+    let alive = child.try_wait().ok().flatten().is_none();
+    // SAFETY: kill(2) on the child's pid, which it has not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("hostmesh up exits");
+    let log =
+        std::fs::read_to_string(dir.path().join(".hostmesh/hostmesh.log")).unwrap_or_default();
+    assert!(
+        finished && complete && pods_gone && world_gone && mesh_gone && alive,
+        "finished {finished} complete {complete} pods gone {pods_gone} world gone {world_gone} mesh gone {mesh_gone} alive {alive}:\n{}\n--- log tail ---\n{}",
+        seen.join("\n"),
+        &log[log.len().saturating_sub(4000)..]
+    );
+    assert!(status.success(), "Ctrl-C ends it cleanly: {status}");
+}

@@ -19,6 +19,10 @@ pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 /// Terminal failure; the message says why.
 pub const FAILED: &str = "Failed";
+/// A World that finishes (`finishWhen`) finished successfully: every
+/// ProcMesh on it succeeded (Job's condition name, so `kubectl wait
+/// --for=condition=Complete` works).
+pub const COMPLETE: &str = "Complete";
 /// The API server refused to create a host pod (admission: PodSecurity,
 /// quota, a webhook); the message is the server's, as on a ReplicaSet.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
@@ -32,6 +36,10 @@ pub const SUSPENDED: &str = "Suspended";
 pub const AWAITING_ADMISSION: &str = "AwaitingAdmission";
 /// See [`AWAITING_ADMISSION`].
 pub const KUEUE_NOT_INSTALLED: &str = "KueueNotInstalled";
+
+/// A ProcMesh with `dependsOn` waits for its dependencies (True, the
+/// message naming them) or no longer does (False, `DependenciesMet`).
+pub const WAITING: &str = "Waiting";
 
 /// With `spec.scheduling.gang`: True once every host pod is bound to a
 /// node; False while the gang waits on its scheduler, or when the

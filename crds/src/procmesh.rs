@@ -132,6 +132,97 @@ pub struct ProcMeshSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_PROGRESS_PATTERN))]
     pub progress_pattern: Option<String>,
+    /// Fail the ProcMesh (reason `DeadlineExceeded`) once it has run this
+    /// many seconds since its first spawn (`status.startTime`; restarts do
+    /// not reset it), stopping its procs gracefully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::world::MAX_DEADLINE_SECONDS))]
+    pub active_deadline_seconds: Option<i64>,
+    /// When the ProcMesh has succeeded. Default: every rank exited 0. Once
+    /// it is met the ProcMesh is `Succeeded` and its remaining ranks are
+    /// stopped gracefully (state `Stopped`, never failures).
+    #[serde(default, skip_serializing_if = "SuccessPolicy::is_default")]
+    pub success_policy: SuccessPolicy,
+    /// ProcMeshes on the same World that must reach a condition before this
+    /// one spawns anything (a data download, then training). While it
+    /// waits its condition `Waiting` is True and names what it waits for;
+    /// a dependency that fails fails it (reason `DependencyFailed`). Once
+    /// it spawned, its dependencies no longer matter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_DEPENDENCIES))]
+    pub depends_on: Vec<Dependency>,
+}
+
+/// Most entries of `spec.dependsOn`.
+pub const MAX_DEPENDENCIES: usize = 16;
+
+/// A ProcMesh this one waits for ([`ProcMeshSpec::depends_on`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Dependency {
+    /// Its name (same namespace, same World).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `Succeeded` (default): it ended successfully. `Ready`: all its
+    /// procs run (or it already succeeded).
+    #[serde(default)]
+    pub condition: DependencyCondition,
+}
+
+/// What a [`Dependency`] must reach.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum DependencyCondition {
+    /// Its `Ready` condition is True (or it has succeeded).
+    Ready,
+    /// It is `Succeeded`.
+    #[default]
+    Succeeded,
+}
+
+/// When a ProcMesh has succeeded ([`ProcMeshSpec::success_policy`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SuccessPolicy {
+    /// `AllRanks` (default): every rank exited 0. `AnyRank`: one rank did.
+    /// `RankZero`: rank 0 did. `Selected`: every rank selected by `dims`
+    /// did (implied when `dims` is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<SuccessMode>,
+    /// Selects ranks by coordinates of the ProcMesh's extent (the World's
+    /// dimensions, then `perHost`), e.g. `{replica: 0}`: every rank whose
+    /// `replica` coordinate is 0; several entries must all hold.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dims: std::collections::BTreeMap<String, u32>,
+}
+
+impl SuccessPolicy {
+    fn is_default(&self) -> bool {
+        *self == SuccessPolicy::default()
+    }
+
+    /// The policy in force: `policy`, else `Selected` when `dims` is given,
+    /// else `AllRanks`.
+    pub fn mode(&self) -> SuccessMode {
+        match (self.policy, self.dims.is_empty()) {
+            (Some(m), _) => m,
+            (None, false) => SuccessMode::Selected,
+            (None, true) => SuccessMode::AllRanks,
+        }
+    }
+}
+
+/// Which ranks must exit 0 for a ProcMesh to succeed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum SuccessMode {
+    /// Every rank.
+    #[default]
+    AllRanks,
+    /// Any one rank.
+    AnyRank,
+    /// Rank 0.
+    RankZero,
+    /// Every rank `dims` selects.
+    Selected,
 }
 
 impl ProcMeshSpec {
@@ -167,10 +258,11 @@ pub struct RestartPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub backoff: Option<String>,
-    /// Rules, first match wins, deciding whether a failure is retried. With
+    /// Rules, first match wins, deciding what a rank's failure does. With
     /// no match: exit codes 126 and 127 (cannot execute / command not found)
-    /// are permanent; every other exit code and every signal is retried.
+    /// are permanent; every other failure is restarted per `policy`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_RULES))]
     pub rules: Vec<ExitRule>,
     /// What a stall (`spec.stallTimeout`) does. `Failure` (default): a
     /// stalled rank is a failed rank (state `Stalled`), handled by `policy`
@@ -180,6 +272,14 @@ pub struct RestartPolicy {
     /// (to attach a debugger).
     #[serde(default)]
     pub on_stall: StallAction,
+    /// With `OnFailure`: a failed rank restarts the slice of the extent it
+    /// belongs to along this dimension (every rank that shares its
+    /// coordinates up to and including it, over the World's dimensions then
+    /// `perHost`: for `[replica: 2, host: 4, gpu: 8]` and `host`, the 8
+    /// ranks of its host), counted as one restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub scope: Option<String>,
 }
 
 /// What a stall does ([`RestartPolicy::on_stall`]).
@@ -205,6 +305,7 @@ impl Default for RestartPolicy {
             backoff: None,
             rules: Vec::new(),
             on_stall: StallAction::default(),
+            scope: None,
         }
     }
 }
@@ -221,11 +322,24 @@ pub enum RestartMode {
     Gang,
 }
 
-/// A rule on exit codes or signals.
+/// Most rules in `restartPolicy.rules` or `failurePolicy.rules`.
+pub const MAX_RULES: usize = 32;
+
+/// A rule on a rank's failure. It matches when every kind of condition it
+/// gives holds: its exit (an exit code in `exitCodes` or a signal in
+/// `signals`), one of its `reasons`, and its `stderrPattern`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExitRule {
-    /// `Retry` or `Fail`.
+    /// Names the rule in status (`ruleFired`) and Events; default
+    /// `rules[<index>]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: Option<String>,
+    /// `Restart` (counted toward `maxRestarts`; `Retry` is the same),
+    /// `RestartWithoutCounting` (infrastructure faults: a lost host must not
+    /// burn the restart budget), `Fail` (permanent), `Ignore` (the rank's
+    /// end is accepted: it stays down, `Stopped`, and is no failure).
     pub action: ExitAction,
     /// Exit codes this rule matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -233,15 +347,63 @@ pub struct ExitRule {
     /// Signal numbers this rule matches (e.g. 9 for SIGKILL).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub signals: Vec<i32>,
+    /// Why the rank failed, besides how it exited: `OOMKilled`, `HostLost`
+    /// (its host failed, expired or was deleted), `Timeout` (not running
+    /// within `spawnTimeout`), `Stalled`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<RankReason>,
+    /// A regular expression (Rust `regex` syntax, unanchored, at most 1024
+    /// bytes) over the rank's stderr (the tail status keeps, and its head),
+    /// e.g. `NCCL error|CUDA error: an illegal memory access`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PROGRESS_PATTERN))]
+    pub stderr_pattern: Option<String>,
 }
 
 /// Action of an [`ExitRule`].
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ExitAction {
-    /// Retry per the restart policy.
+    /// Restart per the restart policy (the same as `Restart`; kept for
+    /// manifests written before `Restart`).
     Retry,
+    /// Restart per the restart policy, counted toward `maxRestarts`.
+    Restart,
+    /// Restart per the restart policy without counting toward
+    /// `maxRestarts` (and without backoff).
+    RestartWithoutCounting,
     /// Permanent: fail without retrying.
     Fail,
+    /// Accept the rank's end: it is no failure and is not restarted.
+    Ignore,
+}
+
+/// A reason a rank failed, for [`ExitRule::reasons`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RankReason {
+    /// Killed by the kernel's OOM killer.
+    OOMKilled,
+    /// Its host failed, expired or was deleted (state `Lost`).
+    HostLost,
+    /// Not running within `spawnTimeout` (state `Timeout`).
+    Timeout,
+    /// No progress for `stallTimeout` (state `Stalled`).
+    Stalled,
+}
+
+/// The failure rule that fired last: which, what it did and on what.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleFired {
+    /// The rule's `name`, or `rules[<index>]`.
+    pub name: String,
+    /// Its action.
+    pub action: String,
+    /// The rank (of the proc, or of the host for a World) it matched.
+    pub rank: Rank,
+    /// What failed, in words.
+    pub reason: String,
+    /// When it fired.
+    pub time: Time,
 }
 
 /// Observed state of a ProcMesh.
@@ -311,6 +473,13 @@ pub struct ProcMeshStatus {
     /// When the current spawn started (drives `spawnTimeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawn_time: Option<Time>,
+    /// When the mesh first spawned in this generation (restarts keep it;
+    /// a suspended World resets it): `activeDeadlineSeconds` counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// The `restartPolicy.rules` entry that fired last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_fired: Option<RuleFired>,
 }
 
 /// Phase of a ProcMesh.

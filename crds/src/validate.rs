@@ -201,6 +201,90 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
     if let Some(m) = &spec.monarch {
         errs.extend(crate::monarch::check(name, m, spec.port));
     }
+    if let Some(ttl) = spec.ttl_seconds_after_finished
+        && ttl < 0
+    {
+        errs.push(FieldError::new(
+            "spec.ttlSecondsAfterFinished",
+            format!("{ttl} is negative; use 0 (delete as soon as it finished) or more, or leave it unset to keep the World"),
+        ));
+    }
+    check_deadline(
+        "spec.readyDeadlineSeconds",
+        spec.ready_deadline_seconds,
+        &mut errs,
+    );
+    for (i, r) in spec.failure_policy.rules.iter().enumerate() {
+        let field = format!("spec.failurePolicy.rules[{i}]");
+        if r.exit_codes.is_empty()
+            && r.signals.is_empty()
+            && r.reasons.is_empty()
+            && r.stderr_pattern.is_none()
+        {
+            errs.push(FieldError::new(
+                field.clone(),
+                "matches nothing; give exitCodes, signals, reasons or stderrPattern",
+            ));
+        }
+        check_pattern(
+            &format!("{field}.stderrPattern"),
+            r.stderr_pattern.as_deref(),
+            &mut errs,
+        );
+        if let Some(t) = r.unschedulable_for.as_deref() {
+            if let Err(e) = duration::parse(&format!("{field}.unschedulableFor"), t) {
+                errs.push(e);
+            }
+            if !r.reasons.contains(&world::HostReason::Unschedulable) {
+                errs.push(FieldError::new(
+                    format!("{field}.unschedulableFor"),
+                    "is set without reason Unschedulable; add Unschedulable to reasons or remove unschedulableFor",
+                ));
+            }
+        }
+    }
+    if let Some(m) = &spec.update_policy.max_unavailable {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let field = "spec.updatePolicy.maxUnavailable";
+        match m {
+            IntOrString::Int(n) if *n < 1 => errs.push(FieldError::new(
+                field,
+                format!("{n} would stop the update; use at least 1 (or a percentage such as \"25%\")"),
+            )),
+            IntOrString::String(p)
+                if p.strip_suffix('%').and_then(|n| n.parse::<u32>().ok()).is_none_or(|n| n == 0 || n > 100) =>
+            {
+                errs.push(FieldError::new(
+                    field,
+                    format!("{p:?} is not a percentage from 1% to 100%; write one such as \"25%\", or a number of hosts"),
+                ))
+            }
+            _ => {}
+        }
+        if spec.update_policy.type_ != world::UpdateType::RollingUpdate {
+            errs.push(FieldError::new(
+                field,
+                format!(
+                    "is set with type {:?}; it only applies to RollingUpdate",
+                    spec.update_policy.type_
+                ),
+            ));
+        }
+    }
+    if let Some(scope) = &spec.failure_policy.scope {
+        check_scope("spec.failurePolicy.scope", scope, &shape, &mut errs);
+        if spec.failure_policy.action == world::FailureAction::RecreateGang {
+            errs.push(FieldError::new(
+                "spec.failurePolicy.scope",
+                "is set with action RecreateGang, which recreates every host; use action ReplaceHost with a scope, or remove scope",
+            ));
+        }
+    }
+    check_deadline(
+        "spec.activeDeadlineSeconds",
+        spec.active_deadline_seconds,
+        &mut errs,
+    );
     let fp = &spec.failure_policy;
     let timings = (|| {
         Ok::<_, FieldError>(WorldTimings {
@@ -240,6 +324,114 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
         Err(e) => {
             errs.push(e);
             Err(errs)
+        }
+    }
+}
+
+/// A rule's `stderrPattern` compiles (within the size limit).
+fn check_pattern(field: &str, pattern: Option<&str>, errs: &mut Vec<FieldError>) {
+    let Some(p) = pattern else {
+        return;
+    };
+    if p.len() > procmesh::MAX_PROGRESS_PATTERN {
+        errs.push(FieldError::new(
+            field,
+            format!(
+                "is {} bytes long; use at most {}",
+                p.len(),
+                procmesh::MAX_PROGRESS_PATTERN
+            ),
+        ));
+    } else if let Err(e) = progress_regex(p) {
+        errs.push(FieldError::new(
+            field,
+            format!("{p:?} is not a valid regular expression ({e}); write one such as \"CUDA error|NCCL\""),
+        ));
+    }
+}
+
+/// A failure scope names a dimension of `shape`.
+fn check_scope(field: &str, scope: &str, shape: &hostmesh_mesh::Shape, errs: &mut Vec<FieldError>) {
+    if !shape.dims().iter().any(|d| d.name == scope) {
+        let names: Vec<&str> = shape.dims().iter().map(|d| d.name.as_str()).collect();
+        errs.push(FieldError::new(
+            field,
+            format!(
+                "{scope:?} is not a dimension; use one of {}",
+                names.join(", ")
+            ),
+        ));
+    }
+}
+
+/// A deadline in seconds is at least 1 and at most a year (366 days).
+fn check_deadline(field: &str, secs: Option<i64>, errs: &mut Vec<FieldError>) {
+    match secs {
+        Some(s) if s < 1 => errs.push(FieldError::new(
+            field,
+            format!(
+                "{s} is not a deadline; give a number of seconds of at least 1, or leave it unset"
+            ),
+        )),
+        Some(s) if s > world::MAX_DEADLINE_SECONDS => errs.push(FieldError::new(
+            field,
+            format!(
+                "{s} is longer than a year; use at most {}",
+                world::MAX_DEADLINE_SECONDS
+            ),
+        )),
+        _ => {}
+    }
+}
+
+/// `spec.successPolicy`: `dims` goes with `Selected` (and only with it),
+/// names dimensions of the extent and coordinates inside them.
+fn check_success_policy(
+    spec: &ProcMeshSpec,
+    world: Option<&WorldSpec>,
+    errs: &mut Vec<FieldError>,
+) {
+    use crate::procmesh::SuccessMode;
+    let sp = &spec.success_policy;
+    let mode = sp.mode();
+    if mode == SuccessMode::Selected && sp.dims.is_empty() {
+        errs.push(FieldError::new(
+            "spec.successPolicy.dims",
+            "is empty with policy Selected; select ranks by coordinates, e.g. {replica: 0}, or choose AllRanks, AnyRank or RankZero",
+        ));
+    }
+    if mode != SuccessMode::Selected && !sp.dims.is_empty() {
+        errs.push(FieldError::new(
+            "spec.successPolicy.dims",
+            format!("is given with policy {mode:?}, which selects no ranks by coordinates; remove policy (dims implies Selected) or remove dims"),
+        ));
+    }
+    let Some(w) = world else {
+        return;
+    };
+    let extent = w.full_shape().concat(&spec.per_host_shape());
+    for (name, coord) in &sp.dims {
+        let field = format!("spec.successPolicy.dims.{name}");
+        match extent.dims().iter().find(|d| &d.name == name) {
+            None => {
+                let names: Vec<&str> = extent.dims().iter().map(|d| d.name.as_str()).collect();
+                errs.push(FieldError::new(
+                    field,
+                    format!(
+                        "{name:?} is not a dimension of the ProcMesh's extent; use one of {}",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            Some(d) if *coord >= d.size => errs.push(FieldError::new(
+                field,
+                format!(
+                    "{coord} is outside dimension {name:?} of size {}; use 0 to {}",
+                    d.size,
+                    d.size - 1
+                ),
+            )),
+            Some(_) => {}
         }
     }
 }
@@ -464,14 +656,62 @@ pub fn proc_mesh(
         }
     }
     for (i, r) in spec.restart_policy.rules.iter().enumerate() {
-        if r.exit_codes.is_empty() && r.signals.is_empty() {
+        let field = format!("spec.restartPolicy.rules[{i}]");
+        if r.exit_codes.is_empty()
+            && r.signals.is_empty()
+            && r.reasons.is_empty()
+            && r.stderr_pattern.is_none()
+        {
             errs.push(FieldError::new(
-                format!("spec.restartPolicy.rules[{i}]"),
-                "matches nothing; give exitCodes or signals",
+                field.clone(),
+                "matches nothing; give exitCodes, signals, reasons or stderrPattern",
+            ));
+        }
+        check_pattern(
+            &format!("{field}.stderrPattern"),
+            r.stderr_pattern.as_deref(),
+            &mut errs,
+        );
+    }
+    check_progress(spec, &mut errs);
+    check_deadline(
+        "spec.activeDeadlineSeconds",
+        spec.active_deadline_seconds,
+        &mut errs,
+    );
+    check_success_policy(spec, world, &mut errs);
+    if let Some(scope) = &spec.restart_policy.scope {
+        if let Some(w) = world {
+            let extent = w.full_shape().concat(&spec.per_host_shape());
+            check_scope("spec.restartPolicy.scope", scope, &extent, &mut errs);
+        }
+        if spec.restart_policy.policy != procmesh::RestartMode::OnFailure {
+            errs.push(FieldError::new(
+                "spec.restartPolicy.scope",
+                format!(
+                    "is set with policy {:?}; a scope restarts a slice of ranks on a failure, so use policy OnFailure, or remove scope",
+                    spec.restart_policy.policy
+                ),
             ));
         }
     }
-    check_progress(spec, &mut errs);
+    let mut named = HashSet::new();
+    for (i, d) in spec.depends_on.iter().enumerate() {
+        if d.name.is_empty() {
+            errs.push(FieldError::new(
+                format!("spec.dependsOn[{i}].name"),
+                "is empty; name a ProcMesh of the same World",
+            ));
+        } else if !named.insert(d.name.as_str()) {
+            errs.push(FieldError::new(
+                format!("spec.dependsOn[{i}].name"),
+                format!(
+                    "ProcMesh {:?} is named twice; name each dependency once",
+                    d.name
+                ),
+            ));
+        }
+    }
     let timings = (|| {
         Ok::<_, FieldError>(ProcMeshTimings {
             stall_timeout: spec
@@ -587,6 +827,21 @@ mod tests {
                 "spec.monarch.meshName",
                 "lowercase letters and digits",
             ),
+            (
+                "hosts: 2\nttlSecondsAfterFinished: -1\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.ttlSecondsAfterFinished",
+                "use 0",
+            ),
+            (
+                "hosts: 2\nreadyDeadlineSeconds: 0\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.readyDeadlineSeconds",
+                "at least 1",
+            ),
+            (
+                "hosts: 2\nactiveDeadlineSeconds: 99999999999\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.activeDeadlineSeconds",
+                "longer than a year",
+            ),
         ];
         for (yaml, field, fix) in cases {
             let errs = world("w", &world_spec(yaml)).unwrap_err();
@@ -655,6 +910,11 @@ mod tests {
         let errs = proc_mesh(&pm, Some(&w)).unwrap_err();
         let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["spec.command", "spec.restartPolicy.rules[0]"]);
+        assert!(
+            errs[1].message.contains("stderrPattern"),
+            "{}",
+            errs[1].message
+        );
         let pm: ProcMeshSpec =
             serde_saphyr::from_str("world: t\nperHost: [{name: gpu, size: 8}]\ncommand: [sh]\n")
                 .unwrap();
@@ -744,5 +1004,60 @@ mod tests {
         let mut spec4 = spec.clone();
         spec4.args = vec![big(100_000)];
         assert!(proc_mesh(&spec4, Some(&w)).is_ok());
+    }
+
+    #[test]
+    fn success_policy_and_deadline_errors_name_the_field() {
+        let w = world_spec(OK_WORLD);
+        let spec = |extra: &str| -> ProcMeshSpec {
+            serde_saphyr::from_str(&format!(
+                "world: t\nperHost: [{{name: gpu, size: 2}}]\ncommand: [sh]\n{extra}"
+            ))
+            .unwrap()
+        };
+        for ok in [
+            "",
+            "successPolicy: {policy: RankZero}\n",
+            "successPolicy: {dims: {replica: 1, gpu: 0}}\n",
+            "successPolicy: {policy: Selected, dims: {host: 1}}\n",
+            "activeDeadlineSeconds: 60\n",
+        ] {
+            proc_mesh(&spec(ok), Some(&w)).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+        }
+        let cases = [
+            (
+                "successPolicy: {policy: Selected}\n",
+                "spec.successPolicy.dims",
+                "is empty",
+            ),
+            (
+                "successPolicy: {policy: AnyRank, dims: {gpu: 0}}\n",
+                "spec.successPolicy.dims",
+                "remove",
+            ),
+            (
+                "successPolicy: {dims: {node: 0}}\n",
+                "spec.successPolicy.dims.node",
+                "use one of replica, host, gpu",
+            ),
+            (
+                "successPolicy: {dims: {gpu: 2}}\n",
+                "spec.successPolicy.dims.gpu",
+                "use 0 to 1",
+            ),
+            (
+                "activeDeadlineSeconds: 0\n",
+                "spec.activeDeadlineSeconds",
+                "at least 1",
+            ),
+        ];
+        for (extra, field, words) in cases {
+            let errs = proc_mesh(&spec(extra), Some(&w)).unwrap_err();
+            let e = errs
+                .iter()
+                .find(|e| e.field == field)
+                .unwrap_or_else(|| panic!("{extra}: {errs:?}"));
+            assert!(e.message.contains(words), "{extra}: {}", e.message);
+        }
     }
 }

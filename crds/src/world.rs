@@ -106,6 +106,99 @@ pub struct WorldSpec {
     /// labelled as Monarch's `KubernetesJob` expects (docs/monarch.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monarch: Option<crate::monarch::MonarchSpec>,
+    /// When the World is done. `Never` (default): a long-lived host mesh
+    /// that runs until it is deleted (Monarch's reserve-once model).
+    /// `ProcMeshesFinished`: once the World has at least one ProcMesh and
+    /// every ProcMesh on it has finished, the World finishes: `Succeeded`
+    /// (condition `Complete=True`) when all succeeded, else `Failed`; its
+    /// host pods are deleted and a Kueue Workload is `Finished`.
+    #[serde(default, skip_serializing_if = "FinishWhen::is_never")]
+    pub finish_when: FinishWhen,
+    /// Delete the World (and its ProcMeshes) this many seconds after it
+    /// finished (`Succeeded`, or `Failed`), as a Job's TTL. Unset: kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// Keep the host pods of a `Failed` World for inspection (logs, exec)
+    /// instead of deleting them. Default false: a finished World frees its
+    /// hosts whichever way it ended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_failed_hosts: bool,
+    /// Fail the World (reason `ReadyDeadlineExceeded`, naming the hosts
+    /// that were not Ready and why) when it has not been Ready this many
+    /// seconds after it started: its creation, or the admission or resume
+    /// that ended a suspension (`status.startTime`). Once Ready, it no
+    /// longer applies to the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DEADLINE_SECONDS))]
+    pub ready_deadline_seconds: Option<i64>,
+    /// Fail the World (reason `DeadlineExceeded`) once it has run this many
+    /// seconds since `status.startTime`, as a Job's `activeDeadlineSeconds`:
+    /// the failure frees its hosts, whose agents stop the procs gracefully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DEADLINE_SECONDS))]
+    pub active_deadline_seconds: Option<i64>,
+    /// What a change of the host pods' template (or anything else that
+    /// changes `hostmesh.dev/template-hash`) does to running hosts.
+    #[serde(default, skip_serializing_if = "UpdatePolicy::is_default")]
+    pub update_policy: UpdatePolicy,
+}
+
+/// How a World's running hosts take a changed template
+/// ([`WorldSpec::update_policy`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdatePolicy {
+    /// `Recreate` (default): every stale host pod is recreated at once.
+    /// `OnNextRestart`: stale hosts keep running and take the new template
+    /// only when they are next recreated (a failure, a gang restart);
+    /// `status.staleHosts` says how many are left. `RollingUpdate`: stale
+    /// hosts are recreated a few at a time, at most `maxUnavailable` hosts
+    /// down at once (for long-lived Worlds).
+    #[serde(default, rename = "type")]
+    pub type_: UpdateType,
+    /// With `RollingUpdate`: how many hosts may be unavailable (not Ready,
+    /// or being recreated) at once: a number, or a percentage of the hosts
+    /// (rounded down); at least 1. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+}
+
+impl UpdatePolicy {
+    fn is_default(&self) -> bool {
+        *self == UpdatePolicy::default()
+    }
+}
+
+/// The kind of [`UpdatePolicy`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum UpdateType {
+    /// Recreate every stale host pod at once.
+    #[default]
+    Recreate,
+    /// Apply the change only when a host is next recreated.
+    OnNextRestart,
+    /// Recreate stale hosts at most `maxUnavailable` at a time.
+    RollingUpdate,
+}
+
+/// The longest deadline in seconds (366 days, the longest duration).
+pub const MAX_DEADLINE_SECONDS: i64 = 366 * 24 * 3600;
+
+/// When a World finishes ([`WorldSpec::finish_when`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum FinishWhen {
+    /// Never: the World runs until it is deleted (or fails).
+    #[default]
+    Never,
+    /// When every ProcMesh on it has finished (there is at least one).
+    ProcMeshesFinished,
+}
+
+impl FinishWhen {
+    fn is_never(&self) -> bool {
+        *self == FinishWhen::Never
+    }
 }
 
 /// Scheduling of the host pods.
@@ -278,6 +371,98 @@ pub struct FailurePolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub max_backoff: Option<String>,
+    /// With `ReplaceHost`: a failed host recreates the slice of the World
+    /// it belongs to along this dimension (every host that shares its
+    /// coordinates up to and including it: for `[replica: 4, host: 8]` and
+    /// `replica`, the 8 hosts of its replica), counted as one restart. The
+    /// last dimension is one host, the first a whole first-level group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub scope: Option<String>,
+    /// Rules, first match wins, deciding what a host's failure does. With
+    /// no match a failed or expired host is restarted (counted); a host
+    /// still starting, or one whose pod was deleted, is waited for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::procmesh::MAX_RULES))]
+    pub rules: Vec<HostRule>,
+}
+
+/// A rule on a host's failure. It matches when every kind of condition it
+/// gives holds: the host container's exit (an exit code in `exitCodes` or a
+/// signal in `signals`), one of its `reasons`, and its `stderrPattern`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostRule {
+    /// Names the rule in status (`ruleFired`) and Events; default
+    /// `rules[<index>]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: Option<String>,
+    /// `Restart` (per `action`, counted toward `maxRestarts`),
+    /// `RestartWithoutCounting` (infrastructure faults: a lost node must not
+    /// burn the restart budget; no backoff), `FailWorld`, `Ignore` (leave
+    /// the host as it is).
+    pub action: HostAction,
+    /// Exit codes of the host container this rule matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exit_codes: Vec<i32>,
+    /// Signals that ended the host container this rule matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<i32>,
+    /// Pod-level reasons: `Evicted`, `OOMKilled`, `DeadlineExceeded`,
+    /// `Preempted`, `NodeLost`, `Unschedulable` (for `unschedulableFor`),
+    /// `Deleted` (someone else deleted the pod), `NoHeartbeat` (the agent
+    /// went silent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<HostReason>,
+    /// With `Unschedulable`: how long a host pod stays unschedulable
+    /// before the rule matches. Default `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub unschedulable_for: Option<String>,
+    /// A regular expression (Rust `regex` syntax, unanchored, at most 1024
+    /// bytes) over the end of the host container's log the kubelet kept (or
+    /// a Monarch worker's stderr).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::procmesh::MAX_PROGRESS_PATTERN))]
+    pub stderr_pattern: Option<String>,
+}
+
+/// Action of a [`HostRule`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HostAction {
+    /// Restart per `failurePolicy.action`, counted.
+    Restart,
+    /// Restart per `failurePolicy.action`, not counted, no backoff.
+    RestartWithoutCounting,
+    /// The World fails.
+    FailWorld,
+    /// Leave the host as it is: no restart, no failure of the World.
+    Ignore,
+}
+
+/// A pod-level reason a host failed, for [`HostRule::reasons`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HostReason {
+    /// The kubelet evicted the pod (node pressure).
+    Evicted,
+    /// The host container was OOM-killed.
+    OOMKilled,
+    /// The pod's `activeDeadlineSeconds` passed.
+    DeadlineExceeded,
+    /// The scheduler preempted the pod (`DisruptionTarget`,
+    /// `PreemptionByScheduler`).
+    Preempted,
+    /// The pod's node is unreachable (Ready `Unknown`, `NodeLost`, or a
+    /// taint eviction).
+    NodeLost,
+    /// The pod could not be scheduled for `unschedulableFor`.
+    Unschedulable,
+    /// Someone other than the operator deleted the pod.
+    Deleted,
+    /// No heartbeat from the agent for `healthTimeout` (+
+    /// `evictionTimeout` before it is acted on).
+    NoHeartbeat,
 }
 
 fn default_max_restarts() -> u32 {
@@ -291,6 +476,8 @@ impl Default for FailurePolicy {
             max_restarts: default_max_restarts(),
             backoff: None,
             max_backoff: None,
+            scope: None,
+            rules: Vec::new(),
         }
     }
 }
@@ -353,6 +540,31 @@ pub struct WorldStatus {
     /// more hosts fail after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<HostFailure>,
+    /// When the World finished (phase `Succeeded` or `Failed`); drives
+    /// `ttlSecondsAfterFinished`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// When the current run started: the World's first pass, or the
+    /// admission or resume that ended a suspension. The deadlines count
+    /// from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When every host was first Ready since `startTime`
+    /// (`readyDeadlineSeconds` no longer applies after it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_time: Option<Time>,
+    /// The `failurePolicy.rules` entry that fired last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_fired: Option<crate::procmesh::RuleFired>,
+    /// Host pods built from an older template than the spec's (with
+    /// `updatePolicy` `OnNextRestart` or `RollingUpdate`, until they are
+    /// recreated).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stale_hosts: Rank,
+}
+
+fn is_zero(n: &Rank) -> bool {
+    *n == 0
 }
 
 /// A failed host: the root cause a user reads without logs.
@@ -393,8 +605,12 @@ pub enum WorldPhase {
     Running,
     /// Some host failed or expired; the failure policy is acting.
     Degraded,
-    /// Beyond the restart limit, or a critical ProcMesh failed.
+    /// Beyond the restart limit, a deadline passed, a critical ProcMesh
+    /// failed, or (`finishWhen: ProcMeshesFinished`) a ProcMesh failed.
     Failed,
+    /// `finishWhen: ProcMeshesFinished` and every ProcMesh succeeded: the
+    /// host pods are deleted.
+    Succeeded,
     /// `spec.suspend` is true: no host pods, status kept.
     Suspended,
     /// Being deleted.
@@ -410,6 +626,7 @@ impl WorldPhase {
             WorldPhase::Running => "Running",
             WorldPhase::Degraded => "Degraded",
             WorldPhase::Failed => "Failed",
+            WorldPhase::Succeeded => "Succeeded",
             WorldPhase::Suspended => "Suspended",
             WorldPhase::Terminating => "Terminating",
         }

@@ -26,12 +26,13 @@ use prometheus_client::registry::Registry;
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// World phases pre-registered in `hostmesh_worlds` (DESIGN.md, API).
-pub const WORLD_PHASES: [&str; 7] = [
+pub const WORLD_PHASES: [&str; 8] = [
     "Pending",
     "Creating",
     "Running",
     "Degraded",
     "Failed",
+    "Succeeded",
     "Suspended",
     "Terminating",
 ];

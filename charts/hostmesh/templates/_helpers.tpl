@@ -63,9 +63,10 @@ Role in each watched namespace. Every rule says why it is needed.
   resources: ["worlds", "procmeshes"]
   verbs: ["get", "list", "watch", "patch"]
 # A World being deleted deletes its ProcMeshes first, so their procs stop
-# gracefully before the host pods go.
+# gracefully before the host pods go; a finished World is deleted once its
+# spec.ttlSecondsAfterFinished has passed.
 - apiGroups: ["hostmesh.dev"]
-  resources: ["procmeshes"]
+  resources: ["procmeshes", "worlds"]
   verbs: ["delete"]
 # Status is computed by the controllers and replaced whole through the status
 # subresource, guarded by the resourceVersion it was computed from (update).

@@ -17,11 +17,13 @@
 
 pub mod actors;
 pub mod causal;
+pub mod deps;
 pub mod desired;
 pub mod exit;
 pub mod incidents;
 pub mod orphans;
 pub mod plan;
+pub mod rules;
 pub mod stall;
 
 use hostmesh_crds::Rank;
@@ -72,8 +74,9 @@ pub async fn controller(
     });
     // Each watch with its own back-off, the hub's triggers never behind
     // one (`shared::watch`).
-    let ctrl = watch::controller(meshes, watcher::Config::default());
+    let ctrl = watch::controller(meshes.clone(), watcher::Config::default());
     let store = ctrl.store();
+    let dependents = ctrl.store();
     // Deletions of Worlds are remembered for the ProcMeshes they leave
     // (`orphans`).
     let seen = ctx.clone();
@@ -85,7 +88,21 @@ pub async fn controller(
                 }
             })
             .touched_objects();
-    ctrl.watches_stream(world_events, move |w: World| {
+    ctrl.watches_stream(
+        watch::objects(meshes, watcher::Config::default()),
+        move |pm: ProcMesh| {
+            // A ProcMesh's change wakes those that depend on it (`dependsOn`).
+            let ns = pm.namespace();
+            let name = pm.name_any();
+            dependents
+                .state()
+                .into_iter()
+                .filter(|d| d.namespace() == ns && d.spec.depends_on.iter().any(|x| x.name == name))
+                .map(|d| kube::runtime::reflector::ObjectRef::from_obj(&*d))
+                .collect::<Vec<_>>()
+        },
+    )
+    .watches_stream(world_events, move |w: World| {
         // A World's change (Running, Degraded, deleted) wakes its ProcMeshes.
         let ns = w.namespace();
         let name = w.name_any();
@@ -187,19 +204,28 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
         .keys()
         .filter_map(|h| Some((*h, ctx.hub.last_heard(&key, *h, None)?)))
         .collect();
+    let world_ended = world_ended(&world);
+    let deps = dependencies(pm, ctx, &ns).await?;
+    if let deps::Deps::Invalid(msg) = &deps {
+        return invalid(pm, ctx, msg, true).await;
+    }
     let mut plan = plan::plan(&plan::PlanInput {
         pm,
         timings,
         world_phase: world.status.as_ref().and_then(|s| s.phase),
-        world_suspended: world.spec.suspend
-            || world.status.as_ref().and_then(|s| s.phase) == Some(WorldPhase::Suspended),
+        world_suspended: world_ended.is_none()
+            && (world.spec.suspend
+                || world.status.as_ref().and_then(|s| s.phase) == Some(WorldPhase::Suspended)),
         hosts,
         extent,
+        shape: world_extent.concat(&pm.spec.per_host_shape()),
         states: &states,
         lost_hosts: &lost_hosts,
         reported: &reported,
         last_heard: &last_heard,
         now: Timestamp::now(),
+        world_ended,
+        deps,
     });
     // Stalls: the condition, and the stacks of a new stall taken before
     // anything is restarted or stopped (stall.rs invariant 2).
@@ -218,7 +244,10 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     // write after the restart would leave a running new incarnation with no
     // record of why it was restarted (no restart count, no firstFailure).
     let prev_restarts = pm.status.as_ref().map_or(0, |s| s.restarts);
-    let written_ahead = plan.spawn.is_some() && plan.status.restarts != prev_restarts;
+    let prev_incarnations = pm.status.as_ref().map(|s| &s.incarnations);
+    let written_ahead = plan.spawn.is_some()
+        && (plan.status.restarts != prev_restarts
+            || prev_incarnations != Some(&plan.status.incarnations));
     if written_ahead {
         write_status(pm, ctx, plan.status.clone(), true).await?;
     }
@@ -239,7 +268,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
         }
     }
     if plan.stop {
-        info!(procmesh = %pm.name_any(), "ProcMesh failed: stopping its remaining procs");
+        debug!(procmesh = %pm.name_any(), phase = ?plan.status.phase, "stopping the ProcMesh's remaining procs");
         if let Err(e) = ctx.hub.stop_procs(&key, &id, timings.stop_timeout).await {
             warn!(procmesh = %pm.name_any(), error = %e, "stopping procs failed");
         }
@@ -282,6 +311,52 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
         .flatten()
         .fold(default, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// What `spec.dependsOn` says ([`deps`]), read only until the mesh has
+/// spawned in its generation or ended (deps invariant 3).
+async fn dependencies(
+    pm: &ProcMesh,
+    ctx: &ControllerContext,
+    ns: &str,
+) -> Result<deps::Deps, OperatorError> {
+    let status = pm.status.as_ref();
+    let same_gen = status.and_then(|s| s.observed_generation) == pm.metadata.generation;
+    let latched = same_gen
+        && status.is_some_and(|s| {
+            s.start_time.is_some()
+                || matches!(
+                    s.phase,
+                    Some(ProcMeshPhase::Succeeded | ProcMeshPhase::Failed)
+                )
+        });
+    if pm.spec.depends_on.is_empty() || latched {
+        return Ok(deps::Deps::Met);
+    }
+    let all = Api::<ProcMesh>::namespaced(ctx.client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items;
+    Ok(deps::evaluate(pm, &all))
+}
+
+/// Why the ProcMeshes of `world` cannot run any more: it finished
+/// (plan invariant 9), as its status says.
+fn world_ended(world: &World) -> Option<String> {
+    let status = world.status.as_ref()?;
+    let name = world.name_any();
+    match status.phase? {
+        WorldPhase::Failed => {
+            let why = conditions::get(&status.conditions, FAILED)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            Some(format!("World {name} failed: {why}"))
+        }
+        WorldPhase::Succeeded => Some(format!(
+            "World {name} has finished (Succeeded): its hosts are gone; create a new World to run more"
+        )),
+        _ => None,
+    }
 }
 
 /// The incarnation status recorded for `rank` (before this reconcile's

@@ -16,7 +16,10 @@
 //!    failures one restart handles count once, however many ranks they
 //!    hit); a permanent failure (a rule says Fail, or exit code 126/127 by
 //!    default) or `Never` fails at once. Each rank's own restarts are its
-//!    incarnation.
+//!    incarnation. `restartPolicy.rules` ([`super::rules`]) decide each
+//!    failure: a restart only `RestartWithoutCounting` rules asked for is
+//!    not counted (nor backed off), and a rank a rule `Ignore`s is
+//!    `Stopped`, no failure; the rule that fired is `status.ruleFired`.
 //! 4. Ranks that are not running `spawnTimeout` after their spawn (counted
 //!    while the World is Running) are Timeout, a failure like any other. The
 //!    clock of a rank starts no earlier than this operator's first report
@@ -43,6 +46,22 @@
 //!    them; the durations completed by this plan are in [`Plan::recovery`].
 //! 8. A stalled rank (`stall.rs`) is `Stalled`, a failure like any
 //!    other, when `restartPolicy.onStall` is `Failure`.
+//! 9. A mesh on a World that finished (failed, or succeeded with
+//!    `finishWhen`) fails too (reason `WorldFinished`): its procs are
+//!    stopped. A mesh that ended keeps its phase and its ranks' recorded
+//!    states when its World's hosts go: only a proc still alive is Lost.
+//! 10. `activeDeadlineSeconds` counts from `startTime`, the first spawn of
+//!     the generation (restarts keep it, a suspended World resets it); past
+//!     it the mesh fails (`DeadlineExceeded`) and its procs are stopped.
+//! 11. `successPolicy`: once it is met (a rank, rank 0, or every selected
+//!     rank exited 0) the mesh is `Succeeded` and its other ranks are
+//!     stopped; a rank of a succeeded mesh that has not succeeded is
+//!     `Stopped` (reason `SuccessPolicyMet`), never a failure, and no failure
+//!     is recorded for it.
+//! 12. With `dependsOn` the mesh spawns nothing until its dependencies are
+//!     met ([`super::deps`]): phase `Pending`, condition `Waiting=True`
+//!     naming them; a failed dependency fails it (`DependencyFailed`). Once
+//!     it has spawned in its generation (`startTime`), they are not read.
 
 use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap};
@@ -66,9 +85,25 @@ use super::incidents::{self, PhaseTime};
 use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay};
 use crate::hub::ProcObs;
 
-/// Exit codes that are permanent failures unless a rule says otherwise
-/// (cannot execute, command not found).
-pub const PERMANENT_EXIT_CODES: &[i32] = &[126, 127];
+/// The ranks of `shape` whose coordinates match every entry of `dims`
+/// (a dimension the shape lacks matches nothing).
+pub fn selected_ranks(
+    shape: &hostmesh_crds::Shape,
+    dims: &std::collections::BTreeMap<String, u32>,
+) -> Vec<Rank> {
+    let Ok(extent) = shape.extent() else {
+        return Vec::new();
+    };
+    (0..extent.num_ranks())
+        .filter(|r| {
+            extent
+                .point(*r)
+                .is_ok_and(|p| dims.iter().all(|(d, c)| p.coord(d) == Some(*c as usize)))
+        })
+        .collect()
+}
+
+pub use super::rules::PERMANENT_EXIT_CODES;
 
 /// Everything the plan is computed from.
 pub struct PlanInput<'a> {
@@ -84,6 +119,9 @@ pub struct PlanInput<'a> {
     pub hosts: Rank,
     /// The full extent (World shape then perHost), for display.
     pub extent: String,
+    /// The same extent as dimensions (`successPolicy.dims`, restart
+    /// scope).
+    pub shape: hostmesh_crds::Shape,
     /// Agents' reports by rank.
     pub states: &'a BTreeMap<Rank, ProcObs>,
     /// Hosts that are gone (Expired, Failed, Terminating, no pod), with
@@ -98,6 +136,11 @@ pub struct PlanInput<'a> {
     /// The wall-clock time the plan is computed at: spawn timeouts and
     /// restart backoff are compared with it.
     pub now: Timestamp,
+    /// Set when the World finished (`Failed`, or `Succeeded`): a mesh that
+    /// has not ended fails with this message (invariant 9).
+    pub world_ended: Option<String>,
+    /// What `dependsOn` lets the mesh do (invariant 12).
+    pub deps: super::deps::Deps,
 }
 
 /// Desired incarnation per rank: a base plus per-rank overrides.
@@ -140,20 +183,6 @@ pub struct Plan {
 
 fn sd(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
-}
-
-/// Whether a failure is worth retrying (invariant 3).
-pub fn retryable(pm: &ProcMesh, s: &RankStatus) -> bool {
-    for rule in &pm.spec.restart_policy.rules {
-        let hit = s.exit_code.is_some_and(|c| rule.exit_codes.contains(&c))
-            || s.signal.is_some_and(|g| rule.signals.contains(&g));
-        if hit {
-            return rule.action == ExitAction::Retry;
-        }
-    }
-    !(s.state == ProcState::Failed
-        && s.exit_code
-            .is_some_and(|c| PERMANENT_EXIT_CODES.contains(&c)))
 }
 
 /// A rank's failure in words: the signal by name, the exit code with what
@@ -209,10 +238,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     if input.world_suspended && !w.was_terminal {
         return w.wait_suspended();
     }
+    if let super::deps::Deps::Waiting(why) = &input.deps
+        && !w.was_terminal
+        && w.start_time.is_none()
+    {
+        return w.wait_for_deps(why);
+    }
     w.settle_incarnations();
     w.start_spawn_clock();
     w.observe_ranks();
-    w.decide_failures();
+    if !w.success_policy_met() {
+        w.decide_failures();
+    }
     let phase = w.phase();
     w.finish(phase)
 }
@@ -232,11 +269,21 @@ struct Working<'i, 'a> {
     restarts: u32,
     last_restart: Option<Time>,
     spawn_time: Option<Time>,
+    /// The first spawn of the generation (invariant 10).
+    start_time: Option<Time>,
     first_failure: Option<FirstFailure>,
     incidents: Vec<Incident>,
     inc: Incarnations,
     ranks: Vec<RankStatus>,
     failure_reason: Option<String>,
+    /// The `Failed` condition's reason with `failure_reason`.
+    failure_kind: String,
+    /// The success policy was met in this pass: why (invariant 11).
+    success: Option<String>,
+    /// Failed ranks a rule ignored (invariant 3).
+    ignored: Rank,
+    /// The rule that fired last.
+    rule_fired: Option<hostmesh_crds::procmesh::RuleFired>,
     progressing: Option<(&'static str, String)>,
     retrying: bool,
     out: Plan,
@@ -268,6 +315,7 @@ impl<'i, 'a> Working<'i, 'a> {
             restarts: if same_gen { prev.restarts } else { 0 },
             last_restart: prev.last_restart_time.clone().filter(|_| same_gen),
             spawn_time: prev.spawn_time.clone(),
+            start_time: prev.start_time.clone().filter(|_| same_gen),
             first_failure: prev.first_failure.clone().filter(|_| same_gen),
             incidents: if same_gen {
                 prev.incidents.clone()
@@ -277,6 +325,10 @@ impl<'i, 'a> Working<'i, 'a> {
             inc: Incarnations::default(),
             ranks: Vec::new(),
             failure_reason: None,
+            failure_kind: "ProcsFailed".into(),
+            success: None,
+            ignored: 0,
+            rule_fired: prev.rule_fired.clone().filter(|_| same_gen),
             progressing: None,
             retrying: false,
             out: Plan::default(),
@@ -364,12 +416,76 @@ impl<'i, 'a> Working<'i, 'a> {
             incarnations: prev.incarnations,
             stopping_since: None,
             spawn_time: None,
+            start_time: None,
+            rule_fired: self.rule_fired,
+        };
+        self.out
+    }
+
+    /// `dependsOn` not met yet (invariant 12): nothing spawned, every rank
+    /// `Pending`, condition `Waiting=True` naming what it waits for.
+    fn wait_for_deps(mut self, why: &str) -> Plan {
+        let input = self.input;
+        let was = conditions::get(&self.prev.conditions, conditions::WAITING)
+            .is_some_and(|c| c.status == "True");
+        if !was {
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Normal,
+                reason: "Waiting",
+                note: why.to_string(),
+            });
+        }
+        let mut conds = self.prev.conditions.clone();
+        let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
+            conditions::set(c, t, s, r, m, self.generation, &self.now_t)
+        };
+        set(
+            &mut conds,
+            conditions::WAITING,
+            true,
+            "DependenciesNotReady",
+            why,
+        );
+        set(&mut conds, READY, false, "Waiting", why);
+        set(&mut conds, PROGRESSING, false, "Waiting", why);
+        set(&mut conds, DEGRADED, false, "NoFailures", "");
+        set(&mut conds, FAILED, false, "NotFailed", "");
+        let ranks: Vec<RankStatus> = (0..self.total).map(|_| RankStatus::default()).collect();
+        let (rank_runs, truncated) = procmesh::rank_runs(ranks);
+        let prev = self.prev;
+        // Dependencies change through their own status: look again now and
+        // then besides the watch.
+        self.out.requeue_after = Some(Duration::from_secs(10));
+        self.out.status = ProcMeshStatus {
+            phase: Some(ProcMeshPhase::Pending),
+            extent: Some(input.extent.clone()),
+            ranks: rank_runs,
+            ranks_truncated: truncated,
+            first_failure: self.first_failure,
+            actor_failures: Vec::new(),
+            incidents: self.incidents,
+            conditions: conds,
+            observed_generation: self.generation,
+            restarts: self.restarts,
+            last_restart_time: self.last_restart,
+            incarnations: prev
+                .incarnations
+                .into_iter()
+                .filter(|_| self.same_gen)
+                .collect(),
+            ..Default::default()
         };
         self.out
     }
 
     /// The spawn clock starts once the World runs.
     fn start_spawn_clock(&mut self) {
+        if matches!(self.input.deps, super::deps::Deps::Failed(_)) && self.start_time.is_none() {
+            return;
+        }
+        if self.world_running && !self.was_terminal {
+            self.start_time.get_or_insert_with(|| self.now_t.clone());
+        }
         if self.spawn_time.is_none() && self.world_running && !self.was_terminal {
             self.spawn_time = Some(self.now_t.clone());
         }
@@ -462,6 +578,13 @@ impl<'i, 'a> Working<'i, 'a> {
             Some(o)
                 if o.incarnation >= want
                     && !o.state.is_failure()
+                    // An ended mesh: only a proc still alive is lost with
+                    // its host (invariant 9).
+                    && (!self.was_terminal
+                        || matches!(
+                            o.state,
+                            ProcState::Starting | ProcState::Running | ProcState::Stopping
+                        ))
                     && input.lost_hosts.contains_key(&o.host) =>
             {
                 RankStatus {
@@ -525,16 +648,37 @@ impl<'i, 'a> Working<'i, 'a> {
     /// The root cause and the collateral failures, then give up or restart
     /// per `restartPolicy` (invariants 2-3, 7).
     fn decide_failures(&mut self) {
-        let failed: Vec<Rank> = (0..self.total)
+        let rules = super::rules::Rules::new(self.input.pm);
+        let mut failed: Vec<Rank> = (0..self.total)
             .filter(|r| self.ranks[*r].state.is_failure())
             .collect();
+        if !self.was_terminal {
+            failed.retain(|r| !self.ignore(*r, &rules));
+        }
         let root = self.find_root_cause(&failed);
         if self.was_terminal {
-            self.failure_reason = (self.prev.phase == Some(ProcMeshPhase::Failed)).then(|| {
-                conditions::get(&self.prev.conditions, FAILED)
-                    .map(|c| c.message.clone())
-                    .unwrap_or_default()
-            });
+            if self.prev.phase == Some(ProcMeshPhase::Failed) {
+                let c = conditions::get(&self.prev.conditions, FAILED);
+                self.failure_reason = Some(c.map(|c| c.message.clone()).unwrap_or_default());
+                if let Some(c) = c.filter(|c| !c.reason.is_empty()) {
+                    self.failure_kind = c.reason.clone();
+                }
+            }
+            return;
+        }
+        if let Some(why) = &self.input.world_ended {
+            self.failure_kind = "WorldFinished".into();
+            self.give_up(why.clone());
+            return;
+        }
+        if let super::deps::Deps::Failed(why) = &self.input.deps
+            && self.start_time.is_none()
+        {
+            self.failure_kind = "DependencyFailed".into();
+            self.give_up(why.clone());
+            return;
+        }
+        if self.deadline_passed() {
             return;
         }
         if failed.is_empty() {
@@ -562,16 +706,38 @@ impl<'i, 'a> Working<'i, 'a> {
                 "; {collateral} collateral (failed after rank {root_rank})"
             ));
         }
-        let permanent = failed.iter().find(|r| !retryable(pm, &self.ranks[**r]));
+        // Root first, then by rank: the first permanent failure or rule
+        // named is the root's when it has one.
+        let mut by_root = failed.clone();
+        by_root.sort_by_key(|r| (root != Some(*r), *r));
+        let decisions: Vec<(Rank, super::rules::Decision)> = by_root
+            .into_iter()
+            .map(|r| (r, rules.decide(&self.ranks[r])))
+            .collect();
+        let permanent = decisions.iter().find(|(_, d)| d.action == ExitAction::Fail);
+        if let Some((r, d)) = permanent
+            .filter(|(_, d)| d.rule.is_some())
+            .or_else(|| decisions.iter().find(|(_, d)| d.rule.is_some()))
+        {
+            let what = describe(*r, &self.ranks[*r], self.program());
+            self.fire(*r, d, &what);
+            summary.push_str(&d.note());
+        }
         // A restart counts once per incident, however many ranks it restarts
-        // (a lost host with 8 procs is one restart, as a gang restart is).
-        let needed = 1;
+        // (a lost host with 8 procs is one restart, as a gang restart is),
+        // and not at all when only `RestartWithoutCounting` rules asked.
+        let needed = u32::from(
+            decisions
+                .iter()
+                .any(|(_, d)| d.action == ExitAction::Restart),
+        );
         if policy.policy == RestartMode::Never {
             self.failure_reason = Some(format!("{summary} (restartPolicy Never)"));
-        } else if let Some(r) = permanent {
+        } else if let Some((r, d)) = permanent {
             self.failure_reason = Some(format!(
-                "{} (permanent failure, not retried)",
-                describe(*r, &self.ranks[*r], self.program())
+                "{} (permanent failure, not retried){}",
+                describe(*r, &self.ranks[*r], self.program()),
+                d.note()
             ));
         } else if self.restarts.saturating_add(needed) > policy.max_restarts {
             self.failure_reason = Some(format!(
@@ -582,16 +748,190 @@ impl<'i, 'a> Working<'i, 'a> {
             self.retrying = true;
             self.restart_after_backoff(&failed, needed, summary);
         }
-        if let Some(why) = &self.failure_reason {
-            let done =
-                incidents::on_decision(&mut self.incidents, IncidentAction::GaveUp, self.input.now);
-            self.out.recovery.extend(done);
-            self.out.events.push(PlannedEvent {
-                severity: Severity::Warning,
-                reason: "GaveUp",
-                note: why.clone(),
-            });
+        if let Some(why) = self.failure_reason.clone() {
+            self.give_up(why);
         }
+    }
+
+    /// A failed rank a rule `Ignore`s is accepted as ended: `Stopped`, no
+    /// failure (invariant 3). Returns whether it was.
+    fn ignore(&mut self, r: Rank, rules: &super::rules::Rules<'_>) -> bool {
+        let d = rules.decide(&self.ranks[r]);
+        if d.action != ExitAction::Ignore {
+            return false;
+        }
+        let what = describe(r, &self.ranks[r], self.program());
+        let before = runs::get(&self.prev.ranks, r)
+            .and_then(|p| p.reason.clone())
+            .unwrap_or_default();
+        let reason = format!("ignored{}: {what}", d.note());
+        if before != reason {
+            self.fire(r, &d, &what);
+        }
+        let s = &self.ranks[r];
+        self.ranks[r] = RankStatus {
+            state: ProcState::Stopped,
+            exit_code: s.exit_code,
+            signal: s.signal,
+            reason: Some(reason),
+            ..Default::default()
+        };
+        self.ignored += 1;
+        true
+    }
+
+    /// Records the rule that fired (kept with its first time while the same
+    /// rule holds the same rank), with an Event the first time.
+    fn fire(&mut self, rank: Rank, d: &super::rules::Decision, what: &str) {
+        let Some(name) = d.rule.clone() else {
+            return;
+        };
+        let action = format!("{:?}", d.action);
+        let same = self
+            .rule_fired
+            .as_ref()
+            .is_some_and(|f| f.name == name && f.rank == rank && f.reason == what);
+        if same {
+            return;
+        }
+        self.out.events.push(PlannedEvent {
+            severity: Severity::Warning,
+            reason: "RuleFired",
+            note: format!("rule {name} ({action}) matched: {what}"),
+        });
+        self.rule_fired = Some(hostmesh_crds::procmesh::RuleFired {
+            name,
+            action,
+            rank,
+            reason: procmesh::head(what, procmesh::MAX_REASON).to_string(),
+            time: self.now_t.clone(),
+        });
+    }
+
+    /// Invariant 10: past `activeDeadlineSeconds` the mesh fails; before,
+    /// look again when it comes. Returns whether it passed.
+    fn deadline_passed(&mut self) -> bool {
+        let (Some(secs), Some(start)) = (
+            self.input.pm.spec.active_deadline_seconds,
+            self.start_time.as_ref(),
+        ) else {
+            return false;
+        };
+        let Ok(at) = start.0.checked_add(SignedDuration::from_secs(secs)) else {
+            return false;
+        };
+        if at > self.input.now {
+            if let Ok(left) = Duration::try_from(at.duration_since(self.input.now)) {
+                let left = left + Duration::from_millis(50);
+                self.out.requeue_after = Some(self.out.requeue_after.map_or(left, |d| d.min(left)));
+            }
+            return false;
+        }
+        self.failure_kind = "DeadlineExceeded".into();
+        self.give_up(format!(
+            "the ProcMesh ran for {secs}s since its first spawn, its activeDeadlineSeconds: its procs are stopped"
+        ));
+        true
+    }
+
+    /// Invariant 11: whether `successPolicy` is met (in this pass, or the
+    /// mesh already succeeded); the ranks that did not succeed are
+    /// stopped, not failed.
+    fn success_policy_met(&mut self) -> bool {
+        use hostmesh_crds::procmesh::SuccessMode;
+        let done = |s: &RankStatus| s.state == ProcState::Succeeded;
+        let already = self.was_terminal && self.prev.phase == Some(ProcMeshPhase::Succeeded);
+        if !already {
+            if self.was_terminal || self.ranks.is_empty() {
+                return false;
+            }
+            let policy = &self.input.pm.spec.success_policy;
+            let why = match policy.mode() {
+                SuccessMode::AllRanks => None,
+                SuccessMode::AnyRank => self
+                    .ranks
+                    .iter()
+                    .position(done)
+                    .map(|r| format!("rank {r} succeeded (successPolicy AnyRank)")),
+                SuccessMode::RankZero => done(&self.ranks[0])
+                    .then(|| "rank 0 succeeded (successPolicy RankZero)".to_string()),
+                SuccessMode::Selected => {
+                    let selected = selected_ranks(&self.input.shape, &policy.dims);
+                    let sel = || selected.iter().filter(|r| **r < self.ranks.len());
+                    (sel().next().is_some() && sel().all(|r| done(&self.ranks[*r]))).then(|| {
+                        let dims: Vec<String> = policy
+                            .dims
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect();
+                        format!(
+                            "the {} ranks with {} succeeded (successPolicy)",
+                            selected.len(),
+                            dims.join(",")
+                        )
+                    })
+                }
+            };
+            let Some(why) = why else {
+                return false;
+            };
+            let others = self.ranks.iter().filter(|s| !done(s)).count();
+            let note = if others == 0 {
+                why.clone()
+            } else {
+                format!("{why}: stopping the {others} other ranks")
+            };
+            self.out.events.push(PlannedEvent {
+                severity: Severity::Normal,
+                reason: "Succeeded",
+                note,
+            });
+            self.success = Some(why);
+        }
+        // A rank the policy stopped stays stopped, even if it exited 0 on
+        // its TERM.
+        let prev_ranks = &self.prev.ranks;
+        let stopped_by_policy = |r: Rank| {
+            already
+                && runs::get(prev_ranks, r)
+                    .is_some_and(|p| p.reason.as_deref() == Some("SuccessPolicyMet"))
+        };
+        for (r, s) in self.ranks.iter_mut().enumerate() {
+            if done(s) && !stopped_by_policy(r) {
+                continue;
+            }
+            let live = matches!(
+                s.state,
+                ProcState::Starting | ProcState::Running | ProcState::Stopping
+            );
+            if live {
+                self.out.stop = true;
+            }
+            *s = RankStatus {
+                state: if live {
+                    ProcState::Stopping
+                } else {
+                    ProcState::Stopped
+                },
+                reason: Some("SuccessPolicyMet".into()),
+                ..Default::default()
+            };
+        }
+        true
+    }
+
+    /// The mesh fails with `why`: the incident is decided as given up and
+    /// an Event says so.
+    fn give_up(&mut self, why: String) {
+        let done =
+            incidents::on_decision(&mut self.incidents, IncidentAction::GaveUp, self.input.now);
+        self.out.recovery.extend(done);
+        self.out.events.push(PlannedEvent {
+            severity: Severity::Warning,
+            reason: "GaveUp",
+            note: why.clone(),
+        });
+        self.failure_reason = Some(why);
     }
 
     /// What is failing now: the failed ranks, and failures a restart has
@@ -720,7 +1060,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// last restart has passed; until then, says when.
     fn restart_after_backoff(&mut self, failed: &[Rank], needed: u32, summary: String) {
         let input = self.input;
-        let delay = if self.restarts == 0 {
+        let delay = if self.restarts == 0 || needed == 0 {
             Duration::ZERO
         } else {
             backoff_delay(
@@ -743,7 +1083,32 @@ impl<'i, 'a> Working<'i, 'a> {
             return;
         }
         let gang = input.pm.spec.restart_policy.policy == RestartMode::Gang;
-        if gang {
+        // `restartPolicy.scope`: the slices the failed ranks belong to.
+        let scope = input.pm.spec.restart_policy.scope.as_deref();
+        let widened = crate::controllers::shared::scope::widen(&input.shape, failed, scope);
+        let failed: &[Rank] = if gang { failed } else { &widened };
+        let summary = match scope {
+            Some(dim) if !gang && widened.len() > 1 => {
+                let mut named: Vec<String> = failed
+                    .iter()
+                    .map(|r| crate::controllers::shared::scope::describe(&input.shape, *r, dim))
+                    .collect();
+                named.dedup();
+                format!(
+                    "{summary}; restarting the ranks of {} (scope {dim})",
+                    named.join("; ")
+                )
+            }
+            _ => summary,
+        };
+        if gang && needed == 0 {
+            // Not counted: every rank's own incarnation moves, the gang
+            // base (the restart count) stays.
+            for r in 0..self.total {
+                let next_inc = self.inc.get(r) + 1;
+                self.inc.per_rank.insert(r, next_inc);
+            }
+        } else if gang {
             self.restarts += 1;
             self.inc.base = self.restarts;
             let restarts = self.restarts;
@@ -773,7 +1138,9 @@ impl<'i, 'a> Working<'i, 'a> {
             self.ranks.iter_mut().for_each(|s| *s = restarting.clone());
         } else {
             for r in failed {
-                self.ranks[*r] = restarting.clone();
+                if let Some(s) = self.ranks.get_mut(*r) {
+                    *s = restarting.clone();
+                }
             }
         }
         self.out.events.push(PlannedEvent {
@@ -798,9 +1165,12 @@ impl<'i, 'a> Working<'i, 'a> {
         let total = self.total;
         if self.failure_reason.is_some() {
             ProcMeshPhase::Failed
-        } else if total > 0 && succeeded == total {
+        } else if self.success.is_some()
+            || (self.was_terminal && self.prev.phase == Some(ProcMeshPhase::Succeeded))
+            || (total > 0 && succeeded == total)
+        {
             ProcMeshPhase::Succeeded
-        } else if total > 0 && running + succeeded == total && running > 0 {
+        } else if total > 0 && running + succeeded + self.ignored == total && running > 0 {
             ProcMeshPhase::Running
         } else if self.spawn_time.is_some() {
             ProcMeshPhase::Spawning
@@ -889,6 +1259,8 @@ impl<'i, 'a> Working<'i, 'a> {
             incarnations,
             stopping_since: None,
             spawn_time: self.spawn_time,
+            start_time: self.start_time,
+            rule_fired: self.rule_fired,
         };
         self.out
     }
@@ -898,7 +1270,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// not trigger us).
     fn schedule_requeue(&mut self, phase: ProcMeshPhase) {
         let now = self.input.now;
-        if phase == ProcMeshPhase::Spawning && self.out.requeue_after.is_none() {
+        if phase == ProcMeshPhase::Spawning {
             // A rank being replaced times out `stopTimeout` after its host.
             let stop = sd(self.input.timings.stop_timeout);
             let left = (0..self.input.hosts)
@@ -906,8 +1278,11 @@ impl<'i, 'a> Working<'i, 'a> {
                 .flat_map(|d| [d, d + stop])
                 .filter(|d| *d > now)
                 .min()
-                .and_then(|d| Duration::try_from(d.duration_since(now)).ok());
-            self.out.requeue_after = left.map(|l| l + Duration::from_millis(100));
+                .and_then(|d| Duration::try_from(d.duration_since(now)).ok())
+                .map(|l| l + Duration::from_millis(100));
+            if let Some(l) = left {
+                self.out.requeue_after = Some(self.out.requeue_after.map_or(l, |d| d.min(l)));
+            }
         }
         if self.world_running
             && !self.was_terminal
@@ -931,11 +1306,14 @@ impl<'i, 'a> Working<'i, 'a> {
         let counts = format!("{running}/{total} running, {succeeded} succeeded, {failed} failed");
         let ready_reason = match phase {
             ProcMeshPhase::Running => "AllProcsRunning",
+            ProcMeshPhase::Succeeded => "Succeeded",
             ProcMeshPhase::Pending if !self.world_running => "WaitingForWorld",
             _ => "ProcsNotRunning",
         };
         let ready_msg = if ready_reason == "WaitingForWorld" {
             format!("World {} is not Running yet", self.input.pm.spec.world)
+        } else if let Some(why) = &self.success {
+            format!("{why}; {counts}")
         } else {
             counts.clone()
         };
@@ -961,8 +1339,17 @@ impl<'i, 'a> Working<'i, 'a> {
             (None, false) => set(&mut conds, DEGRADED, false, "NoFailures", ""),
         }
         match &self.failure_reason {
-            Some(why) => set(&mut conds, FAILED, true, "ProcsFailed", why),
+            Some(why) => set(&mut conds, FAILED, true, &self.failure_kind, why),
             None => set(&mut conds, FAILED, false, "NotFailed", ""),
+        }
+        if !self.input.pm.spec.depends_on.is_empty() && self.start_time.is_some() {
+            set(
+                &mut conds,
+                conditions::WAITING,
+                false,
+                "DependenciesMet",
+                "the dependencies were met",
+            );
         }
         conds
     }

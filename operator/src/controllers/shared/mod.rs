@@ -1,13 +1,15 @@
 //! What the World and ProcMesh controllers share: the reconcile context
 //! and the finalizer-wrapped reconcile ([`context`]), status-write pacing
 //! ([`writes`]), planned Events with the restart backoff ([`events`]), and their
-//! publication, one Event per distinct message ([`recorder`]), and their
-//! watches, each with its own bounded back-off ([`watch`]).
+//! publication, one Event per distinct message ([`recorder`]), failure
+//! scope by a named dimension ([`scope`]), and their watches, each with
+//! its own bounded back-off ([`watch`]).
 //! Neither controller imports the other; both import this.
 
 pub mod context;
 pub mod events;
 pub mod recorder;
+pub mod scope;
 pub mod watch;
 pub mod writes;
 

@@ -70,7 +70,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     let secret_hash = desired::secret_hash(&secret.key);
     let gate = ask_kueue(world, ctx, &hash, observed.left).await?;
     let pod_hash = desired::placed_hash(&hash, gate.placement.as_ref());
-    let critical = super::critical_failure(world, ctx, &ns).await?;
+    let (critical, meshes) = super::meshes_of(world, ctx, &ns).await?;
     let liveness = |r: Rank| hub.liveness(r);
     let expired_since = |r: Rank| hub.expired_since(r);
     let watching_since = |r: Rank| hub.watching_since(r);
@@ -93,6 +93,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         hold: gate.hold,
         admitted: gate.admitted,
         monarch_worker: &monarch_worker,
+        meshes: &meshes,
     });
 
     let stuck_requeue = act_on_stuck_pods(world, &pods_api, &observed.pods, &hub).await?;
@@ -115,7 +116,21 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     }
     ctx.planned_events(world, &plan.events).await;
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
-    let deferred = write_status(world, ctx, status, false).await?;
+    let deferred = write_status(world, ctx, status, plan.urgent).await?;
+    if plan.delete_world {
+        // Plan invariant 9: the TTL after finishing has passed; the
+        // finalizer deletes its ProcMeshes first.
+        info!(world = %name, "ttlSecondsAfterFinished passed: deleting the World");
+        match Api::<World>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Action::await_change());
+    }
     Ok(Action::requeue(requeue_after(
         &plan,
         observed.left,
@@ -539,6 +554,7 @@ fn requeue_after(
     let phase = plan.status.phase;
     let steady = phase == Some(WorldPhase::Running)
         || phase == Some(WorldPhase::Failed)
+        || phase == Some(WorldPhase::Succeeded)
         || (phase == Some(WorldPhase::Suspended) && pods_left == 0);
     let default = if steady {
         Duration::from_secs(60)

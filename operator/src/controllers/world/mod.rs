@@ -28,6 +28,7 @@ pub mod kueue;
 pub mod monarch;
 pub mod observe;
 pub mod plan;
+pub mod rules;
 pub mod secret;
 pub mod topology;
 pub mod worker;
@@ -91,10 +92,14 @@ pub async fn controller(
         .watches_stream(
             watch::objects(meshes, watcher::Config::default()),
             |pm: ProcMesh| {
-                // A critical ProcMesh's failure fails its World.
+                // A critical ProcMesh's failure fails its World; a ProcMesh
+                // that ended or goes may finish it (`finishWhen`).
                 let ns = pm.namespace()?;
-                pm.spec
-                    .critical
+                let ended =
+                    pm.status.as_ref().and_then(|s| s.phase).is_some_and(|p| {
+                        matches!(p, ProcMeshPhase::Succeeded | ProcMeshPhase::Failed)
+                    });
+                (pm.spec.critical || ended || pm.metadata.deletion_timestamp.is_some())
                     .then(|| obj_ref::<World>(&ns, &pm.spec.world))
             },
         )
@@ -196,30 +201,47 @@ async fn ensure_gang_group(
     }
 }
 
-async fn critical_failure(
+/// The ProcMeshes on `world`: whether a critical one failed (its failure
+/// fails the World), and what `finishWhen` reads (plan invariant 9).
+async fn meshes_of(
     world: &World,
     ctx: &ControllerContext,
     ns: &str,
-) -> Result<Option<String>, OperatorError> {
-    let meshes: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), ns);
+) -> Result<(Option<String>, plan::Meshes), OperatorError> {
+    let api: Api<ProcMesh> = Api::namespaced(ctx.client.clone(), ns);
     let name = world.name_any();
-    for pm in meshes.list(&ListParams::default()).await?.items {
+    let mut critical = None;
+    let mut meshes = plan::Meshes::default();
+    for pm in api.list(&ListParams::default()).await?.items {
+        if pm.spec.world != name {
+            continue;
+        }
         let status = pm.status.as_ref();
-        if pm.spec.world == name
-            && pm.spec.critical
-            && status.and_then(|s| s.phase) == Some(ProcMeshPhase::Failed)
-        {
-            let why = status
+        let failed = status.and_then(|s| s.phase) == Some(ProcMeshPhase::Failed);
+        let why = || {
+            status
                 .and_then(|s| conditions::get(&s.conditions, FAILED))
                 .map(|c| c.message.clone())
-                .unwrap_or_default();
-            return Ok(Some(format!(
-                "critical ProcMesh {} failed: {why}",
-                pm.name_any()
-            )));
+                .unwrap_or_default()
+        };
+        if pm.spec.critical && failed && critical.is_none() {
+            critical = Some(format!(
+                "critical ProcMesh {} failed: {}",
+                pm.name_any(),
+                why()
+            ));
+        }
+        if pm.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        meshes.total += 1;
+        match status.and_then(|s| s.phase) {
+            Some(ProcMeshPhase::Succeeded) => meshes.succeeded.push(pm.name_any()),
+            Some(ProcMeshPhase::Failed) => meshes.failed.push((pm.name_any(), why())),
+            _ => {}
         }
     }
-    Ok(None)
+    Ok((critical, meshes))
 }
 
 async fn invalid(

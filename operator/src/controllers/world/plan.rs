@@ -5,8 +5,9 @@
 //! Invariants:
 //! 1. A host that is still starting (unschedulable, pulling its image) is
 //!    reported, never restarted.
-//! 2. A failed host is restarted per `failurePolicy` (one host, or the whole
-//!    gang) after an exponential backoff; beyond `maxRestarts` the World is
+//! 2. A failed host is restarted per `failurePolicy` (one host, the slice
+//!    of its `scope` dimension, or the whole gang) after an exponential
+//!    backoff, one restart per decision however many hosts it recreates; beyond `maxRestarts` the World is
 //!    Failed with the reason, and Failed is kept until the spec changes.
 //! 3. An Expired host is acted on only after it has been Expired for
 //!    `evictionTimeout` (so a host is replaced `healthTimeout +
@@ -20,7 +21,10 @@
 //!    keeps a Ready host Ready until its agent is heard or `healthTimeout`
 //!    has passed, never Degraded or Expired from the pod's age.
 //! 4. Pods whose template hash differs from the desired one are recreated
-//!    (template changes roll); pods are otherwise never patched.
+//!    (template changes roll) per `updatePolicy`: all at once (`Recreate`),
+//!    at most `maxUnavailable` hosts down at a time (`RollingUpdate`), or
+//!    only when next recreated anyway (`OnNextRestart`); those left are
+//!    `status.staleHosts`. Pods are otherwise never patched.
 //! 5. No pod is created for a rank whose previous pod is still terminating
 //!    (one stuck terminating is force-deleted once its agent must have
 //!    fenced: `fencing.rs`).
@@ -36,6 +40,19 @@
 //!    its first start (its first admission) is attempt 0, not a resume.
 //! 8. A host pod mounting another agent token than the Secret's (see its
 //!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart.
+//! 9. A finished World (phase `Succeeded`, or `Failed` in this generation)
+//!    stays finished: nothing is created, suspends and Kueue holds are
+//!    ignored, and its host pods are deleted (a `Failed` one keeps them
+//!    with `keepFailedHosts`). With `finishWhen: ProcMeshesFinished` it
+//!    finishes once it has ProcMeshes and all of them ended
+//!    ([`finish`]); `ttlSecondsAfterFinished` after `finishedAt` the
+//!    World itself is deleted ([`Plan::delete_world`]).
+//! 10. A run starts (`startTime`) at the World's first pass that is not
+//!     suspended, and again after each suspension (resume, admission) and
+//!     after a failure the spec cleared; `activeDeadlineSeconds` after it
+//!     the World fails (`DeadlineExceeded`), as it does after
+//!     `readyDeadlineSeconds` when it was not Ready in time
+//!     (`ReadyDeadlineExceeded`, naming the hosts that were not).
 
 use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
@@ -43,7 +60,10 @@ use std::time::Duration;
 
 use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY, SUSPENDED};
 use hostmesh_crds::validate::WorldTimings;
-use hostmesh_crds::world::{FailureAction, HostState, HostStatus, WorldPhase, WorldStatus};
+use hostmesh_crds::world::{
+    FailureAction, HostAction, HostState, HostStatus, UpdatePolicy, UpdateType, WorldPhase,
+    WorldStatus,
+};
 use hostmesh_crds::{World, runs};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -96,6 +116,20 @@ pub struct PlanInput<'a> {
     /// Each rank's Monarch worker as its agent last reported it (a World
     /// with `spec.monarch`; see [`super::worker`]).
     pub monarch_worker: &'a dyn Fn(Rank) -> Option<ProcReport>,
+    /// The ProcMeshes on the World (`finishWhen`, invariant 9).
+    pub meshes: &'a Meshes,
+}
+
+/// The ProcMeshes on a World, as `finishWhen: ProcMeshesFinished` reads
+/// them (those being deleted left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Meshes {
+    /// How many there are.
+    pub total: usize,
+    /// The names of those that succeeded.
+    pub succeeded: Vec<String>,
+    /// Those that failed, with the message of their `Failed` condition.
+    pub failed: Vec<(String, String)>,
 }
 
 /// Why the World is held suspended though `spec.suspend` is false.
@@ -126,6 +160,28 @@ pub struct Plan {
     pub status: WorldStatus,
     /// Reconcile again after this long (backoff, eviction timeout).
     pub requeue_after: Option<Duration>,
+    /// `ttlSecondsAfterFinished` has passed: delete the World (invariant 9).
+    pub delete_world: bool,
+    /// Write the status at once: it records hosts this pass deletes as
+    /// `Terminating`, which tells a later pass that the operator deleted
+    /// them (a rule on `Deleted` pods must not take them for someone
+    /// else's deletion).
+    pub urgent: bool,
+}
+
+/// `updatePolicy.maxUnavailable` as a number of hosts of `n`: a number, or
+/// a percentage rounded down; at least 1 (default 1).
+pub fn max_unavailable(policy: &UpdatePolicy, n: Rank) -> Rank {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let v = match &policy.max_unavailable {
+        None => 1,
+        Some(IntOrString::Int(i)) => usize::try_from(*i).unwrap_or(1),
+        Some(IntOrString::String(p)) => p
+            .strip_suffix('%')
+            .and_then(|x| x.parse::<usize>().ok())
+            .map_or(1, |pct| n.saturating_mul(pct) / 100),
+    };
+    v.max(1)
 }
 
 fn sd(d: Duration) -> SignedDuration {
@@ -160,6 +216,14 @@ fn ready_since(pod: &Pod) -> Option<Timestamp> {
 /// derive the phase, the conditions and the status.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::new(input);
+    // Invariant 9: what finished stays finished.
+    if w.was_succeeded {
+        return w.ended(WorldPhase::Succeeded);
+    }
+    if w.was_failed {
+        w.carry_failure();
+        return w.ended(WorldPhase::Failed);
+    }
     if input.world.spec.suspend {
         return w.suspend("SpecSuspended", "spec.suspend is true", true);
     }
@@ -171,15 +235,26 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     w.resume();
     w.announce_expired();
     w.carry_failure();
-    if w.failure_reason.is_none() {
+    if w.failure.is_none() {
+        w.meshes_finished();
+    }
+    if w.failure.is_none() && !w.succeeded {
+        w.deadlines();
+    }
+    if w.failure.is_none() && !w.succeeded {
         w.act_on_failed_hosts();
     }
-    if w.failure_reason.is_none() {
+    if w.failure.is_none() && !w.succeeded {
         w.roll_and_create();
     }
     let phase = w.phase();
+    if matches!(phase, WorldPhase::Succeeded | WorldPhase::Failed) {
+        return w.ended(phase);
+    }
     w.finish(phase)
 }
+
+mod finish;
 
 /// The plan being computed: what the phases of [`plan`] read and write.
 struct Working<'i, 'a> {
@@ -191,6 +266,17 @@ struct Working<'i, 'a> {
     n: Rank,
     /// The World already failed in this generation.
     was_failed: bool,
+    /// The World already succeeded (final, whatever the generation).
+    was_succeeded: bool,
+    /// Every ProcMesh succeeded in this pass (`finishWhen`).
+    succeeded: bool,
+    /// The failure rule that fired last.
+    rule_fired: Option<hostmesh_crds::procmesh::RuleFired>,
+    /// Host pods left on an older template (`updatePolicy`).
+    stale: Rank,
+    /// When the current run started and was first Ready (invariant 10).
+    start_time: Option<Time>,
+    ready_time: Option<Time>,
     /// The World was up (Running or Degraded) in this generation: a host
     /// that is not Ready now is a loss being recovered, not a creation.
     was_up: bool,
@@ -200,7 +286,8 @@ struct Working<'i, 'a> {
     hosts: Vec<HostStatus>,
     /// Hosts Expired without ever heartbeating, and since when (invariant 3).
     silent: BTreeMap<Rank, Timestamp>,
-    failure_reason: Option<String>,
+    /// The World fails: the `Failed` condition's reason and message.
+    failure: Option<(String, String)>,
     progressing: Option<(&'static str, String)>,
     waiting_backoff: bool,
     out: Plan,
@@ -221,6 +308,10 @@ impl<'i, 'a> Working<'i, 'a> {
             || world.spec.suspend
             || input.hold.is_some()
             || prev.phase == Some(WorldPhase::Suspended);
+        // Invariant 10: a resume, or a new run after a failure the spec
+        // cleared, starts the clocks again.
+        let same_run = prev.phase != Some(WorldPhase::Suspended)
+            && (same_gen || prev.phase != Some(WorldPhase::Failed));
         let hosts = (0..n)
             .map(|r| {
                 let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
@@ -266,6 +357,12 @@ impl<'i, 'a> Working<'i, 'a> {
             now_t: Time(input.now),
             n,
             was_failed: same_gen && prev.phase == Some(WorldPhase::Failed),
+            was_succeeded: prev.phase == Some(WorldPhase::Succeeded),
+            succeeded: false,
+            rule_fired: prev.rule_fired.clone().filter(|_| carry),
+            stale: 0,
+            start_time: prev.start_time.clone().filter(|_| same_run),
+            ready_time: prev.ready_time.clone().filter(|_| same_run),
             was_up: same_gen
                 && matches!(prev.phase, Some(WorldPhase::Running | WorldPhase::Degraded)),
             restarts: if carry { prev.restarts } else { 0 },
@@ -273,7 +370,7 @@ impl<'i, 'a> Working<'i, 'a> {
             attempt: prev.attempt,
             hosts,
             silent: BTreeMap::new(),
-            failure_reason: None,
+            failure: None,
             progressing: None,
             waiting_backoff: false,
             out: Plan {
@@ -332,6 +429,7 @@ impl<'i, 'a> Working<'i, 'a> {
             set(&mut conds, FAILED, false, "NotFailed", "");
         }
         let n = self.n;
+        self.mark_deleting();
         let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
         self.out.status = WorldStatus {
             phase: Some(WorldPhase::Suspended),
@@ -347,6 +445,11 @@ impl<'i, 'a> Working<'i, 'a> {
             degraded_since: None,
             attempt: self.attempt,
             first_failure: self.prev.first_failure.clone(),
+            finished_at: None,
+            start_time: None,
+            ready_time: None,
+            rule_fired: self.rule_fired,
+            stale_hosts: 0,
         };
         self.out
     }
@@ -501,16 +604,17 @@ impl<'i, 'a> Working<'i, 'a> {
     /// failure fails the World.
     fn carry_failure(&mut self) {
         if self.was_failed {
-            self.failure_reason =
-                conditions::get(&self.prev.conditions, FAILED).map(|c| c.message.clone());
+            self.failure = conditions::get(&self.prev.conditions, FAILED)
+                .map(|c| (c.reason.clone(), c.message.clone()));
         }
         if let Some(why) = &self.input.critical_failure {
-            if self.failure_reason.is_none() {
+            if self.failure.is_none() {
                 self.out
                     .events
                     .push(event(Severity::Warning, "WorldFailed", why.clone()));
             }
-            self.failure_reason.get_or_insert_with(|| why.clone());
+            self.failure
+                .get_or_insert_with(|| ("CriticalProcMeshFailed".into(), why.clone()));
         }
     }
 
@@ -532,7 +636,10 @@ impl<'i, 'a> Working<'i, 'a> {
             }
         }
         act_on.sort_unstable();
-        if act_on.is_empty() {
+        // `failurePolicy.rules` (rules.rs): each host's verdict; a rule may
+        // also act on hosts still starting or whose pod is going.
+        let (act_on, counted) = self.apply_rules(act_on);
+        if act_on.is_empty() || self.failure.is_some() {
             return;
         }
         let describe = act_on
@@ -549,15 +656,15 @@ impl<'i, 'a> Working<'i, 'a> {
             .collect::<Vec<_>>()
             .join(", ");
         let fp = &input.world.spec.failure_policy;
-        if self.restarts >= fp.max_restarts {
+        if counted && self.restarts >= fp.max_restarts {
             let why = format!("{describe}; restart limit {} reached", fp.max_restarts);
             self.out
                 .events
                 .push(event(Severity::Warning, "GaveUp", why.clone()));
-            self.failure_reason = Some(why);
+            self.failure = Some(("RestartLimitReached".into(), why));
             return;
         }
-        let delay = if self.restarts == 0 {
+        let delay = if self.restarts == 0 || !counted {
             Duration::ZERO
         } else {
             backoff_delay(
@@ -569,6 +676,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let next = self
             .last_restart
             .as_ref()
+            .filter(|_| counted)
             .map_or(input.now, |t| t.0 + sd(delay));
         if next > input.now {
             self.waiting_backoff = true;
@@ -580,14 +688,31 @@ impl<'i, 'a> Working<'i, 'a> {
             ));
             return;
         }
-        self.restarts += 1;
-        self.last_restart = Some(self.now_t.clone());
+        if counted {
+            self.restarts += 1;
+            self.last_restart = Some(self.now_t.clone());
+        }
+        let shape = input.world.spec.full_shape();
+        let scope = fp.scope.as_deref();
         let victims: Vec<Rank> = match fp.action {
-            FailureAction::ReplaceHost => act_on,
+            FailureAction::ReplaceHost => {
+                crate::controllers::shared::scope::widen(&shape, &act_on, scope)
+            }
             FailureAction::RecreateGang => {
                 self.attempt += 1;
                 (0..self.n).collect()
             }
+        };
+        let slices: Vec<String> = match scope {
+            Some(dim) if fp.action == FailureAction::ReplaceHost => {
+                let mut named: Vec<String> = act_on
+                    .iter()
+                    .map(|r| crate::controllers::shared::scope::describe(&shape, *r, dim))
+                    .collect();
+                named.dedup();
+                named
+            }
+            _ => Vec::new(),
         };
         for r in victims {
             if let Some(p) = input.pods.get(&r)
@@ -601,18 +726,197 @@ impl<'i, 'a> Working<'i, 'a> {
             }
         }
         let what = match fp.action {
-            FailureAction::ReplaceHost => "replacing the failed hosts",
-            FailureAction::RecreateGang => "recreating the whole World",
+            FailureAction::ReplaceHost if !slices.is_empty() => format!(
+                "recreating the hosts of {} (scope {})",
+                slices.join("; "),
+                scope.unwrap_or_default()
+            ),
+            FailureAction::ReplaceHost => "replacing the failed hosts".to_string(),
+            FailureAction::RecreateGang => "recreating the whole World".to_string(),
         };
         self.out.events.push(event(
             Severity::Warning,
             "HostFailed",
-            format!(
-                "{describe}; {what} (restart {} of {})",
-                self.restarts, fp.max_restarts
-            ),
+            if counted {
+                format!(
+                    "{describe}; {what} (restart {} of {})",
+                    self.restarts, fp.max_restarts
+                )
+            } else {
+                format!(
+                    "{describe}; {what} (not counted: {} of {} so far)",
+                    self.restarts, fp.max_restarts
+                )
+            },
         ));
         self.progressing = Some(("Restarting", format!("{describe}; {what}")));
+    }
+
+    /// `failurePolicy.rules` over the hosts to act on (failed, or expired
+    /// past `evictionTimeout`) and, when a rule may act on them, hosts
+    /// still unschedulable or whose pod someone else is deleting. Returns
+    /// the hosts to restart and whether the restart counts (a host no rule
+    /// matched, or a `Restart` rule); a `FailWorld` rule fails the World,
+    /// an `Ignore` leaves the host be. The rule that fired goes to
+    /// `status.ruleFired` and an Event.
+    fn apply_rules(&mut self, act_on: Vec<Rank>) -> (Vec<Rank>, bool) {
+        let input = self.input;
+        let rules = super::rules::HostRules::new(input.world);
+        if rules.is_empty() {
+            let counted = !act_on.is_empty();
+            return (act_on, counted);
+        }
+        let watch_going = [
+            hostmesh_crds::world::HostReason::Deleted,
+            hostmesh_crds::world::HostReason::Preempted,
+            hostmesh_crds::world::HostReason::NodeLost,
+        ]
+        .into_iter()
+        .any(|r| rules.watches(r));
+        let watch_unschedulable = rules.watches(hostmesh_crds::world::HostReason::Unschedulable);
+        let mut candidates = act_on.clone();
+        for r in 0..self.n {
+            let h = &self.hosts[r];
+            let going =
+                watch_going && h.state == HostState::Terminating && self.going_by_someone_else(r);
+            let starting = watch_unschedulable && h.state == HostState::Starting;
+            if (going || starting) && !candidates.contains(&r) {
+                candidates.push(r);
+            }
+        }
+        candidates.sort_unstable();
+        let mut restart = Vec::new();
+        let mut counted = false;
+        for r in candidates {
+            let facts = super::rules::HostFacts {
+                host: &self.hosts[r],
+                pod: input.pods.get(&r),
+                deleted: self.hosts[r].state == HostState::Terminating
+                    && self.going_by_someone_else(r),
+            };
+            let decision = rules.decide(&facts, input.now);
+            let unschedulable_since =
+                super::rules::reasons(&facts)
+                    .into_iter()
+                    .find_map(|(why, since)| {
+                        (why == hostmesh_crds::world::HostReason::Unschedulable)
+                            .then_some(since)
+                            .flatten()
+                    });
+            let deleted = facts.deleted;
+            if decision.is_none()
+                && let Some(due) = unschedulable_since.and_then(|t| rules.unschedulable_due(t))
+                && due > input.now
+                && let Ok(left) = Duration::try_from(due.duration_since(input.now))
+            {
+                self.requeue_within(left);
+            }
+            let what = {
+                let h = &self.hosts[r];
+                format!(
+                    "host {r} {:?} ({})",
+                    h.state,
+                    h.reason
+                        .as_deref()
+                        .unwrap_or(if deleted { "Deleted" } else { "no reason" })
+                )
+            };
+            match decision {
+                None if act_on.contains(&r) => {
+                    restart.push(r);
+                    counted = true;
+                }
+                None => {}
+                Some(d) => {
+                    self.fire(r, &d, &what);
+                    match d.action {
+                        HostAction::Restart => {
+                            restart.push(r);
+                            counted = true;
+                        }
+                        HostAction::RestartWithoutCounting => restart.push(r),
+                        HostAction::Ignore => {}
+                        HostAction::FailWorld => {
+                            if self.failure.is_none() {
+                                let why = format!("{what}{}", d.note());
+                                self.out.events.push(event(
+                                    Severity::Warning,
+                                    "WorldFailed",
+                                    why.clone(),
+                                ));
+                                self.failure = Some(("FailurePolicyRule".into(), why));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // A pod already going is not deleted again: only counted, once.
+        (restart, counted)
+    }
+
+    /// With a rule on pods that go (`Deleted`, `Preempted`, `NodeLost`):
+    /// the hosts whose pods this pass deletes are recorded `Terminating`
+    /// at once, urgently ([`Plan::urgent`]), so a later pass knows the
+    /// operator deleted them.
+    fn mark_deleting(&mut self) {
+        let watched = self.input.world.spec.failure_policy.rules.iter().any(|r| {
+            r.reasons.iter().any(|why| {
+                matches!(
+                    why,
+                    hostmesh_crds::world::HostReason::Deleted
+                        | hostmesh_crds::world::HostReason::Preempted
+                        | hostmesh_crds::world::HostReason::NodeLost
+                )
+            })
+        });
+        if !watched || self.out.delete.is_empty() {
+            return;
+        }
+        for (r, p) in self.input.pods {
+            if p.metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| self.out.delete.contains(n))
+                && let Some(h) = self.hosts.get_mut(*r)
+            {
+                h.state = HostState::Terminating;
+                self.out.urgent = true;
+            }
+        }
+    }
+
+    /// Host `r`'s pod is being deleted and the operator did not do it: its
+    /// recorded state was not `Terminating` (the operator records the hosts
+    /// it deletes as `Terminating` in the same pass, see [`Plan::urgent`]).
+    fn going_by_someone_else(&self, r: Rank) -> bool {
+        runs::get(&self.prev.hosts, r)
+            .is_some_and(|p| !matches!(p.state, HostState::Terminating | HostState::Pending))
+    }
+
+    /// Records the rule that fired (kept with its first time while the same
+    /// rule holds the same host), with an Event the first time.
+    fn fire(&mut self, rank: Rank, d: &super::rules::Decision, what: &str) {
+        let action = format!("{:?}", d.action);
+        let same = self
+            .rule_fired
+            .as_ref()
+            .is_some_and(|f| f.name == d.rule && f.rank == rank && f.reason == what);
+        if same {
+            return;
+        }
+        self.out.events.push(event(
+            Severity::Warning,
+            "RuleFired",
+            format!("rule {} ({action}) matched: {what}", d.rule),
+        ));
+        self.rule_fired = Some(hostmesh_crds::procmesh::RuleFired {
+            name: d.rule.clone(),
+            action,
+            rank,
+            reason: what.to_string(),
+            time: self.now_t.clone(),
+        });
     }
 
     fn requeue_within(&mut self, left: Duration) {
@@ -623,7 +927,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// restart waits out its backoff).
     fn roll_and_create(&mut self) {
         let input = self.input;
-        let mut rolled = 0;
+        let mut stale: Vec<(Rank, &String)> = Vec::new();
         for (rank, p) in input.pods.iter() {
             let hash = p
                 .metadata
@@ -636,8 +940,60 @@ impl<'i, 'a> Working<'i, 'a> {
                 && !self.out.delete.contains(name)
                 && *rank < self.n
             {
-                self.out.delete.push(name.clone());
-                rolled += 1;
+                stale.push((*rank, name));
+            }
+        }
+        // Invariant 4, per `updatePolicy`.
+        let policy = &input.world.spec.update_policy;
+        let roll: Vec<(Rank, &String)> = match policy.type_ {
+            UpdateType::Recreate => stale.clone(),
+            UpdateType::OnNextRestart => Vec::new(),
+            UpdateType::RollingUpdate => {
+                let budget = max_unavailable(policy, self.n);
+                let down = self
+                    .hosts
+                    .iter()
+                    .filter(|h| h.state != HostState::Ready)
+                    .count()
+                    + self.out.delete.len();
+                // Stale hosts already down go first: recreating them takes
+                // nothing more down; then Ready ones while the budget lasts.
+                let (down_stale, up_stale): (Vec<_>, Vec<_>) = stale
+                    .iter()
+                    .copied()
+                    .partition(|(r, _)| self.hosts[*r].state != HostState::Ready);
+                let room = budget.saturating_sub(down);
+                down_stale
+                    .into_iter()
+                    .chain(up_stale.into_iter().take(room))
+                    .collect()
+            }
+        };
+        self.stale = stale.len() - roll.len();
+        let rolled = roll.len();
+        for (_, name) in roll {
+            self.out.delete.push(name.clone());
+        }
+        if self.stale > 0 {
+            let was = self.prev.stale_hosts;
+            let note = match policy.type_ {
+                UpdateType::OnNextRestart => format!(
+                    "{} host pods run an older template; each takes the new one when it is next recreated (updatePolicy OnNextRestart)",
+                    self.stale
+                ),
+                _ => format!(
+                    "{} host pods left to recreate with the new template (updatePolicy RollingUpdate)",
+                    self.stale
+                ),
+            };
+            if was == 0 && policy.type_ == UpdateType::OnNextRestart {
+                self.out
+                    .events
+                    .push(event(Severity::Normal, "TemplateChanged", note.clone()));
+            }
+            if policy.type_ == UpdateType::RollingUpdate {
+                self.progressing.get_or_insert(("RollingUpdate", note));
+                self.requeue_within(Duration::from_secs(1));
             }
         }
         if rolled > 0 {
@@ -671,8 +1027,10 @@ impl<'i, 'a> Working<'i, 'a> {
 
     /// The World's phase from its hosts and the decision.
     fn phase(&self) -> WorldPhase {
-        if self.failure_reason.is_some() {
+        if self.failure.is_some() {
             WorldPhase::Failed
+        } else if self.succeeded {
+            WorldPhase::Succeeded
         } else if self.troubled() || self.recovering() {
             WorldPhase::Degraded
         } else if self.ready() == self.n {
@@ -703,6 +1061,7 @@ impl<'i, 'a> Working<'i, 'a> {
         };
         let conds = self.conditions(phase);
         let first_failure = self.first_failure();
+        self.mark_deleting();
         let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
         self.out.status = WorldStatus {
             phase: Some(phase),
@@ -718,6 +1077,11 @@ impl<'i, 'a> Working<'i, 'a> {
             degraded_since,
             attempt: self.attempt,
             first_failure,
+            finished_at: None,
+            start_time: self.start_time,
+            ready_time: self.ready_time,
+            rule_fired: self.rule_fired,
+            stale_hosts: self.stale,
         };
         self.out
     }
@@ -877,18 +1241,8 @@ impl<'i, 'a> Working<'i, 'a> {
         } else {
             set(&mut conds, DEGRADED, false, "AllHostsHealthy", "");
         }
-        match &self.failure_reason {
-            Some(why) => set(
-                &mut conds,
-                FAILED,
-                true,
-                if self.input.critical_failure.is_some() {
-                    "CriticalProcMeshFailed"
-                } else {
-                    "RestartLimitReached"
-                },
-                why,
-            ),
+        match &self.failure {
+            Some((reason, why)) => set(&mut conds, FAILED, true, reason, why),
             None => set(&mut conds, FAILED, false, "NotFailed", ""),
         }
         if conditions::get(&conds, SUSPENDED).is_some() {

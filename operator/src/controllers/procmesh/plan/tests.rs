@@ -70,11 +70,17 @@ fn run_reported(
         world_suspended: world == Some(WorldPhase::Suspended),
         hosts: 2,
         extent: "host=2,gpu=2".into(),
+        shape: hostmesh_crds::Shape::new(vec![
+            hostmesh_crds::Dim::new("host", 2),
+            hostmesh_crds::Dim::new("gpu", 2),
+        ]),
         states,
         lost_hosts,
         reported,
         last_heard: &BTreeMap::new(),
         now: Timestamp::from_second(now).unwrap(),
+        world_ended: None,
+        deps: Default::default(),
     })
 }
 
@@ -517,11 +523,17 @@ fn run_ms(pm: &ProcMesh, states: &BTreeMap<Rank, ProcObs>, now_ms: i64) -> Plan 
         world_suspended: false,
         hosts: 2,
         extent: "host=2,gpu=2".into(),
+        shape: hostmesh_crds::Shape::new(vec![
+            hostmesh_crds::Dim::new("host", 2),
+            hostmesh_crds::Dim::new("gpu", 2),
+        ]),
         states,
         lost_hosts: &BTreeMap::new(),
         reported: &reported,
         last_heard: &BTreeMap::new(),
         now: Timestamp::from_millisecond(now_ms).unwrap(),
+        world_ended: None,
+        deps: Default::default(),
     })
 }
 
@@ -708,11 +720,17 @@ fn a_lost_host_is_the_root_of_the_exits_that_followed_it() {
         world_suspended: false,
         hosts: 2,
         extent: "host=2,gpu=2".into(),
+        shape: hostmesh_crds::Shape::new(vec![
+            hostmesh_crds::Dim::new("host", 2),
+            hostmesh_crds::Dim::new("gpu", 2),
+        ]),
         states: &states,
         lost_hosts: &lost,
         reported: &reported,
         last_heard: &heard,
         now: Timestamp::from_millisecond(t + 10_000).unwrap(),
+        world_ended: None,
+        deps: Default::default(),
     });
     let s = &p.status;
     let ff = s.first_failure.as_ref().unwrap();
@@ -837,4 +855,339 @@ fn status_stays_small_whatever_the_agent_reports() {
     );
     let size = serde_json::to_vec(&p.status).unwrap().len();
     assert!(size < 16 * 1024, "{size} bytes of status");
+}
+
+#[test]
+fn a_succeeded_mesh_stays_succeeded_when_its_world_s_hosts_go() {
+    let mut pm = small("");
+    let mut states = all(2, 2, ProcState::Succeeded, 0);
+    let p = run(&pm, RUNNING, &states, 1);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    pm.status = Some(p.status);
+    // The World finished and deletes its hosts: reports still held for a
+    // terminating host are not Lost, and neither are ranks with none.
+    let lost = BTreeMap::from([(0, HostState::Terminating), (1, HostState::Pending)]);
+    states.retain(|r, _| *r < 2);
+    let world_done = Some("World w has finished (Succeeded)".to_string());
+    let p = plan(&PlanInput {
+        world_ended: world_done,
+        ..input_for(&pm, Some(WorldPhase::Succeeded), &states, &lost, 5)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert_eq!(p.status.failed, 0);
+    assert_eq!(p.status.succeeded, 4);
+    assert!(!p.stop && p.spawn.is_none());
+}
+
+#[test]
+fn a_mesh_on_a_world_that_failed_fails_and_stops_its_procs() {
+    let pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let states = all(2, 2, ProcState::Running, 0);
+    let why = Some("World w failed: DeadlineExceeded".to_string());
+    let p = plan(&PlanInput {
+        world_ended: why,
+        ..input_for(&pm, Some(WorldPhase::Failed), &states, &BTreeMap::new(), 5)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(p.stop, "its procs are stopped");
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "WorldFinished");
+    assert!(
+        failed.message.contains("DeadlineExceeded"),
+        "{}",
+        failed.message
+    );
+    assert_eq!(p.status.restarts, 0);
+}
+
+/// A plan input of `pm` on a 2-host World whose agents reported long ago.
+fn input_for<'a>(
+    pm: &'a ProcMesh,
+    world: Option<WorldPhase>,
+    states: &'a BTreeMap<Rank, ProcObs>,
+    lost_hosts: &'a BTreeMap<Rank, HostState>,
+    now: i64,
+) -> PlanInput<'a> {
+    static REPORTED: std::sync::LazyLock<BTreeMap<Rank, Timestamp>> =
+        std::sync::LazyLock::new(|| (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect());
+    static NONE: BTreeMap<Rank, Timestamp> = BTreeMap::new();
+    PlanInput {
+        pm,
+        timings: timings(pm),
+        world_phase: world,
+        world_suspended: world == Some(WorldPhase::Suspended),
+        hosts: 2,
+        extent: "host=2,gpu=2".into(),
+        shape: hostmesh_crds::Shape::new(vec![
+            hostmesh_crds::Dim::new("host", 2),
+            hostmesh_crds::Dim::new("gpu", 2),
+        ]),
+        states,
+        lost_hosts,
+        reported: &REPORTED,
+        last_heard: &NONE,
+        now: Timestamp::from_second(now).unwrap(),
+        world_ended: None,
+        deps: Default::default(),
+    }
+}
+
+#[test]
+fn a_mesh_past_its_active_deadline_fails_and_stops_its_procs() {
+    let mut pm = small(", activeDeadlineSeconds: 30, restartPolicy: {policy: OnFailure}");
+    let p = run(&pm, RUNNING, &BTreeMap::new(), 100);
+    assert_eq!(
+        p.status.start_time,
+        Some(Time(Timestamp::from_second(100).unwrap()))
+    );
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(30_050)));
+    pm.status = Some(p.status);
+    // A restart keeps the clock.
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.get_mut(&1).unwrap().state = ProcState::Failed;
+    states.get_mut(&1).unwrap().exit_code = Some(1);
+    let p = run(&pm, RUNNING, &states, 110);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(
+        p.status.start_time,
+        Some(Time(Timestamp::from_second(100).unwrap()))
+    );
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 130);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(p.stop);
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "DeadlineExceeded");
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Stopped, 0), 131);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert_eq!(
+        conditions::get(&p.status.conditions, FAILED)
+            .unwrap()
+            .reason,
+        "DeadlineExceeded",
+        "the reason is kept"
+    );
+    assert!(!p.stop);
+}
+
+#[test]
+fn rank_zero_success_stops_the_others_without_counting_failures() {
+    let mut pm = small(", successPolicy: {policy: RankZero}, restartPolicy: {policy: OnFailure}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.get_mut(&0).unwrap().state = ProcState::Succeeded;
+    states.get_mut(&0).unwrap().exit_code = Some(0);
+    let p = run(&pm, RUNNING, &states, 10);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert!(p.stop, "the other ranks are stopped");
+    assert!(p.spawn.is_none());
+    assert_eq!((p.status.succeeded, p.status.failed), (1, 0));
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Stopping);
+    assert_eq!(
+        p.status.ranks[1].value.reason.as_deref(),
+        Some("SuccessPolicyMet")
+    );
+    assert_eq!(p.events[0].reason, "Succeeded");
+    assert!(
+        p.events[0].note.contains("stopping the 3 other ranks"),
+        "{}",
+        p.events[0].note
+    );
+    pm.status = Some(p.status);
+    // Their ends come in, however they ended: stopped, never failures.
+    let mut ended = states.clone();
+    // (exit 0 on TERM is still a stop, not a success)
+    ended.get_mut(&1).unwrap().state = ProcState::Succeeded;
+    ended.get_mut(&1).unwrap().exit_code = Some(0);
+    ended.get_mut(&2).unwrap().state = ProcState::Killed;
+    ended.get_mut(&2).unwrap().signal = Some(15);
+    ended.get_mut(&3).unwrap().state = ProcState::Failed;
+    ended.get_mut(&3).unwrap().exit_code = Some(143);
+    let p = run(&pm, RUNNING, &ended, 11);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert_eq!(
+        (p.status.succeeded, p.status.failed, p.status.running),
+        (1, 0, 0)
+    );
+    assert!(p.status.first_failure.is_none());
+    assert_eq!(p.status.restarts, 0);
+    assert_eq!(p.status.ranks.len(), 2, "rank 0, then 1-3 Stopped");
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Stopped);
+    assert!(!p.stop);
+}
+
+#[test]
+fn any_rank_and_selected_ranks_success_policies() {
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.get_mut(&3).unwrap().state = ProcState::Succeeded;
+    let any = small(", successPolicy: {policy: AnyRank}");
+    let p = run(&any, RUNNING, &states, 10);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert!(
+        p.events[0].note.starts_with("rank 3 succeeded"),
+        "{}",
+        p.events[0].note
+    );
+    // {host: 1} selects ranks 2 and 3: rank 3 alone is not enough.
+    let sel = small(", successPolicy: {dims: {host: 1}}");
+    let p = run(&sel, RUNNING, &states, 10);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    states.get_mut(&2).unwrap().state = ProcState::Succeeded;
+    let p = run(&sel, RUNNING, &states, 11);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Succeeded));
+    assert!(
+        p.events[0]
+            .note
+            .contains("the 2 ranks with host=1 succeeded"),
+        "{}",
+        p.events[0].note
+    );
+    assert_eq!(p.status.ranks[0].value.state, ProcState::Stopping);
+    // The default waits for every rank.
+    let p = run(&small(""), RUNNING, &states, 11);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+}
+
+#[test]
+fn selected_ranks_follow_the_extent() {
+    let shape = hostmesh_crds::Shape::new(vec![
+        hostmesh_crds::Dim::new("replica", 2),
+        hostmesh_crds::Dim::new("host", 2),
+        hostmesh_crds::Dim::new("gpu", 2),
+    ]);
+    let dims = |kv: &[(&str, u32)]| kv.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    assert_eq!(
+        selected_ranks(&shape, &dims(&[("replica", 1)])),
+        [4, 5, 6, 7]
+    );
+    assert_eq!(
+        selected_ranks(&shape, &dims(&[("host", 0), ("gpu", 1)])),
+        [1, 5]
+    );
+    assert!(selected_ranks(&shape, &dims(&[("node", 0)])).is_empty());
+}
+
+#[test]
+fn depends_on_waits_then_spawns_and_a_failed_dependency_fails_it() {
+    use crate::controllers::procmesh::deps::Deps;
+    let mut pm = small(", dependsOn: [{name: fetch}]");
+    let waiting =
+        Deps::Waiting("waiting for ProcMesh fetch to be Succeeded (it is Running)".into());
+    let p = plan(&PlanInput {
+        deps: waiting.clone(),
+        ..input_for(&pm, RUNNING, &BTreeMap::new(), &BTreeMap::new(), 10)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+    assert!(p.spawn.is_none());
+    let c = conditions::get(&p.status.conditions, conditions::WAITING).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "DependenciesNotReady")
+    );
+    assert!(c.message.contains("ProcMesh fetch"), "{}", c.message);
+    assert_eq!(p.events[0].reason, "Waiting");
+    pm.status = Some(p.status);
+    let p = plan(&PlanInput {
+        deps: Deps::Met,
+        ..input_for(&pm, RUNNING, &BTreeMap::new(), &BTreeMap::new(), 11)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    assert!(p.spawn.is_some());
+    let c = conditions::get(&p.status.conditions, conditions::WAITING).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "DependenciesMet")
+    );
+    // Once spawned, a dependency's later state does not matter.
+    pm.status = Some(p.status);
+    let p = plan(&PlanInput {
+        deps: waiting,
+        ..input_for(&pm, RUNNING, &BTreeMap::new(), &BTreeMap::new(), 12)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
+    // A dependency that fails fails a mesh still waiting.
+    let fresh = small(", dependsOn: [{name: fetch}]");
+    let p = plan(&PlanInput {
+        deps: Deps::Failed("dependency ProcMesh fetch failed: rank 0 exited with code 1".into()),
+        ..input_for(&fresh, RUNNING, &BTreeMap::new(), &BTreeMap::new(), 10)
+    });
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Failed));
+    assert!(p.spawn.is_none());
+    assert_eq!(
+        conditions::get(&p.status.conditions, FAILED)
+            .unwrap()
+            .reason,
+        "DependencyFailed"
+    );
+}
+
+#[test]
+fn a_failed_rank_restarts_the_slice_of_its_scope_as_one_restart() {
+    let pm = small(", restartPolicy: {policy: OnFailure, scope: host}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.get_mut(&1).unwrap().state = ProcState::Failed;
+    states.get_mut(&1).unwrap().exit_code = Some(1);
+    let p = run(&pm, RUNNING, &states, 10);
+    assert_eq!(p.status.restarts, 1);
+    let inc = p.spawn.unwrap();
+    assert_eq!(
+        (0..4).map(|r| inc.get(r)).collect::<Vec<_>>(),
+        [1, 1, 0, 0],
+        "host 0's ranks restart, host 1's keep running"
+    );
+    assert!(
+        p.events.iter().any(|e| e.reason == "Restarting"
+            && e.note
+                .contains("restarting the ranks of host=0 (scope host)")),
+        "{:?}",
+        p.events
+    );
+}
+
+#[test]
+fn rules_restart_without_counting_and_ignore() {
+    let mut pm = small(
+        ", restartPolicy: {policy: OnFailure, maxRestarts: 1, rules: [\
+         {name: lost, action: RestartWithoutCounting, reasons: [HostLost]},\
+         {name: done, action: Ignore, exitCodes: [7]}]}",
+    );
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let lost = BTreeMap::from([(1, HostState::Failed)]);
+    for now in [10, 11, 12] {
+        let p = run_lost(&pm, RUNNING, &states, &lost, now);
+        assert_ne!(p.status.phase, Some(ProcMeshPhase::Failed));
+        assert_eq!(p.status.restarts, 0, "a lost host does not burn the budget");
+        assert_eq!(p.status.rule_fired.as_ref().unwrap().name, "lost");
+        pm.status = Some(p.status);
+        for r in [2, 3] {
+            let o = states.get_mut(&r).unwrap();
+            o.incarnation += 1;
+        }
+    }
+    // Rank 1 exits 7: accepted, no failure, no restart.
+    let mut pm = small(
+        ", restartPolicy: {policy: OnFailure, maxRestarts: 1, rules: [{name: done, action: Ignore, exitCodes: [7]}]}",
+    );
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.get_mut(&1).unwrap().state = ProcState::Failed;
+    states.get_mut(&1).unwrap().exit_code = Some(7);
+    let p = run(&pm, RUNNING, &states, 10);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    assert_eq!((p.status.failed, p.status.restarts), (0, 0));
+    assert!(p.status.first_failure.is_none());
+    let r1 = runs::get(&p.status.ranks, 1).unwrap();
+    assert_eq!(r1.state, ProcState::Stopped);
+    assert!(
+        r1.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("ignored (rule done: Ignore)"),
+        "{r1:?}"
+    );
+    pm.status = Some(p.status);
+    let p = run(&pm, RUNNING, &states, 11);
+    assert!(!p.events.iter().any(|e| e.reason == "RuleFired"), "once");
 }

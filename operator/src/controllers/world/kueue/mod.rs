@@ -34,8 +34,9 @@
 //! 6. An admitted World reports back as Kueue's own integrations do:
 //!    `PodsReady` (for `waitForPodsReady`: `WaitForStart` until every host
 //!    is first Ready, `Started`, then `WaitForRecovery`/`Recovered` around
-//!    a lost host) and `Finished=True` (reason `Failed`) once it failed
-//!    for good, so Kueue gives its quota back. Read from the World's stored
+//!    a lost host) and `Finished=True` once it finished (reason
+//!    `Succeeded` or `Failed`, docs/api.md `finishWhen`), so Kueue gives
+//!    its quota back either way. Read from the World's stored
 //!    status, so a report lags the World by one reconcile at most.
 //! 7. An admission with a `topologyAssignment` for the hosts (Kueue's
 //!    topology-aware scheduling) hands the host pods to Kueue's
@@ -60,6 +61,7 @@ pub fn progress(status: Option<&WorldStatus>) -> WorkloadProgress {
         return WorkloadProgress {
             all_ready: false,
             failed: None,
+            succeeded: None,
         };
     };
     let failed = (s.phase == Some(WorldPhase::Failed)).then(|| {
@@ -68,10 +70,17 @@ pub fn progress(status: Option<&WorldStatus>) -> WorkloadProgress {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "the World failed".to_string())
     });
+    let succeeded = (s.phase == Some(WorldPhase::Succeeded)).then(|| {
+        hostmesh_crds::conditions::get(&s.conditions, hostmesh_crds::conditions::COMPLETE)
+            .map(|c| c.message.clone())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "the World succeeded".to_string())
+    });
     WorkloadProgress {
         all_ready: s.phase == Some(WorldPhase::Running)
             && s.desired_hosts > 0
             && s.ready_hosts == s.desired_hosts,
         failed,
+        succeeded,
     }
 }

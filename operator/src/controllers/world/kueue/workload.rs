@@ -446,14 +446,18 @@ pub struct WorkloadProgress {
     /// The World failed for good, with the message of its `Failed`
     /// condition.
     pub failed: Option<String>,
+    /// The World succeeded (`finishWhen`), with the message of its
+    /// `Complete` condition.
+    pub succeeded: Option<String>,
 }
 
 /// The status patch that brings the Workload's `PodsReady` and `Finished`
 /// conditions in line with `progress`, or `None` when they already are
 /// (kueue invariant 6). `PodsReady` uses Kueue's reasons: `WaitForStart`
 /// until the hosts were first all Ready, then `Started`; `WaitForRecovery`
-/// after a host is lost, then `Recovered`. A failed World is
-/// `Finished=True` (reason `Failed`), which gives its quota back. The patch
+/// after a host is lost, then `Recovered`. A finished World is
+/// `Finished=True` (reason `Succeeded` or `Failed`), which gives its quota
+/// back. The patch
 /// carries the resourceVersion, as [`release_quota`]'s does.
 pub fn report(wl: &Value, progress: &WorkloadProgress, now: &Time) -> Option<Value> {
     let mut conds = conditions(wl);
@@ -497,6 +501,16 @@ pub fn report(wl: &Value, progress: &WorkloadProgress, now: &Time) -> Option<Val
     );
     if let Some(msg) = &progress.failed {
         set_condition(&mut conds, "Finished", true, "Failed", msg, generation, now);
+    } else if let Some(msg) = &progress.succeeded {
+        set_condition(
+            &mut conds,
+            "Finished",
+            true,
+            "Succeeded",
+            msg,
+            generation,
+            now,
+        );
     }
     let same = conds.len() == before.len()
         && conds.iter().zip(&before).all(|(a, b)| {
@@ -680,6 +694,7 @@ mod tests {
         WorkloadProgress {
             all_ready,
             failed: failed.map(str::to_string),
+            succeeded: None,
         }
     }
 
@@ -744,5 +759,29 @@ mod tests {
         assert_eq!(finished["message"], "host 1 failed 4 times");
         let done = wl(p["status"].clone());
         assert_eq!(report(&done, &progress(false, Some("x")), &now), None);
+    }
+
+    #[test]
+    fn a_succeeded_world_finishes_its_workload_with_reason_succeeded() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let admitted = wl(json!({"conditions": [c("Admitted", "True", "Admitted", "")]}));
+        let done = WorkloadProgress {
+            all_ready: false,
+            failed: None,
+            succeeded: Some("all 1 ProcMeshes succeeded: train".into()),
+        };
+        let p = report(&admitted, &done, &now).unwrap();
+        let finished = p["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Finished")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (finished["status"].as_str(), finished["reason"].as_str()),
+            (Some("True"), Some("Succeeded"))
+        );
+        assert_eq!(report(&wl(p["status"].clone()), &done, &now), None);
     }
 }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::controllers::world::observe::tests::{READY as POD_READY, mk_pod};
 use hostmesh_crds::Rank;
+use hostmesh_crds::conditions::COMPLETE;
 
 const WORLD: &str = "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {name: w, generation: 1}\n\
 spec:\n  hosts: 3\n  failurePolicy: {maxRestarts: 2, backoff: 10s}\n  template: {spec: {containers: [{name: host, image: x}]}}\n";
@@ -38,8 +39,15 @@ fn input<'a>(w: &'a World, pods: &'a BTreeMap<Rank, Pod>, now: i64) -> PlanInput
         hold: None,
         admitted: None,
         monarch_worker: &|_| None,
+        meshes: &NO_MESHES,
     }
 }
+
+static NO_MESHES: Meshes = Meshes {
+    total: 0,
+    succeeded: Vec::new(),
+    failed: Vec::new(),
+};
 
 fn pod(rank: Rank, status: &str, hash: &str) -> Pod {
     let mut p = mk_pod(status);
@@ -278,11 +286,20 @@ fn failed_host_is_replaced_with_backoff_then_gives_up() {
         failed.message
     );
     assert!(failed.message.contains("restart limit 2"));
-    assert!(p.delete.is_empty() && p.create.is_empty());
+    // A failed World is finished: its host pods go (invariant 9).
+    assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+    assert!(p.create.is_empty());
+    assert!(p.status.finished_at.is_some());
     w.status = Some(p.status);
     let healed: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
     let p = run(&w, &healed, Liveness::Alive, 600);
     assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    assert!(p.create.is_empty());
+    // keepFailedHosts keeps them for inspection.
+    w.spec.keep_failed_hosts = true;
+    let p = run(&w, &healed, Liveness::Alive, 700);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    assert!(p.delete.is_empty() && p.create.is_empty());
 }
 
 #[test]
@@ -695,4 +712,346 @@ fn a_world_that_was_up_recovers_as_degraded_not_creating() {
     let p = run(&w, &pods, Liveness::Alive, 120);
     assert_eq!(p.status.phase, Some(WorldPhase::Running));
     assert!(p.status.degraded_since.is_none());
+}
+
+fn meshes(succeeded: &[&str], failed: &[&str], running: usize) -> Meshes {
+    Meshes {
+        total: succeeded.len() + failed.len() + running,
+        succeeded: succeeded.iter().map(|s| s.to_string()).collect(),
+        failed: failed
+            .iter()
+            .map(|s| (s.to_string(), format!("rank 0 of {s} exited with code 1")))
+            .collect(),
+    }
+}
+
+#[test]
+fn a_world_finishes_with_its_proc_meshes_and_its_ttl_deletes_it() {
+    let mut w = mk_world("{}");
+    w.spec.finish_when = hostmesh_crds::world::FinishWhen::ProcMeshesFinished;
+    w.spec.ttl_seconds_after_finished = Some(5);
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    // No ProcMesh yet, or one still running: the World runs on.
+    for m in [meshes(&[], &[], 0), meshes(&["a"], &[], 1)] {
+        let p = plan(&PlanInput {
+            meshes: &m,
+            ..input(&w, &pods, 100)
+        });
+        assert_eq!(p.status.phase, Some(WorldPhase::Running), "{m:?}");
+        assert!(p.delete.is_empty());
+    }
+    // Every ProcMesh succeeded: Succeeded, Complete=True, the pods go.
+    let done = meshes(&["a", "b"], &[], 0);
+    let p = plan(&PlanInput {
+        meshes: &done,
+        ..input(&w, &pods, 100)
+    });
+    assert_eq!(p.status.phase, Some(WorldPhase::Succeeded));
+    let complete = conditions::get(&p.status.conditions, COMPLETE).unwrap();
+    assert_eq!(
+        (complete.status.as_str(), complete.reason.as_str()),
+        ("True", "ProcMeshesSucceeded")
+    );
+    assert!(complete.message.contains("a, b"), "{}", complete.message);
+    assert!(!conditions::is_true(&p.status.conditions, READY));
+    assert!(!conditions::is_true(&p.status.conditions, FAILED));
+    assert_eq!(p.delete, ["w-host-0", "w-host-1", "w-host-2"]);
+    assert!(p.create.is_empty());
+    assert_eq!(p.events.last().unwrap().reason, "Completed");
+    assert_eq!(
+        p.status.finished_at,
+        Some(Time(Timestamp::from_second(100).unwrap()))
+    );
+    assert!(!p.delete_world);
+    // Final: a suspend, a Kueue hold or a ProcMesh restarted change nothing;
+    // the TTL runs from finishedAt.
+    w.status = Some(p.status);
+    w.spec.suspend = true;
+    let gone = BTreeMap::new();
+    let again = meshes(&["a"], &[], 1);
+    let p = plan(&PlanInput {
+        meshes: &again,
+        hold: Some(Hold {
+            reason: "Preempted".into(),
+            message: "x".into(),
+        }),
+        ..input(&w, &gone, 103)
+    });
+    assert_eq!(p.status.phase, Some(WorldPhase::Succeeded));
+    assert!(p.create.is_empty() && p.events.is_empty());
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(2)));
+    assert!(!p.delete_world);
+    w.status = Some(p.status);
+    let p = plan(&input(&w, &gone, 105));
+    assert!(p.delete_world, "5s after finishing");
+    assert_eq!(p.events[0].reason, "TTLExpired");
+}
+
+#[test]
+fn a_world_whose_proc_mesh_failed_fails_and_may_keep_its_hosts() {
+    let mut w = mk_world("{}");
+    w.spec.finish_when = hostmesh_crds::world::FinishWhen::ProcMeshesFinished;
+    w.spec.keep_failed_hosts = true;
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let m = meshes(&["prep"], &["train"], 0);
+    let p = plan(&PlanInput {
+        meshes: &m,
+        ..input(&w, &pods, 100)
+    });
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "ProcMeshesFailed");
+    assert!(
+        failed
+            .message
+            .contains("ProcMesh train failed: rank 0 of train exited with code 1"),
+        "{}",
+        failed.message
+    );
+    assert!(conditions::get(&p.status.conditions, COMPLETE).is_none());
+    assert!(p.delete.is_empty(), "keepFailedHosts");
+    // Without finishWhen the same ProcMeshes leave the World running.
+    w.spec.finish_when = hostmesh_crds::world::FinishWhen::Never;
+    let p = plan(&PlanInput {
+        meshes: &m,
+        ..input(&w, &pods, 100)
+    });
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+}
+
+#[test]
+fn a_world_not_ready_by_its_ready_deadline_fails_naming_the_hosts() {
+    let mut w = mk_world("{}");
+    w.spec.ready_deadline_seconds = Some(30);
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    pods.insert(
+        2,
+        pod(
+            2,
+            "  phase: Pending\n  conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable, message: '0/1 nodes are available'}]\n",
+            "h1",
+        ),
+    );
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.status.phase, Some(WorldPhase::Creating));
+    assert_eq!(
+        p.status.start_time,
+        Some(Time(Timestamp::from_second(100).unwrap()))
+    );
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(30_050)));
+    w.status = Some(p.status);
+    let p = run(&w, &pods, Liveness::Alive, 131);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "ReadyDeadlineExceeded");
+    assert!(
+        failed.message.contains("2/3 hosts ready")
+            && failed
+                .message
+                .contains("host 2 Starting (Unschedulable: 0/1 nodes are available)"),
+        "{}",
+        failed.message
+    );
+    assert_eq!(p.delete.len(), 3, "a failed World frees its hosts");
+}
+
+#[test]
+fn a_ready_world_no_longer_has_a_ready_deadline_but_has_an_active_one() {
+    let mut w = mk_world("{}");
+    w.spec.ready_deadline_seconds = Some(30);
+    w.spec.active_deadline_seconds = Some(60);
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    assert!(p.status.ready_time.is_some());
+    w.status = Some(p.status);
+    // A host lost after the World was Ready: not a ready-deadline failure.
+    let mut lost = pods.clone();
+    lost.remove(&1);
+    let p = run(&w, &lost, Liveness::Alive, 140);
+    assert_eq!(p.status.phase, Some(WorldPhase::Degraded));
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(20_050)));
+    w.status = Some(p.status);
+    let p = run(&w, &pods, Liveness::Alive, 160);
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "DeadlineExceeded");
+    assert_eq!(p.events[0].reason, "DeadlineExceeded");
+    // A suspension ends the run: resuming starts the clocks again.
+    let mut s = mk_world("{}");
+    s.spec.active_deadline_seconds = Some(60);
+    s.status = Some(WorldStatus {
+        phase: Some(WorldPhase::Suspended),
+        start_time: Some(Time(Timestamp::from_second(1).unwrap())),
+        ..Default::default()
+    });
+    let p = run(&s, &pods, Liveness::Alive, 500);
+    assert_eq!(p.status.phase, Some(WorldPhase::Running));
+    assert_eq!(
+        p.status.start_time,
+        Some(Time(Timestamp::from_second(500).unwrap()))
+    );
+}
+
+#[test]
+fn a_failed_host_recreates_the_slice_of_its_scope_as_one_restart() {
+    let mut w = mk_world("{scope: replica}");
+    w.spec.hosts = None;
+    w.spec.shape = vec![
+        hostmesh_crds::Dim::new("replica", 2),
+        hostmesh_crds::Dim::new("host", 2),
+    ];
+    let mut pods: BTreeMap<_, _> = (0..4).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    pods.insert(2, pod(2, FAILED_POD, "h1"));
+    let p = run(&w, &pods, Liveness::Alive, 100);
+    assert_eq!(
+        p.delete,
+        ["w-host-2", "w-host-3"],
+        "replica 1, not replica 0"
+    );
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.status.attempt, 0, "a slice is not a new attempt");
+    assert!(
+        p.events[0]
+            .note
+            .contains("recreating the hosts of replica=1 (scope replica)"),
+        "{}",
+        p.events[0].note
+    );
+    // Scope `host` (the last dimension) is one host.
+    let mut w2 = w.clone();
+    w2.spec.failure_policy.scope = Some("host".into());
+    let p = run(&w2, &pods, Liveness::Alive, 100);
+    assert_eq!(p.delete, ["w-host-2"]);
+}
+
+#[test]
+fn failure_rules_decide_counting_failing_and_deleted_pods() {
+    let mut w = mk_world(
+        "{maxRestarts: 1, backoff: 10s, rules: [\
+         {name: infra, action: RestartWithoutCounting, reasons: [Evicted, Deleted]},\
+         {name: stuck, action: FailWorld, reasons: [Unschedulable], unschedulableFor: 30s}]}",
+    );
+    let ready: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    let p = run(&w, &ready, Liveness::Alive, 100);
+    w.status = Some(p.status);
+    // An evicted host is replaced without counting, again and again.
+    let mut pods = ready.clone();
+    pods.insert(1, pod(1, FAILED_POD, "h1"));
+    for now in [101, 102] {
+        let p = run(&w, &pods, Liveness::Alive, now);
+        assert_eq!(p.delete, ["w-host-1"]);
+        assert_eq!(p.status.restarts, 0, "not counted");
+        let fired = p.status.rule_fired.clone().unwrap();
+        assert_eq!(
+            (fired.name.as_str(), fired.action.as_str(), fired.rank),
+            ("infra", "RestartWithoutCounting", 1)
+        );
+        assert!(
+            p.events.iter().any(|e| e.reason == "RuleFired"),
+            "{:?}",
+            p.events
+        );
+    }
+    // Someone deletes host 2's pod: the rule names it, nothing is counted;
+    // the pod is already going, so nothing more is deleted.
+    let mut going = ready.clone();
+    going.get_mut(&2).unwrap().metadata.deletion_timestamp =
+        Some(Time(Timestamp::from_second(103).unwrap()));
+    let p = run(&w, &going, Liveness::Alive, 103);
+    assert_eq!(p.status.restarts, 0);
+    assert!(p.delete.is_empty(), "{:?}", p.delete);
+    assert_eq!(p.status.rule_fired.as_ref().unwrap().rank, 2);
+    assert!(
+        p.status
+            .rule_fired
+            .as_ref()
+            .unwrap()
+            .reason
+            .contains("Deleted")
+    );
+    // The operator's own deletions are recorded Terminating at once (and
+    // urgently), so they are never taken for someone else's.
+    let p = run(&w, &pods, Liveness::Alive, 104);
+    assert!(p.urgent);
+    assert_eq!(
+        hostmesh_crds::runs::get(&p.status.hosts, 1).unwrap().state,
+        HostState::Terminating
+    );
+    // A host unschedulable for 30s fails the World.
+    let unschedulable = |since: &str| {
+        let mut pods = ready.clone();
+        pods.insert(
+            0,
+            pod(
+                0,
+                &format!("  phase: Pending\n  conditions: [{{type: PodScheduled, status: 'False', reason: Unschedulable, lastTransitionTime: '{since}'}}]\n"),
+                "h1",
+            ),
+        );
+        pods
+    };
+    let p = run(
+        &w,
+        &unschedulable("1970-01-01T00:01:30Z"),
+        Liveness::Alive,
+        100,
+    );
+    assert_ne!(p.status.phase, Some(WorldPhase::Failed));
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(20)));
+    let p = run(
+        &w,
+        &unschedulable("1970-01-01T00:01:00Z"),
+        Liveness::Alive,
+        100,
+    );
+    assert_eq!(p.status.phase, Some(WorldPhase::Failed));
+    let failed = conditions::get(&p.status.conditions, FAILED).unwrap();
+    assert_eq!(failed.reason, "FailurePolicyRule");
+    assert!(
+        failed.message.contains("(rule stuck: FailWorld)"),
+        "{}",
+        failed.message
+    );
+}
+
+#[test]
+fn update_policies_roll_all_some_or_none_of_the_stale_hosts() {
+    let pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "old"))).collect();
+    let mut w = mk_world("{}");
+    let p = run(&w, &pods, Liveness::Alive, 1);
+    assert_eq!(p.delete.len(), 3, "Recreate: all at once");
+    assert_eq!(p.status.stale_hosts, 0);
+    w.spec.update_policy.type_ = UpdateType::OnNextRestart;
+    let p = run(&w, &pods, Liveness::Alive, 1);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.status.stale_hosts, 3);
+    assert_eq!(p.events[0].reason, "TemplateChanged");
+    // A failed host is recreated with the new template; the others wait.
+    let mut failing = pods.clone();
+    failing.insert(1, pod(1, FAILED_POD, "old"));
+    let p = run(&w, &failing, Liveness::Alive, 1);
+    assert_eq!(p.delete, ["w-host-1"]);
+    assert_eq!(p.status.stale_hosts, 2);
+    w.spec.update_policy.type_ = UpdateType::RollingUpdate;
+    let p = run(&w, &pods, Liveness::Alive, 1);
+    assert_eq!(p.delete, ["w-host-0"], "maxUnavailable 1 by default");
+    assert_eq!(p.status.stale_hosts, 2);
+    assert_eq!(
+        conditions::get(&p.status.conditions, PROGRESSING)
+            .unwrap()
+            .reason,
+        "RollingUpdate"
+    );
+    // Host 0 is being recreated (down): nothing more until it is back.
+    let mut rolling = pods.clone();
+    rolling.remove(&0);
+    let p = run(&w, &rolling, Liveness::Alive, 2);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.create, [0]);
+    w.spec.update_policy.max_unavailable =
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("67%".into()));
+    let p = run(&w, &pods, Liveness::Alive, 3);
+    assert_eq!(p.delete, ["w-host-0", "w-host-1"], "67% of 3 is 2");
+    assert_eq!(max_unavailable(&w.spec.update_policy, 100), 67);
 }
