@@ -376,6 +376,9 @@ pub struct RankStatus {
     /// (this rank failed within the cascade window after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caused_by: Option<Rank>,
+    /// For a failed rank: whose fault it was (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
 }
 
 fn is_zero(n: &Rank) -> bool {
@@ -542,6 +545,13 @@ pub struct FirstFailure {
     /// [`MAX_COMMAND`] bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// Whose fault it was: `Infrastructure`, `User` or `Unknown`
+    /// (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
+    /// The fact `cause` was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::cause::Evidence>,
 }
 
 #[cfg(test)]

@@ -201,6 +201,7 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
     if let Some(m) = &spec.monarch {
         errs.extend(crate::monarch::check(name, m, spec.port));
     }
+    errs.extend(crate::shm::check(spec));
     let fp = &spec.failure_policy;
     let timings = (|| {
         Ok::<_, FieldError>(WorldTimings {

@@ -38,6 +38,12 @@
 //!    them; the durations completed by this plan are in [`Plan::recovery`].
 //! 8. A stalled rank (`stall.rs`) is `Stalled`, a failure like any
 //!    other, when `restartPolicy.onStall` is `Failure`.
+//! 9. Every failed rank, `firstFailure` and incident carries whose fault
+//!    it was (`shared::cause`): the rank's own end, unless its host
+//!    carries infrastructure evidence. A `firstFailure` first read as the
+//!    user's or unknown takes its host's infrastructure evidence when that
+//!    arrives later for the same failure (a device's health is reported
+//!    after the crash it caused).
 
 use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap};
@@ -54,6 +60,7 @@ use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use hostmesh_crds::cause::{Attribution, FailureCause};
 use hostmesh_crds::incident::{Incident, IncidentAction};
 
 use super::causal::{self, Failure};
@@ -93,6 +100,10 @@ pub struct PlanInput<'a> {
     /// The wall-clock time the plan is computed at: spawn timeouts and
     /// restart backoff are compared with it.
     pub now: Timestamp,
+    /// Whose fault a failure on each host would be, as its World reports
+    /// it (`status.hosts[].cause`): a lost host, a device reported
+    /// Unhealthy (invariant 9).
+    pub host_causes: &'a BTreeMap<Rank, Attribution>,
 }
 
 /// Desired incarnation per rank: a base plus per-rank overrides.
@@ -131,6 +142,9 @@ pub struct Plan {
     /// Recovery phases this plan completed, for
     /// `hostmesh_recovery_seconds{phase}` (once the status is written).
     pub recovery: Vec<PhaseTime>,
+    /// The causes of the incidents this plan opened, for
+    /// `hostmesh_failures_total` (once the status is written).
+    pub failures: Vec<FailureCause>,
 }
 
 fn sd(d: Duration) -> SignedDuration {
@@ -608,9 +622,25 @@ impl<'i, 'a> Working<'i, 'a> {
         let failures = self.failures(failed);
         let root = causal::root(&failures)?.clone();
         let cause = describe(root.rank, &root.status, self.program());
+        let last = |ring: &[Incident]| ring.last().map(|i| (i.detected_at.clone(), i.rank));
+        let before = last(&self.incidents);
         let (root_rank, root_at) =
             incidents::on_failure(&mut self.incidents, &root, &cause, 0, !self.was_terminal)
                 .unwrap_or((root.rank, root.at));
+        // Invariant 9: the incident's cause is its root's, set when it
+        // opens or its root changes.
+        let attribution = self.attribution(&root);
+        let after = last(&self.incidents);
+        let opened = after.as_ref().map(|a| &a.0) != before.as_ref().map(|b| &b.0);
+        if let Some(i) = self.incidents.last_mut().filter(|i| i.rank == root.rank)
+            && (after != before || i.cause.is_none())
+        {
+            i.cause = Some(attribution.cause);
+            i.evidence = Some(attribution.evidence.clone());
+        }
+        if opened {
+            self.out.failures.push(attribution.cause);
+        }
         // Collateral: counted over every failure of the cascade (some may
         // be restarting already), marked on the ranks still failed.
         let mut collateral: Rank = 0;
@@ -633,10 +663,22 @@ impl<'i, 'a> Working<'i, 'a> {
     /// earlier failure of another rank that was reported later
     /// (invariant 2).
     fn record_first_failure(&mut self, root: &Failure) {
-        let replaces = match &self.first_failure {
+        let attribution = self.attribution(root);
+        let replaces = match &mut self.first_failure {
             None => false,
             Some(ff) if ff.rank != root.rank && root.at < ff.time.0 => true,
-            Some(_) => return,
+            Some(ff) => {
+                // Invariant 9: the same failure, its host's evidence late.
+                if ff.rank == root.rank
+                    && ff.time.0 == incidents::micro(root.at)
+                    && attribution.cause == FailureCause::Infrastructure
+                    && ff.cause != Some(FailureCause::Infrastructure)
+                {
+                    ff.cause = Some(attribution.cause);
+                    ff.evidence = Some(attribution.evidence);
+                }
+                return;
+            }
         };
         let s = &root.status;
         let reason = describe(root.rank, s, self.program());
@@ -662,6 +704,8 @@ impl<'i, 'a> Working<'i, 'a> {
                 &self.input.pm.spec.args,
                 procmesh::MAX_COMMAND,
             )),
+            cause: Some(attribution.cause),
+            evidence: Some(attribution.evidence),
         });
         self.out.events.push(PlannedEvent {
             severity: Severity::Warning,
@@ -745,6 +789,31 @@ impl<'i, 'a> Working<'i, 'a> {
         self.progressing = Some(("Restarting", summary));
     }
 
+    /// Whose fault `f` was (invariant 9).
+    fn attribution(&self, f: &Failure) -> Attribution {
+        let host = f.rank / self.per_host.max(1);
+        crate::controllers::shared::cause::of_rank(
+            &f.status,
+            f.oom_killed,
+            self.input.host_causes.get(&host),
+        )
+    }
+
+    /// Every failed rank's cause (invariant 9).
+    fn attribute_ranks(&mut self) {
+        let per_host = self.per_host.max(1);
+        for (rank, s) in self.ranks.iter_mut().enumerate() {
+            s.cause = s.state.is_failure().then(|| {
+                crate::controllers::shared::cause::of_rank(
+                    s,
+                    false,
+                    self.input.host_causes.get(&(rank / per_host)),
+                )
+                .cause
+            });
+        }
+    }
+
     fn count(&self, f: impl Fn(ProcState) -> bool) -> Rank {
         self.ranks.iter().filter(|s| f(s.state)).count()
     }
@@ -811,6 +880,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let succeeded = self.count(|s| s == ProcState::Succeeded);
         let failed = self.count(|s| s.is_failure());
         let collateral = self.ranks.iter().filter(|s| s.caused_by.is_some()).count();
+        self.attribute_ranks();
         let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
         let prev_actors = if self.same_gen {
             self.prev.actor_failures.as_slice()
@@ -923,5 +993,7 @@ impl<'i, 'a> Working<'i, 'a> {
     }
 }
 
+#[cfg(test)]
+mod cause_tests;
 #[cfg(test)]
 mod tests;

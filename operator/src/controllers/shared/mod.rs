@@ -1,9 +1,11 @@
 //! What the World and ProcMesh controllers share: the reconcile context
 //! and the finalizer-wrapped reconcile ([`context`]), status-write pacing
 //! ([`writes`]), planned Events with the restart backoff ([`events`]), and their
-//! publication, one Event per distinct message ([`recorder`]).
+//! publication, one Event per distinct message ([`recorder`]); whose fault
+//! a failure was ([`cause`]).
 //! Neither controller imports the other; both import this.
 
+pub mod cause;
 pub mod context;
 pub mod events;
 pub mod recorder;

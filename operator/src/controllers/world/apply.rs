@@ -116,6 +116,12 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     ctx.planned_events(world, &plan.events).await;
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
     let deferred = write_status(world, ctx, status, false).await?;
+    // A failure counts once, with the status that records it.
+    if deferred.is_none() {
+        for cause in &plan.failures {
+            ctx.metrics.failure("World", *cause);
+        }
+    }
     Ok(Action::requeue(requeue_after(
         &plan,
         observed.left,

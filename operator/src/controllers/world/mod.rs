@@ -21,6 +21,7 @@
 //!    ([`kueue`]); until then it is held with the suspend path.
 
 mod apply;
+mod cause;
 pub mod desired;
 pub mod fencing;
 pub mod gang;

@@ -75,6 +75,7 @@ fn run_reported(
         reported,
         last_heard: &BTreeMap::new(),
         now: Timestamp::from_second(now).unwrap(),
+        host_causes: &BTreeMap::new(),
     })
 }
 
@@ -522,6 +523,7 @@ fn run_ms(pm: &ProcMesh, states: &BTreeMap<Rank, ProcObs>, now_ms: i64) -> Plan 
         reported: &reported,
         last_heard: &BTreeMap::new(),
         now: Timestamp::from_millisecond(now_ms).unwrap(),
+        host_causes: &BTreeMap::new(),
     })
 }
 
@@ -713,6 +715,7 @@ fn a_lost_host_is_the_root_of_the_exits_that_followed_it() {
         reported: &reported,
         last_heard: &heard,
         now: Timestamp::from_millisecond(t + 10_000).unwrap(),
+        host_causes: &BTreeMap::new(),
     });
     let s = &p.status;
     let ff = s.first_failure.as_ref().unwrap();
