@@ -444,7 +444,7 @@ async fn create_pods(
         let pod_name = desired::pod_name(&name, *rank);
         let mut pod = serde_json::to_value(&pod)?;
         if let Some(g) = gang::spec(world) {
-            gang::place_pod(&mut pod, world, g);
+            gang::place_pod(&mut pod, world, g, *rank);
         }
         match pods_api.patch(&pod_name, pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}
