@@ -236,7 +236,7 @@ impl Metrics {
         }
         for kind in ["World", "ProcMesh"] {
             for cause in hostmesh_crds::cause::FailureCause::ALL {
-                metrics.failures.get_or_create(&failure_labels(kind, cause));
+                let _ = metrics.failures.get_or_create(&failure_labels(kind, cause));
             }
         }
         metrics

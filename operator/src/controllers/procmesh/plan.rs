@@ -199,6 +199,7 @@ fn status_of(o: &ProcObs) -> RankStatus {
         stderr_tail: o.stderr_tail.clone(),
         stderr_head: o.stderr_head.clone(),
         caused_by: None,
+        cause: None,
     }
 }
 

@@ -235,7 +235,7 @@ fn traceback(stderr: &[Option<&str>]) -> Option<String> {
         .lines()
         .skip(1)
         .filter(|l| !l.trim().is_empty() && !l.starts_with(' '))
-        .next_back()
+        .last()
         .map(str::trim);
     // A tail that cut the traceback's header off keeps the exception line
     // at its end.
