@@ -128,9 +128,7 @@ fn procmesh_view_names_the_first_failure_with_a_clean_stderr_tail() {
     );
     assert!(text.contains("  reason: exited with code 3\n"), "{text}");
     assert!(
-        text.contains(
-            "  cause: User (PythonTraceback: Python traceback: ValueError: bad shard)\n"
-        ),
+        text.contains("  cause: User (PythonTraceback: Python traceback: ValueError: bad shard)\n"),
         "{text}"
     );
     assert!(

@@ -643,6 +643,7 @@ mod tests {
             stderr_tail: Some("e".repeat(10_000)),
             stderr_head: Some("h".repeat(10_000)),
             caused_by: Some(3),
+            cause: Some(crate::cause::FailureCause::User),
         });
         let (runs, truncated) = rank_runs(v);
         assert!(truncated);
@@ -657,6 +658,11 @@ mod tests {
             rank: i,
             root_cause: "c".repeat(100_000),
             collateral: i,
+            cause: Some(crate::cause::FailureCause::Infrastructure),
+            evidence: Some(crate::cause::Evidence {
+                reason: "DeviceUnhealthy".into(),
+                message: "m".repeat(100_000),
+            }),
         };
         let mut incidents = Vec::new();
         for i in 0..100 {
@@ -678,6 +684,11 @@ mod tests {
                 stderr_head: Some("h".repeat(MAX_STDERR_HEAD)),
                 oom_killed: true,
                 command: Some("c".repeat(MAX_COMMAND)),
+                cause: Some(crate::cause::FailureCause::Infrastructure),
+                evidence: Some(crate::cause::Evidence {
+                    reason: "DeviceUnhealthy".into(),
+                    message: "m".repeat(crate::cause::MAX_EVIDENCE),
+                }),
             }),
             ..Default::default()
         };

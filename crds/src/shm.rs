@@ -48,7 +48,10 @@ pub fn check(spec: &WorldSpec) -> Vec<FieldError> {
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
-    let host = containers.iter().position(|c| c.name == "host").unwrap_or(0);
+    let host = containers
+        .iter()
+        .position(|c| c.name == "host")
+        .unwrap_or(0);
     if let Some(c) = containers.get(host)
         && let Some(m) = c
             .volume_mounts
@@ -103,6 +106,9 @@ mod tests {
         assert!(e[0].message.contains("volume \"shm\""), "{}", e[0].message);
         let mut unset = spec("1Gi", true);
         unset.shared_memory_size = None;
-        assert!(check(&unset).is_empty(), "the template's own mount alone is fine");
+        assert!(
+            check(&unset).is_empty(),
+            "the template's own mount alone is fine"
+        );
     }
 }

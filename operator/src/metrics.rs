@@ -328,7 +328,9 @@ impl Metrics {
     /// Counts one failure of a `kind` (`World`, `ProcMesh`) object by its
     /// cause.
     pub fn failure(&self, kind: &str, cause: hostmesh_crds::cause::FailureCause) {
-        self.failures.get_or_create(&failure_labels(kind, cause)).inc();
+        self.failures
+            .get_or_create(&failure_labels(kind, cause))
+            .inc();
     }
 
     /// Records whether this replica is the leader.

@@ -10,9 +10,7 @@ use hostmesh_crds::World;
 use hostmesh_testkit::eventually_async;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
-use kube::api::{
-    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 mod support;
@@ -113,7 +111,10 @@ async fn a_gang_world_gets_a_workload_its_pod_groups_and_hears_the_scheduler() {
         json!({"workload": {"workloadName": "w", "podGroupTemplateName": "hosts"}}),
         "{pg:#}"
     );
-    assert_eq!(pg["spec"]["schedulingPolicy"], json!({"gang": {"minCount": 2}}));
+    assert_eq!(
+        pg["spec"]["schedulingPolicy"],
+        json!({"gang": {"minCount": 2}})
+    );
     // Host pods join the group through spec.schedulingGroup (the default
     // scheduler: no schedulerName).
     let pods = c.api::<Pod>();
@@ -132,11 +133,8 @@ async fn a_gang_world_gets_a_workload_its_pod_groups_and_hears_the_scheduler() {
     .await;
     // The typed Pod of this build predates schedulingGroup: read the pods
     // raw.
-    let raw_pods: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        NS,
-        &ApiResource::erase::<Pod>(&()),
-    );
+    let raw_pods: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), NS, &ApiResource::erase::<Pod>(&()));
     for p in &joined {
         let name = p.metadata.name.clone().unwrap();
         let raw = serde_json::to_value(raw_pods.get(&name).await.unwrap()).unwrap();
@@ -146,7 +144,11 @@ async fn a_gang_world_gets_a_workload_its_pod_groups_and_hears_the_scheduler() {
             "{name}: {:#}",
             raw["spec"]
         );
-        assert!(raw["spec"].get("schedulerName").is_none_or(|s| s == "default-scheduler"));
+        assert!(
+            raw["spec"]
+                .get("schedulerName")
+                .is_none_or(|s| s == "default-scheduler")
+        );
     }
     gang_condition(&c, "w", "WaitingForScheduler").await;
 
@@ -156,7 +158,12 @@ async fn a_gang_world_gets_a_workload_its_pod_groups_and_hears_the_scheduler() {
     scheduler_says(
         &c,
         "w",
-        json!([condition("PodGroupScheduled", "False", "Unschedulable", why)]),
+        json!([condition(
+            "PodGroupScheduled",
+            "False",
+            "Unschedulable",
+            why
+        )]),
     )
     .await;
     let msg = gang_condition(&c, "w", "Unschedulable").await;
@@ -180,7 +187,12 @@ async fn a_gang_world_gets_a_workload_its_pod_groups_and_hears_the_scheduler() {
         "w",
         json!([
             condition("PodGroupScheduled", "True", "Scheduled", ""),
-            condition("DisruptionTarget", "True", "PreemptionByScheduler", "preempted by ctl/urgent"),
+            condition(
+                "DisruptionTarget",
+                "True",
+                "PreemptionByScheduler",
+                "preempted by ctl/urgent"
+            ),
         ]),
     )
     .await;
@@ -238,7 +250,9 @@ async fn a_topology_dimension_makes_a_pod_group_per_slice_and_a_reshape_replaces
             .await
             .ok()?;
         (l.items.len() == 3
-            && l.items.iter().all(|g| g.data["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3))
+            && l.items
+                .iter()
+                .all(|g| g.data["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3))
         .then_some(())
     })
     .await;

@@ -195,14 +195,15 @@ async fn a_traceback_on_an_unhealthy_device_is_an_infrastructure_failure() -> an
     // traceback and exit 1. The device's evidence wins.
     std::fs::write(&crash, "")?;
     let pm = first_failure_with_cause(&env, "ProcMesh", "pm", "Infrastructure").await?;
-    assert_eq!(cause_of(&pm), ("Infrastructure", "DeviceUnhealthy"), "{pm:#}");
+    assert_eq!(
+        cause_of(&pm),
+        ("Infrastructure", "DeviceUnhealthy"),
+        "{pm:#}"
+    );
     let msg = pm["firstFailure"]["evidence"]["message"]
         .as_str()
         .unwrap_or_default();
-    assert!(
-        msg.contains(&format!("nvidia.com/gpu {device}")),
-        "{pm:#}"
-    );
+    assert!(msg.contains(&format!("nvidia.com/gpu {device}")), "{pm:#}");
     assert_eq!(pm["firstFailure"]["exitCode"], 1, "{pm:#}");
     Ok(())
 }

@@ -207,7 +207,10 @@ async fn outside_attach(which: Monarch, test: &str) -> anyhow::Result<()> {
         "-o",
         "jsonpath={.spec.containers[0].env[?(@.name==\"MONARCH_POD_UID\")].valueFrom.fieldRef.fieldPath}",
     ])?;
-    assert_eq!(declared, "metadata.uid", "MONARCH_POD_UID from the downward API");
+    assert_eq!(
+        declared, "metadata.uid",
+        "MONARCH_POD_UID from the downward API"
+    );
     let dir = tempfile::tempdir()?;
     let out = || std::fs::read_to_string(dir.path().join("client.log")).unwrap_or_default();
     let err = || std::fs::read_to_string(dir.path().join("client.err")).unwrap_or_default();

@@ -180,7 +180,11 @@ async fn provision(which: Monarch, test: &str) -> anyhow::Result<()> {
         .with_context(|| format!("no {MESH} row in:\n{table}"))?;
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols.get(1..3), Some(&["2/2", "Running"][..]), "{table}");
-    assert!(shm, "host pod 0 has no {SHM} memory /dev/shm\n{}", context());
+    assert!(
+        shm,
+        "host pod 0 has no {SHM} memory /dev/shm\n{}",
+        context()
+    );
 
     // Every proc answered, on both hosts; the slice is the last host's.
     let all = result(&stdout, "all").with_context(context)?;

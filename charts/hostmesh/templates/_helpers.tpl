@@ -156,6 +156,8 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
   verbs: ["create", "patch", "get", "list", "delete"]
+# v1alpha2's Workload (one per World, the PodGroups' template): applied,
+# read and deleted as its PodGroups are (its templates are immutable).
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["workloads"]
   verbs: ["create", "patch", "get", "delete"]

@@ -250,7 +250,11 @@ mod tests {
 
     #[test]
     fn a_bad_line_names_itself() {
-        assert!(parse("nvidia.com/gpu gpu-0").unwrap_err().contains("line 1"));
+        assert!(
+            parse("nvidia.com/gpu gpu-0")
+                .unwrap_err()
+                .contains("line 1")
+        );
         assert!(
             parse("nvidia.com/gpu gpu-0 Broken")
                 .unwrap_err()

@@ -283,7 +283,12 @@ impl Worker {
         // what they ask for, on a node that advertises devices.
         let mut devices = BTreeMap::new();
         if !inert && shared.config.gpu_capacity > 0 {
-            for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+            for c in spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+            {
                 let want = super::devices::requested(c);
                 if want == 0 {
                     continue;

@@ -41,9 +41,9 @@
 //! 9. Every failed rank, `firstFailure` and incident carries whose fault
 //!    it was (`shared::cause`): the rank's own end, unless its host
 //!    carries infrastructure evidence. A `firstFailure` first read as the
-//!    user's or unknown takes its host's infrastructure evidence when that
-//!    arrives later for the same failure (a device's health is reported
-//!    after the crash it caused).
+//!    user's or unknown (or as a bare `HostLost`) takes its host's
+//!    infrastructure evidence when that arrives later for the same failure
+//!    (a device's health is reported after the crash it caused).
 
 use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap};
@@ -673,7 +673,11 @@ impl<'i, 'a> Working<'i, 'a> {
                 if ff.rank == root.rank
                     && ff.time.0 == incidents::micro(root.at)
                     && attribution.cause == FailureCause::Infrastructure
-                    && ff.cause != Some(FailureCause::Infrastructure)
+                    && (ff.cause != Some(FailureCause::Infrastructure)
+                        || ff
+                            .evidence
+                            .as_ref()
+                            .is_some_and(|e| e.reason == hostmesh_crds::cause::reasons::HOST_LOST))
                 {
                     ff.cause = Some(attribution.cause);
                     ff.evidence = Some(attribution.evidence);

@@ -177,10 +177,9 @@ pub fn of_exit(
         (_, Some(code)) if code != 0 => {
             Attribution::user(reasons::NON_ZERO_EXIT, format!("exited with code {code}"))
         }
-        (ProcState::Timeout, _) => Attribution::unknown(
-            reasons::SPAWN_TIMEOUT,
-            "did not start within spawnTimeout",
-        ),
+        (ProcState::Timeout, _) => {
+            Attribution::unknown(reasons::SPAWN_TIMEOUT, "did not start within spawnTimeout")
+        }
         (ProcState::Stalled, _) => {
             Attribution::unknown(reasons::STALLED, "no progress within stallTimeout")
         }
@@ -202,15 +201,25 @@ pub fn of_exit(
 /// Whether the agent's reason for a proc it could not start is about the
 /// command (not found, not executable): the spec's, so the user's.
 fn start_error(reason: &str) -> bool {
-    ["No such file", "not found", "Permission denied", "not executable"]
-        .iter()
-        .any(|s| reason.contains(s))
+    [
+        "No such file",
+        "not found",
+        "Permission denied",
+        "not executable",
+    ]
+    .iter()
+    .any(|s| reason.contains(s))
 }
 
 /// A failed rank's cause (invariants 2 and 6): what its own end says,
 /// unless its host carries infrastructure evidence (`host`: a device
-/// reported Unhealthy, the host lost).
+/// reported Unhealthy, the host lost), which then names what happened to
+/// the host, more precisely than the rank's own `HostLost`.
 pub fn of_rank(s: &RankStatus, oom_killed: bool, host: Option<&Attribution>) -> Attribution {
+    if let Some(h) = host.filter(|h| h.cause == hostmesh_crds::cause::FailureCause::Infrastructure)
+    {
+        return h.clone();
+    }
     let own = of_exit(
         s.state,
         s.exit_code,
@@ -219,8 +228,7 @@ pub fn of_rank(s: &RankStatus, oom_killed: bool, host: Option<&Attribution>) -> 
         oom_killed || s.reason.as_deref() == Some(exit::OOM_KILLED),
         &[s.stderr_head.as_deref(), s.stderr_tail.as_deref()],
     );
-    let host = host.filter(|h| h.cause == hostmesh_crds::cause::FailureCause::Infrastructure);
-    own.or(host.cloned())
+    own
 }
 
 /// The exception line of a Python traceback in `stderr` (its pieces in
@@ -302,7 +310,11 @@ mod tests {
                 "Evicted",
                 "pod Evicted: The node was low on resource: memory.",
             ),
-            ("  phase: Failed\n  reason: NodeLost\n", "NodeLost", "pod NodeLost"),
+            (
+                "  phase: Failed\n  reason: NodeLost\n",
+                "NodeLost",
+                "pod NodeLost",
+            ),
         ];
         for (yaml, label, message) in cases {
             let a = of_pod(&pod(yaml)).unwrap();
@@ -313,8 +325,7 @@ mod tests {
             );
         }
         assert_eq!(of_pod(&pod("  phase: Running\n")), None);
-        let false_target =
-            "  conditions: [{type: DisruptionTarget, status: 'False', reason: PreemptionByScheduler}]\n";
+        let false_target = "  conditions: [{type: DisruptionTarget, status: 'False', reason: PreemptionByScheduler}]\n";
         assert_eq!(of_pod(&pod(false_target)), None);
     }
 
@@ -334,15 +345,22 @@ mod tests {
         assert_eq!(killed.cause, FailureCause::Infrastructure);
         assert_eq!(killed.evidence.reason, "AgentExited");
         assert!(
-            killed.evidence.message.starts_with(
-                "the hostmesh agent (container host) killed by signal SIGKILL (9)"
-            ),
+            killed
+                .evidence
+                .message
+                .starts_with("the hostmesh agent (container host) killed by signal SIGKILL (9)"),
             "{}",
             killed.evidence.message
         );
         let oom = of_container_end(&c("host", Some("OOMKilled"), 137, Some(9)), "host");
-        assert_eq!((oom.cause, oom.evidence.reason.as_str()), (FailureCause::User, "OOMKilled"));
-        let install = of_container_end(&c("hostmesh-install", Some("StartError"), 128, None), "host");
+        assert_eq!(
+            (oom.cause, oom.evidence.reason.as_str()),
+            (FailureCause::User, "OOMKilled")
+        );
+        let install = of_container_end(
+            &c("hostmesh-install", Some("StartError"), 128, None),
+            "host",
+        );
         assert_eq!(
             (install.cause, install.evidence.reason.as_str()),
             (FailureCause::Infrastructure, "PodFailed")
@@ -375,19 +393,38 @@ mod tests {
         );
         let a = of_rank(&failed(Some(3), None, Some("bad input\n")), false, None);
         assert_eq!(
-            (a.cause, a.evidence.reason.as_str(), a.evidence.message.as_str()),
+            (
+                a.cause,
+                a.evidence.reason.as_str(),
+                a.evidence.message.as_str()
+            ),
             (FailureCause::User, "NonZeroExit", "exited with code 3")
         );
         let a = of_rank(&failed(None, Some(11), None), false, None);
-        assert_eq!((a.cause, a.evidence.reason.as_str()), (FailureCause::User, "SignalRaised"));
+        assert_eq!(
+            (a.cause, a.evidence.reason.as_str()),
+            (FailureCause::User, "SignalRaised")
+        );
         let a = of_rank(&failed(Some(134), None, None), false, None);
-        assert_eq!((a.cause, a.evidence.reason.as_str()), (FailureCause::User, "SignalRaised"));
+        assert_eq!(
+            (a.cause, a.evidence.reason.as_str()),
+            (FailureCause::User, "SignalRaised")
+        );
         let a = of_rank(&failed(None, Some(9), None), false, None);
-        assert_eq!((a.cause, a.evidence.reason.as_str()), (FailureCause::Unknown, "Killed"));
+        assert_eq!(
+            (a.cause, a.evidence.reason.as_str()),
+            (FailureCause::Unknown, "Killed")
+        );
         let a = of_rank(&failed(None, Some(9), None), true, None);
-        assert_eq!((a.cause, a.evidence.reason.as_str()), (FailureCause::User, "OOMKilled"));
+        assert_eq!(
+            (a.cause, a.evidence.reason.as_str()),
+            (FailureCause::User, "OOMKilled")
+        );
         let a = of_rank(&failed(Some(127), None, None), false, None);
-        assert_eq!((a.cause, a.evidence.reason.as_str()), (FailureCause::User, "StartFailed"));
+        assert_eq!(
+            (a.cause, a.evidence.reason.as_str()),
+            (FailureCause::User, "StartFailed")
+        );
         let timeout = RankStatus {
             state: ProcState::Timeout,
             ..Default::default()
@@ -400,8 +437,16 @@ mod tests {
         };
         let a = of_rank(&lost, false, None);
         assert_eq!(
-            (a.cause, a.evidence.reason.as_str(), a.evidence.message.as_str()),
-            (FailureCause::Infrastructure, "HostLost", "host 1 is Expired")
+            (
+                a.cause,
+                a.evidence.reason.as_str(),
+                a.evidence.message.as_str()
+            ),
+            (
+                FailureCause::Infrastructure,
+                "HostLost",
+                "host 1 is Expired"
+            )
         );
     }
 

@@ -130,7 +130,10 @@ fn failed(
             reasons::AGENT_EXITED,
             format!("the hostmesh agent of {name} exited"),
         ),
-        _ => Attribution::infrastructure(reasons::POD_FAILED, format!("host pod {name} failed: {why}")),
+        _ => Attribution::infrastructure(
+            reasons::POD_FAILED,
+            format!("host pod {name} failed: {why}"),
+        ),
     }
 }
 
@@ -169,9 +172,8 @@ fn deleted_from_outside(
 }
 
 fn pod_name(input: &PlanInput<'_>, r: Rank, pod: Option<&Pod>) -> String {
-    pod.and_then(|p| p.metadata.name.clone()).unwrap_or_else(|| {
-        super::desired::pod_name(&kube::ResourceExt::name_any(input.world), r)
-    })
+    pod.and_then(|p| p.metadata.name.clone())
+        .unwrap_or_else(|| super::desired::pod_name(&kube::ResourceExt::name_any(input.world), r))
 }
 
 fn host_container(input: &PlanInput<'_>) -> String {

@@ -300,11 +300,13 @@ fn shared_memory(size: &str, host: &mut Container, volumes: &mut Vec<Volume>) {
         }),
         ..Default::default()
     });
-    host.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
-        name: VOLUME.to_string(),
-        mount_path: MOUNT_PATH.to_string(),
-        ..Default::default()
-    });
+    host.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: VOLUME.to_string(),
+            mount_path: MOUNT_PATH.to_string(),
+            ..Default::default()
+        });
 }
 
 fn volumes_of(v: &mut Option<Vec<Volume>>) -> &mut Vec<Volume> {

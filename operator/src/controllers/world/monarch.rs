@@ -148,10 +148,20 @@ mod tests {
         };
         configure_host(&spec, 1, &mut host);
         let all = host.env.unwrap();
-        let uid = all.iter().filter(|e| e.name == api::ENV_POD_UID).collect::<Vec<_>>();
+        let uid = all
+            .iter()
+            .filter(|e| e.name == api::ENV_POD_UID)
+            .collect::<Vec<_>>();
         assert_eq!(uid.len(), 1, "the template's own is replaced");
         assert_eq!(
-            uid[0].value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path,
+            uid[0]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
             "metadata.uid"
         );
         let env: BTreeMap<_, _> = all

@@ -124,7 +124,11 @@ pub fn attribution(report: &ProcReport) -> Option<Attribution> {
         report.oom_killed,
         &[tail.as_deref()],
     );
-    a.evidence.message = head(&format!("monarch worker: {}", a.evidence.message), MAX_EVIDENCE).to_string();
+    a.evidence.message = head(
+        &format!("monarch worker: {}", a.evidence.message),
+        MAX_EVIDENCE,
+    )
+    .to_string();
     Some(a)
 }
 

@@ -374,7 +374,11 @@ pub async fn ensure(
         Ok::<_, OperatorError>(())
     }
     .await;
-    let what = format!("the Workload API objects of World {} ({})", world.name_any(), version.as_str());
+    let what = format!(
+        "the Workload API objects of World {} ({})",
+        world.name_any(),
+        version.as_str()
+    );
     match written {
         Ok(()) => {}
         Err(OperatorError::Kube(kube::Error::Api(e))) if e.code == 403 => {
@@ -426,7 +430,8 @@ pub async fn ensure(
         },
         note: message.clone(),
     };
-    ctx.planned_events(world, std::slice::from_ref(&event)).await;
+    ctx.planned_events(world, std::slice::from_ref(&event))
+        .await;
     Ok(Some((reason, message)))
 }
 
@@ -497,7 +502,11 @@ spec:\n  shape: [{{name: replica, size: 2}}, {{name: host, size: 4}}]\n  schedul
         let w = world(", topology: [{dimension: replica, key: topology.kubernetes.io/rack}]");
         let l = layout(&w);
         assert_eq!(l.template, "replica");
-        let names: Vec<_> = l.groups.iter().map(|g| (g.name.as_str(), g.first, g.hosts)).collect();
+        let names: Vec<_> = l
+            .groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.first, g.hosts))
+            .collect();
         assert_eq!(
             names,
             [("trainer-replica-0", 0, 4), ("trainer-replica-1", 4, 4)]

@@ -34,12 +34,18 @@ fn obs(host: Rank, state: ProcState) -> ProcObs {
 }
 
 fn running() -> BTreeMap<Rank, ProcObs> {
-    (0..4).map(|r| (r, obs(r / 2, ProcState::Running))).collect()
+    (0..4)
+        .map(|r| (r, obs(r / 2, ProcState::Running)))
+        .collect()
 }
 
+/// A proc on `host` that printed a traceback and exited 1, as its agent
+/// reports it (timed at 99 s, received at once).
 fn exits_with_traceback(host: Rank) -> ProcObs {
     ProcObs {
         exit_code: Some(1),
+        failed_at: Some(Timestamp::from_second(99).unwrap()),
+        detected_at: Some(Timestamp::from_second(99).unwrap()),
         stderr_tail: Some(
             "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n    raise ValueError(\"bad shard 7\")\nValueError: bad shard 7\n"
                 .into(),
@@ -105,10 +111,13 @@ fn a_traceback_exit_is_the_user_s_in_every_record() {
 fn a_failed_rank_carries_its_cause_in_the_rank_runs() {
     let pm = mesh("");
     let mut states = running();
-    states.insert(1, ProcObs {
-        signal: Some(11),
-        ..obs(0, ProcState::Killed)
-    });
+    states.insert(
+        1,
+        ProcObs {
+            signal: Some(11),
+            ..obs(0, ProcState::Killed)
+        },
+    );
     let p = run(&pm, &states, &BTreeMap::new(), &BTreeMap::new(), 100);
     let r1 = runs::get(&p.status.ranks, 1).unwrap();
     assert_eq!(r1.cause, Some(FailureCause::User), "SIGSEGV is raised");
@@ -166,7 +175,10 @@ fn a_traceback_on_an_unhealthy_device_is_the_infrastructure_s_even_when_told_lat
     assert_eq!(upgraded.evidence, Some(device.evidence));
     assert_eq!((upgraded.rank, upgraded.time), (ff.rank, ff.time));
     // A device on another host says nothing about this failure.
-    let elsewhere = BTreeMap::from([(0, Attribution::infrastructure(reasons::DEVICE_UNHEALTHY, "gpu-0"))]);
+    let elsewhere = BTreeMap::from([(
+        0,
+        Attribution::infrastructure(reasons::DEVICE_UNHEALTHY, "gpu-0"),
+    )]);
     let p = run(&mesh(""), &states, &BTreeMap::new(), &elsewhere, 100);
     assert_eq!(
         p.status.first_failure.unwrap().cause,
