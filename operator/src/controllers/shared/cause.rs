@@ -220,15 +220,14 @@ pub fn of_rank(s: &RankStatus, oom_killed: bool, host: Option<&Attribution>) -> 
     {
         return h.clone();
     }
-    let own = of_exit(
+    of_exit(
         s.state,
         s.exit_code,
         s.signal,
         s.reason.as_deref(),
         oom_killed || s.reason.as_deref() == Some(exit::OOM_KILLED),
         &[s.stderr_head.as_deref(), s.stderr_tail.as_deref()],
-    );
-    own
+    )
 }
 
 /// The exception line of a Python traceback in `stderr` (its pieces in
