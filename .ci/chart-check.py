@@ -46,7 +46,8 @@ KUEUE_RULES = {
 GANG_RULES = {
     ("scheduling.x-k8s.io", "podgroups"): {"create", "patch"},
     ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
-    ("scheduling.k8s.io", "podgroups"): {"create", "patch"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "patch", "get", "list", "delete"},
+    ("scheduling.k8s.io", "workloads"): {"create", "patch", "get", "delete"},
 }
 # With monarch.serveMonarchMesh (docs/monarch.md): the MonarchMesh controller
 # reads MonarchMeshes, writes their status, owns Worlds and Services made for

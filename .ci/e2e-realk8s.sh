@@ -8,7 +8,8 @@
 # containerd (no registry): the hostmesh image ($HOSTMESH_TEST_IMAGE, from
 # image/build.sh) for the agent install container and the Helm chart's
 # operator, the bundle's busybox for host pods, and the Monarch image
-# (tests/images/monarch.sh) for Monarch's workers and clients. Operators the
+# (tests/images/monarch.sh, and its next-Monarch variant) for Monarch's
+# workers and clients. Operators the
 # tests start themselves run on this machine and reach pods at their IPs.
 #
 # Two runs: the suite, tests side by side, each in its namespace with an
@@ -51,11 +52,14 @@ start=$(date +%s)
 "$realk8s/load-image.sh" "$HOSTMESH_TEST_IMAGE" "$state" >/dev/null
 monarch_image=$(bash tests/images/monarch.sh | tail -n 1)
 "$realk8s/load-image.sh" "$monarch_image" "$state" >/dev/null
+monarch_next_image=$(MONARCH_VARIANT=next bash tests/images/monarch.sh | tail -n 1)
+"$realk8s/load-image.sh" "$monarch_next_image" "$state" >/dev/null
 echo "ci: images loaded into the node in $(( $(date +%s) - start ))s"
 
 export HOSTMESH_E2E_NODES=cluster
 export HOSTMESH_E2E_BUSYBOX_IMAGE=localhost/realk8s/busybox:1.35
 export HOSTMESH_E2E_MONARCH_IMAGE="$monarch_image"
+export HOSTMESH_E2E_MONARCH_NEXT_IMAGE="$monarch_next_image"
 export HOSTMESH_E2E_MEASUREMENTS="$measurements"
 rm -f "$measurements"
 

@@ -5,7 +5,9 @@ so Monarch port-forwards to a worker itself). It spawns procs on every host,
 an actor on every proc, calls an endpoint on all of them and on one slice,
 then job.kill() deletes the MonarchMesh.
 
-Usage: python monarch_provision.py KUBECONFIG NAMESPACE MESH IMAGE HOSTS
+Usage: python monarch_provision.py KUBECONFIG NAMESPACE MESH IMAGE HOSTS [SHM]
+
+SHM, when given, is ImageSpec's shared_memory_size (a memory /dev/shm).
 Prints one line `RESULT {...}` (JSON) after each step; exits non-zero on
 any failure.
 """
@@ -34,13 +36,14 @@ def report(step, **fields):
 
 def main():
     kubeconfig, namespace, mesh, image, hosts = sys.argv[1:6]
+    shm = sys.argv[6] if len(sys.argv) > 6 else None
     hosts = int(hosts)
     job = KubernetesJob(
         namespace=namespace,
         timeout=180,
         kubeconfig=KubeConfig.from_path(kubeconfig),
     )
-    job.add_mesh(mesh, hosts, image_spec=ImageSpec(image))
+    job.add_mesh(mesh, hosts, image_spec=ImageSpec(image, shared_memory_size=shm))
     state = job.state(cached_path=None)
     host_mesh = getattr(state, mesh)
     report("connected")

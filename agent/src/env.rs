@@ -189,10 +189,20 @@ pub(crate) fn proc_env(
         ),
     ];
     for (d, c) in spec.extent.iter().zip(coordinates(spec, req.rank)) {
-        env.push((
-            format!("HOSTMESH_COORD_{}", env_suffix(&d.name)),
-            c.to_string(),
-        ));
+        let suffix = env_suffix(&d.name);
+        env.push((format!("HOSTMESH_COORD_{suffix}"), c.to_string()));
+        // `HOSTMESH_RANK_EPOCH(S)` are the rank epoch's (`fence`): a
+        // dimension of that name keeps its `HOSTMESH_COORD_` only.
+        if !matches!(suffix.as_str(), "EPOCH" | "EPOCHS") {
+            env.push((format!("HOSTMESH_RANK_{suffix}"), c.to_string()));
+        }
+        env.extend([
+            (format!("HOSTMESH_SIZE_{suffix}"), d.size.to_string()),
+            // Monarch's own names (`monarch exec`, `Job._rank_env`): the
+            // dimension as written.
+            (format!("MONARCH_RANK_{}", d.name), c.to_string()),
+            (format!("MONARCH_SIZE_{}", d.name), d.size.to_string()),
+        ]);
     }
     env.extend(spec.env.iter().cloned());
     Ok(env)
@@ -278,6 +288,14 @@ mod tests {
         assert_eq!(env["HOSTMESH_COORD_HOST"], "1");
         assert_eq!(env["HOSTMESH_COORD_GPU"], "3");
         assert_eq!(env["HOSTMESH_EXTENT"], "replica=2,host=4,gpu=8");
+        // Per dimension, hostmesh's and Monarch's names for rank and size.
+        for (dim, rank, size) in [("replica", 1, 2), ("host", 1, 4), ("gpu", 3, 8)] {
+            let up = dim.to_ascii_uppercase();
+            assert_eq!(env[&format!("HOSTMESH_RANK_{up}")], rank.to_string());
+            assert_eq!(env[&format!("HOSTMESH_SIZE_{up}")], size.to_string());
+            assert_eq!(env[&format!("MONARCH_RANK_{dim}")], rank.to_string());
+            assert_eq!(env[&format!("MONARCH_SIZE_{dim}")], size.to_string());
+        }
         assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:26602");
         assert_eq!(env["HOSTMESH_SECRET_FILE"], "/s/token");
         assert_eq!(env["HOSTMESH_PROC_NAME"], "train-43");

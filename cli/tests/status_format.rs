@@ -56,6 +56,8 @@ status:
     reason: exited with code 3
     exitCode: 3
     command: "python train.py --shard 5"
+    cause: User
+    evidence: {reason: PythonTraceback, message: "Python traceback: ValueError: bad shard"}
     stderrTail: "loading\nTraceback (most recent call last):\n\u001b[31mValueError: bad shard\u001b[0m\n"
   ranks:
   - {start: 0, count: 5, state: Running}
@@ -125,6 +127,10 @@ fn procmesh_view_names_the_first_failure_with_a_clean_stderr_tail() {
         "{text}"
     );
     assert!(text.contains("  reason: exited with code 3\n"), "{text}");
+    assert!(
+        text.contains("  cause: User (PythonTraceback: Python traceback: ValueError: bad shard)\n"),
+        "{text}"
+    );
     assert!(
         text.contains("  command: python train.py --shard 5\n"),
         "{text}"

@@ -5,7 +5,8 @@
 //! 1. At most [`MAX_INCIDENTS`] entries, oldest first; a new incident
 //!    pushes out the oldest ([`push`]).
 //! 2. Each entry is bounded in bytes: its root cause is cut to
-//!    [`MAX_ROOT_CAUSE`] bytes, every other field is fixed-size.
+//!    [`MAX_ROOT_CAUSE`] bytes, its evidence to
+//!    [`crate::cause::MAX_EVIDENCE`], every other field is fixed-size.
 //! 3. Times are `MicroTime`s (a phase often takes milliseconds; `Time`
 //!    keeps whole seconds). The phase times, where set, never decrease in the order `failedAt`,
 //!    `detectedAt`, `decidedAt`, `podsReadyAt`, `procsRunningAt`.
@@ -50,6 +51,12 @@ pub struct Incident {
     /// Later failures of other ranks within the cascade window.
     #[serde(default)]
     pub collateral: Rank,
+    /// Whose fault the root failure was (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
+    /// The fact `cause` was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::cause::Evidence>,
 }
 
 /// What the restart policy did about an incident.
@@ -86,6 +93,9 @@ impl Incident {
 /// [`MAX_INCIDENTS`], its root cause cut to [`MAX_ROOT_CAUSE`] bytes.
 pub fn push(ring: &mut Vec<Incident>, mut incident: Incident) {
     incident.root_cause = crate::procmesh::head(&incident.root_cause, MAX_ROOT_CAUSE).to_string();
+    if let Some(e) = incident.evidence.as_mut() {
+        e.message = crate::procmesh::head(&e.message, crate::cause::MAX_EVIDENCE).to_string();
+    }
     ring.push(incident);
     if ring.len() > MAX_INCIDENTS {
         let extra = ring.len() - MAX_INCIDENTS;
@@ -110,6 +120,11 @@ mod tests {
             rank: i,
             root_cause: "x".repeat(100_000),
             collateral: Rank::MAX,
+            cause: Some(crate::cause::FailureCause::User),
+            evidence: Some(crate::cause::Evidence {
+                reason: "PythonTraceback".into(),
+                message: "x".repeat(crate::cause::MAX_EVIDENCE),
+            }),
         }
     }
 
@@ -124,7 +139,7 @@ mod tests {
         assert_eq!(ring[MAX_INCIDENTS - 1].rank, 99);
         assert!(ring.iter().all(|i| i.root_cause.len() == MAX_ROOT_CAUSE));
         let bytes = serde_json::to_vec(&ring).unwrap().len();
-        // Fixed fields plus the bounded cause: about 500 bytes each.
-        assert!(bytes <= MAX_INCIDENTS * 600, "{bytes} bytes");
+        // Fixed fields plus the bounded cause and evidence: about 800 bytes each.
+        assert!(bytes <= MAX_INCIDENTS * 900, "{bytes} bytes");
     }
 }

@@ -13,6 +13,7 @@
 //! 3. Conditions use the `metav1.Condition` shape; [`conditions::set`] keeps
 //!    `lastTransitionTime` when a condition's status does not change.
 
+pub mod cause;
 pub mod conditions;
 pub mod duration;
 pub mod field;
@@ -20,6 +21,7 @@ pub mod incident;
 pub mod monarch;
 pub mod monarchmesh;
 pub mod procmesh;
+pub mod shm;
 pub mod validate;
 pub mod world;
 

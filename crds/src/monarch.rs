@@ -32,6 +32,10 @@ pub const ENV_SERVICE_PROC_RANK: &str = "MONARCH_SERVICE_PROC_RANK";
 /// Container env: the JSON list of service proc ids (set by a provisioning
 /// client; passed through untouched).
 pub const ENV_SERVICE_PROC_IDS: &str = "MONARCH_SERVICE_PROC_IDS";
+/// Container env: the pod's uid (downward API `metadata.uid`), from which
+/// Monarch 0.8 derives a worker's service identity when no
+/// [`ENV_SERVICE_PROC_IDS`] is declared.
+pub const ENV_POD_UID: &str = "MONARCH_POD_UID";
 
 /// Monarch workers on every host of a World.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -545,6 +545,9 @@ pub struct RankStatus {
     /// (this rank failed within the cascade window after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caused_by: Option<Rank>,
+    /// For a failed rank: whose fault it was (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
 }
 
 fn is_zero(n: &Rank) -> bool {
@@ -751,6 +754,13 @@ pub struct FirstFailure {
     /// [`MAX_COMMAND`] bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// Whose fault it was: `Infrastructure`, `User` or `Unknown`
+    /// (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
+    /// The fact `cause` was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::cause::Evidence>,
 }
 
 #[cfg(test)]
@@ -842,6 +852,7 @@ mod tests {
             stderr_tail: Some("e".repeat(10_000)),
             stderr_head: Some("h".repeat(10_000)),
             caused_by: Some(3),
+            cause: Some(crate::cause::FailureCause::User),
         });
         let (runs, truncated) = rank_runs(v);
         assert!(truncated);
@@ -856,6 +867,11 @@ mod tests {
             rank: i,
             root_cause: "c".repeat(100_000),
             collateral: i,
+            cause: Some(crate::cause::FailureCause::Infrastructure),
+            evidence: Some(crate::cause::Evidence {
+                reason: "DeviceUnhealthy".into(),
+                message: "m".repeat(100_000),
+            }),
         };
         let mut incidents = Vec::new();
         for i in 0..100 {
@@ -877,6 +893,11 @@ mod tests {
                 stderr_head: Some("h".repeat(MAX_STDERR_HEAD)),
                 oom_killed: true,
                 command: Some("c".repeat(MAX_COMMAND)),
+                cause: Some(crate::cause::FailureCause::Infrastructure),
+                evidence: Some(crate::cause::Evidence {
+                    reason: "DeviceUnhealthy".into(),
+                    message: "m".repeat(crate::cause::MAX_EVIDENCE),
+                }),
             }),
             ..Default::default()
         };

@@ -285,6 +285,7 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
         spec.active_deadline_seconds,
         &mut errs,
     );
+    errs.extend(crate::shm::check(spec));
     let fp = &spec.failure_policy;
     let timings = (|| {
         Ok::<_, FieldError>(WorldTimings {

@@ -106,6 +106,13 @@ pub struct WorldSpec {
     /// labelled as Monarch's `KubernetesJob` expects (docs/monarch.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monarch: Option<crate::monarch::MonarchSpec>,
+    /// Size of a memory-backed `emptyDir` mounted at `/dev/shm` in the host
+    /// container (NCCL and data loaders need more than a runtime's default
+    /// 64 MiB), e.g. `16Gi`. It counts toward the pod's memory. Unset: the
+    /// runtime's default `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = crate::shm::QUANTITY_PATTERN))]
+    pub shared_memory_size: Option<String>,
     /// When the World is done. `Never` (default): a long-lived host mesh
     /// that runs until it is deleted (Monarch's reserve-once model).
     /// `ProcMeshesFinished`: once the World has at least one ProcMesh and
@@ -592,6 +599,13 @@ pub struct HostFailure {
     /// The command line that ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// Whose fault it was: `Infrastructure`, `User` or `Unknown`
+    /// (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
+    /// The fact `cause` was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::cause::Evidence>,
 }
 
 /// Phase of a World.
@@ -643,6 +657,26 @@ pub struct HostStatus {
     /// OOMKilled, Evicted, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For a host that failed or is gone, or one whose failures would be
+    /// the infrastructure's (a device reported Unhealthy): whose fault
+    /// (`crate::cause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::cause::FailureCause>,
+    /// The fact `cause` was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::cause::Evidence>,
+}
+
+impl HostStatus {
+    /// A host in `state`, for `reason`, with no cause attributed.
+    pub fn new(state: HostState, reason: Option<String>) -> Self {
+        HostStatus {
+            state,
+            reason,
+            cause: None,
+            evidence: None,
+        }
+    }
 }
 
 /// State of one host.

@@ -104,6 +104,13 @@ pub struct Metrics {
     agent_pushes: Counter,
     hub_triggers: Family<KindLabels, Counter>,
     recovery: Family<PhaseLabels, Histogram>,
+    failures: Family<FailureLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    kind: String,
+    cause: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -203,9 +210,16 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             recovery.clone(),
         );
+        let failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "failures",
+            "Failures by kind (World: a host that failed or went; ProcMesh: an incident's root) and cause (Infrastructure, User, Unknown; status firstFailure.cause)",
+            failures.clone(),
+        );
         let metrics = Self {
             registry,
             recovery,
+            failures,
             reconciles,
             errors,
             durations,
@@ -220,6 +234,11 @@ impl Metrics {
         };
         for phase in WORLD_PHASES {
             metrics.worlds.get_or_create(&phase_labels(phase)).set(0);
+        }
+        for kind in ["World", "ProcMesh"] {
+            for cause in hostmesh_crds::cause::FailureCause::ALL {
+                let _ = metrics.failures.get_or_create(&failure_labels(kind, cause));
+            }
         }
         metrics
     }
@@ -307,6 +326,14 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Counts one failure of a `kind` (`World`, `ProcMesh`) object by its
+    /// cause.
+    pub fn failure(&self, kind: &str, cause: hostmesh_crds::cause::FailureCause) {
+        self.failures
+            .get_or_create(&failure_labels(kind, cause))
+            .inc();
+    }
+
     /// Records whether this replica is the leader.
     pub fn set_leader(&self, is_leader: bool) {
         self.leader.set(i64::from(is_leader));
@@ -318,6 +345,13 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+fn failure_labels(kind: &str, cause: hostmesh_crds::cause::FailureCause) -> FailureLabels {
+    FailureLabels {
+        kind: kind.to_owned(),
+        cause: cause.as_str().to_owned(),
     }
 }
 

@@ -7,17 +7,24 @@
 # run `python` from it exactly as the process kubelet runs the venv's.
 #
 #   tests/images/monarch.sh [TAG]     default tag: localhost/hostmesh-e2e/monarch:e2e
+#   MONARCH_VARIANT=next tests/images/monarch.sh [TAG]
+#                                     the next Monarch (testkit's TORCHMONARCH_NEXT,
+#                                     venv monarch-next-venv); default tag
+#                                     localhost/hostmesh-e2e/monarch-next:e2e
 #
 # Needs podman and busybox-static. Prints the tag last. Load it into a
 # cluster's node afterwards (../shared/realk8s/load-image.sh TAG).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-tag=${1:-localhost/hostmesh-e2e/monarch:e2e}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
-venv="$target_dir/monarch-venv"
+case "${MONARCH_VARIANT:-}" in
+  "") tag=${1:-localhost/hostmesh-e2e/monarch:e2e}; venv="$target_dir/monarch-venv"; const=TORCHMONARCH ;;
+  next) tag=${1:-localhost/hostmesh-e2e/monarch-next:e2e}; venv="$target_dir/monarch-next-venv"; const=TORCHMONARCH_NEXT ;;
+  *) echo "monarch.sh: MONARCH_VARIANT=$MONARCH_VARIANT: use next, or leave it unset" >&2; exit 1 ;;
+esac
 
-monarch=$(sed -n 's/^pub const TORCHMONARCH: &str = "\(.*\)";$/\1/p' "$root/testkit/src/monarch.rs")
-[ -n "$monarch" ] || { echo "monarch.sh: no TORCHMONARCH in testkit/src/monarch.rs" >&2; exit 1; }
+monarch=$(sed -n "s/^pub const $const: &str = \"\\(.*\\)\";\$/\\1/p" "$root/testkit/src/monarch.rs")
+[ -n "$monarch" ] || { echo "monarch.sh: no $const in testkit/src/monarch.rs" >&2; exit 1; }
 probe='import monarch.actor, monarch.job.kubernetes, kubernetes'
 if ! "$venv/bin/python3" -c "$probe" 2>/dev/null; then
   echo "monarch.sh: making $venv ($monarch, kubernetes)" >&2

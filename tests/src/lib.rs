@@ -97,6 +97,9 @@ pub struct Images {
     /// of this machine's Monarch venv (`tests/images/monarch.sh`).
     /// `HOSTMESH_E2E_MONARCH_IMAGE`.
     pub monarch: Option<String>,
+    /// The same for the next Monarch (`MONARCH_VARIANT=next
+    /// tests/images/monarch.sh`). `HOSTMESH_E2E_MONARCH_NEXT_IMAGE`.
+    pub monarch_next: Option<String>,
 }
 
 impl Images {
@@ -107,6 +110,7 @@ impl Images {
             hostmesh: var("HOSTMESH_TEST_IMAGE"),
             busybox: var("HOSTMESH_E2E_BUSYBOX_IMAGE").unwrap_or_else(|| "busybox:1.36".into()),
             monarch: var("HOSTMESH_E2E_MONARCH_IMAGE"),
+            monarch_next: var("HOSTMESH_E2E_MONARCH_NEXT_IMAGE"),
         }
     }
 }
@@ -126,6 +130,9 @@ pub struct EnvOptions {
     pub restartable_apiserver: bool,
     /// More arguments for `hostmesh apiserver` (`--watch-window 30s`).
     pub apiserver_args: Vec<String>,
+    /// `nvidia.com/gpu` devices the process kubelet advertises and hands
+    /// out (`--gpu-capacity`; their health: [`Env::set_device_health`]).
+    pub gpu_capacity: u32,
 }
 
 /// A cluster, a namespace and an operator for one test.
@@ -308,6 +315,9 @@ impl Env {
             .arg(self.dir.path().join("kubelet"))
             .arg("--agent-binary")
             .arg(bin);
+        if self.options.gpu_capacity > 0 {
+            kubelet.arg(format!("--gpu-capacity={}", self.options.gpu_capacity));
+        }
         if !self.options.kubelet_path.is_empty() {
             let mut dirs = self.options.kubelet_path.clone();
             dirs.extend(std::env::split_paths(
@@ -579,8 +589,37 @@ impl Env {
             "monarch" | "monarch-client" | "monarch:e2e" => self.images.monarch.clone().context(
                 "this test runs Monarch in pods on the cluster's nodes: set HOSTMESH_E2E_MONARCH_IMAGE (tests/images/monarch.sh builds one)",
             ),
+            "monarch-next" | "monarch-next:e2e" => self.images.monarch_next.clone().context(
+                "this test runs the next Monarch in pods on the cluster's nodes: set HOSTMESH_E2E_MONARCH_NEXT_IMAGE (MONARCH_VARIANT=next tests/images/monarch.sh builds one)",
+            ),
             other => Ok(other.to_owned()),
         }
+    }
+
+    /// Sets the health the process kubelet reports for its devices
+    /// (`allocatedResourcesStatus`), through its test hook: one
+    /// `<resource> <device id> <Healthy|Unhealthy|Unknown>` per line, every
+    /// device not named `Healthy`. Only where a process kubelet runs the
+    /// pods (not [`Placement::ClusterNodes`]: a real kubelet's devices
+    /// report their own health).
+    pub fn set_device_health(&self, lines: &[&str]) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.kubelet.is_some(),
+            "no process kubelet runs this test's pods ({:?}): device health comes from the node's device plugins",
+            self.placement
+        );
+        let dir = self.dir.path().join("kubelet").join("devices");
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join("health.tmp");
+        std::fs::write(&tmp, lines.join("\n") + "\n")?;
+        std::fs::rename(&tmp, dir.join("health"))?;
+        Ok(())
+    }
+
+    /// Whether a process kubelet runs this test's pods (so its test hooks,
+    /// [`Env::set_device_health`], work).
+    pub fn has_process_kubelet(&self) -> bool {
+        self.kubelet.is_some()
     }
 
     /// A directory of this machine that the procs of the Worlds this test

@@ -13,11 +13,44 @@ use crate::{Env, NODE_TAINT, Placement, find_pids, world_yaml_with_image};
 /// the venv at the same path), replacing a failed host at once; `extra`
 /// spec lines follow.
 pub fn world(name: &str, hosts: u32, python: &Path, extra: &str) -> String {
+    world_of(Monarch::Release, name, hosts, python, extra)
+}
+
+/// Which Monarch a test runs (testkit's `TORCHMONARCH` or
+/// `TORCHMONARCH_NEXT`), and so which image placeholder its pods get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Monarch {
+    /// The release (`monarch` image).
+    Release,
+    /// The next pre-release (`monarch-next` image).
+    Next,
+}
+
+impl Monarch {
+    /// The image placeholder of its workers ([`Env::image`]).
+    pub fn image(self) -> &'static str {
+        match self {
+            Monarch::Release => "monarch",
+            Monarch::Next => "monarch-next",
+        }
+    }
+
+    /// The venv's python on this machine (made on first use).
+    pub fn python(self) -> std::path::PathBuf {
+        match self {
+            Monarch::Release => hostmesh_testkit::monarch::python(),
+            Monarch::Next => hostmesh_testkit::monarch::python_next(),
+        }
+    }
+}
+
+/// Like [`world`], for `monarch`'s image.
+pub fn world_of(monarch: Monarch, name: &str, hosts: u32, python: &Path, extra: &str) -> String {
     let bin = python.parent().unwrap_or(Path::new("/")).display();
     world_yaml_with_image(
         name,
         &[("host", hosts)],
-        "monarch",
+        monarch.image(),
         &format!(
             "        env: [{{name: PATH, value: \"{bin}:/usr/local/bin:/usr/bin:/bin\"}}]\n  monarch: {{}}\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 3, backoff: 1s}}\n{extra}"
         ),

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context as _;
+use hostmesh_e2e::monarch::Monarch;
 use hostmesh_e2e::{
     Env, condition_true, eventually, monarch, pid_in_pod, signal, tail, world_yaml,
 };
@@ -30,7 +31,12 @@ async fn monarch_python() -> anyhow::Result<PathBuf> {
 }
 
 async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
-    env.apply(&monarch::world(MESH, HOSTS, python, "")).await?;
+    ready_world_of(env, Monarch::Release, python).await
+}
+
+async fn ready_world_of(env: &Env, which: Monarch, python: &Path) -> anyhow::Result<()> {
+    env.apply(&monarch::world_of(which, MESH, HOSTS, python, ""))
+        .await?;
     env.wait_for("World", MESH, "Ready", |s| condition_true(s, "Ready"))
         .await?;
     // Attach mode finds the workers by Monarch's default selector.
@@ -175,9 +181,36 @@ fn outside_client(
 /// new worker (docs/monarch.md, "Restarts and a running client").
 #[tokio::test(flavor = "multi_thread")]
 async fn a_monarch_client_outside_attaches_through_port_forward() -> anyhow::Result<()> {
-    let python = monarch_python().await?;
-    let env = Env::start("monarch-out").await?;
-    ready_world(&env, &python).await?;
+    outside_attach(Monarch::Release, "monarch-out").await
+}
+
+/// The same with the next Monarch (`TORCHMONARCH_NEXT`, its client and its
+/// workers), whose client attaches only to workers that declare their
+/// service identity (`MONARCH_POD_UID`, docs/monarch.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_next_monarch_client_outside_attaches_through_port_forward() -> anyhow::Result<()> {
+    outside_attach(Monarch::Next, "monarch-next-out").await
+}
+
+async fn outside_attach(which: Monarch, test: &str) -> anyhow::Result<()> {
+    let python = tokio::task::spawn_blocking(move || which.python()).await?;
+    let env = Env::start(test).await?;
+    ready_world_of(&env, which, &python).await?;
+    // Monarch 0.8's client refuses a worker pod that declares no service
+    // identity; every host pod declares MONARCH_POD_UID (its own uid).
+    let declared = env.kubectl(&[
+        "get",
+        "pod",
+        "-n",
+        &env.namespace,
+        &format!("{MESH}-host-0"),
+        "-o",
+        "jsonpath={.spec.containers[0].env[?(@.name==\"MONARCH_POD_UID\")].valueFrom.fieldRef.fieldPath}",
+    ])?;
+    assert_eq!(
+        declared, "metadata.uid",
+        "MONARCH_POD_UID from the downward API"
+    );
     let dir = tempfile::tempdir()?;
     let out = || std::fs::read_to_string(dir.path().join("client.log")).unwrap_or_default();
     let err = || std::fs::read_to_string(dir.path().join("client.err")).unwrap_or_default();

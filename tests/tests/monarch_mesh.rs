@@ -1,9 +1,10 @@
 //! e2e: Monarch's provisioning mode with the real client (PyPI
-//! torchmonarch 0.7.0, unmodified, in a venv under target/) against a
+//! torchmonarch 0.7.0 and the next 0.8 pre-release, unmodified, each in a
+//! venv under target/) against a
 //! hostmesh operator serving `MonarchMesh` (`--serve-monarch-mesh`, no
 //! Monarch operator), from outside the cluster (`KubeConfig.from_path`, so
 //! Monarch port-forwards to a worker itself): `add_mesh` with an
-//! `ImageSpec` creates the MonarchMesh, hostmesh runs it as a World whose
+//! `ImageSpec` (with `shared_memory_size`) creates the MonarchMesh, hostmesh runs it as a World whose
 //! agents run Monarch's worker bootstrap, the client spawns procs on every
 //! host, an actor on every proc, calls an endpoint on all and on one slice,
 //! `kubectl get monarchmeshes` shows it Ready meanwhile, and `job.kill()`
@@ -14,6 +15,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use hostmesh_e2e::monarch::Monarch;
 use hostmesh_e2e::{Env, EnvOptions, WAIT, condition_true, tail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -42,19 +44,59 @@ fn result(out: &str, step: &str) -> anyhow::Result<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::Result<()> {
+    provision(Monarch::Release, "monarch-mesh").await
+}
+
+/// The same with the next Monarch (`TORCHMONARCH_NEXT`): its client, its
+/// worker bootstrap and its service identities.
+#[tokio::test(flavor = "multi_thread")]
+async fn next_monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::Result<()> {
+    provision(Monarch::Next, "monarch-next-mesh").await
+}
+
+/// `ImageSpec(shared_memory_size=SHM)`: Monarch's client asks for a memory
+/// `/dev/shm`, which reaches the host pods through the World's template.
+const SHM: &str = "64Mi";
+
+/// Whether `pod` mounts a memory `emptyDir` of [`SHM`] at `/dev/shm`.
+fn has_shm(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let memory: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| {
+            v.empty_dir.as_ref().is_some_and(|d| {
+                d.medium.as_deref() == Some("Memory")
+                    && d.size_limit.as_ref().is_some_and(|q| q.0 == SHM)
+            })
+        })
+        .map(|v| v.name.as_str())
+        .collect();
+    spec.containers.iter().any(|c| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/dev/shm" && memory.contains(&m.name.as_str()))
+    })
+}
+
+async fn provision(which: Monarch, test: &str) -> anyhow::Result<()> {
     if hostmesh_e2e::Placement::from_env()? == hostmesh_e2e::Placement::ProcessKubelet {
         // Skipped with a process kubelet joined to a cluster: Monarch's
         // client writes the pod template, so its pods cannot be pinned to
         // the process kubelet's node (docs/testing.md).
         return Ok(());
     }
-    let python = hostmesh_testkit::monarch::python();
+    let python = tokio::task::spawn_blocking(move || which.python()).await?;
     let venv_bin = python
         .parent()
         .context("the venv's python lives in bin/")?
         .to_path_buf();
     let env = Env::start_with_options(
-        "monarch-mesh",
+        test,
         EnvOptions {
             serve_monarch_mesh: true,
             // The worker command is Monarch's `python -u -c ...`: the
@@ -71,8 +113,9 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
         .arg(&env.kubeconfig)
         .arg(&env.namespace)
         .arg(MESH)
-        .arg(env.image("monarch:e2e")?)
+        .arg(env.image(&format!("{}:e2e", which.image()))?)
         .arg(HOSTS.to_string())
+        .arg(SHM)
         // The user's shell, not the client: this machine's hostname
         // resolves only to loopback, which Monarch refuses for its
         // hostname transport; an explicit client address is Monarch's own
@@ -90,8 +133,10 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
     // While the client works, the MonarchMesh becomes Ready and kubectl
     // shows it so.
     let api = meshes(&env);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let start = Instant::now();
     let mut table = None;
+    let mut shm = false;
     while table.is_none() && start.elapsed() < CLIENT_WAIT {
         if client.try_wait()?.is_some() {
             break;
@@ -100,6 +145,10 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
             let status = &m.data["status"];
             if condition_true(status, "Ready") && status["readyReplicas"] == HOSTS {
                 table = Some(env.kubectl(&["get", "monarchmeshes", "-n", &env.namespace])?);
+                shm = pods
+                    .get_opt(&format!("{MESH}-host-0"))
+                    .await?
+                    .is_some_and(|p| has_shm(&p));
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -131,6 +180,11 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
         .with_context(|| format!("no {MESH} row in:\n{table}"))?;
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols.get(1..3), Some(&["2/2", "Running"][..]), "{table}");
+    assert!(
+        shm,
+        "host pod 0 has no {SHM} memory /dev/shm\n{}",
+        context()
+    );
 
     // Every proc answered, on both hosts; the slice is the last host's.
     let all = result(&stdout, "all").with_context(context)?;
@@ -151,7 +205,6 @@ async fn monarch_provisioning_runs_on_a_world_and_kill_deletes_it() -> anyhow::R
 
     // job.kill() deleted the MonarchMesh; its World and host pods follow.
     let worlds = env.hostmesh_api("World");
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let all_gone = async || -> Option<bool> {
         let pods = pods
             .list(&ListParams::default().labels(&format!("hostmesh.dev/world={MESH}")))

@@ -147,9 +147,21 @@ Role in each watched namespace. Every rule says why it is needed.
 # Gang scheduling (spec.scheduling.gang): one PodGroup per World for the
 # chosen provider, server-side applied (create, patch); garbage collection
 # deletes it with the World.
-- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io"]
+- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
   verbs: ["create", "patch"]
+# Kubernetes' Workload API (docs/scheduling.md): PodGroups (one per gang)
+# are also listed (the scheduler's PodGroupScheduled verdict, and groups of
+# an earlier layout to remove) and deleted (their spec is immutable: a
+# changed one is made again); v1alpha2's Workload holds their template.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch", "get", "list", "delete"]
+# v1alpha2's Workload (one per World, the PodGroups' template): applied,
+# read and deleted as its PodGroups are (its templates are immutable).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["create", "patch", "get", "delete"]
 {{- end }}
 {{- end }}
 

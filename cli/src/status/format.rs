@@ -65,6 +65,7 @@ pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> Strin
             age(&f.time, now)
         );
         let _ = writeln!(out, "  reason: {}", clean(&f.reason));
+        cause_line(&mut out, f.cause, f.evidence.as_ref());
         if let Some(cmd) = f.command.as_deref().filter(|c| !c.is_empty()) {
             let _ = writeln!(out, "  command: {}", clean(cmd));
         }
@@ -122,6 +123,28 @@ pub fn format_world(world: &World, meshes: &[ProcMesh], now: Timestamp) -> Strin
     out
 }
 
+/// `  cause: Infrastructure (DeviceUnhealthy: device ... is Unhealthy)`:
+/// whose fault a first failure was, and why we say so.
+fn cause_line(
+    out: &mut String,
+    cause: Option<hostmesh_crds::cause::FailureCause>,
+    evidence: Option<&hostmesh_crds::cause::Evidence>,
+) {
+    let Some(cause) = cause else {
+        return;
+    };
+    let _ = match evidence {
+        Some(e) => writeln!(
+            out,
+            "  cause: {} ({}: {})",
+            cause.as_str(),
+            clean(&e.reason),
+            clean(&e.message)
+        ),
+        None => writeln!(out, "  cause: {}", cause.as_str()),
+    };
+}
+
 /// Formats a ProcMesh.
 pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
     let mut out = String::new();
@@ -171,6 +194,7 @@ pub fn format_procmesh(pm: &ProcMesh, now: Timestamp) -> String {
         if !f.reason.is_empty() {
             let _ = writeln!(out, "  reason: {}", clean(&f.reason));
         }
+        cause_line(&mut out, f.cause, f.evidence.as_ref());
         if let Some(cmd) = f.command.as_deref().filter(|c| !c.is_empty()) {
             let _ = writeln!(out, "  command: {}", clean(cmd));
         }

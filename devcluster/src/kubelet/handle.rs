@@ -56,7 +56,10 @@ impl Kubelet {
                 ),
             ),
         };
+        let devices = Mutex::new(super::devices::Devices::new(config.gpu_capacity));
         let shared = Arc::new(Shared {
+            devices,
+            device_changes: tokio::sync::watch::Sender::new(0),
             client,
             ips: Mutex::new(ips),
             network,
@@ -91,6 +94,7 @@ impl Kubelet {
         let heartbeat = tokio::spawn(node::heartbeat(shared.clone()));
         let pod_loop = tokio::spawn(pods::run(shared.clone()));
         tokio::spawn(super::logrotate::run(shared.clone()));
+        tokio::spawn(super::devices::watch_health_file(shared.clone()));
         tracing::info!(node = %shared.config.node_name, "process kubelet started");
         Ok(KubeletHandle {
             shared,

@@ -11,7 +11,8 @@
 //! (turning a container spec into a process launch), `process` (fork/exec in
 //! a private mount namespace, signals), `probe`, `logs` (files and the
 //! endpoint behind `pods/log`), `logrotate` (container log rotation),
-//! `streaming` (exec, attach and port-forward endpoints), `schedule` (which
+//! `streaming` (exec, attach and port-forward endpoints), `devices` (GPUs
+//! handed to containers, their health and its test hook), `schedule` (which
 //! node an unscheduled pod fits), `serving` (HTTPS and client certificates for a real
 //! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
 //! bridge, veths, `/etc` files), `config`,
@@ -30,6 +31,7 @@
 //!    `shutdown` (`net`).
 
 mod config;
+mod devices;
 mod env;
 mod error;
 mod events;

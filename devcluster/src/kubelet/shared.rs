@@ -68,6 +68,10 @@ pub(crate) struct Shared {
     pub(crate) stream_limits: super::streaming::StreamLimits,
     /// What log rotation cut from the front of each live container log.
     pub(crate) log_cuts: super::logrotate::Cuts,
+    /// The node's devices, their holders and health (`devices`).
+    pub(crate) devices: Mutex<super::devices::Devices>,
+    /// Bumped when a held device's health changes.
+    pub(crate) device_changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// A pod's namespace (`default` when unset) and name.

@@ -180,6 +180,8 @@ struct Worker {
     conditions: Vec<PodCondition>,
     running: Arc<Mutex<BTreeSet<String>>>,
     targets: Arc<Mutex<BTreeMap<String, ExecTarget>>>,
+    /// Devices held, by container (`super::devices`).
+    devices: BTreeMap<String, Vec<String>>,
 }
 
 fn restart_policy(pod: &Pod) -> String {
@@ -277,6 +279,30 @@ impl Worker {
                 }
             }
         }
+        // Devices (`devices` invariants 1, 2): a live pod's containers get
+        // what they ask for, on a node that advertises devices.
+        let mut devices = BTreeMap::new();
+        if !inert && shared.config.gpu_capacity > 0 {
+            for c in spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+            {
+                let want = super::devices::requested(c);
+                if want == 0 {
+                    continue;
+                }
+                match lock(&shared.devices).allocate(&uid, &c.name, want) {
+                    Ok(ids) => {
+                        devices.insert(c.name.clone(), ids);
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %format!("{ns}/{name}"), container = %c.name, "{e}; it runs without")
+                    }
+                }
+            }
+        }
         let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let targets: Arc<Mutex<BTreeMap<String, ExecTarget>>> = Arc::default();
         lock(&shared.pods).insert(
@@ -325,6 +351,7 @@ impl Worker {
             conditions,
             running,
             targets,
+            devices,
         })
     }
 
@@ -362,6 +389,7 @@ impl Worker {
 
     async fn main_loop(&mut self, mut updates: watch::Receiver<Update>) {
         let shutdown = self.shared.shutdown.clone();
+        let mut device_changes = self.shared.device_changes.subscribe();
         loop {
             if self.pod.metadata.deletion_timestamp.is_some() {
                 let grace = self.grace();
@@ -403,6 +431,8 @@ impl Worker {
                     }
                 }
                 Some(event) = self.rx.recv() => self.handle(event),
+                // A device's health changed: its holders write status again.
+                Ok(()) = device_changes.changed(), if !self.devices.is_empty() => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
@@ -551,7 +581,20 @@ impl Worker {
     }
 
     async fn write_status(&mut self) {
-        let status = self.with_input(pod_status);
+        let mut status = self.with_input(pod_status);
+        if !self.devices.is_empty() {
+            let devices = lock(&self.shared.devices);
+            for c in status
+                .init_container_statuses
+                .iter_mut()
+                .flatten()
+                .chain(status.container_statuses.iter_mut().flatten())
+            {
+                if let Some(ids) = self.devices.get(&c.name) {
+                    c.allocated_resources_status = Some(vec![devices.status(ids)]);
+                }
+            }
+        }
         let mut value = match serde_json::to_value(&status) {
             Ok(v) => v,
             Err(e) => {
@@ -625,6 +668,7 @@ impl Worker {
         if self.owns_ip {
             lock(&self.shared.ips).release(self.ip);
         }
+        lock(&self.shared.devices).release(&self.uid);
         let mut pods = lock(&self.shared.pods);
         if pods
             .get(&(self.ns.clone(), self.name.clone()))

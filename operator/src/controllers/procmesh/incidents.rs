@@ -88,6 +88,8 @@ pub fn on_failure(
             rank: root.rank,
             root_cause: cause.to_string(),
             collateral,
+            cause: None,
+            evidence: None,
         },
     );
     Some((root.rank, micro(root.at)))

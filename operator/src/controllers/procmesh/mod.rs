@@ -226,6 +226,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
         now: Timestamp::now(),
         world_ended,
         deps,
+        host_causes: &host_causes(&world),
     });
     // Stalls: the condition, and the stacks of a new stall taken before
     // anything is restarted or stopped (stall.rs invariant 2).
@@ -285,10 +286,14 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     } else {
         write_status(pm, ctx, plan.status.clone(), false).await?
     };
-    // Recovery phases count once, with the status that records them.
+    // Recovery phases and failures count once, with the status that
+    // records them.
     if deferred.is_none() {
         for (phase, took) in &plan.recovery {
             ctx.metrics.observe_recovery(phase, *took);
+        }
+        for cause in &plan.failures {
+            ctx.metrics.failure("ProcMesh", *cause);
         }
     }
     let deferred = if replacing {
@@ -415,6 +420,27 @@ fn lost_hosts(world: &World) -> BTreeMap<Rank, HostState> {
             for r in run.start..run.end().min(run.start + 100_000) {
                 out.insert(r, run.value.state);
             }
+        }
+    }
+    out
+}
+
+/// Whose fault a failure on each host of `world` would be, as the World
+/// controller attributed its hosts (`status.hosts[].cause`).
+fn host_causes(world: &World) -> BTreeMap<Rank, hostmesh_crds::cause::Attribution> {
+    let mut out = BTreeMap::new();
+    for run in world.status.iter().flat_map(|s| &s.hosts) {
+        let (Some(cause), Some(evidence)) = (run.value.cause, run.value.evidence.as_ref()) else {
+            continue;
+        };
+        for r in run.start..run.end().min(run.start + 100_000) {
+            out.insert(
+                r,
+                hostmesh_crds::cause::Attribution {
+                    cause,
+                    evidence: evidence.clone(),
+                },
+            );
         }
     }
     out

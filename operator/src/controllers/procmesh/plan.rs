@@ -62,6 +62,12 @@
 //!     met ([`super::deps`]): phase `Pending`, condition `Waiting=True`
 //!     naming them; a failed dependency fails it (`DependencyFailed`). Once
 //!     it has spawned in its generation (`startTime`), they are not read.
+//! 13. Every failed rank, `firstFailure` and incident carries whose fault
+//!     it was (`shared::cause`): the rank's own end, unless its host
+//!     carries infrastructure evidence. A `firstFailure` first read as the
+//!     user's or unknown (or as a bare `HostLost`) takes its host's
+//!     infrastructure evidence when that arrives later for the same failure
+//!     (a device's health is reported after the crash it caused).
 
 use hostmesh_crds::Rank;
 use std::collections::{BTreeMap, HashMap};
@@ -78,6 +84,7 @@ use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use hostmesh_crds::cause::{Attribution, FailureCause};
 use hostmesh_crds::incident::{Incident, IncidentAction};
 
 use super::causal::{self, Failure};
@@ -141,6 +148,10 @@ pub struct PlanInput<'a> {
     pub world_ended: Option<String>,
     /// What `dependsOn` lets the mesh do (invariant 12).
     pub deps: super::deps::Deps,
+    /// Whose fault a failure on each host would be, as its World reports
+    /// it (`status.hosts[].cause`): a lost host, a device reported
+    /// Unhealthy (invariant 13).
+    pub host_causes: &'a BTreeMap<Rank, Attribution>,
 }
 
 /// Desired incarnation per rank: a base plus per-rank overrides.
@@ -179,6 +190,9 @@ pub struct Plan {
     /// Recovery phases this plan completed, for
     /// `hostmesh_recovery_seconds{phase}` (once the status is written).
     pub recovery: Vec<PhaseTime>,
+    /// The causes of the incidents this plan opened, for
+    /// `hostmesh_failures_total` (once the status is written).
+    pub failures: Vec<FailureCause>,
 }
 
 fn sd(d: Duration) -> SignedDuration {
@@ -226,6 +240,7 @@ fn status_of(o: &ProcObs) -> RankStatus {
         stderr_tail: o.stderr_tail.clone(),
         stderr_head: o.stderr_head.clone(),
         caused_by: None,
+        cause: None,
     }
 }
 
@@ -990,9 +1005,25 @@ impl<'i, 'a> Working<'i, 'a> {
         let failures = self.failures(failed);
         let root = causal::root(&failures)?.clone();
         let cause = describe(root.rank, &root.status, self.program());
+        let last = |ring: &[Incident]| ring.last().map(|i| (i.detected_at.clone(), i.rank));
+        let before = last(&self.incidents);
         let (root_rank, root_at) =
             incidents::on_failure(&mut self.incidents, &root, &cause, 0, !self.was_terminal)
                 .unwrap_or((root.rank, root.at));
+        // Invariant 9: the incident's cause is its root's, set when it
+        // opens or its root changes.
+        let attribution = self.attribution(&root);
+        let after = last(&self.incidents);
+        let opened = after.as_ref().map(|a| &a.0) != before.as_ref().map(|b| &b.0);
+        if let Some(i) = self.incidents.last_mut().filter(|i| i.rank == root.rank)
+            && (after != before || i.cause.is_none())
+        {
+            i.cause = Some(attribution.cause);
+            i.evidence = Some(attribution.evidence.clone());
+        }
+        if opened {
+            self.out.failures.push(attribution.cause);
+        }
         // Collateral: counted over every failure of the cascade (some may
         // be restarting already), marked on the ranks still failed.
         let mut collateral: Rank = 0;
@@ -1015,10 +1046,26 @@ impl<'i, 'a> Working<'i, 'a> {
     /// earlier failure of another rank that was reported later
     /// (invariant 2).
     fn record_first_failure(&mut self, root: &Failure) {
-        let replaces = match &self.first_failure {
+        let attribution = self.attribution(root);
+        let replaces = match &mut self.first_failure {
             None => false,
             Some(ff) if ff.rank != root.rank && root.at < ff.time.0 => true,
-            Some(_) => return,
+            Some(ff) => {
+                // Invariant 9: the same failure, its host's evidence late.
+                if ff.rank == root.rank
+                    && ff.time.0 == incidents::micro(root.at)
+                    && attribution.cause == FailureCause::Infrastructure
+                    && (ff.cause != Some(FailureCause::Infrastructure)
+                        || ff
+                            .evidence
+                            .as_ref()
+                            .is_some_and(|e| e.reason == hostmesh_crds::cause::reasons::HOST_LOST))
+                {
+                    ff.cause = Some(attribution.cause);
+                    ff.evidence = Some(attribution.evidence);
+                }
+                return;
+            }
         };
         let s = &root.status;
         let reason = describe(root.rank, s, self.program());
@@ -1044,6 +1091,8 @@ impl<'i, 'a> Working<'i, 'a> {
                 &self.input.pm.spec.args,
                 procmesh::MAX_COMMAND,
             )),
+            cause: Some(attribution.cause),
+            evidence: Some(attribution.evidence),
         });
         self.out.events.push(PlannedEvent {
             severity: Severity::Warning,
@@ -1154,6 +1203,31 @@ impl<'i, 'a> Working<'i, 'a> {
         self.progressing = Some(("Restarting", summary));
     }
 
+    /// Whose fault `f` was (invariant 13).
+    fn attribution(&self, f: &Failure) -> Attribution {
+        let host = f.rank / self.per_host.max(1);
+        crate::controllers::shared::cause::of_rank(
+            &f.status,
+            f.oom_killed,
+            self.input.host_causes.get(&host),
+        )
+    }
+
+    /// Every failed rank's cause (invariant 13).
+    fn attribute_ranks(&mut self) {
+        let per_host = self.per_host.max(1);
+        for (rank, s) in self.ranks.iter_mut().enumerate() {
+            s.cause = s.state.is_failure().then(|| {
+                crate::controllers::shared::cause::of_rank(
+                    s,
+                    false,
+                    self.input.host_causes.get(&(rank / per_host)),
+                )
+                .cause
+            });
+        }
+    }
+
     fn count(&self, f: impl Fn(ProcState) -> bool) -> Rank {
         self.ranks.iter().filter(|s| f(s.state)).count()
     }
@@ -1223,6 +1297,7 @@ impl<'i, 'a> Working<'i, 'a> {
         let succeeded = self.count(|s| s == ProcState::Succeeded);
         let failed = self.count(|s| s.is_failure());
         let collateral = self.ranks.iter().filter(|s| s.caused_by.is_some()).count();
+        self.attribute_ranks();
         let (rank_runs, truncated) = procmesh::rank_runs(self.ranks);
         let prev_actors = if self.same_gen {
             self.prev.actor_failures.as_slice()
@@ -1355,5 +1430,7 @@ impl<'i, 'a> Working<'i, 'a> {
     }
 }
 
+#[cfg(test)]
+mod cause_tests;
 #[cfg(test)]
 mod tests;

@@ -2,10 +2,12 @@
 //! and the finalizer-wrapped reconcile ([`context`]), status-write pacing
 //! ([`writes`]), planned Events with the restart backoff ([`events`]), and their
 //! publication, one Event per distinct message ([`recorder`]), failure
-//! scope by a named dimension ([`scope`]), and their watches, each with
-//! its own bounded back-off ([`watch`]).
+//! scope by a named dimension ([`scope`]), whose fault a failure was
+//! ([`cause`]), and their watches, each with its own bounded back-off
+//! ([`watch`]).
 //! Neither controller imports the other; both import this.
 
+pub mod cause;
 pub mod context;
 pub mod events;
 pub mod recorder;

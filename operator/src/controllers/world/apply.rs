@@ -117,6 +117,12 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     ctx.planned_events(world, &plan.events).await;
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
     let deferred = write_status(world, ctx, status, plan.urgent).await?;
+    // A failure counts once, with the status that records it.
+    if deferred.is_none() {
+        for cause in &plan.failures {
+            ctx.metrics.failure("World", *cause);
+        }
+    }
     if plan.delete_world {
         // Plan invariant 9: the TTL after finishing has passed; the
         // finalizer deletes its ProcMeshes first.
@@ -453,7 +459,7 @@ async fn create_pods(
         let pod_name = desired::pod_name(&name, *rank);
         let mut pod = serde_json::to_value(&pod)?;
         if let Some(g) = gang::spec(world) {
-            gang::place_pod(&mut pod, world, g);
+            gang::place_pod(&mut pod, world, g, *rank);
         }
         match pods_api.patch(&pod_name, pp, &Patch::Apply(&pod)).await {
             Ok(_) => {}

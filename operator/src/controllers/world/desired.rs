@@ -172,6 +172,9 @@ pub fn template_hash(world: &World, agent_image: &str) -> String {
     if let Some(m) = &world.spec.monarch {
         input["monarch"] = serde_json::json!(m);
     }
+    if let Some(size) = &world.spec.shared_memory_size {
+        input["sharedMemorySize"] = serde_json::json!(size);
+    }
     let digest = ring::digest::digest(&ring::digest::SHA256, input.to_string().as_bytes());
     digest.as_ref()[..8]
         .iter()
@@ -280,6 +283,34 @@ pub fn host_container_index(containers: &[Container]) -> usize {
         .iter()
         .position(|c| c.name == "host")
         .unwrap_or(0)
+}
+
+/// `spec.sharedMemorySize`: a memory `emptyDir` of `size` at `/dev/shm`
+/// in the host container (`hostmesh_crds::shm`).
+fn shared_memory(size: &str, host: &mut Container, volumes: &mut Vec<Volume>) {
+    use hostmesh_crds::shm::{MOUNT_PATH, VOLUME};
+    volumes.retain(|v| v.name != VOLUME);
+    volumes.push(Volume {
+        name: VOLUME.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_string()),
+            size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                size.to_string(),
+            )),
+        }),
+        ..Default::default()
+    });
+    host.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: VOLUME.to_string(),
+            mount_path: MOUNT_PATH.to_string(),
+            ..Default::default()
+        });
+}
+
+fn volumes_of(v: &mut Option<Vec<Volume>>) -> &mut Vec<Volume> {
+    v.get_or_insert_with(Vec::new)
 }
 
 /// A plain environment variable of a host container.
@@ -450,6 +481,9 @@ pub fn pod(
         failure_threshold: Some(3),
         ..Default::default()
     });
+    if let Some(size) = &world.spec.shared_memory_size {
+        shared_memory(size, host, volumes_of(&mut spec.volumes));
+    }
     if let Some(m) = &world.spec.monarch {
         super::monarch::configure_host(m, rank, host);
         meta.labels
@@ -500,6 +534,34 @@ spec:
     fn the_api_default_port_is_the_agent_contract_s() {
         assert_eq!(hostmesh_crds::world::DEFAULT_PORT, contract::AGENT_PORT);
         assert_ne!(contract::AGENT_PORT, HEALTH_PORT);
+    }
+
+    /// `spec.sharedMemorySize`: a memory emptyDir of that size at /dev/shm
+    /// in the host container only, and a change of it rolls the pods.
+    #[test]
+    fn shared_memory_is_a_memory_empty_dir_at_dev_shm() {
+        let mut w = mk_world(WORLD);
+        let before = template_hash(&w, "agent:1");
+        w.spec.shared_memory_size = Some("16Gi".into());
+        assert_ne!(template_hash(&w, "agent:1"), before);
+        let spec = pod(&w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
+        let vol = spec
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == hostmesh_crds::shm::VOLUME)
+            .unwrap();
+        let dir = vol.empty_dir.unwrap();
+        assert_eq!(dir.medium.as_deref(), Some("Memory"));
+        assert_eq!(dir.size_limit.unwrap().0, "16Gi");
+        let mounts_shm = |c: &Container| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/dev/shm" && m.name == hostmesh_crds::shm::VOLUME)
+        };
+        assert!(mounts_shm(&spec.containers[1]), "the host container");
+        assert!(!mounts_shm(&spec.containers[0]), "not the sidecar");
     }
 
     /// Kueue invariant 4: the flavors' labels join (and win over) the

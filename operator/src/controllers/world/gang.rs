@@ -105,11 +105,12 @@ pub fn group(world: &World, gang: &GangSpec, hosts: Rank) -> Result<Value, Opera
     }))
 }
 
-/// Gives a host pod (as JSON) the provider's scheduler name and group
-/// reference (gang invariant 2). The Kubernetes provider's
+/// Gives host pod `rank` (as JSON) the provider's scheduler name and group
+/// reference (gang invariant 2; the Kubernetes provider's group is the
+/// rank's, workload invariant 2). The Kubernetes provider's
 /// `spec.schedulingGroup` is newer than the API types the operator is built
 /// with, hence JSON.
-pub fn place_pod(pod: &mut Value, world: &World, gang: &GangSpec) {
+pub fn place_pod(pod: &mut Value, world: &World, gang: &GangSpec, rank: Rank) {
     let group = world.name_any();
     if let Some(s) = scheduler_name(gang) {
         pod["spec"]["schedulerName"] = json!(s);
@@ -122,7 +123,8 @@ pub fn place_pod(pod: &mut Value, world: &World, gang: &GangSpec) {
             pod["metadata"]["annotations"][ANNOTATION_VOLCANO_GROUP] = json!(group);
         }
         GangProvider::Kubernetes => {
-            pod["spec"]["schedulingGroup"] = json!({"podGroupName": group});
+            pod["spec"]["schedulingGroup"] =
+                json!({"podGroupName": super::workload_api::group_of(world, rank)});
         }
     }
 }
@@ -182,7 +184,7 @@ spec:\n  shape: [{{name: replica, size: 2}}, {{name: host, size: 4}}]\n  schedul
     fn pod_of(w: &World) -> Value {
         let g = spec(w).unwrap();
         let mut p = json!({"metadata": {"name": "trainer-host-0", "labels": {"team": "a"}, "annotations": {}}, "spec": {"containers": []}});
-        place_pod(&mut p, w, g);
+        place_pod(&mut p, w, g, 0);
         p
     }
 

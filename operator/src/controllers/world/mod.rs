@@ -21,6 +21,7 @@
 //!    ([`kueue`]); until then it is held with the suspend path.
 
 mod apply;
+mod cause;
 pub mod desired;
 pub mod fencing;
 pub mod gang;
@@ -32,6 +33,7 @@ pub mod rules;
 pub mod secret;
 pub mod topology;
 pub mod worker;
+pub mod workload_api;
 
 use std::sync::Arc;
 
@@ -153,6 +155,9 @@ async fn ensure_gang_group(
     let Some(g) = gang::spec(world) else {
         return Ok(None);
     };
+    if g.provider == hostmesh_crds::world::GangProvider::Kubernetes {
+        return workload_api::ensure(world, ctx).await;
+    }
     let ar = gang::resource(g.provider);
     let served = match ctx.client.list_api_group_resources(&ar.api_version).await {
         Ok(list) => list.resources.iter().any(|r| r.name == ar.plural),

@@ -8,20 +8,27 @@
 //!    `monarch.pytorch.org/mesh-name=<mesh>` and
 //!    `apps.kubernetes.io/pod-index=<host rank>`: the default selector and
 //!    rank label of `KubernetesJob.add_mesh`.
-//! 2. The host container's `MONARCH_PORT` and `MONARCH_SERVICE_PROC_RANK`
-//!    are the operator's (a template's own are replaced); a template's
+//! 2. The host container's `MONARCH_PORT`, `MONARCH_SERVICE_PROC_RANK`
+//!    and `MONARCH_POD_UID` (the downward API's `metadata.uid`) are the
+//!    operator's (a template's own are replaced); a template's
 //!    `MONARCH_SERVICE_PROC_IDS` passes through untouched, and none is
-//!    invented: attach-mode clients dial plain addresses, which is
-//!    Monarch's legacy identity.
-//! 3. The default worker command behaves as Monarch's own provisioning
-//!    bootstrap: `run_worker_loop_forever` on
+//!    invented. Monarch 0.8's client takes a worker's service identity
+//!    from `MONARCH_SERVICE_PROC_IDS` when the pod declares it, else from
+//!    the pod's uid, and refuses a pod that declares neither; 0.7's dials
+//!    plain addresses (the legacy identity) and ignores both.
+//! 3. The default worker command behaves as Monarch's own bootstrap:
+//!    `run_worker_loop_forever` on
 //!    `tcp://<fqdn>:<port>@tcp://0.0.0.0:<port>`, with the service identity
-//!    from the environment when there is one.
+//!    the client will expect: from `MONARCH_SERVICE_PROC_IDS` when set,
+//!    else from `MONARCH_POD_UID` where the installed Monarch derives
+//!    identities from uids (0.8), else none (0.7).
 
 use hostmesh_agent::contract;
 use hostmesh_crds::Rank;
 use hostmesh_crds::monarch::{self as api, MonarchSpec};
-use k8s_openapi::api::core::v1::{Container, ContainerPort};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector,
+};
 
 use super::desired::env;
 use std::collections::BTreeMap;
@@ -34,10 +41,14 @@ pub const PORT_NAME: &str = "monarch";
 pub const BOOTSTRAP: &str = "\
 import os, socket
 from monarch.actor import run_worker_loop_forever
-from monarch._src.job.service_identity import ranked_service_proc_id_from_env, service_proc_addr
+from monarch._src.job import service_identity as si
 port = os.environ.get('MONARCH_PORT', '26600')
 address = 'tcp://%s:%s@tcp://0.0.0.0:%s' % (socket.getfqdn(), port, port)
-run_worker_loop_forever(address=service_proc_addr(address, ranked_service_proc_id_from_env()), ca='trust_all_connections')
+if os.environ.get('MONARCH_SERVICE_PROC_IDS'):
+    address = si.service_proc_addr(address, si.ranked_service_proc_id_from_env())
+elif os.environ.get('MONARCH_POD_UID') and hasattr(si, 'service_proc_id_from_uuid'):
+    address = si.service_proc_addr(address, si.service_proc_id_from_uuid(os.environ['MONARCH_POD_UID']))
+run_worker_loop_forever(address=address, ca='trust_all_connections')
 ";
 
 /// The worker's command line: the spec's, else `python -u -c BOOTSTRAP`.
@@ -71,11 +82,26 @@ pub fn labels(spec: &MonarchSpec, world: &str, rank: Rank) -> BTreeMap<String, S
 pub fn configure_host(spec: &MonarchSpec, rank: Rank, host: &mut Container) {
     let port = spec.port();
     let envs = host.env.get_or_insert_with(Vec::new);
-    envs.retain(|e| e.name != api::ENV_PORT && e.name != api::ENV_SERVICE_PROC_RANK);
+    envs.retain(|e| {
+        e.name != api::ENV_PORT
+            && e.name != api::ENV_SERVICE_PROC_RANK
+            && e.name != api::ENV_POD_UID
+    });
     let cmd = serde_json::to_string(&command(spec)).unwrap_or_else(|_| "[]".to_string());
     envs.extend([
         env(api::ENV_PORT, port.to_string()),
         env(api::ENV_SERVICE_PROC_RANK, rank.to_string()),
+        EnvVar {
+            name: api::ENV_POD_UID.to_string(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.uid".to_string(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+        },
         env(contract::env::MONARCH_COMMAND, cmd),
         env(contract::env::MONARCH_PORT, port.to_string()),
     ]);
@@ -112,6 +138,7 @@ mod tests {
             env: Some(vec![
                 env(api::ENV_SERVICE_PROC_IDS, "[\"a\",\"b\"]"),
                 env(api::ENV_PORT, "1"),
+                env(api::ENV_POD_UID, "spoof"),
             ]),
             ..Default::default()
         };
@@ -120,11 +147,26 @@ mod tests {
             ..Default::default()
         };
         configure_host(&spec, 1, &mut host);
-        let env: BTreeMap<_, _> = host
-            .env
-            .unwrap()
+        let all = host.env.unwrap();
+        let uid = all
+            .iter()
+            .filter(|e| e.name == api::ENV_POD_UID)
+            .collect::<Vec<_>>();
+        assert_eq!(uid.len(), 1, "the template's own is replaced");
+        assert_eq!(
+            uid[0]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "metadata.uid"
+        );
+        let env: BTreeMap<_, _> = all
             .into_iter()
-            .map(|e| (e.name, e.value.unwrap()))
+            .filter_map(|e| Some((e.name, e.value?)))
             .collect();
         assert_eq!(env[api::ENV_SERVICE_PROC_IDS], "[\"a\",\"b\"]");
         assert_eq!(env[api::ENV_PORT], "27000");

@@ -21,10 +21,7 @@ const STUCK_WAITING: &[&str] = &[
 ];
 
 fn host(state: HostState, reason: Option<&str>) -> HostStatus {
-    HostStatus {
-        state,
-        reason: reason.map(str::to_string),
-    }
+    HostStatus::new(state, reason.map(str::to_string))
 }
 
 /// The state of the host whose pod is `pod` (`None`: no pod).

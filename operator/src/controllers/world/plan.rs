@@ -167,6 +167,10 @@ pub struct Plan {
     /// them (a rule on `Deleted` pods must not take them for someone
     /// else's deletion).
     pub urgent: bool,
+    /// The causes of the hosts that newly failed in this pass, for
+    /// `hostmesh_failures_total` once the status is written
+    /// (`cause.rs` invariant 4).
+    pub failures: Vec<hostmesh_crds::cause::FailureCause>,
 }
 
 /// `updatePolicy.maxUnavailable` as a number of hosts of `n`: a number, or
@@ -327,15 +331,9 @@ impl<'i, 'a> Working<'i, 'a> {
                 {
                     // A new operator has not heard this agent yet: what
                     // status recorded stands (invariant 3).
-                    HostStatus {
-                        state: HostState::Ready,
-                        reason: None,
-                    }
+                    HostStatus::new(HostState::Ready, None)
                 } else if h.state == HostState::NotReady && !was_up {
-                    HostStatus {
-                        state: HostState::Starting,
-                        reason: Some("AwaitingReadiness".into()),
-                    }
+                    HostStatus::new(HostState::Starting, Some("AwaitingReadiness".into()))
                 } else {
                     h
                 }
@@ -580,10 +578,10 @@ impl<'i, 'a> Working<'i, 'a> {
                     "Unreachable: no heartbeat from the agent since the pod became Ready".into()
                 }
             };
-            self.hosts[r] = HostStatus {
-                state: HostState::Expired,
-                reason: Some(hostmesh_crds::procmesh::head(&why, 320).to_string()),
-            };
+            self.hosts[r] = HostStatus::new(
+                HostState::Expired,
+                Some(hostmesh_crds::procmesh::head(&why, 320).to_string()),
+            );
             self.silent.insert(r, at);
         }
     }
@@ -1060,6 +1058,8 @@ impl<'i, 'a> Working<'i, 'a> {
             None
         };
         let conds = self.conditions(phase);
+        self.out.failures =
+            super::cause::attribute(self.input, &self.prev, &mut self.hosts, &self.out.delete);
         let first_failure = self.first_failure();
         self.mark_deleting();
         let (host_runs, truncated) = runs::encode_bounded(self.hosts, runs::MAX_RUNS);
@@ -1090,10 +1090,16 @@ impl<'i, 'a> Working<'i, 'a> {
     fn first_failure(&self) -> Option<hostmesh_crds::world::HostFailure> {
         let world = self.input.world;
         let name = kube::ResourceExt::name_any(world);
-        // A failed host, or one whose agent went silent (Expired, as of
-        // when it expired), lowest rank first.
+        // A failed host, one whose agent went silent (Expired, as of when
+        // it expired), or one whose pod went without the operator asking
+        // (attributed: cause.rs), lowest rank first.
         let failures = (0..self.n)
-            .filter(|r| matches!(self.hosts[*r].state, HostState::Failed | HostState::Expired))
+            .filter(|r| {
+                let h = &self.hosts[*r];
+                matches!(h.state, HostState::Failed | HostState::Expired)
+                    || (matches!(h.state, HostState::Terminating | HostState::Pending)
+                        && h.cause.is_some())
+            })
             .map(|r| {
                 let report = world
                     .spec
@@ -1151,6 +1157,19 @@ impl<'i, 'a> Working<'i, 'a> {
                 .and_then(super::observe::failed_container);
             if let Some(c) = ended {
                 first.reason = c.describe();
+                // The symptom (a silent agent) gives way to the cause.
+                if first
+                    .evidence
+                    .as_ref()
+                    .is_none_or(|e| e.reason == hostmesh_crds::cause::reasons::AGENT_UNREACHABLE)
+                {
+                    let a = crate::controllers::shared::cause::of_container_end(
+                        &c,
+                        &super::cause::host_container_name(&world.spec),
+                    );
+                    first.cause = Some(a.cause);
+                    first.evidence = Some(a.evidence);
+                }
                 super::worker::fill_from_container(&mut first, c);
             }
         }
@@ -1256,5 +1275,7 @@ impl<'i, 'a> Working<'i, 'a> {
     }
 }
 
+#[cfg(test)]
+mod cause_tests;
 #[cfg(test)]
 mod tests;

@@ -212,6 +212,8 @@ mod tests {
         HostStatus {
             state: HostState::Failed,
             reason: None,
+            cause: None,
+            evidence: None,
         }
     }
 
@@ -262,6 +264,8 @@ mod tests {
         let terminating = HostStatus {
             state: HostState::Terminating,
             reason: None,
+            cause: None,
+            evidence: None,
         };
         assert_eq!(decide(&running, &terminating, true).unwrap().rule, "infra");
         let preempted = mk_pod(
@@ -280,6 +284,8 @@ mod tests {
         let starting = HostStatus {
             state: HostState::Starting,
             reason: Some("Unschedulable".into()),
+            cause: None,
+            evidence: None,
         };
         assert_eq!(
             decide(&pending("1970-01-01T00:16:00Z"), &starting, false),

@@ -23,6 +23,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::procmesh::exit;
+use crate::controllers::shared::cause;
+use hostmesh_crds::cause::{Attribution, MAX_EVIDENCE};
+use hostmesh_crds::procmesh::ProcState;
 
 /// Longest host reason kept in status.
 const MAX_REASON: usize = 320;
@@ -74,20 +77,17 @@ pub fn host_status(
             Some(l) => format!("monarch worker{pid} {how}; stderr: {l}"),
             None => format!("monarch worker{pid} {how}"),
         };
-        return HostStatus {
-            state: HostState::Failed,
-            reason: Some(head(&why, MAX_REASON).to_string()),
-        };
+        return HostStatus::new(HostState::Failed, Some(head(&why, MAX_REASON).to_string()));
     }
     if report.status == ProcPhase::Starting && observed.state != HostState::Ready {
         let since = Timestamp::from_millisecond(report.started_at_ms as i64).unwrap_or(now);
         let secs = now.duration_since(since).as_secs().max(0);
-        return HostStatus {
-            state: observed.state,
-            reason: Some(format!(
+        return HostStatus::new(
+            observed.state,
+            Some(format!(
                 "monarch worker{pid} not listening on :{port} for {secs}s"
             )),
-        };
+        );
     }
     observed
 }
@@ -102,6 +102,34 @@ fn stderr_tail(report: &ProcReport) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Whose fault an ended worker's end was: the worker is the user's program,
+/// so its end is read as a proc's (`shared::cause` invariant 6); `None`
+/// while it runs.
+pub fn attribution(report: &ProcReport) -> Option<Attribution> {
+    let tail = stderr_tail(report);
+    let (state, code, signal, reason) = match &report.status {
+        ProcPhase::Stopped { exit_code, .. } => (ProcState::Failed, Some(*exit_code), None, None),
+        ProcPhase::Killed { signal, .. } => (ProcState::Killed, None, Some(*signal), None),
+        ProcPhase::Failed { reason } => (ProcState::Failed, None, None, Some(reason.as_str())),
+        ProcPhase::Timeout { .. } => (ProcState::Timeout, None, None, None),
+        _ => return None,
+    };
+    let mut a = cause::of_exit(
+        state,
+        code,
+        signal,
+        reason,
+        report.oom_killed,
+        &[tail.as_deref()],
+    );
+    a.evidence.message = head(
+        &format!("monarch worker: {}", a.evidence.message),
+        MAX_EVIDENCE,
+    )
+    .to_string();
+    Some(a)
 }
 
 /// The failure record of host `rank` (pod `pod`) in state `host`, with the
@@ -131,6 +159,8 @@ pub fn failure(
         signal,
         stderr_tail: ended.and_then(stderr_tail),
         command: ended.map(|r| exit::command_line(&r.command, &[], MAX_COMMAND)),
+        cause: host.cause,
+        evidence: host.evidence.clone(),
     }
 }
 
@@ -183,10 +213,7 @@ mod tests {
     }
 
     fn host(state: HostState) -> HostStatus {
-        HostStatus {
-            state,
-            reason: None,
-        }
+        HostStatus::new(state, None)
     }
 
     #[test]

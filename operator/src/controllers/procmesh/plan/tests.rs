@@ -81,6 +81,7 @@ fn run_reported(
         now: Timestamp::from_second(now).unwrap(),
         world_ended: None,
         deps: Default::default(),
+        host_causes: &BTreeMap::new(),
     })
 }
 
@@ -534,6 +535,7 @@ fn run_ms(pm: &ProcMesh, states: &BTreeMap<Rank, ProcObs>, now_ms: i64) -> Plan 
         now: Timestamp::from_millisecond(now_ms).unwrap(),
         world_ended: None,
         deps: Default::default(),
+        host_causes: &BTreeMap::new(),
     })
 }
 
@@ -731,6 +733,7 @@ fn a_lost_host_is_the_root_of_the_exits_that_followed_it() {
         now: Timestamp::from_millisecond(t + 10_000).unwrap(),
         world_ended: None,
         deps: Default::default(),
+        host_causes: &BTreeMap::new(),
     });
     let s = &p.status;
     let ff = s.first_failure.as_ref().unwrap();
@@ -911,6 +914,7 @@ fn input_for<'a>(
     static REPORTED: std::sync::LazyLock<BTreeMap<Rank, Timestamp>> =
         std::sync::LazyLock::new(|| (0..2).map(|h| (h, Timestamp::UNIX_EPOCH)).collect());
     static NONE: BTreeMap<Rank, Timestamp> = BTreeMap::new();
+    static NO_CAUSES: BTreeMap<Rank, hostmesh_crds::cause::Attribution> = BTreeMap::new();
     PlanInput {
         pm,
         timings: timings(pm),
@@ -929,6 +933,7 @@ fn input_for<'a>(
         now: Timestamp::from_second(now).unwrap(),
         world_ended: None,
         deps: Default::default(),
+        host_causes: &NO_CAUSES,
     }
 }
 
