@@ -26,7 +26,8 @@
 //! - `client`: `AgentClient`, the supervisor side.
 //! - `supervisor`: the agent dialing its supervisor (`--supervisor`).
 //! - `proc_agent`: the proc side of runtime-aware procs (`join_host`, `mesh`).
-//! - `agent`: the process itself (`run_agent`).
+//! - `agent`: the process itself (`run_agent`, `run_blocking`).
+//! - `install`: `install-agent`, the agent binary into a host pod's volume.
 
 mod agent;
 mod client;
@@ -37,6 +38,7 @@ mod env;
 mod error;
 mod fence;
 mod health;
+pub mod install;
 mod lifecycle;
 mod listen;
 mod logs;
@@ -52,12 +54,14 @@ mod stall;
 mod subscription;
 mod supervisor;
 
-pub use agent::{Agent, Secret, run_agent};
+pub use agent::{Agent, Secret, run_agent, run_blocking};
 pub use client::{
     AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, HostId, SUPERVISOR_ACTOR,
     SupervisorInbox, agent_ref,
 };
-pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
+pub use config::{
+    AgentArgs, AgentConfig, DEFAULT_WORKER_THREADS, Limits, parse_duration, read_secret, secret_key,
+};
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
 pub use error::HostError;
 pub use fence::{

@@ -98,11 +98,17 @@ pub struct Metrics {
     seen_phases: Mutex<BTreeSet<String>>,
     heartbeat_lag: Histogram,
     status_writes: Family<StatusWriteLabels, Counter>,
+    api_requests: Family<VerbLabels, Counter>,
     leader: Gauge,
     heartbeats: Counter,
     agent_pushes: Counter,
     hub_triggers: Family<KindLabels, Counter>,
     recovery: Family<PhaseLabels, Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    verb: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -187,6 +193,12 @@ impl Metrics {
             "Status subresource writes, by kind and outcome",
             status_writes.clone(),
         );
+        let api_requests = Family::<VerbLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests the operator sent to the API server, by verb (get, list, watch, create, patch, update, delete)",
+            api_requests.clone(),
+        );
         let leader = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         registry.register(
             "leader",
@@ -212,6 +224,7 @@ impl Metrics {
             seen_phases: Mutex::new(WORLD_PHASES.iter().map(|p| (*p).to_owned()).collect()),
             heartbeat_lag,
             status_writes,
+            api_requests,
             leader,
             heartbeats,
             agent_pushes,
@@ -294,6 +307,16 @@ impl Metrics {
             .get_or_create(&StatusWriteLabels {
                 kind: kind.to_owned(),
                 outcome: outcome.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one request to the API server (`verb` as Kubernetes names
+    /// it: `get`, `list`, `watch`, `create`, `patch`, `update`, `delete`).
+    pub fn api_request(&self, verb: &'static str) {
+        self.api_requests
+            .get_or_create(&VerbLabels {
+                verb: verb.to_owned(),
             })
             .inc();
     }

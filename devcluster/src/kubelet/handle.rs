@@ -54,7 +54,11 @@ impl Kubelet {
                 ),
             ),
         };
+        let agent_copy = images
+            .lookup(super::HOSTMESH_IMAGE_PATTERN.trim_end_matches('*'))
+            .and_then(|e| super::agent_copy::AgentCopy::make(&config.data_dir, &e.program));
         let shared = Arc::new(Shared {
+            agent_copy,
             client,
             ips: Mutex::new(ips),
             network,

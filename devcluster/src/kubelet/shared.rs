@@ -68,6 +68,8 @@ pub(crate) struct Shared {
     pub(crate) stream_limits: super::streaming::StreamLimits,
     /// What log rotation cut from the front of each live container log.
     pub(crate) log_cuts: super::logrotate::Cuts,
+    /// The node's one agent binary, linked into host pods (`agent_copy`).
+    pub(crate) agent_copy: Option<super::agent_copy::AgentCopy>,
 }
 
 /// A pod's namespace (`default` when unset) and name.
