@@ -145,10 +145,18 @@ mod tests {
         let before = std::fs::metadata(&to).unwrap();
         install(&dir.path().join("other"), &to).unwrap();
         use std::os::unix::fs::MetadataExt as _;
-        assert_eq!(std::fs::metadata(&to).unwrap().ino(), before.ino(), "not replaced");
+        assert_eq!(
+            std::fs::metadata(&to).unwrap().ino(),
+            before.ino(),
+            "not replaced"
+        );
         std::fs::write(&to, b"agent buile").unwrap();
         assert!(!same_bytes(&small, &to).unwrap());
         install(&dir.path().join("other"), &to).unwrap();
-        assert_eq!(std::fs::read(&to).unwrap(), b"agent build", "different bytes are replaced");
+        assert_eq!(
+            std::fs::read(&to).unwrap(),
+            b"agent build",
+            "different bytes are replaced"
+        );
     }
 }

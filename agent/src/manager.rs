@@ -304,10 +304,7 @@ impl ProcManager {
     /// unnumbered book) changes nothing and answers the version it holds.
     ///
     /// [`PatchAddressBook`]: crate::protocol::PatchAddressBook
-    pub fn patch_address_book(
-        &self,
-        patch: &crate::protocol::PatchAddressBook,
-    ) -> Result<(), u64> {
+    pub fn patch_address_book(&self, patch: &crate::protocol::PatchAddressBook) -> Result<(), u64> {
         let mut table = self.inner.lock();
         if table.book_version == 0 || table.book_version != patch.base {
             return Err(table.book_version);

@@ -24,8 +24,7 @@ use super::manager::ProcManager;
 use super::protocol::{
     ActorFailed, AgentPush, CaptureStacks, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus,
     GetState, PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook,
-    ShutdownHost, Stop,
-    Subscribe,
+    ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{

@@ -633,20 +633,28 @@ async fn address_book_patches_apply_on_their_base_only() {
         }],
     };
     assert_eq!(
-        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1")).await.unwrap(),
+        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1"))
+            .await
+            .unwrap(),
         Err(0),
         "no book yet: a patch does not apply"
     );
     let whole = vec!["127.0.0.9:26602".into(), addr.to_string()];
-    c.set_address_book(addr, whole.clone(), vec![], 0).await.unwrap();
+    c.set_address_book(addr, whole.clone(), vec![], 0)
+        .await
+        .unwrap();
     assert_eq!(
-        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1")).await.unwrap(),
+        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1"))
+            .await
+            .unwrap(),
         Err(0),
         "an unnumbered book takes no patch"
     );
     c.set_address_book(addr, whole, vec![], 4).await.unwrap();
     assert_eq!(
-        c.patch_address_book(addr, patch(3, 5, "127.0.0.7:1")).await.unwrap(),
+        c.patch_address_book(addr, patch(3, 5, "127.0.0.7:1"))
+            .await
+            .unwrap(),
         Err(4),
         "another base: refused with the version held"
     );

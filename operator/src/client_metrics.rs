@@ -88,10 +88,8 @@ pub fn verb_of(method: &Method, path: &str, query: Option<&str>) -> &'static str
         Method::PATCH => "patch",
         Method::DELETE => "delete",
         Method::GET => {
-            let watch = query.is_some_and(|q| {
-                q.split('&')
-                    .any(|kv| kv == "watch=true" || kv == "watch=1")
-            });
+            let watch =
+                query.is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
             if watch {
                 return "watch";
             }
@@ -194,7 +192,10 @@ mod tests {
         assert_eq!(get("/api/v1/namespaces/ml/pods", None), "list");
         assert_eq!(get("/api/v1/pods", Some("labelSelector=a")), "list");
         assert_eq!(
-            get("/api/v1/namespaces/ml/pods", Some("watch=true&resourceVersion=5")),
+            get(
+                "/api/v1/namespaces/ml/pods",
+                Some("watch=true&resourceVersion=5")
+            ),
             "watch"
         );
         assert_eq!(get("/api/v1/namespaces/ml/pods/p", None), "get");
@@ -213,7 +214,10 @@ mod tests {
         assert_eq!(verb_of(&Method::PATCH, p, None), "patch");
         assert_eq!(verb_of(&Method::PUT, p, None), "update");
         assert_eq!(verb_of(&Method::DELETE, p, None), "delete");
-        assert_eq!(verb_of(&Method::POST, "/api/v1/namespaces/ml/pods", None), "create");
+        assert_eq!(
+            verb_of(&Method::POST, "/api/v1/namespaces/ml/pods", None),
+            "create"
+        );
     }
 
     #[test]

@@ -175,7 +175,8 @@ impl Cluster {
             )?;
             self.kubelets.push(k);
         }
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.client.clone());
         let start = Instant::now();
         loop {
             let have = nodes.list(&Default::default()).await?.items.len();
@@ -230,7 +231,9 @@ impl Cluster {
 
     /// The operator's process.
     pub(crate) fn operator(&self) -> anyhow::Result<&Component> {
-        self.operator.as_ref().context("the operator is not running")
+        self.operator
+            .as_ref()
+            .context("the operator is not running")
     }
 
     /// The operator's log so far.

@@ -57,7 +57,11 @@ async fn apply(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status_of(client: &kube::Client, kind: &str, name: &str) -> anyhow::Result<serde_json::Value> {
+async fn status_of(
+    client: &kube::Client,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<serde_json::Value> {
     Ok(api(client, kind)
         .get(name)
         .await?
@@ -90,7 +94,10 @@ async fn wait_status(
             return Ok(s);
         }
         if start.elapsed() > bound {
-            bail!("{kind} {name}: {what} not reached after {bound:?}: {}", brief(&s));
+            bail!(
+                "{kind} {name}: {what} not reached after {bound:?}: {}",
+                brief(&s)
+            );
         }
         if said.elapsed() > Duration::from_secs(15) {
             said = Instant::now();
@@ -343,7 +350,9 @@ async fn kill_proc(
                 e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some(MESH)
                     && e.get("RANK") == Some(&r)
             });
-            let pid = *pids.first().with_context(|| format!("no process of rank {rank}"))?;
+            let pid = *pids
+                .first()
+                .with_context(|| format!("no process of rank {rank}"))?;
             let start = Instant::now();
             hostmesh_e2e::signal(pid, "KILL")?;
             start
@@ -497,8 +506,11 @@ async fn bare_pods_ready(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let secs = start.elapsed().as_secs_f64();
-    api.delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default())
-        .await?;
+    api.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await?;
     for s in &secrets {
         let _ = secret_api
             .delete(

@@ -91,7 +91,8 @@ pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
             "{} is missing: build it with `cargo build --release --bin hostmesh`",
             bin.display()
         );
-        let dir: PathBuf = std::env::temp_dir().join(format!("hostmesh-scale-{}", std::process::id()));
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("hostmesh-scale-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         crate::report::progress(&format!("scale: working in {}", dir.display()));
         let outcome = tokio::select! {

@@ -167,7 +167,10 @@ impl SimKubelet {
             .find(|h| h.rank == host)
             .and_then(|h| h.agent.as_ref())
             .context("no live simulated agent of that host")?;
-        anyhow::ensure!(agent.kill_rank(rank, 9), "no running proc of rank {rank} on host {host}");
+        anyhow::ensure!(
+            agent.kill_rank(rank, 9),
+            "no running proc of rank {rank} on host {host}"
+        );
         Ok(())
     }
 }
@@ -186,7 +189,10 @@ impl Inner {
             if gone.is_some() || pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
                 drop(gone);
                 let _permit = self.limit.acquire().await?;
-                match pods.delete(&name, &DeleteParams::default().grace_period(0)).await {
+                match pods
+                    .delete(&name, &DeleteParams::default().grace_period(0))
+                    .await
+                {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
                     Err(e) => return Err(e.into()),
@@ -252,16 +258,19 @@ impl Inner {
             }
         }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let cond = |t: &str| serde_json::json!({"type": t, "status": "True", "lastTransitionTime": now});
+        let cond =
+            |t: &str| serde_json::json!({"type": t, "status": "True", "lastTransitionTime": now});
         let containers: Vec<serde_json::Value> = pod
             .spec
             .iter()
             .flat_map(|s| s.containers.iter())
-            .map(|c| serde_json::json!({
-                "name": c.name, "ready": true, "started": true, "restartCount": 0,
-                "image": c.image.clone().unwrap_or_default(), "imageID": "",
-                "state": {"running": {"startedAt": now}},
-            }))
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name, "ready": true, "started": true, "restartCount": 0,
+                    "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                    "state": {"running": {"startedAt": now}},
+                })
+            })
             .collect();
         let status = serde_json::json!({"status": {
             "phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],

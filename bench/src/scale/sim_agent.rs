@@ -20,9 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hostmesh_agent::protocol::{
-    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, PatchAddressBook,
-    ProcPhase, ProcReport, ProcStateChanged, RankReport, Renew, SetAddressBook, ShutdownHost,
-    Stop, Subscribe,
+    AgentPush, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, PatchAddressBook, ProcPhase,
+    ProcReport, ProcStateChanged, RankReport, Renew, SetAddressBook, ShutdownHost, Stop, Subscribe,
 };
 use hostmesh_runtime::{Actor, ActorError, ChannelAddr, Context, Handler, Handlers, Proc};
 use tokio::sync::broadcast;
@@ -101,8 +100,11 @@ impl Shared {
 
     fn heartbeat(&self) -> AgentPush {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        let entries: Vec<hostmesh_agent::DigestEntry> =
-            t.procs.values().map(hostmesh_agent::DigestEntry::of).collect();
+        let entries: Vec<hostmesh_agent::DigestEntry> = t
+            .procs
+            .values()
+            .map(hostmesh_agent::DigestEntry::of)
+            .collect();
         AgentPush::Heartbeat {
             host_rank: self.host_rank,
             seq: t.seq,
@@ -393,7 +395,10 @@ impl Handler<PatchAddressBook> for HostActor {
 impl Handler<Renew> for HostActor {
     type Reply = hostmesh_agent::EpochVerdict;
     async fn handle(&mut self, _cx: &Context<Self>, m: Renew) -> Result<Self::Reply, ActorError> {
-        self.shared.counters.renewals.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .renewals
+            .fetch_add(1, Ordering::Relaxed);
         Ok(hostmesh_agent::judge(self.shared.epoch, m.epoch))
     }
 }
@@ -434,7 +439,8 @@ impl Handler<Subscribe> for HostActor {
             if port.send(&proc, &snapshot).await.is_err() {
                 return;
             }
-            let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+            let mut beat =
+                tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
             beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let push = tokio::select! {

@@ -178,7 +178,11 @@ mod tests {
         let program = dir.path().join("hostmesh");
         std::fs::write(&program, b"full").unwrap();
         let copy = AgentCopy::make(&dir.path().join("data"), &program).unwrap();
-        assert_eq!(std::fs::read(&copy.path).unwrap(), b"full", "no agent-only build: the program");
+        assert_eq!(
+            std::fs::read(&copy.path).unwrap(),
+            b"full",
+            "no agent-only build: the program"
+        );
         let vol = dir.path().join("vol");
         std::fs::create_dir_all(&vol).unwrap();
         let mount = |ro| Mount {
@@ -187,12 +191,32 @@ mod tests {
             read_only: ro,
         };
         let other = dir.path().join("other");
-        copy.place(&launch(&other, &["install-agent", "--to", "/v/h"], vec![mount(false)]));
-        copy.place(&launch(&program, &["agent", "--to", "/v/h"], vec![mount(false)]));
-        copy.place(&launch(&program, &["install-agent", "--to", "/v/h"], vec![mount(true)]));
-        copy.place(&launch(&program, &["install-agent", "--to", "/elsewhere/h"], vec![mount(false)]));
+        copy.place(&launch(
+            &other,
+            &["install-agent", "--to", "/v/h"],
+            vec![mount(false)],
+        ));
+        copy.place(&launch(
+            &program,
+            &["agent", "--to", "/v/h"],
+            vec![mount(false)],
+        ));
+        copy.place(&launch(
+            &program,
+            &["install-agent", "--to", "/v/h"],
+            vec![mount(true)],
+        ));
+        copy.place(&launch(
+            &program,
+            &["install-agent", "--to", "/elsewhere/h"],
+            vec![mount(false)],
+        ));
         assert!(!vol.join("h").exists());
-        copy.place(&launch(&program, &["install-agent", "--to=/v/h"], vec![mount(false)]));
+        copy.place(&launch(
+            &program,
+            &["install-agent", "--to=/v/h"],
+            vec![mount(false)],
+        ));
         assert!(vol.join("h").exists());
     }
 }

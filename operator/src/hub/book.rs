@@ -16,6 +16,9 @@
 //! 4. One sender task per agent link sends the latest book only: the whole
 //!    book first, then patches on top of what the agent acknowledged; an
 //!    agent that holds another version is sent the whole book again.
+//! 5. At most [`FULL_BOOKS`] whole books are built and in flight at once,
+//!    so a thousand agents connecting together cost a few books of memory,
+//!    not a thousand.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -25,8 +28,8 @@ use std::time::Duration;
 use hostmesh_crds::Rank;
 use tracing::debug;
 
-use super::agent::{AgentLink, BookAck, BookUpdate, HostKey};
 use super::WorldAgents;
+use super::agent::{AgentLink, BookAck, BookUpdate, HostKey};
 
 /// A World's book, its version and its recent changes.
 #[derive(Debug, Default)]
@@ -88,14 +91,23 @@ impl BookLog {
     pub fn full(&self) -> BookUpdate {
         BookUpdate::Full {
             version: self.version,
-            hosts: self.entries.iter().map(|(r, (a, e))| (*r, *a, *e)).collect(),
+            hosts: self
+                .entries
+                .iter()
+                .map(|(r, (a, e))| (*r, *a, *e))
+                .collect(),
         }
+    }
+
+    /// Whether a patch from `base` is possible (else the whole book).
+    pub fn reaches(&self, base: u64) -> bool {
+        base > 0 && base >= self.floor && base <= self.version
     }
 
     /// The changes after `base` (invariant 2), or the whole book when
     /// the log does not reach back to `base`.
     pub fn since(&self, base: u64) -> BookUpdate {
-        if base == 0 || base < self.floor || base > self.version {
+        if !self.reaches(base) {
             return self.full();
         }
         let ranks: BTreeSet<Rank> = self
@@ -124,6 +136,10 @@ impl BookLog {
         self.entries.keys().next_back().map_or(0, |r| r + 1)
     }
 }
+
+/// Whole books built and in flight at once, over every World (invariant 5).
+pub const FULL_BOOKS: usize = 16;
+static FULL_BOOK_PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(FULL_BOOKS);
 
 /// First and longest wait before an undelivered address book is sent again.
 const RETRY_MIN: Duration = Duration::from_millis(100);
@@ -154,9 +170,16 @@ pub fn sender(
                 }
                 continue;
             }
+            let whole = !lock(&book).reaches(acked);
+            let permit = match whole {
+                true => FULL_BOOK_PERMITS.acquire().await.ok(),
+                false => None,
+            };
             let update = lock(&book).since(acked);
             let version = update.version();
-            match link.send_book(update).await {
+            let sent = link.send_book(update).await;
+            drop(permit);
+            match sent {
                 Ok(BookAck::Applied) => {
                     backoff = RETRY_MIN;
                     acked = version;
@@ -197,7 +220,12 @@ mod tests {
             health_timeout: Duration::from_secs(10),
             hosts: hosts
                 .iter()
-                .map(|(r, ip, _)| (*r, (format!("uid-{r}"), SocketAddr::from(([10, 0, 0, *ip], 1)))))
+                .map(|(r, ip, _)| {
+                    (
+                        *r,
+                        (format!("uid-{r}"), SocketAddr::from(([10, 0, 0, *ip], 1))),
+                    )
+                })
                 .collect(),
             epochs: hosts.iter().map(|(r, _, e)| (*r, *e)).collect(),
         }
@@ -244,7 +272,10 @@ mod tests {
             apply(&mut b, &log.full());
             b.1
         });
-        assert!(!log.update(&agents(&[(0, 1, 5), (1, 2, 5)])), "no change, no version");
+        assert!(
+            !log.update(&agents(&[(0, 1, 5), (1, 2, 5)])),
+            "no change, no version"
+        );
         assert!(log.update(&agents(&[(0, 1, 5), (1, 2, 5), (2, 3, 5)])));
         assert!(log.update(&agents(&[(0, 1, 5), (1, 4, 6), (2, 3, 5)])));
         assert!(log.update(&agents(&[(1, 4, 6), (2, 3, 5)])));
@@ -270,7 +301,9 @@ mod tests {
             log.update(&agents(&[(0, 1, 1), (1, 2, epoch)]));
         }
         assert!(matches!(log.since(1), BookUpdate::Full { .. }));
-        assert!(matches!(log.since(log.version() - 1), BookUpdate::Patch { ref changes, .. } if changes.len() == 1));
+        assert!(
+            matches!(log.since(log.version() - 1), BookUpdate::Patch { ref changes, .. } if changes.len() == 1)
+        );
         assert!(matches!(log.since(0), BookUpdate::Full { .. }));
     }
 }

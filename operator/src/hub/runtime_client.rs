@@ -282,10 +282,12 @@ impl AgentLink for RuntimeLink {
                             })
                             .collect(),
                     };
-                    Ok(match self.client.patch_address_book(self.addr, patch).await? {
-                        Ok(()) => BookAck::Applied,
-                        Err(held) => BookAck::Holds(held),
-                    })
+                    Ok(
+                        match self.client.patch_address_book(self.addr, patch).await? {
+                            Ok(()) => BookAck::Applied,
+                            Err(held) => BookAck::Holds(held),
+                        },
+                    )
                 }
             }
         })

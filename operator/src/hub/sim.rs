@@ -330,7 +330,11 @@ impl AgentLink for SimLink {
                 }
             }
             {
-                let mut t = self.sim.book_traffic.lock().unwrap_or_else(|e| e.into_inner());
+                let mut t = self
+                    .sim
+                    .book_traffic
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 t.0 += 1;
                 t.1 += update.entries() as u64;
             }

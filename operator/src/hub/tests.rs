@@ -575,7 +575,10 @@ async fn address_book_fan_out_grows_with_the_change_not_the_world_squared() {
     .await;
     let now = traffic();
     let (messages, entries) = (now.0 - last.0, now.1 - last.1);
-    assert!(messages <= N as u64, "{messages} messages for one replacement");
+    assert!(
+        messages <= N as u64,
+        "{messages} messages for one replacement"
+    );
     assert!(
         entries <= 2 * N as u64,
         "{entries} entries for one replacement (whole books: {})",

@@ -4,8 +4,9 @@
 //! phases) → write status whole.
 //!
 //! Invariants:
-//! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
-//!    existing pods are never patched (changes roll them, see [`plan`]).
+//! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`],
+//!    host pods created under it (invariant 7); existing pods are never
+//!    patched (changes roll them, see [`plan`]).
 //! 2. The Secret is never rewritten; a deleted one is recreated with the
 //!    token the agents hold ([`secret`]).
 //! 3. Status is written through the status subresource, whole (replaced,
@@ -19,6 +20,10 @@
 //!    kept (MultiKueue dispatches the World from it, see [`kueue`]).
 //! 6. A World that names a Kueue queue runs only as its Workload allows
 //!    ([`kueue`]); until then it is held with the suspend path.
+//! 7. Host pods are read from the controller's reflector store (their
+//!    `managedFields` dropped), not listed per reconcile; a pod the store
+//!    does not show yet is created with a plain create, which answers 409
+//!    for a pod that exists, so a store that lags creates nothing twice.
 
 mod apply;
 pub mod desired;
@@ -44,7 +49,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
@@ -78,13 +83,22 @@ pub async fn controller(
         ),
     };
     let managed = watcher::Config::default().labels(desired::LABEL_WORLD);
+    // Host pods are reflected into a store (invariant 7) that reconciles
+    // read; the same watch triggers the owners.
+    let (pod_store, pod_writer) = kube::runtime::reflector::store::<Pod>();
+    ctx.host_pods.register(namespace.clone(), pod_store);
+    let pod_stream = watcher::watcher(pods, managed)
+        .default_backoff()
+        .modify(|p: &mut Pod| p.metadata.managed_fields = None)
+        .reflect(pod_writer)
+        .touched_objects();
     let hub_triggers = futures::stream::unfold(triggers, |mut rx| async move {
         let key = rx.recv().await?;
         Some((obj_ref::<World>(&key.namespace, &key.name), rx))
     });
     let workload_triggers = kueue::sync::triggers(client.clone(), namespace.clone());
     Controller::new(worlds, watcher::Config::default())
-        .owns(pods, managed)
+        .owns_stream(pod_stream)
         .watches(meshes, watcher::Config::default(), |pm: ProcMesh| {
             // A critical ProcMesh's failure fails its World.
             let ns = pm.namespace()?;

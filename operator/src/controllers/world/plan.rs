@@ -39,6 +39,7 @@
 
 use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY, SUSPENDED};
@@ -62,7 +63,7 @@ pub struct PlanInput<'a> {
     /// Parsed timings of its spec.
     pub timings: WorldTimings,
     /// Its pods by host rank.
-    pub pods: &'a BTreeMap<Rank, Pod>,
+    pub pods: &'a BTreeMap<Rank, Arc<Pod>>,
     /// Pods whose rank label is outside the shape (to delete).
     pub extra_pods: Vec<String>,
     /// The hub's view of each rank's agent.
@@ -223,7 +224,7 @@ impl<'i, 'a> Working<'i, 'a> {
             || prev.phase == Some(WorldPhase::Suspended);
         let hosts = (0..n)
             .map(|r| {
-                let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
+                let h = observe_pod(input.pods.get(&r).map(|p| &**p), (input.liveness)(r));
                 // Not ready yet is not "no longer ready": a host that was
                 // never Ready in status is still starting.
                 let was_up = runs::get(&prev.hosts, r)
@@ -459,7 +460,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 continue;
             }
             let (Some(ready), Some(watching)) = (
-                input.pods.get(&r).and_then(ready_since),
+                input.pods.get(&r).and_then(|p| ready_since(p)),
                 (input.watching_since)(r),
             ) else {
                 continue;
@@ -757,7 +758,7 @@ impl<'i, 'a> Working<'i, 'a> {
                     self.input
                         .pods
                         .get(&r)
-                        .and_then(super::observe::failed_container)
+                        .and_then(|p| super::observe::failed_container(p))
                 })
                 .flatten();
                 if let Some(c) = container {
