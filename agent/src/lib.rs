@@ -28,6 +28,7 @@
 //! - `proc_agent`: the proc side of runtime-aware procs (`join_host`, `mesh`).
 //! - `agent`: the process itself (`run_agent`, `run_blocking`).
 //! - `install`: `install-agent`, the agent binary into a host pod's volume.
+//! - `malloc`: allocator settings of the long-running hostmesh processes.
 
 mod agent;
 mod client;
@@ -42,6 +43,7 @@ pub mod install;
 mod lifecycle;
 mod listen;
 mod logs;
+pub mod malloc;
 mod manager;
 mod monarch;
 mod oom;

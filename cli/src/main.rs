@@ -72,7 +72,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if cli.command.long_running() {
+        hostmesh_agent::malloc::tune();
+    }
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line with the whole cause chain; no backtrace for users.
@@ -82,6 +86,22 @@ fn main() -> std::process::ExitCode {
             }
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+impl Command {
+    /// Whether this subcommand serves until it is stopped (its allocator is
+    /// tuned: `hostmesh_agent::malloc`).
+    fn long_running(&self) -> bool {
+        matches!(
+            self,
+            Command::Agent(_)
+                | Command::Operator(_)
+                | Command::Up(_)
+                | Command::Apiserver(_)
+                | Command::Kubelet(_)
+                | Command::ControllerManager(_)
+        )
     }
 }
 

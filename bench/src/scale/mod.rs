@@ -17,8 +17,10 @@
 //!   (each on another host, each after the ProcMesh recovered) of the time
 //!   until the kill shows in `status.incidents`; the p50 as
 //!   `scale_proc_kill_to_status_p50_s`.
-//! - `scale_agent_kill_recovered_s`: an agent SIGKILLed until the World is
-//!   Ready again (its host replaced).
+//! - `scale_agent_kill_not_ready_s`, `scale_agent_kill_recovered_s`: an
+//!   agent SIGKILLed until the World is not Ready, and until it is Ready
+//!   again with every host ready and the victim's host replaced (a new
+//!   pod).
 //! - `scale_agents_fenced`: agents the operator saw fenced while it ran
 //!   (must be 0).
 //! - `scale_operator_rss_bytes`, `scale_operator_rss_per_host_bytes` (above

@@ -20,8 +20,9 @@
 //!    kept (MultiKueue dispatches the World from it, see [`kueue`]).
 //! 6. A World that names a Kueue queue runs only as its Workload allows
 //!    ([`kueue`]); until then it is held with the suspend path.
-//! 7. Host pods are read from the controller's reflector store (their
-//!    `managedFields` dropped), not listed per reconcile; a pod the store
+//! 7. Host pods are read from the controller's reflector store (slimmed
+//!    to what the controller reads, [`observe::slim`]), not listed per
+//!    reconcile; a pod the store
 //!    does not show yet is created with a plain create, which answers 409
 //!    for a pod that exists, so a store that lags creates nothing twice.
 
@@ -89,7 +90,7 @@ pub async fn controller(
     ctx.host_pods.register(namespace.clone(), pod_store);
     let pod_stream = watcher::watcher(pods, managed)
         .default_backoff()
-        .modify(|p: &mut Pod| p.metadata.managed_fields = None)
+        .modify(observe::slim)
         .reflect(pod_writer)
         .touched_objects();
     let hub_triggers = futures::stream::unfold(triggers, |mut rx| async move {
