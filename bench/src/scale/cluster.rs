@@ -52,6 +52,24 @@ impl Component {
     }
 }
 
+/// The CPU time process `pid` used so far (user and system), in seconds.
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // pid (comm) state ppid ... utime(14) stime(15), counted from 1.
+    let rest = stat.rsplit_once(')').context("no comm in stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f
+        .get(11)
+        .and_then(|v| v.parse::<f64>().ok())
+        .context("no utime")?
+        + f.get(12)
+            .and_then(|v| v.parse::<f64>().ok())
+            .context("no stime")?;
+    // SAFETY: sysconf(3) has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz.max(1.0))
+}
+
 /// The resident memory of process `pid` in bytes (`VmRSS` of
 /// `/proc/<pid>/status`).
 pub(crate) fn rss_of(pid: u32) -> anyhow::Result<u64> {

@@ -196,9 +196,12 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     // Steady state.
     let requests = "hostmesh_api_requests_total";
     let r0 = cluster.operator_counter(requests).await?;
+    let cpu0 = super::cluster::cpu_seconds(cluster.operator()?.pid())?;
     let t0 = Instant::now();
     tokio::time::sleep(STEADY).await;
     let r1 = cluster.operator_counter(requests).await?;
+    let op_cpu = (super::cluster::cpu_seconds(cluster.operator()?.pid())? - cpu0)
+        / t0.elapsed().as_secs_f64();
     let rate = match (r0, r1) {
         (Some(a), Some(b)) => Some((b - a) / t0.elapsed().as_secs_f64()),
         _ => None,
@@ -331,6 +334,7 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     if let Some(rate) = rate {
         emit(&name("operator_api_requests"), rate, "req/s", None);
     }
+    emit(&name("operator_cpu_cores"), op_cpu, "cores", None);
     emit(&name("status_bytes_max"), status_max as f64, "B", None);
     if sim.is_some() {
         emit(

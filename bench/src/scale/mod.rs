@@ -31,7 +31,9 @@
 //!   (above their RSS with no pods; baseline 1 MiB). Taken once the
 //!   ProcMesh has run in steady state for [`STEADY`].
 //! - `scale_operator_api_requests`: requests per second the operator sends
-//!   to the API server over [`STEADY`] of steady state.
+//!   to the API server over [`STEADY`] of steady state;
+//!   `scale_operator_cpu_cores` the CPU it used meanwhile (user + system
+//!   seconds per second).
 //! - `scale_status_bytes_max`: the largest `status` (World or ProcMesh),
 //!   JSON bytes.
 //! - `scale_sim_book_entries_per_agent_per_host` (simulated only): address
