@@ -63,7 +63,7 @@ KUEUE_CLUSTER_RULES = {
     ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
     ("scheduling.k8s.io", "priorityclasses"): {"get"},
 }
-LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"create", "get", "update", "delete"}}
 NEVER_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 EXPECTED_CRDS = {"worlds.hostmesh.dev", "procmeshes.hostmesh.dev"}
 
@@ -214,6 +214,10 @@ def check_render(label, values):
     check(env.get("HOSTMESH_LEADER_ELECT", {}).get("value") == str(merged["leaderElection"]["enabled"]).lower(),
           f"[{label}] leaderElection.enabled not passed")
     check("fieldRef" in (env.get("POD_NAMESPACE", {}).get("valueFrom") or {}), f"[{label}] POD_NAMESPACE not from the downward API")
+    # The leader names its Pod (name and UID) as the Lease's owner.
+    for var, field in (("POD_NAME", "metadata.name"), ("POD_UID", "metadata.uid")):
+        ref = ((env.get(var, {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        check(ref == field, f"[{label}] {var} not from the downward API's {field}: {ref}")
     image = pod["containers"][0]["image"]
     if merged["image"].get("digest"):
         check(image.endswith("@" + merged["image"]["digest"]), f"[{label}] image digest not used: {image}")
@@ -283,9 +287,9 @@ def check_render(label, values):
             check(lr["metadata"]["namespace"] == NAMESPACE, f"[{label}] lease Role not in the release namespace")
             lease_perms = rules_to_perms(lr["rules"], f"[{label}] lease")
             check(lease_perms == LEASE_RULES, f"[{label}] lease rules: {perm_diff(lease_perms, LEASE_RULES)}")
-            named = [r for r in lr["rules"] if set(r["verbs"]) & {"get", "update"}]
+            named = [r for r in lr["rules"] if set(r["verbs"]) & {"get", "update", "delete"}]
             check(all(r.get("resourceNames") == [merged["leaderElection"]["leaseName"]] for r in named),
-                  f"[{label}] lease get/update not limited to the lease name")
+                  f"[{label}] lease get/update/delete not limited to the lease name")
     else:
         check(not lease_roles, f"[{label}] leader-election Role rendered with election off")
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Runs the end-to-end suite in its real-cluster mode (KUBECONFIG set) against
-# a cluster it did not start: a separate `hostmesh apiserver` and
+# Runs the end-to-end suite with a process kubelet joined to a cluster it
+# did not start (KUBECONFIG set, HOSTMESH_E2E_NODES=process-kubelet;
+# docs/testing.md): a separate `hostmesh apiserver` and
 # `hostmesh controller-manager`, with no kubelet and no scheduler of their
-# own. This exercises what pointing KUBECONFIG at a real cluster exercises:
-# the process kubelet joining as a tainted Node, Worlds pinned to it, the
-# operator running locally for the test's namespace only, and the cleanup of
-# namespaces and Nodes the tests leave on a shared cluster.
+# own. It exercises the process kubelet joining as a tainted Node, Worlds
+# pinned to it, the operator running locally for the test's namespace only,
+# and the cleanup of namespaces and Nodes the tests leave on a shared
+# cluster. CI runs the suite on a real cluster's own nodes instead
+# (.ci/e2e-realk8s.sh); this script is the way to try the joined mode.
 #
 # The Helm scenario is left out: the chart's operator pod would need a node
 # of the cluster's own to run on.
@@ -44,7 +46,7 @@ KUBECONFIG="$dir/kubeconfig" "$bin" controller-manager >"$dir/controller-manager
 pids+=($!)
 
 status=0
-KUBECONFIG="$dir/kubeconfig" HOSTMESH_BIN="$bin" \
+KUBECONFIG="$dir/kubeconfig" HOSTMESH_BIN="$bin" HOSTMESH_E2E_NODES=process-kubelet \
   cargo nextest run --workspace -E 'package(hostmesh-e2e) & not binary(helm)' "$@" || status=$?
 
 # Every test removed its namespace and its Node.

@@ -105,16 +105,16 @@ async fn monarch_side(
     env.wait_for("World", WORLD, "Ready", |s| condition_true(s, "Ready"))
         .await?;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("monarch_bench.py");
-    let command = [
-        python.display().to_string(),
-        "-u".into(),
-        script.display().to_string(),
+    let args = [
         env.namespace.clone(),
         WORLD.into(),
         HOSTS.to_string(),
         calls().to_string(),
     ];
-    env.kubectl_apply(CLIENT, &monarch::client_pod(&env, CLIENT, &command))?;
+    env.kubectl_apply(
+        CLIENT,
+        &monarch::client_pod(&env, CLIENT, python, &script, &args)?,
+    )?;
     eventually("the Monarch client's measurements", || {
         env.pod_logs(CLIENT).contains("READY_FOR_KILL") || env.pod_phase(CLIENT) == "Failed"
     })

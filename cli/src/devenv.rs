@@ -121,6 +121,11 @@ impl DevEnv {
         &self.kubeconfig
     }
 
+    /// The kubelet's pod range and why it is that one (sandbox network).
+    pub fn pod_range(&self) -> Option<&hostmesh_devcluster::kubelet::PodRange> {
+        self.kubelet.pod_range()
+    }
+
     /// The kubelet's pod bridge (sandbox network), for clean-up after a
     /// kill.
     pub fn pod_bridge(&self) -> Option<hostmesh_devcluster::kubelet::PodBridge> {

@@ -210,6 +210,9 @@ pub async fn run_noting(
         reason: e.to_string(),
     })?;
     started(&cluster);
+    if let Some(range) = cluster.pod_range() {
+        say(&format!("pod range: {range}"));
+    }
     say(&format!(
         "cluster in a box is up. In another shell:\n  export KUBECONFIG={}\n  kubectl get worlds,procmeshes,pods",
         cluster.kubeconfig().display()

@@ -29,7 +29,7 @@ for e in c.get("env", []):
     if "value" in e:
         value = expand(e["value"])
     else:
-        value = {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system", "status.podIP": "127.0.0.1"}[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        value = {"metadata.name": "hm-hostmesh-abc", "metadata.namespace": "hostmesh-system", "metadata.uid": "0b2d1c3e-5f4a-4b6c-9d8e-7f6a5b4c3d2e", "status.podIP": "127.0.0.1"}[e["valueFrom"]["fieldRef"]["fieldPath"]]
     seen[e["name"]] = value
     env.append([e["name"], value])
 print(json.dumps({"env": env, "args": c.get("args", [])}))

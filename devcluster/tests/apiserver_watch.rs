@@ -583,3 +583,156 @@ async fn first_watch_of_a_quiet_resource_from_an_older_list_is_not_gone() {
     }
     server.shutdown().await;
 }
+
+/// As kube-apiserver's watch cache: once events have left a resource's
+/// history, a watch is served only from just before the oldest event
+/// still kept. A resourceVersion older than that is 410 Expired, `too old
+/// resource version: <rv> (<oldest kept - 1>)`, even when every event
+/// after it is still there (the embedded server used to deliver those).
+#[tokio::test]
+async fn a_watch_from_before_the_oldest_kept_event_is_gone_even_when_nothing_after_it_was_lost() {
+    let (server, client) = api_server_with(ApiServerConfig {
+        history_limit: 2,
+        bookmark_interval: Duration::from_secs(3600),
+        ..ApiServerConfig::default()
+    })
+    .await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::default_namespaced(client);
+    cms.create(&PostParams::default(), &cm("x", json!({})))
+        .await
+        .expect("create");
+    let seen = cms
+        .patch(
+            "x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": "1"}})),
+        )
+        .await
+        .expect("patch")
+        .metadata
+        .resource_version
+        .expect("rv");
+    // Other resources move the resourceVersion on.
+    for i in 0..3 {
+        let s: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(json!({"metadata": {"name": format!("s{i}")}})).expect("secret");
+        secrets
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("secret");
+    }
+    // Two more ConfigMap events push the ones up to `seen` out of a
+    // history of two.
+    let mut last = String::new();
+    for n in 2..4 {
+        last = cms
+            .patch(
+                "x",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"n": n.to_string()}})),
+            )
+            .await
+            .expect("patch")
+            .metadata
+            .resource_version
+            .expect("rv");
+    }
+    let oldest_kept: u64 = last.parse::<u64>().expect("rv") - 1;
+    let mut w = cms
+        .watch(&WatchParams::default().timeout(5), &seen)
+        .await
+        .expect("watch")
+        .boxed();
+    match w.try_next().await.expect("stream") {
+        Some(WatchEvent::Error(e)) => {
+            assert_eq!((e.code, e.reason.as_str()), (410, "Expired"));
+            assert_eq!(
+                e.message,
+                format!("too old resource version: {seen} ({})", oldest_kept - 1)
+            );
+        }
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+    // From just before the oldest kept event the history still serves.
+    let from = (oldest_kept - 1).to_string();
+    let mut w = cms
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await
+        .expect("watch")
+        .boxed();
+    match w.try_next().await.expect("stream") {
+        Some(WatchEvent::Modified(o)) => assert_eq!(o.data.expect("data")["n"], "2"),
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    server.shutdown().await;
+}
+
+/// kube-rs' watcher, given 410 Gone when it resumes its watch, lists again
+/// and converges on the objects as they are: one it never saw an event
+/// for is in its store, one deleted meanwhile is not.
+#[tokio::test]
+async fn kube_rs_watcher_relists_after_410_and_converges() {
+    let (server, client) = api_server_with(ApiServerConfig {
+        history_limit: 3,
+        // No bookmark moves the watcher's resourceVersion on: it resumes
+        // from its list's, which the churn below pushes out of history.
+        bookmark_interval: Duration::from_secs(3600),
+        ..ApiServerConfig::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    api.create(&PostParams::default(), &cm("old", json!({"app": "w"})))
+        .await
+        .expect("create");
+    let inits = Arc::new(Mutex::new(0usize));
+    let (reader, writer) = reflector::store();
+    let cfg = watcher::Config::default().labels("app=w").timeout(1);
+    let stream = reflector(writer, watcher(api.clone(), cfg));
+    let counter = inits.clone();
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        loop {
+            match s.next().await {
+                Some(Ok(watcher::Event::Init)) => *counter.lock().expect("lock") += 1,
+                Some(_) => {}
+                None => return,
+            }
+        }
+    });
+    let names = || {
+        let mut n: Vec<String> = reader
+            .state()
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        n.sort();
+        n
+    };
+    eventually("the first listing", || names() == ["old"]).await;
+    // While the watcher's watch is down (1 s timeout), churn on objects it
+    // does not select pushes its resourceVersion out of the history; the
+    // objects it selects change with it.
+    for i in 0..6 {
+        api.create(&PostParams::default(), &cm(&format!("churn{i}"), json!({})))
+            .await
+            .expect("churn");
+    }
+    api.delete("old", &DeleteParams::default())
+        .await
+        .expect("delete");
+    api.create(&PostParams::default(), &cm("new", json!({"app": "w"})))
+        .await
+        .expect("create");
+    for i in 0..6 {
+        api.delete(&format!("churn{i}"), &DeleteParams::default())
+            .await
+            .expect("churn delete");
+    }
+    eventually("the watcher to relist and converge", || {
+        names() == ["new"] && *inits.lock().expect("lock") >= 2
+    })
+    .await;
+    task.abort();
+    server.shutdown().await;
+}

@@ -931,3 +931,209 @@ async fn create_services_and_rbac_objects_sent_as_protobuf() {
         .await;
     assert_eq!(hard.trim(), "10/2");
 }
+
+/// What clients probe on a real cluster answers the same here: the
+/// extension and storage kinds (`kubectl get apiservices,storageclasses,
+/// ...` as on a real cluster, with its columns), `kubectl get cs` (healthy,
+/// with the deprecation warning), and `get nodes -o wide` with the wide
+/// columns.
+#[tokio::test]
+async fn kubectl_gets_what_a_real_cluster_serves() {
+    let env = start().await;
+    let out = env
+        .ok(&[
+            "get",
+            "apiservices,storageclasses,runtimeclasses,validatingwebhookconfigurations,horizontalpodautoscalers,flowschemas",
+            "-A",
+        ])
+        .await;
+    for line in [
+        "apiservice.apiregistration.k8s.io/v1.apps",
+        "apiservice.apiregistration.k8s.io/v2.autoscaling",
+        "flowschema.flowcontrol.apiserver.k8s.io/exempt",
+        "flowschema.flowcontrol.apiserver.k8s.io/catch-all",
+    ] {
+        assert!(out.contains(line), "{line} missing:\n{out}");
+    }
+    let header = out
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("NAME") && l.contains("SERVICE"))
+        .expect("APIService header");
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["NAME", "SERVICE", "AVAILABLE", "AGE"]
+    );
+    let apps = out
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("apiservice.apiregistration.k8s.io/v1.apps "))
+        .expect("v1.apps row");
+    assert_eq!(
+        apps.split_whitespace().skip(1).take(2).collect::<Vec<_>>(),
+        ["Local", "True"]
+    );
+    let exempt = out
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("flowschema.flowcontrol.apiserver.k8s.io/exempt "))
+        .unwrap_or_else(|| panic!("exempt row missing:\n{out}"));
+    assert_eq!(
+        exempt
+            .split_whitespace()
+            .skip(1)
+            .take(3)
+            .collect::<Vec<_>>(),
+        ["exempt", "1", "<none>"]
+    );
+    let hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {name: web}\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}\n  maxReplicas: 5\n";
+    let path = env.write("hpa.yaml", hpa);
+    env.ok(&["apply", "-f", p(&path)]).await;
+    let out = env.ok(&["get", "hpa"]).await;
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("web "))
+        .expect("hpa row");
+    assert_eq!(
+        row.split_whitespace().take(6).collect::<Vec<_>>(),
+        ["web", "Deployment/web", "<unknown>/80%", "1", "5", "0"]
+    );
+
+    let (ok, out, err) = env.run(&["get", "cs"]).await;
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("Warning: v1 ComponentStatus is deprecated in v1.19+"),
+        "{err}"
+    );
+    for c in ["scheduler", "controller-manager", "etcd-0"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{c} ")))
+            .unwrap_or_else(|| panic!("{c} missing:\n{out}"));
+        assert_eq!(row.split_whitespace().nth(1), Some("Healthy"), "{row}");
+    }
+
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/control-plane": ""}},
+        "spec": {"unschedulable": true},
+    }))
+    .expect("node");
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(env.client.clone());
+    nodes
+        .create(&kube::api::PostParams::default(), &node)
+        .await
+        .expect("node");
+    let status = serde_json::json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}],
+        "addresses": [{"type": "InternalIP", "address": "10.1.2.3"}, {"type": "Hostname", "address": "n1"}],
+        "nodeInfo": {"kubeletVersion": "v1.33.0", "osImage": "Debian GNU/Linux 12 (bookworm)", "kernelVersion": "6.1.0",
+                     "containerRuntimeVersion": "hostmesh-process://0.1.0", "machineID": "", "systemUUID": "", "bootID": "",
+                     "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
+    }});
+    nodes
+        .patch_status(
+            "n1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .expect("node status");
+    let out = env.ok(&["get", "nodes", "-o", "wide"]).await;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "STATUS",
+            "ROLES",
+            "AGE",
+            "VERSION",
+            "INTERNAL-IP",
+            "EXTERNAL-IP",
+            "OS-IMAGE",
+            "KERNEL-VERSION",
+            "CONTAINER-RUNTIME"
+        ]
+    );
+    let row = lines.next().expect("row");
+    for cell in [
+        "Ready,SchedulingDisabled",
+        "control-plane",
+        "v1.33.0",
+        "10.1.2.3",
+        "<none>",
+        "Debian GNU/Linux 12 (bookworm)",
+        "6.1.0",
+        "hostmesh-process://0.1.0",
+    ] {
+        assert!(row.contains(cell), "{cell} missing from {row:?}");
+    }
+    env.server.shutdown().await;
+}
+
+/// `hostmesh apiserver --kubeconfig-auth client-cert`: the kubeconfig
+/// carries a client certificate for `hostmesh-admin` in `system:masters`
+/// instead of the token.
+#[tokio::test]
+async fn a_client_certificate_kubeconfig_is_written_on_request() {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: hostmesh_devcluster::apiserver::ApiServerArgs,
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    let cli = Cli::try_parse_from([
+        "hostmesh-apiserver",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        p(&kubeconfig),
+        "--kubeconfig-auth",
+        "client-cert",
+    ])
+    .expect("flags parse");
+    let (server, client) = hostmesh_testkit::cluster::api_server_with(cli.args.into()).await;
+    let yaml = std::fs::read_to_string(&kubeconfig).expect("kubeconfig written");
+    assert!(yaml.contains("client-certificate-data:") && yaml.contains("client-key-data:"));
+    assert!(
+        !yaml.contains(server.token()),
+        "no token in a client-cert kubeconfig"
+    );
+    let who: serde_json::Value = client
+        .request(
+            http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+                .header("content-type", "application/json")
+                .body(
+                    br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#
+                        .to_vec(),
+                )
+                .expect("request"),
+        )
+        .await
+        .expect("whoami");
+    assert_eq!(who["status"]["userInfo"]["username"], "hostmesh-admin");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        serde_json::json!(["system:masters", "system:authenticated"])
+    );
+    let out = tokio::process::Command::new("kubectl")
+        .args(["auth", "whoami", "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let who: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "hostmesh-admin");
+    let bad = Cli::try_parse_from(["x", "--kubeconfig-auth", "password"]);
+    assert!(bad.is_err());
+    server.shutdown().await;
+}

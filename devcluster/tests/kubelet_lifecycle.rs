@@ -88,6 +88,30 @@ async fn the_node_is_registered_ready_with_a_lease() {
         server_version
     );
 
+    // nodeInfo as a kubelet fills it (`kubectl get nodes -o wide`).
+    let info = node.status.as_ref().unwrap().node_info.clone().unwrap();
+    assert_eq!(
+        info.kernel_version,
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap()
+            .trim()
+    );
+    let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let pretty = os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "Linux".into());
+    assert_eq!(info.os_image, pretty);
+    assert_eq!(
+        info.container_runtime_version,
+        format!("hostmesh-process://{}", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(
+        (info.operating_system.as_str(), info.boot_id.is_empty()),
+        ("linux", false)
+    );
+
     // A second kubelet cannot take the same data directory.
     let err = hostmesh_devcluster::kubelet::Kubelet::start(
         c.client.clone(),

@@ -1,15 +1,18 @@
 //! Pod sandboxes: each pod has its own network and UTS namespace on the
 //! kubelet's bridge. Two pods of one headless Service bind the same port,
 //! see their own hostname and FQDN, and reach each other (by address and
-//! by DNS name) and the machine reaches them; nothing routes out of the pod range; a pod range that
-//! overlaps a route of the machine is refused; the cluster DNS seam gets
-//! sockets inside each pod.
+//! by DNS name) and the machine reaches them; nothing routes out of the pod range; with no pod
+//! range given the kubelet picks one that no route of the machine overlaps,
+//! and a given one that overlaps is refused (both in a network namespace of
+//! the test's own); the cluster DNS seam gets sockets inside each pod.
 
 mod kubelet_common;
 
 use std::net::Ipv4Addr;
 
-use hostmesh_devcluster::kubelet::{ClusterDns, DnsSockets, Kubelet, KubeletConfig};
+use hostmesh_devcluster::kubelet::{
+    ClusterDns, DnsSockets, Ipv4Net, Kubelet, KubeletConfig, RangeOrigin, RangeOverlap,
+};
 use hostmesh_testkit::eventually_async;
 use kubelet_common::*;
 
@@ -143,62 +146,79 @@ spec:
     c.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_range_overlapping_a_route_of_the_machine_is_refused() {
-    // A route the kubelet does not own: a link of the test's with an
-    // address, so its /24 is in the machine's routing table (no traffic
-    // is sent).
-    let link = TestLink::create("hmtestlink0", "10.251.7.1/24");
-    let dir = tempfile::tempdir().unwrap();
-    let (api, client) = hostmesh_testkit::cluster::api_server().await;
-    let mut config =
-        KubeletConfig::new("overlap-node", dir.path().join("kubelet")).for_api_server(&api);
-    config.pod_ip_range = "10.251.0.0/16".parse().unwrap();
-    let err = Kubelet::start(client.clone(), config)
-        .await
-        .expect_err("an overlapping pod range is refused");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("10.251.0.0/16")
-            && msg.contains("10.251.7.0/24")
-            && msg.contains("hmtestlink0"),
-        "{msg}"
-    );
-    drop(link);
-    api.shutdown().await;
+/// What a flannel-style node has: a bridge `cni0` holding 10.244.0.1/24,
+/// so the usual pod range 10.244.0.0/16 overlaps the route to its /24.
+/// Made in the test's own network namespace, where its kubelet runs: the
+/// machine and other tests never see it.
+fn flannel_like_bridge() {
+    add_link("cni0", "10.244.0.1/24");
 }
 
-/// A link (a bridge: every kernel that runs sandboxes has them) made with
-/// `ip` for the test, deleted on drop.
-struct TestLink(&'static str);
-
-impl TestLink {
-    fn create(name: &'static str, addr: &str) -> Self {
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .expect("these tests need iproute2's ip")
-        };
-        // A leftover of an interrupted run.
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        assert!(ip(&["link", "add", name, "type", "bridge"]).success());
-        let link = TestLink(name);
-        assert!(ip(&["addr", "add", addr, "dev", name]).success());
-        assert!(ip(&["link", "set", name, "up"]).success());
-        link
-    }
+#[test]
+fn with_no_range_given_the_kubelet_steps_around_a_route_of_the_machine() {
+    in_own_netns(|| async {
+        flannel_like_bridge();
+        let claims = tempfile::tempdir().unwrap();
+        let claims_dir = claims.path().to_path_buf();
+        let c = Cluster::start_with(203, move |cfg| {
+            cfg.pod_ip_range = None;
+            cfg.ip_claims_dir = Some(claims_dir);
+        })
+        .await;
+        let picked = c.kubelet().pod_range().expect("a sandbox network").clone();
+        let next: Ipv4Net = "10.245.0.0/16".parse().unwrap();
+        assert_eq!(picked.range, next, "{picked}");
+        assert_eq!(
+            picked.origin,
+            RangeOrigin::Picked {
+                skipped: vec![RangeOverlap {
+                    range: "10.244.0.0/16".parse().unwrap(),
+                    route: "10.244.0.0/24".parse().unwrap(),
+                    dev: Some("cni0".into()),
+                }],
+            }
+        );
+        assert_eq!(
+            picked.to_string(),
+            "10.245.0.0/16 (picked: 10.244.0.0/16 overlaps the route to 10.244.0.0/24 (dev cni0) on this machine)"
+        );
+        // The Node's /24 and a pod's address come from the picked range,
+        // and the pod runs there.
+        let cidr = c.pod_cidr().await;
+        assert!(next.contains(cidr.addr()), "podCIDR {cidr}");
+        c.create_pod(
+            "metadata: {name: p}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: main, image: busybox, command: [sh, -c, 'exit 0']}\n",
+        )
+        .await;
+        let pod = c
+            .wait_pod("p", "phase Succeeded", |p| phase(p) == "Succeeded")
+            .await;
+        let ip: Ipv4Addr = pod.status.unwrap().pod_ip.unwrap().parse().unwrap();
+        assert!(cidr.contains(ip), "pod IP {ip} outside {cidr}");
+        c.stop().await;
+    });
 }
 
-impl Drop for TestLink {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", self.0])
-            .status();
-    }
+#[test]
+fn a_given_pod_range_overlapping_a_route_of_the_machine_is_refused() {
+    in_own_netns(|| async {
+        flannel_like_bridge();
+        let dir = tempfile::tempdir().unwrap();
+        let (api, client) = hostmesh_testkit::cluster::api_server().await;
+        let mut config =
+            KubeletConfig::new("overlap-node", dir.path().join("kubelet")).for_api_server(&api);
+        config.ip_claims_dir = Some(dir.path().join("claims"));
+        config.pod_ip_range = Some("10.244.0.0/16".parse().unwrap());
+        let err = Kubelet::start(client.clone(), config)
+            .await
+            .expect_err("an overlapping pod range is refused");
+        assert_eq!(
+            err.to_string(),
+            "invalid kubelet configuration: the pod range 10.244.0.0/16 overlaps the route to \
+             10.244.0.0/24 (dev cni0) already on this machine; choose another --pod-ip-range"
+        );
+        api.shutdown().await;
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,6 +128,19 @@ pub async fn install_crd_dir(client: &Client, dir: &Path) {
             api.list(&ListParams::default()).await.ok().map(|_| ())
         })
         .await;
+        // Discovery too, as controllers look kinds up there (a real API
+        // server lists a new CRD's group a moment after it serves it).
+        crate::eventually_async(&format!("{} in discovery", ar.plural), async || {
+            let list = client
+                .list_api_group_resources(&ar.api_version)
+                .await
+                .ok()?;
+            list.resources
+                .iter()
+                .any(|r| r.name == ar.plural)
+                .then_some(())
+        })
+        .await;
     }
 }
 

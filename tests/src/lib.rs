@@ -3,9 +3,19 @@
 //!
 //! - With no `KUBECONFIG` in the environment, the cluster is the embedded one:
 //!   `hostmesh apiserver` and `hostmesh kubelet` run as child processes.
-//! - With `KUBECONFIG` set, the tests run unchanged against that cluster: the
-//!   process kubelet joins it as a tainted Node and the operator runs locally;
-//!   the Worlds the tests create select that Node ([`Env::pin_to_node`]).
+//! - With `KUBECONFIG` set, the tests run unchanged against that cluster
+//!   ([`Placement`]): by default the pods run on the cluster's own nodes
+//!   from real images ([`Images`]: the hostmesh image for the operator's
+//!   agent install container and the chart, busybox for host pods, a
+//!   Monarch image for Monarch's workers and clients), and the operator runs
+//!   locally for the test's namespace only. With
+//!   `HOSTMESH_E2E_NODES=process-kubelet`, a process kubelet joins the
+//!   cluster as a tainted Node instead and the Worlds the tests create select
+//!   that Node ([`Env::pin_to_node`]).
+//! - Either way, tests that inject faults signal agents and procs by PID
+//!   and read files the procs write ([`Env::shared_dir`]): the cluster's node
+//!   must be this machine (a single-node cluster such as
+//!   `../shared/realk8s`; docs/testing.md).
 //!
 //! - On the embedded cluster `hostmesh controller-manager` also runs, so
 //!   Deployments (the Helm chart's operator) get ReplicaSets and pods.
@@ -28,6 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 
+pub mod chart;
 pub mod inproc;
 pub mod monarch;
 
@@ -36,6 +47,69 @@ pub const WAIT: Duration = Duration::from_secs(120);
 
 /// The taint and node label a process kubelet joining a real cluster carries.
 pub const NODE_TAINT: &str = "hostmesh.dev/process-kubelet";
+
+/// Where the pods of a test run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The embedded cluster this suite starts: `hostmesh apiserver`, a
+    /// process kubelet and `hostmesh controller-manager`.
+    Embedded,
+    /// The cluster in `KUBECONFIG`, on its own nodes (kubelet and a
+    /// container runtime), from the images of [`Images`].
+    ClusterNodes,
+    /// The cluster in `KUBECONFIG`, on a process kubelet this suite joins
+    /// to it as a tainted Node (`HOSTMESH_E2E_NODES=process-kubelet`).
+    ProcessKubelet,
+}
+
+impl Placement {
+    /// From the environment: embedded without `KUBECONFIG`; with it,
+    /// `HOSTMESH_E2E_NODES` (`cluster`, the default, or `process-kubelet`).
+    pub fn from_env() -> anyhow::Result<Placement> {
+        if std::env::var_os("KUBECONFIG").is_none() {
+            return Ok(Placement::Embedded);
+        }
+        match std::env::var("HOSTMESH_E2E_NODES").as_deref() {
+            Err(_) | Ok("" | "cluster") => Ok(Placement::ClusterNodes),
+            Ok("process-kubelet") => Ok(Placement::ProcessKubelet),
+            Ok(other) => bail!(
+                "HOSTMESH_E2E_NODES={other:?}: use `cluster` (pods on the cluster's nodes) or `process-kubelet`"
+            ),
+        }
+    }
+}
+
+/// The images the tests' pods run on a cluster's own nodes
+/// ([`Placement::ClusterNodes`]). Tests write the placeholders `busybox`,
+/// `monarch`, `monarch-client` and `monarch:e2e`, and the chart's default
+/// image; [`Env::apply`] and [`Env::image`] put these in their place (the
+/// process kubelet runs every image's command as a local program, so on
+/// the embedded cluster the placeholders stay).
+#[derive(Debug, Clone)]
+pub struct Images {
+    /// The hostmesh image (`image/build.sh`): the operator's agent install
+    /// container and the chart's operator. `HOSTMESH_TEST_IMAGE`.
+    pub hostmesh: Option<String>,
+    /// A busybox image for host pods. `HOSTMESH_E2E_BUSYBOX_IMAGE`, default
+    /// `busybox:1.36`.
+    pub busybox: String,
+    /// An image with Python, Monarch and the Kubernetes client at the paths
+    /// of this machine's Monarch venv (`tests/images/monarch.sh`).
+    /// `HOSTMESH_E2E_MONARCH_IMAGE`.
+    pub monarch: Option<String>,
+}
+
+impl Images {
+    /// From the environment variables above.
+    pub fn from_env() -> Images {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Images {
+            hostmesh: var("HOSTMESH_TEST_IMAGE"),
+            busybox: var("HOSTMESH_E2E_BUSYBOX_IMAGE").unwrap_or_else(|| "busybox:1.36".into()),
+            monarch: var("HOSTMESH_E2E_MONARCH_IMAGE"),
+        }
+    }
+}
 
 /// What a test's cluster runs besides the defaults ([`Env::start_with_options`]).
 #[derive(Debug, Clone, Default)]
@@ -60,6 +134,10 @@ pub struct Env {
     pub node: String,
     /// Whether this is a real cluster (KUBECONFIG was set).
     pub real_cluster: bool,
+    /// Where the test's pods run.
+    pub placement: Placement,
+    /// The images pods run on a cluster's own nodes.
+    pub images: Images,
     dir: tempfile::TempDir,
     apiserver: Option<Child>,
     kubelet: Option<Child>,
@@ -125,8 +203,14 @@ impl Env {
                 bin.display()
             );
         }
-        let real_cluster = std::env::var_os("KUBECONFIG").is_some();
-        let node = format!("hostmesh-e2e-{}", std::process::id());
+        let placement = Placement::from_env()?;
+        let real_cluster = placement != Placement::Embedded;
+        let images = Images::from_env();
+        if placement == Placement::ClusterNodes && images.hostmesh.is_none() {
+            bail!(
+                "KUBECONFIG is set, so the e2e suite runs its pods on that cluster's nodes: set HOSTMESH_TEST_IMAGE to a hostmesh image they have (image/build.sh, then load it; docs/testing.md), or HOSTMESH_E2E_NODES=process-kubelet to join a process kubelet instead"
+            );
+        }
         let (kubeconfig, apiserver, client) = if real_cluster {
             let path = PathBuf::from(std::env::var_os("KUBECONFIG").unwrap_or_default());
             (path, None, kube::Client::try_default().await?)
@@ -148,12 +232,18 @@ impl Env {
             let client = client_for(&path).await?;
             (path, Some(child), client)
         };
+        let node = match placement {
+            Placement::ClusterNodes => ready_node(&client).await?,
+            _ => format!("hostmesh-e2e-{}", std::process::id()),
+        };
         let mut env = Env {
             client,
             namespace: format!("e2e-{}-{}", sanitize(test), std::process::id()),
             kubeconfig,
             node: node.clone(),
             real_cluster,
+            placement,
+            images,
             dir,
             apiserver,
             kubelet: None,
@@ -163,39 +253,9 @@ impl Env {
             options,
         };
         env.install_crds(&bin)?;
-        let log = log_file(env.dir.path(), "kubelet")?;
-        let mut kubelet = Command::new(&bin);
-        kubelet
-            .arg("kubelet")
-            .arg("--kubeconfig")
-            .arg(&env.kubeconfig)
-            .arg("--node-name")
-            .arg(&node)
-            .arg("--data-dir")
-            .arg(env.dir.path().join("kubelet"))
-            .arg("--agent-binary")
-            .arg(&bin);
-        if !env.options.kubelet_path.is_empty() {
-            let mut dirs = env.options.kubelet_path.clone();
-            dirs.extend(std::env::split_paths(
-                &std::env::var_os("PATH").unwrap_or_default(),
-            ));
-            kubelet.env("PATH", std::env::join_paths(dirs)?);
+        if placement != Placement::ClusterNodes {
+            env.start_kubelet(&bin)?;
         }
-        if real_cluster {
-            kubelet
-                .arg("--bind-unscheduled=false")
-                .arg("--taint")
-                .arg(NODE_TAINT);
-        }
-        env.kubelet = Some(
-            kubelet
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("starting hostmesh kubelet")?,
-        );
         if !real_cluster {
             let log = log_file(env.dir.path(), "controller-manager")?;
             env.controller_manager = Some(
@@ -226,6 +286,45 @@ impl Env {
     /// failure messages.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Starts the process kubelet: the embedded cluster's node, or a tainted
+    /// Node joining a real cluster ([`Placement::ProcessKubelet`]).
+    fn start_kubelet(&mut self, bin: &Path) -> anyhow::Result<()> {
+        let log = log_file(self.dir.path(), "kubelet")?;
+        let mut kubelet = Command::new(bin);
+        kubelet
+            .arg("kubelet")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--node-name")
+            .arg(&self.node)
+            .arg("--data-dir")
+            .arg(self.dir.path().join("kubelet"))
+            .arg("--agent-binary")
+            .arg(bin);
+        if !self.options.kubelet_path.is_empty() {
+            let mut dirs = self.options.kubelet_path.clone();
+            dirs.extend(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            ));
+            kubelet.env("PATH", std::env::join_paths(dirs)?);
+        }
+        if self.real_cluster {
+            kubelet
+                .arg("--bind-unscheduled=false")
+                .arg("--taint")
+                .arg(NODE_TAINT);
+        }
+        self.kubelet = Some(
+            kubelet
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting hostmesh kubelet")?,
+        );
+        Ok(())
     }
 
     fn install_crds(&self, bin: &Path) -> anyhow::Result<()> {
@@ -318,6 +417,7 @@ impl Env {
                     .serve_monarch_mesh
                     .then_some("--serve-monarch-mesh"),
             )
+            .args(self.agent_image_args())
             .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -392,16 +492,99 @@ impl Env {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Applies a YAML manifest into the test namespace; on a real cluster,
-    /// pins Worlds to the process kubelet's node.
+    /// `--agent-image` for an operator whose host pods run on a cluster's
+    /// own nodes: the hostmesh image those nodes have.
+    fn agent_image_args(&self) -> Vec<String> {
+        match (&self.placement, &self.images.hostmesh) {
+            (Placement::ClusterNodes, Some(image)) => vec!["--agent-image".into(), image.clone()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The image that stands for `placeholder` (`busybox`, `monarch`,
+    /// `monarch-client`, `monarch:e2e`) where this test's pods run: itself on
+    /// the embedded cluster and a process kubelet, the image of [`Images`]
+    /// on a cluster's own nodes (an error naming the variable to set when
+    /// none is given).
+    pub fn image(&self, placeholder: &str) -> anyhow::Result<String> {
+        if self.placement != Placement::ClusterNodes {
+            return Ok(placeholder.to_owned());
+        }
+        match placeholder {
+            "busybox" => Ok(self.images.busybox.clone()),
+            "monarch" | "monarch-client" | "monarch:e2e" => self.images.monarch.clone().context(
+                "this test runs Monarch in pods on the cluster's nodes: set HOSTMESH_E2E_MONARCH_IMAGE (tests/images/monarch.sh builds one)",
+            ),
+            other => Ok(other.to_owned()),
+        }
+    }
+
+    /// A directory of this machine that the procs of the Worlds this test
+    /// applies afterwards see at the same path (made on first call,
+    /// writable by any user): on the embedded cluster the procs are local
+    /// processes; on a cluster's own nodes [`Env::apply`] mounts it into
+    /// every host container as a `hostPath` volume (so the node must be
+    /// this machine, as for the tests that signal processes by PID).
+    pub fn shared_dir(&self) -> anyhow::Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = self.dir.path().join("shared");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))?;
+        Ok(dir)
+    }
+
+    /// Applies a YAML manifest into the test namespace, each object made
+    /// fit for where the pods run ([`Env::localize`]).
     pub async fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         let mut objects = hostmesh_cli::manifest::parse("test manifest", yaml)?;
-        if self.real_cluster {
-            for o in &mut objects {
-                self.pin_to_node(o);
-            }
+        for o in &mut objects {
+            self.localize(o)?;
         }
         hostmesh_cli::manifest::apply_all(&self.client, &objects, &self.namespace, "e2e").await?;
+        Ok(())
+    }
+
+    /// Makes a World fit for where its pods run: on a process kubelet
+    /// joined to a cluster, pinned to it ([`Env::pin_to_node`]); on a
+    /// cluster's own nodes, its containers' placeholder images replaced
+    /// ([`Env::image`]) with `imagePullPolicy: IfNotPresent` where unset
+    /// (images are loaded, not pulled), and [`Env::shared_dir`], once
+    /// made, mounted into every container.
+    pub fn localize(&self, obj: &mut DynamicObject) -> anyhow::Result<()> {
+        if obj.types.as_ref().map(|t| t.kind.as_str()) != Some("World") {
+            return Ok(());
+        }
+        match self.placement {
+            Placement::Embedded => {}
+            Placement::ProcessKubelet => self.pin_to_node(obj),
+            Placement::ClusterNodes => {
+                let shared = self.dir.path().join("shared");
+                let shared = shared.exists().then(|| shared.display().to_string());
+                let spec = &mut obj.data["spec"]["template"]["spec"];
+                if let Some(containers) = spec["containers"].as_array_mut() {
+                    for c in containers {
+                        if let Some(image) = c["image"].as_str() {
+                            c["image"] = serde_json::json!(self.image(image)?);
+                        }
+                        if c["imagePullPolicy"].is_null() {
+                            c["imagePullPolicy"] = serde_json::json!("IfNotPresent");
+                        }
+                        if let Some(path) = &shared {
+                            push(
+                                &mut c["volumeMounts"],
+                                serde_json::json!({"name": "e2e-shared", "mountPath": path}),
+                            );
+                        }
+                    }
+                }
+                if let Some(path) = &shared {
+                    push(
+                        &mut spec["volumes"],
+                        serde_json::json!({"name": "e2e-shared", "hostPath": {"path": path, "type": "Directory"}}),
+                    );
+                }
+            }
+        }
         Ok(())
     }
 
@@ -505,7 +688,7 @@ impl Drop for Env {
             let _ = k.kill();
             let _ = k.wait();
         }
-        if self.real_cluster {
+        if self.placement == Placement::ProcessKubelet {
             let node = format!("node/{}", self.node);
             let _ = self.kubectl(&["delete", &node, "--ignore-not-found"]);
         }
@@ -514,6 +697,42 @@ impl Drop for Env {
             let _ = a.wait();
         }
     }
+}
+
+/// Appends `item` to the JSON array at `slot` (made when absent).
+fn push(slot: &mut serde_json::Value, item: serde_json::Value) {
+    if !slot.is_array() {
+        *slot = serde_json::json!([]);
+    }
+    if let Some(items) = slot.as_array_mut() {
+        items.push(item);
+    }
+}
+
+/// The name of a Ready node of the cluster (the first, by name): where a
+/// single-node cluster runs the tests' pods.
+async fn ready_node(client: &kube::Client) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut ready: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .context("listing the cluster's nodes")?
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    ready.sort();
+    ready
+        .into_iter()
+        .next()
+        .context("the cluster in KUBECONFIG has no Ready node to run the tests' pods")
 }
 
 fn nix_terminate(child: &Child) -> std::io::Result<()> {
@@ -711,6 +930,21 @@ fn parent_of(pid: i32) -> Option<i32> {
         .ok()
 }
 
+/// The PID that process `pid` (of this machine) has in its own PID
+/// namespace: itself for a process kubelet's pods, which share the
+/// machine's; its number inside the pod for a container runtime's (the
+/// last `NSpid` of `/proc/<pid>/status`), which is what an agent reports.
+pub fn pid_in_pod(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(pid)
+}
+
 /// Sends `signal` to `pid`.
 pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
@@ -746,14 +980,53 @@ pub async fn always_for(
 }
 
 /// A World manifest of `shape` (e.g. `[("replica", 2), ("host", 2)]`) with
-/// extra spec fields merged in.
+/// extra spec fields merged in; its hosts run `busybox` ([`Env::image`]).
 pub fn world_yaml(name: &str, shape: &[(&str, u32)], extra_spec: &str) -> String {
+    world_yaml_with_image(name, shape, "busybox", extra_spec)
+}
+
+/// Like [`world_yaml`], with host containers of `image` (a placeholder of
+/// [`Env::image`] or a real image).
+pub fn world_yaml_with_image(
+    name: &str,
+    shape: &[(&str, u32)],
+    image: &str,
+    extra_spec: &str,
+) -> String {
     let dims: Vec<String> = shape
         .iter()
         .map(|(n, s)| format!("{{name: {n}, size: {s}}}"))
         .collect();
     format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata:\n  name: {name}\nspec:\n  shape: [{}]\n  template:\n    metadata:\n      labels: {{team: e2e}}\n    spec:\n      containers:\n      - name: host\n        image: busybox\n{extra_spec}",
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata:\n  name: {name}\nspec:\n  shape: [{}]\n  template:\n    metadata:\n      labels: {{team: e2e}}\n    spec:\n      containers:\n      - name: host\n        image: {image}\n{extra_spec}",
         dims.join(", ")
     )
+}
+
+/// Records a figure a test measured (reported, never asserted: targets
+/// live in the benchmarks): one JSON line `{"measure", "value", "unit",
+/// "placement"}` on stderr and, when `HOSTMESH_E2E_MEASUREMENTS` names a
+/// file, appended to it (`.ci/e2e-realk8s.sh` prints that file).
+pub fn record(env: &Env, name: &str, value: f64, unit: &str) {
+    let line = serde_json::json!({
+        "measure": name,
+        "value": (value * 1000.0).round() / 1000.0,
+        "unit": unit,
+        "placement": format!("{:?}", env.placement),
+    })
+    .to_string();
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{line}");
+    }
+    if let Some(path) = std::env::var_os("HOSTMESH_E2E_MEASUREMENTS") {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
 }

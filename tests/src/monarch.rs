@@ -5,16 +5,19 @@
 
 use std::path::Path;
 
-use crate::{Env, NODE_TAINT, find_pids, world_yaml};
+use crate::{Env, NODE_TAINT, Placement, find_pids, world_yaml_with_image};
 
 /// A World `name` of `hosts` Monarch hosts (`spec.monarch: {}`, the default
 /// worker command) whose `python` is `python`'s (PATH is all the image
-/// gives), replacing a failed host at once; `extra` spec lines follow.
+/// gives: the process kubelet runs the local one, the `monarch` image has
+/// the venv at the same path), replacing a failed host at once; `extra`
+/// spec lines follow.
 pub fn world(name: &str, hosts: u32, python: &Path, extra: &str) -> String {
     let bin = python.parent().unwrap_or(Path::new("/")).display();
-    world_yaml(
+    world_yaml_with_image(
         name,
         &[("host", hosts)],
+        "monarch",
         &format!(
             "        env: [{{name: PATH, value: \"{bin}:/usr/local/bin:/usr/bin:/bin\"}}]\n  monarch: {{}}\n  failurePolicy: {{action: ReplaceHost, maxRestarts: 3, backoff: 1s}}\n{extra}"
         ),
@@ -22,11 +25,19 @@ pub fn world(name: &str, hosts: u32, python: &Path, extra: &str) -> String {
 }
 
 /// A ServiceAccount `name` that may get, list and watch pods (what
-/// `KubernetesJob` attach mode needs), and a pod `name` running `command`
-/// under it once (`restartPolicy: Never`), on the process kubelet's node.
-pub fn client_pod(env: &Env, name: &str, command: &[String]) -> String {
+/// `KubernetesJob` attach mode needs), a ConfigMap `<name>-script` holding
+/// `script`, and a pod `name` that runs it once with `python -u` and `args`
+/// (`restartPolicy: Never`): on the process kubelet's node when one joined
+/// a cluster, from the `monarch-client` image ([`Env::image`]).
+pub fn client_pod(
+    env: &Env,
+    name: &str,
+    python: &Path,
+    script: &Path,
+    args: &[String],
+) -> anyhow::Result<String> {
     let ns = &env.namespace;
-    let placement = if env.real_cluster {
+    let placement = if env.placement == Placement::ProcessKubelet {
         format!(
             "  nodeName: {}\n  tolerations: [{{key: {NODE_TAINT}, operator: Exists, effect: NoSchedule}}]\n",
             env.node
@@ -34,8 +45,23 @@ pub fn client_pod(env: &Env, name: &str, command: &[String]) -> String {
     } else {
         String::new()
     };
-    let command = serde_json::to_string(command).unwrap_or_default();
-    format!(
+    let file = script
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or("client.py");
+    let mut command = vec![
+        python.display().to_string(),
+        "-u".into(),
+        format!("/e2e/{file}"),
+    ];
+    command.extend_from_slice(args);
+    let command = serde_json::to_string(&command)?;
+    let data = serde_json::to_string(&std::collections::BTreeMap::from([(
+        file,
+        std::fs::read_to_string(script)?,
+    )]))?;
+    let image = env.image("monarch-client")?;
+    Ok(format!(
         r#"apiVersion: v1
 kind: ServiceAccount
 metadata: {{name: {name}, namespace: {ns}}}
@@ -53,6 +79,11 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}
 subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 ---
 apiVersion: v1
+kind: ConfigMap
+metadata: {{name: {name}-script, namespace: {ns}}}
+data: {data}
+---
+apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
@@ -60,11 +91,14 @@ spec:
   restartPolicy: Never
 {placement}  containers:
   - name: client
-    image: monarch-client
+    image: {image}
+    imagePullPolicy: IfNotPresent
     workingDir: /tmp
     command: {command}
+    volumeMounts: [{{name: script, mountPath: /e2e, readOnly: true}}]
+  volumes: [{{name: script, configMap: {{name: {name}-script}}}}]
 "#
-    )
+    ))
 }
 
 impl Env {

@@ -4,7 +4,8 @@
 //! runs as a pod (as the chart's non-root user), that operator makes a World
 //! Ready, a `helm upgrade` that changes the pod template rolls the operator
 //! to a new pod (maxSurge 1, maxUnavailable 0) whose operator takes over the
-//! Lease and makes a second World Ready, and uninstall removes the operator process and the chart's objects.
+//! Lease and makes a second World Ready, and uninstall removes the operator process, the chart's
+//! objects and the leader's Lease.
 //!
 //! Credentials: the operator runs with the chart's ServiceAccount and RBAC
 //! only: the API server's ServiceAccount admission mounts a token for it,
@@ -13,66 +14,26 @@
 //! proves the chart grants enough; a token of the same ServiceAccount is
 //! refused what the chart does not grant.
 
-use std::process::Command;
-
 use anyhow::Context as _;
+use hostmesh_e2e::chart::{SELECTOR, chart_dir, helm, image_values, install};
 use hostmesh_e2e::{
     Env, client_with_token, condition_true, eventually, find_pids, service_account_token, tail,
     world_yaml,
 };
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 
 const RELEASE_NAME: &str = "hostmesh-operator";
-const SELECTOR: &str = "app.kubernetes.io/instance=hm-e2e";
-
-fn helm(env: &Env, args: &[&str]) -> anyhow::Result<String> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("helm_install.py");
-    let out = Command::new(hostmesh_testkit::helm::python())
-        .arg(&script)
-        .args(args)
-        .env("KUBECONFIG", &env.kubeconfig)
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    anyhow::ensure!(
-        out.status.success(),
-        "helm_install.py {} failed:\n{text}\n--- controller-manager log ---\n{}\n--- kubelet log ---\n{}",
-        args.first().copied().unwrap_or_default(),
-        tail(&env.log("controller-manager"), 30),
-        tail(&env.log("kubelet"), 40)
-    );
-    Ok(text)
-}
-
-fn chart_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hostmesh")
-}
-
-/// `helm install` of the chart into the test's namespace with `values`.
-fn install(env: &Env, values: &serde_json::Value) -> anyhow::Result<()> {
-    let chart = chart_dir();
-    let out = helm(
-        env,
-        &[
-            "install",
-            chart.to_str().unwrap_or_default(),
-            &env.namespace,
-            &values.to_string(),
-        ],
-    )?;
-    anyhow::ensure!(out.contains("installed"), "{out}");
-    Ok(())
-}
+/// The chart's default `leaderElection.leaseName`.
+const LEASE_NAME: &str = "hostmesh-operator";
 
 /// The chart values of these tests: one replica, text logs, watching
-/// `namespace` only (a Role) or every namespace (a ClusterRole).
-fn chart_values(namespace: Option<&str>) -> serde_json::Value {
+/// `namespace` only (a Role) or every namespace (a ClusterRole), and the
+/// image the cluster's nodes have ([`image_values`]).
+fn chart_values(env: &Env, namespace: Option<&str>) -> serde_json::Value {
     let mut values = serde_json::json!({
         "replicas": 1,
         "fullnameOverride": RELEASE_NAME,
@@ -84,6 +45,9 @@ fn chart_values(namespace: Option<&str>) -> serde_json::Value {
     if let Some(ns) = namespace {
         values["watchNamespaces"] = serde_json::json!([ns]);
     }
+    if let Some(image) = image_values(env) {
+        values["image"] = image;
+    }
     values
 }
 
@@ -92,7 +56,7 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     let env = Env::start_without_operator("helm").await?;
     let ns = env.namespace.clone();
     let chart = chart_dir();
-    let values = chart_values(Some(&ns));
+    let values = chart_values(&env, Some(&ns));
     install(&env, &values)?;
 
     // Helm waited for the rollout; the Deployment says so in Kubernetes' terms.
@@ -116,7 +80,7 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     assert!(ready, "operator pod not Ready: {:#?}", pod.status);
-    if !env.real_cluster {
+    {
         let pids = find_pids(|e| e.get("POD_NAME") == Some(&pod_name));
         assert_eq!(pids.len(), 1, "operator processes of {pod_name}: {pids:?}");
         let status = std::fs::read_to_string(format!("/proc/{}/status", pids[0]))?;
@@ -272,7 +236,7 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
-    if !env.real_cluster {
+    {
         eventually("the old operator process exits", || {
             find_pids(|e| e.get("POD_NAME") == Some(&pod_name)).is_empty()
         })
@@ -327,17 +291,23 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
             .await?
             .items
             .len();
-        Ok(d + p + sa + r == 0)
+        // The leader's Lease goes with its Pod (it owns the Lease), though
+        // the release on SIGTERM was refused: the chart's RBAC went first.
+        let lease = Api::<Lease>::namespaced(env.client.clone(), &ns)
+            .get_opt(LEASE_NAME)
+            .await?
+            .is_some();
+        Ok(d + p + sa + r == 0 && !lease)
     };
     let start = std::time::Instant::now();
     while !gone().await? {
         anyhow::ensure!(
             start.elapsed() < hostmesh_e2e::WAIT,
-            "chart objects still present after uninstall"
+            "chart objects or the leader's Lease still present after uninstall"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    if !env.real_cluster {
+    {
         eventually("the operator process exits", || {
             find_pids(|e| e.get("POD_NAME") == Some(&pod_name)).is_empty()
         })
@@ -361,7 +331,7 @@ async fn helm_chart_cluster_wide_rbac_is_enough_and_uninstalls() -> anyhow::Resu
         return Ok(());
     }
     let ns = env.namespace.clone();
-    let mut values = chart_values(None);
+    let mut values = chart_values(&env, None);
     values["monarch"] = serde_json::json!({"serveMonarchMesh": true});
     install(&env, &values)?;
     let name = format!("{RELEASE_NAME}-manager");

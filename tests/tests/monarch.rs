@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context as _;
-use hostmesh_e2e::{Env, condition_true, eventually, monarch, signal, tail, world_yaml};
+use hostmesh_e2e::{
+    Env, condition_true, eventually, monarch, pid_in_pod, signal, tail, world_yaml,
+};
 
 /// The World, and the Monarch mesh name the client asks for (its default).
 const MESH: &str = "trainer";
@@ -52,6 +54,8 @@ async fn ready_world(env: &Env, python: &Path) -> anyhow::Result<()> {
 /// it.
 async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<()> {
     let pid = env.monarch_worker_pid(MESH, VICTIM as u32)?;
+    // The agent names the worker by its PID in the pod.
+    let pod_pid = pid_in_pod(pid);
     signal(pid, "KILL")?;
     let status = env
         .wait_for(
@@ -68,7 +72,7 @@ async fn kill_worker_and_see_it_in_status(env: &Env) -> anyhow::Result<()> {
     assert_eq!(f["pod"], format!("{MESH}-host-{VICTIM}"), "{f:#}");
     let reason = f["reason"].as_str().unwrap_or_default();
     assert!(
-        reason.contains("SIGKILL") && reason.contains(&format!("pid {pid}")),
+        reason.contains("SIGKILL") && reason.contains(&format!("pid {pod_pid}")),
         "{f:#}"
     );
     assert!(
@@ -104,17 +108,15 @@ async fn a_monarch_client_in_a_pod_attaches_and_sees_a_killed_worker() -> anyhow
     let python = monarch_python().await?;
     let env = Env::start("monarch-in").await?;
     ready_world(&env, &python).await?;
-    let command = [
-        python.display().to_string(),
-        "-u".into(),
-        client_script().display().to_string(),
-        env.namespace.clone(),
-        MESH.into(),
-        HOSTS.to_string(),
-    ];
     env.kubectl_apply(
         "monarch-client",
-        &monarch::client_pod(&env, "monarch-client", &command),
+        &monarch::client_pod(
+            &env,
+            "monarch-client",
+            &python,
+            &client_script(),
+            &[env.namespace.clone(), MESH.into(), HOSTS.to_string()],
+        )?,
     )?;
     let logs = || env.pod_logs("monarch-client");
     let phase = || env.pod_phase("monarch-client");

@@ -25,12 +25,12 @@ fn read_env(path: &std::path::Path) -> BTreeMap<String, String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn procmesh_of_eight_procs_runs_with_the_environment_contract() -> anyhow::Result<()> {
     let env = Env::start("procmesh-env").await?;
-    let out = tempfile::tempdir()?;
+    let out = env.shared_dir()?;
     env.apply(&world_yaml("w", &[("replica", 2), ("host", 2)], ""))
         .await?;
     let cmd = format!(
         "env > {dir}/rank-$RANK.tmp && mv {dir}/rank-$RANK.tmp {dir}/rank-$RANK.env && exec sleep 300",
-        dir = out.path().display()
+        dir = out.display()
     );
     env.apply(&mesh_yaml("pm", "w", 2, &cmd, "")).await?;
     let status = env
@@ -50,7 +50,7 @@ async fn procmesh_of_eight_procs_runs_with_the_environment_contract() -> anyhow:
         .and_then(|s| s.pod_ip)
         .expect("host 0 has an IP");
     for rank in 0..8u32 {
-        let path = out.path().join(format!("rank-{rank}.env"));
+        let path = out.join(format!("rank-{rank}.env"));
         hostmesh_e2e::eventually(&format!("rank {rank} wrote its env"), || path.exists()).await?;
         let e = read_env(&path);
         let host = rank / 2;
@@ -145,7 +145,7 @@ async fn a_failing_rank_is_the_first_failure_with_code_and_stderr() -> anyhow::R
 #[tokio::test(flavor = "multi_thread")]
 async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result<()> {
     let env = Env::start("procmesh-restart").await?;
-    let marks = tempfile::tempdir()?;
+    let marks = env.shared_dir()?;
     env.apply(&world_yaml("w", &[("host", 1)], "")).await?;
     env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
         .await?;
@@ -156,7 +156,7 @@ async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result
     // Rank 1 fails the first time only.
     let cmd = format!(
         "if [ \"$RANK\" = 1 ] && [ ! -e {m}/once ]; then touch {m}/once; echo first-try >&2; exit 3; fi; exec sleep 300",
-        m = marks.path().display()
+        m = marks.display()
     );
     env.apply(&mesh_yaml(
         "pm",

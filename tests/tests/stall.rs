@@ -164,12 +164,12 @@ async fn a_hung_rank_is_stalled_with_stacks_of_every_rank() -> anyhow::Result<()
 #[tokio::test(flavor = "multi_thread")]
 async fn on_failure_restarts_a_stalled_rank_after_taking_its_stacks() -> anyhow::Result<()> {
     let env = Env::start("stall-restart").await?;
-    let marks = tempfile::tempdir()?;
+    let marks = env.shared_dir()?;
     env.apply(&world_yaml("w", &[("host", 1)], "")).await?;
     // Rank 1 hangs the first time only; afterwards it prints like rank 0.
     let cmd = format!(
         "if [ \"$RANK\" = 1 ] && [ ! -e {m}/once ]; then touch {m}/once; echo start; sleep 600; fi; while :; do echo tick; sleep 0.5; done",
-        m = marks.path().display()
+        m = marks.display()
     );
     env.apply(&mesh_yaml(
         "pm",

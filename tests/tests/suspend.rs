@@ -34,13 +34,13 @@ async fn set_suspend(env: &Env, suspend: bool) -> anyhow::Result<()> {
 async fn suspend_stops_the_world_without_failures_and_resume_is_a_new_attempt() -> anyhow::Result<()>
 {
     let env = Env::start("suspend").await?;
-    let out = tempfile::tempdir()?;
+    let out = env.shared_dir()?;
     env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
-    env.apply(&mesh_yaml(out.path())).await?;
+    env.apply(&mesh_yaml(&out)).await?;
     env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
         .await?;
     for rank in 0..4 {
-        let first = out.path().join(format!("rank-{rank}-attempt-0"));
+        let first = out.join(format!("rank-{rank}-attempt-0"));
         hostmesh_e2e::eventually(&format!("rank {rank} started as attempt 0"), || {
             first.exists()
         })
@@ -68,7 +68,7 @@ async fn suspend_stops_the_world_without_failures_and_resume_is_a_new_attempt() 
     );
     hostmesh_e2e::eventually("the procs are gone", || env.proc_pids("w", "pm").is_empty()).await?;
     for rank in 0..4 {
-        let term = out.path().join(format!("rank-{rank}-term-0"));
+        let term = out.join(format!("rank-{rank}-term-0"));
         assert!(term.exists(), "rank {rank} saw SIGTERM before its pod went");
     }
     // The mesh waits, and says why; the stopped procs are no failure.
@@ -100,7 +100,7 @@ async fn suspend_stops_the_world_without_failures_and_resume_is_a_new_attempt() 
     assert_eq!(world["restarts"], 0, "{world:#}");
     assert!(!condition_true(&world, "Suspended"), "{world:#}");
     for rank in 0..4 {
-        let again = out.path().join(format!("rank-{rank}-attempt-1"));
+        let again = out.join(format!("rank-{rank}-attempt-1"));
         hostmesh_e2e::eventually(&format!("rank {rank} started as attempt 1"), || {
             again.exists()
         })

@@ -95,12 +95,12 @@ async fn world_of_four_hosts_becomes_running_with_an_agent_per_pod() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Result<()> {
     let env = Env::start("world-delete").await?;
-    env.apply(&world_yaml("wd", &[("host", 2)], "")).await?;
     // Each proc records that it was asked to stop (SIGTERM) before exiting.
-    let marks = tempfile::tempdir()?;
+    let marks = env.shared_dir()?;
+    env.apply(&world_yaml("wd", &[("host", 2)], "")).await?;
     let cmd = format!(
         "trap 'touch {m}/term-$RANK; exit 0' TERM; sleep 300 & wait",
-        m = marks.path().display()
+        m = marks.display()
     );
     env.apply(&format!(
         "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: sleepers}}\nspec:\n  world: wd\n  perHost: [{{name: gpu, size: 2}}]\n  command: [sh, -c, {cmd:?}]\n"
@@ -119,7 +119,7 @@ async fn deleting_a_world_stops_everything_and_leaves_no_object() -> anyhow::Res
     .await?;
     for rank in 0..4 {
         assert!(
-            marks.path().join(format!("term-{rank}")).exists(),
+            marks.join(format!("term-{rank}")).exists(),
             "rank {rank} was not stopped gracefully (no SIGTERM seen)"
         );
     }

@@ -235,11 +235,7 @@ pub(crate) async fn serve(
     query: &HashMap<String, String>,
 ) -> Result<Response<Body>, ApiError> {
     if req.method() != Method::GET && req.method() != Method::POST {
-        return Err(ApiError::method_not_allowed(format!(
-            "{} is not supported on pods/{}",
-            req.method(),
-            t.sub
-        )));
+        return Err(ApiError::method_not_allowed());
     }
     // Repeated keys matter here (`command`): parse the query again.
     let _ = query;

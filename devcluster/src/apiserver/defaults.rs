@@ -124,6 +124,8 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) {
     } else if is(info, "", "secrets") {
         set_default(obj, &["type"], json!("Opaque"));
         fold_string_data(obj);
+    } else if is(info, "autoscaling", "horizontalpodautoscalers") {
+        default_hpa(obj);
     } else if is(info, "apps", "deployments") {
         set_default(obj, &["spec", "replicas"], json!(1));
         if let Some(spec) = obj.pointer_mut("/spec/template/spec") {
@@ -161,8 +163,25 @@ pub(crate) fn on_update(info: &ResourceInfo, old: &Value, new: &mut Value) {
         }
     } else if is(info, "", "secrets") {
         fold_string_data(new);
+    } else if is(info, "autoscaling", "horizontalpodautoscalers") {
+        default_hpa(new);
     } else if is(info, "apiextensions.k8s.io", "customresourcedefinitions") {
         crd_status(new);
+    }
+}
+
+/// A HorizontalPodAutoscaler's defaults, in the version it was written
+/// in: `minReplicas` 1, and 80% CPU utilization when it names no metric.
+fn default_hpa(obj: &mut Value) {
+    set_default(obj, &["spec", "minReplicas"], json!(1));
+    if obj.get("apiVersion").and_then(Value::as_str) == Some("autoscaling/v1") {
+        set_default(obj, &["spec", "targetCPUUtilizationPercentage"], json!(80));
+    } else if obj
+        .pointer("/spec/metrics")
+        .and_then(Value::as_array)
+        .is_none_or(|m| m.is_empty())
+    {
+        obj["spec"]["metrics"] = json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]);
     }
 }
 
@@ -278,7 +297,7 @@ pub(crate) fn check_update(info: &ResourceInfo, old: &Value, new: &Value) -> Res
         };
         if data(old) != data(new) {
             return Err(ApiError::invalid(
-                &info.kind,
+                &info.group_kind(),
                 &name,
                 vec![("data".into(), "Forbidden: field is immutable when `immutable` is set; delete and recreate the object".into())],
             ));
@@ -416,7 +435,7 @@ pub(crate) fn validate_builtin(info: &ResourceInfo, obj: &Value) -> Result<(), A
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(&info.kind, &name, causes))
+        Err(ApiError::invalid(&info.group_kind(), &name, causes))
     }
 }
 

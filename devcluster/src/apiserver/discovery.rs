@@ -80,6 +80,8 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
     {
         let verbs = if r.is_review() {
             vec!["create"]
+        } else if r.read_only {
+            vec!["get", "list"]
         } else {
             vec![
                 "create",
@@ -109,8 +111,9 @@ pub(crate) fn resources(reg: &Registry, group: &str, version: &str) -> Value {
         out.push(e);
         for sub in r.subresources() {
             let (kind, verbs): (&str, Vec<&str>) = match sub {
-                "status" => (&r.kind, vec!["get", "patch", "update"]),
+                "status" | "approval" => (&r.kind, vec!["get", "patch", "update"]),
                 "binding" => ("Binding", vec!["create"]),
+                "ephemeralcontainers" => (&r.kind, vec!["get", "patch", "update"]),
                 "log" => (&r.kind, vec!["get"]),
                 "exec" => ("PodExecOptions", vec!["create", "get"]),
                 "attach" => ("PodAttachOptions", vec!["create", "get"]),

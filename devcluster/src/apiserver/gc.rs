@@ -6,7 +6,10 @@
 //!
 //! Invariants:
 //! 1. An object with `ownerReferences` none of whose owner UIDs exists is
-//!    deleted.
+//!    deleted, with its UID and the resourceVersion that was judged as
+//!    preconditions (as Kubernetes' garbage collector does): an object whose
+//!    owners changed meanwhile (a new leader re-pointing its Lease) is
+//!    judged again on the next pass, not deleted.
 //! 2. An object with the `foregroundDeletion` finalizer keeps it until no
 //!    object names it as owner; its dependents are deleted meanwhile.
 //! 3. An object with the `orphan` finalizer loses it once no dependent
@@ -36,6 +39,8 @@ enum Action {
         ns: String,
         name: String,
         foreground: bool,
+        /// UID and resourceVersion the delete requires (invariant 1).
+        judged: Option<(String, String)>,
     },
     DropFinalizer {
         key: String,
@@ -95,11 +100,15 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
         let (ns, name) = (meta::namespace(o).to_string(), meta::name(o).to_string());
         let owners = owner_uids(o);
         if !owners.is_empty() && !meta::is_deleting(o) && owners.iter().all(|u| !uids.contains(u)) {
+            let judged = meta::meta_str(o, "uid")
+                .zip(meta::meta_str(o, "resourceVersion"))
+                .map(|(u, rv)| (u.to_string(), rv.to_string()));
             actions.push(Action::Delete {
                 key: key.clone(),
                 ns: ns.clone(),
                 name: name.clone(),
                 foreground: false,
+                judged,
             });
         }
         if !meta::is_deleting(o) {
@@ -125,6 +134,7 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
                             ns: dns,
                             name: dname,
                             foreground: true,
+                            judged: None,
                         });
                     }
                 }
@@ -165,6 +175,7 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
                             ns: meta::namespace(o).to_string(),
                             name: meta::name(o).to_string(),
                             foreground: false,
+                            judged: None,
                         });
                     }
                 }
@@ -192,6 +203,7 @@ fn plan(store: &Store) -> (Vec<Action>, bool) {
                         ns: ns.clone(),
                         name: meta::name(o).to_string(),
                         foreground: false,
+                        judged: None,
                     });
                 }
             }
@@ -213,19 +225,28 @@ fn act(store: &Store, a: Action) {
             ns,
             name,
             foreground,
+            judged,
         } => {
             let Some(info) = reg.by_key(&key) else { return };
+            let (uid, resource_version) = judged.unzip();
             let opts = DeleteOpts {
                 propagation: Some(if foreground {
                     Propagation::Foreground
                 } else {
                     Propagation::Background
                 }),
+                uid,
+                resource_version,
                 ..DeleteOpts::default()
             };
             match delete_one(store, &info, info.preferred(), &ns, &name, &opts, false) {
                 Ok(_) => debug!(%key, %ns, %name, "garbage collected"),
                 Err(e) if e.code == 404 => {}
+                // Written since it was judged (invariant 1): the pass that
+                // follows this one judges it again.
+                Err(e) if e.code == 409 => {
+                    debug!(%key, %ns, %name, "changed since judged; judged again next pass")
+                }
                 Err(e) => warn!(%key, %ns, %name, error = %e.message, "garbage collection failed"),
             }
         }
@@ -300,5 +321,94 @@ pub(crate) async fn run(store: Arc<Store>, shutdown: CancellationToken) {
                 act(&store, a);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(store: &Store, plural: &str) -> String {
+        store
+            .registry()
+            .all()
+            .find(|r| r.builtin && r.plural == plural)
+            .expect("a built-in resource")
+            .key()
+    }
+
+    fn lease_owned_by(uid: &str) -> Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "hostmesh-operator",
+                "namespace": "ops",
+                "uid": "lease-uid",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": uid, "uid": uid}],
+            },
+            "spec": {"holderIdentity": uid},
+        })
+    }
+
+    fn lease_exists(store: &Store, leases: &str) -> bool {
+        store
+            .lock()
+            .get(leases, "ops", "hostmesh-operator")
+            .is_some()
+    }
+
+    /// Invariant 1: the Lease of a leader whose Pod is gone is collected,
+    /// unless a new leader re-pointed it to its own Pod after the pass
+    /// judged it (a rolling upgrade's hand-over racing the collector).
+    #[test]
+    fn a_dependent_whose_owners_changed_after_it_was_judged_stays() {
+        let store = Store::new(100, Duration::from_secs(60));
+        let (pods, leases) = (key_of(&store, "pods"), key_of(&store, "leases"));
+        let new_pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "op-new", "namespace": "ops", "uid": "op-new"}});
+        {
+            let mut st = store.lock();
+            st.put(&pods, "ops", "op-new", new_pod);
+            st.put(
+                &leases,
+                "ops",
+                "hostmesh-operator",
+                lease_owned_by("op-old"),
+            );
+        }
+        let (actions, _) = plan(&store);
+        assert!(
+            matches!(
+                actions.as_slice(),
+                [Action::Delete {
+                    judged: Some(_),
+                    ..
+                }]
+            ),
+            "the Lease of the gone Pod is to be collected"
+        );
+        // The new leader takes the Lease over before the collector acts.
+        store.lock().put(
+            &leases,
+            "ops",
+            "hostmesh-operator",
+            lease_owned_by("op-new"),
+        );
+        for a in actions {
+            act(&store, a);
+        }
+        assert!(
+            lease_exists(&store, &leases),
+            "a live holder's Lease was collected"
+        );
+        assert!(plan(&store).0.is_empty(), "its owner exists");
+
+        // Without the race, the Lease goes with its Pod.
+        store.lock().remove(&pods, "ops", "op-new");
+        for a in plan(&store).0 {
+            act(&store, a);
+        }
+        assert!(!lease_exists(&store, &leases));
     }
 }

@@ -34,7 +34,10 @@ use super::serviceaccount::{self, TokenIssuer};
 use super::status::ApiError;
 use super::store::Store;
 use super::watch::{self, WatchConfig};
-use super::{connect, discovery, disruption, limits, logs, openapi, podsecurity, scale};
+use super::{
+    certs, componentstatus, connect, discovery, disruption, limits, logs, openapi, podsecurity,
+    scale, table,
+};
 
 /// Everything a request handler needs.
 pub(crate) struct Ctx {
@@ -180,16 +183,17 @@ async fn handle(
             )));
         }
     };
+    // Public paths are served to anyone; they never reach a resource.
+    let user = user.unwrap_or_else(User::anonymous);
     let request = Request {
         query,
         content_type,
         accept,
         user_agent,
         body,
+        user: user.clone(),
         warnings: std::sync::Mutex::default(),
     };
-    // Public paths are served to anyone; they never reach a resource.
-    let user = user.unwrap_or_else(User::anonymous);
     let resp = dispatch(&ctx, &user, &method, &path, &request).await;
     debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
@@ -205,13 +209,20 @@ async fn dispatch(
     let registry = ctx.store.registry();
     let route = match route::route(path, &registry) {
         Ok(r) => r,
+        Err(e) if e.code == 404 && !route::handled(path, &registry) => {
+            return full(
+                404,
+                "text/plain; charset=utf-8",
+                Bytes::from_static(b"404 page not found\n"),
+            );
+        }
         Err(e) => return error_response(&e),
     };
     let get_only = |v: Value| {
         if method == Method::GET {
             json_response(200, &v)
         } else {
-            error_response(&ApiError::method_not_allowed("only GET is served here"))
+            error_response(&ApiError::method_not_allowed())
         }
     };
     match route {
@@ -258,10 +269,7 @@ async fn resource(
     }
     if t.info.is_review() {
         if method != Method::POST || t.name.is_some() {
-            return Err(ApiError::method_not_allowed(format!(
-                "{} only supports create (POST)",
-                t.info.plural
-            )));
+            return Err(ApiError::method_not_allowed());
         }
         let (code, body) = if t.info.plural == "tokenreviews" {
             auth::review::token_review(&ctx.auth, store, t, req)?
@@ -271,6 +279,30 @@ async fn resource(
         return Ok(json_response(code, &body));
     }
     let reply = match (method, sub) {
+        (&Method::GET, None) if componentstatus::is_target(t) => {
+            req.warn(vec![componentstatus::DEPRECATED.into()]);
+            let body = componentstatus::get(t, watching)?;
+            if req.wants_table() {
+                let items = match body.get("items").and_then(Value::as_array) {
+                    Some(items) => items.clone(),
+                    None => vec![body],
+                };
+                (
+                    200,
+                    table::table(
+                        &t.info,
+                        &t.version,
+                        &items,
+                        req.q("includeObject"),
+                        None,
+                        true,
+                    ),
+                )
+            } else {
+                (200, body)
+            }
+        }
+        _ if componentstatus::is_target(t) => return Err(ApiError::method_not_allowed()),
         (&Method::GET, None) if watching => {
             let rx = watch::start(store.clone(), t, req, ctx.watch, ctx.shutdown.clone())?;
             return Ok(stream_response(rx, "application/json"));
@@ -294,15 +326,23 @@ async fn resource(
         (&Method::PUT, Some("finalize")) => handlers::finalize_namespace(store, t, req)?,
         (&Method::PATCH, None) => handlers::patch(store, t, req, Part::Main)?,
         (&Method::PATCH, Some("status")) => handlers::patch(store, t, req, Part::Status)?,
+        (&Method::PUT, Some("ephemeralcontainers")) => {
+            handlers::update(store, t, req, Part::Ephemeral)?
+        }
+        (&Method::PATCH, Some("ephemeralcontainers")) => {
+            handlers::patch(store, t, req, Part::Ephemeral)?
+        }
+        (&Method::PUT, Some("approval")) => {
+            certs::signer::may_approve(store, user, t)?;
+            handlers::update(store, t, req, Part::Approval)?
+        }
+        (&Method::PATCH, Some("approval")) => {
+            certs::signer::may_approve(store, user, t)?;
+            handlers::patch(store, t, req, Part::Approval)?
+        }
         (&Method::DELETE, None) if t.name.is_none() => handlers::delete_collection(store, t, req)?,
         (&Method::DELETE, None) => handlers::delete(store, t, req)?,
-        (m, s) => {
-            return Err(ApiError::method_not_allowed(format!(
-                "{m} is not supported on {}{}",
-                t.info.plural,
-                s.map(|s| format!("/{s}")).unwrap_or_default()
-            )));
-        }
+        _ => return Err(ApiError::method_not_allowed()),
     };
     let reply = if req.wants_metadata() {
         (reply.0, handlers::as_metadata(reply.1))

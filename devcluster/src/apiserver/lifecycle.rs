@@ -15,7 +15,9 @@
 
 use serde_json::{Value, json};
 
+use super::certs;
 use super::defaults;
+use super::ephemeral;
 use super::meta::{self, is_deleting, meta_mut};
 use super::registry::ResourceInfo;
 use super::schema;
@@ -26,6 +28,23 @@ use super::status::ApiError;
 pub(crate) enum Part {
     Main,
     Status,
+    /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers`.
+    Ephemeral,
+    /// `certificatesigningrequests/approval`: only `status.conditions`.
+    Approval,
+}
+
+impl Part {
+    /// The subresource a write to this part goes through (managedFields
+    /// record it).
+    pub(crate) fn subresource(self) -> &'static str {
+        match self {
+            Part::Main => "",
+            Part::Status => "status",
+            Part::Ephemeral => "ephemeralcontainers",
+            Part::Approval => "approval",
+        }
+    }
 }
 
 /// Checks `apiVersion`, `kind`, name and namespace of a client object
@@ -106,7 +125,7 @@ pub(crate) fn prepare_create(
     obj: &mut Value,
     strict: bool,
 ) -> Result<(), ApiError> {
-    let kind = info.kind.clone();
+    let kind = info.group_kind();
     let m = meta_mut(obj);
     let name = m
         .get("name")
@@ -152,6 +171,18 @@ pub(crate) fn prepare_create(
         && let Some(o) = obj.as_object_mut()
     {
         o.remove("status");
+    }
+    if info.builtin && info.group.is_empty() && info.plural == "pods" {
+        let causes = ephemeral::check_create(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&kind, &name, causes));
+        }
+    }
+    if certs::is_csr(info) {
+        let causes = certs::validate_spec(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&kind, &name, causes));
+        }
     }
     defaults::on_create(info, obj);
     admit(info, version, obj, strict)
@@ -233,7 +264,7 @@ fn check_metadata(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(&info.kind, &name, causes))
+        Err(ApiError::invalid(&info.group_kind(), &name, causes))
     }
 }
 
@@ -267,13 +298,30 @@ pub(crate) fn prepare_update(
         && !uid.is_empty()
         && Some(uid) != meta::meta_str(old, "uid")
     {
-        return Err(ApiError::conflict(format!(
-            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-            meta::meta_str(old, "uid").unwrap_or("")
-        )));
+        return Err(ApiError::conflict_on(
+            &info.group,
+            &info.plural,
+            &name,
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                qualified(info),
+                meta::meta_str(old, "uid").unwrap_or("")
+            ),
+        ));
     }
     match part {
-        Part::Status => {
+        Part::Ephemeral => {
+            // Everything but the ephemeral containers stays as stored.
+            new = ephemeral::merge(old, &new);
+            if let Some(spec) = new.get_mut("spec") {
+                ephemeral::default(spec);
+            }
+            let causes = ephemeral::check_update(old, &new);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(&info.group_kind(), &name, causes));
+            }
+        }
+        Part::Status | Part::Approval => {
             // Only status changes; metadata and spec stay as stored.
             let status = new.get("status").cloned();
             new = old.clone();
@@ -321,15 +369,23 @@ pub(crate) fn prepare_update(
                     .filter(|f| !before.contains(f))
                     .collect();
                 if !added.is_empty() {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{name}\" is forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}",
-                        info.plural
-                    )));
+                    return Err(ApiError::forbidden_on(
+                        &info.group,
+                        &info.plural,
+                        &name,
+                        &format!(
+                            "no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                        ),
+                    ));
                 }
             }
             defaults::on_update(info, old, &mut new);
             defaults::check_update(info, old, &new)?;
         }
+    }
+    if certs::is_csr(info) {
+        certs::prepare_update(old, &mut new, part)
+            .map_err(|c| ApiError::invalid(&info.group_kind(), &name, c))?;
     }
     admit(info, version, &mut new, strict)?;
     if !info.builtin && part == Part::Main {
@@ -355,14 +411,24 @@ pub(crate) fn prepare_update(
 
 /// The 409 for a stale resourceVersion.
 pub(crate) fn conflict(info: &ResourceInfo, name: &str) -> ApiError {
-    let resource = if info.group.is_empty() {
+    ApiError::conflict_on(
+        &info.group,
+        &info.plural,
+        name,
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            qualified(info)
+        ),
+    )
+}
+
+/// `plural` or `plural.group`, as messages name a resource.
+fn qualified(info: &ResourceInfo) -> String {
+    if info.group.is_empty() {
         info.plural.clone()
     } else {
         format!("{}.{}", info.plural, info.group)
-    };
-    ApiError::conflict(format!(
-        "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-    ))
+    }
 }
 
 /// Whether anything outside metadata (and status, when it is a
@@ -451,10 +517,17 @@ pub(crate) fn delete_step(
     if let Some(uid) = &opts.uid
         && Some(uid.as_str()) != meta::meta_str(obj, "uid")
     {
-        return Err(ApiError::conflict(format!(
-            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-            meta::meta_str(obj, "uid").unwrap_or("")
-        )));
+        // The real server names the kind here, not the resource.
+        let kind = info.group_kind();
+        return Err(ApiError::conflict_on(
+            &info.group,
+            &info.kind,
+            &name,
+            format!(
+                "Operation cannot be fulfilled on {kind} \"{name}\": the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+                meta::meta_str(obj, "uid").unwrap_or("")
+            ),
+        ));
     }
     if let Some(rv) = &opts.resource_version
         && Some(rv.as_str()) != meta::meta_str(obj, "resourceVersion")
@@ -464,9 +537,12 @@ pub(crate) fn delete_step(
     let is_pod = info.builtin && info.group.is_empty() && info.plural == "pods";
     let is_ns = info.builtin && info.group.is_empty() && info.plural == "namespaces";
     if is_ns && matches!(name.as_str(), "default" | "kube-system" | "kube-public") {
-        return Err(ApiError::forbidden(format!(
-            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
-        )));
+        return Err(ApiError::forbidden_on(
+            "",
+            "namespaces",
+            &name,
+            "this namespace may not be deleted",
+        ));
     }
     let mut grace = 0;
     if is_pod {

@@ -43,7 +43,7 @@ fn sum_map(v: Option<&Value>) -> usize {
 
 /// Checks an object before it is stored (invariants 2 to 4).
 pub(crate) fn check(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
-    let kind = &info.kind;
+    let kind = &info.group_kind();
     let name = obj
         .pointer("/metadata/name")
         .and_then(Value::as_str)

@@ -46,27 +46,27 @@ pub(crate) async fn proxy(
         .lock()
         .get(&t.info.key(), &ns, &name)
         .ok_or_else(|| ApiError::not_found("", "pods", &name))?;
-    let containers: Vec<String> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let init: Vec<String> = pod
-        .pointer("/spec/initContainers")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+    let names = |list: &str| -> Vec<String> {
+        pod.pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| c["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let containers = names("containers");
+    let init = names("initContainers");
+    let ephemeral = names("ephemeralContainers");
     let container = match req.q("container") {
         Some(c) if !c.is_empty() => {
-            if !containers.iter().chain(init.iter()).any(|x| x == c) {
+            if !containers
+                .iter()
+                .chain(init.iter())
+                .chain(ephemeral.iter())
+                .any(|x| x == c)
+            {
                 return Err(ApiError::bad_request(format!(
                     "container {c} is not valid for pod {name}: choose one of: [{}]",
                     containers.join(" ")

@@ -5,6 +5,9 @@
 //! optionally in a directory (docs/apiserver.md).
 //!
 //! Module map: `tls` (credentials, kubeconfig), `http` (wire, dispatch),
+//! `componentstatus` (`kubectl get cs`), `certs` (CertificateSigningRequests,
+//! their approval and signers), `aggregator` (APIService
+//! objects), `flowcontrol` (the default FlowSchemas and priority levels),
 //! `auth` (authentication, RBAC, access reviews), `policy` (default
 //! ClusterRoles and bindings, aggregation), `serviceaccount`
 //! (TokenRequest, pod admission, namespace defaults), `podsecurity` (Pod
@@ -14,17 +17,22 @@
 //! `lifecycle` (create/update/delete rules), `patch` and `ssa` (patch
 //! formats, managedFields), `lists` (list merge semantics), `limits` (request and object size limits), `schema` (CRD
 //! validation), `defaults` (built-in defaults), `convert` (shared storage), `watch`, `table`,
-//! `scale` (the scale subresource), `disruption` (PodDisruptionBudget status,
+//! `scale` (the scale subresource), `ephemeral` (`pods/ephemeralcontainers`), `disruption` (PodDisruptionBudget status,
 //! `pods/eviction`), `discovery`, `openapi`, `logs` (kubelet proxy), `connect`
 //! (exec, attach and port-forward to the kubelet), `gc`, `persist`, `proto`
 //! (protobuf bodies), `times` (Time and MicroTime formats).
 
+mod aggregator;
 mod auth;
+mod certs;
+mod componentstatus;
 mod connect;
 mod convert;
 mod defaults;
 mod discovery;
 mod disruption;
+mod ephemeral;
+mod flowcontrol;
 mod gc;
 mod handlers;
 mod http;
@@ -141,6 +149,21 @@ pub struct ApiServerConfig {
     /// for more are shortened, as with the real server's
     /// `--service-account-max-token-expiration`); `None`: no limit.
     pub max_token_expiration: Option<Duration>,
+    /// How the written kubeconfig authenticates (`kubeconfig_yaml`,
+    /// `client()`): the admin token (default) or a client certificate.
+    pub kubeconfig_auth: KubeconfigAuth,
+}
+
+/// How a kubeconfig of this server authenticates its user,
+/// `hostmesh-admin` in `system:masters`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeconfigAuth {
+    /// The admin bearer token (`user.token`).
+    #[default]
+    Token,
+    /// A client certificate signed by the cluster CA (CN `hostmesh-admin`,
+    /// O `system:masters`), as kubeadm's `admin.conf` carries.
+    ClientCert,
 }
 
 impl Default for ApiServerConfig {
@@ -155,6 +178,7 @@ impl Default for ApiServerConfig {
             default_watch_timeout: Duration::from_secs(1800),
             max_body_bytes: limits::MAX_REQUEST_BODY,
             max_token_expiration: None,
+            kubeconfig_auth: KubeconfigAuth::Token,
         }
     }
 }
@@ -179,6 +203,16 @@ pub struct ApiServerArgs {
         default_value = "hostmesh-dev.kubeconfig"
     )]
     pub kubeconfig: PathBuf,
+    /// How the kubeconfig authenticates `hostmesh-admin` (in
+    /// `system:masters`): `token` (a bearer token) or `client-cert` (a
+    /// client certificate of the cluster CA).
+    #[arg(
+        long,
+        value_enum,
+        env = "HOSTMESH_APISERVER_KUBECONFIG_AUTH",
+        default_value = "token"
+    )]
+    pub kubeconfig_auth: KubeconfigAuth,
 }
 
 impl From<ApiServerArgs> for ApiServerConfig {
@@ -187,6 +221,7 @@ impl From<ApiServerArgs> for ApiServerConfig {
             listen: a.listen,
             data_dir: a.data_dir,
             kubeconfig: Some(a.kubeconfig),
+            kubeconfig_auth: a.kubeconfig_auth,
             ..Self::default()
         }
     }
@@ -246,7 +281,13 @@ impl ApiServer {
         } else {
             format!("https://{host}:{}", addr.port())
         };
-        let kubeconfig_yaml = creds.kubeconfig(&url);
+        let kubeconfig_yaml = match config.kubeconfig_auth {
+            KubeconfigAuth::Token => creds.kubeconfig(&url),
+            KubeconfigAuth::ClientCert => {
+                let (cert, key) = creds.issue_client_cert(ADMIN, &[auth::MASTERS])?;
+                client_cert_kubeconfig(&url, &creds.ca_pem, ADMIN, &cert, &key)
+            }
+        };
         if let Some(p) = &config.kubeconfig {
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).map_err(|e| ApiServerError::io(dir, e))?;
@@ -289,6 +330,14 @@ impl ApiServer {
         tasks.spawn(gc::run(store.clone(), shutdown.clone()));
         tasks.spawn(policy::run(store.clone(), shutdown.clone()));
         tasks.spawn(disruption::run(store.clone(), shutdown.clone()));
+        tasks.spawn(certs::signer::run(
+            store.clone(),
+            certs::signer::Ca {
+                cert_pem: creds.ca_pem.clone(),
+                key_pem: creds.ca_key_pem.clone(),
+            },
+            shutdown.clone(),
+        ));
         if let Some(dir) = config.data_dir.clone() {
             tasks.spawn(persist::run(dir, store.clone(), shutdown.clone()));
         }
@@ -333,6 +382,8 @@ fn bootstrap(store: &store::Store) {
     for ns in namespaces {
         serviceaccount::namespace_defaults(&mut st, &ns, store.root_ca.get().map(String::as_str));
     }
+    aggregator::sync(&mut st);
+    flowcontrol::bootstrap(&mut st);
     drop(st);
     policy::bootstrap(store);
 }
@@ -386,15 +437,13 @@ impl ApiServerHandle {
         user: &str,
         groups: &[&str],
     ) -> Result<String, ApiServerError> {
-        use base64::Engine as _;
         let (cert, key) = self.issue_client_cert(user, groups)?;
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-        let ca = b64(&self.ca_pem);
-        Ok(format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: hostmesh-dev\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: hostmesh-dev\n  context:\n    cluster: hostmesh-dev\n    user: {user}\n    namespace: default\ncurrent-context: hostmesh-dev\npreferences: {{}}\n",
-            url = self.url,
-            cert = b64(&cert),
-            key = b64(&key),
+        Ok(client_cert_kubeconfig(
+            &self.url,
+            &self.ca_pem,
+            user,
+            &cert,
+            &key,
         ))
     }
 
@@ -415,6 +464,22 @@ impl ApiServerHandle {
             persist::flush(dir, &self.store);
         }
     }
+}
+
+/// The user the server's own kubeconfig names.
+const ADMIN: &str = "hostmesh-admin";
+
+/// A kubeconfig (YAML) for `url` that authenticates `user` with the
+/// client certificate `cert` and its `key` (PEM).
+fn client_cert_kubeconfig(url: &str, ca_pem: &str, user: &str, cert: &str, key: &str) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hostmesh-dev\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: hostmesh-dev\n  context:\n    cluster: hostmesh-dev\n    user: {user}\n    namespace: default\ncurrent-context: hostmesh-dev\npreferences: {{}}\n",
+        ca = b64(ca_pem),
+        cert = b64(cert),
+        key = b64(key),
+    )
 }
 
 impl Drop for ApiServerHandle {

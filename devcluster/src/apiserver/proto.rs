@@ -5,9 +5,11 @@
 //! `runtime.Unknown` {typeMeta{apiVersion, kind}, raw}; `raw` is the typed
 //! message, decoded here into the same JSON the JSON endpoints accept.
 //! Services, ServiceAccounts, ResourceQuotas, PriorityClasses,
-//! PodDisruptionBudgets, Deployments and the RBAC kinds (`kubectl create
+//! PodDisruptionBudgets, Deployments, CertificateSigningRequests and the
+//! RBAC kinds (`kubectl create
 //! service|serviceaccount|quota|priorityclass|pdb|deployment|clusterrole|
-//! role|rolebinding|clusterrolebinding`) are decoded through field tables
+//! role|rolebinding|clusterrolebinding`, `kubectl certificate
+//! approve|deny`) are decoded through field tables
 //! (`Table`) taken from Kubernetes' `generated.proto`; Go writes every
 //! non-pointer field, so empty strings, zeros and false are dropped as
 //! unset; a set field a table does not know is 415, never dropped. Other
@@ -294,6 +296,12 @@ enum Ty {
     Msgs(Table),
     /// `map<string, Quantity>` (a Quantity is {string = 1}).
     QuantityMap,
+    /// `bytes` (base64 in JSON).
+    B64,
+    /// `metav1.Time`.
+    Time,
+    /// `map<string, ExtraValue>` (an ExtraValue is {repeated string = 1}).
+    ExtraMap,
     /// Read-only here (a status the server computes): not decoded.
     Skip,
 }
@@ -486,6 +494,36 @@ const BINDING: Table = &[
     (3, "roleRef", Ty::Msg(ROLE_REF)),
 ];
 
+const CSR_CONDITION: Table = &[
+    (1, "type", Ty::Str),
+    (6, "status", Ty::Str),
+    (2, "reason", Ty::Str),
+    (3, "message", Ty::Str),
+    (4, "lastUpdateTime", Ty::Time),
+    (5, "lastTransitionTime", Ty::Time),
+];
+const CSR_SPEC: Table = &[
+    (1, "request", Ty::B64),
+    (7, "signerName", Ty::Str),
+    (8, "expirationSeconds", Ty::OptInt),
+    (5, "usages", Ty::Strs),
+    (2, "username", Ty::Str),
+    (3, "uid", Ty::Str),
+    (4, "groups", Ty::Strs),
+    (6, "extra", Ty::ExtraMap),
+];
+const CSR_STATUS: Table = &[
+    (1, "conditions", Ty::Msgs(CSR_CONDITION)),
+    (2, "certificate", Ty::B64),
+];
+/// `certificates.k8s.io/v1` CertificateSigningRequest (what `kubectl
+/// certificate approve|deny` sends to `approval`).
+const CSR: Table = &[
+    (1, "metadata", Ty::Meta),
+    (2, "spec", Ty::Msg(CSR_SPEC)),
+    (3, "status", Ty::Msg(CSR_STATUS)),
+];
+
 /// A message decoded through its table; unset (zero) scalars are left out.
 /// A set field the table does not know is refused (415), never dropped.
 fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
@@ -579,6 +617,36 @@ fn message(b: &[u8], table: Table) -> Result<Map<String, Value>, ApiError> {
                 let m = out.entry(name).or_insert_with(|| json!({}));
                 m[k] = json!(q);
             }
+            Ty::B64 => {
+                let b = bytes(&x)?;
+                if !b.is_empty() {
+                    out.insert(
+                        name,
+                        json!(base64::engine::general_purpose::STANDARD.encode(b)),
+                    );
+                }
+            }
+            Ty::Time => {
+                out.insert(name, time(&x)?);
+            }
+            Ty::ExtraMap => {
+                let (mut k, mut items) = (String::new(), Vec::new());
+                for (n, f) in fields(bytes(&x)?)? {
+                    match n {
+                        1 => k = string(&f)?,
+                        2 => {
+                            for (vn, vf) in fields(bytes(&f)?)? {
+                                if vn == 1 {
+                                    items.push(json!(string(&vf)?));
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let m = out.entry(name).or_insert_with(|| json!({}));
+                m[k] = json!(items);
+            }
             Ty::Skip => {}
         }
     }
@@ -596,6 +664,7 @@ fn table_of(api_version: &str, kind: &str) -> Option<Table> {
         ("scheduling.k8s.io/v1", "PriorityClass") => PRIORITY_CLASS,
         ("policy/v1", "PodDisruptionBudget") => PDB,
         ("apps/v1", "Deployment") => DEPLOYMENT,
+        ("certificates.k8s.io/v1", "CertificateSigningRequest") => CSR,
         _ => return None,
     })
 }
@@ -613,7 +682,7 @@ pub(crate) fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Secret" | "ConfigMap" | "Namespace") => typed(&av, &kind, raw),
         ("authentication.k8s.io/v1", "TokenRequest") => token_request(raw),
         _ => Err(ApiError::unsupported_media(format!(
-            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget, Deployment and the RBAC kinds only, not {av} {kind}: send application/json"
+            "protobuf bodies are accepted for v1 Secret, ConfigMap, Namespace, Service, ServiceAccount, ResourceQuota, TokenRequest, PriorityClass, PodDisruptionBudget, Deployment, CertificateSigningRequest and the RBAC kinds only, not {av} {kind}: send application/json"
         ))),
     }
 }

@@ -49,6 +49,8 @@ pub(crate) struct ResourceInfo {
     pub(crate) selectable_fields: Vec<String>,
     /// CRD `subresources.scale`: where replicas and the selector live.
     pub(crate) scale: Option<ScalePaths>,
+    /// Served for `get` and `list` only (`componentstatuses`).
+    pub(crate) read_only: bool,
 }
 
 impl ScalePaths {
@@ -80,6 +82,15 @@ impl ResourceInfo {
             return "/events".into();
         }
         format!("{}/{}", self.group, self.plural)
+    }
+
+    /// `Kind` or `Kind.group`, as validation errors name an object's kind.
+    pub(crate) fn group_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
     }
 
     /// `v1` or `group/version`.
@@ -119,6 +130,7 @@ impl ResourceInfo {
             subs.extend([
                 "attach",
                 "binding",
+                "ephemeralcontainers",
                 "eviction",
                 "exec",
                 "log",
@@ -130,6 +142,12 @@ impl ResourceInfo {
         }
         if self.builtin && self.group.is_empty() && self.plural == "serviceaccounts" {
             subs.push("token");
+        }
+        if self.builtin
+            && self.group == "certificates.k8s.io"
+            && self.plural == "certificatesigningrequests"
+        {
+            subs.push("approval");
         }
         subs
     }
@@ -209,6 +227,150 @@ const BUILTINS: &[Builtin] = &[
         true,
         &["limits"],
         false,
+    ),
+    b(
+        "",
+        "v1",
+        "componentstatuses",
+        "ComponentStatus",
+        false,
+        &["cs"],
+        false,
+    ),
+    b(
+        "apiregistration.k8s.io",
+        "v1",
+        "apiservices",
+        "APIService",
+        false,
+        &[],
+        true,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        false,
+        &[],
+        true,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        true,
+        &["hpa"],
+        true,
+    ),
+    b(
+        "certificates.k8s.io",
+        "v1",
+        "certificatesigningrequests",
+        "CertificateSigningRequest",
+        false,
+        &["csr"],
+        true,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csidrivers",
+        "CSIDriver",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csinodes",
+        "CSINode",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csistoragecapacities",
+        "CSIStorageCapacity",
+        true,
+        &[],
+        false,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "storageclasses",
+        "StorageClass",
+        false,
+        &["sc"],
+        false,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "volumeattachments",
+        "VolumeAttachment",
+        false,
+        &[],
+        true,
+    ),
+    b(
+        "node.k8s.io",
+        "v1",
+        "runtimeclasses",
+        "RuntimeClass",
+        false,
+        &[],
+        false,
+    ),
+    b(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "flowschemas",
+        "FlowSchema",
+        false,
+        &[],
+        true,
+    ),
+    b(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "prioritylevelconfigurations",
+        "PriorityLevelConfiguration",
+        false,
+        &[],
+        true,
     ),
     b(
         "events.k8s.io",
@@ -408,12 +570,30 @@ impl Registry {
                         | "daemonsets"
                         | "replicasets"
                         | "jobs"
+                        | "horizontalpodautoscalers"
                 ) {
                     categories.push("all".to_string());
                 }
+                if matches!(
+                    r.plural,
+                    "apiservices"
+                        | "mutatingwebhookconfigurations"
+                        | "validatingwebhookconfigurations"
+                        | "validatingadmissionpolicies"
+                        | "validatingadmissionpolicybindings"
+                ) {
+                    categories.push("api-extensions".to_string());
+                }
+                // HorizontalPodAutoscalers are served as `autoscaling/v2`
+                // and `v1` (`convert`); the rest in one version.
+                let versions = if r.plural == "horizontalpodautoscalers" {
+                    vec!["v2".to_string(), "v1".to_string()]
+                } else {
+                    vec![r.version.to_string()]
+                };
                 Arc::new(ResourceInfo {
                     group: r.group.into(),
-                    versions: vec![r.version.into()],
+                    versions,
                     plural: r.plural.into(),
                     singular: r.kind.to_lowercase(),
                     kind: r.kind.into(),
@@ -428,6 +608,7 @@ impl Registry {
                     scale: (r.group == "apps"
                         && matches!(r.plural, "deployments" | "replicasets" | "statefulsets"))
                     .then(ScalePaths::builtin),
+                    read_only: r.plural == "componentstatuses",
                 })
             })
             .collect();
@@ -461,7 +642,9 @@ impl Registry {
         self.all().find(|r| r.key() == key).cloned()
     }
 
-    /// Groups with their versions (preferred first), `""` first.
+    /// Groups with their versions (preferred first), `""` first, then in
+    /// the real server's order (`apiregistration.k8s.io`, then by the
+    /// built-in groups' priority, then custom resource groups).
     pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
         let mut out: Vec<(String, Vec<String>)> = Vec::new();
         for r in self.all() {
@@ -481,12 +664,61 @@ impl Registry {
         for (_, versions) in &mut out {
             versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
+        // Stable: groups of equal priority (custom resources) keep the
+        // order they were installed in.
+        out.sort_by_key(|(g, _)| {
+            let first = g.is_empty() || g == "apiregistration.k8s.io";
+            (!first, std::cmp::Reverse(group_priority(g).0))
+        });
         out
     }
 
     /// Rebuilds the CRD part from the stored CRD objects.
     pub(crate) fn set_crds<'a>(&mut self, crds: impl Iterator<Item = &'a Value>) {
         self.crds = crds.filter_map(crd_info).map(Arc::new).collect();
+    }
+}
+
+/// A group's and a version's place in discovery and their APIService
+/// `groupPriorityMinimum` and `versionPriority` (kube-apiserver's
+/// `apiVersionPriorities`; custom resources get 1000 and 100, as the CRD
+/// registration controller gives them).
+pub(crate) fn group_priority(group: &str) -> (i64, i64) {
+    const TABLE: &[(&str, i64)] = &[
+        ("", 18000),
+        ("apps", 17800),
+        ("events.k8s.io", 17750),
+        ("authentication.k8s.io", 17700),
+        ("authorization.k8s.io", 17600),
+        ("autoscaling", 17500),
+        ("batch", 17400),
+        ("certificates.k8s.io", 17300),
+        ("networking.k8s.io", 17200),
+        ("policy", 17100),
+        ("rbac.authorization.k8s.io", 17000),
+        ("storage.k8s.io", 16800),
+        ("admissionregistration.k8s.io", 16700),
+        ("apiextensions.k8s.io", 16700),
+        ("scheduling.k8s.io", 16600),
+        ("coordination.k8s.io", 16500),
+        ("node.k8s.io", 16300),
+        ("discovery.k8s.io", 16200),
+        ("flowcontrol.apiserver.k8s.io", 16100),
+    ];
+    TABLE
+        .iter()
+        .find(|(g, _)| *g == group)
+        .map_or((1000, 100), |(_, p)| (*p, 15))
+}
+
+/// The `versionPriority` of a built-in group version (`group_priority`
+/// gives the default).
+pub(crate) fn version_priority_of(group: &str, version: &str) -> i64 {
+    match (group, version) {
+        ("", _) => 1,
+        ("autoscaling", "v2") => 30,
+        ("flowcontrol.apiserver.k8s.io", "v1") => 21,
+        _ => group_priority(group).1,
     }
 }
 
@@ -603,5 +835,6 @@ fn crd_info(crd: &Value) -> Option<ResourceInfo> {
         columns,
         selectable_fields,
         scale,
+        read_only: false,
     })
 }

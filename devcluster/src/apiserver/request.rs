@@ -19,6 +19,9 @@ pub(crate) struct Request {
     pub(crate) accept: String,
     pub(crate) user_agent: String,
     pub(crate) body: Bytes,
+    /// Who asks (recorded where the API records requesters, e.g. in a
+    /// CertificateSigningRequest's spec).
+    pub(crate) user: super::auth::User,
     /// Warnings admission gives the client (`Warning` response headers).
     pub(crate) warnings: std::sync::Mutex<Vec<String>>,
 }
@@ -121,7 +124,5 @@ pub(crate) fn ns_of(t: &RouteTarget) -> &str {
 }
 
 pub(crate) fn name_of(t: &RouteTarget) -> Result<&str, ApiError> {
-    t.name
-        .as_deref()
-        .ok_or_else(|| ApiError::method_not_allowed("this verb needs an object name in the URL"))
+    t.name.as_deref().ok_or_else(ApiError::method_not_allowed)
 }

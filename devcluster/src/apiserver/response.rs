@@ -7,7 +7,8 @@
 //! `metadata`, then `spec`, `status` (lists: `items`), the other fields
 //! after; `metadata` starts with `name`, `generateName`, `namespace`,
 //! `uid`, `resourceVersion`, `generation`, `creationTimestamp`; a watch
-//! event is `type` then `object`.
+//! event is `type` then `object`; a `Status` is written as `metav1.Status`
+//! declares it (`status`, `message`, `reason`, `details`, `code`).
 
 use std::convert::Infallible;
 
@@ -58,6 +59,28 @@ const META_ORDER: &[&str] = &[
 ];
 /// Fields written first in a watch event.
 const EVENT_ORDER: &[&str] = &["type", "object"];
+/// A `Status` object, as `metav1.Status` declares its fields.
+const STATUS_ORDER: &[&str] = &[
+    "kind",
+    "apiVersion",
+    "metadata",
+    "status",
+    "message",
+    "reason",
+    "details",
+    "code",
+];
+/// `StatusDetails`.
+const DETAILS_ORDER: &[&str] = &[
+    "name",
+    "group",
+    "kind",
+    "uid",
+    "causes",
+    "retryAfterSeconds",
+];
+/// `StatusCause`.
+const CAUSE_ORDER: &[&str] = &["reason", "message", "field"];
 
 /// A JSON value serialized in Kubernetes' field order (module doc).
 struct Ordered<'a> {
@@ -66,13 +89,31 @@ struct Ordered<'a> {
     order: Option<&'static [&'static str]>,
 }
 
+/// The order of the fields of `m`'s child `k` (and of its elements, for
+/// an array), when `m` (written in `order`) says it.
+fn child_order(order: &[&str], k: &str) -> Option<&'static [&'static str]> {
+    if order == OBJECT_ORDER && k == "metadata" {
+        Some(META_ORDER)
+    } else if order == STATUS_ORDER && k == "details" {
+        Some(DETAILS_ORDER)
+    } else if order == DETAILS_ORDER && k == "causes" {
+        Some(CAUSE_ORDER)
+    } else {
+        None
+    }
+}
+
 impl<'a> serde::Serialize for Ordered<'a> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{SerializeMap as _, SerializeSeq as _};
         match self.value {
             Value::Object(m) => {
                 let first = self.order.unwrap_or_else(|| {
-                    if m.contains_key("kind") || m.contains_key("apiVersion") {
+                    if m.get("kind").and_then(Value::as_str) == Some("Status")
+                        && m.contains_key("code")
+                    {
+                        STATUS_ORDER
+                    } else if m.contains_key("kind") || m.contains_key("apiVersion") {
                         OBJECT_ORDER
                     } else if m.len() == 2 && m.contains_key("type") && m.contains_key("object") {
                         EVENT_ORDER
@@ -81,8 +122,10 @@ impl<'a> serde::Serialize for Ordered<'a> {
                     }
                 });
                 let child = |k: &str, v: &'a Value| -> Ordered<'a> {
-                    let order = (first == OBJECT_ORDER && k == "metadata").then_some(META_ORDER);
-                    Ordered { value: v, order }
+                    Ordered {
+                        value: v,
+                        order: child_order(first, k),
+                    }
                 };
                 let mut map = s.serialize_map(Some(m.len()))?;
                 for k in first {
@@ -98,11 +141,12 @@ impl<'a> serde::Serialize for Ordered<'a> {
                 map.end()
             }
             Value::Array(a) => {
+                // An array's elements share the order given for it.
                 let mut seq = s.serialize_seq(Some(a.len()))?;
                 for v in a {
                     seq.serialize_element(&Ordered {
                         value: v,
-                        order: None,
+                        order: self.order.filter(|o| *o == CAUSE_ORDER),
                     })?;
                 }
                 seq.end()
@@ -138,4 +182,34 @@ pub(crate) fn stream_response(rx: mpsc::Receiver<Bytes>, content_type: &str) -> 
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(StreamBody::new(stream).boxed_unsync())
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_is_written_in_the_real_servers_field_order() {
+        let e = ApiError::invalid(
+            "ConfigMap",
+            "Bad_Name",
+            vec![(
+                "metadata.name".into(),
+                "Invalid value: \"Bad_Name\": x".into(),
+            )],
+        );
+        let text = String::from_utf8(to_vec_ordered(&e.to_status())).expect("utf8");
+        assert_eq!(
+            text,
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": x","reason":"Invalid","details":{"name":"Bad_Name","kind":"ConfigMap","causes":[{"reason":"FieldValueInvalid","message":"Invalid value: \"Bad_Name\": x","field":"metadata.name"}]},"code":422}"#
+        );
+        let text = String::from_utf8(to_vec_ordered(
+            &ApiError::not_found("apps", "deployments", "nope").to_status(),
+        ))
+        .expect("utf8");
+        assert_eq!(
+            text,
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"deployments.apps \"nope\" not found","reason":"NotFound","details":{"name":"nope","group":"apps","kind":"deployments"},"code":404}"#
+        );
+    }
 }

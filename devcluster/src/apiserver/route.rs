@@ -32,6 +32,31 @@ pub(crate) enum Route {
     Resource(RouteTarget),
 }
 
+/// Whether a handler serves `path` at all: the discovery roots, `/openapi`,
+/// and the group versions the registry serves. kube-apiserver answers
+/// other paths (`/foo`, `/apis/unknown.io/v1`) with a plain-text `404
+/// page not found`, not a `Status`.
+pub(crate) fn handled(path: &str, reg: &Registry) -> bool {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let served = |g: &str, v: &str| {
+        reg.groups()
+            .iter()
+            .any(|(x, vs)| x == g && vs.iter().any(|y| y == v))
+    };
+    match segs.as_slice() {
+        ["version" | "healthz" | "livez" | "readyz" | "api" | "apis"] => true,
+        ["openapi", ..] => true,
+        ["api", v, ..] => served("", v),
+        ["apis", g] => reg.groups().iter().any(|(x, _)| x == g),
+        ["apis", g, v, ..] => served(g, v),
+        _ => false,
+    }
+}
+
 /// Routes a path (without query).
 pub(crate) fn route(path: &str, reg: &Registry) -> Result<Route, ApiError> {
     let segs: Vec<&str> = path

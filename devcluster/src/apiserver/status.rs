@@ -39,49 +39,68 @@ impl ApiError {
 
     /// 404 for a named object.
     pub(crate) fn not_found(group: &str, plural: &str, name: &str) -> Self {
-        let resource = if group.is_empty() {
-            plural.to_string()
-        } else {
-            format!("{plural}.{group}")
-        };
-        let mut e = Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
-        e.details = Some(json!({"name": name, "group": group, "kind": plural}));
+        let mut e = Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(group, plural)),
+        );
+        e.details = Some(details(name, group, plural));
         e
     }
 
-    /// 404 for a path that serves nothing.
+    /// 404 for a path that serves nothing: the real server's message and
+    /// an empty `details` (kubectl tells this 404 from a missing object by
+    /// `details.name` being empty; without `details` it panics).
     pub(crate) fn no_route(path: &str) -> Self {
-        Self::new(
+        tracing::debug!(%path, "no route");
+        let mut e = Self::new(
             404,
             "NotFound",
-            format!("the server could not find the requested resource ({path})"),
-        )
+            "the server could not find the requested resource",
+        );
+        e.details = Some(json!({}));
+        e
     }
 
-    /// 405: the verb is not supported here.
-    pub(crate) fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self::new(405, "MethodNotAllowed", message)
+    /// 405: the verb is not supported here (the real server's message and
+    /// an empty `details`).
+    pub(crate) fn method_not_allowed() -> Self {
+        let mut e = Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        );
+        e.details = Some(json!({}));
+        e
     }
 
     /// 409: the object already exists.
     pub(crate) fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        let resource = if group.is_empty() {
-            plural.to_string()
-        } else {
-            format!("{plural}.{group}")
-        };
         let mut e = Self::new(
             409,
             "AlreadyExists",
-            format!("{resource} \"{name}\" already exists"),
+            format!("{} \"{name}\" already exists", qualified(group, plural)),
         );
-        e.details = Some(json!({"name": name, "group": group, "kind": plural}));
+        e.details = Some(details(name, group, plural));
         e
     }
 
-    /// 409: optimistic concurrency failed, or an apply conflict.
+    /// 409: an apply conflict or another conflict that names no object.
     pub(crate) fn conflict(message: impl Into<String>) -> Self {
         Self::new(409, "Conflict", message)
+    }
+
+    /// 409 about one object (a stale resourceVersion, a failed
+    /// precondition): `details` names it as the real server's do.
+    pub(crate) fn conflict_on(
+        group: &str,
+        plural: &str,
+        name: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut e = Self::new(409, "Conflict", message);
+        e.details = Some(details(name, group, plural));
+        e
     }
 
     /// 410: the watch resourceVersion is older than the kept history.
@@ -92,6 +111,17 @@ impl ApiError {
     /// 403: the request is understood but refused.
     pub(crate) fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
+    }
+
+    /// 403 about one object: `<plural> "<name>" is forbidden: <why>`,
+    /// `details` naming it.
+    pub(crate) fn forbidden_on(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        let mut e = Self::forbidden(format!(
+            "{} \"{name}\" is forbidden: {why}",
+            qualified(group, plural)
+        ));
+        e.details = Some(details(name, group, plural));
+        e
     }
 
     /// 429: the request would break a limit now (a disruption budget, the
@@ -116,19 +146,46 @@ impl ApiError {
         Self::new(415, "UnsupportedMediaType", message)
     }
 
-    /// 422: the object is invalid; `causes` name each bad field.
-    pub(crate) fn invalid(kind: &str, name: &str, causes: Vec<(String, String)>) -> Self {
-        let summary: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
+    /// 422: the object is invalid; `causes` name each bad field (`field`,
+    /// `message`, the message starting as Kubernetes' field errors do:
+    /// `Required value`, `Invalid value: ...`, `Forbidden: ...`).
+    /// `group_kind` is `Kind` or `Kind.group` (`Deployment.apps`): the
+    /// message names it so and `details` carries kind and group apart, as
+    /// the real server's `NewInvalid`; several causes are listed in `[]`.
+    pub(crate) fn invalid(group_kind: &str, name: &str, causes: Vec<(String, String)>) -> Self {
+        let summary: Vec<String> = causes
+            .iter()
+            .map(|(f, m)| {
+                if f.is_empty() {
+                    m.clone()
+                } else {
+                    format!("{f}: {m}")
+                }
+            })
+            .collect();
+        let listed = if summary.len() == 1 {
+            summary[0].clone()
+        } else {
+            format!("[{}]", summary.join(", "))
+        };
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{kind} \"{name}\" is invalid: {}", summary.join(", ")),
+            format!("{group_kind} \"{name}\" is invalid: {listed}"),
         );
-        e.details = Some(json!({
-            "name": name,
-            "kind": kind,
-            "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f})).collect::<Vec<_>>(),
-        }));
+        let (kind, group) = group_kind.split_once('.').unwrap_or((group_kind, ""));
+        let mut d = details(name, group, kind);
+        d["causes"] = causes
+            .iter()
+            .map(|(f, m)| {
+                let mut c = json!({"reason": cause_reason(m), "message": m});
+                if !f.is_empty() {
+                    c["field"] = json!(f);
+                }
+                c
+            })
+            .collect();
+        e.details = Some(d);
         e
     }
 
@@ -164,7 +221,8 @@ impl ApiError {
         Self::new(503, "ServiceUnavailable", message)
     }
 
-    /// The `Status` object.
+    /// The `Status` object (written in the real server's field order by
+    /// `response::to_vec_ordered`).
     pub(crate) fn to_status(&self) -> Value {
         let mut s = json!({
             "kind": "Status",
@@ -190,4 +248,112 @@ impl ApiError {
 /// A `Status` object reporting success (delete of a collection, etc.).
 pub(crate) fn success_status() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200})
+}
+
+/// `plural` or `plural.group`, as messages name a resource.
+fn qualified(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+/// `StatusDetails` naming one object: `group` only when it is not the core
+/// group, as the real server leaves empty fields out.
+fn details(name: &str, group: &str, kind: &str) -> Value {
+    let mut d = serde_json::Map::new();
+    for (k, v) in [("name", name), ("group", group), ("kind", kind)] {
+        if !v.is_empty() {
+            d.insert(k.into(), json!(v));
+        }
+    }
+    Value::Object(d)
+}
+
+/// The `StatusCause` reason of a field error, from how its message starts
+/// (Kubernetes' `field.Error` types and their words).
+fn cause_reason(message: &str) -> &'static str {
+    const REASONS: &[(&str, &str)] = &[
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Not found", "FieldValueNotFound"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Internal error", "InternalError"),
+        ("Invalid value", "FieldValueInvalid"),
+    ];
+    REASONS
+        .iter()
+        .find(|(words, _)| message.starts_with(words))
+        .map_or("FieldValueInvalid", |(_, r)| r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_names_the_group_and_lists_several_causes_as_the_real_server() {
+        let e = ApiError::invalid(
+            "Deployment.apps",
+            "d",
+            vec![
+                ("spec.selector".into(), "Required value".into()),
+                (
+                    "spec.replicas".into(),
+                    "Invalid value: -1: must be greater than or equal to 0".into(),
+                ),
+            ],
+        );
+        assert_eq!(
+            e.message,
+            "Deployment.apps \"d\" is invalid: [spec.selector: Required value, spec.replicas: Invalid value: -1: must be greater than or equal to 0]"
+        );
+        let d = e.details.expect("details");
+        assert_eq!(
+            (d["kind"].as_str(), d["group"].as_str()),
+            (Some("Deployment"), Some("apps"))
+        );
+        assert_eq!(d["causes"][0]["reason"], "FieldValueRequired");
+        assert_eq!(d["causes"][1]["reason"], "FieldValueInvalid");
+        let one = ApiError::invalid(
+            "ConfigMap",
+            "c",
+            vec![(
+                "data".into(),
+                "Too long: must have at most 1048576 bytes".into(),
+            )],
+        );
+        assert_eq!(
+            one.message,
+            "ConfigMap \"c\" is invalid: data: Too long: must have at most 1048576 bytes"
+        );
+        let d = one.details.expect("details");
+        assert!(d.get("group").is_none(), "the core group is left out: {d}");
+        assert_eq!(d["causes"][0]["reason"], "FieldValueTooLong");
+    }
+
+    #[test]
+    fn not_found_and_no_route_carry_details() {
+        let d = ApiError::not_found("", "pods", "p")
+            .details
+            .expect("details");
+        assert_eq!(d, json!({"name": "p", "kind": "pods"}));
+        let d = ApiError::not_found("apps", "deployments", "d")
+            .details
+            .expect("details");
+        assert_eq!(
+            d,
+            json!({"name": "d", "group": "apps", "kind": "deployments"})
+        );
+        let e = ApiError::no_route("/api/v1/foos");
+        assert_eq!(e.details, Some(json!({})));
+        assert_eq!(
+            e.message,
+            "the server could not find the requested resource"
+        );
+    }
 }

@@ -8,13 +8,16 @@
 //!    all before releasing the lock, so watchers see writes in
 //!    resourceVersion order, each once.
 //! 2. A write that changes nothing stores nothing and emits no event.
-//! 3. `compacted` of a resource is the highest resourceVersion whose event
-//!    may have left the history: a watch from a resourceVersion below it is
-//!    answered with 410 Gone. It starts at the floor (0, or the restored
-//!    resourceVersion after a restart), never at "now": a resource nobody
-//!    wrote yet has missed nothing.
-//!    Events also leave the history once older than the watch window
-//!    (kube-apiserver's etcd compaction, every 5 minutes by default).
+//! 3. A resource's history serves watches from its start on: the floor (0,
+//!    or the restored resourceVersion after a restart; never "now": a
+//!    resource nobody wrote yet has missed nothing) until an event leaves
+//!    the history, then the resourceVersion just before the oldest event
+//!    still kept, as kube-apiserver's watch cache (`too old resource
+//!    version: <rv> (<oldest kept - 1>)`): a watch from an older
+//!    resourceVersion is answered with 410 Gone, even when no event after
+//!    it was lost. Events leave the history past `history_limit` per
+//!    resource and once older than the watch window (kube-apiserver's etcd
+//!    compaction, every 5 minutes by default).
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 //! 5. The last [`LIVE_EVENTS`] events of a resource hold their objects as
@@ -134,7 +137,11 @@ impl WatchEvent {
 struct ResourceState {
     objects: BTreeMap<ObjKey, Arc<Value>>,
     history: VecDeque<Arc<WatchEvent>>,
+    /// The floor, then the resourceVersion of the last event that left
+    /// the history.
     compacted: u64,
+    /// Whether any event left the history (invariant 3).
+    evicted: bool,
     tx: broadcast::Sender<Arc<WatchEvent>>,
 }
 
@@ -144,7 +151,16 @@ impl ResourceState {
             objects: BTreeMap::new(),
             history: VecDeque::new(),
             compacted,
+            evicted: false,
             tx: broadcast::channel(4096).0,
+        }
+    }
+
+    /// The oldest resourceVersion a watch may start from (invariant 3).
+    fn start(&self) -> u64 {
+        match self.history.front() {
+            Some(first) if self.evicted => (first.rv - 1).max(self.compacted),
+            _ => self.compacted,
         }
     }
 }
@@ -309,6 +325,7 @@ impl StoreState {
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
+            super::aggregator::sync(self);
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
@@ -336,6 +353,7 @@ impl StoreState {
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
+            super::aggregator::sync(self);
         }
         if rbac::is_rbac_key(key) {
             self.rbac = None;
@@ -358,6 +376,7 @@ impl StoreState {
         while r.history.len() > limit.0 {
             if let Some(old) = r.history.pop_front() {
                 r.compacted = old.rv;
+                r.evicted = true;
             }
         }
         Self::compact(r, limit.1);
@@ -372,6 +391,7 @@ impl StoreState {
                 break;
             }
             r.compacted = old.rv;
+            r.evicted = true;
             r.history.pop_front();
         }
     }
@@ -395,8 +415,8 @@ impl StoreState {
         let window = self.window;
         let r = self.res(key);
         Self::compact(r, window);
-        if since < r.compacted {
-            return Err(too_old(since, r.compacted));
+        if since < r.start() {
+            return Err(too_old(since, r.start()));
         }
         let past = r.history.iter().filter(|e| e.rv > since).cloned().collect();
         Ok((past, r.tx.subscribe()))
@@ -412,15 +432,15 @@ impl StoreState {
         let window = self.window;
         let r = self.res(key);
         Self::compact(r, window);
-        if since < r.compacted {
-            return Err(too_old(since, r.compacted));
+        if since < r.start() {
+            return Err(too_old(since, r.start()));
         }
         Ok(r.history.iter().filter(|e| e.rv > since).cloned().collect())
     }
 }
 
 /// kube-apiserver's watch cache message: the asked resourceVersion and
-/// the newest one no longer kept.
+/// the oldest one the history serves.
 fn too_old(rv: u64, compacted: u64) -> ApiError {
     ApiError::gone(format!("too old resource version: {rv} ({compacted})"))
 }
@@ -547,6 +567,7 @@ pub(crate) fn check_namespace(
     st: &StoreState,
     info: &ResourceInfo,
     ns: &str,
+    name: &str,
 ) -> Result<(), ApiError> {
     if !info.namespaced {
         return Ok(());
@@ -557,9 +578,24 @@ pub(crate) fn check_namespace(
             if n.pointer("/metadata/deletionTimestamp")
                 .is_some_and(|v| !v.is_null()) =>
         {
-            Err(ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            )))
+            // As the NamespaceLifecycle admission: the object's resource
+            // and name, and a `NamespaceTerminating` cause.
+            let mut e = ApiError::forbidden_on(
+                &info.group,
+                &info.plural,
+                name,
+                &format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            );
+            if let Some(d) = e.details.as_mut() {
+                d["causes"] = serde_json::json!([{
+                    "reason": "NamespaceTerminating",
+                    "message": format!("namespace {ns} is being terminated"),
+                    "field": "metadata.namespace",
+                }]);
+            }
+            Err(e)
         }
         Some(_) => Ok(()),
     }

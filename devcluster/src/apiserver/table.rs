@@ -73,9 +73,202 @@ fn or_none(v: &str) -> String {
     }
 }
 
+fn or<'a>(v: &'a str, default: &'a str) -> &'a str {
+    if v.is_empty() { default } else { v }
+}
+
+/// A HorizontalPodAutoscaler's cells: the targets as `current/target` per
+/// metric (`<unknown>` before the first measurement), as kubectl's printer.
+fn hpa_row(o: &Value) -> Vec<Value> {
+    let current = o
+        .pointer("/status/currentMetrics")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let targets: Vec<String> = o
+        .pointer("/spec/metrics")
+        .and_then(Value::as_array)
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    let kind = m["type"].as_str().unwrap_or("");
+                    let key = match kind {
+                        "Resource" => "resource",
+                        "ContainerResource" => "containerResource",
+                        "Pods" => "pods",
+                        "Object" => "object",
+                        "External" => "external",
+                        _ => "",
+                    };
+                    let target = &m[key]["target"];
+                    let now = current
+                        .iter()
+                        .find(|c| c["type"] == kind && c[key].get("name") == m[key].get("name"))
+                        .map(|c| &c[key]["current"]);
+                    let (want, have) = if let Some(u) = target.get("averageUtilization") {
+                        (
+                            format!("{u}%"),
+                            now.and_then(|c| c.get("averageUtilization"))
+                                .map(|v| format!("{v}%")),
+                        )
+                    } else {
+                        let field = if target.get("averageValue").is_some() {
+                            "averageValue"
+                        } else {
+                            "value"
+                        };
+                        (
+                            target[field]
+                                .as_str()
+                                .map_or_else(|| target[field].to_string(), str::to_string),
+                            now.and_then(|c| c.get(field))
+                                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)),
+                        )
+                    };
+                    format!("{}/{want}", have.unwrap_or_else(|| "<unknown>".into()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let targets = if targets.is_empty() {
+        "<none>".to_string()
+    } else {
+        targets.join(", ")
+    };
+    vec![
+        json!(s(o, "/metadata/name")),
+        json!(format!(
+            "{}/{}",
+            s(o, "/spec/scaleTargetRef/kind"),
+            s(o, "/spec/scaleTargetRef/name")
+        )),
+        json!(targets),
+        json!(
+            o.pointer("/spec/minReplicas")
+                .map_or("<unset>".to_string(), |v| v.to_string())
+        ),
+        o.pointer("/spec/maxReplicas").cloned().unwrap_or(json!(0)),
+        o.pointer("/status/currentReplicas")
+            .cloned()
+            .unwrap_or(json!(0)),
+        age(o),
+    ]
+}
+
+/// A CertificateSigningRequest's cells: its conditions as `kubectl get csr`
+/// shows them (`Pending`, `Approved,Issued`, `Denied`, ...).
+fn csr_row(o: &Value) -> Vec<Value> {
+    let mut conditions: Vec<String> = o
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c["status"] != "False")
+                .filter_map(|c| c["type"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    if conditions.is_empty() {
+        conditions.push("Pending".into());
+    }
+    if o.pointer("/status/certificate")
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty())
+    {
+        conditions.push("Issued".into());
+    }
+    let duration = o
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+        .map_or("<none>".to_string(), human_duration);
+    vec![
+        json!(s(o, "/metadata/name")),
+        age(o),
+        json!(s(o, "/spec/signerName")),
+        json!(s(o, "/spec/username")),
+        json!(duration),
+        json!(conditions.join(",")),
+    ]
+}
+
 fn deleting(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
+}
+
+/// The real server's description of the node address columns.
+const NODE_ADDRESSES: &str =
+    "List of addresses reachable to the node. Queried from cloud provider, if available.";
+
+/// A Node's cells, as kube-apiserver's node printer: status (with
+/// `SchedulingDisabled`), roles from the `node-role.kubernetes.io/<role>`
+/// and `kubernetes.io/role` labels, then the wide columns.
+fn node_row(o: &Value) -> Vec<Value> {
+    let ready = o
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| c["status"] == "True");
+    let mut status = match ready {
+        Some(true) => "Ready",
+        Some(false) => "NotReady",
+        None => "Unknown",
+    }
+    .to_string();
+    if o.pointer("/spec/unschedulable") == Some(&json!(true)) {
+        status.push_str(",SchedulingDisabled");
+    }
+    let mut roles: Vec<String> = o
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| {
+                    if let Some(role) = k.strip_prefix("node-role.kubernetes.io/") {
+                        (!role.is_empty()).then(|| role.to_string())
+                    } else if k == "kubernetes.io/role" {
+                        v.as_str().filter(|r| !r.is_empty()).map(str::to_string)
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort();
+    roles.dedup();
+    let address = |type_: &str| {
+        o.pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|a| a["type"] == type_))
+            .and_then(|a| a["address"].as_str())
+            .map_or_else(|| "<none>".to_string(), str::to_string)
+    };
+    let info = |f: &str| {
+        let v = s(o, &format!("/status/nodeInfo/{f}"));
+        if v.is_empty() {
+            "<unknown>".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    vec![
+        json!(s(o, "/metadata/name")),
+        json!(status),
+        json!(if roles.is_empty() {
+            "<none>".to_string()
+        } else {
+            roles.join(",")
+        }),
+        age(o),
+        json!(s(o, "/status/nodeInfo/kubeletVersion")),
+        json!(address("InternalIP")),
+        json!(address("ExternalIP")),
+        json!(info("osImage")),
+        json!(info("kernelVersion")),
+        json!(info("containerRuntimeVersion")),
+    ]
 }
 
 /// Columns and cells of a built-in resource.
@@ -201,28 +394,31 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
                     "Kubelet Version reported by the node.",
                     0,
                 ),
+                col("Internal-IP", "string", "", NODE_ADDRESSES, 1),
+                col("External-IP", "string", "", NODE_ADDRESSES, 1),
+                col(
+                    "OS-Image",
+                    "string",
+                    "",
+                    "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).",
+                    1,
+                ),
+                col(
+                    "Kernel-Version",
+                    "string",
+                    "",
+                    "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).",
+                    1,
+                ),
+                col(
+                    "Container-Runtime",
+                    "string",
+                    "",
+                    "ContainerRuntime Version reported by the node through runtime remote API (e.g. containerd://1.4.2).",
+                    1,
+                ),
             ],
-            objs.iter()
-                .map(|o| {
-                    let ready = o
-                        .pointer("/status/conditions")
-                        .and_then(Value::as_array)
-                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-                        .map(|c| c["status"] == "True");
-                    let status = match ready {
-                        Some(true) => "Ready",
-                        Some(false) => "NotReady",
-                        None => "Unknown",
-                    };
-                    vec![
-                        name(o),
-                        json!(status),
-                        json!("<none>"),
-                        age(o),
-                        json!(s(o, "/status/nodeInfo/kubeletVersion")),
-                    ]
-                })
-                .collect(),
+            objs.iter().map(node_row).collect(),
         ),
         ("", "services") => (
             vec![
@@ -410,6 +606,389 @@ fn builtin(info: &ResourceInfo, objs: &[Value]) -> (Vec<Value>, Vec<Vec<Value>>)
             objs.iter()
                 .map(|o| vec![name(o), json!(s(o, "/spec/holderIdentity")), age(o)])
                 .collect(),
+        ),
+        ("", "componentstatuses") => (
+            vec![
+                name_col,
+                col(
+                    "Status",
+                    "string",
+                    "",
+                    "Status of the component conditions",
+                    0,
+                ),
+                col(
+                    "Message",
+                    "string",
+                    "",
+                    "Message of the component conditions",
+                    0,
+                ),
+                col(
+                    "Error",
+                    "string",
+                    "",
+                    "Error of the component conditions",
+                    0,
+                ),
+            ],
+            objs.iter()
+                .map(|o| {
+                    let healthy = o
+                        .get("conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Healthy"));
+                    let status = match healthy.map(|c| c["status"] == "True") {
+                        Some(true) => "Healthy",
+                        Some(false) => "Unhealthy",
+                        None => "Unknown",
+                    };
+                    let f = |k: &str| healthy.and_then(|c| c[k].as_str()).unwrap_or("");
+                    vec![
+                        name(o),
+                        json!(status),
+                        json!(f("message")),
+                        json!(f("error")),
+                    ]
+                })
+                .collect(),
+        ),
+        ("apiregistration.k8s.io", "apiservices") => (
+            vec![
+                name_col,
+                col(
+                    "Service",
+                    "string",
+                    "",
+                    "The reference to the service that hosts this API endpoint.",
+                    0,
+                ),
+                col(
+                    "Available",
+                    "string",
+                    "",
+                    "Whether this service is available.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| {
+                    let service = match o.pointer("/spec/service") {
+                        Some(svc) if svc.is_object() => format!(
+                            "{}/{}",
+                            svc["namespace"].as_str().unwrap_or(""),
+                            svc["name"].as_str().unwrap_or("")
+                        ),
+                        _ => "Local".into(),
+                    };
+                    let available = o
+                        .pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+                        .map_or("Unknown".to_string(), |c| {
+                            let status = c["status"].as_str().unwrap_or("Unknown");
+                            match c["reason"].as_str().filter(|_| status != "True") {
+                                Some(r) => format!("{status} ({r})"),
+                                None => status.to_string(),
+                            }
+                        });
+                    vec![name(o), json!(service), json!(available), age(o)]
+                })
+                .collect(),
+        ),
+        ("storage.k8s.io", "storageclasses") => (
+            vec![
+                name_col,
+                col(
+                    "Provisioner",
+                    "string",
+                    "",
+                    "Indicates the type of the provisioner.",
+                    0,
+                ),
+                col(
+                    "ReclaimPolicy",
+                    "string",
+                    "",
+                    "Dynamically provisioned PersistentVolumes of this storage class are created with this reclaimPolicy. Defaults to Delete.",
+                    0,
+                ),
+                col(
+                    "VolumeBindingMode",
+                    "string",
+                    "",
+                    "VolumeBindingMode indicates how PersistentVolumeClaims should be provisioned and bound.  When unset, VolumeBindingImmediate is used. This field is only honored by servers that enable the VolumeScheduling feature.",
+                    0,
+                ),
+                col(
+                    "AllowVolumeExpansion",
+                    "string",
+                    "",
+                    "AllowVolumeExpansion shows whether the storage class allow volume expand",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| {
+                    let default = o
+                        .pointer("/metadata/annotations")
+                        .and_then(Value::as_object)
+                        .is_some_and(|a| {
+                            [
+                                "storageclass.kubernetes.io/is-default-class",
+                                "storageclass.beta.kubernetes.io/is-default-class",
+                            ]
+                            .iter()
+                            .any(|k| a.get(*k).and_then(Value::as_str) == Some("true"))
+                        });
+                    let n = s(o, "/metadata/name");
+                    vec![
+                        json!(if default {
+                            format!("{n} (default)")
+                        } else {
+                            n.to_string()
+                        }),
+                        json!(s(o, "/provisioner")),
+                        json!(or(s(o, "/reclaimPolicy"), "Delete")),
+                        json!(or(s(o, "/volumeBindingMode"), "Immediate")),
+                        json!(
+                            o.get("allowVolumeExpansion")
+                                .and_then(Value::as_bool)
+                                .unwrap_or(false)
+                        ),
+                        age(o),
+                    ]
+                })
+                .collect(),
+        ),
+        ("node.k8s.io", "runtimeclasses") => (
+            vec![
+                name_col,
+                col(
+                    "Handler",
+                    "string",
+                    "",
+                    "Handler specifies the underlying runtime and configuration that the CRI implementation will use to handle pods of this class.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| vec![name(o), json!(s(o, "/handler")), age(o)])
+                .collect(),
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations" | "mutatingwebhookconfigurations",
+        ) => (
+            vec![
+                name_col,
+                col(
+                    "Webhooks",
+                    "integer",
+                    "",
+                    "Webhooks indicates the number of webhooks registered in this configuration.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| {
+                    let n = o
+                        .get("webhooks")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len);
+                    vec![name(o), json!(n), age(o)]
+                })
+                .collect(),
+        ),
+        ("autoscaling", "horizontalpodautoscalers") => (
+            vec![
+                name_col,
+                col(
+                    "Reference",
+                    "string",
+                    "",
+                    "Reference to the target resource that is being scaled.",
+                    0,
+                ),
+                col(
+                    "Targets",
+                    "string",
+                    "",
+                    "The metrics the autoscaler targets, as current/target.",
+                    0,
+                ),
+                col(
+                    "MinPods",
+                    "string",
+                    "",
+                    "Lower limit for the number of pods that can be set by the autoscaler, default 1.",
+                    0,
+                ),
+                col(
+                    "MaxPods",
+                    "string",
+                    "",
+                    "Upper limit for the number of pods that can be set by the autoscaler; cannot be smaller than MinReplicas.",
+                    0,
+                ),
+                col(
+                    "Replicas",
+                    "string",
+                    "",
+                    "Current number of replicas of pods managed by this autoscaler.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter().map(hpa_row).collect(),
+        ),
+        ("flowcontrol.apiserver.k8s.io", "flowschemas") => (
+            vec![
+                name_col,
+                col(
+                    "PriorityLevel",
+                    "string",
+                    "",
+                    "The name of the priority level configuration this flow schema refers to.",
+                    0,
+                ),
+                col(
+                    "MatchingPrecedence",
+                    "string",
+                    "",
+                    "The matching precedence of this flow schema.",
+                    0,
+                ),
+                col(
+                    "DistinguisherMethod",
+                    "string",
+                    "",
+                    "How requests of this flow schema are told apart.",
+                    0,
+                ),
+                age_col,
+                col(
+                    "MissingPL",
+                    "string",
+                    "",
+                    "Whether the referenced priority level configuration object is missing.",
+                    0,
+                ),
+            ],
+            objs.iter()
+                .map(|o| {
+                    let missing = o
+                        .pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Dangling"))
+                        .and_then(|c| c["status"].as_str())
+                        .unwrap_or("?");
+                    vec![
+                        name(o),
+                        json!(s(o, "/spec/priorityLevelConfiguration/name")),
+                        o.pointer("/spec/matchingPrecedence")
+                            .cloned()
+                            .unwrap_or(json!(0)),
+                        json!(or_none(s(o, "/spec/distinguisherMethod/type"))),
+                        age(o),
+                        json!(missing),
+                    ]
+                })
+                .collect(),
+        ),
+        ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations") => (
+            vec![
+                name_col,
+                col("Type", "string", "", "The type of this priority level.", 0),
+                col(
+                    "NominalConcurrencyShares",
+                    "string",
+                    "",
+                    "The nominal concurrency shares of this priority level.",
+                    0,
+                ),
+                col(
+                    "Queues",
+                    "string",
+                    "",
+                    "The number of queues of this priority level.",
+                    0,
+                ),
+                col(
+                    "HandSize",
+                    "string",
+                    "",
+                    "The hand size of this priority level.",
+                    0,
+                ),
+                col(
+                    "QueueLengthLimit",
+                    "string",
+                    "",
+                    "The queue length limit of this priority level.",
+                    0,
+                ),
+                age_col,
+            ],
+            objs.iter()
+                .map(|o| {
+                    let limited = s(o, "/spec/type") == "Limited";
+                    let at = |p: &str| {
+                        o.pointer(p)
+                            .filter(|_| limited)
+                            .cloned()
+                            .unwrap_or(json!("<none>"))
+                    };
+                    vec![
+                        name(o),
+                        json!(s(o, "/spec/type")),
+                        at("/spec/limited/nominalConcurrencyShares"),
+                        at("/spec/limited/limitResponse/queuing/queues"),
+                        at("/spec/limited/limitResponse/queuing/handSize"),
+                        at("/spec/limited/limitResponse/queuing/queueLengthLimit"),
+                        age(o),
+                    ]
+                })
+                .collect(),
+        ),
+        ("certificates.k8s.io", "certificatesigningrequests") => (
+            vec![
+                name_col,
+                age_col,
+                col(
+                    "SignerName",
+                    "string",
+                    "",
+                    "Requested signer for the request. It is a qualified name in the form: `scope-hostname.io/name`.",
+                    0,
+                ),
+                col(
+                    "Requestor",
+                    "string",
+                    "",
+                    "Name of the user who created the request.",
+                    0,
+                ),
+                col(
+                    "RequestedDuration",
+                    "string",
+                    "",
+                    "The requested duration of the issued certificate.",
+                    0,
+                ),
+                col(
+                    "Condition",
+                    "string",
+                    "",
+                    "The conditions of the request and whether a certificate was issued.",
+                    0,
+                ),
+            ],
+            objs.iter().map(csr_row).collect(),
         ),
         ("apiextensions.k8s.io", "customresourcedefinitions") => (
             vec![name_col, col("Created At", "date", "", "", 0)],

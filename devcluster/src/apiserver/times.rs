@@ -244,22 +244,11 @@ pub(crate) fn check_body(
 pub(crate) fn check_patched(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     let before = obj.to_string();
     normalize(info, obj).map_err(|e| {
-        let gk = if info.group.is_empty() {
-            info.kind.clone()
-        } else {
-            format!("{}.{}", info.kind, info.group)
-        };
-        let mut err = ApiError::invalid(
-            &gk,
+        ApiError::invalid(
+            &info.group_kind(),
             "",
             vec![("patch".into(), format!("Invalid value: {before:?}: {e}"))],
-        );
-        err.details = err.details.map(|mut d| {
-            d["group"] = Value::String(info.group.clone());
-            d["kind"] = Value::String(info.kind.clone());
-            d
-        });
-        err
+        )
     })
 }
 

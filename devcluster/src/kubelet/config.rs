@@ -127,10 +127,13 @@ pub struct KubeletConfig {
     /// How pods are networked: each in its own sandbox (default), or in the
     /// machine's network namespace on loopback addresses.
     pub pod_network: PodNetwork,
-    /// Where pod IPs come from. Sandbox: the cluster's pod range (default
-    /// `10.244.0.0/16`), of which the kubelet claims one free /24 (its
-    /// `podCIDR`). Host: a loopback range (`127.X.0.0/16`).
-    pub pod_ip_range: Ipv4Net,
+    /// Where pod IPs come from. Sandbox: the cluster's pod range, of which
+    /// the kubelet claims one free /24 (its `podCIDR`); a given range that
+    /// overlaps a route of the machine is refused at start, and `None`
+    /// picks the first free /16 of `10.244.0.0/16`, `10.245.0.0/16`, ...
+    /// (`KubeletHandle::pod_range` says which and why). Host: a loopback
+    /// range (`127.X.0.0/16`; `None`: `127.0.0.0/16`).
+    pub pod_ip_range: Option<Ipv4Net>,
     /// The cluster DNS server pods' sockets are handed to (see
     /// [`ClusterDns`]); `None`: no DNS sockets are bound in pods (their
     /// `resolv.conf` still names the cluster DNS address).
@@ -225,9 +228,7 @@ impl KubeletConfig {
             max_pods: 110,
             bind_unscheduled: true,
             pod_network: PodNetwork::Sandbox,
-            pod_ip_range: DEFAULT_POD_RANGE
-                .parse()
-                .expect("the default pod range parses"),
+            pod_ip_range: None,
             cluster_dns: None,
             node_ip: Ipv4Addr::LOCALHOST,
             lease_duration: Duration::from_secs(40),
@@ -251,7 +252,7 @@ impl KubeletConfig {
     /// Switches to `--pod-network=host` with pod IPs from `127.<block>.0.0/16`.
     pub fn host_network(mut self, block: u8) -> Self {
         self.pod_network = PodNetwork::Host;
-        self.pod_ip_range = Ipv4Net::new(Ipv4Addr::new(127, block, 0, 0), 16).expect("a /16");
+        self.pod_ip_range = Some(Ipv4Net::new(Ipv4Addr::new(127, block, 0, 0), 16).expect("a /16"));
         self
     }
 
@@ -296,7 +297,9 @@ impl KubeletConfig {
                 "lease_duration must be at least 4s".into(),
             ));
         }
-        check_pod_ip_range(self.pod_network, self.pod_ip_range)?;
+        if let Some(range) = self.pod_ip_range {
+            check_pod_ip_range(self.pod_network, range)?;
+        }
         super::logrotate::check_config(self)?;
         let hostmesh = match &self.hostmesh_binary {
             Some(path) => path.clone(),
@@ -343,7 +346,7 @@ pub struct KubeletArgs {
     /// Pod networking: `sandbox` (each pod in its own network namespace; needs root) or `host` (the machine's network namespace, loopback addresses).
     #[arg(long, value_enum, default_value_t = PodNetwork::Sandbox)]
     pub pod_network: PodNetwork,
-    /// Pod range: the cluster's (sandbox, default 10.244.0.0/16; the kubelet claims a free /24 of it), or a loopback /16 (host, default 127.0.0.0/16).
+    /// Pod range: the cluster's (sandbox; the kubelet claims a free /24 of it; default: the first of 10.244.0.0/16, 10.245.0.0/16, ... that no route of this machine overlaps), or a loopback /16 (host, default 127.0.0.0/16).
     #[arg(long)]
     pub pod_ip_range: Option<String>,
     /// Taint the Node (`key[=value][:effect]`, effect NoSchedule by default); repeatable.
@@ -381,17 +384,24 @@ fn default_claims_dir() -> PathBuf {
     }
 }
 
-/// Parses `--pod-ip-range` for `network` (its default when `None`).
-pub fn parse_pod_ip_range(network: PodNetwork, range: Option<&str>) -> Result<Ipv4Net> {
-    let text = range.unwrap_or(match network {
-        PodNetwork::Sandbox => DEFAULT_POD_RANGE,
-        PodNetwork::Host => DEFAULT_HOST_POD_RANGE,
-    });
+/// Parses `--pod-ip-range` for `network`; `None` stays `None` (the kubelet
+/// settles the range at start: see [`KubeletConfig::pod_ip_range`]).
+pub fn parse_pod_ip_range(network: PodNetwork, range: Option<&str>) -> Result<Option<Ipv4Net>> {
+    let Some(text) = range else {
+        return Ok(None);
+    };
     let net: Ipv4Net = text
         .parse()
         .map_err(|e| KubeletError::Config(format!("--pod-ip-range: {e}")))?;
     check_pod_ip_range(network, net)?;
-    Ok(net)
+    Ok(Some(net))
+}
+
+/// The loopback range of `--pod-network=host` when none is given.
+pub(crate) fn default_host_pod_range() -> Ipv4Net {
+    DEFAULT_HOST_POD_RANGE
+        .parse()
+        .expect("the default host pod range parses")
 }
 
 fn check_pod_ip_range(network: PodNetwork, net: Ipv4Net) -> Result<()> {
@@ -522,19 +532,13 @@ mod tests {
         let host = PodNetwork::Host;
         let sandbox = PodNetwork::Sandbox;
         assert_eq!(
-            parse_pod_ip_range(host, Some("127.16.0.0/16"))
-                .unwrap()
-                .to_string(),
-            "127.16.0.0/16"
+            parse_pod_ip_range(host, Some("127.16.0.0/16")).unwrap(),
+            Some("127.16.0.0/16".parse().unwrap())
         );
-        assert_eq!(
-            parse_pod_ip_range(sandbox, None).unwrap().to_string(),
-            "10.244.0.0/16"
-        );
-        assert_eq!(
-            parse_pod_ip_range(host, None).unwrap().to_string(),
-            "127.0.0.0/16"
-        );
+        // No range: settled at start (a free one picked, or host's default).
+        assert_eq!(parse_pod_ip_range(sandbox, None).unwrap(), None);
+        assert_eq!(parse_pod_ip_range(host, None).unwrap(), None);
+        assert_eq!(default_host_pod_range().to_string(), "127.0.0.0/16");
         for (network, bad) in [
             (host, "10.0.0.0/16"),
             (host, "127.1.2.0/16"),

@@ -14,7 +14,7 @@ use super::config::{KubeletArgs, KubeletConfig};
 use super::error::{KubeletError, Result};
 use super::ipam::IpPool;
 use super::logs;
-use super::net::{NodeNetwork, PodNetwork};
+use super::net::{NodeNetwork, PodNetwork, PodRange};
 use super::node;
 use super::pods;
 use super::process;
@@ -48,7 +48,9 @@ impl Kubelet {
             PodNetwork::Host => (
                 None,
                 IpPool::new(
-                    config.pod_ip_range,
+                    config
+                        .pod_ip_range
+                        .unwrap_or_else(super::config::default_host_pod_range),
                     &[Ipv4Addr::LOCALHOST],
                     config.ip_claims_dir.clone(),
                 ),
@@ -166,6 +168,13 @@ impl KubeletHandle {
             name: net.bridge.clone(),
             claim: net.claim_path.clone()?,
         })
+    }
+
+    /// The pod range of the sandbox network and why it is that one (given,
+    /// or picked because nothing on the machine overlaps it; its `Display`
+    /// says so in a sentence); `None` with `--pod-network=host`.
+    pub fn pod_range(&self) -> Option<&PodRange> {
+        self.shared.network.as_ref().map(|net| &net.pod_range)
     }
 
     /// The port of the log endpoint the API server's `pods/log` proxy uses,

@@ -82,9 +82,37 @@ fn memory_kib() -> u64 {
 }
 
 fn kernel_version() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+    read_trimmed("/proc/sys/kernel/osrelease")
+}
+
+/// `nodeInfo.containerRuntimeVersion`: the runtime's name and version, as
+/// `containerd://1.7.0` names containerd's (`kubectl get nodes -o wide`).
+const RUNTIME_VERSION: &str = concat!("hostmesh-process://", env!("CARGO_PKG_VERSION"));
+
+/// A small system file's text, trimmed; empty when it cannot be read (a
+/// container without DMI, a machine without a machine id).
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// `nodeInfo.osImage`: `PRETTY_NAME` of `/etc/os-release`, as a kubelet
+/// reports it; `Linux` when the file says nothing.
+fn os_image() -> String {
+    let text = std::fs::read_to_string("/etc/os-release")
+        .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
+        .unwrap_or_default();
+    pretty_name(&text).unwrap_or_else(|| "Linux".into())
+}
+
+/// The `PRETTY_NAME` value of an os-release file (quotes removed).
+fn pretty_name(os_release: &str) -> Option<String> {
+    os_release.lines().find_map(|l| {
+        let v = l.trim().strip_prefix("PRETTY_NAME=")?;
+        let v = v.trim().trim_matches(|c| c == '"' || c == '\'');
+        (!v.is_empty()).then(|| v.to_string())
+    })
 }
 
 /// The Node's labels.
@@ -155,10 +183,12 @@ pub(crate) fn node_status(shared: &Shared, transition: &str) -> serde_json::Valu
         },
         "daemonEndpoints": {"kubeletEndpoint": {"Port": *lock(&shared.log_port)}},
         "nodeInfo": {
-            "machineID": "", "systemUUID": "", "bootID": "",
+            "machineID": read_trimmed("/etc/machine-id"),
+            "systemUUID": read_trimmed("/sys/class/dmi/id/product_uuid"),
+            "bootID": read_trimmed("/proc/sys/kernel/random/boot_id"),
             "kernelVersion": kernel_version(),
-            "osImage": "hostmesh process kubelet",
-            "containerRuntimeVersion": "process://0.1.0",
+            "osImage": os_image(),
+            "containerRuntimeVersion": RUNTIME_VERSION,
             "kubeletVersion": kubelet_version(shared),
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
@@ -348,5 +378,21 @@ pub(crate) async fn heartbeat(shared: Arc<Shared>) {
             _ = shared.shutdown.cancelled() => return,
             _ = tokio::time::sleep(period.max(Duration::from_secs(1))) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_image_is_the_pretty_name_of_os_release() {
+        let text = "NAME=\"Debian GNU/Linux\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\n";
+        assert_eq!(
+            pretty_name(text).as_deref(),
+            Some("Debian GNU/Linux 12 (bookworm)")
+        );
+        assert_eq!(pretty_name("ID=alpine\n"), None);
+        assert!(RUNTIME_VERSION.starts_with("hostmesh-process://"));
     }
 }

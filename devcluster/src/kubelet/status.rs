@@ -180,6 +180,8 @@ pub(crate) struct StatusInput<'a> {
     pub(crate) init_failed: bool,
     /// Regular containers.
     pub(crate) main: &'a [Ctr],
+    /// Ephemeral containers (reported; no part of phase or readiness).
+    pub(crate) ephemeral: &'a [Ctr],
     /// The pod's IP.
     pub(crate) pod_ip: Ipv4Addr,
     /// The node's IP.
@@ -337,6 +339,17 @@ pub(crate) fn pod_status(input: &StatusInput<'_>) -> PodStatus {
         qos_class: Some(input.qos_class.clone()),
         init_container_statuses: Some(input.init.iter().map(Ctr::to_api).collect()),
         container_statuses: Some(input.main.iter().map(Ctr::to_api).collect()),
+        ephemeral_container_statuses: (!input.ephemeral.is_empty()).then(|| {
+            input
+                .ephemeral
+                .iter()
+                .map(|c| ContainerStatus {
+                    // Ephemeral containers have no startup state.
+                    started: None,
+                    ..c.to_api()
+                })
+                .collect()
+        }),
         ..Default::default()
     }
 }
@@ -409,6 +422,7 @@ mod tests {
             initialized: true,
             init_failed: false,
             main,
+            ephemeral: &[],
             pod_ip: Ipv4Addr::new(127, 0, 0, 2),
             host_ip: Ipv4Addr::LOCALHOST,
             start_time: Timestamp::now(),

@@ -254,3 +254,60 @@ impl Cluster {
         self.api.take().expect("API server running")
     }
 }
+
+/// Runs `test` on a thread of its own in a new network namespace (only
+/// `lo`, up) under a tokio runtime whose threads are all made there (a
+/// thread keeps the namespace of the thread that made it). The kubelet
+/// reads the routes of the namespace it runs in and makes its bridge
+/// there, so links the test adds ([`add_link`]) are seen by that kubelet
+/// and by nothing else on the machine; they go with the namespace when the
+/// test's threads and processes are gone. Needs root (CAP_SYS_ADMIN).
+pub fn in_own_netns<F, Fut>(test: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = std::thread::Builder::new()
+        .name("own-netns".into())
+        .spawn(move || {
+            // SAFETY: unshare(2) moves only this thread, which this
+            // function made for the purpose, into a new namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                panic!(
+                    "cannot make a network namespace (these tests run as root): {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            ip(&["link", "set", "lo", "up"]);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+            runtime.block_on(test());
+        })
+        .expect("spawn the test's thread");
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Adds link `name` with address `addr` (`10.244.0.1/24`: its /24 becomes
+/// a route), up, in the calling thread's network namespace. A bridge, as
+/// every kernel that runs sandboxes has them (a dummy link needs a driver
+/// some kernels lack).
+pub fn add_link(name: &str, addr: &str) {
+    ip(&["link", "add", name, "type", "bridge"]);
+    ip(&["addr", "add", addr, "dev", name]);
+    ip(&["link", "set", name, "up"]);
+}
+
+/// Runs iproute2's `ip` with `args` (in the calling thread's network
+/// namespace); panics when it fails.
+pub fn ip(args: &[&str]) {
+    let status = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .expect("these tests need iproute2's ip");
+    assert!(status.success(), "ip {args:?}: {status}");
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{LeaderElector, LeaderError, LeaderHandle};
+use super::{LeaderElector, LeaderError, LeaderHandle, OwnerPod};
 use crate::metrics::Metrics;
 
 /// Leader election flags (flatten into the operator's `clap::Args`).
@@ -34,6 +34,18 @@ pub struct LeaderElectionArgs {
     /// How often candidates and the leader try to acquire or renew.
     #[arg(long, env = "HOSTMESH_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
+    /// Name of the Pod this replica runs in (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Namespace of the Pod this replica runs in (downward API
+    /// `metadata.namespace`; default: the service account's namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// UID of the Pod this replica runs in (downward API `metadata.uid`).
+    /// With it the leader names its Pod as the Lease's owner, so the Lease
+    /// is garbage-collected once that Pod is gone (`helm uninstall`).
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
 }
 
 impl LeaderElectionArgs {
@@ -52,7 +64,13 @@ impl LeaderElectionArgs {
                 Ok((LeaderHandle::always_leader(), None))
             }
             Some(config) => {
-                tracing::info!(lease = %config.name, namespace = %config.namespace, identity = %config.identity, "leader election enabled");
+                tracing::info!(
+                    lease = %config.name,
+                    namespace = %config.namespace,
+                    identity = %config.identity,
+                    owner_pod = config.owner.as_ref().map_or("none (not in a Pod)", |o| o.name.as_str()),
+                    "leader election enabled"
+                );
                 let (elector, handle) = LeaderElector::new(client, config);
                 let task = tokio::spawn(elector.with_metrics(metrics).run(shutdown));
                 Ok((handle, Some(task)))
@@ -76,6 +94,9 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// Time between attempts.
     pub retry_period: Duration,
+    /// The Pod this replica runs in, named as the Lease's owner while this
+    /// replica holds it (module invariant 5); `None` outside a Pod.
+    pub owner: Option<OwnerPod>,
 }
 
 impl LeaseConfig {
@@ -131,6 +152,7 @@ impl LeaderElectionArgs {
             Some(id) if !id.is_empty() => id.clone(),
             _ => default_identity(),
         };
+        let owner = self.owner_pod(&namespace)?;
         let config = LeaseConfig {
             name: self.leader_elect_lease.clone(),
             namespace,
@@ -138,9 +160,51 @@ impl LeaderElectionArgs {
             lease_duration: self.leader_elect_lease_duration,
             renew_deadline: self.leader_elect_renew_deadline,
             retry_period: self.leader_elect_retry_period,
+            owner,
         };
         config.validate()?;
         Ok(Some(config))
+    }
+}
+
+impl LeaderElectionArgs {
+    /// The Pod to name as the Lease's owner: with `--pod-uid`, the Pod
+    /// `--pod-name` (required with it), when it lives in the Lease's
+    /// namespace. A namespaced owner must be in its dependent's namespace
+    /// (the garbage collector treats one elsewhere as absent and would
+    /// delete the Lease at once), so a Lease elsewhere gets no owner.
+    fn owner_pod(&self, lease_namespace: &str) -> Result<Option<OwnerPod>, LeaderError> {
+        let Some(uid) = self.pod_uid.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(None);
+        };
+        let name = self
+            .pod_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or(LeaderError::Missing {
+                field: "--pod-name",
+                fix: "set it, or POD_NAME through the downward API (metadata.name), next to POD_UID",
+            })?;
+        let pod_namespace = match &self.pod_namespace {
+            Some(ns) if !ns.is_empty() => Some(ns.clone()),
+            _ => std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty()),
+        };
+        if pod_namespace.as_deref() != Some(lease_namespace) {
+            tracing::info!(
+                pod = %name,
+                pod_namespace = pod_namespace.as_deref().unwrap_or("unknown"),
+                lease_namespace,
+                "the leader Lease is not in this Pod's namespace: it gets no owner and stays after the Pod is gone"
+            );
+            return Ok(None);
+        }
+        Ok(Some(OwnerPod {
+            name,
+            uid: uid.to_owned(),
+        }))
     }
 }
 

@@ -1,10 +1,11 @@
-//! The pure decision logic of leader election (invariants 2 and 3 of the
-//! module): what to do with the Lease given what was last seen and when.
+//! The pure decision logic of leader election (invariants 2, 3 and 5 of the
+//! module): what to do with the Lease given what was last seen and when,
+//! and what its owner references become when this replica writes it.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
@@ -116,4 +117,67 @@ pub fn next_spec(
         }),
         ..previous
     }
+}
+
+/// The Pod a replica runs in, which it names as the owner of a Lease it
+/// holds (module invariant 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerPod {
+    /// `metadata.name` of the Pod.
+    pub name: String,
+    /// `metadata.uid` of the Pod.
+    pub uid: String,
+}
+
+fn is_pod_owner(r: &OwnerReference) -> bool {
+    r.api_version == "v1" && r.kind == "Pod"
+}
+
+fn pod_owner(pod: &OwnerPod) -> OwnerReference {
+    // Not a controller reference, and no blockOwnerDeletion: the Pod does
+    // not manage the Lease, and deleting the Pod never waits on it.
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        controller: None,
+        block_owner_deletion: None,
+    }
+}
+
+/// The owner references a Lease gets when this replica (in Pod `me`, or
+/// outside any Pod) acquires or renews it: the Pod owner an earlier holder
+/// left is replaced in place by `me` (dropped outside a Pod), further Pod
+/// owners are dropped, owners of other kinds are kept. A Lease that already
+/// names `me` keeps its references as they are, so a renewal never changes
+/// them. `None` when the Lease ends up with no owner at all.
+pub fn next_owners(
+    previous: Option<&[OwnerReference]>,
+    me: Option<&OwnerPod>,
+) -> Option<Vec<OwnerReference>> {
+    let mut owners = Vec::new();
+    let mut placed = false;
+    for r in previous.unwrap_or_default() {
+        if !is_pod_owner(r) {
+            owners.push(r.clone());
+            continue;
+        }
+        if let Some(pod) = me
+            && !placed
+        {
+            owners.push(if r.uid == pod.uid {
+                r.clone()
+            } else {
+                pod_owner(pod)
+            });
+            placed = true;
+        }
+    }
+    if let Some(pod) = me
+        && !placed
+    {
+        owners.push(pod_owner(pod));
+    }
+    (!owners.is_empty()).then_some(owners)
 }

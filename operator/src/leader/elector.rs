@@ -1,4 +1,4 @@
-//! The Lease loop of one replica (invariants 1, 3 and 4 of the module).
+//! The Lease loop of one replica (invariants 1, 3, 4 and 5 of the module).
 
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Decision, LeaderHandle, LeaseConfig, LeaseRecord, Role, decide, next_spec, should_step_down,
+    Decision, LeaderHandle, LeaseConfig, LeaseRecord, Role, decide, next_owners, next_spec,
+    should_step_down,
 };
 use crate::metrics::Metrics;
 
@@ -138,11 +139,16 @@ impl LeaderElector {
         );
         let timeout = self.request_timeout(observed);
         let pp = PostParams::default();
+        let owner = self.config.owner.as_ref();
         let result = match previous {
             Some(mut lease) => {
                 // Keeps metadata.resourceVersion: the write fails with 409 if
                 // anyone wrote since we read (invariant 1).
                 lease.spec = Some(spec);
+                // The holder and its Pod as owner change in one write
+                // (invariant 5).
+                lease.metadata.owner_references =
+                    next_owners(lease.metadata.owner_references.as_deref(), owner);
                 tokio::time::timeout(timeout, self.api.replace(&self.config.name, &pp, &lease))
                     .await
             }
@@ -151,6 +157,7 @@ impl LeaderElector {
                     metadata: ObjectMeta {
                         name: Some(self.config.name.clone()),
                         namespace: Some(self.config.namespace.clone()),
+                        owner_references: next_owners(None, owner),
                         ..ObjectMeta::default()
                     },
                     spec: Some(spec),

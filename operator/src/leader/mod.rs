@@ -19,6 +19,15 @@
 //! 4. On shutdown a leader releases the lease (empty holder, 1 s duration),
 //!    so a standby takes over at its next retry instead of waiting a full
 //!    `leaseDuration`.
+//! 5. In a Pod (`POD_UID`), every write that makes or keeps this replica
+//!    the holder also makes its Pod the Lease's one Pod owner (replacing the
+//!    previous holder's; outside a Pod, dropping it), in the same update. So
+//!    the garbage collector deletes the Lease once its holder's Pod is gone,
+//!    also when the release of invariant 4 could not be written (on `helm
+//!    uninstall` the chart's RBAC goes with the Pod), and never while a live
+//!    holder's Pod owns it: a new holder re-points the owner before the old
+//!    Pod goes, and the collector's delete carries the resourceVersion it
+//!    judged.
 
 mod config;
 mod decide;
@@ -29,7 +38,9 @@ mod tests;
 use tokio::sync::watch;
 
 pub use config::{LeaderElectionArgs, LeaseConfig, parse_duration};
-pub use decide::{Decision, LeaseRecord, decide, next_spec, should_step_down};
+pub use decide::{
+    Decision, LeaseRecord, OwnerPod, decide, next_owners, next_spec, should_step_down,
+};
 pub use elector::LeaderElector;
 
 /// Errors from configuring leader election.

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
@@ -28,6 +28,7 @@ fn config() -> LeaseConfig {
         lease_duration: LEASE,
         renew_deadline: Duration::from_secs(10),
         retry_period: Duration::from_secs(2),
+        owner: None,
     }
 }
 
@@ -180,6 +181,9 @@ fn election_off_needs_no_namespace_and_on_resolves_identity() {
         leader_elect_lease_duration: LEASE,
         leader_elect_renew_deadline: Duration::from_secs(10),
         leader_elect_retry_period: Duration::from_secs(2),
+        pod_name: None,
+        pod_namespace: None,
+        pod_uid: None,
     };
     assert_eq!(args.config().expect("off"), None);
     let on = LeaderElectionArgs {
@@ -190,6 +194,101 @@ fn election_off_needs_no_namespace_and_on_resolves_identity() {
     let c = on.config().expect("valid").expect("on");
     assert_eq!(c.namespace, "ops");
     assert!(!c.identity.is_empty());
+    assert_eq!(c.owner, None, "outside a Pod the Lease gets no owner");
+}
+
+fn args_in_pod(pod_namespace: &str, lease_namespace: &str) -> LeaderElectionArgs {
+    LeaderElectionArgs {
+        leader_elect: true,
+        leader_elect_lease: "hostmesh-operator".into(),
+        leader_elect_namespace: Some(lease_namespace.into()),
+        leader_elect_identity: Some("op-0".into()),
+        leader_elect_lease_duration: LEASE,
+        leader_elect_renew_deadline: Duration::from_secs(10),
+        leader_elect_retry_period: Duration::from_secs(2),
+        pod_name: Some("op-0".into()),
+        pod_namespace: Some(pod_namespace.into()),
+        pod_uid: Some("uid-0".into()),
+    }
+}
+
+#[test]
+fn in_a_pod_the_pod_owns_the_lease_only_in_its_own_namespace() {
+    let c = args_in_pod("ops", "ops").config().unwrap().unwrap();
+    assert_eq!(
+        c.owner,
+        Some(OwnerPod {
+            name: "op-0".into(),
+            uid: "uid-0".into()
+        })
+    );
+    // An owner in another namespace counts as absent to the garbage
+    // collector, which would delete the Lease at once.
+    let elsewhere = args_in_pod("ops", "leases").config().unwrap().unwrap();
+    assert_eq!(elsewhere.owner, None);
+    // A UID without the Pod's name is a configuration error naming the fix.
+    let no_name = LeaderElectionArgs {
+        pod_name: None,
+        ..args_in_pod("ops", "ops")
+    };
+    let msg = no_name.config().expect_err("no pod name").to_string();
+    assert!(
+        msg.contains("--pod-name") && msg.contains("POD_NAME"),
+        "{msg}"
+    );
+}
+
+fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: if kind == "Pod" { "v1" } else { "apps/v1" }.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+        ..OwnerReference::default()
+    }
+}
+
+#[test]
+fn the_holders_pod_replaces_the_previous_pod_owner_and_others_stay() {
+    let me = OwnerPod {
+        name: "op-new".into(),
+        uid: "u-new".into(),
+    };
+    // A new Lease: the Pod alone.
+    assert_eq!(
+        next_owners(None, Some(&me)),
+        Some(vec![owner("Pod", "op-new", "u-new")])
+    );
+    // Taken over from the Pod of the last holder (a rolling upgrade): re-pointed
+    // in place; an owner of another kind someone added stays.
+    let before = vec![
+        owner("Pod", "op-old", "u-old"),
+        owner("Deployment", "keep", "u-d"),
+    ];
+    assert_eq!(
+        next_owners(Some(before.as_slice()), Some(&me)),
+        Some(vec![
+            owner("Pod", "op-new", "u-new"),
+            owner("Deployment", "keep", "u-d")
+        ])
+    );
+    // A renewal changes nothing, even fields we would not write.
+    let mine = vec![OwnerReference {
+        controller: Some(false),
+        ..owner("Pod", "op-new", "u-new")
+    }];
+    assert_eq!(
+        next_owners(Some(mine.as_slice()), Some(&me)),
+        Some(mine.clone())
+    );
+    // Outside a Pod, a holder drops the Pod owner an earlier holder left
+    // (that Pod's end must not take the Lease of a live holder with it).
+    assert_eq!(next_owners(Some(mine.as_slice()), None), None);
+    assert_eq!(
+        next_owners(Some(before.as_slice()), None),
+        Some(vec![owner("Deployment", "keep", "u-d")])
+    );
+    assert_eq!(next_owners(None, None), None);
 }
 
 #[test]

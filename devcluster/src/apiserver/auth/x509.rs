@@ -11,79 +11,13 @@
 //!    that trusts anything.
 
 use super::User;
+use crate::apiserver::certs::der;
 
-/// One DER element: tag and content.
-fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, &rest[n..])
-    };
-    if rest.len() < len {
-        return None;
-    }
-    Some((tag, &rest[..len], &rest[len..]))
-}
-
-/// The elements of a constructed value.
-fn children(mut input: &[u8]) -> Option<Vec<(u8, &[u8])>> {
-    let mut out = Vec::new();
-    while !input.is_empty() {
-        let (tag, content, rest) = element(input)?;
-        out.push((tag, content));
-        input = rest;
-    }
-    Some(out)
-}
-
-const SEQUENCE: u8 = 0x30;
-const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
-const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
-
-/// The subject's (CN, [O]) of a DER certificate.
-fn subject(der: &[u8]) -> Option<(String, Vec<String>)> {
-    let (tag, cert, _) = element(der)?;
-    if tag != SEQUENCE {
-        return None;
-    }
-    let (tag, tbs, _) = element(cert)?;
-    if tag != SEQUENCE {
-        return None;
-    }
-    let fields = children(tbs)?;
-    // [0] version is optional; then serial, signature, issuer, validity,
-    // subject.
-    let skip = usize::from(fields.first()?.0 == 0xa0);
-    let (tag, name) = *fields.get(skip + 4)?;
-    if tag != SEQUENCE {
-        return None;
-    }
-    let mut cn = None;
-    let mut orgs = Vec::new();
-    for (_, rdn) in children(name)? {
-        for (_, atv) in children(rdn)? {
-            let parts = children(atv)?;
-            let [(0x06, oid), (_, value)] = parts.as_slice() else {
-                return None;
-            };
-            let value = String::from_utf8(value.to_vec()).ok()?;
-            if *oid == OID_CN {
-                cn = Some(value);
-            } else if *oid == OID_O {
-                orgs.push(value);
-            }
-        }
-    }
-    Some((cn?, orgs))
+/// The subject's (CN, [O]) of a DER certificate (the DER reader is
+/// `certs::der`'s, bounded by its input).
+fn subject(cert: &[u8]) -> Option<(String, Vec<String>)> {
+    let name = der::certificate_subject(cert)?;
+    der::common_name_and_orgs(&name)
 }
 
 /// The user a verified client certificate stands for (invariant 1).
@@ -104,6 +38,10 @@ pub(crate) fn user_of(der: &[u8]) -> Option<User> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SEQUENCE: u8 = 0x30;
+    const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+    const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
 
     fn der(tag: u8, content: &[u8]) -> Vec<u8> {
         let mut out = vec![tag, u8::try_from(content.len()).expect("short")];

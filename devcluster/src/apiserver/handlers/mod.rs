@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::certs;
 use super::convert;
 use super::lifecycle::{self, Part};
 use super::limits;
@@ -73,7 +74,7 @@ pub(crate) fn shape<'a>(info: &'a ResourceInfo, version: &str) -> FieldShape<'a>
 /// storage; only `apiVersion` differs).
 pub(crate) fn present(info: &ResourceInfo, version: &str, obj: &Value) -> Value {
     let av = info.api_version(version);
-    let mut o = convert::to_view(info, obj);
+    let mut o = convert::to_view(info, version, obj);
     if o.get("apiVersion").and_then(Value::as_str) != Some(av.as_str()) {
         o["apiVersion"] = json!(av);
     }
@@ -218,9 +219,7 @@ pub(crate) fn create(
     req: &Request,
 ) -> Result<(u16, Value), ApiError> {
     if t.name.is_some() {
-        return Err(ApiError::method_not_allowed(
-            "POST creates objects: send it to the collection URL, without a name",
-        ));
+        return Err(ApiError::method_not_allowed());
     }
     let mut obj = req.json_body()?;
     times::check_body(&t.info, &t.version, &mut obj)?;
@@ -237,6 +236,9 @@ pub(crate) fn create(
         let mut o = obj.clone();
         let mut warnings = Vec::new();
         lifecycle::prepare_create(&t.info, &t.version, &mut o, req.strict())?;
+        if certs::is_csr(&t.info) {
+            certs::set_requester(&mut o, &req.user);
+        }
         if is_pod {
             let automount = serviceaccount::lookup(store, &ns, &o)?;
             serviceaccount::admit_pod(&mut o, automount);
@@ -275,7 +277,7 @@ pub(crate) fn insert_new(
     let name = meta::name(&obj).to_string();
     limits::check(info, &obj)?;
     let mut st = store.lock();
-    check_namespace(&st, info, ns)?;
+    check_namespace(&st, info, ns, &name)?;
     if st.get(&info.key(), ns, &name).is_some() {
         return Err(ApiError::already_exists(&info.group, &info.plural, &name));
     }
@@ -305,7 +307,8 @@ pub(crate) fn update(
     let ns = ns_of(t).to_string();
     lifecycle::check_identity(&t.info, &t.version, &mut obj, &ns, Some(&name))?;
     let manager = req.manager();
-    let sub = if part == Part::Status { "status" } else { "" };
+    let sub = part.subresource();
+    let security = ephemeral_admission(store, &ns, part);
     write_existing(store, t, &name, req.dry_run(), |old| {
         let Some(old) = old else {
             return Err(ApiError::not_found(&t.info.group, &t.info.plural, &name));
@@ -315,6 +318,9 @@ pub(crate) fn update(
         else {
             return Ok(None);
         };
+        if let Some(security) = &security {
+            req.warn(security.admit_pod(&new)?);
+        }
         track_update(
             old,
             &mut new,
@@ -325,6 +331,17 @@ pub(crate) fn update(
         );
         Ok(Some(new))
     })
+}
+
+/// The PodSecurity policy a write to `pods/ephemeralcontainers` in `ns` is
+/// admitted by (the pod with its new containers is checked as a new pod
+/// is), read before the store lock is taken; `None` for other parts.
+pub(crate) fn ephemeral_admission(
+    store: &Store,
+    ns: &str,
+    part: Part,
+) -> Option<podsecurity::Policy> {
+    (part == Part::Ephemeral).then(|| podsecurity::Policy::lookup(store, ns))
 }
 
 /// Runs `f` on the live object under the store lock and stores its result
@@ -341,7 +358,9 @@ pub(crate) fn write_existing(
     let mut st = store.lock();
     let old = st.get(&key, ns, name);
     let created = old.is_none();
-    let view = old.as_deref().map(|o| convert::to_view(&t.info, o));
+    let view = old
+        .as_deref()
+        .map(|o| convert::to_view(&t.info, &t.version, o));
     let new = f(view.as_ref())?.map(|n| convert::to_storage(&t.info, n));
     let Some(new) = new else {
         let old = old.ok_or_else(|| ApiError::not_found(&t.info.group, &t.info.plural, name))?;
@@ -349,7 +368,7 @@ pub(crate) fn write_existing(
     };
     limits::check(&t.info, &new)?;
     if created {
-        check_namespace(&st, &t.info, ns)?;
+        check_namespace(&st, &t.info, ns, name)?;
     }
     if dry_run {
         return Ok((

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Request, name_of, ns_of, shape, track_update, write_existing};
+use super::{Request, ephemeral_admission, name_of, ns_of, shape, track_update, write_existing};
 use crate::apiserver::lifecycle::{self, Part};
 use crate::apiserver::meta::meta_mut;
 use crate::apiserver::patch as formats;
@@ -52,9 +52,10 @@ pub(crate) fn patch(
     }
     let body = req.json_body()?;
     let manager = req.manager();
-    let sub = if part == Part::Status { "status" } else { "" };
+    let sub = part.subresource();
     let av = t.info.api_version(&t.version);
     let info = t.info.clone();
+    let admission = ephemeral_admission(store, &ns, part);
     if apply {
         let force = req.q("force").is_some_and(|f| f == "true");
         let mut applied = body;
@@ -71,7 +72,7 @@ pub(crate) fn patch(
                 m.remove("managedFields");
                 m.remove("resourceVersion");
             }
-            let applied_for_merge = if part == Part::Status {
+            let applied_for_merge = if matches!(part, Part::Status | Part::Approval) {
                 // Only the status of a status apply counts.
                 let mut a = json!({"apiVersion": applied["apiVersion"], "kind": applied["kind"], "metadata": {"name": name}});
                 if let Some(s) = applied.get("status") {
@@ -89,7 +90,7 @@ pub(crate) fn patch(
             };
             match old {
                 None => {
-                    if part == Part::Status {
+                    if matches!(part, Part::Status | Part::Approval) {
                         return Err(ApiError::not_found(&info.group, &info.plural, &name));
                     }
                     let mut o = ssa::apply(
@@ -112,6 +113,9 @@ pub(crate) fn patch(
                     }
                     let mf = o.pointer("/metadata/managedFields").cloned();
                     lifecycle::prepare_create(&info, &t.version, &mut o, req.strict())?;
+                    if crate::apiserver::certs::is_csr(&info) {
+                        crate::apiserver::certs::set_requester(&mut o, &req.user);
+                    }
                     if let Some(automount) = automount {
                         serviceaccount::admit_pod(&mut o, automount?);
                         warnings = security.admit_pod(&o)?;
@@ -143,6 +147,9 @@ pub(crate) fn patch(
                         part,
                         req.strict(),
                     )?;
+                    if let (Some(a), Some(n)) = (&admission, &new) {
+                        warnings = a.admit_pod(n)?;
+                    }
                     Ok(new.map(|mut n| {
                         if let Some(mf) = mf {
                             meta_mut(&mut n).insert("managedFields".into(), mf);
@@ -196,6 +203,9 @@ pub(crate) fn patch(
         else {
             return Ok(None);
         };
+        if let Some(a) = &admission {
+            req.warn(a.admit_pod(&new)?);
+        }
         track_update(old, &mut new, &manager, &av, sub, shape(&info, &t.version));
         Ok(Some(new))
     })

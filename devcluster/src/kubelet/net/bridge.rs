@@ -9,8 +9,9 @@
 //!    characters) and carries `<a.b.c>.1/24`, the pods' gateway. A bridge of
 //!    that name found when the claim is taken was left by a kubelet that
 //!    died holding it, and is deleted.
-//! 3. A pod range that overlaps a route of the machine (other than our own
-//!    bridges' and default routes) is refused at start, naming both.
+//! 3. The pod range overlaps no route of the machine (other than our own
+//!    bridges' and default routes): a given one that does is refused at
+//!    start, naming both; with none given a free one is picked (`range`).
 //! 4. `stop` deletes the bridge, then releases the claim; a dead kubelet's
 //!    bridge is deleted by whoever takes its claim next (a new kubelet, or
 //!    `hostmesh up`'s reaper through [`delete_unclaimed`]).
@@ -19,7 +20,8 @@ use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use super::netlink::{Netlink, Route};
+use super::netlink::Netlink;
+use super::range::{self, PodRange, RangeOrigin};
 use super::{BRIDGE_PREFIX, Ipv4Net, nsthread};
 use crate::kubelet::error::{KubeletError, Result};
 
@@ -28,6 +30,9 @@ use crate::kubelet::error::{KubeletError, Result};
 pub(crate) struct NodeNetwork {
     /// The whole pod range (routed from every pod through its gateway).
     pub(crate) range: Ipv4Net,
+    /// The range and why it is that one (given, or picked and what was
+    /// passed over).
+    pub(crate) pod_range: PodRange,
     /// This node's /24 (the Node's `spec.podCIDR`).
     pub(crate) subnet: Ipv4Net,
     /// `<subnet>.1`, the bridge's address.
@@ -55,20 +60,6 @@ fn missing_privilege(what: &str, e: &std::io::Error) -> KubeletError {
     ))
 }
 
-/// Routes of the machine that overlap `range`, leaving out default routes
-/// and our own bridges (invariant 3).
-pub(crate) fn conflicts(range: Ipv4Net, routes: &[Route]) -> Vec<&Route> {
-    routes
-        .iter()
-        .filter(|r| r.dest.prefix() > 0 && r.dest.overlaps(&range))
-        .filter(|r| {
-            !r.dev
-                .as_deref()
-                .is_some_and(|d| d.starts_with(BRIDGE_PREFIX))
-        })
-        .collect()
-}
-
 fn claim_path(dir: &Path, subnet: Ipv4Net) -> PathBuf {
     dir.join(format!("subnet-{}", subnet.addr()))
 }
@@ -94,9 +85,10 @@ fn lock_claim(path: &Path) -> Result<Option<File>> {
 }
 
 impl NodeNetwork {
-    /// Checks that sandboxes can be made here, claims a free /24 of
-    /// `range` and creates its bridge.
-    pub(crate) async fn start(range: Ipv4Net, claims_dir: Option<PathBuf>) -> Result<Self> {
+    /// Checks that sandboxes can be made here, settles the pod range
+    /// (`given`, or a free one picked: invariant 3), claims a free /24 of it
+    /// and creates its bridge.
+    pub(crate) async fn start(given: Option<Ipv4Net>, claims_dir: Option<PathBuf>) -> Result<Self> {
         // Fails early, and clearly, where namespaces cannot be made.
         nsthread::new_pod_namespaces("probe")
             .await
@@ -107,15 +99,13 @@ impl NodeNetwork {
             .routes()
             .await
             .map_err(|e| KubeletError::io("cannot read the machine's routes", "netlink", e))?;
-        if let Some(r) = conflicts(range, &routes).first() {
-            return Err(KubeletError::Config(format!(
-                "the pod range {range} overlaps the route to {}{} already on this machine; choose another --pod-ip-range",
-                r.dest,
-                r.dev
-                    .as_deref()
-                    .map(|d| format!(" (dev {d})"))
-                    .unwrap_or_default()
-            )));
+        let pod_range = range::choose(given, &routes)?;
+        let range = pod_range.range;
+        match &pod_range.origin {
+            RangeOrigin::Given => tracing::info!(%range, "pod range as given"),
+            RangeOrigin::Picked { .. } => {
+                tracing::info!(%range, why = %pod_range, "picked a free pod range (none given)")
+            }
         }
         for subnet in range.subnets(24) {
             let name = bridge_name(subnet);
@@ -153,6 +143,7 @@ impl NodeNetwork {
             tracing::info!(bridge = %name, %subnet, "pod network ready");
             return Ok(Self {
                 range,
+                pod_range,
                 subnet,
                 gateway,
                 bridge: name,
@@ -223,23 +214,5 @@ mod tests {
     fn bridge_names_fit_an_interface_name() {
         let longest = Ipv4Net::new(Ipv4Addr::new(255, 255, 255, 0), 24).unwrap();
         assert!(bridge_name(longest).len() <= 15, "{}", bridge_name(longest));
-    }
-
-    #[test]
-    fn only_foreign_overlapping_routes_conflict() {
-        let route = |d: &str, dev: &str| Route {
-            dest: d.parse().unwrap(),
-            dev: Some(dev.into()),
-        };
-        let routes = vec![
-            route("0.0.0.0/0", "eth0"),
-            route("10.244.3.0/24", "hmbr10.244.3"),
-            route("192.168.0.0/24", "eth0"),
-            route("10.0.0.0/8", "tun0"),
-        ];
-        let range: Ipv4Net = "10.244.0.0/16".parse().unwrap();
-        let found = conflicts(range, &routes);
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].dev.as_deref(), Some("tun0"));
     }
 }

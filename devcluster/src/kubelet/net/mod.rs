@@ -10,7 +10,8 @@
 //! plugs in through [`ClusterDns`]. With [`PodNetwork::Host`] pods share the
 //! machine's namespaces on loopback addresses (the old behaviour).
 //!
-//! Module map: `cidr` (prefixes), `bridge` (the node's /24 and bridge),
+//! Module map: `cidr` (prefixes), `range` (which pod range: given and
+//! checked, or a free one picked), `bridge` (the node's /24 and bridge),
 //! `sandbox` (one pod's namespaces, veth, listeners), `netlink`, `nsthread`
 //! (work inside a namespace), `files`, `proxy`, `dns` (the DNS seam).
 
@@ -21,6 +22,7 @@ pub(crate) mod files;
 mod netlink;
 mod nsthread;
 mod proxy;
+mod range;
 mod sandbox;
 
 use std::net::Ipv4Addr;
@@ -29,6 +31,7 @@ pub(crate) use bridge::{NodeNetwork, delete_unclaimed};
 pub use cidr::Ipv4Net;
 pub use dns::{ClusterDns, DnsPod, DnsSockets};
 pub(crate) use nsthread::PodNamespaces;
+pub use range::{PodRange, RangeOrigin, RangeOverlap};
 pub(crate) use sandbox::{ApiService, Sandbox, SandboxSpec};
 
 /// Prefix of the kubelet's bridges (`hmbr10.244.3`).
@@ -39,7 +42,8 @@ pub const VETH_PREFIX: &str = "hmv";
 pub const CLUSTER_DNS_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// The cluster domain.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
-/// The default pod range of sandboxed pods.
+/// The pod range of sandboxed pods when nothing on the machine is in its
+/// way (the first candidate of `range`; an example in messages).
 pub(crate) const DEFAULT_POD_RANGE: &str = "10.244.0.0/16";
 /// The default pod range with `--pod-network=host`.
 pub(crate) const DEFAULT_HOST_POD_RANGE: &str = "127.0.0.0/16";

@@ -183,7 +183,8 @@ impl Worker {
         slot.startup = None;
         slot.readiness = None;
         slot.liveness = None;
-        if stopping {
+        if stopping || slot.ephemeral {
+            // Ephemeral containers are never restarted (invariant 6).
             slot.ctr.run = run;
             return;
         }
@@ -191,7 +192,7 @@ impl Worker {
             slot.ctr.run = run;
             self.next_init = i + 1;
             if self.next_init == self.n_init {
-                for s in &mut self.slots[self.n_init..] {
+                for s in &mut self.slots[self.n_init..self.n_init + self.n_main] {
                     s.ctr.run = ContainerRun::waiting("ContainerCreating", None);
                     s.next_start = Some(Instant::now());
                 }

@@ -16,6 +16,11 @@
 //!    container starts.
 //! 5. A pod that was already Succeeded or Failed when the worker took it is
 //!    left untouched (no processes, no status writes) until it is deleted.
+//! 6. Ephemeral containers (`kubectl debug`) get a slot when they appear in
+//!    the spec and start once, in the pod's sandbox, whether or not the
+//!    init containers are done; they are never restarted, never probed,
+//!    never ready, and count for neither the phase nor readiness. One that
+//!    already ended before the kubelet (re)started is not started again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -93,6 +98,8 @@ struct Slot {
     ctr: Ctr,
     field: String,
     init: bool,
+    /// An ephemeral container (invariant 6).
+    ephemeral: bool,
     run_id: u64,
     pgid: Option<i32>,
     started: Option<Instant>,
@@ -134,6 +141,7 @@ pub(crate) async fn run(shared: Arc<Shared>, pod: Pod, updates: watch::Receiver<
             return;
         }
     };
+    worker.sync_ephemeral();
     worker.main_loop(updates).await;
     worker.cleanup().await;
 }
@@ -154,8 +162,11 @@ struct Worker {
     api: Option<ApiService>,
     inert: bool,
     start_time: Timestamp,
+    /// Init containers, then containers, then ephemeral containers.
     slots: Vec<Slot>,
     n_init: usize,
+    /// How many regular containers follow the init containers.
+    n_main: usize,
     next_init: usize,
     init_failed: bool,
     volumes: Option<BTreeMap<String, PathBuf>>,
@@ -228,6 +239,7 @@ impl Worker {
             ));
         }
         let n_init = slots.len();
+        let n_main = spec.containers.len();
         for (i, c) in spec.containers.iter().enumerate() {
             slots.push(Slot::new(
                 c.name.clone(),
@@ -299,6 +311,7 @@ impl Worker {
             start_time: Timestamp::now(),
             slots,
             n_init,
+            n_main,
             next_init: 0,
             init_failed: false,
             volumes: None,
@@ -377,7 +390,10 @@ impl Worker {
                         Err(_) => Update::Gone,
                     };
                     match update {
-                        Update::Pod(p) => self.pod = *p,
+                        Update::Pod(p) => {
+                            self.pod = *p;
+                            self.sync_ephemeral();
+                        }
                         Update::Gone => {
                             tracing::info!(pod = %self.key(), "pod removed from the API server; stopping it");
                             let grace = self.grace().min(self.shared.config.shutdown_grace);
@@ -413,7 +429,7 @@ impl Worker {
                 let eligible = if i < self.n_init {
                     i == self.next_init
                 } else {
-                    initialized
+                    initialized || s.ephemeral
                 };
                 if eligible && !blocked {
                     consider(s.next_start);
@@ -472,12 +488,19 @@ impl Worker {
                 self.start(i).await;
             }
         } else {
-            for i in self.n_init..self.slots.len() {
+            for i in self.n_init..self.n_init + self.n_main {
                 if self.slots[i].pgid.is_none()
                     && self.slots[i].next_start.is_some_and(|t| t <= now)
                 {
                     self.start(i).await;
                 }
+            }
+        }
+        // Ephemeral containers do not wait for the init containers
+        // (invariant 6).
+        for i in self.n_init + self.n_main..self.slots.len() {
+            if self.slots[i].pgid.is_none() && self.slots[i].next_start.is_some_and(|t| t <= now) {
+                self.start(i).await;
             }
         }
         self.run_probes(now);
@@ -493,7 +516,11 @@ impl Worker {
             .iter()
             .map(|s| s.ctr.clone())
             .collect();
-        let main: Vec<Ctr> = self.slots[self.n_init..]
+        let main: Vec<Ctr> = self.slots[self.n_init..self.n_init + self.n_main]
+            .iter()
+            .map(|s| s.ctr.clone())
+            .collect();
+        let ephemeral: Vec<Ctr> = self.slots[self.n_init + self.n_main..]
             .iter()
             .map(|s| s.ctr.clone())
             .collect();
@@ -508,6 +535,7 @@ impl Worker {
             initialized: self.next_init >= self.n_init,
             init_failed: self.init_failed,
             main: &main,
+            ephemeral: &ephemeral,
             pod_ip: self.ip,
             host_ip: self.shared.config.node_ip,
             start_time: self.start_time,
@@ -613,6 +641,65 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Gives each ephemeral container of the spec that has no slot yet one
+    /// (invariant 6): due now, unless it already ended before this worker
+    /// took the pod, or the pod is finished or going away.
+    fn sync_ephemeral(&mut self) {
+        let Some(spec) = self.pod.spec.as_ref() else {
+            return;
+        };
+        let known: BTreeSet<String> = self.slots.iter().map(|s| s.ctr.name.clone()).collect();
+        let fresh: Vec<(usize, String, Option<String>)> = spec
+            .ephemeral_containers
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, c)| !known.contains(&c.name))
+            .map(|(i, c)| (i, c.name.clone(), c.image.clone()))
+            .collect();
+        let ended = self.inert || self.stopping || self.pod.metadata.deletion_timestamp.is_some();
+        for (i, name, image) in fresh {
+            let mut slot = Slot::new(
+                name.clone(),
+                image,
+                format!("spec.ephemeralContainers[{i}]"),
+                false,
+                &self.shared,
+            );
+            slot.ephemeral = true;
+            slot.ctr.run = ContainerRun::waiting("ContainerCreating", None);
+            let before = self
+                .pod
+                .status
+                .as_ref()
+                .and_then(|s| s.ephemeral_container_statuses.as_ref())
+                .and_then(|all| all.iter().find(|c| c.name == name))
+                .and_then(|c| c.state.as_ref()?.terminated.clone());
+            if let Some(t) = before {
+                slot.ever_started = true;
+                slot.next_start = None;
+                slot.ctr.run = ContainerRun::Terminated {
+                    pid: t
+                        .container_id
+                        .as_deref()
+                        .and_then(|id| id.strip_prefix("process://")?.parse().ok()),
+                    exit_code: t.exit_code,
+                    signal: t.signal,
+                    reason: t.reason.unwrap_or_else(|| "Error".into()),
+                    message: t.message,
+                    started_at: t.started_at.map(|s| s.0),
+                    finished_at: t.finished_at.map(|f| f.0).unwrap_or_else(Timestamp::now),
+                };
+            } else if ended || self.terminal() {
+                slot.next_start = None;
+            }
+            tracing::info!(pod = %self.key(), container = %name, "ephemeral container added");
+            self.slots.push(slot);
+        }
+    }
+}
+
 impl Slot {
     fn new(
         name: String,
@@ -629,6 +716,7 @@ impl Slot {
             ),
             field,
             init,
+            ephemeral: false,
             run_id: 0,
             pgid: None,
             started: None,

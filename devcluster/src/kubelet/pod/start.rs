@@ -4,6 +4,18 @@
 
 use super::*;
 
+/// An ephemeral container as the container it runs as (the same fields
+/// but `targetContainerName`, which names the container whose processes
+/// it should see: every pod's processes are visible here, as there are no
+/// PID namespaces).
+fn ephemeral_as_container(
+    ec: &k8s_openapi::api::core::v1::EphemeralContainer,
+) -> Option<k8s_openapi::api::core::v1::Container> {
+    let mut v = serde_json::to_value(ec).ok()?;
+    v.as_object_mut()?.remove("targetContainerName");
+    serde_json::from_value(v).ok()
+}
+
 /// Where the API server's admission mounts the service account volume.
 const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -93,8 +105,16 @@ impl Worker {
         let spec = self.pod.spec.as_ref()?;
         if i < self.n_init {
             spec.init_containers.as_ref()?.get(i).cloned()
-        } else {
+        } else if i < self.n_init + self.n_main {
             spec.containers.get(i - self.n_init).cloned()
+        } else {
+            let name = &self.slots.get(i)?.ctr.name;
+            let ec = spec
+                .ephemeral_containers
+                .as_ref()?
+                .iter()
+                .find(|c| &c.name == name)?;
+            ephemeral_as_container(ec)
         }
     }
 
@@ -287,7 +307,14 @@ impl Worker {
                         in_flight: false,
                     })
                 };
-                if slot.init {
+                if slot.ephemeral {
+                    // Never probed, never ready (invariant 6).
+                    slot.startup = None;
+                    slot.readiness = None;
+                    slot.liveness = None;
+                    slot.ctr.started = true;
+                    slot.ctr.ready = false;
+                } else if slot.init {
                     slot.startup = None;
                     slot.readiness = None;
                     slot.liveness = None;

@@ -767,7 +767,31 @@ impl<'i, 'a> Working<'i, 'a> {
                 f
             })
             .collect();
-        super::worker::first_failure(&self.prev, failures)
+        let mut first = super::worker::first_failure(&self.prev, failures)?;
+        // A host first seen failing by its symptom (its agent went silent
+        // the moment it was killed) is named by its cause once the kubelet
+        // reports how its container ended, which a real kubelet does a
+        // moment later, when the pod may already be terminating: the same
+        // pod (created before the failure) with an ended container.
+        if first.exit_code.is_none() && first.signal.is_none() {
+            let ended = self
+                .input
+                .pods
+                .get(&first.rank)
+                .filter(|p| {
+                    p.metadata.name.as_deref() == Some(first.pod.as_str())
+                        && p.metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .is_some_and(|t| t.0 <= first.time.0)
+                })
+                .and_then(super::observe::failed_container);
+            if let Some(c) = ended {
+                first.reason = c.describe();
+                super::worker::fill_from_container(&mut first, c);
+            }
+        }
+        Some(first)
     }
 
     /// Ready, Progressing, Degraded and Failed.

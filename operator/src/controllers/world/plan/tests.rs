@@ -177,6 +177,78 @@ fn a_killed_host_container_is_named_in_first_failure() {
     assert_eq!((ff.exit_code, ff.signal, ff.command), (None, None, None));
 }
 
+/// A host first seen failing by its symptom (its agent went silent at the
+/// kill) is named by its cause once its pod, now terminating, reports how
+/// the container ended: exit code and signal, the time it was first seen
+/// kept. A pod created after the failure (the replacement) refines nothing.
+#[test]
+fn a_silent_host_s_first_failure_takes_its_container_s_exit_when_reported() {
+    let mut w = mk_world("{maxRestarts: 2}");
+    let mut pods: BTreeMap<_, _> = (0..3).map(|r| (r, pod(r, POD_READY, "h1"))).collect();
+    for p in pods.values_mut() {
+        p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(10).unwrap()));
+    }
+    let silent = |r: Rank| {
+        if r == 1 {
+            Liveness::Expired
+        } else {
+            Liveness::Alive
+        }
+    };
+    let p = plan(&PlanInput {
+        liveness: &silent,
+        expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),
+        ..input(&w, &pods, 100)
+    });
+    let ff = p.status.first_failure.clone().unwrap();
+    assert_eq!(
+        (ff.rank, ff.reason.as_str(), ff.exit_code),
+        (1, "NoHeartbeat", None)
+    );
+    w.status = Some(p.status);
+
+    let mut ended = pod(
+        1,
+        "  phase: Running\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: Error}}}]\n",
+        "h1",
+    );
+    ended.metadata.creation_timestamp = Some(Time(Timestamp::from_second(10).unwrap()));
+    ended.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(95).unwrap()));
+    pods.insert(1, ended.clone());
+    let p = plan(&PlanInput {
+        liveness: &silent,
+        ..input(&w, &pods, 101)
+    });
+    let ff = p.status.first_failure.clone().unwrap();
+    assert_eq!(
+        (ff.rank, ff.exit_code, ff.signal),
+        (1, Some(137), Some(9)),
+        "{ff:?}"
+    );
+    assert_eq!(
+        ff.reason,
+        "Error: container host exited with code 137 (SIGKILL)"
+    );
+    assert_eq!(ff.time.0, Timestamp::from_second(90).unwrap(), "first seen");
+
+    // The replacement's own end is not the recorded failure's cause.
+    let mut w2 = w.clone();
+    let mut prev = p.status;
+    prev.first_failure.as_mut().unwrap().exit_code = None;
+    prev.first_failure.as_mut().unwrap().signal = None;
+    w2.status = Some(prev);
+    ended.metadata.creation_timestamp = Some(Time(Timestamp::from_second(99).unwrap()));
+    pods.insert(1, ended);
+    let ff = plan(&PlanInput {
+        liveness: &silent,
+        ..input(&w2, &pods, 102)
+    })
+    .status
+    .first_failure
+    .unwrap();
+    assert_eq!(ff.exit_code, None, "{ff:?}");
+}
+
 #[test]
 fn failed_host_is_replaced_with_backoff_then_gives_up() {
     let mut w = mk_world("{maxRestarts: 2, backoff: 10s}");
