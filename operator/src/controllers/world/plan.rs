@@ -785,7 +785,7 @@ impl<'i, 'a> Working<'i, 'a> {
                             .as_ref()
                             .is_some_and(|t| t.0 <= first.time.0)
                 })
-                .and_then(super::observe::failed_container);
+                .and_then(|p| super::observe::failed_container(p));
             if let Some(c) = ended {
                 first.reason = c.describe();
                 super::worker::fill_from_container(&mut first, c);
