@@ -541,7 +541,8 @@ async fn agent_runs_in_an_empty_root_filesystem_without_libc() {
                 name: "version",
                 spec: ProcSpec::command(agent, &["--version"]),
                 exit_code: 0,
-                output: "[default/0] hostmesh ",
+                // What install-agent installed is the agent-only build.
+                output: "[default/0] hostmesh-agent ",
             },
             Expect {
                 name: "usage-error",

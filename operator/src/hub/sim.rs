@@ -30,6 +30,10 @@ pub enum SimRequest {
     Book(Vec<(Rank, SocketAddr, u64)>),
 }
 
+/// An address book as a simulated agent holds it: its version, and each
+/// host rank's agent address and rank epoch.
+pub type SimBook = (u64, std::collections::BTreeMap<Rank, (SocketAddr, u64)>);
+
 /// Connector to simulated agents.
 #[derive(Default)]
 pub struct SimConnector {
@@ -54,7 +58,7 @@ pub struct SimConnector {
     /// Hosts whose agent was asked for a fresh snapshot, in order.
     pub resyncs: Mutex<Vec<HostKey>>,
     /// The address book each agent holds: its version and entries.
-    pub books: Mutex<HashMap<HostKey, (u64, std::collections::BTreeMap<Rank, (SocketAddr, u64)>)>>,
+    pub books: Mutex<HashMap<HostKey, SimBook>>,
     /// Address book messages received by all agents, and the host
     /// entries they carried.
     pub book_traffic: Mutex<(u64, u64)>,
