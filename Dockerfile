@@ -25,9 +25,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     triple="$(uname -m)-unknown-linux-gnu" \
  && RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked --target "$triple" --bin hostmesh \
+    cargo build --release --locked --target "$triple" --bin hostmesh --bin hostmesh-agent \
  && cp "target/$triple/release/hostmesh" /hostmesh \
- && if readelf -l /hostmesh | grep -q INTERP; then echo "hostmesh is not static" >&2; exit 1; fi \
+ && cp "target/$triple/release/hostmesh-agent" /hostmesh-agent \
+ && for b in /hostmesh /hostmesh-agent; do if readelf -l "$b" | grep -q INTERP; then echo "$b is not static" >&2; exit 1; fi; done \
  && /hostmesh --version
 
 FROM scratch
@@ -41,6 +42,8 @@ LABEL org.opencontainers.image.title="hostmesh" \
       org.opencontainers.image.revision="${REVISION}"
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /hostmesh /usr/local/bin/hostmesh
+# The agent-only build: what `hostmesh install-agent` copies into host pods.
+COPY --from=build /hostmesh-agent /usr/local/bin/hostmesh-agent
 # The init container runs `hostmesh install-agent ...` by name.
 ENV PATH=/usr/local/bin
 USER 65532:65532

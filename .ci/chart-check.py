@@ -31,7 +31,7 @@ MANAGER_RULES = {
     ("hostmesh.dev", "worlds/status"): {"update"},
     ("hostmesh.dev", "procmeshes/status"): {"update"},
     ("hostmesh.dev", "worlds/finalizers"): {"update"},
-    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "configmaps"): {"get", "create", "update"},

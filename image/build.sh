@@ -28,18 +28,23 @@ triple="$(uname -m)-unknown-linux-gnu"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 start=$(date +%s)
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --release --locked --target "$triple" --bin hostmesh >&2
+  cargo build --release --locked --target "$triple" --bin hostmesh --bin hostmesh-agent >&2
 bin="$target_dir/$triple/release/hostmesh"
+agent="$target_dir/$triple/release/hostmesh-agent"
 echo "image/build.sh: static build took $(( $(date +%s) - start ))s" >&2
 
 # Static: no program interpreter, so no libc is needed at run time.
-if LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
-  echo "image/build.sh: $bin is dynamically linked" >&2; exit 1
-fi
+for b in "$bin" "$agent"; do
+  if LC_ALL=C readelf -l "$b" | grep -q 'Requesting program interpreter'; then
+    echo "image/build.sh: $b is dynamically linked" >&2; exit 1
+  fi
+done
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 cp "$bin" "$ctx/hostmesh"
+# The agent-only build that install-agent copies into every host pod.
+cp "$agent" "$ctx/hostmesh-agent"
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   cp /etc/ssl/certs/ca-certificates.crt "$ctx/"
 else

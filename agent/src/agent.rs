@@ -250,6 +250,38 @@ pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
     agent.run_with(signals).await
 }
 
+/// Most threads of the runtime's blocking pool (file reads, stack
+/// captures): bounded like the workers, whatever the node's size.
+const MAX_BLOCKING_THREADS: usize = 16;
+
+/// `hostmesh agent` as a process: logs to stderr (`RUST_LOG`, else
+/// `info`; stdout carries the procs' output), then runs the agent on a
+/// runtime of `--worker-threads` workers until it is told to stop.
+pub fn run_blocking(args: AgentArgs) -> Result<(), HostError> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    if args.worker_threads == 0 {
+        return Err(HostError::config(
+            "--worker-threads (HOSTMESH_WORKER_THREADS)",
+            "must be at least 1".to_owned(),
+        ));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .enable_all()
+        .thread_name("hostmesh-agent")
+        .build()
+        .map_err(|e| HostError::io("cannot start the tokio runtime", e))?;
+    rt.block_on(run_agent(args))
+}
+
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,

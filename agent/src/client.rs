@@ -28,8 +28,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{
-    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState, ProcReport,
-    ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop, Subscribe, duration_ms,
+    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
+    PatchAddressBook, ProcReport, ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop,
+    Subscribe, duration_ms,
 };
 use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
 use hostmesh_runtime::{
@@ -336,15 +337,36 @@ impl AgentClient {
     }
 
     /// `SetAddressBook`: the agent addresses and rank epochs by host rank
-    /// (`epochs` may be empty: no epochs). An agent whose own rank is at a
-    /// newer epoch fences itself.
+    /// (`epochs` may be empty: no epochs), numbered `version` (0: no patch
+    /// applies on top of it). An agent whose own rank is at a newer epoch
+    /// fences itself.
     pub async fn set_address_book(
         &self,
         addr: SocketAddr,
         hosts: Vec<String>,
         epochs: Vec<u64>,
+        version: u64,
     ) -> Result<(), ClientError> {
-        self.call(addr, &SetAddressBook { hosts, epochs }).await
+        self.call(
+            addr,
+            &SetAddressBook {
+                hosts,
+                epochs,
+                version,
+            },
+        )
+        .await
+    }
+
+    /// `PatchAddressBook`: the changes since the book of version
+    /// `patch.base`. `Ok(Err(v))`: the agent holds version `v`, not the
+    /// base, and changed nothing (send it the whole book).
+    pub async fn patch_address_book(
+        &self,
+        addr: SocketAddr,
+        patch: PatchAddressBook,
+    ) -> Result<Result<(), u64>, ClientError> {
+        self.call(addr, &patch).await
     }
 
     /// `Renew {epoch}`: tells the agent at `addr` that its heartbeats reach

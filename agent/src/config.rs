@@ -80,6 +80,11 @@ pub struct AgentArgs {
     /// Lines buffered per proc output before lines are dropped (and counted).
     #[arg(long, env = "HOSTMESH_LOG_BUFFER_LINES", default_value = "1024")]
     pub log_buffer_lines: String,
+    /// Runtime worker threads: the agent's own work (supervision, output,
+    /// the protocol) needs few, whatever the node's core count (a 192-core
+    /// node must not give it 192 threads).
+    #[arg(long, env = "HOSTMESH_WORKER_THREADS", default_value_t = DEFAULT_WORKER_THREADS)]
+    pub worker_threads: usize,
     /// The Monarch worker to run and supervise, as a JSON array of strings
     /// (with `--monarch-port`).
     #[arg(long, env = contract::env::MONARCH_COMMAND)]
@@ -306,6 +311,10 @@ impl AgentArgs {
         })
     }
 }
+
+/// The agent's runtime worker threads unless `--worker-threads` says
+/// otherwise.
+pub const DEFAULT_WORKER_THREADS: usize = 2;
 
 /// The key a Secret's value stands for: the value with surrounding ASCII
 /// whitespace removed (so a value written with a trailing newline works).

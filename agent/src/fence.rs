@@ -228,15 +228,20 @@ impl Fence {
     /// It is no contact: the operator sends books whether or not it hears
     /// this agent.
     pub fn address_book(&self, epochs: &[u64]) {
-        for (r, e) in epochs.iter().enumerate() {
-            if *e > 0 {
-                self.peers().raise(r, *e);
+        self.book_epochs(epochs.iter().copied().enumerate());
+    }
+
+    /// Some entries of an address book arrived (a patch): each `(rank,
+    /// epoch)` as in [`Fence::address_book`].
+    pub fn book_epochs(&self, entries: impl IntoIterator<Item = (Rank, u64)>) {
+        for (r, e) in entries {
+            if e == 0 {
+                continue;
             }
-        }
-        if let Some(e) = epochs.get(self.host_rank)
-            && judge(self.epoch(), *e) == EpochVerdict::Replaced
-        {
-            let _ = self.contact(*e);
+            self.peers().raise(r, e);
+            if r == self.host_rank && judge(self.epoch(), e) == EpochVerdict::Replaced {
+                let _ = self.contact(e);
+            }
         }
     }
 

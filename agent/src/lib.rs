@@ -28,7 +28,9 @@
 //! - `client`: `AgentClient`, the supervisor side.
 //! - `supervisor`: the agent dialing its supervisor (`--supervisor`).
 //! - `proc_agent`: the proc side of runtime-aware procs (`join_host`, `mesh`).
-//! - `agent`: the process itself (`run_agent`).
+//! - `agent`: the process itself (`run_agent`, `run_blocking`).
+//! - `install`: `install-agent`, the agent binary into a host pod's volume.
+//! - `malloc`: allocator settings of the long-running hostmesh processes.
 
 mod agent;
 mod client;
@@ -40,9 +42,11 @@ mod env;
 mod error;
 mod fence;
 mod health;
+pub mod install;
 mod lifecycle;
 mod listen;
 mod logs;
+pub mod malloc;
 mod manager;
 mod monarch;
 mod oom;
@@ -55,12 +59,14 @@ mod stall;
 mod subscription;
 mod supervisor;
 
-pub use agent::{Agent, Secret, run_agent};
+pub use agent::{Agent, Secret, run_agent, run_blocking};
 pub use client::{
     AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, HostId, SUPERVISOR_ACTOR,
     SupervisorInbox, agent_ref,
 };
-pub use config::{AgentArgs, AgentConfig, Limits, parse_duration, read_secret, secret_key};
+pub use config::{
+    AgentArgs, AgentConfig, DEFAULT_WORKER_THREADS, Limits, parse_duration, read_secret, secret_key,
+};
 pub use descendants::become_subreaper;
 pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
 pub use error::HostError;

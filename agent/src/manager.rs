@@ -55,6 +55,8 @@ struct Entry {
 struct Table {
     procs: BTreeMap<String, Entry>,
     address_book: Vec<String>,
+    /// The address book's version (0: none, or unnumbered).
+    book_version: u64,
     seq: u64,
 }
 
@@ -289,9 +291,32 @@ impl ProcManager {
         self.inner.events.subscribe()
     }
 
-    /// Replaces the address book (host runtime addresses by host rank).
-    pub fn set_address_book(&self, hosts: Vec<String>) {
-        self.inner.lock().address_book = hosts;
+    /// Replaces the address book (host runtime addresses by host rank),
+    /// numbered `version` (0: unnumbered).
+    pub fn set_address_book(&self, hosts: Vec<String>, version: u64) {
+        let mut table = self.inner.lock();
+        table.address_book = hosts;
+        table.book_version = version;
+    }
+
+    /// Applies the changes of a [`PatchAddressBook`] made on top of
+    /// version `patch.base`; an agent holding another version (or an
+    /// unnumbered book) changes nothing and answers the version it holds.
+    ///
+    /// [`PatchAddressBook`]: crate::protocol::PatchAddressBook
+    pub fn patch_address_book(&self, patch: &crate::protocol::PatchAddressBook) -> Result<(), u64> {
+        let mut table = self.inner.lock();
+        if table.book_version == 0 || table.book_version != patch.base {
+            return Err(table.book_version);
+        }
+        table.address_book.resize(patch.len, String::new());
+        for e in &patch.changes {
+            if let Some(slot) = table.address_book.get_mut(e.rank) {
+                slot.clone_from(&e.addr);
+            }
+        }
+        table.book_version = patch.version;
+        Ok(())
     }
 
     /// A runtime-aware proc reporting in: it becomes Ready with `addr`.

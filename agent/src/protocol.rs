@@ -89,7 +89,7 @@ impl ProcSpec {
 }
 
 /// Create the named proc if it does not exist (idempotent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CreateOrUpdate {
     /// Proc name, unique on the host (`[A-Za-z0-9._-]`, at most 128 bytes; it is
     /// also the proc's runtime name).
@@ -408,8 +408,10 @@ pub struct ShutdownHost {
     pub max_concurrency: usize,
 }
 
-/// `SetAddressBook {hosts}`: every host's agent address, indexed by host
-/// rank (`ip:port`); host 0's IP is `MASTER_ADDR`.
+/// `SetAddressBook {hosts, epochs, version}`: every host's agent address,
+/// indexed by host rank (`ip:port`); host 0's IP is `MASTER_ADDR`. It
+/// replaces the agent's book whole; later changes come as
+/// [`PatchAddressBook`]s on top of its `version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetAddressBook {
     /// Agent addresses by host rank.
@@ -418,6 +420,38 @@ pub struct SetAddressBook {
     /// rank is at a newer epoch here than its own has been replaced and
     /// fences itself at once.
     pub epochs: Vec<u64>,
+    /// The book's version (0: unnumbered, no patch applies on top of it).
+    pub version: u64,
+}
+
+/// `PatchAddressBook {base, version, len, changes}`: the entries of the
+/// address book that changed since version `base`, so a change of one
+/// host costs one entry per agent, not the whole book. Applied only on
+/// top of `base` exactly: an agent holding another version answers
+/// `Err(its version)` and changes nothing (the sender then sends the whole
+/// book with [`SetAddressBook`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchAddressBook {
+    /// The version the patch applies to.
+    pub base: u64,
+    /// The version the book has after it.
+    pub version: u64,
+    /// The book's length (host ranks) after it.
+    pub len: usize,
+    /// The changed entries; one of a rank that left has an empty address.
+    pub changes: Vec<BookEntry>,
+}
+
+/// One host's entry in an address book.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookEntry {
+    /// Host rank.
+    pub rank: Rank,
+    /// The agent's address (`ip:port`); empty when the host has none.
+    pub addr: String,
+    /// The host's rank epoch (0: not known). As in [`SetAddressBook`], a
+    /// newer epoch for the agent's own rank fences it.
+    pub epoch: u64,
 }
 
 /// `Renew {epoch}`: the operator still hears this agent. The operator sends

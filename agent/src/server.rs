@@ -23,8 +23,8 @@ use tokio::sync::Notify;
 use super::manager::ProcManager;
 use super::protocol::{
     ActorFailed, AgentPush, CaptureStacks, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus,
-    GetState, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook, ShutdownHost, Stop,
-    Subscribe,
+    GetState, PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook,
+    ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -67,6 +67,7 @@ impl Actor for HostAgent {
             .handle::<Stop>()
             .handle::<ShutdownHost>()
             .handle::<SetAddressBook>()
+            .handle::<PatchAddressBook>()
             .handle::<Renew>()
             .handle::<Subscribe>()
             .handle::<CheckIn>()
@@ -177,8 +178,25 @@ impl Handler<SetAddressBook> for HostAgent {
         m: SetAddressBook,
     ) -> Result<Self::Reply, ActorError> {
         self.manager.fence().address_book(&m.epochs);
-        self.manager.set_address_book(m.hosts);
+        self.manager.set_address_book(m.hosts, m.version);
         Ok(())
+    }
+}
+
+impl Handler<PatchAddressBook> for HostAgent {
+    type Reply = Result<(), u64>;
+    async fn handle(
+        &mut self,
+        _cx: &Context<Self>,
+        m: PatchAddressBook,
+    ) -> Result<Self::Reply, ActorError> {
+        let applied = self.manager.patch_address_book(&m);
+        if applied.is_ok() {
+            self.manager
+                .fence()
+                .book_epochs(m.changes.iter().map(|e| (e.rank, e.epoch)));
+        }
+        Ok(applied)
     }
 }
 

@@ -154,6 +154,7 @@ fn a_replaced_ranks_older_copy_cannot_connect() {
             addr,
             vec![addr.to_string(), "127.0.0.1:1".into()],
             vec![3, 6],
+            1,
         )
         .await
         .unwrap();

@@ -604,12 +604,68 @@ async fn address_book_gives_master_addr_off_host_zero() {
         addr,
         vec!["127.0.0.9:26602".into(), addr.to_string()],
         vec![],
+        0,
     )
     .await
     .unwrap();
     req.spec.master_port = Some(1234);
     c.create_or_update(addr, req).await.unwrap();
     agent.line("[mesh/17] master=127.0.0.9:1234 group=1");
+}
+
+/// `PatchAddressBook` applies only on top of the version the agent holds
+/// (an unnumbered book takes none); a patch that changes host 0 changes
+/// the `MASTER_ADDR` of procs started after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_book_patches_apply_on_their_base_only() {
+    use hostmesh_agent::protocol::{BookEntry, PatchAddressBook};
+    let agent = ChildAgent::start(&[("HOSTMESH_HOST_RANK", "1")], &[]);
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let patch = |base, version, host0: &str| PatchAddressBook {
+        base,
+        version,
+        len: 2,
+        changes: vec![BookEntry {
+            rank: 0,
+            addr: host0.to_owned(),
+            epoch: 0,
+        }],
+    };
+    assert_eq!(
+        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1"))
+            .await
+            .unwrap(),
+        Err(0),
+        "no book yet: a patch does not apply"
+    );
+    let whole = vec!["127.0.0.9:26602".into(), addr.to_string()];
+    c.set_address_book(addr, whole.clone(), vec![], 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.patch_address_book(addr, patch(0, 1, "127.0.0.7:1"))
+            .await
+            .unwrap(),
+        Err(0),
+        "an unnumbered book takes no patch"
+    );
+    c.set_address_book(addr, whole, vec![], 4).await.unwrap();
+    assert_eq!(
+        c.patch_address_book(addr, patch(3, 5, "127.0.0.7:1"))
+            .await
+            .unwrap(),
+        Err(4),
+        "another base: refused with the version held"
+    );
+    c.patch_address_book(addr, patch(4, 5, "127.0.0.8:1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut req = sh("m", 3, "echo master=$MASTER_ADDR");
+    req.spec.extent = vec![Dim::new("host", 2), Dim::new("proc", 2)];
+    c.create_or_update(addr, req).await.unwrap();
+    agent.line("[mesh/3] master=127.0.0.8");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,7 +687,7 @@ async fn one_client_watches_many_agents() {
     let book: Vec<String> = agents.iter().map(|a| a.addr().to_string()).collect();
     for (rank, a) in agents.iter().enumerate() {
         c.watch(rank, a.addr());
-        c.set_address_book(a.addr(), book.clone(), vec![])
+        c.set_address_book(a.addr(), book.clone(), vec![], 0)
             .await
             .unwrap();
     }

@@ -1,7 +1,8 @@
 //! hostmesh benchmark suites. Run as
 //! `cargo run --release -p hostmesh-bench -- <suite>` (`chaos` also takes
 //! `--runs N` and `--scenarios a,b`; `diagnosis` takes `--runs N`, the
-//! causal-scenario runs, default 20); each suite prints one JSON object per
+//! causal-scenario runs, default 20; `scale` takes `--hosts`,
+//! `--procs-per-host`, `--nodes`, `--simulate`); each suite prints one JSON object per
 //! line (`bench`, `value`, `unit`, `baseline`, `ratio`).
 
 mod agent;
@@ -14,6 +15,7 @@ mod kueue;
 mod monarch;
 mod operator;
 mod runtime;
+mod scale;
 mod streams;
 
 use clap::Parser;
@@ -22,7 +24,7 @@ use hostmesh_bench::{chaos, report};
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis.
+    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale.
     suite: String,
     /// chaos: runs of each scenario (default 3); diagnosis: runs of the
     /// causal scenario (default 20).
@@ -31,6 +33,9 @@ struct Cli {
     /// chaos: the scenarios to run (comma-separated; all by default).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
+    /// scale: the World's size, procs per host, kubelets, simulation.
+    #[command(flatten)]
+    scale: scale::ScaleArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
         "streams" => streams::run(),
+        "scale" => scale::run(&cli.scale),
         "diagnosis" => diagnosis::run(cli.runs.unwrap_or(20)),
         "chaos" => {
             let scenarios = cli
@@ -66,7 +72,7 @@ fn main() -> anyhow::Result<()> {
             chaos::run(cli.runs.unwrap_or(3), &scenarios)
         }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis"
+            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale"
         ),
     }
 }

@@ -25,3 +25,9 @@ pub fn failure(scenario: &str, run: usize, reason: &str) {
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{scenario} run {run} FAILED: {reason}");
 }
+
+/// Prints a progress line on stderr (stdout carries only the JSON lines).
+pub fn progress(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}

@@ -31,7 +31,9 @@ struct Cli {
 enum Command {
     /// Run the host agent of one World host (docs/agent.md).
     Agent(Box<hostmesh_agent::AgentArgs>),
-    /// Copy this executable to PATH (the host pods' init container uses it).
+    /// Put the agent binary at PATH: the agent-only build (`hostmesh-agent`)
+    /// beside this executable, else this executable (the host pods' init
+    /// container uses it).
     InstallAgent {
         /// Where to put the agent binary.
         #[arg(long)]
@@ -70,7 +72,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if cli.command.long_running() {
+        hostmesh_agent::malloc::tune();
+    }
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line with the whole cause chain; no backtrace for users.
@@ -83,6 +89,22 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+impl Command {
+    /// Whether this subcommand serves until it is stopped (its allocator is
+    /// tuned: `hostmesh_agent::malloc`).
+    fn long_running(&self) -> bool {
+        matches!(
+            self,
+            Command::Agent(_)
+                | Command::Operator(_)
+                | Command::Up(_)
+                | Command::Apiserver(_)
+                | Command::Kubelet(_)
+                | Command::ControllerManager(_)
+        )
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::InstallAgent { to } => install_agent(&to),
@@ -90,7 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Up(args) => run_up(args),
         Command::UpReaper { data_dir } => Ok(hostmesh_cli::reaper::run(&data_dir)?),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
-        Command::Agent(args) => run_agent(*args),
+        Command::Agent(args) => Ok(hostmesh_agent::run_blocking(*args)?),
         Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
         Command::Stacks(args) => Ok(hostmesh_cli::stacks::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),
@@ -197,26 +219,6 @@ fn print_crds(monarch_mesh: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `hostmesh agent`: logs to stderr (stdout carries the procs' output),
-/// then runs the agent until it is stopped.
-fn run_agent(args: hostmesh_agent::AgentArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("hostmesh-agent")
-        .build()
-        .context("cannot start the tokio runtime")?;
-    rt.block_on(hostmesh_agent::run_agent(args))?;
-    Ok(())
-}
-
 /// Serves the embedded API server until Ctrl-C, then shuts it down
 /// gracefully (persisting state when a data directory is given).
 fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
@@ -241,37 +243,9 @@ fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow:
     })
 }
 
-/// Copies the running executable to `to`, creating parent directories, and
-/// makes it executable.
+/// `install-agent --to PATH`: the agent-only build beside this executable
+/// (else this executable) at PATH (`hostmesh_agent::install`).
 fn install_agent(to: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
     let me = std::env::current_exe().context("cannot find the running hostmesh executable")?;
-    if let Some(dir) = to.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    let tmp = to.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    // A hard link when the volume is on the same filesystem (the process
-    // kubelet: no 200 MB copy per host pod); a copy otherwise (a real pod).
-    // The copy reads the running program through /proc/self/exe, which
-    // reaches it even where this user cannot enter the directories above it
-    // (the process kubelet runs the image's program from wherever it is).
-    if std::fs::hard_link(&me, &tmp).is_err() {
-        let source = std::path::Path::new("/proc/self/exe");
-        let source = if source.exists() {
-            source
-        } else {
-            me.as_path()
-        };
-        std::fs::copy(source, &tmp).with_context(|| {
-            format!(
-                "cannot copy the hostmesh executable ({}) to {}",
-                me.display(),
-                tmp.display()
-            )
-        })?;
-    }
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::rename(&tmp, to).with_context(|| format!("cannot install {}", to.display()))?;
-    Ok(())
+    Ok(hostmesh_agent::install::install(&me, to)?)
 }

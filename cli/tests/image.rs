@@ -4,7 +4,8 @@
 //! - the image (built by `image/build.sh`, FROM scratch around the static
 //!   binary) answers `hostmesh --version` and runs as 65532:65532 with
 //!   `hostmesh` on its PATH;
-//! - as the `hostmesh-install` init container it copies the agent into a
+//! - as the `hostmesh-install` init container it copies the agent (the
+//!   agent-only build, at most 16 MB) into a
 //!   shared volume (`hostmesh install-agent --to /hostmesh/bin/hostmesh`,
 //!   non-root, no capabilities);
 //! - that copy then runs as the host container's command in three foreign
@@ -278,6 +279,13 @@ fn install_agent() -> tempfile::TempDir {
     let agent = vol.path().join("hostmesh");
     let meta = std::fs::metadata(&agent).expect("install-agent wrote the agent");
     assert!(meta.len() > 1_000_000, "{meta:?}");
+    // The agent-only build (`/usr/local/bin/hostmesh-agent`), not the
+    // full binary: what every host pod holds is at most 16 MB.
+    assert!(
+        meta.len() <= 16 << 20,
+        "install-agent copied {} bytes: not the agent-only build",
+        meta.len()
+    );
     vol
 }
 
@@ -533,7 +541,8 @@ async fn agent_runs_in_an_empty_root_filesystem_without_libc() {
                 name: "version",
                 spec: ProcSpec::command(agent, &["--version"]),
                 exit_code: 0,
-                output: "[default/0] hostmesh ",
+                // What install-agent installed is the agent-only build.
+                output: "[default/0] hostmesh-agent ",
             },
             Expect {
                 name: "usage-error",

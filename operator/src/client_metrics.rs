@@ -1,14 +1,17 @@
-//! Status-write metrics taken at the kube client: a tower layer that sees
-//! every request the operator sends, so `hostmesh_status_writes_total` counts
+//! Request metrics taken at the kube client: a tower layer that sees every
+//! request the operator sends, so `hostmesh_status_writes_total` counts
 //! each write to a World's or ProcMesh's status subresource with its real
-//! outcome, whatever code path issued it.
+//! outcome, whatever code path issued it, and `hostmesh_api_requests_total`
+//! counts every request by verb (the operator's load on the API server).
 //!
 //! Invariants:
 //! 1. Only PATCH and PUT on `/apis/hostmesh.dev/<version>/namespaces/<ns>/
-//!    {worlds,procmeshes}/<name>/status` are counted; every other request
-//!    passes through untouched and uncounted.
+//!    {worlds,procmeshes}/<name>/status` are counted as status writes;
+//!    every other request passes through untouched, counted only by verb.
 //! 2. The outcome is the HTTP status: 2xx `applied`, 409 `conflict`, any
 //!    other status or a transport failure `error`.
+//! 3. Every request is counted once in `hostmesh_api_requests_total`, by
+//!    the verb Kubernetes would log for it ([`verb_of`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -76,6 +79,40 @@ pub fn status_write_kind(method: &Method, path: &str) -> Option<&'static str> {
     }
 }
 
+/// The Kubernetes verb of a request (invariant 3): GET of a collection is
+/// `list`, or `watch` with `watch=true`; of one object `get`.
+pub fn verb_of(method: &Method, path: &str, query: Option<&str>) -> &'static str {
+    match *method {
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        Method::GET => {
+            let watch =
+                query.is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+            if watch {
+                return "watch";
+            }
+            // /api/v1/<plural>, /api/v1/namespaces/<ns>/<plural>,
+            // /apis/<group>/<version>/... : a collection has an even
+            // number of segments after the version prefix's start.
+            let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+            let rest = match parts.first() {
+                Some(&"api") => parts.get(2..),
+                Some(&"apis") => parts.get(3..),
+                _ => None,
+            }
+            .unwrap_or_default();
+            let rest = match rest {
+                ["namespaces", _ns, more @ ..] if !more.is_empty() => more,
+                other => other,
+            };
+            if rest.len() == 1 { "list" } else { "get" }
+        }
+        _ => "other",
+    }
+}
+
 /// The outcome of a response code (invariant 2).
 pub fn outcome_of(code: u16) -> StatusWriteOutcome {
     match code {
@@ -100,6 +137,8 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let kind = status_write_kind(req.method(), req.uri().path());
+        self.metrics
+            .api_request(verb_of(req.method(), req.uri().path(), req.uri().query()));
         let fut = self.inner.call(req);
         let metrics = self.metrics.clone();
         Box::pin(async move {
@@ -145,6 +184,40 @@ mod tests {
         ] {
             assert_eq!(status_write_kind(&Method::PATCH, other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn requests_are_counted_by_their_kubernetes_verb() {
+        let get = |p: &str, q: Option<&str>| verb_of(&Method::GET, p, q);
+        assert_eq!(get("/api/v1/namespaces/ml/pods", None), "list");
+        assert_eq!(get("/api/v1/pods", Some("labelSelector=a")), "list");
+        assert_eq!(
+            get(
+                "/api/v1/namespaces/ml/pods",
+                Some("watch=true&resourceVersion=5")
+            ),
+            "watch"
+        );
+        assert_eq!(get("/api/v1/namespaces/ml/pods/p", None), "get");
+        assert_eq!(get("/api/v1/namespaces", None), "list");
+        assert_eq!(get("/api/v1/namespaces/ml", None), "get");
+        assert_eq!(
+            get("/apis/hostmesh.dev/v1alpha1/namespaces/ml/worlds", None),
+            "list"
+        );
+        assert_eq!(
+            get("/apis/hostmesh.dev/v1alpha1/namespaces/ml/worlds/w", None),
+            "get"
+        );
+        assert_eq!(get("/apis/hostmesh.dev/v1alpha1/worlds", None), "list");
+        let p = "/api/v1/namespaces/ml/pods/p";
+        assert_eq!(verb_of(&Method::PATCH, p, None), "patch");
+        assert_eq!(verb_of(&Method::PUT, p, None), "update");
+        assert_eq!(verb_of(&Method::DELETE, p, None), "delete");
+        assert_eq!(
+            verb_of(&Method::POST, "/api/v1/namespaces/ml/pods", None),
+            "create"
+        );
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub struct Metrics {
     seen_phases: Mutex<BTreeSet<String>>,
     heartbeat_lag: Histogram,
     status_writes: Family<StatusWriteLabels, Counter>,
+    api_requests: Family<VerbLabels, Counter>,
     leader: Gauge,
     heartbeats: Counter,
     agent_pushes: Counter,
@@ -111,6 +112,11 @@ pub struct Metrics {
 struct FailureLabels {
     kind: String,
     cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    verb: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -195,6 +201,12 @@ impl Metrics {
             "Status subresource writes, by kind and outcome",
             status_writes.clone(),
         );
+        let api_requests = Family::<VerbLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests the operator sent to the API server, by verb (get, list, watch, create, patch, update, delete)",
+            api_requests.clone(),
+        );
         let leader = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         registry.register(
             "leader",
@@ -227,6 +239,7 @@ impl Metrics {
             seen_phases: Mutex::new(WORLD_PHASES.iter().map(|p| (*p).to_owned()).collect()),
             heartbeat_lag,
             status_writes,
+            api_requests,
             leader,
             heartbeats,
             agent_pushes,
@@ -314,6 +327,16 @@ impl Metrics {
             .get_or_create(&StatusWriteLabels {
                 kind: kind.to_owned(),
                 outcome: outcome.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one request to the API server (`verb` as Kubernetes names
+    /// it: `get`, `list`, `watch`, `create`, `patch`, `update`, `delete`).
+    pub fn api_request(&self, verb: &'static str) {
+        self.api_requests
+            .get_or_create(&VerbLabels {
+                verb: verb.to_owned(),
             })
             .inc();
     }

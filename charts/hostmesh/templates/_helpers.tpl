@@ -79,12 +79,12 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["hostmesh.dev"]
   resources: ["worlds/finalizers"]
   verbs: ["update"]
-# One pod per host rank: server-side applied (create, patch), watched for
-# readiness and failure reasons (list, watch), and deleted to replace a failed
-# host, recreate the gang, or roll a changed template.
+# One pod per host rank: created (never patched), watched for readiness
+# and failure reasons into the operator's cache (list, watch), and deleted
+# to replace a failed host, recreate the gang, or roll a changed template.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 # The headless Service per World that gives host pods their DNS names,
 # server-side applied (create, patch); garbage collection deletes it.
 - apiGroups: [""]

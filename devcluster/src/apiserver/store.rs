@@ -21,6 +21,11 @@
 //!    or watch, and at the latest at the next memory sweep (`memory.rs`).
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
+//! 5. The last [`LIVE_EVENTS`] events of a resource hold their objects as
+//!    values; older ones hold them packed as JSON (a pod as a value costs
+//!    several times its JSON), parsed again only for a watcher that
+//!    catches up from that far back. A history of thousands of pod
+//!    versions so costs a few kilobytes per version, not tens.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,15 +53,86 @@ pub(crate) enum EventType {
 pub(crate) struct WatchEvent {
     pub(crate) type_: EventType,
     pub(crate) rv: u64,
-    pub(crate) object: Arc<Value>,
-    /// The object before the change (for selector transitions).
-    pub(crate) previous: Option<Arc<Value>>,
+    /// The object and the one before the change (for selector
+    /// transitions): values while the event is recent, packed as JSON once
+    /// it is not (invariant 5).
+    body: Mutex<Body>,
     /// The event's wire line as stored (encoded once, shared by every
-    /// watcher that needs it unchanged).
-    pub(crate) encoded: std::sync::OnceLock<bytes::Bytes>,
+    /// watcher that needs it unchanged); dropped when the event is packed.
+    encoded: Mutex<Option<bytes::Bytes>>,
     /// When the write happened (events older than the window are
     /// compacted).
     pub(crate) at: std::time::Instant,
+}
+
+#[derive(Debug)]
+enum Body {
+    Live {
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
+    },
+    Packed {
+        object: bytes::Bytes,
+        previous: Option<bytes::Bytes>,
+    },
+}
+
+/// Events of a resource kept as values (the rest of its history is packed,
+/// invariant 5): what watchers that keep up read.
+const LIVE_EVENTS: usize = 64;
+
+impl WatchEvent {
+    fn new(type_: EventType, rv: u64, object: Arc<Value>, previous: Option<Arc<Value>>) -> Self {
+        WatchEvent {
+            type_,
+            rv,
+            body: Mutex::new(Body::Live { object, previous }),
+            encoded: Mutex::new(None),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn body(&self) -> MutexGuard<'_, Body> {
+        self.body.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object after the change and the one before it (a packed event
+    /// is parsed again).
+    pub(crate) fn objects(&self) -> (Arc<Value>, Option<Arc<Value>>) {
+        let parse = |b: &bytes::Bytes| Arc::new(serde_json::from_slice(b).unwrap_or(Value::Null));
+        match &*self.body() {
+            Body::Live { object, previous } => (object.clone(), previous.clone()),
+            Body::Packed { object, previous } => (parse(object), previous.as_ref().map(parse)),
+        }
+    }
+
+    /// The wire line `encode` makes of the event, made once while the
+    /// event is live.
+    pub(crate) fn encoded(&self, encode: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        let mut enc = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(line) = &*enc {
+            return line.clone();
+        }
+        let line = encode();
+        if matches!(&*self.body(), Body::Live { .. }) {
+            *enc = Some(line.clone());
+        }
+        line
+    }
+
+    /// Packs the event's objects as JSON (invariant 5).
+    fn pack(&self) {
+        let mut body = self.body();
+        if let Body::Live { object, previous } = &*body {
+            let bytes = |v: &Value| bytes::Bytes::from(serde_json::to_vec(v).unwrap_or_default());
+            *body = Body::Packed {
+                object: bytes(object),
+                previous: previous.as_deref().map(bytes),
+            };
+        }
+        drop(body);
+        *self.encoded.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 struct ResourceState {
@@ -246,18 +322,7 @@ impl StoreState {
         } else {
             EventType::Added
         };
-        Self::record(
-            r,
-            limit,
-            WatchEvent {
-                encoded: std::sync::OnceLock::new(),
-                at: std::time::Instant::now(),
-                type_,
-                rv,
-                object: obj.clone(),
-                previous,
-            },
-        );
+        Self::record(r, limit, WatchEvent::new(type_, rv, obj.clone(), previous));
         self.dirty = true;
         if key == CRD_KEY {
             self.rebuild_registry();
@@ -284,14 +349,7 @@ impl StoreState {
         Self::record(
             r,
             limit,
-            WatchEvent {
-                encoded: std::sync::OnceLock::new(),
-                at: std::time::Instant::now(),
-                type_: EventType::Deleted,
-                rv,
-                object: obj.clone(),
-                previous: Some(previous),
-            },
+            WatchEvent::new(EventType::Deleted, rv, obj.clone(), Some(previous)),
         );
         self.dirty = true;
         if key == CRD_KEY {
@@ -308,6 +366,14 @@ impl StoreState {
     fn record(r: &mut ResourceState, limit: (usize, std::time::Duration), ev: WatchEvent) {
         let ev = Arc::new(ev);
         r.history.push_back(ev.clone());
+        if let Some(old) = r
+            .history
+            .len()
+            .checked_sub(LIVE_EVENTS + 1)
+            .and_then(|i| r.history.get(i))
+        {
+            old.pack();
+        }
         while r.history.len() > limit.0 {
             if let Some(old) = r.history.pop_front() {
                 r.compacted = old.rv;

@@ -306,8 +306,9 @@ async fn deliver(
         return true;
     }
     *last = ev.rv;
-    let now = f.matches(&ev.object);
-    let before = ev.previous.as_deref().is_some_and(|p| f.matches(p));
+    let (object, previous) = ev.objects();
+    let now = f.matches(&object);
+    let before = previous.as_deref().is_some_and(|p| f.matches(p));
     let type_ = match ev.type_ {
         EventType::Added if now => "ADDED",
         EventType::Deleted if before || now => "DELETED",
@@ -322,13 +323,11 @@ async fn deliver(
             | (EventType::Modified, "MODIFIED")
             | (EventType::Deleted, "DELETED")
     );
-    let line = if same_type && enc.plain(&ev.object) {
+    let line = if same_type && enc.plain(&object) {
         // Fan-out: encode once per event, not once per watcher.
-        ev.encoded
-            .get_or_init(|| enc.event(type_, &ev.object))
-            .clone()
+        ev.encoded(|| enc.event(type_, &object))
     } else {
-        enc.event(type_, &ev.object)
+        enc.event(type_, &object)
     };
     tx.send(line).await.is_ok()
 }

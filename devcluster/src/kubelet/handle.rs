@@ -57,7 +57,11 @@ impl Kubelet {
             ),
         };
         let devices = Mutex::new(super::devices::Devices::new(config.gpu_capacity));
+        let agent_copy = images
+            .lookup(super::HOSTMESH_IMAGE_PATTERN.trim_end_matches('*'))
+            .and_then(|e| super::agent_copy::AgentCopy::make(&config.data_dir, &e.program));
         let shared = Arc::new(Shared {
+            agent_copy,
             devices,
             device_changes: tokio::sync::watch::Sender::new(0),
             client,

@@ -15,7 +15,8 @@
 //! handed to containers, their health and its test hook), `schedule` (which
 //! node an unscheduled pod fits), `serving` (HTTPS and client certificates for a real
 //! kube-apiserver), `events`, `ipam` (pod IPs), `net` (pod sandboxes: namespaces,
-//! bridge, veths, `/etc` files), `config`,
+//! bridge, veths, `/etc` files), `agent_copy` (one agent binary per node,
+//! linked into host pods), `config`,
 //! `error`, `shared`.
 //!
 //! Invariants:
@@ -30,6 +31,7 @@
 //!    after its last process is gone; the node's bridge from `start` to
 //!    `shutdown` (`net`).
 
+mod agent_copy;
 mod config;
 mod devices;
 mod env;

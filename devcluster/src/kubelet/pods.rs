@@ -15,7 +15,14 @@
 //! 4. A pod no node fits gets `PodScheduled=False`, reason `Unschedulable`,
 //!    with kube-scheduler's message (`0/N nodes are available: ...`), and is
 //!    tried again every [`RETRY`] until it fits, is deleted or is bound by
-//!    another kubelet; one attempt per pod is in flight at a time.
+//!    another kubelet.
+//! 5. Unscheduled pods are bound in passes, one pass in flight at a time:
+//!    a pass lists the Nodes and pods once and places every pod waiting
+//!    when it began, counting its own bindings as placed, so a thousand
+//!    new pods cost a few listings, not one listing of every pod per pod
+//!    (which made binding O(pods²) in time, API server load and memory).
+//!    A kubelet binds no more pods than its Node's `pods` capacity
+//!    (`max_pods`) holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -46,15 +53,18 @@ struct PodLoop {
     shared: Arc<Shared>,
     /// Unscheduled pods this kubelet may bind, latest version (invariant 4).
     unbound: BTreeMap<String, Pod>,
-    /// Ends of binding attempts, by pod uid.
-    attempts: mpsc::UnboundedSender<String>,
+    /// Ends of binding passes (invariant 5).
+    attempts: mpsc::UnboundedSender<()>,
     /// Live workers.
     workers: BTreeMap<String, Entry>,
     tasks: JoinSet<String>,
     /// Workers that ended; not restarted until the pod is deleted.
     finished: BTreeSet<String>,
-    /// Pods with a binding attempt in flight.
-    binding: BTreeSet<String>,
+    /// Whether a binding pass is in flight (invariant 5).
+    binding: bool,
+    /// The pods the last pass was started for: a pass's end starts another
+    /// only for pods that came since; the rest wait for [`RETRY`].
+    last_pass: BTreeSet<String>,
     /// DaemonSet pods left alone.
     refused: BTreeSet<String>,
     /// Pods seen since the watch (re)started listing.
@@ -83,7 +93,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         workers: BTreeMap::new(),
         tasks: JoinSet::new(),
         finished: BTreeSet::new(),
-        binding: BTreeSet::new(),
+        binding: false,
+        last_pass: BTreeSet::new(),
         refused: BTreeSet::new(),
         listing: None,
     };
@@ -96,15 +107,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                     state.finished.insert(uid);
                 }
             }
-            Some(uid) = ended.recv() => {
-                state.binding.remove(&uid);
+            Some(()) = ended.recv() => {
+                state.binding = false;
+                state.start_pass(false);
             }
-            _ = retry.tick(), if !state.unbound.is_empty() => {
-                let pending: Vec<Pod> = state.unbound.values().cloned().collect();
-                for pod in pending {
-                    state.on_pod(pod);
-                }
-            }
+            _ = retry.tick(), if !state.unbound.is_empty() => state.start_pass(true),
             item = stream.next() => {
                 let Some(item) = item else { break };
                 match item {
@@ -184,16 +191,30 @@ impl PodLoop {
             return;
         }
         if node_name.is_empty() && shared.config.bind_unscheduled && should_bind(&pod) {
-            self.unbound.insert(uid.clone(), pod.clone());
-            if self.binding.insert(uid.clone()) {
-                let shared = shared.clone();
-                let done = self.attempts.clone();
-                tokio::spawn(async move {
-                    schedule_and_bind(&shared, &pod).await;
-                    let _ = done.send(uid);
-                });
-            }
+            self.unbound.insert(uid, pod);
+            self.start_pass(false);
         }
+    }
+
+    /// Starts a binding pass over the pods waiting now, unless one is in
+    /// flight (invariant 5; the pass's end starts the next one) or, unless
+    /// `retry`, every waiting pod was in the last pass already.
+    fn start_pass(&mut self, retry: bool) {
+        if self.binding || self.unbound.is_empty() {
+            return;
+        }
+        if !retry && self.unbound.keys().all(|u| self.last_pass.contains(u)) {
+            return;
+        }
+        self.binding = true;
+        self.last_pass = self.unbound.keys().cloned().collect();
+        let waiting: Vec<String> = self.unbound.keys().cloned().collect();
+        let shared = self.shared.clone();
+        let done = self.attempts.clone();
+        tokio::spawn(async move {
+            schedule_and_bind(&shared, &waiting).await;
+            let _ = done.send(());
+        });
     }
 }
 
@@ -265,9 +286,11 @@ pub(crate) fn should_bind(pod: &Pod) -> bool {
         .is_some_and(|s| !s.is_empty() && s != "default-scheduler")
 }
 
-/// Binds `pod` here when it fits this node, or says why no node fits
-/// (invariants 3-4). Every error is logged and the pod tried again later.
-async fn schedule_and_bind(shared: &Shared, pod: &Pod) {
+/// One binding pass (invariant 5): binds each pod of `waiting` (by uid)
+/// that is still unscheduled and fits this node, or says why no node fits
+/// it (invariants 3-4). Every error is logged and the pod tried again in a
+/// later pass.
+async fn schedule_and_bind(shared: &Shared, waiting: &[String]) {
     let me = &shared.config.node_name;
     let nodes = match Api::<Node>::all(shared.client.clone())
         .list(&ListParams::default())
@@ -298,24 +321,55 @@ async fn schedule_and_bind(shared: &Shared, pod: &Pod) {
             )
         })
         .collect();
-    let placed: Vec<Placed> = pods
+    let live = |p: &Pod| {
+        !matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    };
+    let mut placed: Vec<Placed> = pods
         .iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
+        .filter(|p| live(p))
         .filter_map(|p| {
             let node = p.spec.as_ref()?.node_name.as_ref()?;
             Some(Placed::of(p, labels.get(node)?.clone()))
         })
         .collect();
-    match schedule::feasible(pod, &nodes, &placed) {
-        Ok(fits) if fits.iter().any(|n| n == me) => bind(shared, pod).await,
-        // Another node's kubelet binds it.
-        Ok(_) => {}
-        Err(message) => unschedulable(shared, pod, &message).await,
+    let mut mine = pods
+        .iter()
+        .filter(|p| live(p))
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) == Some(me))
+        .count();
+    let by_uid: BTreeMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+        .collect();
+    for uid in waiting {
+        // As listed now: bound meanwhile (by another kubelet), deleted or
+        // changed pods are judged by what the API server holds.
+        let Some(pod) = by_uid.get(uid.as_str()).copied() else {
+            continue;
+        };
+        if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) || !should_bind(pod) {
+            continue;
+        }
+        match schedule::feasible(pod, &nodes, &placed) {
+            Ok(fits) if fits.iter().any(|n| n == me) => {
+                if mine >= shared.config.max_pods as usize {
+                    // Full: another node's kubelet binds it.
+                    continue;
+                }
+                if bind(shared, pod).await {
+                    mine += 1;
+                    if let Some(l) = labels.get(me) {
+                        placed.push(Placed::of(pod, l.clone()));
+                    }
+                }
+            }
+            // Another node's kubelet binds it.
+            Ok(_) => {}
+            Err(message) => unschedulable(shared, pod, &message).await,
+        }
     }
 }
 
@@ -350,7 +404,8 @@ async fn unschedulable(shared: &Shared, pod: &Pod, message: &str) {
     }
 }
 
-async fn bind(shared: &Shared, pod: &Pod) {
+/// Binds `pod` to this node; whether it did.
+async fn bind(shared: &Shared, pod: &Pod) -> bool {
     let (ns, name) = pod_key(pod);
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
     let binding: Binding = match serde_json::from_value(serde_json::json!({
@@ -361,7 +416,7 @@ async fn bind(shared: &Shared, pod: &Pod) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "cannot build binding");
-            return;
+            return false;
         }
     };
     for attempt in 0..5u32 {
@@ -371,18 +426,19 @@ async fn bind(shared: &Shared, pod: &Pod) {
         match result {
             Ok(_) => {
                 tracing::info!(pod = %format!("{ns}/{name}"), node = %shared.config.node_name, "bound pod");
-                return;
+                return true;
             }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => return,
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => return false,
             Err(e) => {
                 tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, attempt, "cannot bind pod");
                 tokio::select! {
-                    _ = shared.shutdown.cancelled() => return,
+                    _ = shared.shutdown.cancelled() => return false,
                     _ = tokio::time::sleep(Duration::from_millis(500 << attempt)) => {}
                 }
             }
         }
     }
+    false
 }
 
 #[cfg(test)]

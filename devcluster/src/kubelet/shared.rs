@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) devices: Mutex<super::devices::Devices>,
     /// Bumped when a held device's health changes.
     pub(crate) device_changes: tokio::sync::watch::Sender<u64>,
+    /// The node's one agent binary, linked into host pods (`agent_copy`).
+    pub(crate) agent_copy: Option<super::agent_copy::AgentCopy>,
 }
 
 /// A pod's namespace (`default` when unset) and name.

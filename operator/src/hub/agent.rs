@@ -260,6 +260,58 @@ pub enum LinkError {
     HubGone,
 }
 
+/// An address book for one agent ([`super::book`]): host ranks with their
+/// agent address and rank epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BookUpdate {
+    /// The whole book, numbered `version`.
+    Full {
+        /// The book's version.
+        version: u64,
+        /// Every host: rank, agent address, rank epoch.
+        hosts: Vec<(Rank, SocketAddr, u64)>,
+    },
+    /// The changes after version `base`.
+    Patch {
+        /// The version the agent must hold.
+        base: u64,
+        /// The version after the patch.
+        version: u64,
+        /// The book's length (host ranks) after the patch.
+        len: usize,
+        /// Changed hosts: rank, agent address (`None`: it has none now),
+        /// rank epoch.
+        changes: Vec<(Rank, Option<SocketAddr>, u64)>,
+    },
+}
+
+impl BookUpdate {
+    /// The version the agent holds once it applied the update.
+    pub fn version(&self) -> u64 {
+        match self {
+            BookUpdate::Full { version, .. } | BookUpdate::Patch { version, .. } => *version,
+        }
+    }
+
+    /// Host entries it carries (the cost of sending it).
+    pub fn entries(&self) -> usize {
+        match self {
+            BookUpdate::Full { hosts, .. } => hosts.len(),
+            BookUpdate::Patch { changes, .. } => changes.len(),
+        }
+    }
+}
+
+/// How an agent took an address book.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BookAck {
+    /// It holds the update's version now.
+    Applied,
+    /// A patch on another version than the agent's: it holds this one
+    /// (0: none), unchanged.
+    Holds(u64),
+}
+
 /// A connected agent.
 pub trait AgentLink: Send + Sync {
     /// Creates a proc, or restarts an ended one under a higher incarnation
@@ -267,12 +319,9 @@ pub trait AgentLink: Send + Sync {
     fn create_or_update(&self, req: CreateOrUpdate) -> BoxFuture<'_, Result<(), LinkError>>;
     /// Stops the proc `name`: TERM, then KILL after `grace`.
     fn stop(&self, name: String, grace: Duration) -> BoxFuture<'_, Result<(), LinkError>>;
-    /// Sends the World's address book: each host rank's agent address and
-    /// rank epoch.
-    fn set_address_book(
-        &self,
-        book: Vec<(Rank, SocketAddr, u64)>,
-    ) -> BoxFuture<'_, Result<(), LinkError>>;
+    /// Sends the World's address book, whole or as the changes since a
+    /// version the agent holds ([`super::book`]).
+    fn send_book(&self, update: BookUpdate) -> BoxFuture<'_, Result<BookAck, LinkError>>;
     /// The stacks of the named procs, each at most `max_bytes`, waiting at
     /// most `timeout` (default: refused, for agents that cannot).
     fn capture_stacks(

@@ -17,9 +17,11 @@
 //!    operator creates no duplicates).
 //! 4. The hub holds its lock only for bookkeeping, never across an await.
 //! 5. Syncing a World never waits on an agent: the address book goes to
-//!    each agent from a task of its own link ([`book_sender`]), latest
+//!    each agent from a task of its own link ([`book::sender`]), latest
 //!    book only, so a hung agent delays neither a reconcile (and with it an
-//!    eviction decision) nor the other hosts.
+//!    eviction decision) nor the other hosts. After the whole book, an
+//!    agent gets only the changes (O(hosts) messages and entries per
+//!    change, not O(hosts²)).
 //! 6. A failure is stamped when it arrives with the agent's time of it,
 //!    corrected by that agent's clock offset ([`clock`], sampled from its
 //!    heartbeats and snapshots), and with its receipt time; a report of a
@@ -44,6 +46,7 @@
 //!    is handled.
 
 pub mod agent;
+pub mod book;
 pub mod clock;
 pub mod coalesce;
 pub mod fence;
@@ -70,8 +73,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
-    ProcObs, WorldKey, protocol,
+    AgentConnector, AgentLink, AgentTarget, BookAck, BookUpdate, CreateOrUpdate, HostKey,
+    HostReport, LinkError, ProcObs, WorldKey, protocol,
 };
 use coalesce::Coalescer;
 use heartbeat::HeartbeatIndex;
@@ -117,13 +120,15 @@ struct HostEntry {
     addr: SocketAddr,
     link: Option<Arc<dyn AgentLink>>,
     connecting: bool,
-    /// Requests sent over the current link, by proc name.
-    sent: HashMap<String, CreateOrUpdate>,
+    /// Requests sent over the current link: a digest of each, by proc name
+    /// (only equality matters; a whole request per proc would cost the
+    /// hub its spec per rank).
+    sent: HashMap<String, u64>,
     /// Stops sent over the current link, by proc name.
     stopping: HashSet<String>,
-    /// The latest address book for this agent, sent by the link's own
-    /// task ([`book_sender`]); `None` while there is no link.
-    book: Option<tokio::sync::watch::Sender<Book>>,
+    /// Wakes the link's address book sender ([`book::sender`]) with the
+    /// book's latest version; `None` while there is no link.
+    book: Option<tokio::sync::watch::Sender<u64>>,
     /// The pod's rank epoch.
     epoch: u64,
     /// Wakes the link's renewer ([`fence::renewer`]) on each heartbeat
@@ -154,6 +159,8 @@ struct WorldEntry {
     procs: HashMap<String, BTreeMap<Rank, ProcObs>>,
     /// The highest epoch given for each rank, kept after its pod goes.
     highest_epochs: BTreeMap<Rank, u64>,
+    /// The address book and its recent changes ([`book`]).
+    book: Arc<Mutex<book::BookLog>>,
 }
 
 struct State {
@@ -629,7 +636,6 @@ impl Hub {
     /// the next sync retries.
     pub async fn sync_world(self: &Arc<Self>, world: &WorldKey, agents: WorldAgents) {
         let mut dial = Vec::new();
-        let book = book_of(&agents);
         {
             let mut st = self.lock();
             let st = &mut *st;
@@ -641,13 +647,14 @@ impl Hub {
                     hosts: BTreeMap::new(),
                     procs: HashMap::new(),
                     highest_epochs: BTreeMap::new(),
+                    book: Arc::default(),
                 });
             for (r, e) in &agents.epochs {
                 let h = entry.highest_epochs.entry(*r).or_default();
                 *h = (*h).max(*e);
             }
-            let book_changed =
-                entry.agents.hosts != agents.hosts || entry.agents.epochs != agents.epochs;
+            let book_changed = book::lock(&entry.book).update(&agents);
+            let book_version = book::lock(&entry.book).version();
             entry.agents = agents.clone();
             let gone: Vec<Rank> = entry
                 .hosts
@@ -711,7 +718,7 @@ impl Hub {
                     worker: None,
                 });
                 if book_changed && let Some(tx) = &h.book {
-                    tx.send_replace(book.clone());
+                    tx.send_replace(book_version);
                 }
                 if h.link.is_none() && !h.connecting {
                     h.connecting = true;
@@ -766,10 +773,10 @@ impl Hub {
         let Some(w) = st.worlds.get_mut(&host.world) else {
             return;
         };
-        let book = book_of(&w.agents);
+        let book = w.book.clone();
         if let Some(h) = w.hosts.get_mut(&host.rank).filter(|h| h.pod_uid == uid) {
             h.renew = Some(fence::renewer(link.clone(), h.epoch, host.clone()));
-            h.book = Some(book_sender(link, book, host));
+            h.book = Some(book::sender(link, book, host));
         }
     }
 
@@ -814,65 +821,6 @@ impl Hub {
 /// agent client ([`runtime_client`]).
 pub fn default_connector() -> Arc<dyn AgentConnector> {
     Arc::new(Arc::new(runtime_client::RuntimeConnector::default()))
-}
-
-/// Records a heartbeat of a known host. Returns `None` for a push that does
-/// not count (unknown World, host or pod), else the gap since the host's
-/// previous heartbeat (`Some(None)` for its first).
-/// First and longest wait before an undelivered address book is sent again.
-const BOOK_RETRY_MIN: Duration = Duration::from_millis(100);
-const BOOK_RETRY_MAX: Duration = Duration::from_secs(5);
-
-/// An address book: host rank to agent address and rank epoch.
-type Book = Vec<(Rank, SocketAddr, u64)>;
-
-fn book_of(agents: &WorldAgents) -> Book {
-    agents
-        .hosts
-        .iter()
-        .map(|(r, (_, a))| (*r, *a, agents.epochs.get(r).copied().unwrap_or(0)))
-        .collect()
-}
-
-/// Sends `link`'s agent the address book, then every newer one, from a task
-/// of its own: a hung agent holds up only this task (each call ends at the
-/// client's call timeout), never a reconcile or another host. Only the
-/// latest book is sent, and one that was not delivered is sent again with
-/// a backoff until it is; the task ends when the returned sender is
-/// dropped (the link dropped, or the host left).
-fn book_sender(
-    link: Arc<dyn AgentLink>,
-    book: Book,
-    host: HostKey,
-) -> tokio::sync::watch::Sender<Book> {
-    let (tx, mut rx) = tokio::sync::watch::channel(book);
-    tokio::spawn(async move {
-        let mut backoff = BOOK_RETRY_MIN;
-        loop {
-            let book = rx.borrow_and_update().clone();
-            match link.set_address_book(book).await {
-                Ok(()) => {
-                    backoff = BOOK_RETRY_MIN;
-                    if rx.changed().await.is_err() {
-                        return;
-                    }
-                }
-                // Not delivered (the agent's actor not up yet, a call
-                // timeout): the agent needs it to start any rank but 0's
-                // procs, so it is sent again, or a newer one as soon as
-                // there is one.
-                Err(e) => {
-                    debug!(world = %host.world.name, rank = host.rank, error = %e, retry_in = ?backoff, "sending the address book failed");
-                    tokio::select! {
-                        r = rx.changed() => if r.is_err() { return },
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(BOOK_RETRY_MAX);
-                }
-            }
-        }
-    });
-    tx
 }
 
 /// Adds a clock sample of the agent in pod `pod_uid` ([`clock`]).
@@ -925,6 +873,9 @@ fn check_digest(
     Some(link)
 }
 
+/// Records a heartbeat of a known host. Returns `None` for a push that does
+/// not count (unknown World, host or pod), else the gap since the host's
+/// previous heartbeat (`Some(None)` for its first).
 fn beat(st: &mut State, host: &HostKey, pod_uid: &str, now: Instant) -> Option<Option<Duration>> {
     let w = st.worlds.get_mut(&host.world)?;
     let h = w

@@ -32,6 +32,15 @@ pub fn mesh_name(mesh_id: &str) -> &str {
     mesh_id.rsplit_once('.').map_or(mesh_id, |(n, _)| n)
 }
 
+/// What the hub keeps of a request it sent: a digest that differs when
+/// any field does (SipHash of the whole request).
+fn request_digest(req: &CreateOrUpdate) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    req.hash(&mut h);
+    h.finish()
+}
+
 fn live(state: ProcState) -> bool {
     matches!(
         state,
@@ -62,7 +71,7 @@ impl Hub {
             let mut creates = Vec::new();
             let mut stops = Vec::new();
             for r in reqs {
-                if h.sent.get(&r.name) == Some(&r) {
+                if h.sent.get(&r.name) == Some(&request_digest(&r)) {
                     continue;
                 }
                 let observed =
@@ -90,7 +99,7 @@ impl Hub {
                 .and_then(|w| w.hosts.get_mut(&host_rank))
             {
                 h.stopping.remove(&req.name);
-                h.sent.insert(req.name.clone(), req);
+                h.sent.insert(req.name.clone(), request_digest(&req));
             }
         }
         Ok(n)

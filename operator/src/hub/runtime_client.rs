@@ -9,7 +9,6 @@
 //! 3. Requests go through the client with its call timeout; errors come back
 //!    as text for the hub to log and retry.
 
-use hostmesh_crds::Rank;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -17,12 +16,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use hostmesh_agent::protocol::AgentPush as RtPush;
+use hostmesh_agent::protocol::{BookEntry, PatchAddressBook};
 use hostmesh_agent::{AgentClient, AgentEvent, AgentEventKind, ClientConfig};
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
-    WorldKey,
+    AgentConnector, AgentLink, AgentTarget, BookAck, BookUpdate, CreateOrUpdate, HostKey,
+    HostReport, LinkError, WorldKey,
 };
 use super::clock::ClockSample;
 
@@ -247,22 +247,49 @@ impl AgentLink for RuntimeLink {
         })
     }
 
-    fn set_address_book(
-        &self,
-        hosts: Vec<(Rank, SocketAddr, u64)>,
-    ) -> BoxFuture<'_, Result<(), LinkError>> {
+    fn send_book(&self, update: BookUpdate) -> BoxFuture<'_, Result<BookAck, LinkError>> {
         Box::pin(async move {
-            let n = hosts.iter().map(|(r, _, _)| *r + 1).max().unwrap_or(0);
-            let mut book = vec![String::new(); n];
-            let mut epochs = vec![0; n];
-            for (r, a, e) in hosts {
-                book[r] = a.to_string();
-                epochs[r] = e;
+            match update {
+                BookUpdate::Full { version, hosts } => {
+                    let n = hosts.iter().map(|(r, _, _)| *r + 1).max().unwrap_or(0);
+                    let mut book = vec![String::new(); n];
+                    let mut epochs = vec![0; n];
+                    for (r, a, e) in hosts {
+                        book[r] = a.to_string();
+                        epochs[r] = e;
+                    }
+                    self.client
+                        .set_address_book(self.addr, book, epochs, version)
+                        .await?;
+                    Ok(BookAck::Applied)
+                }
+                BookUpdate::Patch {
+                    base,
+                    version,
+                    len,
+                    changes,
+                } => {
+                    let patch = PatchAddressBook {
+                        base,
+                        version,
+                        len,
+                        changes: changes
+                            .into_iter()
+                            .map(|(rank, addr, epoch)| BookEntry {
+                                rank,
+                                addr: addr.map(|a| a.to_string()).unwrap_or_default(),
+                                epoch,
+                            })
+                            .collect(),
+                    };
+                    Ok(
+                        match self.client.patch_address_book(self.addr, patch).await? {
+                            Ok(()) => BookAck::Applied,
+                            Err(held) => BookAck::Holds(held),
+                        },
+                    )
+                }
             }
-            self.client
-                .set_address_book(self.addr, book, epochs)
-                .await
-                .map_err(LinkError::from)
         })
     }
 

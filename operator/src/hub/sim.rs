@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::agent::{
-    AgentConnector, AgentLink, AgentTarget, CreateOrUpdate, HostKey, HostReport, LinkError,
-    protocol,
+    AgentConnector, AgentLink, AgentTarget, BookAck, BookUpdate, CreateOrUpdate, HostKey,
+    HostReport, LinkError, protocol,
 };
 use super::clock::ClockSample;
 
@@ -25,9 +25,14 @@ pub enum SimRequest {
     Create(Box<CreateOrUpdate>),
     /// Stop.
     Stop(String),
-    /// SetAddressBook: rank, address and epoch of each host.
+    /// An address book arrived: the whole book the agent holds after it
+    /// (rank, address and epoch of each host).
     Book(Vec<(Rank, SocketAddr, u64)>),
 }
+
+/// An address book as a simulated agent holds it: its version, and each
+/// host rank's agent address and rank epoch.
+pub type SimBook = (u64, std::collections::BTreeMap<Rank, (SocketAddr, u64)>);
 
 /// Connector to simulated agents.
 #[derive(Default)]
@@ -52,6 +57,11 @@ pub struct SimConnector {
     pub clock_skew_ms: Mutex<HashMap<HostKey, i64>>,
     /// Hosts whose agent was asked for a fresh snapshot, in order.
     pub resyncs: Mutex<Vec<HostKey>>,
+    /// The address book each agent holds: its version and entries.
+    pub books: Mutex<HashMap<HostKey, SimBook>>,
+    /// Address book messages received by all agents, and the host
+    /// entries they carried.
+    pub book_traffic: Mutex<(u64, u64)>,
 }
 
 impl SimConnector {
@@ -301,10 +311,7 @@ impl AgentLink for SimLink {
         })
     }
 
-    fn set_address_book(
-        &self,
-        book: Vec<(Rank, SocketAddr, u64)>,
-    ) -> BoxFuture<'_, Result<(), LinkError>> {
+    fn send_book(&self, update: BookUpdate) -> BoxFuture<'_, Result<BookAck, LinkError>> {
         Box::pin(async move {
             let hung = self
                 .sim
@@ -326,8 +333,46 @@ impl AgentLink for SimLink {
                     return Err(LinkError::Refused("no actor host[0] on this proc".into()));
                 }
             }
-            self.record(SimRequest::Book(book));
-            Ok(())
+            {
+                let mut t = self
+                    .sim
+                    .book_traffic
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                t.0 += 1;
+                t.1 += update.entries() as u64;
+            }
+            let held = {
+                let mut books = self.sim.books.lock().unwrap_or_else(|e| e.into_inner());
+                let book = books.entry(self.host.clone()).or_default();
+                match update {
+                    BookUpdate::Full { version, hosts } => {
+                        book.0 = version;
+                        book.1 = hosts.into_iter().map(|(r, a, e)| (r, (a, e))).collect();
+                    }
+                    BookUpdate::Patch {
+                        base,
+                        version,
+                        changes,
+                        ..
+                    } => {
+                        // As the agent: only on top of the version it holds.
+                        if book.0 == 0 || book.0 != base {
+                            return Ok(BookAck::Holds(book.0));
+                        }
+                        for (r, a, e) in changes {
+                            match a {
+                                Some(a) => book.1.insert(r, (a, e)),
+                                None => book.1.remove(&r),
+                            };
+                        }
+                        book.0 = version;
+                    }
+                }
+                book.1.iter().map(|(r, (a, e))| (*r, *a, *e)).collect()
+            };
+            self.record(SimRequest::Book(held));
+            Ok(BookAck::Applied)
         })
     }
 }

@@ -549,3 +549,72 @@ async fn the_operators_own_stall_expires_no_host() {
     assert_eq!(hub.liveness(&wk(), 0, "a-0"), Liveness::Alive);
     assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Expired);
 }
+
+/// Whether every host in `0..n` holds a book of `n` entries in which
+/// `check` holds.
+fn books_settled(
+    sim: &SimConnector,
+    n: Rank,
+    check: impl Fn(&std::collections::BTreeMap<Rank, (SocketAddr, u64)>) -> bool,
+) -> bool {
+    let books = sim.books.lock().unwrap();
+    (0..n).all(|r| {
+        books
+            .get(&host(r))
+            .is_some_and(|(_, b)| b.len() == n && check(b))
+    })
+}
+
+/// Hub invariant 5 ([`book`]): a host that joins costs each agent already
+/// there one book entry and the new agent the whole book once, O(hosts)
+/// messages and entries per change; a replaced host likewise. Sending the
+/// whole book to every agent on every change would be O(hosts²) per
+/// change (here up to 64 × 64 entries).
+#[tokio::test]
+async fn address_book_fan_out_grows_with_the_change_not_the_world_squared() {
+    const N: Rank = 64;
+    let (sim, hub, _rx) = mk();
+    let traffic = || *sim.book_traffic.lock().unwrap();
+    let mut last = traffic();
+    for k in 1..=N {
+        hub.sync_world(&wk(), agents(k, "a")).await;
+        hostmesh_testkit::eventually_async("every agent holds the new book", || async {
+            books_settled(&sim, k, |_| true).then_some(())
+        })
+        .await;
+        let now = traffic();
+        let (messages, entries) = (now.0 - last.0, now.1 - last.1);
+        assert!(
+            messages <= k as u64,
+            "host {k} joining sent {messages} book messages to {k} agents"
+        );
+        assert!(
+            entries <= 2 * k as u64,
+            "host {k} joining sent {entries} book entries to {k} agents (whole books: {})",
+            k * k
+        );
+        last = now;
+    }
+    // Host 7 is replaced: a new pod, address and epoch.
+    let mut replaced = agents(N, "a");
+    replaced
+        .hosts
+        .insert(7, ("b-7".into(), SocketAddr::from(([127, 0, 2, 7], 26602))));
+    replaced.epochs.insert(7, 5);
+    hub.sync_world(&wk(), replaced).await;
+    hostmesh_testkit::eventually_async("every agent holds host 7's new entry", || async {
+        books_settled(&sim, N, |b| b.get(&7).is_some_and(|(_, e)| *e == 5)).then_some(())
+    })
+    .await;
+    let now = traffic();
+    let (messages, entries) = (now.0 - last.0, now.1 - last.1);
+    assert!(
+        messages <= N as u64,
+        "{messages} messages for one replacement"
+    );
+    assert!(
+        entries <= 2 * N as u64,
+        "{entries} entries for one replacement (whole books: {})",
+        N * N
+    );
+}

@@ -33,6 +33,8 @@ const ACK_EVERY: u64 = 1024;
 const ACK_DELAY: Duration = Duration::from_millis(2);
 /// A write batch stops growing at this many bytes.
 const BATCH_BYTES: usize = 256 * 1024;
+/// A connection's write buffer when it is idle.
+const WRITE_MIN: usize = 4 * 1024;
 /// State shared by a connection's reader and writer.
 pub(super) struct ConnShared {
     /// Envelopes received on this connection (what we ack).
@@ -264,7 +266,7 @@ impl<I: Inbound> Link<I> {
         let mut ack_sent: u64 = 0;
         let mut ack_deadline: Option<Instant> = None;
         let mut last_header = frame::LastHeader::default();
-        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let mut buf = BytesMut::with_capacity(WRITE_MIN);
         loop {
             let a = shared.acked.load(Ordering::Acquire);
             if a > sent {
@@ -354,9 +356,14 @@ impl<I: Inbound> Link<I> {
                 }
                 buf.clear();
                 if buf.capacity() > 4 * BATCH_BYTES {
-                    buf = BytesMut::with_capacity(64 * 1024);
+                    buf = BytesMut::with_capacity(WRITE_MIN);
                 }
                 continue;
+            }
+            // Idle: a burst's buffer goes back (a supervisor holds one
+            // connection per agent, most of them quiet).
+            if buf.capacity() > 4 * WRITE_MIN {
+                buf = BytesMut::with_capacity(WRITE_MIN);
             }
             // Wait for senders only after saying so under the queue's lock
             // (else take what arrived meanwhile).

@@ -17,8 +17,11 @@ use crate::port::OPEN_PORT_BIT;
 use super::link::{BoxRead, ConnShared};
 use super::transport::Inbound;
 
-/// Read buffer growth step.
-const READ_CHUNK: usize = 64 * 1024;
+/// Smallest and largest read step: a connection that carries a heartbeat
+/// a second keeps a page-sized buffer, one that streams reads 64 KiB at a
+/// time (a supervisor holds a connection per agent: thousands of them).
+const READ_MIN: usize = 4 * 1024;
+const READ_MAX: usize = 64 * 1024;
 /// At most this many envelopes are handed to an actor in one batch.
 const MAX_BATCH: usize = 1024;
 
@@ -43,6 +46,9 @@ impl<I: Inbound> Reader<I> {
         // Buffers of large frames, reused once their payloads are dropped
         // (no page faults from a fresh megabyte per frame).
         let mut large_bufs = crate::bufpool::BufPool::default();
+        // The read step: doubled after a read that filled the room it was
+        // given, halved after one that used little of it.
+        let mut chunk = READ_MIN;
         loop {
             let before = received;
             loop {
@@ -105,15 +111,22 @@ impl<I: Inbound> Reader<I> {
                 }
                 continue;
             }
-            if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-                buf.reserve(READ_CHUNK);
+            if buf.is_empty() && buf.capacity() > 2 * chunk {
+                // A burst is over: give its buffer back.
+                buf = BytesMut::with_capacity(chunk);
             }
+            if buf.capacity() - buf.len() < chunk / 4 {
+                buf.reserve(chunk);
+            }
+            let room = buf.capacity() - buf.len();
             tokio::select! {
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) => {
                         self.shared.close("peer closed the connection".into());
                         return;
                     }
+                    Ok(n) if n >= room => chunk = (chunk * 2).min(READ_MAX),
+                    Ok(n) if n < chunk / 8 => chunk = (chunk / 2).max(READ_MIN),
                     Ok(_) => {}
                     Err(e) => {
                         self.shared.close(format!("read failed: {e}"));

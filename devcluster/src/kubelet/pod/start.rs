@@ -187,6 +187,9 @@ impl Worker {
             )));
         }
         self.join_sandbox(&mut launch);
+        if let Some(copy) = &self.shared.agent_copy {
+            copy.place(&launch);
+        }
         create_mount_targets(&launch.mounts)?;
         Ok((launch, container))
     }

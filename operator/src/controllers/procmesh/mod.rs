@@ -53,6 +53,9 @@ use crate::hub::{MeshKey, WorldKey};
 /// Finalizer on ProcMeshes.
 pub const FINALIZER: &str = "hostmesh.dev/procmesh";
 
+/// Hosts whose agents are sent their procs at once.
+const SPAWN_CONCURRENCY: usize = 64;
+
 /// Runs the ProcMesh controller until `shutdown`.
 pub async fn controller(
     ctx: Arc<ControllerContext>,
@@ -253,17 +256,19 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
         write_status(pm, ctx, plan.status.clone(), true).await?;
     }
     if let Some(inc) = plan.spawn.as_ref().filter(|_| !replacing) {
-        let mut errors = Vec::new();
-        for host in 0..hosts {
-            let reqs = desired::host_procs(pm, &world, host, &|r| inc.get(r));
-            if let Err(e) = ctx
-                .hub
-                .ensure_procs(&key, host, reqs, timings.stop_timeout)
-                .await
-            {
-                errors.push(e);
-            }
-        }
+        // Hosts at once, each its requests in order: a slow or hung agent
+        // holds up its own host only, and a 1,000-host spawn takes a few
+        // round trips, not one per proc.
+        let (key, world, grace) = (&key, &world, timings.stop_timeout);
+        let errors: Vec<_> = futures::stream::iter(0..hosts)
+            .map(|host| async move {
+                let reqs = desired::host_procs(pm, world, host, &|r| inc.get(r));
+                ctx.hub.ensure_procs(key, host, reqs, grace).await
+            })
+            .buffer_unordered(SPAWN_CONCURRENCY)
+            .filter_map(|r| async move { r.err() })
+            .collect()
+            .await;
         if let Some(e) = errors.first() {
             debug!(procmesh = %pm.name_any(), error = %e, failed_hosts = errors.len(), "could not reach every agent yet");
         }

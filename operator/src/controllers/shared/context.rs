@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::warn;
 
 use crate::OperatorArgs;
@@ -29,6 +30,38 @@ pub struct ControllerContext {
     /// Worlds seen deleted, for the ProcMeshes they leave
     /// (`procmesh::orphans`).
     pub deleted_worlds: crate::controllers::procmesh::orphans::DeletedWorlds,
+    /// The host pods the World controllers watch, by the namespace each
+    /// watches (`None`: all): what a reconcile reads instead of listing.
+    pub host_pods: HostPods,
+}
+
+/// The reflector stores of host pods (`managedFields` dropped), one per
+/// World controller: a World's reconcile reads its pods from memory, where
+/// listing them from the API server cost every reconcile a 1,000-pod list
+/// parsed whole.
+#[derive(Default)]
+pub struct HostPods {
+    stores: std::sync::RwLock<Vec<(Option<String>, Store<Pod>)>>,
+}
+
+impl HostPods {
+    /// Adds the store of the controller watching `namespace` (`None`: all).
+    pub fn register(&self, namespace: Option<String>, store: Store<Pod>) {
+        let mut stores = self.stores.write().unwrap_or_else(|e| e.into_inner());
+        stores.retain(|(ns, _)| *ns != namespace);
+        stores.push((namespace, store));
+    }
+
+    /// The store that holds the pods of `namespace`, if a controller
+    /// watches it.
+    pub fn of(&self, namespace: &str) -> Option<Store<Pod>> {
+        self.stores
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(ns, _)| ns.as_deref().is_none_or(|n| n == namespace))
+            .map(|(_, s)| s.clone())
+    }
 }
 
 impl ControllerContext {
@@ -71,6 +104,7 @@ impl ControllerContext {
                 crate::hub::COALESCE_INTERVAL,
             ),
             deleted_worlds: Default::default(),
+            host_pods: HostPods::default(),
         })
     }
 

@@ -49,7 +49,7 @@ pub(super) fn attribute(
     let host_container = host_container(input);
     let mut fresh = Vec::new();
     for (r, h) in hosts.iter_mut().enumerate() {
-        let pod = input.pods.get(&r);
+        let pod = input.pods.get(&r).map(|p| &**p);
         let before = runs::get(&prev.hosts, r);
         let found = match h.state {
             HostState::Failed | HostState::Expired => {

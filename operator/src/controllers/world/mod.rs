@@ -4,8 +4,9 @@
 //! phases) → write status whole.
 //!
 //! Invariants:
-//! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`];
-//!    existing pods are never patched (changes roll them, see [`plan`]).
+//! 1. Objects are applied with server-side apply under [`crate::FIELD_MANAGER`],
+//!    host pods created under it (invariant 7); existing pods are never
+//!    patched (changes roll them, see [`plan`]).
 //! 2. The Secret is never rewritten; a deleted one is recreated with the
 //!    token the agents hold ([`secret`]).
 //! 3. Status is written through the status subresource, whole (replaced,
@@ -19,6 +20,11 @@
 //!    kept (MultiKueue dispatches the World from it, see [`kueue`]).
 //! 6. A World that names a Kueue queue runs only as its Workload allows
 //!    ([`kueue`]); until then it is held with the suspend path.
+//! 7. Host pods are read from the controller's reflector store (slimmed
+//!    to what the controller reads, [`observe::slim`]), not listed per
+//!    reconcile; a pod the store
+//!    does not show yet is created with a plain create, which answers 409
+//!    for a pod that exists, so a store that lags creates nothing twice.
 
 mod apply;
 mod cause;
@@ -46,9 +52,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
@@ -72,7 +77,7 @@ pub async fn controller(
     let (worlds, pods, meshes) = match &namespace {
         Some(ns) => (
             Api::<World>::namespaced(client.clone(), ns),
-            Api::<PartialObjectMeta<Pod>>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
             Api::<ProcMesh>::namespaced(client.clone(), ns),
         ),
         None => (
@@ -82,6 +87,15 @@ pub async fn controller(
         ),
     };
     let managed = watcher::Config::default().labels(desired::LABEL_WORLD);
+    // Host pods are reflected into a store (invariant 7) that reconciles
+    // read; the same watch triggers the owners.
+    let (pod_store, pod_writer) = kube::runtime::reflector::store::<Pod>();
+    ctx.host_pods.register(namespace.clone(), pod_store);
+    // The pods' watch with its own back-off (`shared::watch`).
+    let pod_stream =
+        hostmesh_net::watch::recovering(watcher::watcher(pods, managed).modify(observe::slim))
+            .reflect(pod_writer)
+            .touched_objects();
     let hub_triggers = futures::stream::unfold(triggers, |mut rx| async move {
         let key = rx.recv().await?;
         Some((obj_ref::<World>(&key.namespace, &key.name), rx))
@@ -90,7 +104,7 @@ pub async fn controller(
     // Each watch with its own back-off, the hub's triggers never behind
     // one (`shared::watch`).
     watch::controller(worlds, watcher::Config::default())
-        .owns_stream(watch::objects(pods, managed))
+        .owns_stream(pod_stream)
         .watches_stream(
             watch::objects(meshes, watcher::Config::default()),
             |pm: ProcMesh| {

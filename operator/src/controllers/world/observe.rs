@@ -173,6 +173,38 @@ pub fn failed_container(pod: &Pod) -> Option<FailedContainer> {
         })
 }
 
+/// Drops from a host pod what the World controller never reads, before the
+/// pod goes into its store (invariant 7 of [`super`]): `managedFields`,
+/// the volumes and, of each container, all but its name, image, command,
+/// arguments and the fence timeout in its environment (what
+/// [`failed_container`] and [`super::fencing::pod_fence_timeout`] read).
+/// A 1,000-host World's pods so cost the operator a few megabytes, not
+/// twenty.
+pub fn slim(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    spec.volumes = None;
+    let keep = |c: &mut k8s_openapi::api::core::v1::Container| {
+        let env = c.env.take().map(|env| {
+            env.into_iter()
+                .filter(|e| e.name == hostmesh_agent::contract::env::FENCE_TIMEOUT)
+                .collect::<Vec<_>>()
+        });
+        *c = k8s_openapi::api::core::v1::Container {
+            name: std::mem::take(&mut c.name),
+            image: c.image.take(),
+            command: c.command.take(),
+            args: c.args.take(),
+            env: env.filter(|e| !e.is_empty()),
+            ..Default::default()
+        };
+    };
+    spec.containers.iter_mut().for_each(keep);
+    spec.init_containers.iter_mut().flatten().for_each(keep);
+}
+
 /// The pod's IP when it has one and is not being deleted.
 pub fn pod_ip(pod: &Pod) -> Option<std::net::IpAddr> {
     if pod.metadata.deletion_timestamp.is_some() {
@@ -184,6 +216,7 @@ pub fn pod_ip(pod: &Pod) -> Option<std::net::IpAddr> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use kube::ResourceExt as _;
 
     pub(crate) fn mk_pod(status_yaml: &str) -> Pod {
         let mut p: Pod = serde_saphyr::from_str(&format!(
@@ -198,6 +231,45 @@ pub(crate) mod tests {
 
     pub(crate) const READY: &str =
         "  phase: Running\n  podIP: 127.0.1.2\n  conditions: [{type: Ready, status: 'True'}]\n";
+
+    /// What the store keeps of a host pod still answers what the
+    /// controller asks of it: the fence timeout, a failed container's
+    /// command, the node, the annotations.
+    #[test]
+    fn a_slimmed_pod_keeps_what_the_controller_reads() {
+        let mut p: Pod = serde_saphyr::from_str(
+            "metadata:\n  name: w-host-0\n  annotations: {hostmesh.dev/epoch: '7'}\n  managedFields: [{manager: m, operation: Apply}]\n\
+             spec:\n  nodeName: n1\n  volumes: [{name: v, emptyDir: {}}]\n\
+             \x20 initContainers: [{name: hostmesh-install, image: i, command: [hostmesh, install-agent], volumeMounts: [{name: v, mountPath: /v}]}]\n\
+             \x20 containers:\n  - name: host\n    image: busybox\n    command: [/hostmesh/bin/hostmesh, agent]\n\
+             \x20   env: [{name: HOSTMESH_WORLD, value: w}, {name: HOSTMESH_FENCE_TIMEOUT, value: 90s}]\n\
+             \x20   readinessProbe: {httpGet: {path: /readyz, port: 26601}}\n\
+             status:\n  phase: Failed\n  containerStatuses:\n  - {name: host, ready: false, restartCount: 0, image: busybox, imageID: '', state: {terminated: {exitCode: 3}}}\n",
+        )
+        .unwrap();
+        let timeout = crate::controllers::world::fencing::pod_fence_timeout(&p);
+        let failed = failed_container(&p);
+        slim(&mut p);
+        assert!(p.metadata.managed_fields.is_none());
+        let spec = p.spec.as_ref().unwrap();
+        assert!(spec.volumes.is_none());
+        assert!(spec.containers[0].readiness_probe.is_none());
+        assert_eq!(spec.containers[0].env.as_ref().unwrap().len(), 1);
+        assert!(
+            spec.init_containers.as_ref().unwrap()[0]
+                .volume_mounts
+                .is_none()
+        );
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert!(timeout.is_some());
+        assert_eq!(
+            crate::controllers::world::fencing::pod_fence_timeout(&p),
+            timeout
+        );
+        assert_eq!(failed_container(&p), failed);
+        assert_eq!(failed.unwrap().command, ["/hostmesh/bin/hostmesh", "agent"]);
+        assert_eq!(p.annotations()["hostmesh.dev/epoch"], "7");
+    }
 
     #[test]
     fn ready_needs_pod_ready_and_heartbeats() {

@@ -56,6 +56,7 @@
 
 use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hostmesh_crds::conditions::{self, DEGRADED, FAILED, PROGRESSING, READY, SUSPENDED};
@@ -82,7 +83,7 @@ pub struct PlanInput<'a> {
     /// Parsed timings of its spec.
     pub timings: WorldTimings,
     /// Its pods by host rank.
-    pub pods: &'a BTreeMap<Rank, Pod>,
+    pub pods: &'a BTreeMap<Rank, Arc<Pod>>,
     /// Pods whose rank label is outside the shape (to delete).
     pub extra_pods: Vec<String>,
     /// The hub's view of each rank's agent.
@@ -318,7 +319,7 @@ impl<'i, 'a> Working<'i, 'a> {
             && (same_gen || prev.phase != Some(WorldPhase::Failed));
         let hosts = (0..n)
             .map(|r| {
-                let h = observe_pod(input.pods.get(&r), (input.liveness)(r));
+                let h = observe_pod(input.pods.get(&r).map(|p| &**p), (input.liveness)(r));
                 // Not ready yet is not "no longer ready": a host that was
                 // never Ready in status is still starting.
                 let was_up = runs::get(&prev.hosts, r)
@@ -560,7 +561,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 continue;
             }
             let (Some(ready), Some(watching)) = (
-                input.pods.get(&r).and_then(ready_since),
+                input.pods.get(&r).and_then(|p| ready_since(p)),
                 (input.watching_since)(r),
             ) else {
                 continue;
@@ -788,7 +789,7 @@ impl<'i, 'a> Working<'i, 'a> {
         for r in candidates {
             let facts = super::rules::HostFacts {
                 host: &self.hosts[r],
-                pod: input.pods.get(&r),
+                pod: input.pods.get(&r).map(|p| &**p),
                 deleted: self.hosts[r].state == HostState::Terminating
                     && self.going_by_someone_else(r),
             };
@@ -1127,7 +1128,7 @@ impl<'i, 'a> Working<'i, 'a> {
                     self.input
                         .pods
                         .get(&r)
-                        .and_then(super::observe::failed_container)
+                        .and_then(|p| super::observe::failed_container(p))
                 })
                 .flatten();
                 if let Some(c) = container {
@@ -1154,7 +1155,7 @@ impl<'i, 'a> Working<'i, 'a> {
                             .as_ref()
                             .is_some_and(|t| t.0 <= first.time.0)
                 })
-                .and_then(super::observe::failed_container);
+                .and_then(|p| super::observe::failed_container(p));
             if let Some(c) = ended {
                 first.reason = c.describe();
                 // The symptom (a silent agent) gives way to the cause.

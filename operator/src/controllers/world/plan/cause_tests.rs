@@ -23,7 +23,12 @@ fn input<'a>(
     PlanInput {
         world: w,
         timings: hostmesh_crds::validate::world("w", &w.spec).unwrap(),
-        pods,
+        // As the store holds them (shared); copied once per test.
+        pods: Box::leak(Box::new(
+            pods.iter()
+                .map(|(r, p)| (*r, std::sync::Arc::new(p.clone())))
+                .collect(),
+        )),
         extra_pods: vec![],
         liveness: live,
         expired_since: &|_| Some(Timestamp::from_second(90).unwrap()),

@@ -22,6 +22,13 @@ fn timings(w: &World) -> WorldTimings {
 /// A plan input with every host Alive and nothing else to say: tests
 /// override the fields they are about.
 fn input<'a>(w: &'a World, pods: &'a BTreeMap<Rank, Pod>, now: i64) -> PlanInput<'a> {
+    // The plan reads the pods as the store holds them (shared); a test's
+    // few pods are copied once and kept for the test's life.
+    let pods: &'a BTreeMap<Rank, std::sync::Arc<Pod>> = Box::leak(Box::new(
+        pods.iter()
+            .map(|(r, p)| (*r, std::sync::Arc::new(p.clone())))
+            .collect(),
+    ));
     PlanInput {
         world: w,
         timings: timings(w),

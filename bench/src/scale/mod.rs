@@ -1,0 +1,113 @@
+//! Suite `scale`: a World of `--hosts` hosts and a ProcMesh of
+//! `--procs-per-host` procs on each, with every component a separate
+//! process as on a cluster ([`cluster`]): `hostmesh apiserver`,
+//! `hostmesh controller-manager`, `--nodes` process kubelets with host
+//! networking, one `hostmesh operator`, real agents and real procs.
+//! With `--simulate`, the kubelets and agents are simulated in this process
+//! ([`sim`], [`sim_agent`]: the real agent protocol over TCP, one loopback
+//! address per host), so the operator's and the API server's own cost can
+//! be measured at 10,000 hosts; its figures are named `scale_sim_*`.
+//!
+//! Figures (JSON lines, DESIGN.md "Benchmarks"):
+//! - `scale_world_ready_s`: apply to the World's Ready condition. Baseline:
+//!   the same host pods created bare (no operator) until all are Ready, in
+//!   the same run, after the World is gone.
+//! - `scale_procmesh_ready_s`: apply to Ready, on the Ready World.
+//! - `scale_proc_kill_to_status_s`: the p99 over `KILLS` proc SIGKILLs
+//!   (each on another host, each after the ProcMesh recovered) of the time
+//!   until the kill shows in `status.incidents`; the p50 as
+//!   `scale_proc_kill_to_status_p50_s`.
+//! - `scale_agent_kill_not_ready_s`, `scale_agent_kill_recovered_s`: an
+//!   agent SIGKILLed until the World is not Ready, and until it is Ready
+//!   again with every host ready and the victim's host replaced (a new
+//!   pod).
+//! - `scale_agents_fenced`: agents the operator saw fenced while it ran
+//!   (must be 0).
+//! - `scale_operator_rss_bytes`, `scale_operator_rss_per_host_bytes` (above
+//!   the operator's RSS with no World; baseline the target, 64 KiB);
+//!   `scale_apiserver_rss_bytes`, `scale_apiserver_rss_per_host_bytes`
+//!   (above its RSS with no pods; baseline 256 KiB);
+//!   `scale_kubelet_rss_bytes` (all kubelets), `scale_kubelet_rss_per_pod_bytes`
+//!   (above their RSS with no pods; baseline 1 MiB). Taken once the
+//!   ProcMesh has run in steady state for [`STEADY`].
+//! - `scale_operator_api_requests`: requests per second the operator sends
+//!   to the API server over [`STEADY`] of steady state;
+//!   `scale_operator_cpu_cores` the CPU it used meanwhile (user + system
+//!   seconds per second).
+//! - `scale_status_bytes_max`: the largest `status` (World or ProcMesh),
+//!   JSON bytes.
+//! - `scale_sim_book_entries_per_agent_per_host` (simulated only): address
+//!   book entries the agents received while the World came up, per agent
+//!   and per host of the World: about 1 when each change costs one entry
+//!   per agent; whole books to every agent on every change cost about a
+//!   third of the hosts or more.
+
+mod cluster;
+mod flow;
+mod sim;
+mod sim_agent;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The suite's arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ScaleArgs {
+    /// Hosts of the World.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) hosts: usize,
+    /// Procs of the ProcMesh on each host.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) procs_per_host: usize,
+    /// Process kubelets (default: one per 100 hosts).
+    #[arg(long)]
+    pub(crate) nodes: Option<usize>,
+    /// Simulated kubelets and agents (the real agent protocol over TCP)
+    /// instead of real ones.
+    #[arg(long)]
+    pub(crate) simulate: bool,
+    /// Longest wait for the World (and later the ProcMesh) to be Ready.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub(crate) ready_timeout: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    hostmesh_agent::parse_duration("--ready-timeout", s).map_err(|e| e.to_string())
+}
+
+/// Proc kills measured.
+pub(crate) const KILLS: usize = 5;
+/// Steady state before memory and request rates are taken.
+pub(crate) const STEADY: Duration = Duration::from_secs(10);
+
+/// Runs the suite.
+pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.hosts >= 2, "--hosts must be at least 2");
+    anyhow::ensure!(
+        args.procs_per_host >= 1,
+        "--procs-per-host must be at least 1"
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let bin = std::env::current_exe()?.with_file_name("hostmesh");
+        anyhow::ensure!(
+            bin.exists(),
+            "{} is missing: build it with `cargo build --release --bin hostmesh`",
+            bin.display()
+        );
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("hostmesh-scale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        crate::report::progress(&format!("scale: working in {}", dir.display()));
+        let outcome = tokio::select! {
+            r = flow::run(args, bin, dir.clone()) => r,
+            () = hostmesh_operator::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+        };
+        if outcome.is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            crate::report::progress(&format!("scale: logs kept in {}", dir.display()));
+        }
+        outcome
+    })
+}
