@@ -170,6 +170,23 @@ pub(crate) fn signal_proc(main: Option<u32>, name: &str, signal: i32) -> usize {
     pids.len()
 }
 
+/// Sends `signal` to the descendants of proc `name` outside its main
+/// process's group (`setsid` daemons, processes that made their own
+/// group): the group itself gets the signal once from the caller, and a
+/// second TERM to a shell running its trap kills it before the trap ends.
+pub(crate) fn signal_proc_outside_group(main: u32, name: &str, signal: i32) -> usize {
+    let group = main as i32;
+    let pids: Vec<i32> = of_proc(Some(main), name)
+        .into_iter()
+        // SAFETY: getpgid has no memory effects; a gone process yields -1.
+        .filter(|p| *p != group && unsafe { libc::getpgid(*p) } != group)
+        .collect();
+    for p in &pids {
+        send(*p, signal);
+    }
+    pids.len()
+}
+
 /// Kills every process in this process's subtree but the ones it spawned
 /// itself and still waits for (invariant 3); only when subreaping.
 pub(crate) fn kill_all() -> usize {

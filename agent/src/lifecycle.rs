@@ -10,8 +10,10 @@
 //! 3. After the main process ends, the rest of its process group is killed,
 //!    and so is every other descendant the agent can tell is the proc's
 //!    (`descendants.rs`: its subtree, and the daemons the agent adopted that
-//!    name it), so nothing it started outlives it; a stop sends them the
-//!    group's TERM and KILL too.
+//!    name it), so nothing it started outlives it; a stop sends the TERM
+//!    to those outside the group too (never twice to the group: a process
+//!    its TERM trap just started must live to finish it), and the KILL to
+//!    all of them.
 //! 4. The final status carries the stderr tail, read up to end of file (or
 //!    for at most [`TAIL_WAIT`] when something else holds the pipe open),
 //!    and the head of stderr the tail lost.
@@ -286,7 +288,7 @@ async fn stop(
         s.status = ProcPhase::Stopping { pid };
     });
     spawn::signal_group(pid, libc::SIGTERM);
-    descendants::signal_proc(Some(pid), name, libc::SIGTERM);
+    descendants::signal_proc_outside_group(pid, name, libc::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {

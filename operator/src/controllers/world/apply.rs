@@ -98,7 +98,17 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     });
 
     let stuck_requeue = act_on_stuck_pods(world, &pods_api, &observed.pods, &hub).await?;
-    delete_pods(world, &pods_api, &plan).await?;
+    // A World that finishes in this pass says so before its pods go: its
+    // ProcMeshes must read the World's end before the exits of the procs
+    // its agents stop (a proc that exits 0 on TERM is not a success of
+    // its mesh).
+    let finishing = matches!(
+        plan.status.phase,
+        Some(WorldPhase::Failed | WorldPhase::Succeeded)
+    ) && world.status.as_ref().and_then(|s| s.phase) != plan.status.phase;
+    if !finishing {
+        delete_pods(world, &pods_api, &plan).await?;
+    }
     let created = Creation {
         pod_hash: &pod_hash,
         secret_hash: &secret_hash,
@@ -106,7 +116,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         timings: &timings,
         key: &key,
     };
-    let refused = create_pods(world, ctx, &pods_api, &plan.create, &created).await?;
+    let refused = create_pods(world, ctx, &plan.create, &created).await?;
 
     let mut status = plan.status.clone();
     report_refusal(world, ctx, &mut status, refused).await;
@@ -117,7 +127,10 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     }
     ctx.planned_events(world, &plan.events).await;
     debug!(world = %name, phase = ?status.phase, ready = ?status.ready, restarts = status.restarts, "writing status");
-    let deferred = write_status(world, ctx, status, plan.urgent).await?;
+    let deferred = write_status(world, ctx, status, plan.urgent || finishing).await?;
+    if finishing {
+        delete_pods(world, &pods_api, &plan).await?;
+    }
     // A failure counts once, with the status that records it.
     if deferred.is_none() {
         for cause in &plan.failures {
@@ -467,14 +480,19 @@ const CREATE_CONCURRENCY: usize = 32;
 async fn create_pods(
     world: &World,
     ctx: &ControllerContext,
-    pods_api: &Api<Pod>,
     ranks: &[Rank],
     with: &Creation<'_>,
 ) -> Result<Option<String>, OperatorError> {
     use futures::StreamExt as _;
     let name = world.name_any();
+    let raw_pods: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &world.namespace().unwrap_or_default(),
+        &kube::api::ApiResource::erase::<Pod>(&()),
+    );
     let create = |rank: Rank| {
         let name = &name;
+        let raw_pods = &raw_pods;
         async move {
             let mut pod = desired::pod(
                 world,
@@ -502,14 +520,16 @@ async fn create_pods(
             if let Some(g) = gang::spec(world) {
                 gang::place_pod(&mut pod, world, g, rank);
             }
-            let pod: Pod = serde_json::from_value(pod)?;
+            // Created as JSON: a gang provider's fields (the Workload API's
+            // `spec.schedulingGroup`) are newer than the typed Pod.
+            let pod: kube::api::DynamicObject = serde_json::from_value(pod)?;
             let post = PostParams {
                 field_manager: Some(FIELD_MANAGER.to_string()),
                 ..PostParams::default()
             };
             // A plain create (invariant 7 of [`super`]): a pod that exists
             // (the store has not shown it yet) is left as it is.
-            match pods_api.create(&post, &pod).await {
+            match raw_pods.create(&post, &pod).await {
                 Ok(_) => Ok(None),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
                 Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
