@@ -415,6 +415,22 @@ pub async fn release_on_delete(client: &Client, world: &World) -> Result<(), Ope
 /// How often a controller without Kueue looks for it again.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How long a Workload watch the operator's RBAC refused waits before it
+/// is tried again (a grant added later is picked up then).
+const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
+
+/// Whether a watch failed because the API server refused the operator
+/// (403).
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 403,
+        watcher::Error::WatchError(s) => s.code == 403,
+        _ => false,
+    }
+}
+
 /// Woken by a reconcile that found Kueue's API served, so a watch waiting
 /// for it (Kueue installed after the operator started) starts at once
 /// instead of at the next [`DISCOVERY_INTERVAL`].
@@ -428,65 +444,86 @@ static KUEUE_SERVED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 pub fn triggers(client: Client, ns: Option<String>) -> impl Stream<Item = ObjectRef<World>> + Send {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
+        // Invariant: a Workload watch the operator's RBAC refuses (the
+        // chart's `kueue.enabled` off) is dropped and tried again only
+        // after FORBIDDEN_RETRY, instead of a 403 every few seconds.
+        let mut refused = false;
         loop {
-            if tx.is_closed() {
-                return;
-            }
-            match served(&client).await {
-                Ok(true) => break,
-                Ok(false) => {}
-                Err(e) => debug!(error = %e, "looking up Kueue's Workload API"),
-            }
-            tokio::select! {
-                _ = tx.closed() => return,
-                _ = KUEUE_SERVED.notified() => {}
-                _ = tokio::time::sleep(DISCOVERY_INTERVAL) => {}
-            }
-        }
-        let ar = workload::workloads();
-        let api: Api<DynamicObject> = match &ns {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-            None => Api::all_with(client.clone(), &ar),
-        };
-        // Its own back-off: a failing watch neither spins nor waits long
-        // (`hostmesh_net::watch`).
-        let mut events = std::pin::pin!(
-            hostmesh_net::watch::recovering(watcher(api, watcher::Config::default())).boxed()
-        );
-        // The controller going away (shutdown, lost leadership) drops the
-        // receiver: the watch ends with it instead of lingering.
-        loop {
-            let ev = tokio::select! {
-                _ = tx.closed() => return,
-                ev = events.next() => match ev {
-                    Some(ev) => ev,
-                    None => return,
-                },
-            };
-            let objs = match ev {
-                Ok(
-                    watcher::Event::Apply(o)
-                    | watcher::Event::Delete(o)
-                    | watcher::Event::InitApply(o),
-                ) => vec![o],
-                Ok(_) => vec![],
-                Err(e) => {
-                    debug!(error = %e, "watching Kueue Workloads");
-                    vec![]
+            if refused {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(FORBIDDEN_RETRY) => {}
                 }
+            }
+            loop {
+                if tx.is_closed() {
+                    return;
+                }
+                match served(&client).await {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => debug!(error = %e, "looking up Kueue's Workload API"),
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = KUEUE_SERVED.notified() => {}
+                    _ = tokio::time::sleep(DISCOVERY_INTERVAL) => {}
+                }
+            }
+            let ar = workload::workloads();
+            let api: Api<DynamicObject> = match &ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                None => Api::all_with(client.clone(), &ar),
             };
-            for o in objs {
-                let ns = o.namespace().unwrap_or_default();
-                for owner in o.owner_references() {
-                    if owner.kind == "World"
-                        && owner.api_version
-                            == format!("{}/{}", hostmesh_crds::GROUP, hostmesh_crds::VERSION)
-                        && owner.controller == Some(true)
-                        && tx
-                            .send(ObjectRef::<World>::new(&owner.name).within(&ns))
-                            .is_err()
-                    {
-                        return;
+            // Its own back-off: a failing watch neither spins nor waits long
+            // (`hostmesh_net::watch`).
+            let mut events = std::pin::pin!(
+                hostmesh_net::watch::recovering(watcher(api, watcher::Config::default())).boxed()
+            );
+            // The controller going away (shutdown, lost leadership) drops the
+            // receiver: the watch ends with it instead of lingering.
+            loop {
+                let ev = tokio::select! {
+                    _ = tx.closed() => return,
+                    ev = events.next() => match ev {
+                        Some(ev) => ev,
+                        None => return,
+                    },
+                };
+                let objs = match ev {
+                    Ok(
+                        watcher::Event::Apply(o)
+                        | watcher::Event::Delete(o)
+                        | watcher::Event::InitApply(o),
+                    ) => vec![o],
+                    Ok(_) => vec![],
+                    Err(e) if forbidden(&e) => {
+                        if !refused {
+                            info!(
+                                "Kueue's Workloads are served but not granted to the operator (the chart's kueue.enabled is off): Worlds that name a Kueue queue are held with reason KueueForbidden"
+                            );
+                        }
+                        refused = true;
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "watching Kueue Workloads");
+                        vec![]
+                    }
+                };
+                for o in objs {
+                    let ns = o.namespace().unwrap_or_default();
+                    for owner in o.owner_references() {
+                        if owner.kind == "World"
+                            && owner.api_version
+                                == format!("{}/{}", hostmesh_crds::GROUP, hostmesh_crds::VERSION)
+                            && owner.controller == Some(true)
+                            && tx
+                                .send(ObjectRef::<World>::new(&owner.name).within(&ns))
+                                .is_err()
+                        {
+                            return;
+                        }
                     }
                 }
             }
