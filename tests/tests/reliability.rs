@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hostmesh_e2e::{Env, always_for, condition_true, signal, world_yaml};
+use hostmesh_e2e::{Env, always_for, condition_true, find_pids, signal, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams};
@@ -21,13 +21,15 @@ fn mesh_yaml(name: &str, per_host: u32, command: &str, extra: &str) -> String {
 /// `<dir>/<tag>-<RANK>`, then runs `then`.
 fn with_daemon(dir: &Path, tag: &str, then: &str) -> String {
     format!(
-        "setsid sleep 900 </dev/null >/dev/null 2>&1 & echo $! > {dir}/{tag}-$RANK.tmp && mv {dir}/{tag}-$RANK.tmp {dir}/{tag}-$RANK; {then}",
+        "HM_DAEMON={tag}-$RANK setsid sleep 900 </dev/null >/dev/null 2>&1 & echo $! > {dir}/{tag}-$RANK.tmp && mv {dir}/{tag}-$RANK.tmp {dir}/{tag}-$RANK; {then}",
         dir = dir.display()
     )
 }
 
-/// The daemon pids `n` ranks wrote under `tag`.
-async fn daemons(dir: &Path, tag: &str, n: u32) -> anyhow::Result<Vec<i32>> {
+/// The pids on this machine of the daemons `n` ranks started under `tag`:
+/// each of them while `running` (the ranks still run), else those still
+/// there.
+async fn daemons(dir: &Path, tag: &str, n: u32, running: bool) -> anyhow::Result<Vec<i32>> {
     let mut pids = Vec::new();
     for rank in 0..n {
         let path = dir.join(format!("{tag}-{rank}"));
@@ -35,7 +37,18 @@ async fn daemons(dir: &Path, tag: &str, n: u32) -> anyhow::Result<Vec<i32>> {
             path.exists()
         })
         .await?;
-        pids.push(std::fs::read_to_string(&path)?.trim().parse()?);
+        // The pid it wrote is its number in its pod's PID namespace (a
+        // container runtime's): this machine's is found by its variable.
+        // A daemon of a rank that already ended may be gone already (its
+        // pid file says it ran): then there is none to find.
+        let tagged = format!("{tag}-{rank}");
+        let mut found = Vec::new();
+        hostmesh_e2e::eventually(&format!("rank {rank}'s daemon found"), || {
+            found = find_pids(|e| e.get("HM_DAEMON") == Some(&tagged));
+            found.len() == 1 || (!running && found.is_empty())
+        })
+        .await?;
+        pids.extend(found);
     }
     Ok(pids)
 }
@@ -64,7 +77,7 @@ async fn setsid_daemons_go_with_their_rank_their_procmesh_and_their_pod() -> any
         "  restartPolicy: {policy: Never}\n",
     ))
     .await?;
-    let ended = daemons(&dir, "ends", 1).await?;
+    let ended = daemons(&dir, "ends", 1, false).await?;
     env.wait_for("ProcMesh", "ends", "Succeeded", |s| {
         s["phase"] == "Succeeded"
     })
@@ -83,7 +96,7 @@ async fn setsid_daemons_go_with_their_rank_their_procmesh_and_their_pod() -> any
         condition_true(s, "Ready")
     })
     .await?;
-    let of_deleted = daemons(&dir, "deleted", 2).await?;
+    let of_deleted = daemons(&dir, "deleted", 2, true).await?;
     assert!(of_deleted.iter().all(|p| alive(*p)), "the daemons run");
     env.delete("ProcMesh", "deleted").await?;
     all_gone("the daemons of a deleted ProcMesh are gone", &of_deleted).await?;
@@ -98,7 +111,7 @@ async fn setsid_daemons_go_with_their_rank_their_procmesh_and_their_pod() -> any
     .await?;
     env.wait_for("ProcMesh", "pod", "Ready", |s| condition_true(s, "Ready"))
         .await?;
-    let of_pod = daemons(&dir, "pod", 2).await?;
+    let of_pod = daemons(&dir, "pod", 2, true).await?;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     pods.delete("w-host-0", &DeleteParams::default()).await?;
     all_gone("the daemons of a deleted pod's procs are gone", &of_pod).await?;
