@@ -216,18 +216,13 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
     );
     for (i, r) in spec.failure_policy.rules.iter().enumerate() {
         let field = format!("spec.failurePolicy.rules[{i}]");
-        if r.exit_codes.is_empty()
+        let matches_nothing = r.exit_codes.is_empty()
             && r.signals.is_empty()
             && r.reasons.is_empty()
-            && r.stderr_pattern.is_none()
-        {
-            errs.push(FieldError::new(
-                field.clone(),
-                "matches nothing; give exitCodes, signals, reasons or stderrPattern",
-            ));
-        }
-        check_pattern(
-            &format!("{field}.stderrPattern"),
+            && r.stderr_pattern.is_none();
+        check_rule(
+            &field,
+            matches_nothing,
             r.stderr_pattern.as_deref(),
             &mut errs,
         );
@@ -327,6 +322,23 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
             Err(errs)
         }
     }
+}
+
+/// A failure rule (World or ProcMesh) must match something, and its
+/// `stderrPattern` must compile.
+fn check_rule(
+    field: &str,
+    matches_nothing: bool,
+    stderr_pattern: Option<&str>,
+    errs: &mut Vec<FieldError>,
+) {
+    if matches_nothing {
+        errs.push(FieldError::new(
+            field,
+            "matches nothing; give exitCodes, signals, reasons or stderrPattern",
+        ));
+    }
+    check_pattern(&format!("{field}.stderrPattern"), stderr_pattern, errs);
 }
 
 /// A rule's `stderrPattern` compiles (within the size limit).
@@ -658,18 +670,13 @@ pub fn proc_mesh(
     }
     for (i, r) in spec.restart_policy.rules.iter().enumerate() {
         let field = format!("spec.restartPolicy.rules[{i}]");
-        if r.exit_codes.is_empty()
+        let matches_nothing = r.exit_codes.is_empty()
             && r.signals.is_empty()
             && r.reasons.is_empty()
-            && r.stderr_pattern.is_none()
-        {
-            errs.push(FieldError::new(
-                field.clone(),
-                "matches nothing; give exitCodes, signals, reasons or stderrPattern",
-            ));
-        }
-        check_pattern(
-            &format!("{field}.stderrPattern"),
+            && r.stderr_pattern.is_none();
+        check_rule(
+            &field,
+            matches_nothing,
             r.stderr_pattern.as_deref(),
             &mut errs,
         );
