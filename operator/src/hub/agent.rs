@@ -201,6 +201,9 @@ pub enum HostReport {
     ProcState {
         /// From.
         host: HostKey,
+        /// Pod UID of the agent (a report from a pod that is gone or
+        /// replaced does not count).
+        pod_uid: String,
         /// Its full new state.
         state: protocol::ProcReport,
     },

@@ -40,7 +40,10 @@
 //! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
 //!    mesh waits: its procs go with the hosts as Stopped, not as failures,
 //!    nothing is spawned or counted, and the spawn clock restarts when the
-//!    World runs again. A mesh that already ended stays ended.
+//!    World runs again. A mesh that already ended stays ended. Resumed, it
+//!    keeps waiting until the World runs again (reason `WorldResuming`):
+//!    what the suspended hosts' agents still report while their pods go is
+//!    of the stopped procs, never a failure.
 //! 7. Every failure opens or joins an incident in `status.incidents`
 //!    ([`super::incidents`]), whose phases are stamped as the plan sees
 //!    them; the durations completed by this plan are in [`Plan::recovery`].
@@ -251,7 +254,10 @@ fn status_of(o: &ProcObs) -> RankStatus {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::carry_over(input);
     if input.world_suspended && !w.was_terminal {
-        return w.wait_suspended();
+        return w.wait_suspended(false);
+    }
+    if w.resuming() {
+        return w.wait_suspended(true);
     }
     if let super::deps::Deps::Waiting(why) = &input.deps
         && !w.was_terminal
@@ -379,20 +385,40 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    /// The World is suspended (invariant 6): every rank Stopped, nothing
-    /// spawned or counted, the conditions say why.
-    fn wait_suspended(mut self) -> Plan {
+    /// Whether the World resumed from a suspension this mesh waited out,
+    /// and does not run yet (invariant 6).
+    fn resuming(&self) -> bool {
+        self.same_gen
+            && !self.was_terminal
+            && !self.world_running
+            && conditions::get(&self.prev.conditions, READY)
+                .is_some_and(|c| matches!(c.reason.as_str(), "WorldSuspended" | "WorldResuming"))
+    }
+
+    /// The World is suspended, or resumed but not running yet (invariant
+    /// 6): every rank Stopped, nothing spawned or counted, the conditions
+    /// say why.
+    fn wait_suspended(mut self, resuming: bool) -> Plan {
         let input = self.input;
         let world = &input.pm.spec.world;
-        let message = format!(
-            "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
-        );
-        let was = conditions::get(&self.prev.conditions, READY)
-            .is_some_and(|c| c.reason == "WorldSuspended");
+        let (reason, message) = if resuming {
+            (
+                "WorldResuming",
+                format!("World {world} resumed: its procs spawn again once its hosts run"),
+            )
+        } else {
+            (
+                "WorldSuspended",
+                format!(
+                    "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
+                ),
+            )
+        };
+        let was = conditions::get(&self.prev.conditions, READY).is_some_and(|c| c.reason == reason);
         if !was {
             self.out.events.push(PlannedEvent {
                 severity: Severity::Normal,
-                reason: "WorldSuspended",
+                reason,
                 note: message.clone(),
             });
         }
@@ -406,8 +432,8 @@ impl<'i, 'a> Working<'i, 'a> {
         let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
             conditions::set(c, t, s, r, m, self.generation, &self.now_t)
         };
-        set(&mut conds, READY, false, "WorldSuspended", &message);
-        set(&mut conds, PROGRESSING, false, "WorldSuspended", &message);
+        set(&mut conds, READY, false, reason, &message);
+        set(&mut conds, PROGRESSING, false, reason, &message);
         set(&mut conds, DEGRADED, false, "NoFailures", "");
         set(&mut conds, FAILED, false, "NotFailed", "");
         let (rank_runs, truncated) = procmesh::rank_runs(ranks);

@@ -141,8 +141,30 @@ fn a_suspended_world_stops_without_failures_and_respawns_on_resume() {
     assert!(p.events.is_empty(), "announced once");
     assert_eq!(p.status.spawn_time, None);
     // Resumed: it waits for the World, then spawns every rank afresh.
+    // What a suspended host's agent still reports while its pod goes (rank
+    // 3 still stopping on host 1, which is Terminating, then Pending) is of
+    // the stopped procs, no failure (CI once saw rank 3 Lost here).
     pm.status = Some(p.status);
-    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 200);
+    let mut late = BTreeMap::new();
+    late.insert(
+        3,
+        ProcObs {
+            host: 1,
+            ..obs(ProcState::Stopping, None, 0)
+        },
+    );
+    for (t, host) in [(200, HostState::Terminating), (201, HostState::Pending)] {
+        let lost = BTreeMap::from([(1, host)]);
+        let p = run_lost(&pm, Some(WorldPhase::Creating), &late, &lost, t);
+        assert!(p.spawn.is_none() && !p.stop);
+        assert_eq!((p.status.failed, p.status.restarts), (0, 0), "{host:?}");
+        assert!(p.status.first_failure.is_none(), "{host:?}");
+        assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+        let ready = conditions::get(&p.status.conditions, READY).unwrap();
+        assert_eq!(ready.reason, "WorldResuming");
+        pm.status = Some(p.status);
+    }
+    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 202);
     assert!(p.spawn.is_none());
     assert_eq!(p.status.failed, 0);
     pm.status = Some(p.status);
