@@ -183,6 +183,9 @@ impl ProcObs {
 }
 
 /// What agents push to the hub.
+// Nearly every report is a proc state moved once through the push channel:
+// boxing it would allocate for almost every report, for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum HostReport {
     /// Periodic heartbeat.
