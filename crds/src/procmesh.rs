@@ -352,6 +352,13 @@ pub struct ExitRule {
     /// within `spawnTimeout`), `Stalled`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<RankReason>,
+    /// Whose fault the failure was, as the rank's `cause` in status says:
+    /// `Infrastructure` (its host lost, evicted, preempted or deleted from
+    /// outside, a device Unhealthy, the agent gone), `User` (its own exit,
+    /// a signal it raised, a traceback), `Unknown`. The obvious use:
+    /// `{action: RestartWithoutCounting, causes: [Infrastructure]}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<crate::cause::FailureCause>,
     /// A regular expression (Rust `regex` syntax, unanchored, at most 1024
     /// bytes) over the rank's stderr (the tail status keeps, and its head),
     /// e.g. `NCCL error|CUDA error: an illegal memory access`.

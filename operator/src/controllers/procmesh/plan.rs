@@ -753,7 +753,7 @@ impl<'i, 'a> Working<'i, 'a> {
         by_root.sort_by_key(|r| (root != Some(*r), *r));
         let decisions: Vec<(Rank, super::rules::Decision)> = by_root
             .into_iter()
-            .map(|r| (r, rules.decide(&self.ranks[r])))
+            .map(|r| (r, rules.decide(&self.ranks[r], self.host_cause(r))))
             .collect();
         let permanent = decisions.iter().find(|(_, d)| d.action == ExitAction::Fail);
         if let Some((r, d)) = permanent
@@ -797,7 +797,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// A failed rank a rule `Ignore`s is accepted as ended: `Stopped`, no
     /// failure (invariant 3). Returns whether it was.
     fn ignore(&mut self, r: Rank, rules: &super::rules::Rules<'_>) -> bool {
-        let d = rules.decide(&self.ranks[r]);
+        let d = rules.decide(&self.ranks[r], self.host_cause(r));
         if d.action != ExitAction::Ignore {
             return false;
         }
@@ -1237,6 +1237,11 @@ impl<'i, 'a> Working<'i, 'a> {
             f.oom_killed,
             self.input.host_causes.get(&host),
         )
+    }
+
+    /// What the World attributed to the host of `rank`, if anything.
+    fn host_cause(&self, rank: Rank) -> Option<&'a hostmesh_crds::cause::Attribution> {
+        self.input.host_causes.get(&(rank / self.per_host.max(1)))
     }
 
     /// Every failed rank's cause (invariant 13).
