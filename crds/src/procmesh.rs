@@ -584,8 +584,12 @@ pub enum ProcState {
     Killed,
     /// Did not start within `spawnTimeout`.
     Timeout,
-    /// Its host is gone or expired.
+    /// Its host is gone (failed, evicted, deleted).
     Lost,
+    /// Its host's agent is silent (the host `Expired`) and the World has
+    /// not evicted it yet: the proc may still be running. No failure:
+    /// nothing is restarted or counted unless the World evicts the host.
+    Unreachable,
     /// Alive but without progress for `stallTimeout`, with
     /// `restartPolicy.onStall: Failure`.
     Stalled,

@@ -311,7 +311,31 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     for r in [2, 3] {
         states.get_mut(&r).unwrap().host = 1;
     }
-    let lost = BTreeMap::from([(1, HostState::Expired)]);
+    // Expired (its agent silent), not evicted yet: Unreachable, which
+    // costs nothing (issue 30: a blip shorter than evictionTimeout).
+    let expired = BTreeMap::from([(1, HostState::Expired)]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &expired, 99);
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Unreachable);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 0));
+    assert!(p.status.first_failure.is_none() && p.status.incidents.is_empty());
+    assert!(p.spawn.is_none() && !p.stop);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    let ready = conditions::get(&p.status.conditions, READY).unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "RanksUnreachable")
+    );
+    assert!(ready.message.contains("2 unreachable"), "{}", ready.message);
+    assert!(conditions::is_true(&p.status.conditions, DEGRADED));
+    // Heard again in time: nothing happened.
+    let mut back = pm.clone();
+    back.status = Some(p.status.clone());
+    let p2 = run(&back, RUNNING, &states, 100);
+    assert!(conditions::is_true(&p2.status.conditions, READY));
+    assert_eq!((p2.status.failed, p2.status.restarts), (0, 0));
+    // Evicted instead (its pod going): Lost, a failure.
+    pm.status = Some(p.status);
+    let lost = BTreeMap::from([(1, HostState::Terminating)]);
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
     let ff = p.status.first_failure.clone().unwrap();
     assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
