@@ -513,6 +513,15 @@ impl Env {
         self.apiserver.as_ref().map(Child::id)
     }
 
+    /// The pid of the process kubelet this suite started (embedded
+    /// cluster, or joined with `HOSTMESH_E2E_NODES=process-kubelet`); none
+    /// on a real cluster's own nodes.
+    pub fn kubelet_pid(&self) -> Option<i32> {
+        self.kubelet
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+    }
+
     /// The pids of the running operator processes, oldest first.
     pub fn operator_pids(&self) -> Vec<i32> {
         self.operators
@@ -1037,6 +1046,36 @@ impl Env {
     /// namespace.
     pub fn agent_pids(&self, world: &str, rank: u32) -> Vec<i32> {
         agents_in(&self.namespace, world, Some(rank))
+    }
+
+    /// Cuts pod `name`'s network (`up` false) or restores it (`up` true):
+    /// the host end of its veth goes down or up, which partitions the pod
+    /// from everything, the operator included, while every process in it
+    /// runs on. Only for pods of the process kubelet's sandbox network.
+    pub async fn set_pod_link(&self, name: &str, up: bool) -> anyhow::Result<()> {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let ip: std::net::Ipv4Addr = pods
+            .get(name)
+            .await?
+            .status
+            .and_then(|s| s.pod_ip)
+            .with_context(|| format!("pod {name} has no IP"))?
+            .parse()
+            .with_context(|| format!("pod {name}'s IP"))?;
+        let veth = hostmesh_devcluster::kubelet::veth_name(ip);
+        let state = if up { "up" } else { "down" };
+        let out = Command::new("ip")
+            .args(["link", "set", "dev", &veth, state])
+            .output()
+            .context("run `ip` (iproute2)")?;
+        if !out.status.success() {
+            bail!(
+                "ip link set dev {veth} {state}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
     }
 
     /// PIDs of the procs of ProcMesh `mesh` on World `world` in this test's

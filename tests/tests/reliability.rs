@@ -304,3 +304,92 @@ async fn a_host_silent_for_less_than_eviction_costs_its_ranks_nothing() -> anyho
     assert_eq!(env.proc_pids("w", "pm"), procs, "the procs were restarted");
     Ok(())
 }
+
+/// SIGCONTs a stopped process when dropped: a test never leaves the
+/// kubelet frozen, whatever its outcome.
+struct Thaw(i32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "CONT");
+    }
+}
+
+/// Issue 30, item 3: a host pod whose node hangs (its kubelet frozen) and
+/// whose network is cut goes `Terminating` and stays so, as no kubelet
+/// confirms its deletion; once its agent must have fenced itself (the
+/// fence timeout, 60 s at least), the operator deletes it at once and says
+/// so in an Event, the fenced agent has ended its procs by then, and the
+/// rank gets a new pod: one restart, no proc of the old pod beside the new.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_nodes_pod_is_force_deleted_once_its_agent_fenced() -> anyhow::Result<()> {
+    let env = Env::start("hung-node").await?;
+    let Some(kubelet) = env.kubelet_pid() else {
+        // A real cluster's own node: its kubelet is not this suite's to
+        // freeze, nor its pod network to cut.
+        return Ok(());
+    };
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  healthTimeout: 2s\n  evictionTimeout: 3s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
+    ))
+    .await?;
+    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
+    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let old_uid = pods.get("w-host-1").await?.metadata.uid;
+    let all = env.proc_pids("w", "pm");
+    let old_procs: Vec<i32> = find_pids(|e| {
+        e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+            && matches!(e.get("RANK").map(String::as_str), Some("2" | "3"))
+    })
+    .into_iter()
+    .filter(|p| all.contains(p))
+    .collect();
+    assert_eq!(
+        old_procs.len(),
+        2,
+        "host 1's procs: {old_procs:?} of {all:?}"
+    );
+
+    env.set_pod_link("w-host-1", false).await?;
+    signal(kubelet, "STOP")?;
+    let thaw = Thaw(kubelet);
+    // Replaced without its kubelet: the old pod object goes.
+    let gone = hostmesh_testkit::wait::poll(Duration::from_secs(240), async || {
+        match pods.get_opt("w-host-1").await {
+            Ok(Some(p)) if p.metadata.uid == old_uid => Err(()),
+            Ok(_) => Ok(()),
+            Err(_) => Err(()),
+        }
+    })
+    .await;
+    let alive_then: Vec<i32> = old_procs.iter().copied().filter(|p| alive(*p)).collect();
+    drop(thaw);
+    gone.map_err(|()| anyhow::anyhow!("w-host-1 was not force-deleted in 240 s"))?;
+    assert!(
+        alive_then.is_empty(),
+        "the old pod's procs {alive_then:?} outlived its force-deletion (its agent did not fence first)"
+    );
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let forced = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("HostPodForceDeleted"));
+    assert!(forced, "no HostPodForceDeleted Event");
+
+    // The kubelet back: the rank runs again on its new pod, counted once.
+    let pm = env
+        .wait_for("ProcMesh", "pm", "Ready again", |s| {
+            condition_true(s, "Ready") && s["restarts"].as_u64().unwrap_or(0) >= 1
+        })
+        .await?;
+    assert_eq!(pm["restarts"], 1, "{pm:#}");
+    env.wait_for("World", "w", "Ready again", |s| condition_true(s, "Ready"))
+        .await?;
+    Ok(())
+}

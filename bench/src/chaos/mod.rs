@@ -19,6 +19,7 @@
 //! run's processes go with its cluster when the run ends (the harness's
 //! `Env` drop), and a frozen agent is thawed first.
 
+mod blips;
 mod churn;
 mod faults;
 mod fixture;
@@ -62,11 +63,17 @@ pub enum Scenario {
     /// Workers create and delete Worlds with ProcMeshes; nothing is left,
     /// and the API server gives its memory back.
     Churn,
+    /// Cut one host's pod off the network for 6 s (`healthTimeout` 2 s,
+    /// `evictionTimeout` 30 s): nothing restarted, counted or replaced.
+    PartitionShort,
+    /// SIGSTOP the operator for 10 s (`healthTimeout` 2 s): it blames no
+    /// agent for its own pause.
+    OperatorFreeze,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::ProcKill,
         Scenario::AgentKill,
         Scenario::AgentStop,
@@ -78,6 +85,8 @@ impl Scenario {
         Scenario::UpKill,
         Scenario::ApiRestart,
         Scenario::Churn,
+        Scenario::PartitionShort,
+        Scenario::OperatorFreeze,
     ];
 
     /// The scenario's name, the prefix of its result lines.
@@ -94,6 +103,8 @@ impl Scenario {
             Scenario::UpKill => "up_kill",
             Scenario::ApiRestart => "api_restart",
             Scenario::Churn => "churn",
+            Scenario::PartitionShort => "partition_short",
+            Scenario::OperatorFreeze => "operator_freeze",
         }
     }
 
@@ -200,6 +211,8 @@ async fn run_once(scenario: Scenario, name: &str, index: usize) -> anyhow::Resul
         Scenario::UpKill => up::up_kill(name).await,
         Scenario::ApiRestart => restart::api_restart(name, index).await,
         Scenario::Churn => churn::churn(name).await,
+        Scenario::PartitionShort => blips::partition_short(name).await,
+        Scenario::OperatorFreeze => blips::operator_freeze(name).await,
     }
 }
 

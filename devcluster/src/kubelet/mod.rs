@@ -69,5 +69,5 @@ pub use logrotate::{
 };
 pub use net::{
     BRIDGE_PREFIX, CLUSTER_DNS_IP, CLUSTER_DOMAIN, ClusterDns, DnsPod, DnsSockets, Ipv4Net,
-    PodNetwork, PodRange, RangeOrigin, RangeOverlap, VETH_PREFIX,
+    PodNetwork, PodRange, RangeOrigin, RangeOverlap, VETH_PREFIX, veth_name,
 };

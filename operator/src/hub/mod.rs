@@ -44,6 +44,11 @@
 //!    stopped, frozen or starved), every heartbeat deadline moves later by
 //!    the stall before any is judged or any push that waited through it
 //!    is handled.
+//! 10. A host that leaves the hub's view (its pod terminating, so it has no
+//!     address to dial) keeps when it was last heard and since when it was
+//!     watched until a new pod of its rank comes, so a pod stuck
+//!     terminating on a hung node is force-deleted once its agent must
+//!     have fenced (`controllers::world::fencing`), not waited on forever.
 
 pub mod agent;
 pub mod book;
@@ -161,6 +166,15 @@ struct WorldEntry {
     highest_epochs: BTreeMap<Rank, u64>,
     /// The address book and its recent changes ([`book`]).
     book: Arc<Mutex<book::BookLog>>,
+    /// Hosts that left the view, by rank (invariant 10).
+    departed: BTreeMap<Rank, Departed>,
+}
+
+/// What the hub last knew of a host that left its view (invariant 10).
+struct Departed {
+    pod_uid: String,
+    last_heard: Option<Timestamp>,
+    watched_at: Timestamp,
 }
 
 struct State {
@@ -585,11 +599,15 @@ impl Hub {
     /// `pod_uid` (a new leader: since it took over).
     pub fn watching_since(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> Option<Timestamp> {
         let st = self.lock();
-        st.worlds
-            .get(world)
-            .and_then(|w| w.hosts.get(&rank))
-            .filter(|h| h.pod_uid == pod_uid)
-            .map(|h| h.watched_at)
+        let w = st.worlds.get(world)?;
+        match w.hosts.get(&rank) {
+            Some(h) => (h.pod_uid == pod_uid).then_some(h.watched_at),
+            None => w
+                .departed
+                .get(&rank)
+                .filter(|d| d.pod_uid == pod_uid)
+                .map(|d| d.watched_at),
+        }
     }
 
     /// The highest rank epoch this hub was given for host `rank` of
@@ -624,12 +642,18 @@ impl Hub {
         rank: Rank,
         pod_uid: Option<&str>,
     ) -> Option<Timestamp> {
-        self.lock()
-            .worlds
-            .get(world)
-            .and_then(|w| w.hosts.get(&rank))
-            .filter(|h| pod_uid.is_none_or(|uid| h.pod_uid == uid))
-            .and_then(|h| h.last_heard)
+        let st = self.lock();
+        let w = st.worlds.get(world)?;
+        match w.hosts.get(&rank) {
+            Some(h) => h
+                .last_heard
+                .filter(|_| pod_uid.is_none_or(|uid| h.pod_uid == uid)),
+            None => w
+                .departed
+                .get(&rank)
+                .filter(|d| pod_uid.is_none_or(|uid| d.pod_uid == uid))
+                .and_then(|d| d.last_heard),
+        }
     }
 
     /// When host `rank`'s agent in pod `pod_uid` expired, if it is Expired.
@@ -662,6 +686,7 @@ impl Hub {
                     procs: HashMap::new(),
                     highest_epochs: BTreeMap::new(),
                     book: Arc::default(),
+                    departed: BTreeMap::new(),
                 });
             for (r, e) in &agents.epochs {
                 let h = entry.highest_epochs.entry(*r).or_default();
@@ -677,7 +702,16 @@ impl Hub {
                 .copied()
                 .collect();
             for r in gone {
-                entry.hosts.remove(&r);
+                if let Some(h) = entry.hosts.remove(&r) {
+                    entry.departed.insert(
+                        r,
+                        Departed {
+                            pod_uid: h.pod_uid,
+                            last_heard: h.last_heard,
+                            watched_at: h.watched_at,
+                        },
+                    );
+                }
                 // Its procs went with it: a later pod of this rank starts
                 // from nothing (a stale Succeeded or Running report must not
                 // stand for procs that no longer exist).
@@ -710,6 +744,7 @@ impl Hub {
                         states.retain(|_, o| o.host != *rank);
                     }
                 }
+                entry.departed.remove(rank);
                 let h = entry.hosts.entry(*rank).or_insert_with(|| HostEntry {
                     held: BTreeMap::new(),
                     held_digest: None,

@@ -164,6 +164,31 @@ async fn a_host_that_leaves_takes_its_proc_reports_with_it() {
     assert!(hub.proc_states(&wk(), "pm.abc").is_empty());
 }
 
+/// A host whose pod left the view (terminating: no address to dial) keeps
+/// when it was last heard and watched (invariant 10), for the pod's uid
+/// only, until a new pod of its rank comes.
+#[tokio::test]
+async fn a_departed_host_keeps_when_it_was_last_heard() {
+    let (_sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(2, "a")).await;
+    drain(&hub, &mut rx); // snapshots count as heartbeats
+    let heard = hub.last_heard(&wk(), 1, Some("a-1")).expect("heard");
+    let watched = hub.watching_since(&wk(), 1, "a-1").expect("watched");
+    let mut without_1 = agents(2, "a");
+    without_1.hosts.remove(&1);
+    hub.sync_world(&wk(), without_1.clone()).await;
+    assert_eq!(hub.liveness(&wk(), 1, "a-1"), Liveness::Unknown);
+    assert_eq!(hub.last_heard(&wk(), 1, Some("a-1")), Some(heard));
+    assert_eq!(hub.last_heard(&wk(), 1, None), Some(heard));
+    assert_eq!(hub.watching_since(&wk(), 1, "a-1"), Some(watched));
+    assert_eq!(hub.last_heard(&wk(), 1, Some("b-1")), None);
+    assert_eq!(hub.watching_since(&wk(), 1, "b-1"), None);
+    // A new pod of rank 1: the departed one is forgotten.
+    hub.sync_world(&wk(), agents(2, "b")).await;
+    assert_eq!(hub.last_heard(&wk(), 1, Some("a-1")), None);
+    assert_eq!(hub.watching_since(&wk(), 1, "a-1"), None);
+}
+
 /// A report its agent sends after its pod left (the World suspended, the
 /// agent still stopping its procs) or was replaced counts for nothing: it
 /// would stand for procs no pod of that rank runs now.

@@ -32,6 +32,7 @@ pub use cidr::Ipv4Net;
 pub use dns::{ClusterDns, DnsPod, DnsSockets};
 pub(crate) use nsthread::PodNamespaces;
 pub use range::{PodRange, RangeOrigin, RangeOverlap};
+pub use sandbox::veth_name;
 pub(crate) use sandbox::{ApiService, Sandbox, SandboxSpec};
 
 /// Prefix of the kubelet's bridges (`hmbr10.244.3`).

@@ -61,7 +61,7 @@ pub(crate) struct Sandbox {
 }
 
 /// The host end's name of the veth of a pod at `ip` (invariant 2).
-pub(crate) fn veth_name(ip: Ipv4Addr) -> String {
+pub fn veth_name(ip: Ipv4Addr) -> String {
     format!("{VETH_PREFIX}{:08x}", u32::from(ip))
 }
 

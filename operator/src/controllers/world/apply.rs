@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use super::{desired, fencing, gang, kueue, observe, plan, secret};
 use crate::controllers::shared::ControllerContext;
+use crate::controllers::shared::events::{self, PlannedEvent, Severity};
 use crate::controllers::shared::writes::write_status;
 use crate::hub::{Liveness, WorldAgents, WorldKey};
 use crate::{FIELD_MANAGER, OperatorError};
@@ -97,7 +98,8 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         meshes: &meshes,
     });
 
-    let stuck_requeue = act_on_stuck_pods(world, &pods_api, &observed.pods, &hub).await?;
+    let (stuck_requeue, forced) = act_on_stuck_pods(world, &pods_api, &observed.pods, &hub).await?;
+    ctx.planned_events(world, &forced).await;
     // A World that finishes in this pass says so before its pods go: its
     // ProcMeshes must read the World's end before the exits of the procs
     // its agents stop (a proc that exits 0 on TERM is not a success of
@@ -389,14 +391,16 @@ async fn ask_kueue(
 
 /// Fencing invariant 3: a pod stuck terminating whose agent must have
 /// fenced goes without its kubelet's word, so its rank is replaced. Returns
-/// when to look again at a pod that is not there yet.
+/// when to look again at a pod that is not there yet, and a Warning Event
+/// per pod force-deleted.
 async fn act_on_stuck_pods(
     world: &World,
     pods_api: &Api<Pod>,
     pods: &BTreeMap<Rank, Arc<Pod>>,
     hub: &HubView<'_>,
-) -> Result<Option<Duration>, OperatorError> {
+) -> Result<(Option<Duration>, Vec<PlannedEvent>), OperatorError> {
     let mut requeue = None;
+    let mut forced = Vec::new();
     for (r, p) in pods {
         let verdict = fencing::stuck(
             p,
@@ -421,10 +425,20 @@ async fn act_on_stuck_pods(
                     ..DeleteParams::default()
                 };
                 delete_pod(pods_api, &pod_name, &dp).await?;
+                let since = hub
+                    .last_heard(*r)
+                    .map_or_else(|| "ever".to_string(), |t| t.to_string());
+                forced.push(events::event(
+                    Severity::Warning,
+                    "HostPodForceDeleted",
+                    format!(
+                        "host pod {pod_name} (rank {r}) stayed terminating without its kubelet confirming, and its agent, not heard since {since}, must have fenced itself: deleted at once (grace 0) so the rank can be replaced"
+                    ),
+                ));
             }
         }
     }
-    Ok(requeue)
+    Ok((requeue, forced))
 }
 
 /// Deletes a pod; one already gone is fine.
