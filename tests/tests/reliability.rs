@@ -335,7 +335,13 @@ async fn a_hung_nodes_pod_is_force_deleted_once_its_agent_fenced() -> anyhow::Re
         "  healthTimeout: 2s\n  evictionTimeout: 3s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
     ))
     .await?;
-    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
+    env.apply(&mesh_yaml(
+        "pm",
+        2,
+        "exec sleep 900",
+        "  restartPolicy: {policy: OnFailure, maxRestarts: 3, backoff: 1s}\n",
+    ))
+    .await?;
     env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
         .await?;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);

@@ -14,7 +14,9 @@
 //!    incident's root are collateral (`causedBy`), counted apart.
 //! 3. Restarts stop at `maxRestarts` (total, counted per incident: the
 //!    failures one restart handles count once, however many ranks they
-//!    hit); a permanent failure (a rule says Fail, or exit code 126/127 by
+//!    hit, and however many passes their reports take to arrive: failures
+//!    that happened before the open incident's restart was decided, and
+//!    join it, restart uncounted); a permanent failure (a rule says Fail, or exit code 126/127 by
 //!    default) or `Never` fails at once. Each rank's own restarts are its
 //!    incarnation. `restartPolicy.rules` ([`super::rules`]) decide each
 //!    failure: a restart only `RestartWithoutCounting` rules asked for is
@@ -310,6 +312,9 @@ struct Working<'i, 'a> {
     rule_fired: Option<hostmesh_crds::procmesh::RuleFired>,
     progressing: Option<(&'static str, String)>,
     retrying: bool,
+    /// What fails now joined an open incident whose restart was already
+    /// decided (and counted): its ranks restart uncounted (invariant 3).
+    joined_restart: bool,
     out: Plan,
 }
 
@@ -355,6 +360,7 @@ impl<'i, 'a> Working<'i, 'a> {
             rule_fired: prev.rule_fired.clone().filter(|_| same_gen),
             progressing: None,
             retrying: false,
+            joined_restart: false,
             out: Plan::default(),
             prev,
         }
@@ -789,10 +795,14 @@ impl<'i, 'a> Working<'i, 'a> {
         // A restart counts once per incident, however many ranks it restarts
         // (a lost host with 8 procs is one restart, as a gang restart is),
         // and not at all when only `RestartWithoutCounting` rules asked.
+        // Ranks whose failures joined an incident whose restart was already
+        // counted (reports of one crash arriving over several passes) are
+        // restarted with it, uncounted.
         let needed = u32::from(
-            decisions
-                .iter()
-                .any(|(_, d)| d.action == ExitAction::Restart),
+            !self.joined_restart
+                && decisions
+                    .iter()
+                    .any(|(_, d)| d.action == ExitAction::Restart),
         );
         if policy.policy == RestartMode::Never {
             self.failure_reason = Some(format!("{summary} (restartPolicy Never)"));
@@ -1055,6 +1065,18 @@ impl<'i, 'a> Working<'i, 'a> {
         let cause = describe(root.rank, &root.status, self.program());
         let last = |ring: &[Incident]| ring.last().map(|i| (i.detected_at.clone(), i.rank));
         let before = last(&self.incidents);
+        // When the open incident's restart was decided, if it was.
+        let restart_decided = self
+            .incidents
+            .last()
+            .filter(|i| {
+                !i.closed()
+                    && matches!(
+                        i.action,
+                        Some(IncidentAction::RestartRanks | IncidentAction::RestartGang)
+                    )
+            })
+            .and_then(|i| i.decided_at.as_ref().map(|t| t.0));
         let (root_rank, root_at) =
             incidents::on_failure(&mut self.incidents, &root, &cause, 0, !self.was_terminal)
                 .unwrap_or((root.rank, root.at));
@@ -1063,6 +1085,16 @@ impl<'i, 'a> Working<'i, 'a> {
         let attribution = self.attribution(&root);
         let after = last(&self.incidents);
         let opened = after.as_ref().map(|a| &a.0) != before.as_ref().map(|b| &b.0);
+        // Failures that happened before that decision, reported since,
+        // are of the crash it answered; a restarted rank failing again is
+        // a new failure.
+        self.joined_restart = !opened
+            && restart_decided.is_some_and(|decided| {
+                failures
+                    .iter()
+                    .filter(|f| failed.binary_search(&f.rank).is_ok())
+                    .all(|f| f.at <= decided)
+            });
         if let Some(i) = self.incidents.last_mut().filter(|i| i.rank == root.rank)
             && (after != before || i.cause.is_none())
         {

@@ -1242,3 +1242,58 @@ fn rules_restart_without_counting_and_ignore() {
     let p = run(&pm, RUNNING, &states, 11);
     assert!(!p.events.iter().any(|e| e.reason == "RuleFired"), "once");
 }
+
+/// Issue 30, item 6: ranks that crashed at the same instant are one
+/// incident and one restart, however many passes their reports take to
+/// arrive; an unrelated failure well after is its own incident and counts.
+#[test]
+fn one_crash_reported_over_several_passes_is_one_restart() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 5}");
+    let t = 100_000;
+    let p = run_ms(&pm, &all(2, 2, ProcState::Running, 0), t - 1_000);
+    pm.status = Some(p.status);
+    // Ranks 0 and 1 first: one restart.
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in 0..2 {
+        states.insert(r, timed(ProcState::Failed, Some(1), None, t, t + 5));
+    }
+    let p = run_ms(&pm, &states, t + 10);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(p.status.incidents.len(), 1);
+    pm.status = Some(p.status);
+    // Ranks 2 and 3 of the same crash, reported a pass later, while 0 and
+    // 1 restart: they restart too, uncounted, in the same incident.
+    for r in 0..2 {
+        states.insert(r, obs(ProcState::Starting, None, 1));
+    }
+    for r in 2..4 {
+        states.insert(r, timed(ProcState::Failed, Some(1), None, t + 1, t + 900));
+    }
+    let p = run_ms(&pm, &states, t + 1_000);
+    assert_eq!(p.status.restarts, 1, "{:?}", p.status.incidents);
+    assert_eq!(p.status.incidents.len(), 1);
+    assert!(
+        p.spawn
+            .as_ref()
+            .is_some_and(|i| i.get(2) == 1 && i.get(3) == 1)
+    );
+    pm.status = Some(p.status);
+    // All back; a minute later rank 1 fails on its own: a new incident,
+    // counted.
+    let mut states: BTreeMap<Rank, ProcObs> = (0..4)
+        .map(|r| (r, obs(ProcState::Running, None, 1)))
+        .collect();
+    let p = run_ms(&pm, &states, t + 2_000);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    pm.status = Some(p.status);
+    states.insert(
+        1,
+        ProcObs {
+            incarnation: 1,
+            ..timed(ProcState::Failed, Some(1), None, t + 60_000, t + 60_005)
+        },
+    );
+    let p = run_ms(&pm, &states, t + 60_010);
+    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.incidents.len(), 2);
+}
