@@ -125,7 +125,8 @@ async fn with_network_policy_each_world_has_its_policy() -> anyhow::Result<()> {
             ),
         ])
     );
-    assert_eq!(ports(&ingress[0]), tcp(&[26600, 26601]));
+    // The default agent port (the agent contract's) and the health port.
+    assert_eq!(ports(&ingress[0]), tcp(&[26602, 26601]));
     let peers = ingress[1].from.as_ref().expect("from");
     assert_eq!(peers.len(), 1);
     assert!(peers[0].namespace_selector.is_none());
