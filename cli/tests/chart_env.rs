@@ -171,13 +171,18 @@ fn network_policies_without_the_operator_pod_labels_stop_the_operator_with_the_f
         .collect();
     assert_eq!(
         labels,
-        ["app.kubernetes.io/component=operator,app.kubernetes.io/instance=hm,app.kubernetes.io/name=hostmesh"]
+        [
+            "app.kubernetes.io/component=operator,app.kubernetes.io/instance=hm,app.kubernetes.io/name=hostmesh"
+        ]
     );
     let out = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
         .args(&args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(env.into_iter().filter(|(k, _)| k != "HOSTMESH_OPERATOR_POD_LABELS"))
+        .envs(
+            env.into_iter()
+                .filter(|(k, _)| k != "HOSTMESH_OPERATOR_POD_LABELS"),
+        )
         .output()
         .expect("run hostmesh");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -188,7 +193,10 @@ fn network_policies_without_the_operator_pod_labels_stop_the_operator_with_the_f
     );
     // Off: nothing to pass, and the operator starts as before.
     let (env, _) = rendered_env(r#"{"networkPolicy": {"enabled": false}}"#);
-    assert!(env.iter().any(|(k, v)| k == "HOSTMESH_NETWORK_POLICY" && v == "false"));
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "HOSTMESH_NETWORK_POLICY" && v == "false")
+    );
     assert!(!env.iter().any(|(k, _)| k == "HOSTMESH_OPERATOR_POD_LABELS"));
     let err = run_operator_with(r#"{"networkPolicy": {"enabled": false}}"#);
     assert!(

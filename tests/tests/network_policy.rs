@@ -4,15 +4,20 @@
 //! change, going with its World, and removed by an operator started
 //! without the flag. Runs unchanged on the embedded cluster and with
 //! `KUBECONFIG` at a real one (which stores policies whether or not its
-//! CNI enforces them).
+//! CNI enforces them). And an operator that may not write policies (the
+//! chart's RBAC without them, the flag on) keeps running Worlds and says
+//! why on each World.
 
 use std::collections::BTreeMap;
 
+use hostmesh_e2e::chart::{SELECTOR, image_values, install};
 use hostmesh_e2e::{Env, WAIT, condition_true, world_yaml};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
 /// Where the policies say the operator runs (what the chart passes).
 const OPERATOR_NAMESPACE: &str = "hostmesh-system";
@@ -232,5 +237,83 @@ async fn with_network_policy_each_world_has_its_policy() -> anyhow::Result<()> {
         api.get_opt("users-own").await?.is_some(),
         "a policy no World owns is not the operator's to delete"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_that_may_not_write_policies_keeps_running_worlds() -> anyhow::Result<()> {
+    // The chart installed with networkPolicy.enabled=false (its RBAC lists
+    // and deletes policies, nothing more) and the flag forced on: every
+    // write of a policy is refused with 403. The chart's operator runs on
+    // its ServiceAccount, so RBAC is the API server's.
+    let env = Env::start_without_operator("netpol-403").await?;
+    let ns = env.namespace.clone();
+    let mut values = serde_json::json!({
+        "replicas": 1,
+        "logFormat": "text",
+        "watchNamespaces": [ns],
+        "networkPolicy": {"enabled": false},
+        "extraEnv": [
+            {"name": "HOSTMESH_NETWORK_POLICY", "value": "true"},
+            {"name": "HOSTMESH_OPERATOR_POD_LABELS", "value": "app.kubernetes.io/instance=hm-e2e"},
+        ],
+    });
+    if let Some(image) = image_values(&env) {
+        values["image"] = image;
+    }
+    install(&env, &values)?;
+
+    env.apply(&world_yaml("np403", &[("host", 2)], "")).await?;
+    let status = env
+        .wait_for("World", "np403", "Ready, the policy refused", |s| {
+            condition_true(s, "Ready") && condition_true(s, "NetworkPolicyFailure")
+        })
+        .await?;
+    let failure = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "NetworkPolicyFailure")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(failure["reason"], "NetworkPolicyForbidden", "{failure:#}");
+    let message = failure["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("np403-hosts") && message.contains("networkPolicy.enabled=true"),
+        "the message names the policy and the fix: {message}"
+    );
+    let api: Api<NetworkPolicy> = Api::namespaced(env.client.clone(), &ns);
+    assert!(api.get_opt("np403-hosts").await?.is_none());
+    // A Warning Event on the World says it too.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &ns);
+    let forbidden: Vec<Event> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("NetworkPolicyForbidden"))
+        .collect();
+    assert!(
+        forbidden
+            .iter()
+            .any(|e| e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("np403")),
+        "{forbidden:#?}"
+    );
+    // Never a crash loop: the operator's container never restarted.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    for p in pods
+        .list(&ListParams::default().labels(SELECTOR))
+        .await?
+        .items
+    {
+        let restarts: i32 = p
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| c.restart_count)
+            .sum();
+        assert_eq!(restarts, 0, "operator pod {:?} restarted", p.metadata.name);
+    }
     Ok(())
 }
