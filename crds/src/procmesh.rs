@@ -352,6 +352,13 @@ pub struct ExitRule {
     /// within `spawnTimeout`), `Stalled`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<RankReason>,
+    /// Whose fault the failure was, as the rank's `cause` in status says:
+    /// `Infrastructure` (its host lost, evicted, preempted or deleted from
+    /// outside, a device Unhealthy, the agent gone), `User` (its own exit,
+    /// a signal it raised, a traceback), `Unknown`. The obvious use:
+    /// `{action: RestartWithoutCounting, causes: [Infrastructure]}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<crate::cause::FailureCause>,
     /// A regular expression (Rust `regex` syntax, unanchored, at most 1024
     /// bytes) over the rank's stderr (the tail status keeps, and its head),
     /// e.g. `NCCL error|CUDA error: an illegal memory access`.
@@ -577,8 +584,12 @@ pub enum ProcState {
     Killed,
     /// Did not start within `spawnTimeout`.
     Timeout,
-    /// Its host is gone or expired.
+    /// Its host is gone (failed, evicted, deleted).
     Lost,
+    /// Its host's agent is silent (the host `Expired`) and the World has
+    /// not evicted it yet: the proc may still be running. No failure:
+    /// nothing is restarted or counted unless the World evicts the host.
+    Unreachable,
     /// Alive but without progress for `stallTimeout`, with
     /// `restartPolicy.onStall: Failure`.
     Stalled,

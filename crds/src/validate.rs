@@ -219,6 +219,7 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
         let matches_nothing = r.exit_codes.is_empty()
             && r.signals.is_empty()
             && r.reasons.is_empty()
+            && r.causes.is_empty()
             && r.stderr_pattern.is_none();
         check_rule(
             &field,
@@ -335,7 +336,7 @@ fn check_rule(
     if matches_nothing {
         errs.push(FieldError::new(
             field,
-            "matches nothing; give exitCodes, signals, reasons or stderrPattern",
+            "matches nothing; give exitCodes, signals, reasons, causes or stderrPattern",
         ));
     }
     check_pattern(&format!("{field}.stderrPattern"), stderr_pattern, errs);
@@ -673,6 +674,7 @@ pub fn proc_mesh(
         let matches_nothing = r.exit_codes.is_empty()
             && r.signals.is_empty()
             && r.reasons.is_empty()
+            && r.causes.is_empty()
             && r.stderr_pattern.is_none();
         check_rule(
             &field,

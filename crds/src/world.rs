@@ -422,6 +422,12 @@ pub struct HostRule {
     /// went silent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<HostReason>,
+    /// Whose fault the host's failure was, as its `cause` in status says:
+    /// `Infrastructure` (evicted, preempted, deleted from outside, its node
+    /// lost, a device Unhealthy, the agent gone), `User` (the host
+    /// container's own exit), `Unknown`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<crate::cause::FailureCause>,
     /// With `Unschedulable`: how long a host pod stays unschedulable
     /// before the rule matches. Default `5m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

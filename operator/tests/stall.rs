@@ -45,11 +45,16 @@ async fn a_stall_under_gang_restarts_every_rank_and_keeps_a_stacks_configmap() {
         rank: 1,
     };
     // Host 1's agent reports rank 3 stalled (still Ready).
-    let Some(HostReport::ProcState { host, mut state }) = c.sim.set_status(
+    let Some(HostReport::ProcState {
+        host,
+        pod_uid,
+        mut state,
+    }) = c.sim.set_status(
         &host1,
         &format!("{id}.3"),
         ProcPhase::Ready { pid: 1, addr: None },
-    ) else {
+    )
+    else {
         panic!("rank 3 runs on host 1");
     };
     state.stall = Some(Stall {
@@ -60,7 +65,11 @@ async fn a_stall_under_gang_restarts_every_rank_and_keeps_a_stacks_configmap() {
     c.ctx
         .hub
         .push_sender()
-        .send(HostReport::ProcState { host, state })
+        .send(HostReport::ProcState {
+            host,
+            pod_uid,
+            state,
+        })
         .await
         .unwrap();
 

@@ -981,7 +981,18 @@ pub fn condition_true(status: &serde_json::Value, kind: &str) -> bool {
 /// The `state` of host `rank` in a World status: that of the `hosts` run
 /// (`start`, `count`) holding the rank, `""` when no run does.
 pub fn host_state(status: &serde_json::Value, rank: u64) -> String {
-    status["hosts"]
+    run_state(status, "hosts", rank)
+}
+
+/// The `state` of rank `rank` in a ProcMesh status (its `ranks` runs).
+pub fn rank_state(status: &serde_json::Value, rank: u64) -> String {
+    run_state(status, "ranks", rank)
+}
+
+/// The `state` of the run of `status[field]` (`start`, `count`) holding
+/// `rank`, `""` when no run does.
+fn run_state(status: &serde_json::Value, field: &str, rank: u64) -> String {
+    status[field]
         .as_array()
         .into_iter()
         .flatten()

@@ -1,12 +1,15 @@
 //! e2e (issue 30): no process outlives its ProcMesh, its rank or its host
 //! pod, `setsid` daemons included; a ProcMesh goes with its World, also
 //! when the World is deleted before the operator reconciled it; an
-//! operator frozen and thawed blames no agent for its own pause.
+//! operator frozen and thawed blames no agent for its own pause; a host
+//! silent for less than `evictionTimeout` costs its ranks nothing.
 
 use std::path::Path;
 use std::time::Duration;
 
-use hostmesh_e2e::{Env, always_for, condition_true, find_pids, signal, world_yaml};
+use hostmesh_e2e::{
+    Env, always_for, condition_true, find_pids, host_state, rank_state, signal, world_yaml,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams};
@@ -240,6 +243,64 @@ async fn a_frozen_operator_blames_no_agent_when_it_wakes() -> anyhow::Result<()>
     );
     let w = env.hostmesh_api("World").get("w").await?.data["status"].clone();
     assert!(condition_true(&w, "Ready") && w["restarts"] == 0, "{w}");
+    assert_eq!(env.proc_pids("w", "pm"), procs, "the procs were restarted");
+    Ok(())
+}
+
+/// Issue 30, item 2: a host whose agent is silent past `healthTimeout` but
+/// heard again before `evictionTimeout` (a network blip; here its agent
+/// frozen, its procs running on) costs its ranks nothing: they read
+/// `Unreachable` while the host is Expired, nothing is counted or
+/// restarted, and the same procs run on once it is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_silent_for_less_than_eviction_costs_its_ranks_nothing() -> anyhow::Result<()> {
+    let env = Env::start("blip").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  healthTimeout: 2s\n  evictionTimeout: 120s\n",
+    ))
+    .await?;
+    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
+    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let procs = env.proc_pids("w", "pm");
+    assert_eq!(procs.len(), 4, "{procs:?}");
+    let agents = env.agent_pids("w", 1);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+
+    signal(agents[0], "STOP")?;
+    let silent = async {
+        env.wait_for("World", "w", "host 1 Expired", |s| {
+            host_state(s, 1) == "Expired"
+        })
+        .await?;
+        env.wait_for("ProcMesh", "pm", "host 1's ranks Unreachable", |s| {
+            rank_state(s, 2) == "Unreachable" && rank_state(s, 3) == "Unreachable"
+        })
+        .await
+    }
+    .await;
+    signal(agents[0], "CONT")?;
+    let pm = silent?;
+    assert_eq!(rank_state(&pm, 0), "Running", "{pm:#}");
+    assert_eq!(pm["restarts"], 0, "{pm:#}");
+    assert_eq!(pm["failed"], 0, "{pm:#}");
+    assert!(pm.get("firstFailure").is_none(), "{pm:#}");
+    assert!(!condition_true(&pm, "Failed"), "{pm:#}");
+
+    // Heard again: Ready, nothing counted, the same procs.
+    let pm = env
+        .wait_for("ProcMesh", "pm", "Ready again", |s| {
+            condition_true(s, "Ready")
+        })
+        .await?;
+    assert_eq!(pm["restarts"], 0, "{pm:#}");
+    assert!(pm.get("firstFailure").is_none(), "{pm:#}");
+    let w = env
+        .wait_for("World", "w", "Ready again", |s| condition_true(s, "Ready"))
+        .await?;
+    assert_eq!(w["restarts"], 0, "{w:#}");
     assert_eq!(env.proc_pids("w", "pm"), procs, "the procs were restarted");
     Ok(())
 }

@@ -183,6 +183,9 @@ impl ProcObs {
 }
 
 /// What agents push to the hub.
+// Nearly every report is a proc state moved once through the push channel:
+// boxing it would allocate for almost every report, for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum HostReport {
     /// Periodic heartbeat.
@@ -201,6 +204,9 @@ pub enum HostReport {
     ProcState {
         /// From.
         host: HostKey,
+        /// Pod UID of the agent (a report from a pod that is gone or
+        /// replaced does not count).
+        pod_uid: String,
         /// Its full new state.
         state: protocol::ProcReport,
     },

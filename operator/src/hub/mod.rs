@@ -375,6 +375,10 @@ impl Hub {
                 procs,
                 clock,
             } => {
+                if !is_current(st, &host, &pod_uid) {
+                    debug!(world = %host.world.name, rank = host.rank, "ignoring a snapshot from a pod that is gone or replaced");
+                    return;
+                }
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
                 if let Some(h) = st
@@ -440,7 +444,17 @@ impl Hub {
                     st.mesh_triggers.mark(key, false, now);
                 }
             }
-            HostReport::ProcState { host, state } => {
+            HostReport::ProcState {
+                host,
+                pod_uid,
+                state,
+            } => {
+                // A late report of a pod that is gone (its World suspended,
+                // its host replaced) is not of the procs this rank runs now.
+                if !is_current(st, &host, &pod_uid) {
+                    debug!(world = %host.world.name, rank = host.rank, proc = %state.name, "ignoring a proc report from a pod that is gone or replaced");
+                    return;
+                }
                 if let Some(h) = st
                     .worlds
                     .get_mut(&host.world)
@@ -871,6 +885,15 @@ fn check_digest(
     h.digest_misses = 0;
     h.resync_asked = Some(now);
     Some(link)
+}
+
+/// Whether `pod_uid` is the pod the hub holds for `host` now (its reports
+/// count; a gone or replaced pod's do not).
+fn is_current(st: &State, host: &HostKey, pod_uid: &str) -> bool {
+    st.worlds
+        .get(&host.world)
+        .and_then(|w| w.hosts.get(&host.rank))
+        .is_some_and(|h| h.pod_uid == pod_uid)
 }
 
 /// Records a heartbeat of a known host. Returns `None` for a push that does

@@ -31,9 +31,12 @@ const CLIENT_NAME: &str = "hostmesh-operator";
 const EVENT_QUEUE: usize = 4096;
 
 /// What is known of the host each rank was last dialed for.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Dialed {
     pod_uid: String,
+    /// The agent's address: an event of another address is an earlier
+    /// pod's agent of this rank, whose pushes are not this pod's.
+    addr: SocketAddr,
     epoch: u64,
     /// Its last snapshot or heartbeat was refused as another epoch's: its
     /// proc changes are not this pod's either.
@@ -63,7 +66,11 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
         rank: ev.host.rank,
     };
     let mut uids = uids.lock().unwrap_or_else(|e| e.into_inner());
-    let dialed = uids.entry(ev.host.rank).or_default();
+    // No pod dialed for this rank now, or its agent at another address (an
+    // earlier pod's, its events still queued): nothing of it is this pod's.
+    let dialed = uids
+        .get_mut(&ev.host.rank)
+        .filter(|d| d.addr == ev.host.addr)?;
     let pod_uid = dialed.pod_uid.clone();
     let uid = || pod_uid.clone();
     // Hub invariant 7: a stale or fenced agent's pushes do not count; a
@@ -99,6 +106,7 @@ fn translate(world: &WorldKey, uids: &Uids, ev: AgentEvent) -> Option<HostReport
         },
         AgentEventKind::Push(RtPush::Changed(c)) => HostReport::ProcState {
             host,
+            pod_uid: uid(),
             state: c.state,
         },
         AgentEventKind::Push(RtPush::Heartbeat {
@@ -179,6 +187,7 @@ impl AgentConnector for Arc<RuntimeConnector> {
                 rank,
                 Dialed {
                     pod_uid: target.pod_uid.clone(),
+                    addr: target.addr,
                     epoch: target.epoch,
                     stale: false,
                 },
@@ -196,6 +205,10 @@ impl AgentConnector for Arc<RuntimeConnector> {
     fn forget_host(&self, host: &HostKey) {
         if let Some(w) = self.lock().get(&host.world) {
             w.client.unwatch(host.rank);
+            w.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&host.rank);
         }
     }
 
@@ -367,6 +380,7 @@ mod tests {
             0,
             Dialed {
                 pod_uid: "pod".into(),
+                addr: "127.0.0.1:26600".parse().unwrap(),
                 epoch: 5,
                 stale: false,
             },
@@ -386,5 +400,34 @@ mod tests {
             matches!(t(beat(5, Some("no contact"))), Some(HostReport::Refused { reason, .. }) if reason.contains("fenced itself"))
         );
         assert!(matches!(t(changed()), Some(HostReport::ProcState { .. })));
+    }
+
+    /// An event of an agent at another address than the one dialed for its
+    /// rank (an earlier pod's, still queued), or of a rank no pod is
+    /// dialed for now (its host forgotten), reaches the hub as nothing.
+    #[test]
+    fn events_of_an_earlier_pods_agent_are_dropped() {
+        let world = WorldKey {
+            namespace: "ns".into(),
+            name: "w".into(),
+        };
+        let uids: Uids = Arc::default();
+        let t = |e| translate(&world, &uids, e);
+        assert!(t(changed()).is_none(), "no pod dialed for rank 0");
+        uids.lock().unwrap().insert(
+            0,
+            Dialed {
+                pod_uid: "new-pod".into(),
+                addr: "127.0.0.1:26601".parse().unwrap(),
+                epoch: 0,
+                stale: false,
+            },
+        );
+        assert!(t(changed()).is_none(), "the old pod's agent at :26600");
+        assert!(t(beat(0, None)).is_none());
+        uids.lock().unwrap().get_mut(&0).unwrap().addr = "127.0.0.1:26600".parse().unwrap();
+        assert!(
+            matches!(t(changed()), Some(HostReport::ProcState { pod_uid, .. }) if pod_uid == "new-pod")
+        );
     }
 }

@@ -62,6 +62,8 @@ pub struct SimConnector {
     /// Address book messages received by all agents, and the host
     /// entries they carried.
     pub book_traffic: Mutex<(u64, u64)>,
+    /// The pod each host's agent was last dialed in (its pushes carry it).
+    pub uids: Mutex<HashMap<HostKey, String>>,
 }
 
 impl SimConnector {
@@ -91,6 +93,16 @@ impl SimConnector {
             .copied()
             .unwrap_or(0);
         now_ms().saturating_add_signed(skew)
+    }
+
+    /// The pod `host`'s agent was last dialed in.
+    fn uid_of(&self, host: &HostKey) -> String {
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(host)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn is_dead(&self, pod_uid: &str) -> bool {
@@ -131,6 +143,7 @@ impl SimConnector {
         p.seq += 1;
         Some(HostReport::ProcState {
             host: host.clone(),
+            pod_uid: self.uid_of(host),
             state: p.clone(),
         })
     }
@@ -190,6 +203,7 @@ impl SimConnector {
         p.seq += 1;
         Some(HostReport::ProcState {
             host: host.clone(),
+            pod_uid: self.uid_of(host),
             state: p.clone(),
         })
     }
@@ -240,6 +254,7 @@ impl SimLink {
     async fn push(&self, state: protocol::ProcReport) -> Result<(), LinkError> {
         let push = HostReport::ProcState {
             host: self.host.clone(),
+            pod_uid: self.pod_uid.clone(),
             state,
         };
         self.pushes.send(push).await.map_err(|_| LinkError::HubGone)
@@ -403,6 +418,10 @@ impl AgentConnector for SimHandle {
                     reason: "connection refused".to_string(),
                 });
             }
+            sim.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(target.host.clone(), target.pod_uid.clone());
             let snap = sim.snapshot(&target.host, &target.pod_uid);
             pushes.send(snap).await.map_err(|_| LinkError::HubGone)?;
             if let Some(every) = sim.heartbeat {

@@ -164,6 +164,45 @@ async fn a_host_that_leaves_takes_its_proc_reports_with_it() {
     assert!(hub.proc_states(&wk(), "pm.abc").is_empty());
 }
 
+/// A report its agent sends after its pod left (the World suspended, the
+/// agent still stopping its procs) or was replaced counts for nothing: it
+/// would stand for procs no pod of that rank runs now.
+#[tokio::test]
+async fn a_late_report_of_a_gone_or_replaced_pod_counts_for_nothing() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    let name = proc_name("pm.abc", 0);
+    let late = sim
+        .set_status(&host(0), &name, ProcPhase::Stopping { pid: 7 })
+        .unwrap();
+    hub.sync_world(&wk(), agents(0, "a")).await;
+    hub.handle_push(late.clone(), Instant::now());
+    assert!(hub.proc_states(&wk(), "pm.abc").is_empty(), "pod gone");
+
+    sim.procs.lock().unwrap().clear();
+    hub.sync_world(&wk(), agents(1, "b")).await;
+    drain(&hub, &mut rx);
+    hub.handle_push(late, Instant::now());
+    assert!(hub.proc_states(&wk(), "pm.abc").is_empty(), "pod replaced");
+    // The current pod's reports count.
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    let now = sim
+        .set_status(&host(0), &name, ProcPhase::Stopping { pid: 8 })
+        .unwrap();
+    hub.handle_push(now, Instant::now());
+    assert_eq!(
+        hub.proc_states(&wk(), "pm.abc")[&0].state,
+        ProcState::Stopping
+    );
+}
+
 #[tokio::test]
 async fn address_book_and_no_duplicate_creates() {
     let (sim, hub, mut rx) = mk();

@@ -31,16 +31,22 @@
 //!    a rank of a host that is gone are never timed out, whatever the
 //!    clocks say: the clock of a replaced host's ranks starts at its new
 //!    agent's first report.
-//! 5. A live proc whose host is gone (Expired, Failed, Terminating, no pod)
-//!    is Lost, a failure, whether or not its report is still held (a gone
-//!    host's reports go with it: a rank status recorded running is enough);
-//!    after its restart it is Starting until the new host runs it.
+//! 5. A live proc whose host is gone (Failed, Terminating, no pod) is Lost,
+//!    a failure, whether or not its report is still held (a gone host's
+//!    reports go with it: a rank status recorded running is enough); after
+//!    its restart it is Starting until the new host runs it. A live proc
+//!    whose host is only Expired (its agent silent, not evicted yet) is
+//!    Unreachable: no failure, nothing restarted or counted; heard again,
+//!    it is what its agent reports, and Lost once the World evicts it.
 //!    Once the mesh has ended, a rank without a current report keeps its
 //!    recorded state: nothing is starting on a replaced host.
 //! 6. On a suspended World (its `spec.suspend`, or its Suspended phase) the
 //!    mesh waits: its procs go with the hosts as Stopped, not as failures,
 //!    nothing is spawned or counted, and the spawn clock restarts when the
-//!    World runs again. A mesh that already ended stays ended.
+//!    World runs again. A mesh that already ended stays ended. Resumed, it
+//!    keeps waiting until the World runs again (reason `WorldResuming`):
+//!    what the suspended hosts' agents still report while their pods go is
+//!    of the stopped procs, never a failure.
 //! 7. Every failure opens or joins an incident in `status.incidents`
 //!    ([`super::incidents`]), whose phases are stamped as the plan sees
 //!    them; the durations completed by this plan are in [`Plan::recovery`].
@@ -251,7 +257,10 @@ fn status_of(o: &ProcObs) -> RankStatus {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut w = Working::carry_over(input);
     if input.world_suspended && !w.was_terminal {
-        return w.wait_suspended();
+        return w.wait_suspended(false);
+    }
+    if w.resuming() {
+        return w.wait_suspended(true);
     }
     if let super::deps::Deps::Waiting(why) = &input.deps
         && !w.was_terminal
@@ -379,20 +388,40 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    /// The World is suspended (invariant 6): every rank Stopped, nothing
-    /// spawned or counted, the conditions say why.
-    fn wait_suspended(mut self) -> Plan {
+    /// Whether the World resumed from a suspension this mesh waited out,
+    /// and does not run yet (invariant 6).
+    fn resuming(&self) -> bool {
+        self.same_gen
+            && !self.was_terminal
+            && !self.world_running
+            && conditions::get(&self.prev.conditions, READY)
+                .is_some_and(|c| matches!(c.reason.as_str(), "WorldSuspended" | "WorldResuming"))
+    }
+
+    /// The World is suspended, or resumed but not running yet (invariant
+    /// 6): every rank Stopped, nothing spawned or counted, the conditions
+    /// say why.
+    fn wait_suspended(mut self, resuming: bool) -> Plan {
         let input = self.input;
         let world = &input.pm.spec.world;
-        let message = format!(
-            "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
-        );
-        let was = conditions::get(&self.prev.conditions, READY)
-            .is_some_and(|c| c.reason == "WorldSuspended");
+        let (reason, message) = if resuming {
+            (
+                "WorldResuming",
+                format!("World {world} resumed: its procs spawn again once its hosts run"),
+            )
+        } else {
+            (
+                "WorldSuspended",
+                format!(
+                    "World {world} is suspended (spec.suspend): its procs were stopped with its hosts and spawn again when it resumes"
+                ),
+            )
+        };
+        let was = conditions::get(&self.prev.conditions, READY).is_some_and(|c| c.reason == reason);
         if !was {
             self.out.events.push(PlannedEvent {
                 severity: Severity::Normal,
-                reason: "WorldSuspended",
+                reason,
                 note: message.clone(),
             });
         }
@@ -406,8 +435,8 @@ impl<'i, 'a> Working<'i, 'a> {
         let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
             conditions::set(c, t, s, r, m, self.generation, &self.now_t)
         };
-        set(&mut conds, READY, false, "WorldSuspended", &message);
-        set(&mut conds, PROGRESSING, false, "WorldSuspended", &message);
+        set(&mut conds, READY, false, reason, &message);
+        set(&mut conds, PROGRESSING, false, reason, &message);
         set(&mut conds, DEGRADED, false, "NoFailures", "");
         set(&mut conds, FAILED, false, "NotFailed", "");
         let (rank_runs, truncated) = procmesh::rank_runs(ranks);
@@ -586,6 +615,27 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
+    /// A rank whose host is in `lost_hosts` (invariant 5): Unreachable
+    /// while the host is only Expired and the proc was `alive` (an ended
+    /// mesh starts no wait), else Lost.
+    fn lost_or_unreachable(&self, host: Rank, alive: bool) -> RankStatus {
+        let state = self.input.lost_hosts[&host];
+        if state == HostState::Expired && alive && !self.was_terminal {
+            return RankStatus {
+                state: ProcState::Unreachable,
+                reason: Some(format!(
+                    "host {host} is Expired (its agent is silent): the proc may still be running"
+                )),
+                ..Default::default()
+            };
+        }
+        RankStatus {
+            state: ProcState::Lost,
+            reason: Some(format!("host {host} is {state:?}")),
+            ..Default::default()
+        }
+    }
+
     fn observe_rank(&self, rank: Rank, host: Rank) -> RankStatus {
         let input = self.input;
         let want = self.inc.get(rank);
@@ -602,14 +652,13 @@ impl<'i, 'a> Working<'i, 'a> {
                         ))
                     && input.lost_hosts.contains_key(&o.host) =>
             {
-                RankStatus {
-                    state: ProcState::Lost,
-                    reason: Some(format!(
-                        "host {} is {:?}",
-                        o.host, input.lost_hosts[&o.host]
-                    )),
-                    ..Default::default()
-                }
+                self.lost_or_unreachable(
+                    o.host,
+                    matches!(
+                        o.state,
+                        ProcState::Starting | ProcState::Running | ProcState::Stopping
+                    ),
+                )
             }
             Some(o) if o.incarnation >= want => super::stall::observed(input.pm, o, status_of(o)),
             // An ended mesh starts nothing: a rank with no current report
@@ -631,14 +680,13 @@ impl<'i, 'a> Working<'i, 'a> {
             // that is gone since (its reports went with its pod): Lost.
             None if input.lost_hosts.contains_key(&host)
                 && runs::get(&self.prev.ranks, rank).is_some_and(|s| {
-                    matches!(s.state, ProcState::Running | ProcState::Stopping)
+                    matches!(
+                        s.state,
+                        ProcState::Running | ProcState::Stopping | ProcState::Unreachable
+                    )
                 }) =>
             {
-                RankStatus {
-                    state: ProcState::Lost,
-                    reason: Some(format!("host {host} is {:?}", input.lost_hosts[&host])),
-                    ..Default::default()
-                }
+                self.lost_or_unreachable(host, true)
             }
             // Not heard from yet: what status last recorded stands.
             None if self.same_gen && self.unheard(host) && !self.prev.ranks.is_empty() => {
@@ -727,7 +775,7 @@ impl<'i, 'a> Working<'i, 'a> {
         by_root.sort_by_key(|r| (root != Some(*r), *r));
         let decisions: Vec<(Rank, super::rules::Decision)> = by_root
             .into_iter()
-            .map(|r| (r, rules.decide(&self.ranks[r])))
+            .map(|r| (r, rules.decide(&self.ranks[r], self.host_cause(r))))
             .collect();
         let permanent = decisions.iter().find(|(_, d)| d.action == ExitAction::Fail);
         if let Some((r, d)) = permanent
@@ -771,7 +819,7 @@ impl<'i, 'a> Working<'i, 'a> {
     /// A failed rank a rule `Ignore`s is accepted as ended: `Stopped`, no
     /// failure (invariant 3). Returns whether it was.
     fn ignore(&mut self, r: Rank, rules: &super::rules::Rules<'_>) -> bool {
-        let d = rules.decide(&self.ranks[r]);
+        let d = rules.decide(&self.ranks[r], self.host_cause(r));
         if d.action != ExitAction::Ignore {
             return false;
         }
@@ -1213,6 +1261,11 @@ impl<'i, 'a> Working<'i, 'a> {
         )
     }
 
+    /// What the World attributed to the host of `rank`, if anything.
+    fn host_cause(&self, rank: Rank) -> Option<&'a hostmesh_crds::cause::Attribution> {
+        self.input.host_causes.get(&(rank / self.per_host.max(1)))
+    }
+
     /// Every failed rank's cause (invariant 13).
     fn attribute_ranks(&mut self) {
         let per_host = self.per_host.max(1);
@@ -1244,7 +1297,13 @@ impl<'i, 'a> Working<'i, 'a> {
             || (total > 0 && succeeded == total)
         {
             ProcMeshPhase::Succeeded
-        } else if total > 0 && running + succeeded + self.ignored == total && running > 0 {
+        } else if total > 0
+            && running + succeeded + self.ignored + self.count(|s| s == ProcState::Unreachable)
+                == total
+            && running > 0
+        {
+            // Unreachable ranks may still run (invariant 5): Running, not
+            // Ready.
             ProcMeshPhase::Running
         } else if self.spawn_time.is_some() {
             ProcMeshPhase::Spawning
@@ -1285,12 +1344,10 @@ impl<'i, 'a> Working<'i, 'a> {
         };
         if !self.was_terminal {
             let hosts_ready = self.world_running && input.lost_hosts.is_empty();
-            let done = incidents::on_progress(
-                &mut self.incidents,
-                hosts_ready,
-                phase == ProcMeshPhase::Running,
-                input.now,
-            );
+            let all_running =
+                phase == ProcMeshPhase::Running && self.count(|s| s == ProcState::Unreachable) == 0;
+            let done =
+                incidents::on_progress(&mut self.incidents, hosts_ready, all_running, input.now);
             self.out.recovery.extend(done);
         }
         let running = self.count(|s| s == ProcState::Running);
@@ -1378,8 +1435,16 @@ impl<'i, 'a> Working<'i, 'a> {
         let set = |c: &mut Vec<_>, t: &str, s: bool, r: &str, m: &str| {
             conditions::set(c, t, s, r, m, self.generation, &self.now_t)
         };
-        let counts = format!("{running}/{total} running, {succeeded} succeeded, {failed} failed");
+        let unreachable = self.count(|s| s == ProcState::Unreachable);
+        let mut counts =
+            format!("{running}/{total} running, {succeeded} succeeded, {failed} failed");
+        if unreachable > 0 {
+            counts.push_str(&format!(
+                ", {unreachable} unreachable (their host's agent is silent; they may still be running and are not restarted unless the World evicts the host)"
+            ));
+        }
         let ready_reason = match phase {
+            _ if unreachable > 0 && self.failure_reason.is_none() => "RanksUnreachable",
             ProcMeshPhase::Running => "AllProcsRunning",
             ProcMeshPhase::Succeeded => "Succeeded",
             ProcMeshPhase::Pending if !self.world_running => "WaitingForWorld",
@@ -1395,7 +1460,7 @@ impl<'i, 'a> Working<'i, 'a> {
         set(
             &mut conds,
             READY,
-            phase == ProcMeshPhase::Running,
+            phase == ProcMeshPhase::Running && unreachable == 0,
             ready_reason,
             &ready_msg,
         );
@@ -1411,6 +1476,9 @@ impl<'i, 'a> Working<'i, 'a> {
         match (&self.failure_reason, self.retrying) {
             (Some(_), _) => set(&mut conds, DEGRADED, true, "ProcsFailed", &counts),
             (None, true) => set(&mut conds, DEGRADED, true, "Restarting", &counts),
+            (None, false) if unreachable > 0 => {
+                set(&mut conds, DEGRADED, true, "RanksUnreachable", &counts)
+            }
             (None, false) => set(&mut conds, DEGRADED, false, "NoFailures", ""),
         }
         match &self.failure_reason {

@@ -3,7 +3,8 @@
 //! Invariants:
 //! 1. The first rule that matches decides; a rule matches when each kind
 //!    of condition it gives holds (its exit: an exit code or a signal it
-//!    lists; one of its reasons; its stderr pattern).
+//!    lists; one of its reasons; one of its causes, whose fault the failure
+//!    was as status names it (`shared::cause`); its stderr pattern).
 //! 2. With no rule matching, exit codes 126 and 127 are permanent (`Fail`)
 //!    and every other failure is restarted, counted (`Restart`), as before
 //!    rules had more than exit codes and signals.
@@ -11,6 +12,7 @@
 //!    their meaning.
 
 use hostmesh_crds::ProcMesh;
+use hostmesh_crds::cause::Attribution;
 use hostmesh_crds::procmesh::{ExitAction, ExitRule, ProcState, RankReason, RankStatus};
 
 /// Exit codes that are permanent failures unless a rule says otherwise
@@ -62,10 +64,13 @@ impl<'a> Rules<'a> {
         Rules { rules }
     }
 
-    /// What the failure `s` does (invariants 1-3).
-    pub fn decide(&self, s: &RankStatus) -> Decision {
+    /// What the failure `s` does (invariants 1-3); `host` is what its
+    /// host's attribution says, if anything (`status.hosts[].cause`).
+    pub fn decide(&self, s: &RankStatus, host: Option<&Attribution>) -> Decision {
+        let cause = crate::controllers::shared::cause::of_rank(s, false, host).cause;
         for (i, (rule, re)) in self.rules.iter().enumerate() {
-            if matches(rule, re.as_ref(), s) {
+            let cause_ok = rule.causes.is_empty() || rule.causes.contains(&cause);
+            if cause_ok && matches(rule, re.as_ref(), s) {
                 let action = match rule.action {
                     ExitAction::Retry => ExitAction::Restart,
                     a => a,
@@ -139,20 +144,20 @@ mod tests {
              {action: Fail, reasons: [OOMKilled]}]}",
         );
         let rules = Rules::new(&pm);
-        let d = rules.decide(&failed(1, "... NCCL timeout on rank 3"));
+        let d = rules.decide(&failed(1, "... NCCL timeout on rank 3"), None);
         assert_eq!(
             (d.action, d.rule.as_deref()),
             (ExitAction::RestartWithoutCounting, Some("nccl"))
         );
         assert_eq!(d.note(), " (rule nccl: RestartWithoutCounting)");
-        let d = rules.decide(&failed(3, "bad input file"));
+        let d = rules.decide(&failed(3, "bad input file"), None);
         assert_eq!(
             (d.action, d.rule.as_deref()),
             (ExitAction::Fail, Some("rules[1]"))
         );
         // Exit code 3 without the pattern: the next rule; Retry reads as
         // Restart.
-        let d = rules.decide(&failed(3, "other"));
+        let d = rules.decide(&failed(3, "other"), None);
         assert_eq!(
             (d.action, d.rule.as_deref()),
             (ExitAction::Restart, Some("rules[2]"))
@@ -161,24 +166,68 @@ mod tests {
             state: ProcState::Lost,
             ..Default::default()
         };
-        assert_eq!(rules.decide(&lost).rule.as_deref(), Some("lost"));
+        assert_eq!(rules.decide(&lost, None).rule.as_deref(), Some("lost"));
         let killed = RankStatus {
             state: ProcState::Killed,
             signal: Some(15),
             ..Default::default()
         };
-        assert_eq!(rules.decide(&killed).action, ExitAction::Ignore);
+        assert_eq!(rules.decide(&killed, None).action, ExitAction::Ignore);
         let oom = RankStatus {
             state: ProcState::Killed,
             signal: Some(9),
             reason: Some(crate::controllers::procmesh::exit::OOM_KILLED.into()),
             ..Default::default()
         };
-        assert_eq!(rules.decide(&oom).action, ExitAction::Fail);
+        assert_eq!(rules.decide(&oom, None).action, ExitAction::Fail);
         // No match: 127 is permanent, anything else is restarted.
-        let d = rules.decide(&failed(127, ""));
+        let d = rules.decide(&failed(127, ""), None);
         assert_eq!((d.action, d.rule), (ExitAction::Fail, None));
-        let d = rules.decide(&failed(1, ""));
+        let d = rules.decide(&failed(1, ""), None);
         assert_eq!((d.action, d.rule), (ExitAction::Restart, None));
+    }
+
+    /// A rule on `causes` matches whose fault the failure was, as status
+    /// says it: the rank's own end, or its host's infrastructure evidence.
+    #[test]
+    fn causes_match_whose_fault_it_was() {
+        use hostmesh_crds::cause::FailureCause;
+        let pm = mk_pm(
+            ", restartPolicy: {rules: [\
+             {name: infra, action: RestartWithoutCounting, causes: [Infrastructure]},\
+             {name: user-nccl, action: Fail, causes: [User], stderrPattern: NCCL}]}",
+        );
+        let rules = Rules::new(&pm);
+        assert_eq!(
+            pm.spec.restart_policy.rules[0].causes,
+            [FailureCause::Infrastructure]
+        );
+        // Its own exit is the user's: not the infrastructure rule.
+        let d = rules.decide(&failed(1, "NCCL error"), None);
+        assert_eq!(d.rule.as_deref(), Some("user-nccl"));
+        let d = rules.decide(&failed(1, "boom"), None);
+        assert_eq!((d.action, d.rule), (ExitAction::Restart, None));
+        // The same exit on a host whose device went Unhealthy: the
+        // infrastructure's.
+        let device =
+            Attribution::infrastructure("DeviceUnhealthy", "nvidia.com/gpu=GPU-1 Unhealthy");
+        let d = rules.decide(&failed(1, "NCCL error"), Some(&device));
+        assert_eq!(
+            (d.action, d.rule.as_deref()),
+            (ExitAction::RestartWithoutCounting, Some("infra"))
+        );
+        // A lost host is the infrastructure's, evidence or not.
+        let lost = RankStatus {
+            state: ProcState::Lost,
+            ..Default::default()
+        };
+        assert_eq!(rules.decide(&lost, None).rule.as_deref(), Some("infra"));
+        // A SIGKILL from outside is nobody's known fault: no rule.
+        let killed = RankStatus {
+            state: ProcState::Killed,
+            signal: Some(9),
+            ..Default::default()
+        };
+        assert_eq!(rules.decide(&killed, None).rule, None);
     }
 }

@@ -49,34 +49,8 @@ pub(super) fn attribute(
     let host_container = host_container(input);
     let mut fresh = Vec::new();
     for (r, h) in hosts.iter_mut().enumerate() {
-        let pod = input.pods.get(&r).map(|p| &**p);
         let before = runs::get(&prev.hosts, r);
-        let found = match h.state {
-            HostState::Failed | HostState::Expired => {
-                Some(failed(input, r, h, pod, &host_container))
-            }
-            HostState::Terminating | HostState::Pending => {
-                let outside = pod.and_then(cause::of_pod).or_else(|| {
-                    deleted_from_outside(input, prev, r, pod, deleting).then(|| {
-                        Attribution::infrastructure(
-                            reasons::POD_DELETED,
-                            format!(
-                                "host pod {} was deleted by someone other than hostmesh",
-                                pod_name(input, r, pod)
-                            ),
-                        )
-                    })
-                });
-                // Invariant 3: the attribution of a host on its way out.
-                outside.or_else(|| {
-                    before
-                        .filter(|b| down(b.state))
-                        .and_then(|b| Some(attribution_of(b.cause?, b.evidence.clone()?)))
-                })
-            }
-            _ => pod.and_then(cause::unhealthy_device),
-        };
-        let Some(a) = found else {
+        let Some(a) = of_host(input, prev, r, h, deleting, &host_container) else {
             continue;
         };
         let newly = down(h.state) && before.is_none_or(|b| !down(b.state) || b.cause.is_none());
@@ -87,6 +61,44 @@ pub(super) fn attribute(
         h.evidence = Some(a.evidence);
     }
     fresh
+}
+
+/// Whose fault host `r` (observed as `h`) is, if it needs an attribution
+/// (invariants 1-3): what [`attribute`] writes, and what
+/// `failurePolicy.rules` with `causes` match (`rules.rs`).
+pub(super) fn of_host(
+    input: &PlanInput<'_>,
+    prev: &WorldStatus,
+    r: Rank,
+    h: &HostStatus,
+    deleting: &[String],
+    host_container: &str,
+) -> Option<Attribution> {
+    let pod = input.pods.get(&r).map(|p| &**p);
+    let before = runs::get(&prev.hosts, r);
+    match h.state {
+        HostState::Failed | HostState::Expired => Some(failed(input, r, h, pod, host_container)),
+        HostState::Terminating | HostState::Pending => {
+            let outside = pod.and_then(cause::of_pod).or_else(|| {
+                deleted_from_outside(input, prev, r, pod, deleting).then(|| {
+                    Attribution::infrastructure(
+                        reasons::POD_DELETED,
+                        format!(
+                            "host pod {} was deleted by someone other than hostmesh",
+                            pod_name(input, r, pod)
+                        ),
+                    )
+                })
+            });
+            // Invariant 3: the attribution of a host on its way out.
+            outside.or_else(|| {
+                before
+                    .filter(|b| down(b.state))
+                    .and_then(|b| Some(attribution_of(b.cause?, b.evidence.clone()?)))
+            })
+        }
+        _ => pod.and_then(cause::unhealthy_device),
+    }
 }
 
 fn attribution_of(cause: FailureCause, evidence: hostmesh_crds::cause::Evidence) -> Attribution {
@@ -176,7 +188,7 @@ fn pod_name(input: &PlanInput<'_>, r: Rank, pod: Option<&Pod>) -> String {
         .unwrap_or_else(|| super::desired::pod_name(&kube::ResourceExt::name_any(input.world), r))
 }
 
-fn host_container(input: &PlanInput<'_>) -> String {
+pub(super) fn host_container(input: &PlanInput<'_>) -> String {
     host_container_name(&input.world.spec)
 }
 

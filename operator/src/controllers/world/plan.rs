@@ -771,7 +771,8 @@ impl<'i, 'a> Working<'i, 'a> {
             hostmesh_crds::world::HostReason::NodeLost,
         ]
         .into_iter()
-        .any(|r| rules.watches(r));
+        .any(|r| rules.watches(r))
+            || rules.watches_infrastructure();
         let watch_unschedulable = rules.watches(hostmesh_crds::world::HostReason::Unschedulable);
         let mut candidates = act_on.clone();
         for r in 0..self.n {
@@ -784,6 +785,7 @@ impl<'i, 'a> Working<'i, 'a> {
             }
         }
         candidates.sort_unstable();
+        let host_container = super::cause::host_container(input);
         let mut restart = Vec::new();
         let mut counted = false;
         for r in candidates {
@@ -792,6 +794,15 @@ impl<'i, 'a> Working<'i, 'a> {
                 pod: input.pods.get(&r).map(|p| &**p),
                 deleted: self.hosts[r].state == HostState::Terminating
                     && self.going_by_someone_else(r),
+                cause: super::cause::of_host(
+                    input,
+                    &self.prev,
+                    r,
+                    &self.hosts[r],
+                    &self.out.delete,
+                    &host_container,
+                )
+                .map(|a| a.cause),
             };
             let decision = rules.decide(&facts, input.now);
             let unschedulable_since =

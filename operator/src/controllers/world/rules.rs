@@ -4,8 +4,9 @@
 //! Invariants:
 //! 1. The first rule that matches decides; a rule matches when each kind
 //!    of condition it gives holds (the host container's exit: an exit code
-//!    or a signal it lists; one of its reasons; its stderr pattern over the
-//!    log tail the kubelet kept).
+//!    or a signal it lists; one of its reasons; one of its causes, whose
+//!    fault the host's failure was (`cause.rs`); its stderr pattern over
+//!    the log tail the kubelet kept).
 //! 2. Reasons are read from the pod as a real cluster reports them:
 //!    `Evicted` and `DeadlineExceeded` from `status.reason`, `OOMKilled`
 //!    from the host container's end, `Preempted` and `NodeLost` from the
@@ -54,6 +55,8 @@ pub struct HostFacts<'a> {
     pub pod: Option<&'a Pod>,
     /// Its pod was deleted by someone else than the operator.
     pub deleted: bool,
+    /// Whose fault its failure is, where the World attributes it.
+    pub cause: Option<hostmesh_crds::cause::FailureCause>,
 }
 
 /// A World's rules, their patterns compiled once per plan.
@@ -99,6 +102,15 @@ impl<'a> HostRules<'a> {
             .any(|(r, _, _)| r.reasons.contains(&reason))
     }
 
+    /// Whether a rule may act on an infrastructure failure (a pod deleted
+    /// from outside, preempted, its node lost: hosts whose pod is going).
+    pub fn watches_infrastructure(&self) -> bool {
+        self.rules.iter().any(|(r, _, _)| {
+            r.causes
+                .contains(&hostmesh_crds::cause::FailureCause::Infrastructure)
+        })
+    }
+
     /// The first rule matching `facts` at `now` (invariant 1), if any.
     pub fn decide(&self, facts: &HostFacts<'_>, now: Timestamp) -> Option<Decision> {
         let reasons = reasons(facts);
@@ -130,7 +142,9 @@ impl<'a> HostRules<'a> {
                     .and_then(|c| c.message.as_deref())
                     .is_some_and(|m| re.is_match(m)),
             };
-            if exit_ok && reason_ok && pattern_ok {
+            let cause_ok =
+                rule.causes.is_empty() || facts.cause.is_some_and(|c| rule.causes.contains(&c));
+            if exit_ok && reason_ok && cause_ok && pattern_ok {
                 return Some(Decision {
                     action: rule.action,
                     rule: rule.name.clone().unwrap_or_else(|| format!("rules[{i}]")),
@@ -233,6 +247,7 @@ mod tests {
                     host,
                     pod: Some(pod),
                     deleted,
+                    cause: None,
                 },
                 now,
             )
@@ -303,5 +318,40 @@ mod tests {
         );
         assert!(rules.watches(HostReason::Deleted));
         assert!(!rules.watches(HostReason::NoHeartbeat));
+    }
+
+    /// A rule on `causes` matches whose fault the host's failure was.
+    #[test]
+    fn causes_select_the_rule() {
+        use hostmesh_crds::cause::FailureCause;
+        let w = world(
+            "{name: infra, action: RestartWithoutCounting, causes: [Infrastructure]},\
+             {name: mine, action: FailWorld, causes: [User], exitCodes: [3]}",
+        );
+        let rules = HostRules::new(&w);
+        let now = Timestamp::from_second(1000).unwrap();
+        let exited = mk_pod(
+            "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 3, reason: Error}}}]\n",
+        );
+        let decide = |cause| {
+            rules
+                .decide(
+                    &HostFacts {
+                        host: &failed(),
+                        pod: Some(&exited),
+                        deleted: false,
+                        cause,
+                    },
+                    now,
+                )
+                .map(|d| d.rule)
+        };
+        assert_eq!(
+            decide(Some(FailureCause::Infrastructure)).as_deref(),
+            Some("infra")
+        );
+        assert_eq!(decide(Some(FailureCause::User)).as_deref(), Some("mine"));
+        assert_eq!(decide(Some(FailureCause::Unknown)), None);
+        assert_eq!(decide(None), None, "nothing attributed: no cause rule");
     }
 }

@@ -141,8 +141,30 @@ fn a_suspended_world_stops_without_failures_and_respawns_on_resume() {
     assert!(p.events.is_empty(), "announced once");
     assert_eq!(p.status.spawn_time, None);
     // Resumed: it waits for the World, then spawns every rank afresh.
+    // What a suspended host's agent still reports while its pod goes (rank
+    // 3 still stopping on host 1, which is Terminating, then Pending) is of
+    // the stopped procs, no failure (CI once saw rank 3 Lost here).
     pm.status = Some(p.status);
-    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 200);
+    let mut late = BTreeMap::new();
+    late.insert(
+        3,
+        ProcObs {
+            host: 1,
+            ..obs(ProcState::Stopping, None, 0)
+        },
+    );
+    for (t, host) in [(200, HostState::Terminating), (201, HostState::Pending)] {
+        let lost = BTreeMap::from([(1, host)]);
+        let p = run_lost(&pm, Some(WorldPhase::Creating), &late, &lost, t);
+        assert!(p.spawn.is_none() && !p.stop);
+        assert_eq!((p.status.failed, p.status.restarts), (0, 0), "{host:?}");
+        assert!(p.status.first_failure.is_none(), "{host:?}");
+        assert_eq!(p.status.phase, Some(ProcMeshPhase::Pending));
+        let ready = conditions::get(&p.status.conditions, READY).unwrap();
+        assert_eq!(ready.reason, "WorldResuming");
+        pm.status = Some(p.status);
+    }
+    let p = run(&pm, Some(WorldPhase::Creating), &BTreeMap::new(), 202);
     assert!(p.spawn.is_none());
     assert_eq!(p.status.failed, 0);
     pm.status = Some(p.status);
@@ -289,7 +311,31 @@ fn procs_of_a_lost_host_are_lost_and_restarted_once() {
     for r in [2, 3] {
         states.get_mut(&r).unwrap().host = 1;
     }
-    let lost = BTreeMap::from([(1, HostState::Expired)]);
+    // Expired (its agent silent), not evicted yet: Unreachable, which
+    // costs nothing (issue 30: a blip shorter than evictionTimeout).
+    let expired = BTreeMap::from([(1, HostState::Expired)]);
+    let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &expired, 99);
+    assert_eq!(p.status.ranks[1].value.state, ProcState::Unreachable);
+    assert_eq!((p.status.failed, p.status.restarts), (0, 0));
+    assert!(p.status.first_failure.is_none() && p.status.incidents.is_empty());
+    assert!(p.spawn.is_none() && !p.stop);
+    assert_eq!(p.status.phase, Some(ProcMeshPhase::Running));
+    let ready = conditions::get(&p.status.conditions, READY).unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "RanksUnreachable")
+    );
+    assert!(ready.message.contains("2 unreachable"), "{}", ready.message);
+    assert!(conditions::is_true(&p.status.conditions, DEGRADED));
+    // Heard again in time: nothing happened.
+    let mut back = pm.clone();
+    back.status = Some(p.status.clone());
+    let p2 = run(&back, RUNNING, &states, 100);
+    assert!(conditions::is_true(&p2.status.conditions, READY));
+    assert_eq!((p2.status.failed, p2.status.restarts), (0, 0));
+    // Evicted instead (its pod going): Lost, a failure.
+    pm.status = Some(p.status);
+    let lost = BTreeMap::from([(1, HostState::Terminating)]);
     let p = run_lost(&pm, Some(WorldPhase::Degraded), &states, &lost, 100);
     let ff = p.status.first_failure.clone().unwrap();
     assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));

@@ -232,3 +232,41 @@ fn an_unhealthy_device_marks_its_ready_host_without_failing_it() {
     assert_eq!(p.status.phase, Some(WorldPhase::Running));
     assert!(p.failures.is_empty() && p.status.first_failure.is_none());
 }
+
+/// A `failurePolicy` rule on `causes: [Infrastructure]` takes a host pod
+/// deleted from outside (no rule on its reason needed) and restarts it
+/// without counting; a host out of memory is the user's and falls to the
+/// default, counted.
+#[test]
+fn a_rule_on_infrastructure_restarts_an_outside_deletion_without_counting() {
+    let mut w = running();
+    w.spec.failure_policy.rules = serde_saphyr::from_str(
+        "[{name: infra, action: RestartWithoutCounting, causes: [Infrastructure]}]",
+    )
+    .unwrap();
+    let mut pods = ready_pods();
+    pods.insert(1, terminating(pods[&1].clone()));
+    let p = plan(&input(&w, &pods, &|_| Liveness::Alive));
+    let fired = p.status.rule_fired.clone().expect("the rule fired");
+    assert_eq!((fired.name.as_str(), fired.rank), ("infra", 1));
+    assert_eq!(p.status.restarts, 0, "{:?}", p.status);
+    // The user's failure: the host container out of its memory limit.
+    let mut w = running();
+    w.spec.failure_policy.rules = serde_saphyr::from_str(
+        "[{name: infra, action: RestartWithoutCounting, causes: [Infrastructure]}]",
+    )
+    .unwrap();
+    let mut pods = ready_pods();
+    pods.insert(
+        2,
+        pod(
+            2,
+            "  phase: Failed\n  containerStatuses: [{name: host, image: x, imageID: '', ready: false, restartCount: 0, state: {terminated: {exitCode: 137, reason: OOMKilled}}}]\n",
+            "h1",
+        ),
+    );
+    let p = plan(&input(&w, &pods, &|_| Liveness::Alive));
+    assert_eq!(host(&p, 2).cause, Some(FailureCause::User));
+    assert!(p.status.rule_fired.is_none(), "{:?}", p.status.rule_fired);
+    assert_eq!(p.status.restarts, 1);
+}
