@@ -36,7 +36,12 @@ MANAGER_RULES = {
     ("", "secrets"): {"get", "create"},
     ("", "configmaps"): {"get", "create", "update"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "patch"},
 }
+# With networkPolicy.enabled off (docs/operations.md "Network policy"): no
+# policy is written, and the ones an earlier install made are listed and
+# deleted once at start-up.
+NETPOL_OFF_RULES = {("networking.k8s.io", "networkpolicies"): {"list", "delete"}}
 # With kueue.enabled (docs/scheduling.md): Workloads join the manager rules,
 # and a read-only ClusterRole gets the cluster-scoped Kueue configuration.
 KUEUE_RULES = {
@@ -98,6 +103,10 @@ VALUE_SETS = {
         "monarch": {"serveMonarchMesh": True},
         "kueue": {"enabled": True},
     },
+    "no-network-policy": {
+        "watchNamespaces": ["team-a"],
+        "networkPolicy": {"enabled": False},
+    },
     "single-no-election": {
         "leaderElection": {"enabled": False},
         "metrics": {"service": {"enabled": False}},
@@ -114,6 +123,7 @@ BAD_VALUES = [
     ({"metrics": {"port": 70000}}, "/metrics/port"),
     ({"replica": 2}, "replica"),
     ({"monarch": {"serveMonarchMesh": "yes"}}, "/monarch/serveMonarchMesh"),
+    ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
 ]
 
 failures = []
@@ -238,8 +248,22 @@ def check_render(label, values):
     # RBAC: exactly the operator's needs, in the narrowest scope.
     watch = merged["watchNamespaces"]
     kueue = merged["kueue"]["enabled"]
+    netpol = merged["networkPolicy"]["enabled"]
     expected = {**MANAGER_RULES, **(KUEUE_RULES if kueue else {}),
-                **(GANG_RULES if merged["gangScheduling"]["enabled"] else {})}
+                **(GANG_RULES if merged["gangScheduling"]["enabled"] else {}),
+                **({} if netpol else NETPOL_OFF_RULES)}
+    # The policies admit the operator's pods by their selector labels.
+    check(env.get("HOSTMESH_NETWORK_POLICY", {}).get("value") == str(netpol).lower(),
+          f"[{label}] networkPolicy.enabled not passed")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    passed = env.get("HOSTMESH_OPERATOR_POD_LABELS", {}).get("value")
+    if netpol:
+        pairs = dict(p.split("=", 1) for p in (passed or "").split(",") if p)
+        check(pairs == selector and all(pod_labels.get(k) == v for k, v in pairs.items()),
+              f"[{label}] HOSTMESH_OPERATOR_POD_LABELS {passed!r} is not the operator pods' selector {selector}")
+    else:
+        check(passed is None, f"[{label}] HOSTMESH_OPERATOR_POD_LABELS passed with networkPolicy.enabled false")
     monarch_mesh = merged["monarch"]["serveMonarchMesh"]
     if monarch_mesh:
         for key, verbs in MONARCH_MESH_RULES.items():

@@ -158,3 +158,49 @@ fn the_operator_binds_the_pod_ip_and_extra_env_replaces_any_chart_entry() {
         "the operator must get as far as connecting:\n{err}"
     );
 }
+
+#[test]
+fn network_policies_without_the_operator_pod_labels_stop_the_operator_with_the_flag() {
+    // The chart passes its selector labels with networkPolicy.enabled (the
+    // default); without them a policy could not name the operator's pods.
+    let (env, args) = rendered_env("{}");
+    let labels: Vec<&str> = env
+        .iter()
+        .filter(|(k, _)| k == "HOSTMESH_OPERATOR_POD_LABELS")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "app.kubernetes.io/component=operator,app.kubernetes.io/instance=hm,app.kubernetes.io/name=hostmesh"
+        ]
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_hostmesh"))
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(
+            env.into_iter()
+                .filter(|(k, _)| k != "HOSTMESH_OPERATOR_POD_LABELS"),
+        )
+        .output()
+        .expect("run hostmesh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--operator-pod-labels"),
+        "the error names the flag:\n{err}"
+    );
+    // Off: nothing to pass, and the operator starts as before.
+    let (env, _) = rendered_env(r#"{"networkPolicy": {"enabled": false}}"#);
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "HOSTMESH_NETWORK_POLICY" && v == "false")
+    );
+    assert!(!env.iter().any(|(k, _)| k == "HOSTMESH_OPERATOR_POD_LABELS"));
+    let err = run_operator_with(r#"{"networkPolicy": {"enabled": false}}"#);
+    assert!(
+        err.contains("cannot configure the Kubernetes client"),
+        "the operator must get as far as connecting:\n{err}"
+    );
+}

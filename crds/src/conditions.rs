@@ -26,6 +26,12 @@ pub const COMPLETE: &str = "Complete";
 /// The API server refused to create a host pod (admission: PodSecurity,
 /// quota, a webhook); the message is the server's, as on a ReplicaSet.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+/// The operator could not write the World's NetworkPolicy (it writes one
+/// per World with `--network-policy`, the chart's `networkPolicy.enabled`):
+/// True with the API server's refusal (`NetworkPolicyForbidden`,
+/// `NetworkPolicyRefused`, ...); the World runs on without it. False once
+/// a later write succeeds or the operator no longer writes policies.
+pub const NETWORK_POLICY_FAILURE: &str = "NetworkPolicyFailure";
 /// The World is suspended (`spec.suspend`): its host pods are deleted and
 /// its ProcMeshes wait, as a suspended Job's pods are.
 pub const SUSPENDED: &str = "Suspended";

@@ -21,6 +21,7 @@ pub mod incident;
 pub mod monarch;
 pub mod monarchmesh;
 pub mod procmesh;
+pub mod selector;
 pub mod shm;
 pub mod validate;
 pub mod world;

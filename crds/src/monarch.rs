@@ -6,7 +6,11 @@
 //! 1. A mesh name is one Monarch accepts: at most 63 lowercase letters and
 //!    digits, starting with a letter (`KubernetesJob.add_mesh`'s rule).
 //! 2. The worker port never equals the agent's port or its health port.
+//! 3. `clientSelector` is a label selector a real API server accepts
+//!    ([`crate::selector`]); it names who may dial the worker port when
+//!    the operator writes NetworkPolicies, and nothing in the pods.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -38,7 +42,7 @@ pub const ENV_SERVICE_PROC_IDS: &str = "MONARCH_SERVICE_PROC_IDS";
 pub const ENV_POD_UID: &str = "MONARCH_POD_UID";
 
 /// Monarch workers on every host of a World.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MonarchSpec {
     /// The Monarch mesh name (`monarch.pytorch.org/mesh-name` on every host
@@ -59,6 +63,16 @@ pub struct MonarchSpec {
     /// `python` with `torchmonarch` installed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// The pods, in the World's namespace, that run Monarch clients of this
+    /// World (`KubernetesJob` attach mode) and so may dial the worker port
+    /// when the operator writes a NetworkPolicy per World (the chart's
+    /// `networkPolicy.enabled`, docs/operations.md). The World's own pods
+    /// may always dial it. Unset: no other pod may; `{}`: every pod of the
+    /// namespace. A client outside the cluster reaches the workers through
+    /// `kubectl port-forward`, which needs no entry here. Changing it
+    /// changes only the policy, never the host pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_selector: Option<LabelSelector>,
 }
 
 impl MonarchSpec {
@@ -131,6 +145,9 @@ pub fn check(world: &str, spec: &MonarchSpec, agent_port: u16) -> Vec<FieldError
                  (Monarch's default) with spec.port left at its default"
             ),
         ));
+    }
+    if let Some(sel) = &spec.client_selector {
+        errs.extend(crate::selector::check("spec.monarch.clientSelector", sel));
     }
     errs
 }

@@ -838,6 +838,11 @@ mod tests {
                 "lowercase letters and digits",
             ),
             (
+                "hosts: 2\nmonarch: {clientSelector: {matchExpressions: [{key: role, operator: Equals, values: [x]}]}}\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
+                "spec.monarch.clientSelector.matchExpressions[0].operator",
+                "In, NotIn, Exists or DoesNotExist",
+            ),
+            (
                 "hosts: 2\nttlSecondsAfterFinished: -1\ntemplate: {spec: {containers: [{name: h, image: x}]}}\n",
                 "spec.ttlSecondsAfterFinished",
                 "use 0",

@@ -50,6 +50,9 @@ pub struct OperatorArgs {
     /// Name reported on Events (the operator pod's name).
     #[arg(long, env = "POD_NAME", default_value = "hostmesh-operator")]
     pub instance: String,
+    /// A NetworkPolicy per World (`--network-policy`).
+    #[command(flatten)]
+    pub network_policy: controllers::world::netpol::NetworkPolicyArgs,
 }
 
 impl OperatorArgs {

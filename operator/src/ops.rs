@@ -55,6 +55,9 @@ pub enum OpsError {
     /// The controllers failed.
     #[error(transparent)]
     Operator(#[from] crate::OperatorError),
+    /// `--network-policy` lacks what the policies need.
+    #[error(transparent)]
+    NetworkPolicy(#[from] crate::controllers::world::netpol::NetworkPolicyConfigError),
     /// No kubeconfig or in-cluster configuration, or a bad one.
     #[error("cannot configure the Kubernetes client: {0}; set KUBECONFIG or run in a pod")]
     Connect(String),
@@ -99,6 +102,7 @@ pub async fn run(
 ) -> Result<(), OpsError> {
     // Configuration errors first, before any network (they name the flag).
     cmd.leader.config()?;
+    cmd.args.network_policy.peer()?;
     let metrics = Arc::new(Metrics::new());
     let config = kube::Config::infer()
         .await

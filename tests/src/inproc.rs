@@ -30,7 +30,7 @@ pub const STOP_BOUND: Duration = Duration::from_secs(10);
 
 /// Operator arguments for a suite's in-process controllers: watching only
 /// `namespace`, instance `instance` (agent image `agent:<instance>`),
-/// concurrency 4, no MonarchMesh. Callers change fields as they need.
+/// concurrency 4, no MonarchMesh, no NetworkPolicies. Callers change fields as they need.
 pub fn operator_args(namespace: &str, instance: &str) -> OperatorArgs {
     OperatorArgs {
         agent_image: format!("agent:{instance}"),
@@ -38,6 +38,7 @@ pub fn operator_args(namespace: &str, instance: &str) -> OperatorArgs {
         concurrency: 4,
         instance: instance.into(),
         serve_monarch_mesh: false,
+        network_policy: Default::default(),
     }
 }
 

@@ -388,6 +388,12 @@ impl Env {
         self.spawn_operator(&[])
     }
 
+    /// Starts the operator process with more arguments (e.g.
+    /// `--network-policy`).
+    pub fn start_operator_with(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        self.spawn_operator(extra)
+    }
+
     /// Starts an operator replica with leader election, as the chart runs
     /// it (fast timings), on a Lease named after the test in
     /// [`LEASE_NAMESPACE`]: the first replica leads, a later one waits as a

@@ -107,6 +107,21 @@ Role in each watched namespace. Every rule says why it is needed.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# One NetworkPolicy per World (networkPolicy.enabled), server-side applied
+# (create, patch) on every reconcile; garbage collection deletes it with its
+# World.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
+{{- else }}
+# With networkPolicy.enabled off the operator deletes, once at start-up, the
+# per-World NetworkPolicies an earlier install made: it lists them by the
+# label hostmesh.dev/world (list) and deletes those a World owns (delete).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "delete"]
+{{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue integration (docs/scheduling.md): the operator keeps one Workload per
 # queued World (create; delete to replace a stale one; patch spec.active and

@@ -16,6 +16,11 @@
 //! 4. Monarch's selector labels (`app.kubernetes.io/name=monarch-worker`,
 //!    `monarch.pytorch.org/mesh-name=<name>`) win over the template's own on
 //!    the pod template, as in monarch-kubernetes.
+//! 5. The World's `monarch.clientSelector` is `{}`: a MonarchMesh names no
+//!    clients, and Monarch's own operator writes no NetworkPolicy, so with
+//!    the operator's NetworkPolicies on, every pod of the namespace may
+//!    still dial the workers' Monarch port (the agent's ports stay closed
+//!    to them).
 
 use std::collections::BTreeMap;
 
@@ -116,7 +121,8 @@ pub fn world(mesh: &MonarchMesh, command: &[String]) -> Result<serde_json::Value
         c.command = None;
         c.args = None;
     }
-    let mut monarch = json!({"meshName": name, "port": mesh.spec.port});
+    // Invariant 5.
+    let mut monarch = json!({"meshName": name, "port": mesh.spec.port, "clientSelector": {}});
     if !command.is_empty() {
         monarch["command"] = json!(command);
     }
@@ -246,6 +252,9 @@ pub(crate) mod tests {
         // Invariant 2: only the owned fields are in the apply body.
         let keys: Vec<&String> = body["spec"].as_object().unwrap().keys().collect();
         assert_eq!(keys, ["hosts", "monarch", "template"]);
+        // Invariant 5: every pod of the namespace is a possible client.
+        let clients = w.spec.monarch.as_ref().unwrap().client_selector.as_ref();
+        assert_eq!(clients, Some(&Default::default()));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The World reconcile's apply step, in named phases: observe the host pods,
+//! The World reconcile's apply step, in named phases: ensure the Service,
+//! Secret, gang group and NetworkPolicy ([`netpol`]), observe the host pods,
 //! sync the hub's agent links, ask Kueue, plan ([`super::plan`]), then act
 //! (force-delete fenced stuck pods, delete, create) and write the status.
 //!
@@ -29,7 +30,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt as _};
 use tracing::{debug, info, warn};
 
-use super::{desired, fencing, gang, kueue, observe, plan, secret};
+use super::{desired, fencing, gang, kueue, netpol, observe, plan, secret};
 use crate::controllers::shared::ControllerContext;
 use crate::controllers::shared::events::{self, PlannedEvent, Severity};
 use crate::controllers::shared::writes::write_status;
@@ -65,6 +66,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     )
     .await?;
     let gang_problem = super::ensure_gang_group(world, ctx).await?;
+    let netpol_problem = netpol::ensure(world, ctx).await?;
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let observed = observe_pods(world, ctx, &pods_api).await?;
@@ -122,6 +124,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
 
     let mut status = plan.status.clone();
     report_refusal(world, ctx, &mut status, refused).await;
+    netpol::report(world, ctx, &mut status, netpol_problem).await;
     if let Some(g) = gang::spec(world)
         && status.phase != Some(WorldPhase::Suspended)
     {

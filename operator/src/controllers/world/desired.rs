@@ -72,7 +72,7 @@ pub fn secret_name(world: &str) -> String {
     format!("{world}-agent")
 }
 
-fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, OperatorError> {
+pub(super) fn owned_meta(world: &World, name: String) -> Result<ObjectMeta, OperatorError> {
     let owner = world
         .controller_owner_ref(&())
         .ok_or_else(|| OperatorError::MissingField("World metadata.uid"))?;
@@ -170,6 +170,11 @@ pub fn template_hash(world: &World, agent_image: &str) -> String {
         input["scheduling"] = serde_json::json!(s);
     }
     if let Some(m) = &world.spec.monarch {
+        // `clientSelector` shapes only the NetworkPolicy, not a pod.
+        let m = hostmesh_crds::monarch::MonarchSpec {
+            client_selector: None,
+            ..m.clone()
+        };
         input["monarch"] = serde_json::json!(m);
     }
     if let Some(size) = &world.spec.shared_memory_size {
@@ -804,6 +809,13 @@ spec:
         w3.spec.failure_policy.max_restarts = 9;
         w3.metadata.labels = Some(BTreeMap::from([("x".into(), "y".into())]));
         assert_eq!(h, template_hash(&w3, "agent:1"));
+        // Who may dial the Monarch port shapes the NetworkPolicy only.
+        let mut m = w.clone();
+        m.spec.monarch = Some(Default::default());
+        let hm = template_hash(&m, "agent:1");
+        assert_ne!(h, hm);
+        m.spec.monarch.as_mut().unwrap().client_selector = Some(Default::default());
+        assert_eq!(hm, template_hash(&m, "agent:1"));
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod fencing;
 pub mod gang;
 pub mod kueue;
 pub mod monarch;
+pub mod netpol;
 pub mod observe;
 pub mod plan;
 pub mod rules;
@@ -86,6 +87,11 @@ pub async fn controller(
             Api::all(client.clone()),
         ),
     };
+    if !ctx.args.network_policy.enabled {
+        // netpol invariant 4: the policies of an earlier run go.
+        let (ctx, ns) = (ctx.clone(), namespace.clone());
+        tokio::spawn(async move { netpol::remove_all(&ctx, ns.as_deref()).await });
+    }
     let managed = watcher::Config::default().labels(desired::LABEL_WORLD);
     // Host pods are reflected into a store (invariant 7) that reconciles
     // read; the same watch triggers the owners.
