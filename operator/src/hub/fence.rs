@@ -22,11 +22,15 @@ use super::agent::{AgentLink, HostKey};
 /// Least time between two renewals of one agent.
 pub const RENEW_EVERY: Duration = Duration::from_millis(500);
 
+/// How a fenced agent's refusal begins: a host whose link error starts so
+/// has ended its procs and is replaced at once.
+pub const FENCED: &str = "the agent fenced itself";
+
 /// Why a push from an agent reporting `agent_epoch` (and `fenced`) is
 /// refused, when its pod is of `pod_epoch` (invariant 1).
 pub fn refusal(pod_epoch: u64, agent_epoch: u64, fenced: Option<&str>) -> Option<String> {
     if let Some(why) = fenced {
-        return Some(format!("the agent fenced itself: {why}"));
+        return Some(format!("{FENCED}: {why}"));
     }
     match agent_epoch.cmp(&pod_epoch) {
         std::cmp::Ordering::Equal => None,

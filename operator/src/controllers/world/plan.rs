@@ -12,7 +12,8 @@
 //! 3. An Expired host is acted on only after it has been Expired for
 //!    `evictionTimeout` (so a host is replaced `healthTimeout +
 //!    evictionTimeout` after its last heartbeat), its pod deleted with a
-//!    1 s grace period ([`Plan::quick`]). A host whose pod has been
+//!    1 s grace period ([`Plan::quick`]); at once when its agent is known
+//!    to have fenced itself (reason `AgentFenced: ...`). A host whose pod has been
 //!    Ready for `healthTimeout` while its agent never heartbeated (the
 //!    operator cannot reach it: a refused handshake after lost credentials,
 //!    an unreachable address) is Expired too, with the connection's error
@@ -73,7 +74,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use super::desired::ANNOTATION_TEMPLATE_HASH;
 use super::observe::observe_pod;
 use crate::controllers::shared::{PlannedEvent, Severity, backoff_delay, event};
-use crate::hub::Liveness;
+use crate::hub::{Liveness, fence};
 use hostmesh_agent::protocol::ProcReport;
 
 /// Everything the plan is computed from.
@@ -617,13 +618,24 @@ impl<'i, 'a> Working<'i, 'a> {
         }
     }
 
-    /// Hosts to act on now: failed ones, and those Expired for longer than
-    /// `evictionTimeout` (invariant 3); each restart waits out the backoff
+    /// Hosts to act on now: failed ones, those Expired for longer than
+    /// `evictionTimeout`, and Expired ones whose agent fenced itself
+    /// (invariant 3); each restart waits out the backoff
     /// and counts toward `maxRestarts`.
     fn act_on_failed_hosts(&mut self) {
         let input = self.input;
         let mut act_on = self.ranks_in(HostState::Failed);
         for r in self.ranks_in(HostState::Expired) {
+            // An agent known to have fenced itself ended its procs: nothing
+            // is left to wait for.
+            if let Some(e) = (input.link_error)(r).filter(|e| e.starts_with(fence::FENCED)) {
+                self.hosts[r].reason = Some(format!(
+                    "AgentFenced: {}",
+                    hostmesh_crds::procmesh::head(&e, 300)
+                ));
+                act_on.push(r);
+                continue;
+            }
             let since = (input.expired_since)(r)
                 .or_else(|| self.silent.get(&r).copied())
                 .unwrap_or(input.now);
@@ -774,27 +786,10 @@ impl<'i, 'a> Working<'i, 'a> {
         .any(|r| rules.watches(r))
             || rules.watches_infrastructure();
         let watch_unschedulable = rules.watches(hostmesh_crds::world::HostReason::Unschedulable);
-        let mut candidates = act_on.clone();
-        for r in 0..self.n {
-            let h = &self.hosts[r];
-            let going =
-                watch_going && h.state == HostState::Terminating && self.going_by_someone_else(r);
-            let starting = watch_unschedulable && h.state == HostState::Starting;
-            if (going || starting) && !candidates.contains(&r) {
-                candidates.push(r);
-            }
-        }
-        candidates.sort_unstable();
         let host_container = super::cause::host_container(input);
-        let mut restart = Vec::new();
-        let mut counted = false;
-        for r in candidates {
-            let facts = super::rules::HostFacts {
-                host: &self.hosts[r],
-                pod: input.pods.get(&r).map(|p| &**p),
-                deleted: self.hosts[r].state == HostState::Terminating
-                    && self.going_by_someone_else(r),
-                cause: super::cause::of_host(
+        let causes: Vec<_> = (0..self.n)
+            .map(|r| {
+                super::cause::of_host(
                     input,
                     &self.prev,
                     r,
@@ -802,7 +797,40 @@ impl<'i, 'a> Working<'i, 'a> {
                     &self.out.delete,
                     &host_container,
                 )
-                .map(|a| a.cause),
+            })
+            .collect();
+        // Deleted by someone else: seen terminating, or already gone when
+        // this pass first looks (a quick deletion between two passes), as
+        // `cause.rs` attributes it.
+        let deleted: Vec<bool> = (0..self.n)
+            .map(|r| {
+                let state = self.hosts[r].state;
+                self.going_by_someone_else(r)
+                    && (state == HostState::Terminating
+                        || (state == HostState::Pending
+                            && causes[r].as_ref().is_some_and(|a| {
+                                a.evidence.reason == hostmesh_crds::cause::reasons::POD_DELETED
+                            })))
+            })
+            .collect();
+        let mut candidates = act_on.clone();
+        for r in 0..self.n {
+            let h = &self.hosts[r];
+            let going = watch_going && deleted[r];
+            let starting = watch_unschedulable && h.state == HostState::Starting;
+            if (going || starting) && !candidates.contains(&r) {
+                candidates.push(r);
+            }
+        }
+        candidates.sort_unstable();
+        let mut restart = Vec::new();
+        let mut counted = false;
+        for r in candidates {
+            let facts = super::rules::HostFacts {
+                host: &self.hosts[r],
+                pod: input.pods.get(&r).map(|p| &**p),
+                deleted: deleted[r],
+                cause: causes[r].as_ref().map(|a| a.cause),
             };
             let decision = rules.decide(&facts, input.now);
             let unschedulable_since =

@@ -70,6 +70,13 @@ fn running() -> World {
     w
 }
 
+/// [`running`], with these `failurePolicy.rules` (YAML).
+fn running_with_rules(rules: &str) -> World {
+    let mut w = running();
+    w.spec.failure_policy.rules = serde_saphyr::from_str(rules).unwrap();
+    w
+}
+
 fn host(p: &Plan, r: Rank) -> HostStatus {
     runs::get(&p.status.hosts, r).unwrap().clone()
 }
@@ -239,11 +246,9 @@ fn an_unhealthy_device_marks_its_ready_host_without_failing_it() {
 /// default, counted.
 #[test]
 fn a_rule_on_infrastructure_restarts_an_outside_deletion_without_counting() {
-    let mut w = running();
-    w.spec.failure_policy.rules = serde_saphyr::from_str(
+    let w = running_with_rules(
         "[{name: infra, action: RestartWithoutCounting, causes: [Infrastructure]}]",
-    )
-    .unwrap();
+    );
     let mut pods = ready_pods();
     pods.insert(1, terminating(pods[&1].clone()));
     let p = plan(&input(&w, &pods, &|_| Liveness::Alive));
@@ -251,11 +256,9 @@ fn a_rule_on_infrastructure_restarts_an_outside_deletion_without_counting() {
     assert_eq!((fired.name.as_str(), fired.rank), ("infra", 1));
     assert_eq!(p.status.restarts, 0, "{:?}", p.status);
     // The user's failure: the host container out of its memory limit.
-    let mut w = running();
-    w.spec.failure_policy.rules = serde_saphyr::from_str(
+    let w = running_with_rules(
         "[{name: infra, action: RestartWithoutCounting, causes: [Infrastructure]}]",
-    )
-    .unwrap();
+    );
     let mut pods = ready_pods();
     pods.insert(
         2,
@@ -269,4 +272,59 @@ fn a_rule_on_infrastructure_restarts_an_outside_deletion_without_counting() {
     assert_eq!(host(&p, 2).cause, Some(FailureCause::User));
     assert!(p.status.rule_fired.is_none(), "{:?}", p.status.rule_fired);
     assert_eq!(p.status.restarts, 1);
+}
+
+/// Issue 30, item 9: an Expired host whose agent is known to have fenced
+/// itself (its pushes refused as fenced) is replaced at once, not after
+/// `evictionTimeout`, with the reason that says so.
+#[test]
+fn a_host_whose_agent_fenced_itself_is_replaced_at_once() {
+    let w = running();
+    let pods = ready_pods();
+    let live = |r: Rank| {
+        if r == 1 {
+            Liveness::Expired
+        } else {
+            Liveness::Alive
+        }
+    };
+    // Expired just now: without more said, it waits for evictionTimeout.
+    let mut silent = input(&w, &pods, &live);
+    silent.expired_since = &|_| Some(Timestamp::from_second(100).unwrap());
+    let p = plan(&silent);
+    assert!(p.delete.is_empty(), "{:?}", p.delete);
+    assert_eq!(host(&p, 1).reason.as_deref(), Some("NoHeartbeat"));
+    // Known fenced: replaced now, and said so.
+    let mut fenced = input(&w, &pods, &live);
+    fenced.expired_since = &|_| Some(Timestamp::from_second(100).unwrap());
+    fenced.link_error = &|r| {
+        (r == 1).then(|| {
+            format!(
+                "{}: no contact from the operator for 70.0s",
+                crate::hub::fence::FENCED
+            )
+        })
+    };
+    let p = plan(&fenced);
+    assert_eq!(p.delete, vec!["w-host-1".to_string()]);
+    let reason = host(&p, 1).reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("AgentFenced: the agent fenced itself"),
+        "{reason}"
+    );
+}
+
+/// A rule on `Deleted` takes a host pod deleted from outside also when it
+/// is gone before any pass saw it terminating (a quick deletion between
+/// two passes), as `cause.rs` attributes it.
+#[test]
+fn a_deleted_rule_takes_a_pod_gone_between_two_passes() {
+    let w =
+        running_with_rules("[{name: infra, action: RestartWithoutCounting, reasons: [Deleted]}]");
+    let mut pods = ready_pods();
+    pods.remove(&1);
+    let p = plan(&input(&w, &pods, &|_| Liveness::Alive));
+    let fired = p.status.rule_fired.clone().expect("the rule fired");
+    assert_eq!((fired.name.as_str(), fired.rank), ("infra", 1));
+    assert_eq!(p.status.restarts, 0);
 }
