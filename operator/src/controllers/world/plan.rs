@@ -814,10 +814,9 @@ impl<'i, 'a> Working<'i, 'a> {
             })
             .collect();
         let mut candidates = act_on.clone();
-        for r in 0..self.n {
-            let h = &self.hosts[r];
-            let going = watch_going && deleted[r];
-            let starting = watch_unschedulable && h.state == HostState::Starting;
+        for (r, gone) in deleted.iter().enumerate() {
+            let going = watch_going && *gone;
+            let starting = watch_unschedulable && self.hosts[r].state == HostState::Starting;
             if (going || starting) && !candidates.contains(&r) {
                 candidates.push(r);
             }
