@@ -184,23 +184,27 @@ async fn a_procmesh_goes_with_its_world() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// World `w` (2 hosts, these spec lines) running ProcMesh `pm` of 2
+/// `sleep`s per host (these spec lines), Ready; returns the 4 procs' pids.
+async fn sleepers(env: &Env, world_spec: &str, mesh_spec: &str) -> anyhow::Result<Vec<i32>> {
+    env.apply(&world_yaml("w", &[("host", 2)], world_spec))
+        .await?;
+    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", mesh_spec))
+        .await?;
+    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let procs = env.proc_pids("w", "pm");
+    anyhow::ensure!(procs.len() == 4, "4 procs: {procs:?}");
+    Ok(procs)
+}
+
 /// Issue 30, item 4: an operator frozen (SIGSTOP) for several
 /// `healthTimeout`s and thawed blames no agent: no host expires, the
 /// ProcMesh restarts nothing and its procs are the same.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_operator_blames_no_agent_when_it_wakes() -> anyhow::Result<()> {
     let env = Env::start("operator-freeze").await?;
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
-        "  healthTimeout: 2s\n  evictionTimeout: 3s\n",
-    ))
-    .await?;
-    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
-    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
-    let procs = env.proc_pids("w", "pm");
-    assert_eq!(procs.len(), 4, "{procs:?}");
+    let procs = sleepers(&env, "  healthTimeout: 2s\n  evictionTimeout: 3s\n", "").await?;
     let operators = env.operator_pids();
     assert_eq!(operators.len(), 1, "{operators:?}");
 
@@ -255,17 +259,7 @@ async fn a_frozen_operator_blames_no_agent_when_it_wakes() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_silent_for_less_than_eviction_costs_its_ranks_nothing() -> anyhow::Result<()> {
     let env = Env::start("blip").await?;
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
-        "  healthTimeout: 2s\n  evictionTimeout: 120s\n",
-    ))
-    .await?;
-    env.apply(&mesh_yaml("pm", 2, "exec sleep 900", "")).await?;
-    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
-    let procs = env.proc_pids("w", "pm");
-    assert_eq!(procs.len(), 4, "{procs:?}");
+    let procs = sleepers(&env, "  healthTimeout: 2s\n  evictionTimeout: 120s\n", "").await?;
     let agents = env.agent_pids("w", 1);
     assert_eq!(agents.len(), 1, "{agents:?}");
 
@@ -329,24 +323,14 @@ async fn a_hung_nodes_pod_is_force_deleted_once_its_agent_fenced() -> anyhow::Re
         // freeze, nor its pod network to cut.
         return Ok(());
     };
-    env.apply(&world_yaml(
-        "w",
-        &[("host", 2)],
+    let all = sleepers(
+        &env,
         "  healthTimeout: 2s\n  evictionTimeout: 3s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n",
-    ))
-    .await?;
-    env.apply(&mesh_yaml(
-        "pm",
-        2,
-        "exec sleep 900",
         "  restartPolicy: {policy: OnFailure, maxRestarts: 3, backoff: 1s}\n",
-    ))
+    )
     .await?;
-    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
-        .await?;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let old_uid = pods.get("w-host-1").await?.metadata.uid;
-    let all = env.proc_pids("w", "pm");
     let old_procs: Vec<i32> = find_pids(|e| {
         e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
             && matches!(e.get("RANK").map(String::as_str), Some("2" | "3"))
