@@ -395,31 +395,26 @@ impl Hub {
                 }
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
-                if let Some(h) = st
+                let Some(h) = st
                     .worlds
                     .get_mut(&host.world)
                     .and_then(|w| w.hosts.get_mut(&host.rank))
-                    .filter(|h| h.pod_uid == pod_uid)
-                {
-                    h.held = procs
-                        .iter()
-                        .map(|p| (p.name.clone(), hostmesh_agent::DigestEntry::of(p)))
-                        .collect();
-                    h.held_digest = None;
-                    h.digest_misses = 0;
-                    h.resync_asked = None;
-                }
+                else {
+                    return;
+                };
+                h.held = procs
+                    .iter()
+                    .map(|p| (p.name.clone(), hostmesh_agent::DigestEntry::of(p)))
+                    .collect();
+                h.held_digest = None;
+                h.digest_misses = 0;
+                h.resync_asked = None;
+                h.reported_at.get_or_insert_with(Timestamp::now);
+                let agent_clock = h.clock.clone();
                 worker::from_snapshot(st, &host, &procs, now);
                 let received = Timestamp::now();
                 let Some(w) = st.worlds.get_mut(&host.world) else {
                     return;
-                };
-                let agent_clock = match w.hosts.get_mut(&host.rank) {
-                    Some(h) if h.pod_uid == pod_uid => {
-                        h.reported_at.get_or_insert_with(Timestamp::now);
-                        h.clock.clone()
-                    }
-                    _ => clock::AgentClock::default(),
                 };
                 let mut touched = HashSet::new();
                 // What the hub knew of this host's procs: a failure it had
