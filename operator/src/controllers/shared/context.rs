@@ -33,6 +33,9 @@ pub struct ControllerContext {
     /// The host pods the World controllers watch, by the namespace each
     /// watches (`None`: all): what a reconcile reads instead of listing.
     pub host_pods: HostPods,
+    /// The NetworkPolicies this operator last applied, per World
+    /// (`world::netpol` invariant 1).
+    pub applied_policies: crate::controllers::world::netpol::Applied,
 }
 
 /// The reflector stores of host pods (`managedFields` dropped), one per
@@ -105,6 +108,7 @@ impl ControllerContext {
             ),
             deleted_worlds: Default::default(),
             host_pods: HostPods::default(),
+            applied_policies: Default::default(),
         })
     }
 

@@ -8,8 +8,10 @@
 //!    (`hostmesh.dev/world=<world>`), governs ingress only (egress is left
 //!    alone) and carries a controller owner reference to its World, so it
 //!    goes with it. It is server-side applied under
-//!    [`crate::FIELD_MANAGER`] on every reconcile, so a spec change (the
-//!    agent port, `spec.monarch`) or an edit by hand is brought back in line.
+//!    [`crate::FIELD_MANAGER`] when it differs from what this operator last
+//!    applied for the World (a spec change: the agent port, `spec.monarch`)
+//!    and at least every [`REAPPLY_EVERY`], so an edit by hand is brought
+//!    back in line, without a write on every reconcile of a busy World.
 //! 2. It admits: the agent port and the health port from the operator's
 //!    pods (their namespace by `kubernetes.io/metadata.name` and their
 //!    labels, both given to the operator, [`NetworkPolicyArgs`]); every
@@ -49,6 +51,41 @@ use tracing::{info, warn};
 use super::desired;
 use crate::controllers::shared::ControllerContext;
 use crate::{FIELD_MANAGER, OperatorError};
+
+/// How often an unchanged policy is applied again (invariant 1).
+pub const REAPPLY_EVERY: Duration = Duration::from_secs(300);
+
+/// What this operator last applied per World (by uid): a hash of the
+/// policy and when (invariant 1).
+#[derive(Default)]
+pub struct Applied(std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>);
+
+impl Applied {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u64, std::time::Instant)>>
+    {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `hash` was applied for World `uid` less than
+    /// [`REAPPLY_EVERY`] ago.
+    fn fresh(&self, uid: &str, hash: u64) -> bool {
+        self.lock()
+            .get(uid)
+            .is_some_and(|(h, at)| *h == hash && at.elapsed() < REAPPLY_EVERY)
+    }
+
+    fn record(&self, uid: &str, hash: u64) {
+        self.lock()
+            .insert(uid.to_string(), (hash, std::time::Instant::now()));
+    }
+
+    /// Forgets a deleted World.
+    pub fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+}
 
 /// The label every namespace carries with its own name (Kubernetes sets it
 /// since 1.21), by which the policy names the operator's namespace.
@@ -248,9 +285,22 @@ pub(super) async fn ensure(
     let np = policy(world, &operator)?;
     let api: Api<NetworkPolicy> =
         Api::namespaced(ctx.client.clone(), &world.namespace().unwrap_or_default());
+    let uid = world.uid().unwrap_or_default();
+    let hash = {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        serde_json::to_vec(&np)?.hash(&mut h);
+        h.finish()
+    };
+    if ctx.applied_policies.fresh(&uid, hash) {
+        return Ok(None);
+    }
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     match api.patch(&name, &pp, &Patch::Apply(&np)).await {
-        Ok(_) => Ok(None),
+        Ok(_) => {
+            ctx.applied_policies.record(&uid, hash);
+            Ok(None)
+        }
         Err(kube::Error::Api(e)) if e.code == 403 => Ok(Some((
             "NetworkPolicyForbidden",
             format!(
@@ -400,6 +450,26 @@ async fn remove_listed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Invariant 1: an unchanged policy is not written again until
+    /// [`REAPPLY_EVERY`] has passed; a changed one, or one of a World
+    /// forgotten, is.
+    #[test]
+    fn an_unchanged_policy_is_not_written_on_every_reconcile() {
+        let applied = Applied::default();
+        assert!(!applied.fresh("u1", 7), "never applied");
+        applied.record("u1", 7);
+        assert!(applied.fresh("u1", 7));
+        assert!(!applied.fresh("u1", 8), "the policy changed");
+        assert!(!applied.fresh("u2", 7), "another World");
+        applied
+            .lock()
+            .insert("u1".into(), (7, std::time::Instant::now() - REAPPLY_EVERY));
+        assert!(!applied.fresh("u1", 7), "due again");
+        applied.record("u1", 7);
+        applied.forget("u1");
+        assert!(!applied.fresh("u1", 7), "forgotten");
+    }
 
     fn mk_world(yaml: &str) -> World {
         let mut w: World = serde_saphyr::from_str(yaml).unwrap();
