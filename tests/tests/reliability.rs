@@ -204,14 +204,17 @@ async fn sleepers(env: &Env, world_spec: &str, mesh_spec: &str) -> anyhow::Resul
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_operator_blames_no_agent_when_it_wakes() -> anyhow::Result<()> {
     let env = Env::start("operator-freeze").await?;
-    let procs = sleepers(&env, "  healthTimeout: 2s\n  evictionTimeout: 3s\n", "").await?;
+    // healthTimeout leaves a loaded machine time to redial after the thaw
+    // (the agent client drops links it heard nothing on for 5 s, the
+    // operator's pause included); the freeze is three of them.
+    let procs = sleepers(&env, "  healthTimeout: 5s\n  evictionTimeout: 5s\n", "").await?;
     let operators = env.operator_pids();
     assert_eq!(operators.len(), 1, "{operators:?}");
 
-    // Frozen for five healthTimeouts, as a frozen VM or a throttled CPU
+    // Frozen for three healthTimeouts, as a frozen VM or a throttled CPU
     // would hold it.
     signal(operators[0], "STOP")?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
     signal(operators[0], "CONT")?;
 
     // Awake: it hears the agents again and blames none of them.
