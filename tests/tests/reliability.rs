@@ -146,13 +146,9 @@ async fn a_procmesh_goes_with_its_world() -> anyhow::Result<()> {
         "{owners:?}"
     );
     env.delete("World", "w").await?;
+    // An error reading is no answer (not "gone").
     hostmesh_testkit::wait::poll(hostmesh_e2e::WAIT, async || {
-        meshes
-            .get_opt("pm")
-            .await
-            .ok()
-            .flatten()
-            .is_none()
+        matches!(meshes.get_opt("pm").await, Ok(None))
             .then_some(())
             .ok_or(())
     })
@@ -167,9 +163,11 @@ async fn a_procmesh_goes_with_its_world() -> anyhow::Result<()> {
             .await?;
         env.delete("World", "w").await?;
         let gone = hostmesh_testkit::wait::poll(hostmesh_e2e::WAIT, async || {
-            let pm = meshes.get_opt("early").await.ok().flatten();
-            let w = worlds.get_opt("w").await.ok().flatten();
-            (pm.is_none() && w.is_none()).then_some(()).ok_or(())
+            let pm = meshes.get_opt("early").await;
+            let w = worlds.get_opt("w").await;
+            matches!((pm, w), (Ok(None), Ok(None)))
+                .then_some(())
+                .ok_or(())
         })
         .await;
         if gone.is_err() {
