@@ -765,6 +765,21 @@ impl Env {
             .await?;
         Ok(())
     }
+
+    /// Deletes hostmesh object `kind/name` and waits until it is gone
+    /// (finalized by the operator): what a test does before it uninstalls
+    /// an operator it installed, so nothing is left stuck.
+    pub async fn delete_and_wait(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+        self.delete(kind, name).await?;
+        let api = self.hostmesh_api(kind);
+        hostmesh_testkit::wait::poll(WAIT, async || {
+            matches!(api.get_opt(name).await, Ok(None))
+                .then_some(())
+                .ok_or(())
+        })
+        .await
+        .map_err(|()| anyhow::anyhow!("{kind} {name} not deleted in {WAIT:?}"))
+    }
 }
 
 impl Drop for Env {

@@ -260,17 +260,8 @@ async fn helm_chart_runs_the_operator_which_runs_a_world() -> anyhow::Result<()>
     );
 
     // ... and finalizes deletions (so uninstall leaves nothing stuck).
-    let worlds = env.hostmesh_api("World");
     for w in ["helm-world", "helm-world-2"] {
-        env.delete("World", w).await?;
-        let start = std::time::Instant::now();
-        while worlds.get_opt(w).await?.is_some() {
-            anyhow::ensure!(
-                start.elapsed() < hostmesh_e2e::WAIT,
-                "World {w} not deleted"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
+        env.delete_and_wait("World", w).await?;
     }
     let pod_name = new_pod;
 

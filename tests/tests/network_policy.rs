@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use hostmesh_e2e::chart::{SELECTOR, image_values, install};
+use hostmesh_e2e::chart::{SELECTOR, image_values, install, uninstall};
 use hostmesh_e2e::{Env, WAIT, condition_true, world_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -315,5 +315,9 @@ async fn an_operator_that_may_not_write_policies_keeps_running_worlds() -> anyho
             .sum();
         assert_eq!(restarts, 0, "operator pod {:?} restarted", p.metadata.name);
     }
+    // The chart's operator finalizes its World before it goes, so the
+    // namespace leaves nothing stuck (on a real cluster it did).
+    env.delete_and_wait("World", "np403").await?;
+    uninstall(&env)?;
     Ok(())
 }
