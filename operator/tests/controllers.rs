@@ -592,13 +592,14 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     })
     .await;
 
-    // Deleted again, and the operator restarts before it notices: restored
-    // from the copy.
+    // Deleted again while no operator runs: the next one restores it from
+    // the copy.
+    c.stop_operator().await;
     secrets
         .delete("w-agent", &DeleteParams::default())
         .await
         .unwrap();
-    c.restart_operator().await;
+    c.start_operator();
     nudge(&c, 2).await;
     let back = eventually_async("the Secret restored from the copy", || async {
         secrets.get_opt("w-agent").await.ok()?
@@ -613,14 +614,16 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     .await;
 
     // Both gone and no operator holds the token: a new one, and the hosts
-    // are replaced on purpose, with an Event that says why.
+    // are replaced on purpose, with an Event that says why. The operator is
+    // stopped first: a running one would restore both from its memory.
+    c.stop_operator().await;
     for name in ["w-agent", "w-agent-recovery"] {
         secrets
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
     }
-    c.restart_operator().await;
+    c.start_operator();
     nudge(&c, 3).await;
     let fresh = eventually_async("a new Secret", || async {
         secrets.get_opt("w-agent").await.ok()?

@@ -73,9 +73,19 @@ impl Cluster {
     /// Stops the operator and starts a fresh one (new hub, new caches)
     /// against the same API server and agents.
     pub(crate) async fn restart_operator(&mut self) {
+        self.stop_operator().await;
+        self.start_operator();
+    }
+
+    /// Stops the operator; nothing reconciles until `start_operator`.
+    pub(crate) async fn stop_operator(&mut self) {
         if let Some(c) = self.controllers.take() {
             c.stop().await;
         }
+    }
+
+    /// Starts an operator with the arguments the last one had.
+    pub(crate) fn start_operator(&mut self) {
         let args = self.ctx.args.clone();
         let controllers = Controllers::start(self.client.clone(), args, connector(&self.sim));
         self.ctx = controllers.ctx.clone();
