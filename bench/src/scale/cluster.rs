@@ -37,9 +37,18 @@ impl Component {
         if !self.alive() {
             return;
         }
-        // SIGTERM first (the kubelet stops its pods' processes), then KILL.
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        // SIGTERM first (the kubelet stops its pods' processes), then KILL;
+        // a wrapped component (`wrapped`) leads a process group of its own,
+        // and the signals go to the group: the wrapper passes none on.
+        let pid = self.pid() as i32;
+        // SAFETY: getpgid(2) and kill(2) on our own child's pid (or its
+        // group, which only it and what it started are in).
+        let target = if unsafe { libc::getpgid(pid) } == pid {
+            -pid
+        } else {
+            pid
+        };
+        unsafe { libc::kill(target, libc::SIGTERM) };
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if !self.alive() {
@@ -47,7 +56,8 @@ impl Component {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
+        // SAFETY: as above.
+        unsafe { libc::kill(target, libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
@@ -121,6 +131,25 @@ fn spawn(dir: &Path, name: &str, cmd: &mut Command) -> anyhow::Result<Component>
     })
 }
 
+/// `bin`, or for profiling `bin` under the command the environment
+/// variable `var` names (`HOSTMESH_SCALE_OPERATOR_WRAPPER="heaptrack -o
+/// /tmp/op"`; the component's RSS figures are then the wrapper's). A
+/// wrapped component gets a process group of its own, which `stop`
+/// signals whole.
+fn wrapped(var: &str, bin: &Path) -> Command {
+    let wrapper = std::env::var(var).unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    match words.next() {
+        Some(w) => {
+            use std::os::unix::process::CommandExt as _;
+            let mut c = Command::new(w);
+            c.args(words).arg(bin).process_group(0);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
 impl Cluster {
     /// Starts the API server (and installs the CRDs); with `controller
     /// manager`, that too. No kubelet and no operator yet.
@@ -133,7 +162,7 @@ impl Cluster {
         let apiserver = spawn(
             &dir,
             "apiserver",
-            Command::new(&bin)
+            wrapped("HOSTMESH_SCALE_APISERVER_WRAPPER", &bin)
                 .args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"])
                 .arg(&kubeconfig)
                 .env("RUST_LOG", "warn"),
@@ -213,19 +242,7 @@ impl Cluster {
     pub(crate) async fn start_operator(&mut self) -> anyhow::Result<()> {
         let port = hostmesh_testkit::http::free_port();
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        // For profiling: `HOSTMESH_SCALE_OPERATOR_WRAPPER="heaptrack -o
-        // /tmp/op"` runs the operator under that command (its RSS figures
-        // are then the wrapper's).
-        let wrapper = std::env::var("HOSTMESH_SCALE_OPERATOR_WRAPPER").unwrap_or_default();
-        let mut words = wrapper.split_whitespace();
-        let mut cmd = match words.next() {
-            Some(w) => {
-                let mut c = Command::new(w);
-                c.args(words).arg(&self.bin);
-                c
-            }
-            None => Command::new(&self.bin),
-        };
+        let mut cmd = wrapped("HOSTMESH_SCALE_OPERATOR_WRAPPER", &self.bin);
         let op = spawn(
             &self.dir,
             "operator",

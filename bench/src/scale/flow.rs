@@ -25,18 +25,21 @@ macro_rules! progress {
 const NS: &str = "scale";
 const WORLD: &str = "scale";
 const MESH: &str = "scale-procs";
+/// The one-host World (and its ProcMesh) the idle figures are taken with.
+const WARMUP: &str = "scale-warmup";
+const WARMUP_MESH: &str = "scale-warmup-procs";
 /// Longest wait for anything but the World's and ProcMesh's first Ready.
 const WAIT: Duration = Duration::from_secs(600);
 
-fn world_yaml(hosts: usize) -> String {
+fn world_yaml(name: &str, hosts: usize) -> String {
     format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {WORLD}}}\nspec:\n  shape: [{{name: host, size: {hosts}}}]\n  template:\n    spec:\n      containers:\n      - {{name: host, image: busybox}}\n"
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}}}\nspec:\n  shape: [{{name: host, size: {hosts}}}]\n  template:\n    spec:\n      containers:\n      - {{name: host, image: busybox}}\n"
     )
 }
 
-fn mesh_yaml(per_host: usize) -> String {
+fn mesh_yaml(name: &str, world: &str, per_host: usize) -> String {
     format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: {MESH}}}\nspec:\n  world: {WORLD}\n  perHost: [{{name: gpu, size: {per_host}}}]\n  command: [sleep, '100000']\n  restartPolicy: {{policy: OnFailure, maxRestarts: 1000, backoff: 100ms}}\n"
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: {name}}}\nspec:\n  world: {world}\n  perHost: [{{name: gpu, size: {per_host}}}]\n  command: [sleep, '100000']\n  restartPolicy: {{policy: OnFailure, maxRestarts: 1000, backoff: 100ms}}\n"
     )
 }
 
@@ -150,18 +153,26 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
         None
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let api_idle = cluster.apiserver.rss()?;
-    let kubelet_idle = cluster.kubelets_rss()?;
     cluster.start_operator().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let op_idle = cluster.operator()?.rss()?;
     progress!(
-        "scale: idle RSS: operator {op_idle} B, API server {api_idle} B, kubelets {kubelet_idle} B"
+        "scale: cold RSS (no World yet): operator {} B, API server {} B, kubelets {} B",
+        cluster.operator()?.rss()?,
+        cluster.apiserver.rss()?,
+        cluster.kubelets_rss()?
+    );
+    // The idle figures, with a World of one host and its ProcMesh running:
+    // what a host costs is the RSS a World grows by per host beyond its
+    // first, not the code and connections the first World pages in.
+    let (op_idle, api_idle, kubelet_idle) = warm_idle(&cluster, per_host, args).await?;
+    progress!(
+        "scale: idle RSS (a World of one host): operator {op_idle} B, API server {api_idle} B, kubelets {kubelet_idle} B"
     );
 
     // The World.
+    let books_before = counters.book_entries.load(Ordering::Relaxed);
     let start = Instant::now();
-    apply(&client, &world_yaml(hosts)).await?;
+    apply(&client, &world_yaml(WORLD, hosts)).await?;
     wait_status(
         &client,
         "World",
@@ -174,11 +185,11 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     .await?;
     let world_s = start.elapsed().as_secs_f64();
     progress!("scale: World Ready in {world_s:.2} s");
-    let books = counters.book_entries.load(Ordering::Relaxed);
+    let books = counters.book_entries.load(Ordering::Relaxed) - books_before;
 
     // The ProcMesh.
     let start = Instant::now();
-    apply(&client, &mesh_yaml(per_host)).await?;
+    apply(&client, &mesh_yaml(MESH, WORLD, per_host)).await?;
     let ranks = hosts * per_host;
     wait_status(
         &client,
@@ -281,7 +292,7 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     api(&client, "World")
         .delete(WORLD, &DeleteParams::default())
         .await?;
-    wait_gone(&client).await?;
+    wait_gone(&client, WORLD).await?;
     let base = bare_pods_ready(&client, pods, secrets, args.ready_timeout).await?;
     progress!("scale: bare pods Ready in {base:.2} s");
 
@@ -307,7 +318,10 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     );
     emit(&name("agent_kill_recovered_s"), agent_kill_s, "s", None);
     emit(&name("agents_fenced"), fenced as f64, "agents", Some(0.0));
-    let per = |now: u64, idle: u64, n: usize| now.saturating_sub(idle) as f64 / n as f64;
+    // Per host beyond the idle figures' one (see `warm_idle`).
+    let per = |now: u64, idle: u64, n: usize| {
+        now.saturating_sub(idle) as f64 / n.saturating_sub(1).max(1) as f64
+    };
     emit(&name("operator_rss_bytes"), op_rss as f64, "B", None);
     emit(
         &name("operator_rss_per_host_bytes"),
@@ -411,6 +425,51 @@ async fn kill_proc(
     Ok(secs)
 }
 
+/// The RSS of the operator, the API server and the kubelets while a World
+/// of one host and a ProcMesh on it run (then both are deleted, and gone
+/// before this returns).
+async fn warm_idle(
+    cluster: &Cluster,
+    per_host: usize,
+    args: &ScaleArgs,
+) -> anyhow::Result<(u64, u64, u64)> {
+    let client = &cluster.client;
+    for (kind, name, yaml) in [
+        ("World", WARMUP, world_yaml(WARMUP, 1)),
+        (
+            "ProcMesh",
+            WARMUP_MESH,
+            mesh_yaml(WARMUP_MESH, WARMUP, per_host),
+        ),
+    ] {
+        apply(client, &yaml).await?;
+        wait_status(
+            client,
+            kind,
+            name,
+            Duration::from_millis(200),
+            args.ready_timeout,
+            "Ready",
+            ready,
+        )
+        .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = (
+        cluster.operator()?.rss()?,
+        cluster.apiserver.rss()?,
+        cluster.kubelets_rss()?,
+    );
+    api(client, "ProcMesh")
+        .delete(WARMUP_MESH, &DeleteParams::default())
+        .await?;
+    api(client, "World")
+        .delete(WARMUP, &DeleteParams::default())
+        .await?;
+    wait_gone(client, WARMUP).await?;
+    Ok(idle)
+}
+
 /// The agent processes of host `rank`.
 fn agent_pids(rank: usize) -> Vec<i32> {
     let r = rank.to_string();
@@ -442,17 +501,18 @@ async fn host_pods(client: &kube::Client) -> anyhow::Result<Vec<Pod>> {
         .items)
 }
 
-async fn wait_gone(client: &kube::Client) -> anyhow::Result<()> {
+/// Waits until World `world` and every pod of the namespace are gone.
+async fn wait_gone(client: &kube::Client, world: &str) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let start = Instant::now();
     loop {
-        let left = api(client, "World").get_opt(WORLD).await?.is_some()
+        let left = api(client, "World").get_opt(world).await?.is_some()
             || !pods.list(&ListParams::default()).await?.items.is_empty();
         if !left {
             return Ok(());
         }
         if start.elapsed() > WAIT {
-            bail!("World {WORLD} and its pods not gone after {WAIT:?}");
+            bail!("World {world} and its pods not gone after {WAIT:?}");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -22,10 +22,13 @@
 //! 4. An object with a deletionTimestamp, no finalizers and no pending grace
 //!    period is removed by the write that reaches that state.
 //! 5. The last [`LIVE_EVENTS`] events of a resource hold their objects as
-//!    values; older ones hold them packed as JSON (a pod as a value costs
-//!    several times its JSON), parsed again only for a watcher that
+//!    values; older ones hold them packed as deflated JSON (a pod as a
+//!    value costs several times its JSON, and its JSON several times its
+//!    deflated form), parsed again only for a watcher that
 //!    catches up from that far back. A history of thousands of pod
-//!    versions so costs a few kilobytes per version, not tens.
+//!    versions so costs a few kilobytes per version, not tens; a packed
+//!    event shares its previous object with the event that wrote it while
+//!    the history holds that one (each version is packed once).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -99,7 +102,7 @@ impl WatchEvent {
     /// The object after the change and the one before it (a packed event
     /// is parsed again).
     pub(crate) fn objects(&self) -> (Arc<Value>, Option<Arc<Value>>) {
-        let parse = |b: &bytes::Bytes| Arc::new(serde_json::from_slice(b).unwrap_or(Value::Null));
+        let parse = |b: &bytes::Bytes| Arc::new(unpack(b));
         match &*self.body() {
             Body::Live { object, previous } => (object.clone(), previous.clone()),
             Body::Packed { object, previous } => (parse(object), previous.as_ref().map(parse)),
@@ -120,19 +123,61 @@ impl WatchEvent {
         line
     }
 
-    /// Packs the event's objects as JSON (invariant 5).
-    fn pack(&self) {
+    /// Packs the event's objects as JSON (invariant 5). `prior` is the
+    /// packed object of the event that wrote this one's previous object,
+    /// when the history still holds it: shared, not packed a second time.
+    fn pack(&self, prior: Option<bytes::Bytes>) {
         let mut body = self.body();
         if let Body::Live { object, previous } = &*body {
-            let bytes = |v: &Value| bytes::Bytes::from(serde_json::to_vec(v).unwrap_or_default());
             *body = Body::Packed {
-                object: bytes(object),
-                previous: previous.as_deref().map(bytes),
+                object: packed(object),
+                previous: previous
+                    .as_deref()
+                    .map(|p| prior.unwrap_or_else(|| packed(p))),
             };
         }
         drop(body);
         *self.encoded.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
+
+    /// The resourceVersion of the object this event replaced.
+    fn previous_rv(&self) -> Option<u64> {
+        match &*self.body() {
+            Body::Live {
+                previous: Some(p), ..
+            } => p
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|v| v.parse().ok()),
+            _ => None,
+        }
+    }
+
+    /// The object as packed JSON, once the event is packed.
+    fn packed_object(&self) -> Option<bytes::Bytes> {
+        match &*self.body() {
+            Body::Packed { object, .. } => Some(object.clone()),
+            Body::Live { .. } => None,
+        }
+    }
+}
+
+/// An object packed for the history (invariant 5): its JSON, deflated
+/// (objects' JSON shrinks several times, and packed events are read only by
+/// a watcher catching up from far back), exactly as long as it is (a Vec's
+/// spare capacity would stay allocated for as long as the event is kept).
+fn packed(v: &Value) -> bytes::Bytes {
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    let deflated = serde_json::to_writer(&mut z, v)
+        .ok()
+        .and_then(|()| z.finish().ok())
+        .unwrap_or_default();
+    bytes::Bytes::from(deflated.into_boxed_slice())
+}
+
+/// The object [`packed`] packed (`null` if the bytes are not its output).
+fn unpack(b: &[u8]) -> Value {
+    serde_json::from_reader(flate2::read::DeflateDecoder::new(b)).unwrap_or(Value::Null)
 }
 
 struct ResourceState {
@@ -372,7 +417,13 @@ impl StoreState {
             .checked_sub(LIVE_EVENTS + 1)
             .and_then(|i| r.history.get(i))
         {
-            old.pack();
+            // The event that wrote the previous object is older, so packed
+            // already (events pack oldest first).
+            let prior = old.previous_rv().and_then(|prv| {
+                let i = r.history.binary_search_by_key(&prv, |e| e.rv).ok()?;
+                r.history[i].packed_object()
+            });
+            old.pack(prior);
         }
         while r.history.len() > limit.0 {
             if let Some(old) = r.history.pop_front() {
@@ -616,5 +667,76 @@ pub(crate) fn check_namespace(
             Err(e)
         }
         Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pods_key(store: &Store) -> String {
+        store
+            .registry()
+            .all()
+            .find(|r| r.builtin && r.plural == "pods")
+            .expect("pods")
+            .key()
+    }
+
+    /// Invariant 5: a watcher catching up from far back sees every
+    /// version with the one before it, though the history packed them and
+    /// shares each version between the event that wrote it and the next.
+    #[test]
+    fn packed_history_keeps_every_version_and_its_predecessor_once() {
+        let store = Store::new(10_000, Duration::from_secs(300));
+        let key = pods_key(&store);
+        let writes = LIVE_EVENTS + 40;
+        {
+            let mut st = store.lock();
+            for i in 0..writes {
+                // Two pods written in turn: each event's previous object
+                // is two events back.
+                let name = format!("p{}", i % 2);
+                st.put(
+                    &key,
+                    "ns",
+                    &name,
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "namespace": "ns", "labels": {"v": i.to_string()}}}),
+                );
+            }
+        }
+        let events = store.lock().replay(&key, 0).unwrap();
+        assert_eq!(events.len(), writes);
+        let mut shared = 0;
+        for (i, ev) in events.iter().enumerate() {
+            let (object, previous) = ev.objects();
+            assert_eq!(object["metadata"]["labels"]["v"], i.to_string());
+            match i {
+                0 | 1 => assert!(previous.is_none(), "event {i} created its pod"),
+                _ => assert_eq!(
+                    previous.expect("a previous object")["metadata"]["labels"]["v"],
+                    (i - 2).to_string(),
+                    "event {i}"
+                ),
+            }
+            if let (
+                Body::Packed {
+                    previous: Some(p), ..
+                },
+                Some(prior),
+            ) = (&*ev.body(), i.checked_sub(2).map(|j| &events[j]))
+                && let Body::Packed { object, .. } = &*prior.body()
+            {
+                shared += usize::from(p.as_ptr() == object.as_ptr());
+            }
+        }
+        // Every packed event but the first two (whose predecessors created
+        // them) shares its previous object with an earlier packed event.
+        assert_eq!(shared, writes - LIVE_EVENTS - 2);
     }
 }
