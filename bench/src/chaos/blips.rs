@@ -1,17 +1,23 @@
-//! The chaos scenarios of faults that must cost a running job nothing
-//! (issue 30): a network partition of one host shorter than
-//! `evictionTimeout` (`partition_short`), and the operator frozen for
-//! several `healthTimeout`s (`operator_freeze`).
+//! The chaos scenarios of the control plane's own faults (issue 30): a
+//! network partition of one host shorter than `evictionTimeout`
+//! (`partition_short`) and the operator frozen for several
+//! `healthTimeout`s (`operator_freeze`), which must cost a running job
+//! nothing, and a hung node (`partition_node_hung`), which must cost it one
+//! counted restart of that host's ranks and nothing more.
 //!
-//! Each ends with the same checks: both ProcMesh and World Ready again, no
-//! restart of either and no `firstFailure` on the ProcMesh, the same host
-//! pods and the same procs (pid per rank) as before the fault. The World
-//! may record the partitioned host's expiry as its `firstFailure` (it did
-//! expire); after the operator's own pause it records nothing.
+//! The first two end with the same checks: both ProcMesh and World Ready
+//! again, no restart of either and no `firstFailure` on the ProcMesh, the
+//! same host pods and the same procs (pid per rank) as before the fault.
+//! The World may record the partitioned host's expiry as its
+//! `firstFailure` (it did expire); after the operator's own pause it
+//! records nothing.
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use hostmesh_e2e::{Env, host_state, signal};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 
 use super::Timing;
 use super::fixture::{self, Trail, check, count, mesh_up, until, world_up};
@@ -91,6 +97,108 @@ pub(crate) async fn operator_freeze(run: &str) -> anyhow::Result<Timing> {
         recover: Some(recover),
         ..Timing::default()
     })
+}
+
+/// World spec lines for the hung node: expired after 2 s, evicted after 3 s.
+const WORLD_FAST_EVICTION: &str = "  healthTimeout: 2s\n  evictionTimeout: 3s\n  failurePolicy: {action: ReplaceHost, maxRestarts: 3, backoff: 1s}\n";
+
+/// The longest wait for the hung node's pod to be force-deleted: the fence
+/// timeout (60 s at least) and a reconcile after it.
+const FORCE_DELETE_BOUND: Duration = Duration::from_secs(240);
+
+/// SIGCONTs a stopped process when dropped: a run never leaves the kubelet
+/// frozen, whatever its outcome.
+struct Thaw(i32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "CONT");
+    }
+}
+
+/// Cuts host 1's pod off the network and SIGSTOPs the kubelet (a hung
+/// node: the pod goes `Terminating` and no kubelet confirms it). Detect:
+/// the fault to the old pod object gone (force-deleted once its agent must
+/// have fenced itself); its procs must be gone by then, with a
+/// `HostPodForceDeleted` Event. Then the kubelet is thawed. Recover: the
+/// fault to both Ready again, the ProcMesh with exactly one restart.
+pub(crate) async fn partition_node_hung(run: &str) -> anyhow::Result<Timing> {
+    let env = fixture::ready_world(run, WORLD_FAST_EVICTION).await?;
+    let before = fixture::ready_mesh(&env).await?;
+    let kubelet = env
+        .kubelet_pid()
+        .context("the suite's own process kubelet (not a real cluster's node)")?;
+    let old_uid = fixture::pod_uid(&env, "w-host-1").await?;
+    // Host 1's procs: ranks 2 and 3 (2 per host).
+    let old_procs: Vec<i32> = before
+        .iter()
+        .filter(|(rank, _)| **rank >= 2)
+        .map(|(_, pid)| *pid)
+        .collect();
+    let mut trail = Trail::default();
+    let t0 = Instant::now();
+    env.set_pod_link("w-host-1", false).await?;
+    signal(kubelet, "STOP")?;
+    let thaw = Thaw(kubelet);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let gone = hostmesh_testkit::wait::poll(FORCE_DELETE_BOUND, async || {
+        match pods.get_opt("w-host-1").await {
+            Ok(Some(p)) if p.metadata.uid.as_deref() == Some(old_uid.as_str()) => Err(()),
+            Ok(_) => Ok(t0.elapsed().as_secs_f64()),
+            Err(_) => Err(()),
+        }
+    })
+    .await;
+    let outlived: Vec<i32> = old_procs
+        .iter()
+        .copied()
+        .filter(|p| !hostmesh_testkit::process::gone(u32::try_from(*p).unwrap_or(0)))
+        .collect();
+    drop(thaw);
+    let detect = gone.map_err(|()| {
+        anyhow::anyhow!("w-host-1 was not force-deleted in {FORCE_DELETE_BOUND:?}")
+    })?;
+    check(
+        outlived.is_empty(),
+        format!("the old pod's procs {outlived:?} outlived its force-deletion"),
+        &trail,
+    )?;
+    let events = fixture::event_reasons(&env).await?;
+    check(
+        events.iter().any(|e| e == "HostPodForceDeleted"),
+        format!("no HostPodForceDeleted Event: {events:?}"),
+        &trail,
+    )?;
+    // The link of the new pod is up (a new veth); the old one went with it.
+    let (_, world_back) = until(
+        &env,
+        &mut trail,
+        "World",
+        "w",
+        "Running again",
+        t0,
+        world_up,
+    )
+    .await?;
+    let (pm, mesh_back) = until(
+        &env,
+        &mut trail,
+        "ProcMesh",
+        "pm",
+        "Ready again, one restart",
+        t0,
+        |s| mesh_up(s) && count(s, "restarts") >= 1,
+    )
+    .await?;
+    check(
+        count(&pm, "restarts") == 1,
+        format!(
+            "ProcMesh restarts {} (one hung host is one restart)",
+            pm["restarts"]
+        ),
+        &trail,
+    )?;
+    Ok(Timing::measured(detect, world_back.max(mesh_back)))
 }
 
 async fn pod_uids(env: &Env) -> anyhow::Result<[String; 2]> {

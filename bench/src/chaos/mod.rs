@@ -69,11 +69,15 @@ pub enum Scenario {
     /// SIGSTOP the operator for 10 s (`healthTimeout` 2 s): it blames no
     /// agent for its own pause.
     OperatorFreeze,
+    /// Cut one host's pod off the network and freeze its node's kubelet:
+    /// the pod is force-deleted once its agent must have fenced, and the
+    /// rank runs again on a new pod, counted once.
+    PartitionNodeHung,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::ProcKill,
         Scenario::AgentKill,
         Scenario::AgentStop,
@@ -87,6 +91,7 @@ impl Scenario {
         Scenario::Churn,
         Scenario::PartitionShort,
         Scenario::OperatorFreeze,
+        Scenario::PartitionNodeHung,
     ];
 
     /// The scenario's name, the prefix of its result lines.
@@ -105,6 +110,7 @@ impl Scenario {
             Scenario::Churn => "churn",
             Scenario::PartitionShort => "partition_short",
             Scenario::OperatorFreeze => "operator_freeze",
+            Scenario::PartitionNodeHung => "partition_node_hung",
         }
     }
 
@@ -213,6 +219,7 @@ async fn run_once(scenario: Scenario, name: &str, index: usize) -> anyhow::Resul
         Scenario::Churn => churn::churn(name).await,
         Scenario::PartitionShort => blips::partition_short(name).await,
         Scenario::OperatorFreeze => blips::operator_freeze(name).await,
+        Scenario::PartitionNodeHung => blips::partition_node_hung(name).await,
     }
 }
 
