@@ -363,6 +363,13 @@ impl<I: Inbound> Link<I> {
             if buf.capacity() > 4 * WRITE_MIN {
                 buf = BytesMut::with_capacity(WRITE_MIN);
             }
+            // So does the sealer's, once everything written is acknowledged
+            // (a stream of large messages keeps it: acks lag behind).
+            if in_flight == 0
+                && let Some(s) = sealer.as_mut()
+            {
+                s.shrink();
+            }
             // Wait for senders only after saying so under the queue's lock
             // (else take what arrived meanwhile).
             let mut can_take = in_flight < window && self.pending.is_empty();

@@ -55,7 +55,8 @@ const TAG: usize = 16;
 /// (a write batch stops growing at 256 KiB, plus one run or envelope), and
 /// what a reader accepts on top of its `max_frame_len`.
 pub(crate) const RECORD_SLACK: usize = 1 << 20;
-/// The sealer's buffer is kept between batches up to this size.
+/// The sealer's buffer is kept between batches up to this size (and
+/// dropped by [`Sealer::shrink`] when the link goes quiet).
 const SCRATCH_KEEP: usize = 4 << 20;
 
 /// HKDF labels, one per direction (invariant 2).
@@ -209,6 +210,14 @@ impl Sealer {
         }
         write_all_vectored(w, &mut slices).await?;
         Ok(())
+    }
+
+    /// Drops the buffer used for batches with a large payload: a quiet
+    /// connection holds none (a supervisor holds one per agent).
+    pub(crate) fn shrink(&mut self) {
+        if self.scratch.capacity() > 0 {
+            self.scratch = BytesMut::new();
+        }
     }
 }
 
@@ -373,6 +382,20 @@ mod tests {
         let mut wrong =
             Session::derive(b"other", &[1u8; 32], &[2u8; 32], b"t", Role::Acceptor).unwrap();
         assert!(open_all(&mut wrong.opener, &wire).is_err());
+    }
+
+    /// A batch with a large payload leaves its buffer with the sealer
+    /// until the link goes quiet.
+    #[tokio::test]
+    async fn a_quiet_sealer_holds_no_buffer() {
+        let (mut d, mut a) = pair();
+        let wire = seal(&mut d.sealer, b"head", Some(&[9u8; 100_000])).await;
+        assert!(d.sealer.scratch.capacity() >= 100_004);
+        d.sealer.shrink();
+        assert_eq!(d.sealer.scratch.capacity(), 0);
+        let again = seal(&mut d.sealer, b"head", Some(&[8u8; 10])).await;
+        let got = open_all(&mut a.opener, &[wire, again].concat()).unwrap();
+        assert_eq!(got.len(), 100_004 + 14);
     }
 
     /// Invariants 4 and 5: frames ahead of a large payload past the slack
