@@ -1,7 +1,9 @@
 //! Suite `runtime`: the actor runtime against raw TCP measured in the same
 //! run. Peers are real child processes (this binary re-executed with
 //! `HOSTMESH_BENCH_RUNTIME_PEER` set) serving a runtime proc with test actors
-//! plus raw TCP echo and sink servers on loopback.
+//! plus raw TCP echo and sink servers on loopback. The `aead_*` lines
+//! measure encrypted links against the same links in the clear (a peer
+//! and client built with the runtime's benchmark-only baseline switch).
 
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +21,8 @@ use crate::report::emit;
 
 const PEER_ENV: &str = "HOSTMESH_BENCH_RUNTIME_PEER";
 const SECRET: &str = "bench-secret-0123456789abcdef";
+/// The peer spec's word for the encryption baseline.
+const PLAINTEXT: &str = "plaintext";
 pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// Iteration counts are divided by this (`HOSTMESH_BENCH_QUICK=1`: a smoke
@@ -32,7 +36,8 @@ fn scale(n: usize) -> usize {
 }
 
 /// Whether the section `name` runs: all do unless `HOSTMESH_BENCH_ONLY`
-/// lists comma-separated prefixes (`call_rtt`, `tell`, `bulk`, `cast`, `rss`).
+/// lists comma-separated prefixes (`call_rtt`, `tell`, `bulk`, `aead`, `cast`,
+/// `rss`).
 fn want(name: &str) -> bool {
     match std::env::var("HOSTMESH_BENCH_ONLY") {
         Ok(only) => only
@@ -48,7 +53,13 @@ pub(crate) fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match std::env::var(PEER_ENV) {
-        Ok(actors) => rt.block_on(peer(actors.parse().context("peer actor count")?)),
+        Ok(spec) => {
+            // `<actors>` or `<actors> plaintext` (the encryption baseline).
+            let mut words = spec.split_whitespace();
+            let actors = words.next().unwrap_or_default();
+            let plaintext = words.next() == Some(PLAINTEXT);
+            rt.block_on(peer(actors.parse().context("peer actor count")?, plaintext))
+        }
         // The client streams from a task in a `batched` scope, as actor
         // tasks do (sends are staged per poll; the raw baseline's
         // `BufWriter` is the counterpart).
@@ -56,16 +67,21 @@ pub(crate) fn run() -> anyhow::Result<()> {
     }
 }
 
-/// A child process: proc with `actors` test actors, raw echo, raw sink.
-async fn peer(actors: usize) -> anyhow::Result<()> {
-    let proc = start_server(&ServerConfig {
+/// A child process: proc with `actors` test actors, raw echo, raw sink;
+/// `plaintext`: the benchmark baseline without encryption.
+async fn peer(actors: usize, plaintext: bool) -> anyhow::Result<()> {
+    let config = ServerConfig {
         name: format!("bench{}", std::process::id()),
         listen: "tcp:127.0.0.1:0".parse()?,
         secret: Some(SECRET.as_bytes().to_vec()),
         max_frame_len: 64 << 20,
         actors,
-    })
-    .await?;
+    };
+    let proc = if plaintext {
+        plaintext_server(&config).await?
+    } else {
+        start_server(&config).await?
+    };
     let echo = TcpListener::bind("127.0.0.1:0").await?;
     let sink = TcpListener::bind("127.0.0.1:0").await?;
     let (echo_addr, sink_addr) = (echo.local_addr()?, sink.local_addr()?);
@@ -137,10 +153,39 @@ impl Drop for PeerProc {
     }
 }
 
+/// `start_server` for the baseline: the same proc, frames in the clear.
+async fn plaintext_server(config: &ServerConfig) -> anyhow::Result<Proc> {
+    let mut pc = hostmesh_runtime::ProcConfig::default();
+    pc.channel.max_frame_len = config.max_frame_len;
+    let proc = Proc::builder(config.name.clone())
+        .listen(config.listen.clone())
+        .config(pc)
+        .register::<TestActor>()
+        .secret(SECRET)
+        .plaintext_benchmark_baseline()
+        .build()
+        .await?;
+    for i in 0..config.actors {
+        proc.spawn(&format!("t{i}"), TestActor::with_label(""))
+            .await?;
+    }
+    Ok(proc)
+}
+
 pub(crate) fn start_peer(actors: usize) -> anyhow::Result<PeerProc> {
+    start_peer_as(actors, false)
+}
+
+/// A peer; `plaintext`: the encryption baseline.
+fn start_peer_as(actors: usize, plaintext: bool) -> anyhow::Result<PeerProc> {
+    let spec = if plaintext {
+        format!("{actors} {PLAINTEXT}")
+    } else {
+        actors.to_string()
+    };
     let mut child = Command::new(std::env::current_exe()?)
         .arg("runtime")
-        .env(PEER_ENV, actors.to_string())
+        .env(PEER_ENV, spec)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -189,6 +234,83 @@ pub(crate) async fn client() -> anyhow::Result<Proc> {
     Ok(Proc::builder("bench").secret(SECRET).build().await?)
 }
 
+/// The baseline's client: authenticated, frames in the clear.
+async fn plaintext_client() -> anyhow::Result<Proc> {
+    Ok(Proc::builder("bench")
+        .secret(SECRET)
+        .plaintext_benchmark_baseline()
+        .build()
+        .await?)
+}
+
+/// Encrypted links against the same links in the clear (the benchmark
+/// baseline), alternating rounds, the median of each: call round trip at
+/// 1 KiB, 64-byte tells, 1 MiB bulk. Then AES-256-GCM against
+/// ChaCha20-Poly1305 sealing 1 MiB in place (why links use AES).
+async fn aead() -> anyhow::Result<()> {
+    const ROUNDS: usize = 3;
+    // [sealed, plaintext] samples of each figure.
+    let mut rtt = [Vec::new(), Vec::new()];
+    let mut rtt99 = [Vec::new(), Vec::new()];
+    let mut tell = [Vec::new(), Vec::new()];
+    let mut bulk = [Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (i, plaintext) in [false, true].into_iter().enumerate() {
+            let peer = start_peer_as(1, plaintext)?;
+            let c = if plaintext {
+                plaintext_client().await?
+            } else {
+                client().await?
+            };
+            let t0: ActorRef<TestActor> = ActorRef::attest(peer.proc.actor("t0", 0)?);
+            let (p50, p99) = call_rtt(&c, &t0, 1024, scale(20_000)).await?;
+            rtt[i].push(p50);
+            rtt99[i].push(p99);
+            tell[i].push(tell_throughput(&c, &t0, 64, scale(1_000_000)).await?);
+            let n = scale(512);
+            bulk[i].push(tell_throughput(&c, &t0, 1 << 20, n).await? * (1 << 20) as f64);
+            // Tells not acknowledged yet when the round ends bounce: not
+            // an error of the run.
+            c.set_supervision_sink(|_| {});
+            c.shutdown();
+        }
+    }
+    let median = |v: &mut Vec<f64>| summarize(std::mem::take(v)).0;
+    for (name, unit, v) in [
+        ("aead_call_rtt_1k_p50", "us", &mut rtt),
+        ("aead_call_rtt_1k_p99", "us", &mut rtt99),
+        ("aead_tell_throughput_64b", "msgs/s", &mut tell),
+        ("aead_bulk_throughput_1m", "bytes/s", &mut bulk),
+    ] {
+        let [sealed, plain] = v;
+        emit(name, median(sealed), unit, Some(median(plain)));
+    }
+    let aes = seal_rate(&ring::aead::AES_256_GCM)?;
+    let chacha = seal_rate(&ring::aead::CHACHA20_POLY1305)?;
+    emit("aead_seal_1m_aes256gcm", aes, "bytes/s", Some(chacha));
+    Ok(())
+}
+
+/// Bytes per second `alg` seals in place, 1 MiB records.
+fn seal_rate(alg: &'static ring::aead::Algorithm) -> anyhow::Result<f64> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(
+        UnboundKey::new(alg, &[7u8; 32]).map_err(|_| anyhow::anyhow!("aead key"))?,
+    );
+    let mut buf = vec![1u8; 1 << 20];
+    let n = scale(500) as u64;
+    let start = Instant::now();
+    for i in 0..n {
+        let mut nonce = [0u8; 12];
+        nonce[4..].copy_from_slice(&i.to_be_bytes());
+        let tag = key
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+            .map_err(|_| anyhow::anyhow!("seal"))?;
+        let _ = std::hint::black_box(tag);
+    }
+    Ok((n as f64) * (1 << 20) as f64 / start.elapsed().as_secs_f64())
+}
+
 async fn suite() -> anyhow::Result<()> {
     let peer = start_peer(1)?;
     let c = client().await?;
@@ -220,6 +342,9 @@ async fn suite() -> anyhow::Result<()> {
         emit("bulk_throughput_1m", rt, "bytes/s", Some(raw));
     }
     drop(peer);
+    if want("aead") {
+        aead().await?;
+    }
     if !want("cast") && !want("rss") {
         return Ok(());
     }

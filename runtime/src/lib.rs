@@ -1,9 +1,9 @@
-//! hostmesh actor runtime: identities, an authenticated TCP transport,
+//! hostmesh actor runtime: identities, an authenticated, encrypted TCP transport,
 //! procs, actors, typed ports, supervision and actor meshes. Shapes and
 //! regions come from `hostmesh-mesh`.
 //!
 //! Modules, each owning one concern: [`id`] (addresses and ids), [`channel`] (framing, handshake,
-//! links), [`proc`] (hosting and routing), [`actor`] (the actor model),
+//! encrypted records, links), [`proc`] (hosting and routing), [`actor`] (the actor model),
 //! [`port`] (typed ports), [`payload`] (zero-copy byte fields), [`supervision`] (statuses and events),
 //! [`actor_mesh`] (spawn, cast and gather over many procs).
 //!

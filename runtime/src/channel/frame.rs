@@ -26,11 +26,12 @@ pub(crate) const MAGIC: [u8; 2] = *b"HM";
 /// The wire protocol version this build speaks. Bumped with every change
 /// that an older build cannot read (2: rank epochs in the handshake,
 /// `SetAddressBook` and the agent's pushes; 3: the address book's version
-/// and `PatchAddressBook`). A peer of another version is
+/// and `PatchAddressBook`; 4: frames after the handshake sealed in
+/// records, `super::seal`). A peer of another version is
 /// refused at its first frame ([`ChannelError::Version`]), and an acceptor
 /// tells it why in its own version (the handshake's `Reject`, which every
 /// version encodes alike).
-pub(crate) const VERSION: u8 = 3;
+pub(crate) const VERSION: u8 = 4;
 /// Size of the frame header.
 pub(crate) const HEADER_LEN: usize = 8;
 

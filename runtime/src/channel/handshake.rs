@@ -23,6 +23,9 @@
 //!    refused before anything else, with a `Reject` framed in its own
 //!    version: `Reject` is the fifth variant with one string in every
 //!    version, so the older or newer peer reads why.
+//! 7. With a shared secret, both sides derive the connection's session
+//!    keys from it and both nonces once the peer proved it holds the
+//!    secret, and every byte after `Welcome` is sealed ([`super::seal`]).
 
 use bytes::BytesMut;
 use ring::hmac;
@@ -33,7 +36,54 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::ChannelError;
 use super::epoch::{EpochClaim, Epochs};
 use super::frame::{self, Frame};
+use super::seal::{Role, Session};
 use crate::id::ProcId;
+
+/// What a transport authenticates (and seals) its connections with.
+pub(crate) struct Keys {
+    mac: hmac::Key,
+    secret: Vec<u8>,
+    /// Whether connections are sealed (false only for the benchmark
+    /// baseline, see [`super::seal`] invariant 6).
+    seal: bool,
+}
+
+impl Keys {
+    /// Keys from the shared secret; `seal`: encrypt connections.
+    pub(crate) fn new(secret: &[u8], seal: bool) -> Self {
+        Keys {
+            mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            secret: secret.to_vec(),
+            seal,
+        }
+    }
+}
+
+/// An established connection: the peer, any bytes read past the
+/// handshake, and the record layer (`None`: frames in the clear).
+#[derive(Debug)]
+pub(crate) struct Established {
+    pub(crate) peer: ProcId,
+    pub(crate) left: BytesMut,
+    pub(crate) session: Option<Session>,
+}
+
+/// The session of a connection authenticated with `keys` (invariant 7).
+fn session(
+    keys: Option<&Keys>,
+    dialer: &ProcId,
+    acceptor: &ProcId,
+    nd: &[u8; 32],
+    na: &[u8; 32],
+    claims: EpochClaims,
+    role: Role,
+) -> Result<Option<Session>, ChannelError> {
+    let Some(k) = keys.filter(|k| k.seal) else {
+        return Ok(None);
+    };
+    let t = transcript(SESSION, dialer, acceptor, nd, na, claims);
+    Session::derive(&k.secret, nd, na, &t, role).map(Some)
+}
 
 /// Largest handshake frame accepted.
 const MAX_HELLO: usize = 16 * 1024;
@@ -103,6 +153,7 @@ fn transcript(
 
 const ACCEPTOR: &str = "hostmesh/1 acceptor";
 const DIALER: &str = "hostmesh/1 dialer";
+const SESSION: &str = "hostmesh/4 session";
 
 async fn send<S: AsyncWrite + Unpin>(s: &mut S, msg: &Hello) -> Result<(), ChannelError> {
     let mut buf = BytesMut::new();
@@ -133,19 +184,18 @@ async fn recv<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Hel
     }
 }
 
-fn mac(key: Option<&hmac::Key>, t: &[u8]) -> Vec<u8> {
-    key.map(|k| hmac::sign(k, t).as_ref().to_vec())
+fn mac(keys: Option<&Keys>, t: &[u8]) -> Vec<u8> {
+    keys.map(|k| hmac::sign(&k.mac, t).as_ref().to_vec())
         .unwrap_or_default()
 }
 
-/// Dialer side. Returns the peer's proc id and any bytes read past the
-/// handshake.
+/// Dialer side.
 pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     local: &ProcId,
-    key: Option<&hmac::Key>,
+    keys: Option<&Keys>,
     epochs: &Epochs,
-) -> Result<(ProcId, BytesMut), ChannelError> {
+) -> Result<Established, ChannelError> {
     let mut buf = BytesMut::with_capacity(4096);
     let nd = nonce()?;
     send(
@@ -169,10 +219,10 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         }
         _ => return Err(ChannelError::Protocol("expected a challenge".into())),
     };
-    match key {
+    match keys {
         Some(k) => {
             let t = transcript(ACCEPTOR, local, &peer, &nd, &na, (epochs.own, claim_a));
-            hmac::verify(k, &t, &mac_a).map_err(|_| {
+            hmac::verify(&k.mac, &t, &mac_a).map_err(|_| {
                 ChannelError::Auth(format!(
                     "{peer} failed authentication: it does not hold our shared secret"
                 ))
@@ -191,25 +241,32 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         .admit(claim_a.as_ref())
         .map_err(|why| ChannelError::Auth(format!("{peer} refused: {why}")))?;
     let proof = mac(
-        key,
+        keys,
         &transcript(DIALER, local, &peer, &nd, &na, (epochs.own, claim_a)),
     );
     send(s, &Hello::Proof { mac: proof }).await?;
     match recv(s, &mut buf).await? {
-        Hello::Welcome => Ok((peer, buf)),
+        Hello::Welcome => {
+            let claims = (epochs.own, claim_a);
+            let session = session(keys, local, &peer, &nd, &na, claims, Role::Dialer)?;
+            Ok(Established {
+                peer,
+                left: buf,
+                session,
+            })
+        }
         Hello::Reject { reason } => Err(ChannelError::Auth(format!("{peer} refused: {reason}"))),
         _ => Err(ChannelError::Protocol("expected welcome or reject".into())),
     }
 }
 
-/// Acceptor side. Returns the dialer's proc id and any bytes read past the
-/// handshake.
+/// Acceptor side.
 pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     local: &ProcId,
-    key: Option<&hmac::Key>,
+    keys: Option<&Keys>,
     epochs: &Epochs,
-) -> Result<(ProcId, BytesMut), ChannelError> {
+) -> Result<Established, ChannelError> {
     let mut buf = BytesMut::with_capacity(4096);
     let open = match recv(s, &mut buf).await {
         // Invariant 6.
@@ -233,7 +290,7 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let na = nonce()?;
     let claims = (claim_d, epochs.own);
-    let mac_a = mac(key, &transcript(ACCEPTOR, &peer, local, &nd, &na, claims));
+    let mac_a = mac(keys, &transcript(ACCEPTOR, &peer, local, &nd, &na, claims));
     send(
         s,
         &Hello::Challenge {
@@ -248,9 +305,9 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         Hello::Proof { mac } => mac,
         _ => return Err(ChannelError::Protocol("expected a proof".into())),
     };
-    let verdict = match key {
+    let verdict = match keys {
         Some(k) => hmac::verify(
-            k,
+            &k.mac,
             &transcript(DIALER, &peer, local, &nd, &na, claims),
             &proof,
         )
@@ -264,8 +321,13 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     .and_then(|()| epochs.table.admit(claim_d.as_ref()));
     match verdict {
         Ok(()) => {
+            let session = session(keys, &peer, local, &nd, &na, claims, Role::Acceptor)?;
             send(s, &Hello::Welcome).await?;
-            Ok((peer, buf))
+            Ok(Established {
+                peer,
+                left: buf,
+                session,
+            })
         }
         Err(reason) => {
             // Best effort: tell the peer why, then fail.
@@ -303,8 +365,8 @@ mod tests {
         ae: Epochs,
     ) -> (Result<ProcId, ChannelError>, Result<ProcId, ChannelError>) {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let dk = dk.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
-        let ak = ak.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k));
+        let dk = dk.map(|k| Keys::new(k, true));
+        let ak = ak.map(|k| Keys::new(k, true));
         let d = id("unbound:1/client");
         let acc = id("tcp:127.0.0.1:9/server");
         // Each side owns its stream, so a side that gives up closes it.
@@ -312,7 +374,7 @@ mod tests {
             async move { dial(&mut a, &d, dk.as_ref(), &de).await },
             async move { accept(&mut b, &acc, ak.as_ref(), &ae).await }
         );
-        (r1.map(|r| r.0), r2.map(|r| r.0))
+        (r1.map(|r| r.peer), r2.map(|r| r.peer))
     }
 
     #[tokio::test]
@@ -343,6 +405,49 @@ mod tests {
         );
     }
 
+    async fn established(keys: Option<Keys>) -> (Established, Established) {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let (d, acc) = (id("unbound:1/client"), id("tcp:127.0.0.1:9/server"));
+        let (de, ae) = (Epochs::default(), Epochs::default());
+        let (r1, r2) = tokio::join!(
+            dial(&mut a, &d, keys.as_ref(), &de),
+            accept(&mut b, &acc, keys.as_ref(), &ae)
+        );
+        (r1.unwrap(), r2.unwrap())
+    }
+
+    /// Invariant 7: with the secret both sides derive one session per
+    /// connection (what one seals the other opens, in each direction, and
+    /// another connection's keys open nothing); without it there is none,
+    /// nor in the benchmark baseline.
+    #[tokio::test]
+    async fn a_shared_secret_keys_a_fresh_session_per_connection() {
+        let (d, a) = established(Some(Keys::new(b"s3cret", true))).await;
+        let (mut ds, mut as_) = (d.session.unwrap(), a.session.unwrap());
+        let mut wire = Vec::new();
+        let mut frames = BytesMut::from(&b"to the acceptor"[..]);
+        ds.sealer.write(&mut wire, &mut frames, None).await.unwrap();
+        let rec = BytesMut::from(&wire[..]);
+        let (_, mut other) = established(Some(Keys::new(b"s3cret", true))).await;
+        let mut other = other.session.take().unwrap();
+        assert!(other.opener.open(rec.clone()).is_err(), "fresh keys");
+        assert_eq!(&as_.opener.open(rec).unwrap()[..], b"to the acceptor");
+        let mut wire = Vec::new();
+        let mut frames = BytesMut::from(&b"to the dialer"[..]);
+        as_.sealer
+            .write(&mut wire, &mut frames, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            &ds.opener.open(BytesMut::from(&wire[..])).unwrap()[..],
+            b"to the dialer"
+        );
+        let (d, a) = established(None).await;
+        assert!(d.session.is_none() && a.session.is_none());
+        let (d, a) = established(Some(Keys::new(b"s3cret", false))).await;
+        assert!(d.session.is_none() && a.session.is_none());
+    }
+
     /// Invariant 6: a dialer of another version gets a `Reject` in its
     /// own version's frame, which names both versions, and the acceptor
     /// fails with the typed error.
@@ -353,7 +458,7 @@ mod tests {
         let server = tokio::spawn(async move {
             accept(&mut b, &acc, None, &Epochs::default())
                 .await
-                .map(|r| r.0)
+                .map(|r| r.peer)
         });
         // A future version's Open (its body does not matter).
         let mut open = BytesMut::new();
@@ -392,7 +497,7 @@ mod tests {
         let client = tokio::spawn(async move {
             dial(&mut a, &d, None, &Epochs::default())
                 .await
-                .map(|r| r.0)
+                .map(|r| r.peer)
         });
         let mut first = vec![0u8; 1];
         b.read_exact(&mut first).await.unwrap();

@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use super::frame::{self};
 use super::queue::{LinkQueue, SharedHeaderRun};
+use super::seal::Sealer;
 use super::{ChannelError, Envelope};
 use crate::id::ProcId;
 use crate::port::{OPEN_PORT_BIT, UNDELIVERABLE_PORT};
@@ -68,6 +69,8 @@ impl ConnShared {
 /// The writing half of an established connection (its reader runs as a task).
 pub(crate) struct Conn {
     pub(super) writer: BoxWrite,
+    /// Seals what is written (`None`: frames in the clear).
+    pub(super) sealer: Option<Sealer>,
     pub(super) shared: Arc<ConnShared>,
     /// Dialed by this proc (else accepted from the peer).
     pub(super) outbound: bool,
@@ -254,6 +257,7 @@ impl<I: Inbound> Link<I> {
     async fn run_connected(&mut self, conn: Conn) -> (String, Unacked, Option<Conn>) {
         let Conn {
             mut writer,
+            mut sealer,
             shared,
             outbound,
         } = conn;
@@ -340,16 +344,10 @@ impl<I: Inbound> Link<I> {
                 }
             }
             if !buf.is_empty() {
-                let write = async {
-                    writer.write_all(&buf).await?;
-                    if let Some(t) = &tail {
-                        writer.write_all(t).await?;
-                    }
-                    Ok::<(), std::io::Error>(())
-                };
+                let write = write_batch(&mut writer, sealer.as_mut(), &mut buf, tail.as_ref());
                 tokio::select! {
                     res = write => if let Err(e) = res {
-                        shared.close(format!("write failed: {e}"));
+                        shared.close(e);
                         return (shared.reason(), unacked, None);
                     },
                     _ = shared.closed.cancelled() => return (shared.reason(), unacked, None),
@@ -364,6 +362,13 @@ impl<I: Inbound> Link<I> {
             // connection per agent, most of them quiet).
             if buf.capacity() > 4 * WRITE_MIN {
                 buf = BytesMut::with_capacity(WRITE_MIN);
+            }
+            // So does the sealer's, once everything written is acknowledged
+            // (a stream of large messages keeps it: acks lag behind).
+            if in_flight == 0
+                && let Some(s) = sealer.as_mut()
+            {
+                s.shrink();
             }
             // Wait for senders only after saying so under the queue's lock
             // (else take what arrived meanwhile).
@@ -401,6 +406,32 @@ impl<I: Inbound> Link<I> {
     }
 }
 
+/// Writes a batch of frames and the large payload that ends it (if any),
+/// sealed when the connection is; the error is the connection's reason.
+async fn write_batch(
+    writer: &mut BoxWrite,
+    sealer: Option<&mut Sealer>,
+    buf: &mut BytesMut,
+    tail: Option<&bytes::Bytes>,
+) -> Result<(), String> {
+    match sealer {
+        Some(s) => s.write(writer, buf, tail).await.map_err(|e| match e {
+            ChannelError::Io(e) => format!("write failed: {e}"),
+            e => e.to_string(),
+        }),
+        None => {
+            let plain = async {
+                writer.write_all(buf).await?;
+                if let Some(t) = tail {
+                    writer.write_all(t).await?;
+                }
+                Ok::<(), std::io::Error>(())
+            };
+            plain.await.map_err(|e| format!("write failed: {e}"))
+        }
+    }
+}
+
 async fn sleep_until(d: Option<Instant>) {
     match d {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -413,6 +444,7 @@ async fn sleep_until(d: Option<Instant>) {
 async fn ack_only(conn: Conn, mut release: oneshot::Receiver<()>) -> Option<Conn> {
     let Conn {
         mut writer,
+        mut sealer,
         shared,
         outbound,
     } = conn;
@@ -422,7 +454,7 @@ async fn ack_only(conn: Conn, mut release: oneshot::Receiver<()>) -> Option<Conn
         tokio::select! {
             _ = shared.closed.cancelled() => return None,
             r = &mut release, if wanted => match r {
-                Ok(()) => return Some(Conn { writer, shared, outbound }),
+                Ok(()) => return Some(Conn { writer, sealer, shared, outbound }),
                 // The link replaced this connection as its secondary.
                 Err(_) => wanted = false,
             },
@@ -432,8 +464,8 @@ async fn ack_only(conn: Conn, mut release: oneshot::Receiver<()>) -> Option<Conn
         if r > ack_sent {
             let mut buf = BytesMut::new();
             frame::encode_ack(&mut buf, r);
-            if let Err(e) = writer.write_all(&buf).await {
-                shared.close(format!("write failed: {e}"));
+            if let Err(e) = write_batch(&mut writer, sealer.as_mut(), &mut buf, None).await {
+                shared.close(e);
                 return None;
             }
             ack_sent = r;

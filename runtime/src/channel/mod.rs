@@ -1,6 +1,8 @@
-//! Transport: framed, authenticated, bidirectional connections between procs.
+//! Transport: framed, authenticated, encrypted, bidirectional connections
+//! between procs.
 //!
 //! This module owns the wire ([`frame`]), the handshake ([`handshake`]),
+//! the record layer that seals every frame after it ([`seal`]),
 //! the per-peer links (`link`), their outgoing queues (`queue`), the
 //! connection readers (`reader`) and the proc's `transport` that holds them. A
 //! proc has one [`Transport`]; everything a proc sends to another proc goes
@@ -39,7 +41,8 @@
 //!    `ConnectionLost`), and failing a responder because its caller went
 //!    away would be wrong.
 //! 5. A bad header, an oversize frame or garbage closes only the connection
-//!    it came on, with the reason logged; a failed handshake likewise.
+//!    it came on, with the reason logged; a failed handshake, and a record
+//!    that fails to open (`seal`), likewise.
 //! 6. Links to dialable peers reconnect with exponential backoff, up to
 //!    `reconnect_timeout`, before queued envelopes become undeliverable.
 
@@ -50,6 +53,7 @@ pub(crate) mod handshake;
 mod link;
 mod queue;
 mod reader;
+pub(crate) mod seal;
 pub mod stage;
 mod transport;
 
@@ -134,6 +138,10 @@ pub enum ChannelError {
     /// Authentication failed; the message says which side and why.
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// An encrypted record failed to open (altered, replayed, reordered or
+    /// cut short in transit) or could not be sealed ([`seal`]).
+    #[error("encrypted link broken: {0}")]
+    Record(String),
     /// A message could not be encoded.
     #[error("cannot encode message: {0}")]
     Encode(String),

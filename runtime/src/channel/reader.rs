@@ -1,6 +1,7 @@
 //! The reader of one connection: frames read into reused buffers (large
-//! frames into buffers of their own size), acknowledgements counted, and
-//! envelopes handed to the proc in batches per actor.
+//! frames into buffers of their own size), opened in place when the
+//! connection is sealed (large records likewise), acknowledgements
+//! counted, and envelopes handed to the proc in batches per actor.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -11,6 +12,7 @@ use tracing::warn;
 
 use super::Envelope;
 use super::frame::{self, Arrivals, Frame};
+use super::seal::Opener;
 use crate::id::ProcId;
 use crate::port::OPEN_PORT_BIT;
 
@@ -35,7 +37,15 @@ pub(super) struct Reader<I: Inbound> {
 }
 
 impl<I: Inbound> Reader<I> {
-    pub(super) async fn run(self, mut rd: BoxRead, mut buf: BytesMut) {
+    /// Reads the connection until it closes. `left`: bytes read past the
+    /// handshake; `opener`: the record layer, if the connection is sealed.
+    pub(super) async fn run(self, mut rd: BoxRead, left: BytesMut, mut opener: Option<Opener>) {
+        // Sealed, `raw` holds what was read and `buf` the opened frames;
+        // in the clear, `buf` is both.
+        let (mut buf, mut raw) = match opener {
+            Some(_) => (BytesMut::new(), left),
+            None => (left, BytesMut::new()),
+        };
         let mut received: u64 = 0;
         let mut last_header = None;
         // The header of the last envelope for one of this proc's actors,
@@ -43,8 +53,8 @@ impl<I: Inbound> Reader<I> {
         let mut template: Option<Envelope> = None;
         // Envelopes for one actor, handed over in one wake-up.
         let mut batch = Batch::default();
-        // Buffers of large frames, reused once their payloads are dropped
-        // (no page faults from a fresh megabyte per frame).
+        // Buffers of large frames (or records), reused once their payloads
+        // are dropped (no page faults from a fresh megabyte per frame).
         let mut large_bufs = crate::bufpool::BufPool::default();
         // The read step: doubled after a read that filled the room it was
         // given, halved after one that used little of it.
@@ -78,27 +88,27 @@ impl<I: Inbound> Reader<I> {
                 self.shared.received.store(received, Ordering::Release);
                 self.shared.wake.notify_one();
             }
+            if let Some(op) = opener.as_mut() {
+                let opened = self
+                    .open_next(op, &mut rd, &mut raw, &mut large_bufs, &mut chunk)
+                    .await;
+                match opened {
+                    Ok(frames) if buf.is_empty() => buf = frames,
+                    // Only a batch cut into several records splits a frame.
+                    Ok(frames) => buf.extend_from_slice(&frames),
+                    Err(Stop::Fail(reason)) => return self.fail(reason),
+                    Err(Stop::Closed) => return,
+                }
+                continue;
+            }
             if let Some(len) = frame::pending_large(&buf) {
                 // Read a large frame straight into a buffer of its size.
                 let total = frame::HEADER_LEN + len;
                 let large = large_bufs.get(total);
                 large.extend_from_slice(&buf);
                 buf.clear();
-                let mut rest = (&mut rd).take((total - large.len()) as u64);
-                let read = async {
-                    while large.len() < total {
-                        if rest.read_buf(large).await? == 0 {
-                            return Err(std::io::ErrorKind::UnexpectedEof.into());
-                        }
-                    }
-                    Ok::<(), std::io::Error>(())
-                };
-                tokio::select! {
-                    r = read => if let Err(e) = r {
-                        self.shared.close(format!("read failed: {e}"));
-                        return;
-                    },
-                    _ = self.shared.closed.cancelled() => return,
+                if self.read_to(&mut rd, large, total).await.is_err() {
+                    return;
                 }
                 let frame = match frame::decode(large, self.max_frame, &mut last_header) {
                     Ok(Some(f)) => f,
@@ -111,30 +121,114 @@ impl<I: Inbound> Reader<I> {
                 }
                 continue;
             }
-            if buf.is_empty() && buf.capacity() > 2 * chunk {
-                // A burst is over: give its buffer back.
-                buf = BytesMut::with_capacity(chunk);
+            if self.read_some(&mut rd, &mut buf, &mut chunk).await.is_err() {
+                return;
             }
-            if buf.capacity() - buf.len() < chunk / 4 {
-                buf.reserve(chunk);
-            }
-            let room = buf.capacity() - buf.len();
-            tokio::select! {
-                r = rd.read_buf(&mut buf) => match r {
-                    Ok(0) => {
-                        self.shared.close("peer closed the connection".into());
-                        return;
+        }
+    }
+
+    /// Reads until the next record is complete and opens it (invariant 3
+    /// of `seal`: nothing of it is used before its tag checked out); a
+    /// large record is read into a buffer of its size.
+    async fn open_next(
+        &self,
+        op: &mut Opener,
+        rd: &mut BoxRead,
+        raw: &mut BytesMut,
+        large_bufs: &mut crate::bufpool::BufPool,
+        chunk: &mut usize,
+    ) -> Result<BytesMut, Stop> {
+        loop {
+            let len = op.record_len(raw).map_err(|e| Stop::Fail(e.to_string()))?;
+            let record = match len {
+                Some(len) if raw.len() >= len => raw.split_to(len),
+                Some(len) if len >= frame::LARGE_FRAME => {
+                    let large = large_bufs.get(len);
+                    large.extend_from_slice(raw);
+                    raw.clear();
+                    self.read_to(rd, large, len).await?;
+                    large.split()
+                }
+                _ => {
+                    if let Some(len) = len {
+                        raw.reserve(len - raw.len());
                     }
-                    Ok(n) if n >= room => chunk = (chunk * 2).min(READ_MAX),
-                    Ok(n) if n < chunk / 8 => chunk = (chunk / 2).max(READ_MIN),
-                    Ok(_) => {}
-                    Err(e) => {
-                        self.shared.close(format!("read failed: {e}"));
-                        return;
-                    }
-                },
-                _ = self.shared.closed.cancelled() => return,
+                    self.read_some(rd, raw, chunk).await?;
+                    continue;
+                }
+            };
+            return op.open(record).map_err(|e| Stop::Fail(e.to_string()));
+        }
+    }
+
+    /// Reads into `large` until it holds `total` bytes.
+    async fn read_to(
+        &self,
+        rd: &mut BoxRead,
+        large: &mut BytesMut,
+        total: usize,
+    ) -> Result<(), Stop> {
+        let mut rest = rd.take((total - large.len()) as u64);
+        let read = async {
+            while large.len() < total {
+                if rest.read_buf(large).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
             }
+            Ok::<(), std::io::Error>(())
+        };
+        tokio::select! {
+            r = read => if let Err(e) = r {
+                self.shared.close(format!("read failed: {e}"));
+                return Err(Stop::Closed);
+            },
+            _ = self.shared.closed.cancelled() => return Err(Stop::Closed),
+        }
+        Ok(())
+    }
+
+    /// One read into `buf`, adapting the read step `chunk`.
+    async fn read_some(
+        &self,
+        rd: &mut BoxRead,
+        buf: &mut BytesMut,
+        chunk: &mut usize,
+    ) -> Result<(), Stop> {
+        if buf.is_empty() && buf.capacity() > 2 * *chunk {
+            // A burst is over: give its buffer back.
+            *buf = BytesMut::with_capacity(*chunk);
+        }
+        if buf.capacity() - buf.len() < *chunk / 4 {
+            buf.reserve(*chunk);
+        }
+        let room = buf.capacity() - buf.len();
+        tokio::select! {
+            r = rd.read_buf(buf) => match r {
+                Ok(0) if buf.is_empty() => {
+                    self.shared.close("peer closed the connection".into());
+                    Err(Stop::Closed)
+                }
+                Ok(0) => {
+                    self.shared.close(format!(
+                        "peer closed the connection in the middle of a frame or record ({} bytes of it read): cut short",
+                        buf.len()
+                    ));
+                    Err(Stop::Closed)
+                }
+                Ok(n) => {
+                    if n >= room {
+                        *chunk = (*chunk * 2).min(READ_MAX);
+                    } else if n < *chunk / 8 {
+                        *chunk = (*chunk / 2).max(READ_MIN);
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    self.shared.close(format!("read failed: {e}"));
+                    Err(Stop::Closed)
+                }
+            },
+            _ = self.shared.closed.cancelled() => Err(Stop::Closed),
         }
     }
 
@@ -223,6 +317,14 @@ impl<I: Inbound> Reader<I> {
         warn!(proc = %self.local, peer = %self.peer, %reason, "closing connection");
         self.shared.close(reason);
     }
+}
+
+/// Why a read step stopped the reader.
+enum Stop {
+    /// The connection is closed (its reason recorded).
+    Closed,
+    /// The peer broke the protocol: close with this reason.
+    Fail(String),
 }
 
 /// Envelopes read for one actor, not handed over yet.

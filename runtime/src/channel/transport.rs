@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use ring::hmac;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -20,7 +19,7 @@ use tracing::{debug, warn};
 
 use super::admit::{Admission, WarnLimiter};
 use super::frame::Arrivals;
-use super::handshake;
+use super::handshake::{self, Established, Keys};
 use super::queue::{LinkQueue, PushError, SharedHeaderRun};
 use super::stage::{self, Stage};
 use super::{ChannelConfig, ChannelError, Envelope};
@@ -93,7 +92,9 @@ pub(crate) struct Transport<I: Inbound> {
     uid: u64,
     pub(super) local: ProcId,
     pub(super) config: ChannelConfig,
-    key: Option<hmac::Key>,
+    /// The shared secret's keys (`None`: connections are neither
+    /// authenticated nor sealed).
+    keys: Option<Keys>,
     /// This proc's epoch claim and the table peers are checked against.
     epochs: super::epoch::Epochs,
     inbound: OnceLock<Weak<I>>,
@@ -110,7 +111,7 @@ impl<I: Inbound> Transport<I> {
     pub(crate) fn new(
         local: ProcId,
         config: ChannelConfig,
-        secret: Option<&[u8]>,
+        keys: Option<Keys>,
         epochs: super::epoch::Epochs,
     ) -> Self {
         let admission =
@@ -119,7 +120,7 @@ impl<I: Inbound> Transport<I> {
             uid: NEXT_TRANSPORT.fetch_add(1, Ordering::Relaxed),
             local,
             config,
-            key: secret.map(|s| hmac::Key::new(hmac::HMAC_SHA256, s)),
+            keys,
             epochs,
             inbound: OnceLock::new(),
             links: Mutex::new(Links::default()),
@@ -402,39 +403,52 @@ impl<I: Inbound> Transport<I> {
                 ChannelAddr::Tcp(a) => {
                     let mut s = TcpStream::connect(a).await?;
                     s.set_nodelay(true)?;
-                    let (peer, left) =
-                        handshake::dial(&mut s, &self.local, self.key.as_ref(), &self.epochs)
+                    let est =
+                        handshake::dial(&mut s, &self.local, self.keys.as_ref(), &self.epochs)
                             .await?;
                     let (r, w) = s.into_split();
-                    Ok((peer, Box::new(r) as BoxRead, Box::new(w) as BoxWrite, left))
+                    Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
                 }
                 ChannelAddr::Unix(p) => {
                     let mut s = UnixStream::connect(p).await?;
-                    let (peer, left) =
-                        handshake::dial(&mut s, &self.local, self.key.as_ref(), &self.epochs)
+                    let est =
+                        handshake::dial(&mut s, &self.local, self.keys.as_ref(), &self.epochs)
                             .await?;
                     let (r, w) = s.into_split();
-                    Ok((peer, Box::new(r) as BoxRead, Box::new(w) as BoxWrite, left))
+                    Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
                 }
                 ChannelAddr::Unbound(_) => Err(ChannelError::NotDialable(addr.to_string())),
             }
         };
         let limit = self.config.connect_timeout + self.config.handshake_timeout;
-        let (peer, r, w, left) = tokio::time::timeout(limit, fut)
+        let (est, r, w) = tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| ChannelError::Timeout("dialing and handshaking"))??;
-        let conn = self.start_conn(peer.clone(), r, w, left, true);
+        let peer = est.peer.clone();
+        let conn = self.start_conn(est, r, w, true);
         Ok((peer, conn))
     }
 
     fn start_conn(
         self: &Arc<Self>,
-        peer: ProcId,
+        est: Established,
         r: BoxRead,
         w: BoxWrite,
-        left: BytesMut,
         outbound: bool,
     ) -> Conn {
+        let Established {
+            peer,
+            left,
+            session,
+        } = est;
+        let (sealer, opener) = match session {
+            Some(s) => {
+                let mut opener = s.opener;
+                opener.limit(self.config.max_frame_len);
+                (Some(s.sealer), Some(opener))
+            }
+            None => (None, None),
+        };
         let shared = Arc::new(ConnShared {
             received: AtomicU64::new(0),
             acked: AtomicU64::new(0),
@@ -449,9 +463,10 @@ impl<I: Inbound> Transport<I> {
             max_frame: self.config.max_frame_len,
             shared: shared.clone(),
         };
-        tokio::spawn(reader.run(r, left));
+        tokio::spawn(reader.run(r, left, opener));
         Conn {
             writer: w,
+            sealer,
             shared,
             outbound,
         }
@@ -495,14 +510,15 @@ impl<I: Inbound> Transport<I> {
         let mut stream = tokio::io::join(r, w);
         let res = tokio::time::timeout(
             self.config.handshake_timeout,
-            handshake::accept(&mut stream, &self.local, self.key.as_ref(), &self.epochs),
+            handshake::accept(&mut stream, &self.local, self.keys.as_ref(), &self.epochs),
         )
         .await;
         match res {
-            Ok(Ok((peer, left))) => {
-                debug!(proc = %self.local, %peer, %from, "accepted connection");
+            Ok(Ok(est)) => {
+                let peer = est.peer.clone();
+                debug!(proc = %self.local, %peer, %from, sealed = est.session.is_some(), "accepted connection");
                 let (r, w) = stream.into_inner();
-                let conn = self.start_conn(peer.clone(), r, w, left, false);
+                let conn = self.start_conn(est, r, w, false);
                 self.register(peer, conn);
             }
             Ok(Err(e)) => {

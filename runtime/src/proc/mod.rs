@@ -95,6 +95,8 @@ pub struct ProcBuilder {
     name: String,
     listen: Option<ChannelAddr>,
     secret: Option<Vec<u8>>,
+    /// Frames in the clear although a secret is set (benchmark baseline).
+    plaintext: bool,
     epochs: crate::channel::epoch::Epochs,
     config: ProcConfig,
     registry: HashMap<String, SpawnFn>,
@@ -111,10 +113,24 @@ impl ProcBuilder {
     }
 
     /// The shared secret that authenticates every connection (both sides
-    /// must hold the same secret). Without one, connections are not
-    /// authenticated.
+    /// must hold the same secret) and keys its encryption: every frame
+    /// after the handshake is sealed with AES-256-GCM under keys derived
+    /// for that connection (`channel::seal`). Without one, connections are
+    /// neither authenticated nor encrypted.
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
+        self
+    }
+
+    /// Benchmark baseline only: connections are authenticated with the
+    /// secret but their frames travel in the clear, so the runtime bench
+    /// can measure what encryption costs. Both ends must set it. Exists
+    /// only with the `bench-baseline` feature, which only the bench crate
+    /// enables; no binary, flag, variable or resource reaches it.
+    #[cfg(feature = "bench-baseline")]
+    #[doc(hidden)]
+    pub fn plaintext_benchmark_baseline(mut self) -> Self {
+        self.plaintext = true;
         self
     }
 
@@ -204,7 +220,9 @@ impl ProcBuilder {
         let transport = Arc::new(Transport::new(
             id.clone(),
             self.config.channel.clone(),
-            self.secret.as_deref(),
+            self.secret
+                .as_deref()
+                .map(|s| crate::channel::handshake::Keys::new(s, !self.plaintext)),
             self.epochs,
         ));
         let sink = self.sink.unwrap_or_else(|| {
@@ -268,6 +286,7 @@ impl Proc {
             name: name.into(),
             listen: None,
             secret: None,
+            plaintext: false,
             epochs: Default::default(),
             config: ProcConfig::default(),
             registry: HashMap::new(),
