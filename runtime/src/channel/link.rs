@@ -69,8 +69,11 @@ impl ConnShared {
 /// The writing half of an established connection (its reader runs as a task).
 pub(crate) struct Conn {
     pub(super) writer: BoxWrite,
-    /// Seals what is written (`None`: frames in the clear).
-    pub(super) sealer: Option<Sealer>,
+    /// Seals what is written (`None`: frames in the clear). Boxed: a
+    /// connection is handed to its link through a channel whose blocks hold
+    /// 32 of them, and a sealer's key schedule would make each block
+    /// 20 KB (an operator has a link per agent).
+    pub(super) sealer: Option<Box<Sealer>>,
     pub(super) shared: Arc<ConnShared>,
     /// Dialed by this proc (else accepted from the peer).
     pub(super) outbound: bool,
@@ -344,7 +347,8 @@ impl<I: Inbound> Link<I> {
                 }
             }
             if !buf.is_empty() {
-                let write = write_batch(&mut writer, sealer.as_mut(), &mut buf, tail.as_ref());
+                let write =
+                    write_batch(&mut writer, sealer.as_deref_mut(), &mut buf, tail.as_ref());
                 tokio::select! {
                     res = write => if let Err(e) = res {
                         shared.close(e);
@@ -464,11 +468,25 @@ async fn ack_only(conn: Conn, mut release: oneshot::Receiver<()>) -> Option<Conn
         if r > ack_sent {
             let mut buf = BytesMut::new();
             frame::encode_ack(&mut buf, r);
-            if let Err(e) = write_batch(&mut writer, sealer.as_mut(), &mut buf, None).await {
+            if let Err(e) = write_batch(&mut writer, sealer.as_deref_mut(), &mut buf, None).await {
                 shared.close(e);
                 return None;
             }
             ack_sent = r;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link's attach channel allocates its connections 32 at a time, one
+    /// block per link: a connection must stay small (the sealer's key
+    /// schedule is boxed), or an operator pays kilobytes per agent.
+    #[test]
+    fn a_connection_handed_to_a_link_is_small() {
+        let size = std::mem::size_of::<Conn>();
+        assert!(size <= 64, "Conn is {size} bytes");
     }
 }

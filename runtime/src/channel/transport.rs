@@ -445,7 +445,7 @@ impl<I: Inbound> Transport<I> {
             Some(s) => {
                 let mut opener = s.opener;
                 opener.limit(self.config.max_frame_len);
-                (Some(s.sealer), Some(opener))
+                (Some(Box::new(s.sealer)), Some(opener))
             }
             None => (None, None),
         };
