@@ -27,8 +27,14 @@
 //! 4. Subreaping is the `hostmesh agent` process's (its entry point turns it
 //!    on); agents run inside a test process leave that process alone, and
 //!    find descendants only while they are still below the proc.
+//! 5. A process adopted after its proc ended (a daemon whose parent exited
+//!    only after the proc's end was swept) is killed, with its subtree, at
+//!    the next reap ([`reap_adopted`]: on SIGCHLD, or every
+//!    [`REAP_INTERVAL`]): a proc is live from before its spawn
+//!    ([`Live`]) until its end was swept, and an adopted process whose
+//!    environment names no live proc of this agent has outlived its proc.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -37,6 +43,37 @@ use std::time::Duration;
 pub(crate) static DIRECT: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 
 static SUBREAPER: AtomicBool = AtomicBool::new(false);
+
+/// The procs of this agent that are live (invariant 5), by name, counted
+/// (a proc restarted in place may overlap its previous run).
+static LIVE: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+/// Marks proc `name` live while it exists (invariant 5): create it before
+/// the proc is spawned, drop it after its end was swept.
+pub(crate) struct Live(String);
+
+impl Live {
+    pub(crate) fn new(name: &str) -> Live {
+        *live().entry(name.to_owned()).or_default() += 1;
+        Live(name.to_owned())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let mut live = live();
+        if let Some(n) = live.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                live.remove(&self.0);
+            }
+        }
+    }
+}
+
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<String, usize>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How often adopted children are looked for without a SIGCHLD.
 const REAP_INTERVAL: Duration = Duration::from_secs(5);
@@ -216,8 +253,23 @@ fn send(pid: i32, signal: i32) {
     }
 }
 
-/// Reaps the adopted children that exited (invariant 2).
+/// Reaps the adopted children that exited (invariant 2), and kills those
+/// that outlived their proc (invariant 5).
 pub(crate) fn reap_adopted() {
+    let orphans: Vec<i32> = adopted()
+        .into_iter()
+        .filter(|p| proc_name_of(*p).is_some_and(|name| !live().contains_key(&name)))
+        .collect();
+    if !orphans.is_empty() {
+        let pids = subtree(orphans);
+        for p in &pids {
+            send(*p, libc::SIGKILL);
+        }
+        tracing::info!(
+            processes = pids.len(),
+            "killed processes that outlived their proc"
+        );
+    }
     // The lock is held across the reap: a pid the spawner registers is
     // never reaped here.
     let direct = direct();

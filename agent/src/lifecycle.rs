@@ -60,6 +60,9 @@ pub(crate) async fn run(
     let name = req.name.clone();
     let inc = req.incarnation;
     let spec = &req.spec;
+    // Live until its end is swept: what it leaves behind later is killed
+    // at the next reap (descendants invariant 5).
+    let _live = descendants::Live::new(&name);
     let (progress, progress_file) = stall_signals(&name, inc, spec, &mut env);
     let spawned =
         match SpawnRequest::prepare(&spec.command, &spec.args, &env, spec.working_dir.as_deref()) {
