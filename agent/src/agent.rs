@@ -9,7 +9,9 @@
 //!    grace and kills them.
 //! 3. The agent's proc is built with the World secret: the runtime handshake
 //!    refuses (and logs) every peer that cannot prove it holds it, so such a
-//!    peer can spawn nothing and read nothing.
+//!    peer can spawn nothing and read nothing. Procs hold only the runtime
+//!    key derived from it (`keys.rs`) and check in at the agent's second
+//!    proc, the desk (`desk.rs`), which serves nothing else.
 //! 4. Once its fence trips (`fence.rs`: replaced, or no renewal from the
 //!    operator for `--fence-timeout`), the agent stops every proc with the
 //!    fence grace, reports not ready, and keeps serving so the operator
@@ -36,6 +38,7 @@ pub struct Agent {
     config: AgentConfig,
     manager: ProcManager,
     proc: Proc,
+    desk: Proc,
     addr: SocketAddr,
     readiness: Readiness,
     health_addr: SocketAddr,
@@ -77,7 +80,11 @@ impl std::fmt::Debug for Secret {
 impl Agent {
     /// Validates `config`, reads the secret and starts serving (invariant 1).
     pub async fn start(config: AgentConfig) -> Result<Agent, HostError> {
-        let secret = Secret::new(read_secret(&config.secret_file)?);
+        let secret = match &config.secret {
+            Some(s) => s.clone(),
+            None => Secret::new(read_secret(&config.secret_file)?),
+        };
+        let runtime_key = super::keys::runtime_key(secret.bytes());
         // Invariant 3: every peer must prove it holds the World secret.
         // Fence invariant 5: the proc claims this host's epoch and checks
         // peers against the table the fence keeps.
@@ -102,13 +109,43 @@ impl Agent {
             ChannelAddr::Tcp(a) => *a,
             _ => config.listen,
         };
+        // Desk invariant 2: the agent's IP, a port of the system's choice,
+        // the same epoch claim and table.
+        let mut desk = Proc::builder(AGENT_PROC_NAME)
+            .listen(ChannelAddr::Tcp(SocketAddr::new(addr.ip(), 0)))
+            .secret(runtime_key.bytes().to_vec())
+            .epoch_table(peers.clone());
+        if config.fence.epoch > 0 {
+            desk = desk.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
+                rank: config.host_rank,
+                epoch: config.fence.epoch,
+            });
+        }
+        let desk = desk.build().await.map_err(|e| {
+            HostError::Runtime(format!(
+                "cannot serve the proc desk on {}: {e}",
+                addr.ip()
+            ))
+        })?;
+        let desk_addr = match desk.id().addr() {
+            ChannelAddr::Tcp(a) => *a,
+            other => {
+                return Err(HostError::Runtime(format!(
+                    "the proc desk listens on {other}, not TCP"
+                )));
+            }
+        };
         let identity = AgentIdentity {
             world: config.world.clone(),
             host_rank: config.host_rank,
             addr,
-            secret_file: config.secret_file.clone(),
+            desk: desk_addr,
+            runtime_key,
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
+        desk.spawn(HOST_AGENT_ACTOR, super::desk::ProcDesk::new(manager.clone()))
+            .await
+            .map_err(|e| HostError::Runtime(format!("cannot start the proc desk actor: {e}")))?;
         manager.fence().share_peers(peers);
         manager.fence().configure(config.fence);
         let shutdown = Arc::new(Notify::new());
@@ -145,6 +182,7 @@ impl Agent {
             world = %config.world,
             host_rank = config.host_rank,
             listen = %addr,
+            desk = %desk_addr,
             health = %health_addr,
             "hostmesh agent started"
         );
@@ -152,6 +190,7 @@ impl Agent {
             config,
             manager,
             proc,
+            desk,
             addr,
             readiness,
             health_addr,
@@ -178,6 +217,12 @@ impl Agent {
     /// The agent's proc.
     pub fn proc(&self) -> &Proc {
         &self.proc
+    }
+
+    /// The agent's proc desk (`desk.rs`): where runtime-aware procs
+    /// check in, keyed with the World's runtime key.
+    pub fn desk(&self) -> &Proc {
+        &self.desk
     }
 
     /// The bound health endpoint.
@@ -229,6 +274,7 @@ impl Agent {
         // agent` process, which reaps its procs' orphans).
         super::descendants::kill_all();
         self.manager.close_output().await;
+        self.desk.shutdown();
         self.proc.shutdown();
         tracing::info!("hostmesh agent stopped");
         Ok(())
@@ -257,7 +303,12 @@ const MAX_BLOCKING_THREADS: usize = 16;
 /// `hostmesh agent` as a process: logs to stderr (`RUST_LOG`, else
 /// `info`; stdout carries the procs' output), then runs the agent on a
 /// runtime of `--worker-threads` workers until it is told to stop.
-pub fn run_blocking(args: AgentArgs) -> Result<(), HostError> {
+pub fn run_blocking(mut args: AgentArgs) -> Result<(), HostError> {
+    // Keys invariants 2 and 3: before any thread starts, the secret leaves
+    // the environment, and the process stops being dumpable.
+    args.secret = super::keys::take_env_secret()?;
+    super::keys::become_undumpable()
+        .map_err(|e| HostError::io("cannot make the agent non-dumpable", e))?;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

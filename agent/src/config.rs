@@ -42,6 +42,10 @@ pub struct AgentArgs {
         default_value = contract::SECRET_FILE
     )]
     pub secret_file: PathBuf,
+    /// The World secret taken from `HOSTMESH_SECRET` (`keys.rs`): wins
+    /// over `secret_file`. Never a flag, so it is never on a command line.
+    #[arg(skip)]
+    pub secret: Option<super::agent::Secret>,
     /// Optional supervisor address the agent dials itself.
     #[arg(long, env = contract::env::SUPERVISOR)]
     pub supervisor: Option<String>,
@@ -107,8 +111,11 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// Health listen address.
     pub health: SocketAddr,
-    /// Secret file path.
+    /// Secret file path (read when `secret` is `None`).
     pub secret_file: PathBuf,
+    /// The World secret itself, when the agent was given it
+    /// (`HOSTMESH_SECRET`).
+    pub secret: Option<super::agent::Secret>,
     /// Supervisor to dial, if any.
     pub supervisor: Option<String>,
     /// Heartbeat interval.
@@ -136,6 +143,7 @@ impl AgentConfig {
             listen: loopback,
             health: loopback,
             secret_file,
+            secret: None,
             supervisor: None,
             heartbeat_interval: Duration::from_secs(1),
             limits: Limits::default(),
@@ -305,6 +313,7 @@ impl AgentArgs {
             listen,
             health,
             secret_file: self.secret_file.clone(),
+            secret: self.secret.clone(),
             supervisor,
             heartbeat_interval,
             limits,

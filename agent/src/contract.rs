@@ -1,6 +1,6 @@
 //! The contract between the operator's host-pod builder and the agent it
 //! injects: the environment variables the pod sets and the agent reads, its
-//! ports, the secret's mount, and where the agent binary is installed. Both
+//! ports, the secret's variable, and where the agent binary is installed. Both
 //! sides use these constants, so the contract is typed once
 //! (docs/architecture.md, "Host pods").
 
@@ -21,8 +21,13 @@ pub mod env {
     pub const HEALTH_PORT: &str = "HOSTMESH_HEALTH_PORT";
     /// A full `ip:port` that overrides pod IP and port.
     pub const LISTEN: &str = "HOSTMESH_LISTEN";
-    /// The file holding the World's shared secret.
+    /// The file holding the World's shared secret (agents run by hand and
+    /// tests; host pods set [`SECRET`] instead).
     pub const SECRET_FILE: &str = "HOSTMESH_SECRET_FILE";
+    /// The World's shared secret itself, from the World's Secret through
+    /// `secretKeyRef`: the agent takes it out of its environment at start,
+    /// so its procs never inherit it (`keys.rs`). Wins over the file.
+    pub const SECRET: &str = "HOSTMESH_SECRET";
     /// An address the agent dials to push to a supervisor.
     pub const SUPERVISOR: &str = "HOSTMESH_SUPERVISOR";
     /// The interval of heartbeats to subscribers.
@@ -83,6 +88,7 @@ mod tests {
             env::WORLD,
             env::PORT,
             env::SECRET_FILE,
+            env::SECRET,
             env::EPOCH,
             env::FENCE_TIMEOUT,
         ] {

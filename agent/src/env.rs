@@ -5,7 +5,6 @@
 
 use hostmesh_mesh::Rank;
 use std::net::SocketAddr;
-use std::path::Path;
 
 use super::error::HostError;
 use super::protocol::{CreateOrUpdate, ProcSpec};
@@ -17,11 +16,18 @@ pub struct AgentIdentity {
     pub world: String,
     /// This host's rank.
     pub host_rank: Rank,
-    /// The agent's runtime address.
+    /// The agent's runtime address (the operator's side).
     pub addr: SocketAddr,
-    /// Path of the shared secret file (procs read it to join the runtime).
-    pub secret_file: std::path::PathBuf,
+    /// The agent's proc desk: where runtime-aware procs check in.
+    pub desk: SocketAddr,
+    /// The World's runtime key, given to runtime-aware procs only
+    /// (`keys.rs`).
+    pub runtime_key: super::agent::Secret,
 }
+
+/// A runtime-aware proc's credential: the World's runtime key in hex
+/// (`keys.rs`). Plain procs do not get it.
+pub const RUNTIME_KEY_VAR: &str = "HOSTMESH_RUNTIME_KEY";
 
 /// Default `MASTER_PORT`.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -182,12 +188,14 @@ pub(crate) fn proc_env(
         ("HOSTMESH_PROC_MESH".to_owned(), spec.proc_mesh.clone()),
         (PROC_NAME_VAR.to_owned(), req.name.clone()),
         ("HOSTMESH_EXTENT".to_owned(), extent),
-        ("HOSTMESH_AGENT_ADDR".to_owned(), agent.addr.to_string()),
-        (
-            "HOSTMESH_SECRET_FILE".to_owned(),
-            display(&agent.secret_file),
-        ),
+        ("HOSTMESH_AGENT_ADDR".to_owned(), agent.desk.to_string()),
     ];
+    if spec.runtime_aware {
+        env.push((
+            RUNTIME_KEY_VAR.to_owned(),
+            super::keys::to_hex(agent.runtime_key.bytes()),
+        ));
+    }
     for (d, c) in spec.extent.iter().zip(coordinates(spec, req.rank)) {
         let suffix = env_suffix(&d.name);
         env.push((format!("HOSTMESH_COORD_{suffix}"), c.to_string()));
@@ -206,10 +214,6 @@ pub(crate) fn proc_env(
     }
     env.extend(spec.env.iter().cloned());
     Ok(env)
-}
-
-fn display(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
 }
 
 /// `ip` of `ip:port`, or the text itself when it has no port.
@@ -264,7 +268,8 @@ mod tests {
             world: "trainer".into(),
             host_rank,
             addr: "127.0.0.9:26602".parse().unwrap(),
-            secret_file: "/s/token".into(),
+            desk: "127.0.0.9:40000".parse().unwrap(),
+            runtime_key: crate::keys::runtime_key(b"0123456789abcdef"),
         }
     }
 
@@ -296,10 +301,24 @@ mod tests {
             assert_eq!(env[&format!("MONARCH_RANK_{dim}")], rank.to_string());
             assert_eq!(env[&format!("MONARCH_SIZE_{dim}")], size.to_string());
         }
-        assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:26602");
-        assert_eq!(env["HOSTMESH_SECRET_FILE"], "/s/token");
+        assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:40000");
+        // A plain proc gets no key; a runtime-aware one the runtime key.
+        assert!(!env.keys().any(|k| k.contains("SECRET") || k.contains("KEY")));
         assert_eq!(env["HOSTMESH_PROC_NAME"], "train-43");
         assert_eq!(env["FOO"], "bar");
+    }
+
+    #[test]
+    fn only_a_runtime_aware_proc_gets_the_runtime_key() {
+        let mut r = req(5 * 8 + 3);
+        r.spec.runtime_aware = true;
+        let a = agent(5);
+        let env: std::collections::HashMap<_, _> = proc_env(&a, &["127.0.0.2:1".into()], &r)
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(env[RUNTIME_KEY_VAR], crate::keys::to_hex(a.runtime_key.bytes()));
+        assert!(!env.keys().any(|k| k.contains("SECRET")), "{env:?}");
     }
 
     #[test]

@@ -38,11 +38,13 @@ mod clone;
 mod config;
 pub mod contract;
 mod descendants;
+mod desk;
 mod env;
 mod error;
 mod fence;
 mod health;
 pub mod install;
+pub mod keys;
 mod lifecycle;
 mod listen;
 mod logs;
@@ -68,7 +70,8 @@ pub use config::{
     AgentArgs, AgentConfig, DEFAULT_WORKER_THREADS, Limits, parse_duration, read_secret, secret_key,
 };
 pub use descendants::become_subreaper;
-pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, coordinates};
+pub use desk::{ProcDesk, desk_ref};
+pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, RUNTIME_KEY_VAR, coordinates};
 pub use error::HostError;
 pub use fence::{
     EpochVerdict, Fence, FencePolicy, RANK_EPOCH_ENV, RANK_EPOCHS_ENV, judge, proc_epochs,

@@ -26,10 +26,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::client::agent_ref;
+use super::desk::{ProcDesk, desk_ref};
+use super::env::RUNTIME_KEY_VAR;
 use super::error::HostError;
 use super::protocol::{ActorFailed, CheckIn};
-use super::server::HostAgent;
 use hostmesh_runtime::{
     Actor, ActorError, ActorId, ActorRef, ActorStatus, ChannelAddr, Context, Handler, Handlers,
     PortRef, Proc, ProcBuilder, SupervisionEvent,
@@ -101,7 +101,7 @@ pub struct MeshAgent {
     events: Option<PortRef<SupervisionEvent>>,
     /// The host agent and this proc's name there: failed actors are
     /// reported to it (invariant 4).
-    host: Option<(ActorRef<HostAgent>, String)>,
+    host: Option<(ActorRef<ProcDesk>, String)>,
 }
 
 impl MeshAgent {
@@ -284,8 +284,8 @@ pub struct JoinedProc {
     pub proc: Proc,
     /// Its `mesh` actor.
     pub mesh: ActorRef<MeshAgent>,
-    /// Its host agent.
-    pub agent: ActorRef<HostAgent>,
+    /// Its host agent's proc desk (where it checked in).
+    pub agent: ActorRef<ProcDesk>,
     /// Its proc name (`HOSTMESH_PROC_NAME`).
     pub name: String,
 }
@@ -316,8 +316,9 @@ fn env(name: &'static str) -> Result<String, HostError> {
 }
 
 /// Joins the host this proc was started on, from the proc environment
-/// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_SECRET_FILE`,
-/// and `HOSTMESH_RANK_EPOCH(S)` when the host has an epoch):
+/// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`: the agent's proc desk,
+/// `HOSTMESH_RUNTIME_KEY`: the World's runtime key, and
+/// `HOSTMESH_RANK_EPOCH(S)` when the host has an epoch):
 /// builds the proc with `configure` (register actor types there), listening
 /// on the agent's IP, starts the `mesh` actor and checks in (invariant 1).
 pub async fn join_host(
@@ -330,7 +331,7 @@ pub async fn join_host(
             format!("not an ip:port address ({e})"),
         )
     })?;
-    let secret = super::config::read_secret(std::path::Path::new(&env("HOSTMESH_SECRET_FILE")?))?;
+    let secret = super::keys::from_hex(RUNTIME_KEY_VAR, &env(RUNTIME_KEY_VAR)?)?;
     let listen = SocketAddr::new(agent_addr.ip(), 0);
     let mut builder = Proc::builder(name.clone())
         .listen(ChannelAddr::Tcp(listen))
@@ -348,7 +349,7 @@ pub async fn join_host(
         .build()
         .await
         .map_err(|e| HostError::Runtime(format!("cannot start the proc: {e}")))?;
-    let agent = agent_ref(agent_addr).map_err(|e| HostError::Runtime(e.to_string()))?;
+    let agent = desk_ref(agent_addr).map_err(|e| HostError::Runtime(e.to_string()))?;
     let mesh = proc
         .spawn(
             MESH_ACTOR,

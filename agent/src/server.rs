@@ -5,7 +5,9 @@
 //! Invariants:
 //! 1. Only peers that passed the runtime handshake (HMAC with the World
 //!    secret) can reach these handlers: the agent's proc is built with the
-//!    secret, and the transport refuses and logs any other peer.
+//!    secret, and the transport refuses and logs any other peer. Procs
+//!    hold only the runtime key, so they cannot: they check in at the
+//!    agent's proc desk (`desk.rs`).
 //! 2. Handlers never wait for a process: stops and shutdowns run as tasks,
 //!    so the agent keeps answering while procs wind down; and no handler
 //!    returns an error (which would stop the actor): refusals are replies.
@@ -22,7 +24,7 @@ use tokio::sync::Notify;
 
 use super::manager::ProcManager;
 use super::protocol::{
-    ActorFailed, AgentPush, CaptureStacks, CheckIn, CreateOrUpdate, CreateOutcome, GetRankStatus,
+    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus,
     GetState, PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook,
     ShutdownHost, Stop, Subscribe,
 };
@@ -70,8 +72,6 @@ impl Actor for HostAgent {
             .handle::<PatchAddressBook>()
             .handle::<Renew>()
             .handle::<Subscribe>()
-            .handle::<CheckIn>()
-            .handle::<ActorFailed>()
             .handle::<CaptureStacks>();
     }
 
@@ -204,31 +204,6 @@ impl Handler<Renew> for HostAgent {
     type Reply = crate::EpochVerdict;
     async fn handle(&mut self, _cx: &Context<Self>, m: Renew) -> Result<Self::Reply, ActorError> {
         Ok(self.manager.fence().contact(m.epoch))
-    }
-}
-
-impl Handler<CheckIn> for HostAgent {
-    type Reply = Result<(), String>;
-    async fn handle(&mut self, _cx: &Context<Self>, m: CheckIn) -> Result<Self::Reply, ActorError> {
-        tracing::info!(proc = %m.name, addr = %m.addr, "runtime-aware proc checked in");
-        Ok(self
-            .manager
-            .check_in(&m.name, m.addr)
-            .map_err(|e| e.to_string()))
-    }
-}
-
-impl Handler<ActorFailed> for HostAgent {
-    type Reply = Result<(), String>;
-    async fn handle(
-        &mut self,
-        _cx: &Context<Self>,
-        m: ActorFailed,
-    ) -> Result<Self::Reply, ActorError> {
-        Ok(self
-            .manager
-            .actor_failed(&m.name, m.actor, &m.reason)
-            .map_err(|e| e.to_string()))
     }
 }
 

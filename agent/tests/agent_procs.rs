@@ -278,7 +278,7 @@ async fn environment_contract_reaches_the_proc() {
     assert!(
         out.contains(
             "[mesh/9] R=9 W=64 L=9 LW=64 G=0 M=127.0.0.1:29500 C=9 X=host=1,proc=64 \
-             N=env P=mesh A=127.0.0.1:26602 U=yes H=unset\n"
+             N=env P=mesh A=127.0.0.1:26603 U=yes H=unset\n"
         ),
         "{out}"
     );

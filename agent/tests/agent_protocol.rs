@@ -18,8 +18,8 @@ use hostmesh_agent::{
     Keepalive, SpawnFor, mesh_ref,
 };
 use hostmesh_echo_proc::{Echo, echo_type_name};
-use hostmesh_runtime::{ActorRef, ActorStatus, ChannelAddr, ProcId};
-use hostmesh_testkit::{PATIENCE, eventually_ok};
+use hostmesh_runtime::{ActorRef, ActorStatus, ChannelAddr, Proc, ProcId};
+use hostmesh_testkit::{PATIENCE, eventually_async, eventually_ok};
 use tokio::sync::mpsc;
 
 /// Entry point of the child agent process (agent_common/child.rs).
@@ -51,6 +51,17 @@ fn config() -> ClientConfig {
         backoff_max: Duration::from_millis(500),
         listen: None,
     }
+}
+
+/// A client proc that holds only the World's runtime key, as a
+/// runtime-aware proc does.
+async fn runtime_client(name: &str) -> Proc {
+    let key = hostmesh_agent::keys::runtime_key(SECRET.as_bytes());
+    Proc::builder(name)
+        .secret(key.bytes().to_vec())
+        .build()
+        .await
+        .unwrap()
 }
 
 async fn client(name: &str, secret: &[u8]) -> (AgentClient, mpsc::Receiver<AgentEvent>) {
@@ -477,6 +488,9 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     };
     let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-2").unwrap();
     let mesh = mesh_ref(&proc_id).unwrap();
+    // The proc admits peers with the runtime key only: the World secret
+    // (the operator's) is not what its runtime takes.
+    let rt = runtime_client("operator-rt").await;
     let timeout = Duration::from_secs(10);
     let spawn = SpawnFor {
         type_name: echo_type_name().into(),
@@ -486,10 +500,10 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
         keepalive_ms: 1500,
         owner: None,
     };
-    let id = mesh.call(c.proc(), &spawn, timeout).await.unwrap().unwrap();
+    let id = mesh.call(&rt, &spawn, timeout).await.unwrap().unwrap();
     let echo: ActorRef<Echo> = ActorRef::attest(id.clone());
     let reply = echo
-        .call(c.proc(), &"hi".to_string(), timeout)
+        .call(&rt, &"hi".to_string(), timeout)
         .await
         .unwrap();
     assert_eq!(reply, "2:hi", "the actor runs in the proc with RANK=2");
@@ -501,7 +515,7 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     // Keepalives keep it running...
     for _ in 0..5 {
         mesh.send(
-            c.proc(),
+            &rt,
             &Keepalive {
                 client: "operator-1".into(),
             },
@@ -510,12 +524,12 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
         .unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let st = mesh.call(c.proc(), &query, timeout).await.unwrap().unwrap();
+    let st = mesh.call(&rt, &query, timeout).await.unwrap().unwrap();
     assert_eq!(st.actor, id);
     assert_eq!(state(st), ActorStatus::Running);
     // ...and without them the actor stops.
     let reason = eventually_ok("the actor to stop", async || {
-        let st = mesh.call(c.proc(), &query, timeout).await.unwrap().unwrap();
+        let st = mesh.call(&rt, &query, timeout).await.unwrap().unwrap();
         match st.status {
             ActorStatus::Stopped(reason) => Ok(reason),
             other => Err(other),
@@ -795,3 +809,98 @@ async fn capture_stacks_uses_py_spy_on_the_procs_path() {
     assert!(stacks.text.len() <= 8192);
     c.stop(addr, "py", Duration::from_secs(5)).await.unwrap();
 }
+
+/// Least privilege (agent `keys.rs`, `desk.rs`): an agent given the World
+/// secret through `HOSTMESH_SECRET` passes it to no proc; a runtime-aware
+/// proc gets the runtime key and a plain one nothing; the runtime key
+/// opens the agent's proc desk (check-in) but not the agent itself, and
+/// another World's runtime key opens neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent() {
+    let agent = ChildAgent::start(
+        &[("HOSTMESH_SECRET_FILE", ""), ("HOSTMESH_SECRET", SECRET)],
+        &[],
+    );
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dump = |name: &str| dir.path().join(format!("{name}.env"));
+    for (name, rank, aware) in [("plain", 0, false), ("aware", 1, true)] {
+        let script = format!(
+            "env > {p}.tmp && mv {p}.tmp {p}; exec sleep 60",
+            p = dump(name).display()
+        );
+        let mut req = sh(name, rank, &script);
+        req.spec.runtime_aware = aware;
+        c.create_or_update(addr, req).await.unwrap();
+    }
+    async fn read(path: std::path::PathBuf) -> (String, std::collections::BTreeMap<String, String>) {
+        let text = eventually_async(&format!("{} written", path.display()), async || {
+            std::fs::read_to_string(&path).ok()
+        })
+        .await;
+        let vars = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        (text, vars)
+    }
+    let key = hostmesh_agent::keys::runtime_key(SECRET.as_bytes());
+    let hex = hostmesh_agent::keys::to_hex(key.bytes());
+    let (plain_text, plain) = read(dump("plain")).await;
+    let (aware_text, aware) = read(dump("aware")).await;
+    for (name, text) in [("plain", &plain_text), ("aware", &aware_text)] {
+        assert!(!text.contains(SECRET), "{name} holds the World secret:\n{text}");
+        assert!(!text.contains("HOSTMESH_SECRET"), "{name}:\n{text}");
+    }
+    assert_eq!(plain["HOSTMESH_PROC_NAME"], "plain", "a real dump");
+    assert!(!plain.contains_key(hostmesh_agent::RUNTIME_KEY_VAR), "{plain_text}");
+    assert_eq!(aware[hostmesh_agent::RUNTIME_KEY_VAR], hex);
+    let desk: SocketAddr = aware["HOSTMESH_AGENT_ADDR"].parse().unwrap();
+    assert_ne!(desk, addr, "procs are sent to the desk, not the agent");
+
+    let timeout = Duration::from_secs(10);
+    let rt = runtime_client("aware-rt").await;
+    // The runtime key cannot command the agent: the handshake refuses it.
+    let refused = hostmesh_agent::agent_ref(addr)
+        .unwrap()
+        .call(
+            &rt,
+            &hostmesh_agent::protocol::GetState {
+                name: "plain".into(),
+            },
+            timeout,
+        )
+        .await;
+    assert!(refused.is_err(), "the agent answered a runtime-key peer");
+    agent.err_line("handshake failed");
+    // It does open the desk: the aware proc's check-in makes it Ready.
+    let check_in = hostmesh_agent::protocol::CheckIn {
+        name: "aware".into(),
+        addr: "127.0.0.1:1".into(),
+    };
+    hostmesh_agent::desk_ref(desk)
+        .unwrap()
+        .call(&rt, &check_in, timeout)
+        .await
+        .unwrap()
+        .unwrap();
+    poll_state(&c, addr, "aware", |s| matches!(s.status, ProcPhase::Ready { .. })).await;
+    // Another World's runtime key opens neither.
+    let other = Proc::builder("other-world")
+        .secret(
+            hostmesh_agent::keys::runtime_key(b"another-world-secret-0123456789")
+                .bytes()
+                .to_vec(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let at_desk = hostmesh_agent::desk_ref(desk)
+        .unwrap()
+        .call(&other, &check_in, timeout)
+        .await;
+    assert!(at_desk.is_err(), "the desk admitted another World's key");
+}
+

@@ -183,3 +183,77 @@ async fn on_failure_restarts_the_rank_in_place_and_counts_it() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Least privilege on a host: a proc of a restricted World (non-root, no
+/// capabilities) that reads its environment, every process's environment
+/// it can open (the agent's included), its mounts and the places the
+/// World secret once lived finds no trace of the World's secret, which
+/// only the operator and the agents hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::Result<()> {
+    let env = Env::start("procmesh-secret").await?;
+    let out = env.shared_dir()?;
+    let restricted = "        securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n      \
+                      securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}\n";
+    env.apply(&world_yaml("w", &[("host", 1)], restricted))
+        .await?;
+    // Each section names what it read; `tr` failing to open a file is
+    // "unreadable".
+    let cmd = format!(
+        "f={dir}/rank-$RANK; {{ echo '== self'; env; \
+         for p in /proc/[0-9]*; do echo \"== $p $(cat $p/comm 2>/dev/null)\"; \
+         if tr '\\0' '\\n' < $p/environ; then echo '-- environ read'; else echo '-- environ unreadable'; fi; done; \
+         echo '== mounts'; cat /proc/self/mounts; \
+         echo '== files'; ls -laR /var/run/hostmesh /hostmesh; }} > $f.tmp 2>&1; \
+         mv $f.tmp $f.dump; exec sleep 300",
+        dir = out.display()
+    );
+    env.apply(&mesh_yaml("pm", "w", 2, &cmd, "")).await?;
+    env.wait_for("ProcMesh", "pm", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let token = secrets
+        .get("w-agent")
+        .await?
+        .data
+        .and_then(|d| d.get("token").cloned())
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned())
+        .expect("the World's agent Secret has a token");
+    anyhow::ensure!(token.len() >= 16, "a real token");
+    for rank in 0..2u32 {
+        let path = out.join(format!("rank-{rank}.dump"));
+        hostmesh_e2e::eventually(&format!("rank {rank} wrote its dump"), || path.exists()).await?;
+        let dump = std::fs::read_to_string(&path)?;
+        assert!(
+            dump.contains(&format!("HOSTMESH_PROC_NAME=")),
+            "a real dump of the proc's environment:\n{dump}"
+        );
+        assert!(
+            !dump.contains(&token),
+            "rank {rank} found the World secret:\n{dump}"
+        );
+        assert!(!dump.contains("HOSTMESH_SECRET"), "rank {rank}:\n{dump}");
+        assert!(
+            !dump.contains("HOSTMESH_RUNTIME_KEY"),
+            "a plain proc gets no runtime key either:\n{dump}"
+        );
+        assert!(!dump.contains("hostmesh/secret"), "no secret mount:\n{dump}");
+        // The agent (`/hostmesh/bin/hostmesh agent`, comm `hostmesh`) is
+        // there and its environment, where the secret came in, is closed
+        // to the proc.
+        let sections: Vec<&str> = dump.split("\n== ").collect();
+        let agents: Vec<&&str> = sections
+            .iter()
+            .filter(|s| s.lines().next().is_some_and(|l| l.ends_with(" hostmesh")))
+            .collect();
+        assert!(!agents.is_empty(), "the proc sees its agent's process:\n{dump}");
+        for a in agents {
+            assert!(
+                a.contains("-- environ unreadable"),
+                "an agent's environment was readable:\n{a}"
+            );
+        }
+    }
+    Ok(())
+}

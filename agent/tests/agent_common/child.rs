@@ -41,11 +41,23 @@ pub fn child_agent_main() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
+    // As `hostmesh agent` does (`run_blocking`): the secret leaves the
+    // environment before any thread starts, and the process is not
+    // dumpable.
+    let secret = match hostmesh_agent::keys::take_env_secret() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    hostmesh_agent::keys::become_undumpable().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let code = rt.block_on(async {
         // As `hostmesh agent` does (`run_agent`).
         hostmesh_agent::become_subreaper().unwrap();
-        let args = ChildCli::parse_from(["agent"]).args;
+        let mut args = ChildCli::parse_from(["agent"]).args;
+        args.secret = secret;
         let config = match args.validate() {
             Ok(c) => c,
             Err(e) => {

@@ -53,7 +53,8 @@ pub fn identity(host_rank: usize) -> AgentIdentity {
         world: "testworld".into(),
         host_rank,
         addr: "127.0.0.1:26602".parse().unwrap(),
-        secret_file: "/dev/null".into(),
+        desk: "127.0.0.1:26603".parse().unwrap(),
+        runtime_key: hostmesh_agent::keys::runtime_key(b"0123456789abcdef"),
     }
 }
 

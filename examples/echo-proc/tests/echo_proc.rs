@@ -7,7 +7,7 @@ use std::time::Duration;
 use hostmesh_agent::protocol::{CreateOrUpdate, Dim, ProcPhase, ProcSpec};
 use hostmesh_agent::{Agent, AgentClient, AgentConfig, ClientConfig, SpawnFor, mesh_ref};
 use hostmesh_echo_proc::{Echo, Fail, echo_type_name};
-use hostmesh_runtime::{ActorRef, ChannelAddr, ProcId};
+use hostmesh_runtime::{ActorRef, ChannelAddr, Proc, ProcId};
 use hostmesh_testkit::eventually_ok;
 
 const SECRET: &[u8] = b"echo-proc-test-secret-0123456789";
@@ -52,11 +52,18 @@ async fn echo_proc_joins_its_host_and_echoes() {
     .await;
 
     let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-1").unwrap();
+    // The proc's runtime admits the World's runtime key (what its agent
+    // gave it), not the World secret the agent client holds.
+    let rt = Proc::builder("test-rt")
+        .secret(hostmesh_agent::keys::runtime_key(SECRET).bytes().to_vec())
+        .build()
+        .await
+        .unwrap();
     let timeout = Duration::from_secs(10);
     let id = mesh_ref(&proc_id)
         .unwrap()
         .call(
-            client.proc(),
+            &rt,
             &SpawnFor {
                 type_name: echo_type_name().into(),
                 name: "echo".into(),
@@ -72,14 +79,14 @@ async fn echo_proc_joins_its_host_and_echoes() {
         .unwrap();
     let echo: ActorRef<Echo> = ActorRef::attest(id);
     let reply = echo
-        .call(client.proc(), &"ping".to_string(), timeout)
+        .call(&rt, &"ping".to_string(), timeout)
         .await
         .unwrap();
     assert_eq!(reply, "1:ping");
 
     // A failing actor reaches the agent's state of its proc (and from
     // there every subscriber), with its name and reason; the proc runs on.
-    echo.send(client.proc(), &Fail("out of widgets".to_string()))
+    echo.send(&rt, &Fail("out of widgets".to_string()))
         .await
         .unwrap();
     let st = eventually_ok("the actor failure in the proc's state", async || {

@@ -11,7 +11,7 @@
 //!    when set) and nothing it
 //!    does not, so admission-webhook mutations never look like drift.
 
-use hostmesh_agent::contract::{self, BIN_DIR, BIN_PATH, HEALTH_PORT, SECRET_DIR, SECRET_FILE};
+use hostmesh_agent::contract::{self, BIN_DIR, BIN_PATH, HEALTH_PORT};
 use hostmesh_crds::Rank;
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec,
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -41,7 +41,7 @@ pub const LABEL_RANK: &str = "hostmesh.dev/rank";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Annotation: hash of the desired pod template.
 pub const ANNOTATION_TEMPLATE_HASH: &str = "hostmesh.dev/template-hash";
-/// Annotation on host pods: a short hash of the agent token they mount, so
+/// Annotation on host pods: a short hash of the agent token they hold, so
 /// pods holding a replaced token are found and replaced.
 pub const ANNOTATION_SECRET_HASH: &str = "hostmesh.dev/secret-hash";
 
@@ -60,7 +60,6 @@ const BIN_VOLUME: &str = "hostmesh-bin";
 /// A failed container's termination message is the tail of its log, so the
 /// agent's and the installer's own errors reach status.
 const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
-const SECRET_VOLUME: &str = "hostmesh-secret";
 
 /// Name of host pod `rank` of World `world`.
 pub fn pod_name(world: &str, rank: Rank) -> String {
@@ -125,13 +124,6 @@ pub fn secret(world: &World, random: [u8; 32]) -> Result<Secret, OperatorError> 
         ..Default::default()
     })
 }
-
-/// Mode of the agent Secret's file: read-only, and readable by whatever
-/// uid the template runs the agent as. The kubelet writes the file as root
-/// (root:root); a group-only mode (0440) would lock out a non-root agent
-/// unless the template also set `fsGroup`, which the operator does not
-/// impose on the user's pod. Only the host container mounts the volume.
-const SECRET_MODE: i32 = 0o444;
 
 /// The injected install container meets the `restricted` Pod Security
 /// Standard on its own (non-root, no privilege escalation, no capabilities,
@@ -370,21 +362,7 @@ pub fn pod(
 
     let has_agent = world.spec.agent.image_has_agent;
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    volumes.push(Volume {
-        name: SECRET_VOLUME.to_string(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret_name(&world_name)),
-            default_mode: Some(SECRET_MODE),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    let mut mounts = vec![VolumeMount {
-        name: SECRET_VOLUME.to_string(),
-        mount_path: SECRET_DIR.to_string(),
-        read_only: Some(true),
-        ..Default::default()
-    }];
+    let mut mounts = Vec::new();
     let agent_cmd = if has_agent {
         "hostmesh".to_string()
     } else {
@@ -456,7 +434,22 @@ pub fn pod(
         },
         env(contract::env::PORT, port.to_string()),
         env(contract::env::HEALTH_PORT, HEALTH_PORT.to_string()),
-        env(contract::env::SECRET_FILE, SECRET_FILE),
+        // The World secret as a variable, not a mounted file: the agent
+        // takes it out of its environment and is not dumpable, so its
+        // procs (same container, same user) cannot read it, which they
+        // could a file (agent `keys.rs`).
+        EnvVar {
+            name: contract::env::SECRET.to_string(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret_name(&world_name),
+                    key: contract::SECRET_KEY.to_string(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        },
     ]);
     let ports = host.ports.get_or_insert_with(Vec::new);
     ports.retain(|p| {
@@ -736,10 +729,13 @@ spec:
         assert_eq!(env["HOSTMESH_WORLD"].value.as_deref(), Some("trainer"));
         assert_eq!(env["HOSTMESH_HOST_RANK"].value.as_deref(), Some("0"));
         assert_eq!(env["HOSTMESH_PORT"].value.as_deref(), Some("26602"));
-        assert_eq!(
-            env["HOSTMESH_SECRET_FILE"].value.as_deref(),
-            Some(SECRET_FILE)
-        );
+        // The secret comes as a variable from the World's Secret, never a
+        // file the procs could read.
+        let secret = env["HOSTMESH_SECRET"].value_from.as_ref().unwrap();
+        let key = secret.secret_key_ref.as_ref().unwrap();
+        assert_eq!((key.name.as_str(), key.key.as_str()), ("trainer-agent", "token"));
+        assert_eq!(env["HOSTMESH_SECRET"].value, None);
+        assert!(!env.contains_key("HOSTMESH_SECRET_FILE"));
         let ip = env["HOSTMESH_POD_IP"].value_from.as_ref().unwrap();
         assert_eq!(ip.field_ref.as_ref().unwrap().field_path, "status.podIP");
         let probe = host
@@ -760,27 +756,11 @@ spec:
             .iter()
             .map(|m| m.mount_path.as_str())
             .collect();
-        assert_eq!(mounts, [SECRET_DIR, BIN_DIR]);
-        // A non-root agent (no fsGroup) can read the root-written token.
-        let secret_vol = spec
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|v| v.name == SECRET_VOLUME)
-            .and_then(|v| v.secret.as_ref())
-            .unwrap();
-        assert_eq!(secret_vol.default_mode, Some(0o444));
-        let secret_vol = spec
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|v| v.name == SECRET_VOLUME)
-            .unwrap();
-        assert_eq!(
-            secret_vol.secret.as_ref().unwrap().secret_name.as_deref(),
-            Some("trainer-agent")
+        assert_eq!(mounts, [BIN_DIR]);
+        assert!(
+            !spec.volumes.iter().flatten().any(|v| v.secret.is_some()),
+            "no Secret volume: {:?}",
+            spec.volumes
         );
     }
 

@@ -1,0 +1,128 @@
+//! Who holds which key on a host: the World secret stays with the agent
+//! (and the operator); runtime-aware procs get only the World's runtime
+//! key, derived from it one way; plain procs get nothing.
+//!
+//! Invariants:
+//! 1. The runtime key is HKDF-SHA256 of the World secret under a fixed
+//!    label: every agent of a World derives the same one, and nothing that
+//!    holds only the runtime key can compute the World secret.
+//! 2. The agent takes the World secret out of its environment
+//!    ([`SECRET_ENV`]) before any thread starts, so no child inherits it.
+//! 3. The agent process is not dumpable: without `CAP_SYS_PTRACE` (which
+//!    container runtimes do not grant by default, and restricted pods
+//!    drop), a proc of the same user cannot read the agent's
+//!    `/proc/<pid>/environ` or memory, where the original environment
+//!    still lies. Procs are exec'd, which makes them dumpable again.
+//! 4. Neither key is ever printed: [`Secret`]'s `Debug` hides it.
+
+use ring::hkdf;
+
+use super::agent::Secret;
+use super::config::secret_key;
+use super::contract::env::SECRET as SECRET_ENV;
+use super::error::HostError;
+
+/// The HKDF label of the runtime key (invariant 1).
+const RUNTIME_LABEL: &[u8] = b"hostmesh runtime key v1";
+
+/// Fewest bytes a World secret has.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// The World's runtime key: what runtime-aware procs (and clients of
+/// their actors) authenticate with to each other and to the agent's
+/// proc desk. It cannot dial the agent itself.
+pub fn runtime_key(world_secret: &[u8]) -> Secret {
+    struct Len;
+    impl hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, RUNTIME_LABEL).extract(world_secret);
+    let mut out = vec![0u8; 32];
+    // `expand` fails only for lengths above 255 * 32 bytes.
+    if let Ok(okm) = prk.expand(&[RUNTIME_LABEL], Len) {
+        let _ = okm.fill(&mut out);
+    }
+    Secret::new(out)
+}
+
+/// A key as a proc's environment carries it: lowercase hex.
+pub fn to_hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of a hex key from `var`, with an error naming the variable.
+pub fn from_hex(var: &'static str, text: &str) -> Result<Vec<u8>, HostError> {
+    let text = text.trim();
+    let bad = |why: &str| HostError::config(var, format!("{why}: set by the hostmesh agent"));
+    if !text.len().is_multiple_of(2) || text.len() < 2 * MIN_SECRET_LEN {
+        return Err(bad("not a key of at least 16 bytes in hex"));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| bad("not hex")))
+        .collect()
+}
+
+/// Takes the World secret out of [`SECRET_ENV`] (invariant 2): `None`
+/// when it is not set. Call before any other thread runs.
+pub fn take_env_secret() -> Result<Option<Secret>, HostError> {
+    let Some(value) = std::env::var_os(SECRET_ENV) else {
+        return Ok(None);
+    };
+    // SAFETY: the agent's entry point calls this before it starts its
+    // runtime or any other thread, so nothing reads the environment
+    // concurrently.
+    unsafe { std::env::remove_var(SECRET_ENV) };
+    let key = secret_key(value.as_encoded_bytes());
+    if key.len() < MIN_SECRET_LEN {
+        return Err(HostError::config(
+            SECRET_ENV,
+            format!(
+                "holds {} bytes; a secret needs at least {MIN_SECRET_LEN} (the operator writes 64 random hex digits into the World's `<world>-agent` Secret)",
+                key.len()
+            ),
+        ));
+    }
+    Ok(Some(Secret::new(key.to_vec())))
+}
+
+/// Makes this process non-dumpable (invariant 3).
+pub fn become_undumpable() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_key_is_fixed_per_secret_and_differs_from_it() {
+        let a = runtime_key(b"0123456789abcdef0123456789abcdef");
+        let b = runtime_key(b"0123456789abcdef0123456789abcdef");
+        let c = runtime_key(b"0123456789abcdef0123456789abcdeX");
+        assert_eq!(a.bytes(), b.bytes());
+        assert_ne!(a.bytes(), c.bytes());
+        assert_eq!(a.bytes().len(), 32);
+        assert_ne!(a.bytes(), b"0123456789abcdef0123456789abcdef");
+        assert_eq!(format!("{a:?}"), "Secret(..)");
+    }
+
+    #[test]
+    fn hex_round_trips_and_names_the_variable_when_bad() {
+        let k = runtime_key(b"0123456789abcdef");
+        let text = to_hex(k.bytes());
+        assert_eq!(text.len(), 64);
+        assert_eq!(from_hex("V", &text).unwrap(), k.bytes());
+        for bad in ["", "abc", "zz".repeat(16).as_str(), "ab".repeat(15).as_str()] {
+            let e = from_hex("HOSTMESH_RUNTIME_KEY", bad).unwrap_err().to_string();
+            assert!(e.contains("HOSTMESH_RUNTIME_KEY"), "{e}");
+        }
+    }
+}
