@@ -122,10 +122,7 @@ impl Agent {
             });
         }
         let desk = desk.build().await.map_err(|e| {
-            HostError::Runtime(format!(
-                "cannot serve the proc desk on {}: {e}",
-                addr.ip()
-            ))
+            HostError::Runtime(format!("cannot serve the proc desk on {}: {e}", addr.ip()))
         })?;
         let desk_addr = match desk.id().addr() {
             ChannelAddr::Tcp(a) => *a,
@@ -143,9 +140,12 @@ impl Agent {
             runtime_key,
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
-        desk.spawn(HOST_AGENT_ACTOR, super::desk::ProcDesk::new(manager.clone()))
-            .await
-            .map_err(|e| HostError::Runtime(format!("cannot start the proc desk actor: {e}")))?;
+        desk.spawn(
+            HOST_AGENT_ACTOR,
+            super::desk::ProcDesk::new(manager.clone()),
+        )
+        .await
+        .map_err(|e| HostError::Runtime(format!("cannot start the proc desk actor: {e}")))?;
         manager.fence().share_peers(peers);
         manager.fence().configure(config.fence);
         let shutdown = Arc::new(Notify::new());

@@ -14,7 +14,9 @@
 //! 3. No handler returns an error (which would stop the actor): refusals
 //!    are replies, as on the agent's proc.
 
-use hostmesh_runtime::{Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, ProcId};
+use hostmesh_runtime::{
+    Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, ProcId,
+};
 
 use super::manager::ProcManager;
 use super::protocol::{ActorFailed, CheckIn};
@@ -75,7 +77,9 @@ impl Handler<ActorFailed> for ProcDesk {
 
 /// The desk of the agent whose desk listens at `addr` (what
 /// `HOSTMESH_AGENT_ADDR` holds in a proc's environment).
-pub fn desk_ref(addr: std::net::SocketAddr) -> Result<ActorRef<ProcDesk>, hostmesh_runtime::id::IdError> {
+pub fn desk_ref(
+    addr: std::net::SocketAddr,
+) -> Result<ActorRef<ProcDesk>, hostmesh_runtime::id::IdError> {
     let proc = ProcId::new(ChannelAddr::Tcp(addr), AGENT_PROC_NAME)?;
     Ok(ActorRef::attest(proc.actor(HOST_AGENT_ACTOR, 0)?))
 }

@@ -303,7 +303,10 @@ mod tests {
         }
         assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:40000");
         // A plain proc gets no key; a runtime-aware one the runtime key.
-        assert!(!env.keys().any(|k| k.contains("SECRET") || k.contains("KEY")));
+        assert!(
+            !env.keys()
+                .any(|k| k.contains("SECRET") || k.contains("KEY"))
+        );
         assert_eq!(env["HOSTMESH_PROC_NAME"], "train-43");
         assert_eq!(env["FOO"], "bar");
     }
@@ -317,7 +320,10 @@ mod tests {
             .unwrap()
             .into_iter()
             .collect();
-        assert_eq!(env[RUNTIME_KEY_VAR], crate::keys::to_hex(a.runtime_key.bytes()));
+        assert_eq!(
+            env[RUNTIME_KEY_VAR],
+            crate::keys::to_hex(a.runtime_key.bytes())
+        );
         assert!(!env.keys().any(|k| k.contains("SECRET")), "{env:?}");
     }
 

@@ -120,8 +120,15 @@ mod tests {
         let text = to_hex(k.bytes());
         assert_eq!(text.len(), 64);
         assert_eq!(from_hex("V", &text).unwrap(), k.bytes());
-        for bad in ["", "abc", "zz".repeat(16).as_str(), "ab".repeat(15).as_str()] {
-            let e = from_hex("HOSTMESH_RUNTIME_KEY", bad).unwrap_err().to_string();
+        for bad in [
+            "",
+            "abc",
+            "zz".repeat(16).as_str(),
+            "ab".repeat(15).as_str(),
+        ] {
+            let e = from_hex("HOSTMESH_RUNTIME_KEY", bad)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("HOSTMESH_RUNTIME_KEY"), "{e}");
         }
     }

@@ -71,7 +71,9 @@ pub use config::{
 };
 pub use descendants::become_subreaper;
 pub use desk::{ProcDesk, desk_ref};
-pub use env::{AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, RUNTIME_KEY_VAR, coordinates};
+pub use env::{
+    AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, RUNTIME_KEY_VAR, coordinates,
+};
 pub use error::HostError;
 pub use fence::{
     EpochVerdict, Fence, FencePolicy, RANK_EPOCH_ENV, RANK_EPOCHS_ENV, judge, proc_epochs,

@@ -24,9 +24,9 @@ use tokio::sync::Notify;
 
 use super::manager::ProcManager;
 use super::protocol::{
-    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus,
-    GetState, PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook,
-    ShutdownHost, Stop, Subscribe,
+    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
+    PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook, ShutdownHost,
+    Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{

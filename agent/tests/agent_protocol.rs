@@ -502,10 +502,7 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     };
     let id = mesh.call(&rt, &spawn, timeout).await.unwrap().unwrap();
     let echo: ActorRef<Echo> = ActorRef::attest(id.clone());
-    let reply = echo
-        .call(&rt, &"hi".to_string(), timeout)
-        .await
-        .unwrap();
+    let reply = echo.call(&rt, &"hi".to_string(), timeout).await.unwrap();
     assert_eq!(reply, "2:hi", "the actor runs in the proc with RANK=2");
 
     let state = |m: ActorState| m.status;
@@ -834,7 +831,9 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
         req.spec.runtime_aware = aware;
         c.create_or_update(addr, req).await.unwrap();
     }
-    async fn read(path: std::path::PathBuf) -> (String, std::collections::BTreeMap<String, String>) {
+    async fn read(
+        path: std::path::PathBuf,
+    ) -> (String, std::collections::BTreeMap<String, String>) {
         let text = eventually_async(&format!("{} written", path.display()), async || {
             std::fs::read_to_string(&path).ok()
         })
@@ -851,11 +850,17 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
     let (plain_text, plain) = read(dump("plain")).await;
     let (aware_text, aware) = read(dump("aware")).await;
     for (name, text) in [("plain", &plain_text), ("aware", &aware_text)] {
-        assert!(!text.contains(SECRET), "{name} holds the World secret:\n{text}");
+        assert!(
+            !text.contains(SECRET),
+            "{name} holds the World secret:\n{text}"
+        );
         assert!(!text.contains("HOSTMESH_SECRET"), "{name}:\n{text}");
     }
     assert_eq!(plain["HOSTMESH_PROC_NAME"], "plain", "a real dump");
-    assert!(!plain.contains_key(hostmesh_agent::RUNTIME_KEY_VAR), "{plain_text}");
+    assert!(
+        !plain.contains_key(hostmesh_agent::RUNTIME_KEY_VAR),
+        "{plain_text}"
+    );
     assert_eq!(aware[hostmesh_agent::RUNTIME_KEY_VAR], hex);
     let desk: SocketAddr = aware["HOSTMESH_AGENT_ADDR"].parse().unwrap();
     assert_ne!(desk, addr, "procs are sent to the desk, not the agent");
@@ -886,7 +891,10 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
         .await
         .unwrap()
         .unwrap();
-    poll_state(&c, addr, "aware", |s| matches!(s.status, ProcPhase::Ready { .. })).await;
+    poll_state(&c, addr, "aware", |s| {
+        matches!(s.status, ProcPhase::Ready { .. })
+    })
+    .await;
     // Another World's runtime key opens neither.
     let other = Proc::builder("other-world")
         .secret(
@@ -903,4 +911,3 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
         .await;
     assert!(at_desk.is_err(), "the desk admitted another World's key");
 }
-

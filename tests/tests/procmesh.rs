@@ -200,7 +200,7 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
     // Each section names what it read; `tr` failing to open a file is
     // "unreadable".
     let cmd = format!(
-        "f={dir}/rank-$RANK; {{ echo '== self'; env; \
+        "f={dir}/rank-$RANK; {{ echo '== self'; id; env; \
          for p in /proc/[0-9]*; do echo \"== $p $(cat $p/comm 2>/dev/null)\"; \
          if tr '\\0' '\\n' < $p/environ; then echo '-- environ read'; else echo '-- environ unreadable'; fi; done; \
          echo '== mounts'; cat /proc/self/mounts; \
@@ -226,7 +226,7 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
         hostmesh_e2e::eventually(&format!("rank {rank} wrote its dump"), || path.exists()).await?;
         let dump = std::fs::read_to_string(&path)?;
         assert!(
-            dump.contains(&format!("HOSTMESH_PROC_NAME=")),
+            dump.contains("HOSTMESH_PROC_NAME="),
             "a real dump of the proc's environment:\n{dump}"
         );
         assert!(
@@ -238,7 +238,16 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
             !dump.contains("HOSTMESH_RUNTIME_KEY"),
             "a plain proc gets no runtime key either:\n{dump}"
         );
-        assert!(!dump.contains("hostmesh/secret"), "no secret mount:\n{dump}");
+        let mounts = dump
+            .split("\n== mounts\n")
+            .nth(1)
+            .and_then(|m| m.split("\n== files").next())
+            .unwrap_or_default();
+        assert!(!mounts.is_empty(), "a real dump of the mounts:\n{dump}");
+        assert!(
+            !mounts.contains("hostmesh/secret"),
+            "no Secret is mounted into the host container:\n{mounts}"
+        );
         // The agent (`/hostmesh/bin/hostmesh agent`, comm `hostmesh`) is
         // there and its environment, where the secret came in, is closed
         // to the proc.
@@ -247,7 +256,10 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
             .iter()
             .filter(|s| s.lines().next().is_some_and(|l| l.ends_with(" hostmesh")))
             .collect();
-        assert!(!agents.is_empty(), "the proc sees its agent's process:\n{dump}");
+        assert!(
+            !agents.is_empty(),
+            "the proc sees its agent's process:\n{dump}"
+        );
         for a in agents {
             assert!(
                 a.contains("-- environ unreadable"),

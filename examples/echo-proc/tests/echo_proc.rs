@@ -78,10 +78,7 @@ async fn echo_proc_joins_its_host_and_echoes() {
         .unwrap()
         .unwrap();
     let echo: ActorRef<Echo> = ActorRef::attest(id);
-    let reply = echo
-        .call(&rt, &"ping".to_string(), timeout)
-        .await
-        .unwrap();
+    let reply = echo.call(&rt, &"ping".to_string(), timeout).await.unwrap();
     assert_eq!(reply, "1:ping");
 
     // A failing actor reaches the agent's state of its proc (and from

@@ -733,7 +733,10 @@ spec:
         // file the procs could read.
         let secret = env["HOSTMESH_SECRET"].value_from.as_ref().unwrap();
         let key = secret.secret_key_ref.as_ref().unwrap();
-        assert_eq!((key.name.as_str(), key.key.as_str()), ("trainer-agent", "token"));
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("trainer-agent", "token")
+        );
         assert_eq!(env["HOSTMESH_SECRET"].value, None);
         assert!(!env.contains_key("HOSTMESH_SECRET_FILE"));
         let ip = env["HOSTMESH_POD_IP"].value_from.as_ref().unwrap();
