@@ -303,7 +303,12 @@ impl Env {
     /// Starts the process kubelet: the embedded cluster's node, or a tainted
     /// Node joining a real cluster ([`Placement::ProcessKubelet`]).
     fn start_kubelet(&mut self, bin: &Path) -> anyhow::Result<()> {
-        let log = log_file(self.dir.path(), "kubelet")?;
+        // Appended: a restarted kubelet ([`Env::restart_kubelet`]) keeps
+        // the first one's log.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("kubelet.log"))?;
         let mut kubelet = Command::new(bin);
         kubelet
             .arg("kubelet")
@@ -526,6 +531,20 @@ impl Env {
         self.kubelet
             .as_ref()
             .and_then(|c| i32::try_from(c.id()).ok())
+    }
+
+    /// SIGKILLs the process kubelet this suite started, as a crash does
+    /// (its containers go with it: each has a parent-death signal), and
+    /// starts it again on the same node and data directory: it takes its
+    /// pods back and starts their containers again, on the same pod IPs.
+    pub async fn restart_kubelet(&mut self) -> anyhow::Result<()> {
+        let mut child = self
+            .kubelet
+            .take()
+            .context("no process kubelet of this suite runs")?;
+        child.kill()?;
+        child.wait()?;
+        self.start_kubelet(&hostmesh_bin())
     }
 
     /// The pids of the running operator processes, oldest first.

@@ -2,7 +2,8 @@
 //! pod, `setsid` daemons included; a ProcMesh goes with its World, also
 //! when the World is deleted before the operator reconciled it; an
 //! operator frozen and thawed blames no agent for its own pause; a host
-//! silent for less than `evictionTimeout` costs its ranks nothing.
+//! silent for less than `evictionTimeout` costs its ranks nothing; a
+//! kubelet restart is one counted restart in its own incident.
 
 use std::path::Path;
 use std::time::Duration;
@@ -382,5 +383,88 @@ async fn a_hung_nodes_pod_is_force_deleted_once_its_agent_fenced() -> anyhow::Re
     assert_eq!(pm["restarts"], 1, "{pm:#}");
     env.wait_for("World", "w", "Ready again", |s| condition_true(s, "Ready"))
         .await?;
+    Ok(())
+}
+
+/// Issue 30, item 7: a kubelet restart brings every host's agent back in
+/// the same pod without the procs it ran. The respawn is counted (one
+/// incident, one restart, however many ranks it took), decided in its own
+/// incident, and a later, unrelated proc kill is a second incident with
+/// its own rank as the root, not folded into the first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kubelet_restart_is_one_counted_restart_in_its_own_incident() -> anyhow::Result<()> {
+    let mut env = Env::start("kubelet-restart").await?;
+    if !env.has_process_kubelet() {
+        // A real cluster's own kubelet is not this suite's to restart.
+        return Ok(());
+    }
+    let mesh = "  restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 1s}\n";
+    let before = sleepers(&env, "", mesh).await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let uids = |list: kube::core::ObjectList<Pod>| -> Vec<String> {
+        let mut u: Vec<String> = list
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        u.sort();
+        u
+    };
+    let pod_uids = uids(pods.list(&Default::default()).await?);
+
+    env.restart_kubelet().await?;
+    let pm = env
+        .wait_for("ProcMesh", "pm", "one restart, Ready again", |s| {
+            s["restarts"] == 1 && condition_true(s, "Ready")
+        })
+        .await?;
+    let incidents = pm["incidents"].as_array().cloned().unwrap_or_default();
+    assert_eq!(incidents.len(), 1, "one incident for the restart: {pm:#}");
+    assert!(
+        !incidents[0]["decidedAt"].is_null(),
+        "the incident is decided: {pm:#}"
+    );
+    assert_eq!(
+        uids(pods.list(&Default::default()).await?),
+        pod_uids,
+        "the same pods: the agents came back in place"
+    );
+    let after = env.proc_pids("w", "pm");
+    assert_eq!(after.len(), 4, "{after:?}");
+    assert!(
+        after.iter().all(|p| !before.contains(p)),
+        "new procs: {before:?} -> {after:?}"
+    );
+    // Nothing more is counted while it runs.
+    let meshes = env.hostmesh_api("ProcMesh");
+    always_for(
+        "pm stays at one restart",
+        Duration::from_secs(5),
+        async || {
+            let s = meshes.get("pm").await?.data["status"].clone();
+            Ok((s["restarts"] != 1).then(|| s.to_string()))
+        },
+    )
+    .await?;
+
+    // A later SIGKILL of rank 3's proc is its own incident, rooted there.
+    let procs = env.proc_pids("w", "pm");
+    let victim = find_pids(|e| {
+        e.get("RANK").map(String::as_str) == Some("3")
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+    })
+    .into_iter()
+    .find(|p| procs.contains(p))
+    .expect("rank 3's proc");
+    signal(victim, "KILL")?;
+    let pm = env
+        .wait_for("ProcMesh", "pm", "a second restart, Ready again", |s| {
+            s["restarts"] == 2 && condition_true(s, "Ready")
+        })
+        .await?;
+    let incidents = pm["incidents"].as_array().cloned().unwrap_or_default();
+    assert_eq!(incidents.len(), 2, "a second incident: {pm:#}");
+    assert_eq!(incidents[1]["rank"], 3, "rooted at the killed rank: {pm:#}");
+    assert!(!incidents[1]["decidedAt"].is_null(), "{pm:#}");
     Ok(())
 }

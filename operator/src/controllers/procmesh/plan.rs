@@ -36,8 +36,12 @@
 //! 5. A live proc whose host is gone (Failed, Terminating, no pod) is Lost,
 //!    a failure, whether or not its report is still held (a gone host's
 //!    reports go with it: a rank status recorded running is enough); after
-//!    its restart it is Starting until the new host runs it. A live proc
-//!    whose host is only Expired (its agent silent, not evicted yet) is
+//!    its restart it is Starting until the new host runs it. So is a proc
+//!    status recorded alive that its host's agent, heard again, no longer
+//!    reports (the agent or its kubelet restarted, or the pod was replaced
+//!    between two passes): every respawn is counted, in its own incident.
+//!    A live proc whose host is only Expired (its agent silent, not
+//!    evicted yet) is
 //!    Unreachable: no failure, nothing restarted or counted; heard again,
 //!    it is what its agent reports, and Lost once the World evicts it.
 //!    Once the mesh has ended, a rank without a current report keeps its
@@ -693,6 +697,31 @@ impl<'i, 'a> Working<'i, 'a> {
                 }) =>
             {
                 self.lost_or_unreachable(host, true)
+            }
+            // No report from a host whose agent has reported, while status
+            // recorded the proc alive (or lost and not restarted yet): the
+            // agent no longer has it. Its container or its kubelet
+            // restarted, or its pod was replaced between two passes: Lost,
+            // a failure counted and decided like any other.
+            None if self.same_gen
+                && !self.unheard(host)
+                && runs::get(&self.prev.ranks, rank).is_some_and(|s| {
+                    matches!(
+                        s.state,
+                        ProcState::Running
+                            | ProcState::Stopping
+                            | ProcState::Unreachable
+                            | ProcState::Lost
+                    )
+                }) =>
+            {
+                RankStatus {
+                    state: ProcState::Lost,
+                    reason: Some(format!(
+                        "host {host}'s agent no longer has the proc (the agent restarted, or its pod was replaced)"
+                    )),
+                    ..Default::default()
+                }
             }
             // Not heard from yet: what status last recorded stands.
             None if self.same_gen && self.unheard(host) && !self.prev.ranks.is_empty() => {

@@ -408,17 +408,18 @@ fn a_new_leader_never_times_out_ranks_it_has_not_heard_from() {
     assert_eq!(p.status, *pm.status.as_ref().unwrap(), "nothing to write");
     assert_eq!(p.requeue_after, Some(Duration::from_secs(1)));
 
-    // Host 0 reports its two procs running; host 1 reports none of them.
+    // Host 0 reports its two procs running; host 1 reports none of the
+    // procs status recorded running: its agent lost them, a failure at
+    // once (Lost), never a spawn timeout a minute later.
     let mut states = all(1, 2, ProcState::Running, 0);
     let at = |s| Timestamp::from_second(s).unwrap();
     let reported: BTreeMap<Rank, Timestamp> = [(0, at(1_000)), (1, at(1_000))].into();
     let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 1_001);
-    assert_eq!(p.status.phase, Some(ProcMeshPhase::Spawning));
-    assert!(p.status.first_failure.is_none(), "{:?}", p.status);
-    assert_eq!(p.requeue_after, Some(Duration::from_millis(59_100)));
-    let p = run_reported(&pm, RUNNING, &states, &BTreeMap::new(), &reported, 1_060);
-    assert_eq!(p.status.first_failure.as_ref().map(|f| f.rank), Some(2));
-    assert_eq!(p.status.first_failure.unwrap().state, ProcState::Timeout);
+    let ff = p
+        .status
+        .first_failure
+        .expect("the lost procs are a failure");
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
 
     // Host 1 has not reported: its ranks stay as recorded, with no timeout.
     let reported: BTreeMap<Rank, Timestamp> = [(0, at(1_000))].into();
@@ -1296,4 +1297,55 @@ fn one_crash_reported_over_several_passes_is_one_restart() {
     let p = run_ms(&pm, &states, t + 60_010);
     assert_eq!(p.status.restarts, 2);
     assert_eq!(p.status.incidents.len(), 2);
+}
+
+/// Issue 30, item 7: a host's agent that reports again without the procs
+/// it ran (its container or its kubelet restarted, or its pod was replaced
+/// between two passes) has lost them: Lost, one counted restart decided in
+/// its own incident, nothing more while the new procs start, and a later
+/// unrelated failure opens a second incident rooted at its own rank.
+#[test]
+fn procs_an_agent_no_longer_reports_are_lost_and_restarted_once() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let p = run(&pm, RUNNING, &all(2, 2, ProcState::Running, 0), 100);
+    pm.status = Some(p.status);
+    // Host 1's agent reports again, without ranks 2 and 3.
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.retain(|r, _| *r < 2);
+    let p = run(&pm, RUNNING, &states, 101);
+    let ff = p
+        .status
+        .first_failure
+        .clone()
+        .expect("the vanished procs are a failure");
+    assert_eq!((ff.rank, ff.state), (2, ProcState::Lost));
+    assert!(ff.reason.contains("no longer"), "{ff:?}");
+    assert_eq!(p.status.restarts, 1, "one restart for both ranks");
+    assert_eq!(p.status.incidents.len(), 1);
+    assert!(
+        p.status.incidents[0].decided_at.is_some(),
+        "decided at once"
+    );
+    pm.status = Some(p.status);
+    // The new procs are being created: nothing more is counted.
+    let p = run(&pm, RUNNING, &states, 102);
+    assert_eq!(p.status.restarts, 1);
+    assert_eq!(
+        runs::get(&p.status.ranks, 2).unwrap().state,
+        ProcState::Starting
+    );
+    pm.status = Some(p.status);
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.insert(r, obs(ProcState::Running, None, 1));
+    }
+    let p = run(&pm, RUNNING, &states, 103);
+    assert_eq!(p.status.restarts, 1);
+    pm.status = Some(p.status);
+    // Much later rank 1 is killed: its own incident.
+    states.insert(1, obs(ProcState::Failed, Some(137), 0));
+    let p = run(&pm, RUNNING, &states, 400);
+    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.incidents.len(), 2, "{:?}", p.status.incidents);
+    assert_eq!(p.status.incidents[1].rank, 1);
 }
