@@ -555,6 +555,18 @@ async fn nudge(c: &Cluster, n: u32) {
         .unwrap();
 }
 
+/// Waits for an Event with `reason`.
+async fn event_seen(events: &Api<k8s_openapi::api::events::v1::Event>, reason: &str) {
+    eventually_async(&format!("a {reason} Event"), || async {
+        let l = events.list(&ListParams::default()).await.ok()?;
+        l.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reason))
+            .then_some(())
+    })
+    .await;
+}
+
 fn token_of(s: &Secret) -> Vec<u8> {
     s.data.as_ref().unwrap()["token"].0.clone()
 }
@@ -570,6 +582,20 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     })
     .await;
     assert_eq!(token_of(&copy), token);
+    // The runtime credential for clients of the procs' actors: the
+    // runtime key of that token, never the token.
+    let runtime_of = |t: &[u8]| {
+        hostmesh_agent::keys::to_hex(
+            hostmesh_agent::keys::runtime_key(hostmesh_agent::secret_key(t)).bytes(),
+        )
+    };
+    let runtime = eventually_async("the runtime Secret", || async {
+        secrets.get_opt("w-runtime").await.ok()?
+    })
+    .await;
+    let held = |s: &Secret| String::from_utf8(s.data.as_ref().unwrap()["key"].0.clone()).unwrap();
+    assert_eq!(held(&runtime), runtime_of(&token));
+    assert!(!held(&runtime).contains(std::str::from_utf8(&token).unwrap().trim()));
 
     // Deleted while this operator runs: restored from what it dials with.
     secrets
@@ -583,14 +609,7 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     .await;
     assert_eq!(token_of(&back), token, "the agents' token, not a new one");
     let events: Api<k8s_openapi::api::events::v1::Event> = c.api();
-    eventually_async("an AgentSecretRestored Event", || async {
-        let l = events.list(&ListParams::default()).await.ok()?;
-        l.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("AgentSecretRestored"))
-            .then_some(())
-    })
-    .await;
+    event_seen(&events, "AgentSecretRestored").await;
 
     // Deleted again while no operator runs: the next one restores it from
     // the copy.
@@ -630,12 +649,20 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     })
     .await;
     assert_ne!(token_of(&fresh), token);
-    eventually_async("a CredentialsReplaced Event", || async {
-        let l = events.list(&ListParams::default()).await.ok()?;
-        l.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("CredentialsReplaced"))
-            .then_some(())
+    event_seen(&events, "CredentialsReplaced").await;
+    // The runtime Secret still holds the old token's key: the operator
+    // may not rewrite it (get and create only) and says so; deleted, it
+    // comes back with the new one.
+    event_seen(&events, "RuntimeSecretStale").await;
+    secrets
+        .delete("w-runtime", &DeleteParams::default())
+        .await
+        .unwrap();
+    nudge(&c, 4).await;
+    let want = runtime_of(&token_of(&fresh));
+    eventually_async("the runtime Secret of the new token", || async {
+        let s = secrets.get_opt("w-runtime").await.ok()??;
+        (held(&s) == want).then_some(())
     })
     .await;
     let hash = hostmesh_operator::controllers::world::desired::secret_hash(&token_of(&fresh));

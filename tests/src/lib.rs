@@ -1178,6 +1178,17 @@ pub fn signal(pid: i32, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// SIGCONTs a stopped process when dropped: a test or a chaos run never
+/// leaves a process it froze (a kubelet, an agent) stopped, whatever its
+/// outcome.
+pub struct Thaw(pub i32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "CONT");
+    }
+}
+
 /// Polls `f` until it returns true, failing after [`WAIT`] with `what`.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
     hostmesh_testkit::wait::poll(WAIT, async || f().then_some(()).ok_or(()))

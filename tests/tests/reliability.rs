@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hostmesh_e2e::{
-    Env, always_for, condition_true, find_pids, host_state, rank_state, signal, world_yaml,
+    Env, Thaw, always_for, condition_true, find_pids, host_state, rank_state, signal, world_yaml,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -299,16 +299,6 @@ async fn a_host_silent_for_less_than_eviction_costs_its_ranks_nothing() -> anyho
     assert_eq!(w["restarts"], 0, "{w:#}");
     assert_eq!(env.proc_pids("w", "pm"), procs, "the procs were restarted");
     Ok(())
-}
-
-/// SIGCONTs a stopped process when dropped: a test never leaves the
-/// kubelet frozen, whatever its outcome.
-struct Thaw(i32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let _ = signal(self.0, "CONT");
-    }
 }
 
 /// Issue 30, item 3: a host pod whose node hangs (its kubelet frozen) and

@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hostmesh_e2e::{Env, host_state, signal};
+use hostmesh_e2e::{Env, Thaw, host_state, signal};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
@@ -105,16 +105,6 @@ const WORLD_FAST_EVICTION: &str = "  healthTimeout: 2s\n  evictionTimeout: 3s\n 
 /// The longest wait for the hung node's pod to be force-deleted: the fence
 /// timeout (60 s at least) and a reconcile after it.
 const FORCE_DELETE_BOUND: Duration = Duration::from_secs(240);
-
-/// SIGCONTs a stopped process when dropped: a run never leaves the kubelet
-/// frozen, whatever its outcome.
-struct Thaw(i32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let _ = signal(self.0, "CONT");
-    }
-}
 
 /// Cuts host 1's pod off the network and SIGSTOPs the kubelet (a hung
 /// node: the pod goes `Terminating` and no kubelet confirms it). Detect:

@@ -3,7 +3,8 @@
 //! comes back with the token the running agents hold.
 //!
 //! Invariants:
-//! 1. The Secret `<world>-agent` is what pods mount; its token is the
+//! 1. The Secret `<world>-agent` is what host pods take their
+//!    `HOSTMESH_SECRET` from; its token is the
 //!    World's. When it exists, it wins.
 //! 2. A missing Secret is recreated with the token the agents hold: the
 //!    hub's (what this operator dials with), else the copy
@@ -15,6 +16,10 @@
 //!    and `create` on them (a watch would need list and watch on every
 //!    Secret of the watched namespaces). A deletion is noticed at the next
 //!    reconcile (at most a minute in steady state).
+//! 4. The Secret `<world>-runtime` holds the World's runtime key (hex,
+//!    key `key`; agent `keys.rs`): the credential of clients of the
+//!    runtime-aware procs' actors, which opens no agent. It is derived from
+//!    the token, so a deleted one comes back the same.
 
 use hostmesh_agent::contract;
 use k8s_openapi::ByteString;
@@ -30,7 +35,7 @@ use hostmesh_crds::World;
 /// The Secret's token, and why the hosts must be replaced if they must.
 #[derive(Debug)]
 pub struct SecretOutcome {
-    /// The key the agents derive from the mounted token.
+    /// The key the agents derive from the token.
     pub key: Vec<u8>,
     /// Set when a new token replaced a lost one (invariant 2).
     pub replaced: Option<String>,
@@ -41,7 +46,7 @@ pub fn recovery_name(world: &str) -> String {
     format!("{world}-agent-recovery")
 }
 
-/// The key exactly as the agent derives it from the mounted file.
+/// The key exactly as the agent derives it from the Secret's token.
 fn key_of(s: &Secret) -> Option<Vec<u8>> {
     s.data
         .as_ref()
@@ -70,7 +75,8 @@ async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), OperatorError>
     }
 }
 
-/// Makes sure the World's Secret and its copy exist (invariants 1-2).
+/// Makes sure the World's Secret, its copy and its runtime Secret exist
+/// (invariants 1, 2 and 4).
 pub async fn ensure(
     world: &World,
     ctx: &ControllerContext,
@@ -78,6 +84,18 @@ pub async fn ensure(
     hub_key: Option<Vec<u8>>,
 ) -> Result<SecretOutcome, OperatorError> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let outcome = ensure_agent(world, ctx, &api, hub_key).await?;
+    ensure_runtime(&api, ctx, world, &outcome.key).await?;
+    Ok(outcome)
+}
+
+async fn ensure_agent(
+    world: &World,
+    ctx: &ControllerContext,
+    api: &Api<Secret>,
+    hub_key: Option<Vec<u8>>,
+) -> Result<SecretOutcome, OperatorError> {
+    let api = api.clone();
     let name = desired::secret_name(&world.name_any());
     let copy_name = recovery_name(&world.name_any());
     let primary = api.get_opt(&name).await?;
@@ -143,4 +161,54 @@ pub async fn ensure(
             )
         }),
     })
+}
+
+/// Name of `world`'s runtime credential Secret.
+pub fn runtime_name(world: &str) -> String {
+    format!("{world}-runtime")
+}
+
+/// The key in the runtime Secret holding the runtime key (hex).
+pub const RUNTIME_KEY: &str = "key";
+
+/// Makes sure `<world>-runtime` exists (invariant 4): the World's runtime
+/// key, derived from `key`, in hex, owned by the World. One that holds
+/// another key (the agent Secret and its copy were deleted and a new
+/// token made) cannot be rewritten with `get` and `create` alone: a
+/// Warning Event says to delete it, and the next reconcile writes it anew.
+async fn ensure_runtime(
+    api: &Api<Secret>,
+    ctx: &ControllerContext,
+    world: &World,
+    key: &[u8],
+) -> Result<(), OperatorError> {
+    let name = runtime_name(&world.name_any());
+    let hex = hostmesh_agent::keys::to_hex(hostmesh_agent::keys::runtime_key(key).bytes());
+    if let Some(found) = api.get_opt(&name).await? {
+        let held = found
+            .data
+            .as_ref()
+            .and_then(|d| d.get(RUNTIME_KEY))
+            .map(|b| b.0.trim_ascii().to_vec());
+        if held.as_deref() != Some(hex.as_bytes()) {
+            ctx.event(
+                world,
+                true,
+                "RuntimeSecretStale",
+                format!(
+                    "Secret {name} does not hold this World's runtime key (it was made for an earlier agent token); delete it and the operator writes the current one"
+                ),
+            )
+            .await;
+        }
+        return Ok(());
+    }
+    let mut s = desired::secret(world, [0; 32])?;
+    s.metadata.name = Some(name);
+    s.data = Some(
+        [(RUNTIME_KEY.to_string(), ByteString(hex.into_bytes()))]
+            .into_iter()
+            .collect(),
+    );
+    create(api, &s).await
 }
