@@ -187,6 +187,31 @@ async fn an_actor_failure_in_a_runtime_aware_proc_reaches_status() {
         },
         rank: 1,
     };
+    // The procs' runtime addresses are published for clients, beside the
+    // name of the Secret holding the runtime key.
+    let cms = c.api::<k8s_openapi::api::core::v1::ConfigMap>();
+    let cm = eventually_async("the runtime addresses ConfigMap", || async {
+        let cm = cms.get_opt("pm-runtime").await.ok()??;
+        let lines = cm.data.as_ref()?.get("addresses")?.lines().count();
+        (lines == 4).then_some(cm)
+    })
+    .await;
+    let data = cm.data.clone().unwrap();
+    let ranks: Vec<&str> = data["addresses"]
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(r, _)| r))
+        .collect();
+    assert_eq!(ranks, ["0", "1", "2", "3"]);
+    assert!(
+        data["addresses"].lines().all(|l| l.contains(" tcp:")),
+        "{data:?}"
+    );
+    assert_eq!(data["credentials"], "w-runtime");
+    assert_eq!(data["extent"], "host=2,gpu=2");
+    assert_eq!(
+        cm.metadata.owner_references.as_ref().unwrap()[0].kind,
+        "ProcMesh"
+    );
     let spec = c
         .sim
         .requests_of(&host1)

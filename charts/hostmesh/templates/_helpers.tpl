@@ -91,14 +91,17 @@ Role in each watched namespace. Every rule says why it is needed.
   resources: ["services"]
   verbs: ["create", "patch"]
 # The per-World agent Secret: created once, then read by name to authenticate
-# to the agents. No list or watch: the operator never enumerates Secrets.
+# to the agents; its recovery copy; and <world>-runtime, the runtime key for
+# clients of the procs' actors. No list or watch: the operator never
+# enumerates Secrets.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
-# The stacks a stall captured, in ConfigMap <procmesh>-stacks (owned by the
-# ProcMesh): read by name to see which stall they belong to, created once,
-# replaced on a new stall. No list, watch or delete (garbage collection
-# removes it with its ProcMesh).
+# The stacks a stall captured, in ConfigMap <procmesh>-stacks, and a
+# runtime-aware mesh's proc addresses, in <procmesh>-runtime (both owned by
+# the ProcMesh): read by name, created once, replaced on a new stall or when
+# the addresses change. No list, watch or delete (garbage collection removes
+# them with their ProcMesh).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "update"]

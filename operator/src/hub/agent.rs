@@ -95,6 +95,9 @@ pub struct ProcObs {
     pub actor_failures: u32,
     /// Set while the agent reports the proc stalled (`spec.stallTimeout`).
     pub stall: Option<protocol::Stall>,
+    /// The runtime address a runtime-aware proc checked in with (`None`
+    /// for plain procs): what `<procmesh>-runtime` publishes.
+    pub addr: Option<Box<str>>,
 }
 
 impl ProcObs {
@@ -117,10 +120,14 @@ impl ProcObs {
             actor_failure: s.actor_failure.clone(),
             actor_failures: s.actor_failures,
             stall: s.stall.clone().filter(|_| !s.status.is_terminal()),
+            addr: None,
         };
         match &s.status {
             S::Starting => {}
-            S::Ready { .. } => o.state = ProcState::Running,
+            S::Ready { addr, .. } => {
+                o.state = ProcState::Running;
+                o.addr = addr.as_deref().map(Into::into);
+            }
             S::Stopping { .. } => o.state = ProcState::Stopping,
             S::Stopped {
                 exit_code,

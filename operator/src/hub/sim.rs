@@ -216,7 +216,14 @@ fn new_state(req: &CreateOrUpdate) -> protocol::ProcReport {
         rank: req.rank,
         pid: Some(1),
         command: vec![req.spec.command.clone()],
-        status: protocol::ProcPhase::Ready { pid: 1, addr: None },
+        // A runtime-aware proc checks in with its runtime address.
+        status: protocol::ProcPhase::Ready {
+            pid: 1,
+            addr: req
+                .spec
+                .runtime_aware
+                .then(|| format!("tcp:10.9.{}.{}:4000", req.rank / 250, req.rank % 250)),
+        },
         started_at_ms: 0,
         restarts: req.incarnation,
         stop_requested: false,

@@ -16,6 +16,7 @@
 //!    whose World was deleted before that is deleted ([`orphans`]).
 
 pub mod actors;
+pub mod addresses;
 pub mod causal;
 pub mod deps;
 pub mod desired;
@@ -291,6 +292,18 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     } else {
         write_status(pm, ctx, plan.status.clone(), false).await?
     };
+    // A runtime-aware mesh's addresses, for clients (addresses.rs).
+    if pm.spec.runtime_aware {
+        let data = addresses::data(
+            &states,
+            |r| incarnation_in(pm, &plan.status, r),
+            plan.status.extent.as_deref().unwrap_or_default(),
+            &super::world::secret::runtime_name(&world.name_any()),
+        );
+        if let Err(e) = addresses::publish(&ctx.client, pm, data).await {
+            warn!(procmesh = %pm.name_any(), error = %e, "cannot write the runtime addresses ConfigMap");
+        }
+    }
     // Recovery phases and failures count once, with the status that
     // records them.
     if deferred.is_none() {
@@ -372,9 +385,13 @@ fn world_ended(world: &World) -> Option<String> {
 /// The incarnation status recorded for `rank` (before this reconcile's
 /// decisions): a stall of an older incarnation is not a stall of the rank.
 fn recorded_incarnation(pm: &ProcMesh, rank: Rank) -> u32 {
-    let Some(st) = pm.status.as_ref() else {
-        return 0;
-    };
+    pm.status
+        .as_ref()
+        .map_or(0, |st| incarnation_in(pm, st, rank))
+}
+
+/// `rank`'s incarnation as status `st` of `pm` records it.
+fn incarnation_in(pm: &ProcMesh, st: &hostmesh_crds::procmesh::ProcMeshStatus, rank: Rank) -> u32 {
     let gang = if pm.spec.restart_policy.policy == hostmesh_crds::procmesh::RestartMode::Gang {
         st.restarts
     } else {

@@ -30,6 +30,7 @@ fn obs(host: Rank, state: ProcState) -> ProcObs {
         actor_failure: None,
         actor_failures: 0,
         stall: None,
+        addr: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn obs(state: ProcState, code: Option<i32>, inc: u32) -> ProcObs {
         actor_failure: None,
         actor_failures: 0,
         stall: None,
+        addr: None,
     }
 }
 
