@@ -269,3 +269,117 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
     }
     Ok(())
 }
+
+/// Issue 29: a client holding only what the operator publishes for
+/// clients (ConfigMap `<procmesh>-runtime`, Secret `<world>-runtime`)
+/// drives actors on a runtime-aware ProcMesh's procs: an `Echo` on every
+/// rank answers from its rank, a slice answers alone, a failing actor
+/// reaches the client and `status.actorFailures`, and a killed rank's proc
+/// end reaches the client with its signal. Runs where pods run host
+/// binaries (the embedded cluster): the example proc is not in the image.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<()> {
+    use hostmesh_client::{ClientOptions, MeshClient, MeshEvent};
+    use hostmesh_echo_proc::{Echo, Fail};
+    use std::time::Duration;
+
+    let env = Env::start("procmesh-client").await?;
+    if !env.has_process_kubelet() {
+        return Ok(());
+    }
+    let echo = hostmesh_e2e::hostmesh_bin().with_file_name("hostmesh-echo-proc");
+    anyhow::ensure!(
+        echo.exists(),
+        "{} is missing: build the workspace's binaries",
+        echo.display()
+    );
+    env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
+    env.apply(&format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: pm}}\nspec:\n  world: w\n  perHost: [{{name: gpu, size: 2}}]\n  command: [{}]\n  runtimeAware: true\n  restartPolicy: {{policy: Never}}\n",
+        echo.display()
+    ))
+    .await?;
+    let client = MeshClient::connect(
+        env.client.clone(),
+        &env.namespace,
+        "pm",
+        ClientOptions {
+            ready_timeout: hostmesh_e2e::WAIT,
+            keepalive: Duration::from_secs(10),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let timeout = Duration::from_secs(20);
+    let mesh = client.spawn::<Echo>("echo", &()).await?;
+    let replies = mesh
+        .call_all(client.proc(), &"hi".to_string(), timeout)
+        .await?;
+    let got: Vec<String> = replies.iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(got, ["0:hi", "1:hi", "2:hi", "3:hi"], "each rank answers");
+    let host1 = mesh.range("host", 1..2)?;
+    let got: Vec<String> = host1
+        .call_all(client.proc(), &"there".to_string(), timeout)
+        .await?
+        .iter()
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(got, ["2:there", "3:there"], "the slice of host 1 only");
+
+    // A failing actor: the client hears it, and status records it.
+    let one = mesh.get(1).expect("rank 1's actor");
+    one.send(client.proc(), &Fail("out of widgets".into()))
+        .await?;
+    let start = std::time::Instant::now();
+    loop {
+        match client.next_event(Duration::from_secs(1)).await {
+            Some(MeshEvent::ActorFailed { actor, reason }) => {
+                assert_eq!(&actor, one.id(), "{reason}");
+                assert!(reason.contains("out of widgets"), "{reason}");
+                break;
+            }
+            other => anyhow::ensure!(
+                start.elapsed() < hostmesh_e2e::WAIT,
+                "no ActorFailed event; last: {other:?}"
+            ),
+        }
+    }
+    env.wait_for("ProcMesh", "pm", "the actor failure in status", |s| {
+        s["actorFailures"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|f| f["rank"] == 1))
+    })
+    .await?;
+
+    // A killed proc: the client hears which rank and how.
+    let procs = env.proc_pids("w", "pm");
+    let victim = hostmesh_e2e::find_pids(|e| {
+        e.get("RANK").map(String::as_str) == Some("3")
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+    })
+    .into_iter()
+    .find(|p| procs.contains(p))
+    .expect("rank 3's proc");
+    hostmesh_e2e::signal(victim, "KILL")?;
+    let start = std::time::Instant::now();
+    loop {
+        match client.next_event(Duration::from_secs(1)).await {
+            // Under `Never` the other ranks are stopped too: events of
+            // their own.
+            Some(MeshEvent::ProcEnded {
+                rank: 3,
+                signal,
+                state,
+                ..
+            }) => {
+                assert_eq!(signal, Some(9), "{state:?}");
+                break;
+            }
+            other => anyhow::ensure!(
+                start.elapsed() < hostmesh_e2e::WAIT,
+                "no ProcEnded event for rank 3; last: {other:?}"
+            ),
+        }
+    }
+    Ok(())
+}

@@ -49,6 +49,11 @@
 //!     watched until a new pod of its rank comes, so a pod stuck
 //!     terminating on a hung node is force-deleted once its agent must
 //!     have fenced (`controllers::world::fencing`), not waited on forever.
+//! 11. A Snapshot that lacks a proc the hub knew alive on that host (its
+//!     agent restarted: a container or kubelet restart) makes it `Lost`,
+//!     a failure timed at when the agent was last heard before, so the
+//!     procs one restart took count as one failure, whichever host's agent
+//!     comes back first.
 
 pub mod agent;
 pub mod book;
@@ -73,6 +78,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use hostmesh_crds::procmesh::ProcState;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
@@ -393,6 +399,13 @@ impl Hub {
                     debug!(world = %host.world.name, rank = host.rank, "ignoring a snapshot from a pod that is gone or replaced");
                     return;
                 }
+                // When the agent was heard before this Snapshot: procs it
+                // no longer has ended after that (invariant 11).
+                let heard_before = st
+                    .worlds
+                    .get(&host.world)
+                    .and_then(|w| w.hosts.get(&host.rank))
+                    .and_then(|h| h.last_heard);
                 beat(st, &host, &pod_uid, now);
                 sample_clock(st, &host, &pod_uid, clock);
                 let Some(h) = st
@@ -437,13 +450,40 @@ impl Hub {
                         continue;
                     };
                     touched.insert(mesh.to_string());
-                    let prev = known.get(&(mesh.to_string(), rank));
-                    let obs =
-                        ProcObs::from_agent(host.rank, &p).stamp(&p, &agent_clock, received, prev);
+                    let prev = known.remove(&(mesh.to_string(), rank));
+                    let obs = ProcObs::from_agent(host.rank, &p).stamp(
+                        &p,
+                        &agent_clock,
+                        received,
+                        prev.as_ref(),
+                    );
                     w.procs
                         .entry(mesh.to_string())
                         .or_default()
                         .insert(rank, obs);
+                }
+                // Invariant 11: a live proc the agent no longer has is lost
+                // (its agent restarted), timed after it was last heard.
+                for ((mesh, rank), o) in known {
+                    if !matches!(
+                        o.state,
+                        ProcState::Starting | ProcState::Running | ProcState::Stopping
+                    ) {
+                        continue;
+                    }
+                    let lost = ProcObs {
+                        state: ProcState::Lost,
+                        reason: Some(format!(
+                            "host {}'s agent no longer has the proc (the agent restarted)",
+                            host.rank
+                        )),
+                        failed_at: Some(heard_before.unwrap_or(received).min(received)),
+                        detected_at: Some(received),
+                        addr: None,
+                        stall: None,
+                        ..o
+                    };
+                    w.procs.entry(mesh).or_default().insert(rank, lost);
                 }
                 for mesh in touched {
                     let key = MeshKey {

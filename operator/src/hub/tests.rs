@@ -682,3 +682,55 @@ async fn address_book_fan_out_grows_with_the_change_not_the_world_squared() {
         N * N
     );
 }
+
+/// Invariant 11: an agent that comes back without a proc it ran (a
+/// container or kubelet restart) makes it Lost, timed at when the agent was
+/// last heard before; one that had ended is simply no longer reported.
+#[tokio::test]
+async fn a_snapshot_without_a_live_proc_makes_it_lost_when_last_heard() {
+    let (sim, hub, mut rx) = mk();
+    hub.sync_world(&wk(), agents(1, "a")).await;
+    hub.ensure_procs(&wk(), 0, vec![req(0, 0), req(1, 0)], GRACE)
+        .await
+        .unwrap();
+    drain(&hub, &mut rx);
+    let ended = sim
+        .set_status(
+            &host(0),
+            &proc_name("pm.abc", 1),
+            ProcPhase::Stopped {
+                exit_code: 0,
+                stderr_tail: Vec::new(),
+            },
+        )
+        .unwrap();
+    hub.handle_push(ended, Instant::now());
+    let heard = hub.last_heard(&wk(), 0, None).expect("heard");
+    // The agent restarted: its Snapshot holds nothing.
+    sim.procs.lock().unwrap().remove(&host(0));
+    hub.handle_push(
+        HostReport::Snapshot {
+            host: host(0),
+            pod_uid: "a-0".into(),
+            procs: Vec::new(),
+            clock: None,
+        },
+        Instant::now(),
+    );
+    let states = hub.proc_states(&wk(), "pm.abc");
+    let lost = &states[&0];
+    assert_eq!(lost.state, ProcState::Lost);
+    assert!(
+        lost.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("no longer has"),
+        "{lost:?}"
+    );
+    assert_eq!(lost.failed_at, Some(heard), "timed at the last word before");
+    assert!(lost.detected_at >= lost.failed_at);
+    assert!(
+        !states.contains_key(&1),
+        "an ended proc the agent no longer has is no failure: {states:?}"
+    );
+}

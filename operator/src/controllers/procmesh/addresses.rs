@@ -6,7 +6,8 @@
 //! Invariants:
 //! 1. Only a runtime-aware mesh has one; it is owned by the ProcMesh, so it
 //!    goes with it.
-//! 2. It lists, one line `<rank> <address>` each in rank order, every rank
+//! 2. It lists, one line `<rank> <address> <proc name>` each in rank
+//!    order (the address and name make the proc's runtime id), every rank
 //!    whose current incarnation runs with the address its agent reported
 //!    at check-in: a restarted rank, or one on a replaced host, is listed
 //!    once its new proc checked in, and not before.
@@ -45,9 +46,11 @@ pub fn configmap_name(name: &str) -> String {
     format!("{name}-runtime")
 }
 
-/// The ConfigMap's data (invariants 2 and 4): ranks whose incarnation is
-/// at least `incarnation(rank)` and that run with a reported address.
+/// The ConfigMap's data (invariants 2 and 4): ranks of mesh `mesh_id`
+/// whose incarnation is at least `incarnation(rank)` and that run with a
+/// reported address.
 pub fn data(
+    mesh_id: &str,
     states: &BTreeMap<Rank, ProcObs>,
     incarnation: impl Fn(Rank) -> u32,
     extent: &str,
@@ -62,11 +65,12 @@ pub fn data(
         if o.state != ProcState::Running || o.incarnation < incarnation(*rank) {
             continue;
         }
-        if lines.len() + addr.len() + 24 > MAX_BYTES {
+        let name = crate::hub::proc_name(mesh_id, *rank);
+        if lines.len() + addr.len() + name.len() + 24 > MAX_BYTES {
             left_out += 1;
             continue;
         }
-        let _ = writeln!(lines, "{rank} {addr}");
+        let _ = writeln!(lines, "{rank} {addr} {name}");
     }
     let mut out = BTreeMap::from([
         (ADDRESSES.to_string(), lines),
@@ -149,8 +153,17 @@ mod tests {
             (4, obs(ProcState::Failed, 0, Some("tcp:10.0.0.3:4000"))),
             (5, obs(ProcState::Running, 0, None)),
         ]);
-        let d = data(&states, |r| u32::from(r == 2), "host=3,gpu=2", "w-runtime");
-        assert_eq!(d[ADDRESSES], "0 tcp:10.0.0.1:4000\n1 tcp:10.0.0.1:4001\n");
+        let d = data(
+            "m",
+            &states,
+            |r| u32::from(r == 2),
+            "host=3,gpu=2",
+            "w-runtime",
+        );
+        assert_eq!(
+            d[ADDRESSES],
+            "0 tcp:10.0.0.1:4000 m.0\n1 tcp:10.0.0.1:4001 m.1\n"
+        );
         assert_eq!(d[EXTENT], "host=3,gpu=2");
         assert_eq!(d[CREDENTIALS], "w-runtime");
         assert!(!d.contains_key(TRUNCATED));
@@ -162,7 +175,7 @@ mod tests {
         let states: BTreeMap<Rank, ProcObs> = (0..2000)
             .map(|r| (r, obs(ProcState::Running, 0, Some(&long))))
             .collect();
-        let d = data(&states, |_| 0, "host=2000", "w-runtime");
+        let d = data("m", &states, |_| 0, "host=2000", "w-runtime");
         assert!(d[ADDRESSES].len() <= MAX_BYTES);
         let kept = d[ADDRESSES].lines().count();
         assert_eq!(kept + d[TRUNCATED].parse::<usize>().unwrap(), 2000);

@@ -295,6 +295,7 @@ async fn apply(pm: &ProcMesh, ctx: &ControllerContext) -> Result<Action, Operato
     // A runtime-aware mesh's addresses, for clients (addresses.rs).
     if pm.spec.runtime_aware {
         let data = addresses::data(
+            &id,
             &states,
             |r| incarnation_in(pm, &plan.status, r),
             plan.status.extent.as_deref().unwrap_or_default(),

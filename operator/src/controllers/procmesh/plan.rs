@@ -649,6 +649,9 @@ impl<'i, 'a> Working<'i, 'a> {
     fn observe_rank(&self, rank: Rank, host: Rank) -> RankStatus {
         let input = self.input;
         let want = self.inc.get(rank);
+        if let Some(s) = self.vanished(rank, host) {
+            return s;
+        }
         match input.states.get(&rank) {
             Some(o)
                 if o.incarnation >= want
@@ -698,31 +701,6 @@ impl<'i, 'a> Working<'i, 'a> {
             {
                 self.lost_or_unreachable(host, true)
             }
-            // No report from a host whose agent has reported, while status
-            // recorded the proc alive (or lost and not restarted yet): the
-            // agent no longer has it. Its container or its kubelet
-            // restarted, or its pod was replaced between two passes: Lost,
-            // a failure counted and decided like any other.
-            None if self.same_gen
-                && !self.unheard(host)
-                && runs::get(&self.prev.ranks, rank).is_some_and(|s| {
-                    matches!(
-                        s.state,
-                        ProcState::Running
-                            | ProcState::Stopping
-                            | ProcState::Unreachable
-                            | ProcState::Lost
-                    )
-                }) =>
-            {
-                RankStatus {
-                    state: ProcState::Lost,
-                    reason: Some(format!(
-                        "host {host}'s agent no longer has the proc (the agent restarted, or its pod was replaced)"
-                    )),
-                    ..Default::default()
-                }
-            }
             // Not heard from yet: what status last recorded stands.
             None if self.same_gen && self.unheard(host) && !self.prev.ranks.is_empty() => {
                 runs::get(&self.prev.ranks, rank)
@@ -740,6 +718,40 @@ impl<'i, 'a> Working<'i, 'a> {
                 ..Default::default()
             },
             None => RankStatus::default(),
+        }
+    }
+
+    /// A rank with no report from a host whose agent has reported (same
+    /// generation, mesh not ended, host not lost): the agent no longer has
+    /// its proc (its container or its kubelet restarted, or its pod was
+    /// replaced between two passes; the hub says so itself when it saw the
+    /// proc before, hub invariant 11). Alive in status (or lost and not
+    /// restarted yet): Lost, a failure counted and decided like any other.
+    /// Ended in status: it stays as recorded, never run again. Starting:
+    /// `None`, it is spawned as usual.
+    fn vanished(&self, rank: Rank, host: Rank) -> Option<RankStatus> {
+        let input = self.input;
+        if input.states.contains_key(&rank)
+            || !self.same_gen
+            || self.was_terminal
+            || self.unheard(host)
+            || input.lost_hosts.contains_key(&host)
+        {
+            return None;
+        }
+        let recorded = runs::get(&self.prev.ranks, rank)?;
+        match recorded.state {
+            ProcState::Pending | ProcState::Starting => None,
+            ProcState::Running | ProcState::Stopping | ProcState::Unreachable | ProcState::Lost => {
+                Some(RankStatus {
+                    state: ProcState::Lost,
+                    reason: Some(format!(
+                        "host {host}'s agent no longer has the proc (the agent restarted, or its pod was replaced)"
+                    )),
+                    ..Default::default()
+                })
+            }
+            _ => Some(recorded.clone()),
         }
     }
 

@@ -1350,3 +1350,27 @@ fn procs_an_agent_no_longer_reports_are_lost_and_restarted_once() {
     assert_eq!(p.status.incidents.len(), 2, "{:?}", p.status.incidents);
     assert_eq!(p.status.incidents[1].rank, 1);
 }
+
+/// A rank that ended (exit 0) and that its agent no longer reports (the
+/// agent restarted) keeps its recorded end: it is never run again, and is
+/// no failure.
+#[test]
+fn an_ended_rank_its_agent_no_longer_has_stays_ended() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let mut states = all(2, 2, ProcState::Running, 0);
+    states.insert(1, obs(ProcState::Succeeded, Some(0), 0));
+    let p = run(&pm, RUNNING, &states, 100);
+    assert_eq!(
+        runs::get(&p.status.ranks, 1).unwrap().state,
+        ProcState::Succeeded
+    );
+    pm.status = Some(p.status);
+    states.remove(&1);
+    let p = run(&pm, RUNNING, &states, 101);
+    assert_eq!(
+        runs::get(&p.status.ranks, 1).unwrap().state,
+        ProcState::Succeeded
+    );
+    assert_eq!(p.status.restarts, 0);
+    assert!(p.status.first_failure.is_none());
+}
