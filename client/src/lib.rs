@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 
 /// What a client can fail with; each names what it was doing.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum MeshClientError {
     /// A Kubernetes read failed.
     #[error("reading {what}: {source}")]
     Kube {
@@ -179,8 +179,8 @@ impl MeshClient {
         namespace: &str,
         name: &str,
         options: ClientOptions,
-    ) -> Result<MeshClient, ClientError> {
-        let mesh_err = |reason: String| ClientError::Mesh {
+    ) -> Result<MeshClient, MeshClientError> {
+        let mesh_err = |reason: String| MeshClientError::Mesh {
             namespace: namespace.into(),
             name: name.into(),
             reason,
@@ -193,7 +193,7 @@ impl MeshClient {
             let pm = meshes
                 .get_opt(name)
                 .await
-                .map_err(|source| ClientError::Kube {
+                .map_err(|source| MeshClientError::Kube {
                     what: format!("ProcMesh {namespace}/{name}"),
                     source,
                 })?;
@@ -210,7 +210,7 @@ impl MeshClient {
             let cm = cms
                 .get_opt(&cm_name)
                 .await
-                .map_err(|source| ClientError::Kube {
+                .map_err(|source| MeshClientError::Kube {
                     what: format!("ConfigMap {namespace}/{cm_name}"),
                     source,
                 })?;
@@ -233,7 +233,7 @@ impl MeshClient {
         let secret = secrets
             .get(&published.credentials)
             .await
-            .map_err(|source| ClientError::Kube {
+            .map_err(|source| MeshClientError::Kube {
                 what: format!("Secret {namespace}/{}", published.credentials),
                 source,
             })?;
@@ -262,7 +262,7 @@ impl MeshClient {
             .secret(key)
             .build()
             .await
-            .map_err(|e| ClientError::Runtime(format!("cannot start the client proc: {e}")))?;
+            .map_err(|e| MeshClientError::Runtime(format!("cannot start the client proc: {e}")))?;
         let (tx, rx) = mpsc::channel(1024);
         let mut client = MeshClient {
             proc,
@@ -296,9 +296,9 @@ impl MeshClient {
         &self,
         name: &str,
         params: &A::Params,
-    ) -> Result<ActorMesh<A>, ClientError> {
+    ) -> Result<ActorMesh<A>, MeshClientError> {
         let params = postcard::to_allocvec(params)
-            .map_err(|e| ClientError::Runtime(format!("cannot encode the parameters: {e}")))?;
+            .map_err(|e| MeshClientError::Runtime(format!("cannot encode the parameters: {e}")))?;
         let (owner, mut failures) = self.proc.open_port::<SupervisionEvent>();
         let calls = self.procs.iter().enumerate().map(|(rank, p)| {
             let req = SpawnFor {
@@ -321,7 +321,7 @@ impl MeshClient {
         let results = join_all(calls).await;
         let failed: Vec<String> = results.iter().filter_map(|r| r.clone().err()).collect();
         if !failed.is_empty() {
-            return Err(ClientError::Runtime(format!(
+            return Err(MeshClientError::Runtime(format!(
                 "spawning {name}: {}",
                 failed.join("; ")
             )));
@@ -344,7 +344,7 @@ impl MeshClient {
             }
         });
         ActorMesh::attest(name, self.region.clone(), ids)
-            .map_err(|e| ClientError::Runtime(e.to_string()))
+            .map_err(|e| MeshClientError::Runtime(e.to_string()))
     }
 
     /// The next event about this client's actors, or `None` once `wait`
