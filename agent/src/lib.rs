@@ -39,6 +39,7 @@ mod config;
 pub mod contract;
 mod descendants;
 mod desk;
+pub mod echo;
 mod env;
 mod error;
 mod fence;

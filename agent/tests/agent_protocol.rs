@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use agent_common::child::{ChildAgent, SECRET, child_agent_main, wait_all_gone};
+use hostmesh_agent::echo::{Echo, echo_type_name};
 use hostmesh_agent::protocol::{
     AgentPush, CreateOrUpdate, CreateOutcome, Dim, ProcPhase, ProcReport, ProcSpec,
 };
@@ -17,7 +18,6 @@ use hostmesh_agent::{
     ActorState, AgentClient, AgentEvent, AgentEventKind, ClientConfig, ClientError, GetActorState,
     Keepalive, SpawnFor, mesh_ref,
 };
-use hostmesh_echo_proc::{Echo, echo_type_name};
 use hostmesh_runtime::{ActorRef, ActorStatus, ChannelAddr, Proc, ProcId};
 use hostmesh_testkit::{PATIENCE, eventually_async, eventually_ok};
 use tokio::sync::mpsc;
@@ -39,7 +39,7 @@ fn child_echo_proc() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(hostmesh_echo_proc::run()).unwrap();
+    rt.block_on(hostmesh_agent::echo::run()).unwrap();
     std::process::exit(0);
 }
 

@@ -38,7 +38,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         .build()
         .context("tokio runtime")?;
     if std::env::var_os(ECHO_ENV).is_some() {
-        return rt.block_on(hostmesh_echo_proc::run());
+        return Ok(rt.block_on(hostmesh_agent::echo::run())?);
     }
     rt.block_on(suite())
 }

@@ -31,6 +31,9 @@ struct Cli {
 enum Command {
     /// Run the host agent of one World host (docs/agent.md).
     Agent(Box<hostmesh_agent::AgentArgs>),
+    /// Run the example runtime-aware proc (`Echo` actors), from a
+    /// ProcMesh with `runtimeAware: true`.
+    EchoProc,
     /// Put the agent binary at PATH: the agent-only build (`hostmesh-agent`)
     /// beside this executable, else this executable (the host pods' init
     /// container uses it).
@@ -113,6 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::UpReaper { data_dir } => Ok(hostmesh_cli::reaper::run(&data_dir)?),
         Command::Operator(cmd) => Ok(hostmesh_operator::ops::run_blocking(*cmd)?),
         Command::Agent(args) => Ok(hostmesh_agent::run_blocking(*args)?),
+        Command::EchoProc => Ok(hostmesh_agent::echo::run_blocking()?),
         Command::Status(args) => Ok(hostmesh_cli::status::run_blocking(&args)?),
         Command::Stacks(args) => Ok(hostmesh_cli::stacks::run_blocking(&args)?),
         Command::Apiserver(args) => run_apiserver(args),

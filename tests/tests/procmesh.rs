@@ -275,29 +275,20 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
 /// drives actors on a runtime-aware ProcMesh's procs: an `Echo` on every
 /// rank answers from its rank, a slice answers alone, a failing actor
 /// reaches the client and `status.actorFailures`, and a killed rank's proc
-/// end reaches the client with its signal. Runs where pods run host
-/// binaries (the embedded cluster): the example proc is not in the image.
+/// end reaches the client with its signal. The procs are the example proc
+/// the agent binary carries (`hostmesh echo-proc`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<()> {
+    use hostmesh_agent::echo::{Echo, Fail};
     use hostmesh_client::{ClientOptions, MeshClient, MeshEvent};
-    use hostmesh_echo_proc::{Echo, Fail};
     use std::time::Duration;
 
     let env = Env::start("procmesh-client").await?;
-    if !env.has_process_kubelet() {
-        return Ok(());
-    }
-    let echo = hostmesh_e2e::hostmesh_bin().with_file_name("hostmesh-echo-proc");
-    anyhow::ensure!(
-        echo.exists(),
-        "{} is missing: build the workspace's binaries",
-        echo.display()
-    );
     env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
-    env.apply(&format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: pm}}\nspec:\n  world: w\n  perHost: [{{name: gpu, size: 2}}]\n  command: [{}]\n  runtimeAware: true\n  restartPolicy: {{policy: Never}}\n",
-        echo.display()
-    ))
+    // The example proc is in the agent binary every host pod has.
+    env.apply(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm}\nspec:\n  world: w\n  perHost: [{name: gpu, size: 2}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {policy: Never}\n",
+    )
     .await?;
     let client = MeshClient::connect(
         env.client.clone(),
@@ -380,6 +371,33 @@ async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<
                 "no ProcEnded event for rank 3; last: {other:?}"
             ),
         }
+    }
+    Ok(())
+}
+
+/// Issue 29: the actor-mesh example (`examples/actors`) against its own
+/// manifest: a reply from every rank, the slice `host=0`, and the end of
+/// the last rank's proc (exit 3, asked through its actor) as an event.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_actor_mesh_example_runs_against_its_manifest() -> anyhow::Result<()> {
+    let env = Env::start("actors-example").await?;
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/actors/echo.yaml"
+    ))?;
+    env.apply(&manifest).await?;
+    let mut said = Vec::new();
+    let seen =
+        hostmesh_actors_example::run(env.client.clone(), &env.namespace, "echo", |l| said.push(l))
+            .await;
+    let seen = seen.map_err(|e| anyhow::anyhow!("{e:#}; it said: {said:#?}"))?;
+    assert_eq!(seen.replies, ["0:hello", "1:hello", "2:hello", "3:hello"]);
+    assert_eq!(seen.slice, ["0:slice", "1:slice"]);
+    match seen.ended {
+        (3, hostmesh_client::MeshEvent::ProcEnded { exit_code, .. }) => {
+            assert_eq!(exit_code, Some(3))
+        }
+        other => panic!("not rank 3's end: {other:?}"),
     }
     Ok(())
 }

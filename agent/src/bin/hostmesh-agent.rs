@@ -1,5 +1,6 @@
 //! `hostmesh-agent`: the agent-only build that goes into every host pod
-//! (docs/architecture.md, "Host pods"): only `agent` and `install-agent`,
+//! (docs/architecture.md, "Host pods"): only `agent`, `install-agent` and
+//! `echo-proc` (the example runtime-aware proc),
 //! with the same arguments as the full `hostmesh` binary's, so the host
 //! container's `/hostmesh/bin/hostmesh agent` runs either build. It links
 //! the agent crate alone (no operator, API server or kubelet), which keeps
@@ -24,6 +25,9 @@ struct Cli {
 enum Command {
     /// Run the host agent of one World host (docs/agent.md).
     Agent(Box<hostmesh_agent::AgentArgs>),
+    /// Run the example runtime-aware proc (`Echo` actors), from a
+    /// ProcMesh with `runtimeAware: true`.
+    EchoProc,
     /// Put this binary at PATH (the host pods' init container).
     InstallAgent {
         /// Where to put the agent binary.
@@ -35,6 +39,7 @@ enum Command {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Agent(args) => Ok(hostmesh_agent::run_blocking(*args)?),
+        Command::EchoProc => Ok(hostmesh_agent::echo::run_blocking()?),
         Command::InstallAgent { to } => {
             let me = std::env::current_exe()?;
             Ok(hostmesh_agent::install::install(&me, &to)?)
