@@ -147,14 +147,18 @@ async fn a_procmesh_goes_with_its_world() -> anyhow::Result<()> {
         "{owners:?}"
     );
     env.delete("World", "w").await?;
-    // An error reading is no answer (not "gone").
+    // An error reading is no answer (not "gone"). The World itself must be
+    // gone too before the rounds below make a new "w": an apply while it
+    // is still finalizing would patch the old one, which then goes.
     hostmesh_testkit::wait::poll(hostmesh_e2e::WAIT, async || {
-        matches!(meshes.get_opt("pm").await, Ok(None))
+        let pm = meshes.get_opt("pm").await;
+        let w = worlds.get_opt("w").await;
+        matches!((pm, w), (Ok(None), Ok(None)))
             .then_some(())
             .ok_or(())
     })
     .await
-    .map_err(|()| anyhow::anyhow!("ProcMesh pm outlived its World"))?;
+    .map_err(|()| anyhow::anyhow!("ProcMesh pm (or World w) outlived the World's deletion"))?;
 
     // Deleted at once, before the operator reconciled either (the issue's
     // leak, 3 of 3 then): the ProcMesh goes too.
