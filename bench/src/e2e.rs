@@ -75,7 +75,7 @@ async fn suite(env: &DevEnv) -> anyhow::Result<()> {
             // Secret they mount) on the cluster the World has left, so both
             // measure on an idle node.
             let pods = host_pods(&client, &name).await?;
-            let secrets = mounted_secrets(&client, &pods).await?;
+            let secrets = crate::scale::fresh_secrets(&client, NS, &pods).await?;
             if hosts == 64 {
                 api(&client, "ProcMesh")
                     .delete(&format!("{name}-procs"), &DeleteParams::default())
@@ -190,27 +190,6 @@ async fn delete_world(client: &kube::Client, name: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!("World {name} and its pods not gone after {WAIT:?}")
-}
-
-/// The Secrets `pods` mount, as fresh objects (no owner, no server fields).
-async fn mounted_secrets(client: &kube::Client, pods: &[Pod]) -> anyhow::Result<Vec<Secret>> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), NS);
-    let names: std::collections::BTreeSet<String> = pods
-        .iter()
-        .filter_map(|p| p.spec.as_ref()?.volumes.as_ref())
-        .flatten()
-        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
-        .collect();
-    let mut out = Vec::new();
-    for n in names {
-        let s = api.get(&n).await?;
-        let mut fresh = Secret::default();
-        fresh.metadata.name = Some(n);
-        fresh.data = s.data;
-        fresh.type_ = s.type_;
-        out.push(fresh);
-    }
-    Ok(out)
 }
 
 /// Creates `secrets`, then `pods` again as plain pods (same spec, no owner,

@@ -285,7 +285,7 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
 
     // The World goes; then the same pods, bare.
     let pods = host_pods(&client).await?;
-    let secrets = mounted_secrets(&client, &pods).await?;
+    let secrets = super::fresh_secrets(&client, NS, &pods).await?;
     api(&client, "ProcMesh")
         .delete(MESH, &DeleteParams::default())
         .await?;
@@ -516,27 +516,6 @@ async fn wait_gone(client: &kube::Client, world: &str) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// The Secrets `pods` mount, as fresh objects (no owner, no server fields).
-async fn mounted_secrets(client: &kube::Client, pods: &[Pod]) -> anyhow::Result<Vec<Secret>> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), NS);
-    let names: std::collections::BTreeSet<String> = pods
-        .iter()
-        .filter_map(|p| p.spec.as_ref()?.volumes.as_ref())
-        .flatten()
-        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
-        .collect();
-    let mut out = Vec::new();
-    for n in names {
-        let s = api.get(&n).await?;
-        let mut fresh = Secret::default();
-        fresh.metadata.name = Some(n);
-        fresh.data = s.data;
-        fresh.type_ = s.type_;
-        out.push(fresh);
-    }
-    Ok(out)
 }
 
 /// Creates `secrets`, then `pods` again as plain pods (same spec, no owner,

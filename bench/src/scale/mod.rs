@@ -114,3 +114,54 @@ pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         outcome
     })
 }
+
+/// The Secrets a pod takes data from: its secret volumes and its
+/// containers' `secretKeyRef` variables (a host pod's World secret comes
+/// as `HOSTMESH_SECRET`), each name once, in order.
+pub(crate) fn referenced_secrets(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.secret.as_ref()?.secret_name.clone());
+    let vars = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.env.iter().flatten())
+        .filter_map(|e| Some(e.value_from.as_ref()?.secret_key_ref.as_ref()?.name.clone()));
+    let mut out: Vec<String> = Vec::new();
+    for n in volumes.chain(vars) {
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// The Secrets `pods` take data from ([`referenced_secrets`]), read from
+/// namespace `ns` as fresh objects (no owner, no server fields): what the
+/// same pods need again when a benchmark creates them bare.
+pub(crate) async fn fresh_secrets(
+    client: &kube::Client,
+    ns: &str,
+    pods: &[k8s_openapi::api::core::v1::Pod],
+) -> anyhow::Result<Vec<k8s_openapi::api::core::v1::Secret>> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), ns);
+    let names: std::collections::BTreeSet<String> =
+        pods.iter().flat_map(referenced_secrets).collect();
+    let mut out = Vec::new();
+    for n in names {
+        let s = api.get(&n).await?;
+        let mut fresh = k8s_openapi::api::core::v1::Secret::default();
+        fresh.metadata.name = Some(n);
+        fresh.data = s.data;
+        fresh.type_ = s.type_;
+        out.push(fresh);
+    }
+    Ok(out)
+}

@@ -284,16 +284,13 @@ impl Inner {
         Ok(())
     }
 
-    /// The World secret `pod` mounts, as its agent derives the key.
+    /// The World secret `pod` takes (its `HOSTMESH_SECRET`), as its agent
+    /// derives the key.
     async fn secret_of(&self, pod: &Pod) -> anyhow::Result<Vec<u8>> {
-        let name = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.volumes.as_ref())
+        let name = super::referenced_secrets(pod)
             .into_iter()
-            .flatten()
-            .find_map(|v| v.secret.as_ref()?.secret_name.clone())
-            .context("a host pod that mounts no Secret")?;
+            .next()
+            .context("a host pod that takes no Secret")?;
         if let Some(k) = self
             .secrets
             .lock()
