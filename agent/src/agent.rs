@@ -89,17 +89,8 @@ impl Agent {
         // Fence invariant 5: the proc claims this host's epoch and checks
         // peers against the table the fence keeps.
         let peers = hostmesh_runtime::channel::epoch::EpochTable::default();
-        let mut builder = Proc::builder(AGENT_PROC_NAME)
-            .listen(ChannelAddr::Tcp(config.listen))
-            .secret(secret.bytes().to_vec())
-            .epoch_table(peers.clone());
-        if config.fence.epoch > 0 {
-            builder = builder.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
-                rank: config.host_rank,
-                epoch: config.fence.epoch,
-            });
-        }
-        let proc = builder.build().await.map_err(|e| {
+        let proc = host_proc(&config, config.listen, &secret, &peers);
+        let proc = proc.build().await.map_err(|e| {
             HostError::Runtime(format!(
                 "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
                 config.listen
@@ -111,16 +102,7 @@ impl Agent {
         };
         // Desk invariant 2: the agent's IP, a port of the system's choice,
         // the same epoch claim and table.
-        let mut desk = Proc::builder(AGENT_PROC_NAME)
-            .listen(ChannelAddr::Tcp(SocketAddr::new(addr.ip(), 0)))
-            .secret(runtime_key.bytes().to_vec())
-            .epoch_table(peers.clone());
-        if config.fence.epoch > 0 {
-            desk = desk.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
-                rank: config.host_rank,
-                epoch: config.fence.epoch,
-            });
-        }
+        let desk = host_proc(&config, SocketAddr::new(addr.ip(), 0), &runtime_key, &peers);
         let desk = desk.build().await.map_err(|e| {
             HostError::Runtime(format!("cannot serve the proc desk on {}: {e}", addr.ip()))
         })?;
@@ -300,6 +282,41 @@ pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
 /// captures): bounded like the workers, whatever the node's size.
 const MAX_BLOCKING_THREADS: usize = 16;
 
+/// A proc of this host named `agent` listening at `listen`, keyed with
+/// `key`, checking peers against `peers` and claiming the host's epoch
+/// when it has one (fence invariant 5): the agent's own proc and its desk.
+fn host_proc(
+    config: &AgentConfig,
+    listen: SocketAddr,
+    key: &Secret,
+    peers: &hostmesh_runtime::channel::epoch::EpochTable,
+) -> hostmesh_runtime::ProcBuilder {
+    let builder = Proc::builder(AGENT_PROC_NAME)
+        .listen(ChannelAddr::Tcp(listen))
+        .secret(key.bytes().to_vec())
+        .epoch_table(peers.clone());
+    if config.fence.epoch == 0 {
+        return builder;
+    }
+    builder.epoch(hostmesh_runtime::channel::epoch::EpochClaim {
+        rank: config.host_rank,
+        epoch: config.fence.epoch,
+    })
+}
+
+/// Logs of a process of this crate (`hostmesh agent`, `hostmesh
+/// echo-proc`) go to stderr, filtered by `RUST_LOG`, else `info`.
+pub(crate) fn log_to_stderr() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+}
+
 /// `hostmesh agent` as a process: logs to stderr (`RUST_LOG`, else
 /// `info`; stdout carries the procs' output), then runs the agent on a
 /// runtime of `--worker-threads` workers until it is told to stop.
@@ -309,14 +326,7 @@ pub fn run_blocking(mut args: AgentArgs) -> Result<(), HostError> {
     args.secret = super::keys::take_env_secret()?;
     super::keys::become_undumpable()
         .map_err(|e| HostError::io("cannot make the agent non-dumpable", e))?;
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    log_to_stderr();
     if args.worker_threads == 0 {
         return Err(HostError::config(
             "--worker-threads (HOSTMESH_WORKER_THREADS)",

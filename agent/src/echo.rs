@@ -97,14 +97,7 @@ pub async fn run() -> Result<(), HostError> {
 
 /// `hostmesh echo-proc` as a process: logs to stderr, two runtime workers.
 pub fn run_blocking() -> Result<(), HostError> {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    super::agent::log_to_stderr();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -97,10 +97,28 @@ pub async fn publish(
     if existing.as_ref().and_then(|c| c.data.as_ref()) == Some(&data) {
         return Ok(());
     }
-    let mut cm = ConfigMap {
+    let cm = owned_configmap(pm, &name, None, data);
+    match create_or_replace(&api, existing, cm).await {
+        Ok(_) => Ok(()),
+        // Someone wrote it meanwhile: the next reconcile compares again.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// ConfigMap `name` of `pm`'s namespace, owned by `pm` and labelled with
+/// it, holding `data` (and `annotations`): the shape of every ConfigMap
+/// a ProcMesh has (its stacks, its runtime addresses).
+pub(super) fn owned_configmap(
+    pm: &ProcMesh,
+    name: &str,
+    annotations: Option<BTreeMap<String, String>>,
+    data: BTreeMap<String, String>,
+) -> ConfigMap {
+    ConfigMap {
         metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns),
+            name: Some(name.to_string()),
+            namespace: pm.namespace(),
             labels: Some(BTreeMap::from([
                 (
                     "app.kubernetes.io/managed-by".to_string(),
@@ -108,24 +126,29 @@ pub async fn publish(
                 ),
                 ("hostmesh.dev/procmesh".to_string(), pm.name_any()),
             ])),
+            annotations,
             owner_references: pm.controller_owner_ref(&()).map(|o| vec![o]),
             ..Default::default()
         },
         data: Some(data),
         ..Default::default()
-    };
-    let written = match existing {
+    }
+}
+
+/// Writes `cm`: replaces `existing` (at its resource version), else
+/// creates it.
+pub(super) async fn create_or_replace(
+    api: &Api<ConfigMap>,
+    existing: Option<ConfigMap>,
+    mut cm: ConfigMap,
+) -> Result<ConfigMap, kube::Error> {
+    match existing {
         Some(old) => {
             cm.metadata.resource_version = old.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &cm).await
+            api.replace(&cm.name_any(), &PostParams::default(), &cm)
+                .await
         }
         None => api.create(&PostParams::default(), &cm).await,
-    };
-    match written {
-        Ok(_) => Ok(()),
-        // Someone wrote it meanwhile: the next reconcile compares again.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -29,10 +29,10 @@ use hostmesh_crds::conditions;
 use hostmesh_crds::procmesh::{ProcMeshStatus, ProcState, RankStatus, StallAction};
 use hostmesh_crds::{ProcMesh, runs};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
-use kube::{Resource as _, ResourceExt as _};
+use kube::ResourceExt as _;
+use kube::api::Api;
 
 use crate::controllers::shared::{ControllerContext, PlannedEvent, Severity};
 use crate::hub::{ProcObs, WorldKey};
@@ -309,31 +309,13 @@ pub async fn capture_on_new_episode(
         message(pm, stalled, total, now)
     );
     let data = configmap_data(&head, &order, &stacks, total);
-    let mut cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns),
-            labels: Some(BTreeMap::from([
-                (
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "hostmesh".to_string(),
-                ),
-                ("hostmesh.dev/procmesh".to_string(), pm.name_any()),
-            ])),
-            annotations: Some(BTreeMap::from([(EPISODE_ANNOTATION.to_string(), key)])),
-            owner_references: pm.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        data: Some(data),
-        ..Default::default()
-    };
-    let written = match existing {
-        Some(old) => {
-            cm.metadata.resource_version = old.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &cm).await
-        }
-        None => api.create(&PostParams::default(), &cm).await,
-    };
+    let cm = super::addresses::owned_configmap(
+        pm,
+        &name,
+        Some(BTreeMap::from([(EPISODE_ANNOTATION.to_string(), key)])),
+        data,
+    );
+    let written = super::addresses::create_or_replace(&api, existing, cm).await;
     let kept = match written {
         Ok(_) => format!(
             "stacks of every rank in ConfigMap {name} (hostmesh stacks procmesh/{})",
