@@ -22,7 +22,6 @@
 //!    [`MeshEvent::ActorFailed`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -257,7 +256,7 @@ impl MeshClient {
                     .map_err(|e| mesh_err(format!("rank {rank}: {e}")))?,
             );
         }
-        let id = format!("client-{name}-{:016x}", rand_id());
+        let id = format!("client-{name}-{:016x}", rand::random::<u64>());
         let proc = Proc::builder(id.clone())
             .secret(key)
             .build()
@@ -378,9 +377,10 @@ impl MeshClient {
         let tx = self.tx.clone();
         let poll = self.options.status_poll;
         let total = self.procs.len();
-        let incarnations: Arc<std::sync::Mutex<BTreeSet<(Rank, u32)>>> = Arc::default();
         self.tasks.push(tokio::spawn(async move {
             let mut base: Option<BTreeMap<Rank, u32>> = None;
+            // (rank, incarnation) pairs already reported (invariant 4).
+            let mut reported: BTreeSet<(Rank, u32)> = BTreeSet::new();
             loop {
                 tokio::time::sleep(poll).await;
                 let Ok(pm) = meshes.get(&name).await else {
@@ -403,11 +403,7 @@ impl MeshClient {
                     if !ended {
                         continue;
                     }
-                    let first = incarnations
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert((rank, at));
-                    if first {
+                    if reported.insert((rank, at)) {
                         // Restarted within one pass, the rank reads
                         // Starting again: its end is the restart.
                         let restarted = matches!(s.state, ProcState::Starting | ProcState::Pending);
@@ -433,11 +429,4 @@ impl MeshClient {
             }
         }));
     }
-}
-
-fn rand_id() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    (t as u64) ^ u64::from(std::process::id()).rotate_left(32)
 }
