@@ -14,6 +14,12 @@
 //!    incident by the plan that set it.
 //! 3. A refined root only moves `failedAt` earlier; `detectedAt` keeps the
 //!    first detection, so the times stay monotonic.
+//! 4. A failure that happened before the last incident's restart was
+//!    decided, within its root's cascade window, joins it even once it has
+//!    closed: it is the same crash, reported late (a second host's agent
+//!    back after the first host's procs already ran again). Its phases are
+//!    kept as stamped (invariant 2): `procsRunningAt` is when every proc
+//!    was first seen running after the decision.
 
 use hostmesh_crds::Rank;
 use std::time::Duration;
@@ -45,8 +51,8 @@ fn open(ring: &mut [Incident]) -> Option<&mut Incident> {
 
 /// Records the root failure `root` of what is failing now (described as
 /// `cause`, with `collateral` collateral failures): it joins the open
-/// incident or opens a new one (invariant 1), and refines the root when it
-/// is earlier (invariant 3). With `may_open` false (the mesh has ended) it
+/// incident (or the closed one it belongs to, invariant 4) or opens a new
+/// one (invariant 1), and refines the root when it is earlier (invariant 3). With `may_open` false (the mesh has ended) it
 /// only refines the last incident, when `root` falls in its window. Returns
 /// the incident's root (rank, time).
 pub fn on_failure(
@@ -58,7 +64,16 @@ pub fn on_failure(
 ) -> Option<(Rank, Timestamp)> {
     let window = SignedDuration::try_from(CASCADE_WINDOW).unwrap_or(SignedDuration::MAX);
     let target = if may_open {
-        open(ring).filter(|i| i.decided_at.is_none() || root.at <= i.failed_at.0 + window)
+        ring.last_mut().filter(|i| {
+            let within = root.at <= i.failed_at.0 + window;
+            if i.closed() {
+                i.action != Some(IncidentAction::GaveUp)
+                    && within
+                    && i.decided_at.as_ref().is_some_and(|d| root.at <= d.0)
+            } else {
+                i.decided_at.is_none() || within
+            }
+        })
     } else {
         ring.last_mut()
             .filter(|i| root.at <= i.failed_at.0 + window)
@@ -240,6 +255,42 @@ mod tests {
             "an earlier root of the last incident, reported late"
         );
         assert_eq!(ring.len(), 2);
+    }
+
+    #[test]
+    fn a_late_report_of_a_failure_before_the_decision_joins_the_closed_incident() {
+        let mut ring = Vec::new();
+        on_failure(&mut ring, &failure(0, 0, 5_000), "host 0 lost", 0, true);
+        on_decision(&mut ring, IncidentAction::RestartRanks, at(5_001));
+        on_progress(&mut ring, true, true, at(5_010));
+        assert!(ring[0].closed());
+        // Host 1's agent, back 20 ms later, reports a loss from before the
+        // decision: the same crash.
+        assert_eq!(
+            on_failure(&mut ring, &failure(2, 20, 5_020), "host 1 lost", 0, true),
+            Some((0, at(0)))
+        );
+        assert_eq!(ring.len(), 1);
+        assert!(ring[0].closed() && monotonic(&ring[0]), "phases as stamped");
+        // A failure after the decision is a new incident, even in the window.
+        on_failure(
+            &mut ring,
+            &failure(3, 5_002, 5_030),
+            "rank 3 exited",
+            0,
+            true,
+        );
+        assert_eq!(ring.len(), 2);
+        // A given-up incident is never joined.
+        on_decision(&mut ring, IncidentAction::GaveUp, at(5_040));
+        on_failure(
+            &mut ring,
+            &failure(1, 5_003, 5_050),
+            "rank 1 exited",
+            0,
+            true,
+        );
+        assert_eq!(ring.len(), 3);
     }
 
     #[test]

@@ -39,7 +39,9 @@
 //!    its restart it is Starting until the new host runs it. So is a proc
 //!    status recorded alive that its host's agent, heard again, no longer
 //!    reports (the agent or its kubelet restarted, or the pod was replaced
-//!    between two passes): every respawn is counted, in its own incident.
+//!    between two passes): every respawn is counted, and the hosts one
+//!    crash hit, whose agents come back one by one, are one incident and
+//!    one restart (`incidents` invariant 4).
 //!    A live proc whose host is only Expired (its agent silent, not
 //!    evicted yet) is
 //!    Unreachable: no failure, nothing restarted or counted; heard again,
@@ -1106,16 +1108,17 @@ impl<'i, 'a> Working<'i, 'a> {
         let cause = describe(root.rank, &root.status, self.program());
         let last = |ring: &[Incident]| ring.last().map(|i| (i.detected_at.clone(), i.rank));
         let before = last(&self.incidents);
-        // When the open incident's restart was decided, if it was.
+        // When the last incident's restart was decided, if it was (it may
+        // have closed since: a late report of its crash joins it,
+        // incidents invariant 4).
         let restart_decided = self
             .incidents
             .last()
             .filter(|i| {
-                !i.closed()
-                    && matches!(
-                        i.action,
-                        Some(IncidentAction::RestartRanks | IncidentAction::RestartGang)
-                    )
+                matches!(
+                    i.action,
+                    Some(IncidentAction::RestartRanks | IncidentAction::RestartGang)
+                )
             })
             .and_then(|i| i.decided_at.as_ref().map(|t| t.0));
         let (root_rank, root_at) =

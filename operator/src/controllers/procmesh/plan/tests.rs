@@ -1351,6 +1351,69 @@ fn procs_an_agent_no_longer_reports_are_lost_and_restarted_once() {
     assert_eq!(p.status.incidents[1].rank, 1);
 }
 
+/// A kubelet restart loses every host's procs at once, but the agents come
+/// back one by one: host 1's loss, reported after host 0's restarted procs
+/// already run, happened before the restart was decided. It joins that
+/// incident and restarts uncounted (incidents invariant 4).
+#[test]
+fn a_second_hosts_late_report_of_the_same_crash_joins_the_closed_incident() {
+    let mut pm = small(", restartPolicy: {policy: OnFailure, maxRestarts: 3}");
+    let t0 = 100_000;
+    let mut states = all(2, 2, ProcState::Running, 0);
+    for r in [2, 3] {
+        states.get_mut(&r).unwrap().host = 1;
+    }
+    let p = run_ms(&pm, &states, t0);
+    pm.status = Some(p.status);
+    // Host 0's agent is back first: its procs were lost at t0 + 10 ms.
+    for r in [0, 1] {
+        states.insert(r, timed(ProcState::Lost, None, None, t0 + 10, t0 + 5_000));
+    }
+    let p = run_ms(&pm, &states, t0 + 5_000);
+    assert_eq!(p.status.restarts, 1);
+    pm.status = Some(p.status);
+    for r in [0, 1] {
+        states.insert(r, obs(ProcState::Running, None, 1));
+    }
+    let p = run_ms(&pm, &states, t0 + 5_010);
+    assert!(p.status.incidents[0].closed(), "{:?}", p.status.incidents);
+    pm.status = Some(p.status);
+    // Host 1's agent, back 20 ms later: lost at t0 + 30 ms.
+    for r in [2, 3] {
+        let mut o = timed(ProcState::Lost, None, None, t0 + 30, t0 + 5_020);
+        o.host = 1;
+        states.insert(r, o);
+    }
+    let p = run_ms(&pm, &states, t0 + 5_020);
+    assert_eq!(
+        p.status.restarts, 1,
+        "the same crash: {:?}",
+        p.status.incidents
+    );
+    assert_eq!(p.status.incidents.len(), 1, "{:?}", p.status.incidents);
+    assert_eq!(
+        p.spawn.as_ref().map(|s| s.get(2)),
+        Some(1),
+        "rank 2 restarts"
+    );
+    pm.status = Some(p.status);
+    for r in [2, 3] {
+        let mut o = obs(ProcState::Running, None, 1);
+        o.host = 1;
+        states.insert(r, o);
+    }
+    let p = run_ms(&pm, &states, t0 + 6_000);
+    assert_eq!((p.status.restarts, p.status.running), (1, 4));
+    pm.status = Some(p.status);
+    // A failure after the decision is its own incident, counted.
+    let mut o = timed(ProcState::Failed, Some(1), None, t0 + 9_000, t0 + 9_001);
+    o.incarnation = 1;
+    states.insert(1, o);
+    let p = run_ms(&pm, &states, t0 + 9_001);
+    assert_eq!(p.status.restarts, 2);
+    assert_eq!(p.status.incidents.len(), 2);
+}
+
 /// A rank that ended (exit 0) and that its agent no longer reports (the
 /// agent restarted) keeps its recorded end: it is never run again, and is
 /// no failure.
