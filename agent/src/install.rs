@@ -5,8 +5,12 @@
 //! Invariants:
 //! 1. What is installed is the agent-only build, `hostmesh-agent`
 //!    ([`AGENT_BINARY`]), when it lies beside the running executable (the
-//!    image ships both); otherwise the running executable itself (the full
-//!    `hostmesh`, which also serves `agent`).
+//!    image ships both) and carries the same build id ([`BUILD`], the hash
+//!    of the agent's sources, `build.rs`); otherwise the running executable
+//!    itself (the full `hostmesh`, which also serves `agent`). A build
+//!    folder keeps an agent-only build from an earlier `cargo build` when
+//!    `cargo run --bin hostmesh` rebuilds only the full one: that stale
+//!    agent is never installed.
 //! 2. A destination that already holds the same bytes is left as it is
 //!    (the process kubelet links one copy per node there before the init
 //!    container runs): nothing is copied.
@@ -19,6 +23,40 @@ use std::path::{Path, PathBuf};
 
 /// The agent-only binary's file name (invariant 1).
 pub const AGENT_BINARY: &str = "hostmesh-agent";
+
+/// This build's id: the hash of the agent's sources (`build.rs`).
+pub const BUILD: &str = env!("HOSTMESH_AGENT_BUILD");
+
+/// How every binary that links the agent carries [`BUILD`] in its bytes,
+/// to be found there by [`build_of`].
+const MARKER: &str = concat!("hostmesh-agent-build:", env!("HOSTMESH_AGENT_BUILD"), ";");
+
+/// The build id a binary at `path` carries (its marker, [`MARKER`]);
+/// `None` when it has none or cannot be read.
+pub fn build_of(path: &Path) -> Option<String> {
+    static FIND: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
+        regex::bytes::Regex::new(r"hostmesh-agent-build:([0-9a-f]{16});").expect("a valid regex")
+    });
+    if is_running_executable(path) {
+        return Some(BUILD.to_string());
+    }
+    let bytes = std::fs::read(path).ok()?;
+    let id = FIND.captures(&bytes)?.get(1)?;
+    String::from_utf8(id.as_bytes().to_vec()).ok()
+}
+
+/// Whether `path` is this process's own executable (its build is
+/// [`BUILD`], nothing to read).
+fn is_running_executable(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (Ok(a), Ok(b)) = (std::fs::metadata(path), std::fs::metadata("/proc/self/exe")) else {
+        return false;
+    };
+    // The marker is referenced here, so every binary that can install the
+    // agent carries it.
+    std::hint::black_box(MARKER);
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
 
 /// Why the agent could not be installed.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +74,19 @@ pub struct InstallError {
 /// The binary `install-agent` run from `exe` installs (invariant 1).
 pub fn agent_source(exe: &Path) -> PathBuf {
     let beside = exe.with_file_name(AGENT_BINARY);
-    if beside != exe && beside.is_file() {
+    if beside == exe || !beside.is_file() {
+        return exe.to_path_buf();
+    }
+    let (ours, theirs) = (build_of(exe), build_of(&beside));
+    if ours.is_some() && ours == theirs {
         beside
     } else {
+        tracing::debug!(
+            beside = %beside.display(),
+            ?ours,
+            ?theirs,
+            "the agent-only build beside is of other sources; installing the executable itself"
+        );
         exe.to_path_buf()
     }
 }
@@ -119,43 +167,69 @@ mod tests {
     fn the_agent_only_build_beside_the_executable_is_installed() {
         let dir = tempfile::tempdir().unwrap();
         let full = dir.path().join("hostmesh");
-        std::fs::write(&full, b"full build").unwrap();
+        std::fs::write(&full, format!("full build {MARKER} end")).unwrap();
         assert_eq!(agent_source(&full), full, "alone: the executable itself");
         let small = dir.path().join(AGENT_BINARY);
-        std::fs::write(&small, b"agent build").unwrap();
+        let agent = format!("agent build {MARKER}");
+        std::fs::write(&small, &agent).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&small, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(agent_source(&full), small);
         assert_eq!(agent_source(&small), small);
         let to = dir.path().join("vol/bin/hostmesh");
         install(&full, &to).unwrap();
-        assert_eq!(std::fs::read(&to).unwrap(), b"agent build");
+        assert_eq!(std::fs::read(&to).unwrap(), agent.as_bytes());
         let mode = std::fs::metadata(&to).unwrap().permissions().mode();
         assert_eq!(mode & 0o111, 0o111, "executable: {mode:o}");
         assert!(!to.with_extension("tmp").exists());
+    }
+
+    /// `cargo run --bin hostmesh` rebuilds the full binary alone: the
+    /// agent-only build an earlier `cargo build` left beside it is of other
+    /// sources, and the executable itself is installed.
+    #[test]
+    fn a_stale_agent_only_build_beside_the_executable_is_not_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = dir.path().join("hostmesh");
+        std::fs::write(&full, format!("full build {MARKER}")).unwrap();
+        let small = dir.path().join(AGENT_BINARY);
+        std::fs::write(&small, "agent hostmesh-agent-build:0123456789abcdef; end").unwrap();
+        assert_eq!(build_of(&small).as_deref(), Some("0123456789abcdef"));
+        assert_eq!(build_of(&full).as_deref(), Some(BUILD));
+        assert_eq!(agent_source(&full), full, "stale: the executable itself");
+        std::fs::write(&small, "an agent without a build id").unwrap();
+        assert_eq!(build_of(&small), None);
+        assert_eq!(agent_source(&full), full, "unknown: the executable itself");
+        // The running executable is known without reading it.
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(build_of(&me).as_deref(), Some(BUILD));
+        assert_eq!(BUILD.len(), 16);
     }
 
     #[test]
     fn a_destination_with_the_same_bytes_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let small = dir.path().join(AGENT_BINARY);
-        std::fs::write(&small, b"agent build").unwrap();
+        let agent = format!("agent build {MARKER}");
+        std::fs::write(&small, &agent).unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, format!("full build {MARKER}")).unwrap();
         let to = dir.path().join("hostmesh");
-        std::fs::write(&to, b"agent build").unwrap();
+        std::fs::write(&to, &agent).unwrap();
         let before = std::fs::metadata(&to).unwrap();
-        install(&dir.path().join("other"), &to).unwrap();
+        install(&other, &to).unwrap();
         use std::os::unix::fs::MetadataExt as _;
         assert_eq!(
             std::fs::metadata(&to).unwrap().ino(),
             before.ino(),
             "not replaced"
         );
-        std::fs::write(&to, b"agent buile").unwrap();
+        std::fs::write(&to, agent.replace("build", "buile")).unwrap();
         assert!(!same_bytes(&small, &to).unwrap());
-        install(&dir.path().join("other"), &to).unwrap();
+        install(&other, &to).unwrap();
         assert_eq!(
             std::fs::read(&to).unwrap(),
-            b"agent build",
+            agent.as_bytes(),
             "different bytes are replaced"
         );
     }

@@ -10,10 +10,11 @@
 //!
 //! Invariants:
 //! 1. The node's copy is made once per kubelet start, in
-//!    `<data dir>/agent/`, of what `install-agent` would install: the
-//!    agent-only build beside the hostmesh image's program
-//!    (`hostmesh-agent`), else the program itself; a hard link when the
-//!    data directory is on the same filesystem, else one copy (mode 0555).
+//!    `<data dir>/agent/`, of what `install-agent` would install
+//!    (`hostmesh_agent::install::agent_source`: the agent-only build beside
+//!    the hostmesh image's program when it is of the same build, else the
+//!    program itself); a hard link when the data directory is on the same
+//!    filesystem, else one copy (mode 0555).
 //! 2. Only a container that runs the hostmesh image's program with
 //!    `install-agent --to PATH`, PATH inside a writable volume mount and
 //!    not there yet, gets the link; anything that fails is logged and left
@@ -23,9 +24,7 @@ use std::path::{Path, PathBuf};
 
 use super::process::Launch;
 
-/// The agent-only build's file name, as `hostmesh_agent::install` looks
-/// for it beside the program.
-const AGENT_BINARY: &str = "hostmesh-agent";
+use hostmesh_agent::install::AGENT_BINARY;
 
 /// The node's copy and the program it stands for.
 #[derive(Debug)]
@@ -41,12 +40,7 @@ impl AgentCopy {
     /// `data_dir` (invariant 1); `None` (logged) when it cannot.
     pub(crate) fn make(data_dir: &Path, program: &Path) -> Option<AgentCopy> {
         use std::os::unix::fs::PermissionsExt as _;
-        let beside = program.with_file_name(AGENT_BINARY);
-        let source = if beside.is_file() {
-            beside
-        } else {
-            program.to_path_buf()
-        };
+        let source = hostmesh_agent::install::agent_source(program);
         let dir = data_dir.join("agent");
         let path = dir.join(AGENT_BINARY);
         let made = (|| -> std::io::Result<()> {
@@ -128,6 +122,15 @@ mod tests {
     use super::*;
     use crate::kubelet::volumes::Mount;
 
+    /// Bytes that carry this build's id, as a binary linking the agent does.
+    fn built(what: &str) -> Vec<u8> {
+        format!(
+            "{what} hostmesh-agent-build:{};",
+            hostmesh_agent::install::BUILD
+        )
+        .into_bytes()
+    }
+
     fn launch(program: &Path, args: &[&str], mounts: Vec<Mount>) -> Launch {
         Launch {
             program: program.to_string_lossy().into_owned(),
@@ -147,10 +150,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let program = dir.path().join("bin/hostmesh");
         std::fs::create_dir_all(program.parent().unwrap()).unwrap();
-        std::fs::write(&program, b"full").unwrap();
-        std::fs::write(program.with_file_name(AGENT_BINARY), b"agent").unwrap();
+        std::fs::write(&program, built("full")).unwrap();
+        std::fs::write(program.with_file_name(AGENT_BINARY), built("agent")).unwrap();
         let copy = AgentCopy::make(&dir.path().join("data"), &program).unwrap();
-        assert_eq!(std::fs::read(&copy.path).unwrap(), b"agent");
+        assert_eq!(std::fs::read(&copy.path).unwrap(), built("agent"));
         let (vol_a, vol_b) = (dir.path().join("pod-a/vol"), dir.path().join("pod-b/vol"));
         for vol in [&vol_a, &vol_b] {
             std::fs::create_dir_all(vol).unwrap();
@@ -166,7 +169,7 @@ mod tests {
             ));
         }
         let (a, b) = (vol_a.join("hostmesh"), vol_b.join("hostmesh"));
-        assert_eq!(std::fs::read(&a).unwrap(), b"agent");
+        assert_eq!(std::fs::read(&a).unwrap(), built("agent"));
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         assert_eq!(ino(&a), ino(&b), "one inode for the node's pods");
         assert_eq!(ino(&a), ino(&copy.path));
@@ -176,12 +179,20 @@ mod tests {
     fn only_the_hostmesh_images_install_agent_gets_a_link() {
         let dir = tempfile::tempdir().unwrap();
         let program = dir.path().join("hostmesh");
-        std::fs::write(&program, b"full").unwrap();
+        std::fs::write(&program, built("full")).unwrap();
         let copy = AgentCopy::make(&dir.path().join("data"), &program).unwrap();
         assert_eq!(
             std::fs::read(&copy.path).unwrap(),
-            b"full",
+            built("full"),
             "no agent-only build: the program"
+        );
+        let stale = "agent hostmesh-agent-build:0000000000000000;";
+        std::fs::write(program.with_file_name(AGENT_BINARY), stale).unwrap();
+        let copy = AgentCopy::make(&dir.path().join("data"), &program).unwrap();
+        assert_eq!(
+            std::fs::read(&copy.path).unwrap(),
+            built("full"),
+            "an agent-only build of other sources: the program"
         );
         let vol = dir.path().join("vol");
         std::fs::create_dir_all(&vol).unwrap();
