@@ -17,13 +17,27 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 
 use crate::report::emit;
 
-const NS: &str = "default";
-const WAIT: Duration = Duration::from_secs(300);
+pub(crate) const NS: &str = "default";
+pub(crate) const WAIT: Duration = Duration::from_secs(300);
 
 pub(crate) fn run() -> anyhow::Result<()> {
+    with_dev_env("e2e", |env| Box::pin(suite(env)))
+}
+
+/// Runs `suite` on a cluster in a box started for it (its data under
+/// `hostmesh-bench-<tag>-<pid>` in the temporary directory), and tears the
+/// cluster down after it, also on Ctrl-C or SIGTERM.
+pub(crate) fn with_dev_env<F>(tag: &str, suite: F) -> anyhow::Result<()>
+where
+    F: for<'e> FnOnce(
+        &'e DevEnv,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'e>,
+    >,
+{
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let dir = std::env::temp_dir().join(format!("hostmesh-bench-e2e-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("hostmesh-bench-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         // The agent image maps to the `hostmesh` binary built beside this one.
         let hostmesh = std::env::current_exe()?.with_file_name("hostmesh");
@@ -115,7 +129,7 @@ fn mesh_yaml(name: &str, world: &str) -> String {
     )
 }
 
-async fn apply(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
+pub(crate) async fn apply(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
     let objects = hostmesh_cli::manifest::parse("bench", yaml)?;
     hostmesh_cli::manifest::apply_all(client, &objects, NS, "hostmesh-bench").await?;
     Ok(())
@@ -132,7 +146,7 @@ fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), NS, &ar)
 }
 
-async fn status_of(
+pub(crate) async fn status_of(
     client: &kube::Client,
     kind: &str,
     name: &str,
@@ -153,7 +167,11 @@ fn ready(status: &serde_json::Value) -> bool {
     })
 }
 
-async fn wait_ready(client: &kube::Client, kind: &str, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_ready(
+    client: &kube::Client,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
         let s = status_of(client, kind, name).await?;
@@ -304,13 +322,20 @@ async fn proc_kill_to_status(client: &kube::Client, world: &str) -> anyhow::Resu
 
 /// PID of the proc of ProcMesh `mesh` in World `world` (scans `/proc`).
 fn find_proc(world: &str, mesh: &str) -> Option<i32> {
+    find_proc_where(world, mesh, None)
+}
+
+/// PID of the proc of ProcMesh `mesh` in World `world`, of `rank` when
+/// given (its `RANK`), found by its environment in `/proc`.
+pub(crate) fn find_proc_where(world: &str, mesh: &str, rank: Option<usize>) -> Option<i32> {
     let want_world = format!("HOSTMESH_WORLD={world}");
     let want_mesh = format!("HOSTMESH_PROC_MESH={mesh}");
+    let want_rank = rank.map(|r| format!("RANK={r}"));
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
         let env = std::fs::read(e.path().join("environ")).ok()?;
         let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
         let has = |w: &str| vars.contains(&w.as_bytes());
-        (has(&want_world) && has(&want_mesh)).then_some(pid)
+        (has(&want_world) && has(&want_mesh) && want_rank.as_deref().is_none_or(has)).then_some(pid)
     })
 }

@@ -7,6 +7,7 @@
 
 mod agent;
 mod apiserver;
+mod client;
 mod diagnosis;
 mod e2e;
 mod image;
@@ -24,7 +25,7 @@ use hostmesh_bench::{chaos, report};
 #[derive(Parser)]
 #[command(name = "hostmesh-bench")]
 struct Cli {
-    /// Suite to run: runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale.
+    /// Suite to run: runtime, client, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale.
     suite: String,
     /// chaos: runs of each scenario (default 3); diagnosis: runs of the
     /// causal scenario (default 20).
@@ -60,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         "monarch" => monarch::run(),
         "kubelet" => kubelet::run(),
         "runtime" => runtime::run(),
+        "client" => client::run(),
         "streams" => streams::run(),
         "scale" => scale::run(&cli.scale),
         "diagnosis" => diagnosis::run(cli.runs.unwrap_or(20)),
@@ -72,7 +74,7 @@ fn main() -> anyhow::Result<()> {
             chaos::run(cli.runs.unwrap_or(3), &scenarios)
         }
         other => anyhow::bail!(
-            "unknown suite {other:?}: choose one of runtime, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale"
+            "unknown suite {other:?}: choose one of runtime, client, agent, operator, apiserver, e2e, image, streams, kubelet, kueue, monarch, chaos, diagnosis, scale"
         ),
     }
 }

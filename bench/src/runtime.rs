@@ -27,7 +27,7 @@ pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// Iteration counts are divided by this (`HOSTMESH_BENCH_QUICK=1`: a smoke
 /// run that checks the suite works, figures meaningless).
-fn scale(n: usize) -> usize {
+pub(crate) fn scale(n: usize) -> usize {
     if std::env::var_os("HOSTMESH_BENCH_QUICK").is_some() {
         (n / 100).max(2)
     } else {

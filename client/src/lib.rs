@@ -17,13 +17,22 @@
 //!    keepalives go to every rank at a third of the keepalive bound until
 //!    the client is dropped, after which the procs stop its actors.
 //! 4. Each proc end (a rank that left `Running` in the ProcMesh's status,
-//!    with its exit code, signal or reason) is one [`MeshEvent::ProcEnded`]
-//!    per rank and incarnation; each failed actor one
-//!    [`MeshEvent::ActorFailed`].
+//!    with its exit code, signal or reason, or that was restarted) is one
+//!    [`MeshEvent::ProcEnded`] per rank and incarnation; each failed actor
+//!    one [`MeshEvent::ActorFailed`]. The client watches the ProcMesh (and
+//!    its addresses ConfigMap): an end reaches it as soon as the operator
+//!    wrote it into status, nothing is polled.
+//! 5. A restarted rank rejoins: once its new incarnation runs and its
+//!    address is published for that incarnation, the client uses the new
+//!    proc (keepalives, spawns) and says so with one
+//!    [`MeshEvent::ProcRejoined`]; [`MeshClient::respawn`] puts a mesh's
+//!    actor on the rejoined ranks. The rank's next end is an event again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use futures::future::join_all;
 use hostmesh_agent::{Keepalive, SpawnFor, mesh_ref};
 use hostmesh_crds::ProcMesh;
@@ -35,6 +44,7 @@ use hostmesh_runtime::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::mpsc;
 
 /// What a client can fail with; each names what it was doing.
@@ -71,8 +81,6 @@ pub struct ClientOptions {
     pub ready_timeout: Duration,
     /// How long a rank keeps this client's actors without a keepalive.
     pub keepalive: Duration,
-    /// How often the ProcMesh's status is read for proc ends.
-    pub status_poll: Duration,
     /// Timeout of each spawn call.
     pub call_timeout: Duration,
 }
@@ -82,7 +90,6 @@ impl Default for ClientOptions {
         ClientOptions {
             ready_timeout: Duration::from_secs(300),
             keepalive: Duration::from_secs(30),
-            status_poll: Duration::from_millis(250),
             call_timeout: Duration::from_secs(30),
         }
     }
@@ -112,6 +119,14 @@ pub enum MeshEvent {
         /// The reason status gives.
         reason: Option<String>,
     },
+    /// A restarted rank's new proc runs and checked in: the client uses it
+    /// from now on; [`MeshClient::respawn`] puts actors on it.
+    ProcRejoined {
+        /// The rank.
+        rank: Rank,
+        /// Its new incarnation.
+        incarnation: u32,
+    },
 }
 
 /// A connected client of one ProcMesh (invariants 1-3).
@@ -119,7 +134,8 @@ pub struct MeshClient {
     proc: Proc,
     id: String,
     region: Region,
-    procs: Vec<ProcId>,
+    /// Each rank's current proc (invariant 5).
+    procs: Arc<RwLock<Vec<ProcId>>>,
     options: ClientOptions,
     events: tokio::sync::Mutex<mpsc::Receiver<MeshEvent>>,
     tx: mpsc::Sender<MeshEvent>,
@@ -130,7 +146,7 @@ impl std::fmt::Debug for MeshClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeshClient")
             .field("id", &self.id)
-            .field("ranks", &self.procs.len())
+            .field("ranks", &self.region.num_ranks())
             .finish_non_exhaustive()
     }
 }
@@ -144,14 +160,33 @@ impl Drop for MeshClient {
     }
 }
 
+/// One rank's published proc.
+#[derive(Clone, Debug, PartialEq)]
+struct Listed {
+    addr: String,
+    name: String,
+    incarnation: u32,
+}
+
+impl Listed {
+    fn proc_id(&self, rank: Rank) -> Result<ProcId, String> {
+        let at: ChannelAddr = self
+            .addr
+            .parse()
+            .map_err(|e| format!("rank {rank}: address {:?}: {e}", self.addr))?;
+        ProcId::new(at, self.name.as_str()).map_err(|e| format!("rank {rank}: {e}"))
+    }
+}
+
 /// What the operator publishes for a runtime-aware mesh.
 struct Published {
     extent: Extent,
-    /// Rank to (address, proc name).
-    addresses: BTreeMap<Rank, (String, String)>,
+    addresses: BTreeMap<Rank, Listed>,
     credentials: String,
 }
 
+/// The ConfigMap's data: lines `<rank> <address> <proc name> <incarnation>`
+/// (docs/api.md, "Runtime addresses").
 fn parse_published(cm: &ConfigMap) -> Option<Published> {
     let data = cm.data.as_ref()?;
     let extent: Extent = data.get("extent")?.parse().ok()?;
@@ -161,7 +196,16 @@ fn parse_published(cm: &ConfigMap) -> Option<Published> {
         .filter_map(|l| {
             let mut f = l.split_whitespace();
             let rank = f.next()?.parse().ok()?;
-            Some((rank, (f.next()?.to_string(), f.next()?.to_string())))
+            let (addr, name) = (f.next()?.to_string(), f.next()?.to_string());
+            let incarnation = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
+            Some((
+                rank,
+                Listed {
+                    addr,
+                    name,
+                    incarnation,
+                },
+            ))
         })
         .collect();
     Some(Published {
@@ -247,15 +291,14 @@ impl MeshClient {
         let key = hostmesh_agent::keys::from_hex("key", &hex)
             .map_err(|e| mesh_err(format!("Secret {}: {e}", published.credentials)))?;
         let mut procs = Vec::with_capacity(published.addresses.len());
-        for (rank, (addr, proc_name)) in &published.addresses {
-            let at: ChannelAddr = addr
-                .parse()
-                .map_err(|e| mesh_err(format!("rank {rank}: address {addr:?}: {e}")))?;
-            procs.push(
-                ProcId::new(at, proc_name.as_str())
-                    .map_err(|e| mesh_err(format!("rank {rank}: {e}")))?,
-            );
+        for (rank, listed) in &published.addresses {
+            procs.push(listed.proc_id(*rank).map_err(mesh_err)?);
         }
+        let incarnations: Vec<u32> = published
+            .addresses
+            .values()
+            .map(|l| l.incarnation)
+            .collect();
         let id = format!("client-{name}-{:016x}", rand::random::<u64>());
         let proc = Proc::builder(id.clone())
             .secret(key)
@@ -267,14 +310,14 @@ impl MeshClient {
             proc,
             id,
             region: Region::from(published.extent),
-            procs,
+            procs: Arc::new(RwLock::new(procs)),
             options,
             events: tokio::sync::Mutex::new(rx),
             tx,
             tasks: Vec::new(),
         };
         client.start_keepalives();
-        client.start_status_watch(meshes, name.to_string());
+        client.start_watch(meshes, cms, name, incarnations);
         Ok(client)
     }
 
@@ -296,10 +339,68 @@ impl MeshClient {
         name: &str,
         params: &A::Params,
     ) -> Result<ActorMesh<A>, MeshClientError> {
+        let procs = self.current_procs();
+        let ids = self.spawn_on::<A>(name, params, &procs).await?;
+        ActorMesh::attest(name, self.region.clone(), ids)
+            .map_err(|e| MeshClientError::Runtime(e.to_string()))
+    }
+
+    /// Spawns `mesh`'s actor (named `name`, as it was spawned) again, with
+    /// `params`, on every rank whose current proc is not the one its actor
+    /// lives on (ranks that rejoined, invariant 5), and returns the mesh
+    /// with those ranks' new actors. `mesh` must span the whole ProcMesh.
+    pub async fn respawn<A: RemoteSpawn>(
+        &self,
+        mesh: &ActorMesh<A>,
+        name: &str,
+        params: &A::Params,
+    ) -> Result<ActorMesh<A>, MeshClientError> {
+        if mesh.region() != &self.region {
+            return Err(MeshClientError::Runtime(format!(
+                "respawn takes the whole mesh ({}), not a slice ({})",
+                self.region,
+                mesh.region()
+            )));
+        }
+        let procs = self.current_procs();
+        let mut ids = mesh.ids().to_vec();
+        let moved: Vec<(Rank, ProcId)> = ids
+            .iter()
+            .zip(&procs)
+            .enumerate()
+            .filter(|(_, (id, p))| id.proc() != *p)
+            .map(|(rank, (_, p))| (rank, p.clone()))
+            .collect();
+        if moved.is_empty() {
+            return Ok(mesh.clone());
+        }
+        let on: Vec<ProcId> = moved.iter().map(|(_, p)| p.clone()).collect();
+        let fresh = self.spawn_on::<A>(name, params, &on).await?;
+        for ((rank, _), id) in moved.into_iter().zip(fresh) {
+            ids[rank] = id;
+        }
+        ActorMesh::attest(name, self.region.clone(), ids)
+            .map_err(|e| MeshClientError::Runtime(e.to_string()))
+    }
+
+    fn current_procs(&self) -> Vec<ProcId> {
+        self.procs
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Spawns `name` of type `A` on each of `procs`; their actors in order.
+    async fn spawn_on<A: RemoteSpawn>(
+        &self,
+        name: &str,
+        params: &A::Params,
+        procs: &[ProcId],
+    ) -> Result<Vec<ActorId>, MeshClientError> {
         let params = postcard::to_allocvec(params)
             .map_err(|e| MeshClientError::Runtime(format!("cannot encode the parameters: {e}")))?;
         let (owner, mut failures) = self.proc.open_port::<SupervisionEvent>();
-        let calls = self.procs.iter().enumerate().map(|(rank, p)| {
+        let calls = procs.iter().map(|p| {
             let req = SpawnFor {
                 type_name: std::any::type_name::<A>().into(),
                 name: name.into(),
@@ -309,11 +410,11 @@ impl MeshClient {
                 owner: Some(owner.clone()),
             };
             async move {
-                let mesh = mesh_ref(p).map_err(|e| format!("rank {rank}: {e}"))?;
+                let mesh = mesh_ref(p).map_err(|e| format!("{}: {e}", p.name()))?;
                 match mesh.call(&self.proc, &req, self.options.call_timeout).await {
                     Ok(Ok(id)) => Ok(id),
-                    Ok(Err(e)) => Err(format!("rank {rank}: {e}")),
-                    Err(e) => Err(format!("rank {rank}: {e}")),
+                    Ok(Err(e)) => Err(format!("{}: {e}", p.name())),
+                    Err(e) => Err(format!("{}: {e}", p.name())),
                 }
             }
         });
@@ -342,8 +443,7 @@ impl MeshClient {
                 }
             }
         });
-        ActorMesh::attest(name, self.region.clone(), ids)
-            .map_err(|e| MeshClientError::Runtime(e.to_string()))
+        Ok(ids)
     }
 
     /// The next event about this client's actors, or `None` once `wait`
@@ -356,15 +456,19 @@ impl MeshClient {
     fn start_keepalives(&mut self) {
         let every = (self.options.keepalive / 3).max(Duration::from_millis(100));
         let proc = self.proc.clone();
-        let procs = self.procs.clone();
+        let procs = Arc::clone(&self.procs);
         let id = self.id.clone();
         self.tasks.push(tokio::spawn(async move {
             let ka = Keepalive { client: id };
             loop {
-                for p in &procs {
+                let now = procs
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                for p in &now {
                     if let Ok(mesh) = mesh_ref(p) {
-                        // Best effort: a rank that is gone is the status
-                        // watch's business.
+                        // Best effort: a rank that is gone is the watch's
+                        // business.
                         let _ = mesh.send(&proc, &ka).await;
                     }
                 }
@@ -373,60 +477,134 @@ impl MeshClient {
         }));
     }
 
-    fn start_status_watch(&mut self, meshes: Api<ProcMesh>, name: String) {
-        let tx = self.tx.clone();
-        let poll = self.options.status_poll;
-        let total = self.procs.len();
+    /// Watches the ProcMesh and its addresses ConfigMap (invariants 4-5);
+    /// `incarnations` are those of the procs the client connected to.
+    fn start_watch(
+        &mut self,
+        meshes: Api<ProcMesh>,
+        cms: Api<ConfigMap>,
+        name: &str,
+        incarnations: Vec<u32>,
+    ) {
+        let mut tracker = Tracker {
+            tx: self.tx.clone(),
+            procs: Arc::clone(&self.procs),
+            watching: incarnations,
+            reported: Vec::new(),
+        };
+        tracker.reported = vec![false; tracker.watching.len()];
+        let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
+        let mut pms = watcher::watcher(meshes, by_name(name))
+            .default_backoff()
+            .boxed();
+        let mut maps = watcher::watcher(cms, by_name(&format!("{name}-runtime")))
+            .default_backoff()
+            .boxed();
         self.tasks.push(tokio::spawn(async move {
-            let mut base: Option<BTreeMap<Rank, u32>> = None;
-            // (rank, incarnation) pairs already reported (invariant 4).
-            let mut reported: BTreeSet<(Rank, u32)> = BTreeSet::new();
+            let (mut pm, mut cm): (Option<ProcMesh>, Option<ConfigMap>) = (None, None);
             loop {
-                tokio::time::sleep(poll).await;
-                let Ok(pm) = meshes.get(&name).await else {
+                tokio::select! {
+                    ev = pms.next() => match ev {
+                        Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => pm = Some(o),
+                        Some(_) => continue,
+                        None => return,
+                    },
+                    ev = maps.next() => match ev {
+                        Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => cm = Some(o),
+                        Some(_) => continue,
+                        None => return,
+                    },
+                }
+                let Some(st) = pm.as_ref().and_then(|p| p.status.as_ref()) else {
                     continue;
                 };
-                let Some(st) = pm.status else { continue };
-                let inc = |r: Rank| {
-                    hostmesh_crds::runs::get(&st.incarnations, r).map_or(0, |i| i.incarnation)
-                };
-                // The incarnations the actors were spawned on: the first
-                // status read.
-                let base = base.get_or_insert_with(|| (0..total).map(|r| (r, inc(r))).collect());
-                for rank in 0..total {
-                    let Some(s) = hostmesh_crds::runs::get(&st.ranks, rank) else {
-                        continue;
-                    };
-                    let at = base.get(&rank).copied().unwrap_or(0);
-                    let ended = !matches!(s.state, ProcState::Running | ProcState::Unreachable)
-                        || inc(rank) > at;
-                    if !ended {
-                        continue;
-                    }
-                    if reported.insert((rank, at)) {
-                        // Restarted within one pass, the rank reads
-                        // Starting again: its end is the restart.
-                        let restarted = matches!(s.state, ProcState::Starting | ProcState::Pending);
-                        let ev = MeshEvent::ProcEnded {
-                            rank,
-                            state: s.state,
-                            exit_code: s.exit_code,
-                            signal: s.signal,
-                            reason: if restarted {
-                                Some(format!(
-                                    "restarted as incarnation {}: its actors are gone",
-                                    inc(rank)
-                                ))
-                            } else {
-                                s.reason.clone()
-                            },
-                        };
-                        if tx.send(ev).await.is_err() {
-                            return;
-                        }
-                    }
+                let published = cm.as_ref().and_then(parse_published);
+                if !tracker.update(st, published.as_ref()).await {
+                    return;
                 }
             }
         }));
+    }
+}
+
+/// Each rank's proc as the client follows it (invariants 4-5).
+struct Tracker {
+    tx: mpsc::Sender<MeshEvent>,
+    procs: Arc<RwLock<Vec<ProcId>>>,
+    /// The incarnation whose proc the client uses, per rank.
+    watching: Vec<u32>,
+    /// Whether that incarnation's end was reported.
+    reported: Vec<bool>,
+}
+
+impl Tracker {
+    /// Reports ends and rejoins that `st` and `published` show; `false`
+    /// once the client is gone.
+    async fn update(
+        &mut self,
+        st: &hostmesh_crds::procmesh::ProcMeshStatus,
+        published: Option<&Published>,
+    ) -> bool {
+        let inc =
+            |r: Rank| hostmesh_crds::runs::get(&st.incarnations, r).map_or(0, |i| i.incarnation);
+        for rank in 0..self.watching.len() {
+            let Some(s) = hostmesh_crds::runs::get(&st.ranks, rank) else {
+                continue;
+            };
+            let now = inc(rank);
+            let at = self.watching[rank];
+            let alive = matches!(s.state, ProcState::Running | ProcState::Unreachable);
+            if !self.reported[rank] && (!alive || now > at) {
+                self.reported[rank] = true;
+                // Restarted within one status write, the rank reads
+                // Starting (or Running) again: its end is the restart.
+                let restarted = now > at
+                    && matches!(
+                        s.state,
+                        ProcState::Pending | ProcState::Starting | ProcState::Running
+                    );
+                let ev = MeshEvent::ProcEnded {
+                    rank,
+                    state: s.state,
+                    exit_code: s.exit_code,
+                    signal: s.signal,
+                    reason: if restarted {
+                        Some(format!(
+                            "restarted as incarnation {now}: its actors are gone"
+                        ))
+                    } else {
+                        s.reason.clone()
+                    },
+                };
+                if self.tx.send(ev).await.is_err() {
+                    return false;
+                }
+            }
+            // Invariant 5: the new incarnation runs and its address is out.
+            let listed = published.and_then(|p| p.addresses.get(&rank));
+            if let Some(l) = listed.filter(|l| {
+                l.incarnation > at && l.incarnation == now && s.state == ProcState::Running
+            }) && let Ok(id) = l.proc_id(rank)
+            {
+                if let Some(slot) = self
+                    .procs
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get_mut(rank)
+                {
+                    *slot = id;
+                }
+                self.watching[rank] = now;
+                self.reported[rank] = false;
+                let ev = MeshEvent::ProcRejoined {
+                    rank,
+                    incarnation: now,
+                };
+                if self.tx.send(ev).await.is_err() {
+                    return false;
+                }
+            }
+        }
+        true
     }
 }

@@ -375,6 +375,116 @@ async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<
     Ok(())
 }
 
+/// Issue 29: under `OnFailure` a killed rank's proc is restarted and
+/// rejoins the client's actor mesh: the client hears the end (rank, signal)
+/// and then the rejoin, the rest of the mesh answers meanwhile, `respawn`
+/// puts the actor on the new proc and every rank answers again; a second
+/// kill of the same rank is a second event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()> {
+    use hostmesh_agent::echo::Echo;
+    use hostmesh_client::{ClientOptions, MeshClient, MeshEvent};
+    use std::time::Duration;
+
+    let env = Env::start("procmesh-rejoin").await?;
+    env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
+    env.apply(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm}\nspec:\n  world: w\n  perHost: [{name: gpu, size: 2}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 0s}\n",
+    )
+    .await?;
+    let options = ClientOptions {
+        ready_timeout: hostmesh_e2e::WAIT,
+        keepalive: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let client = MeshClient::connect(env.client.clone(), &env.namespace, "pm", options).await?;
+    let timeout = Duration::from_secs(20);
+    let mut mesh = client.spawn::<Echo>("echo", &()).await?;
+    let hi = "hi".to_string();
+    fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
+        v.iter().map(|(_, s)| s.clone()).collect()
+    }
+    assert_eq!(
+        answers(mesh.call_all(client.proc(), &hi, timeout).await?),
+        ["0:hi", "1:hi", "2:hi", "3:hi"]
+    );
+    let next = async |what: &str, want: &dyn Fn(&MeshEvent) -> bool| -> anyhow::Result<MeshEvent> {
+        let start = std::time::Instant::now();
+        let mut seen = Vec::new();
+        while start.elapsed() < hostmesh_e2e::WAIT {
+            if let Some(ev) = client.next_event(Duration::from_secs(1)).await {
+                if want(&ev) {
+                    return Ok(ev);
+                }
+                seen.push(ev);
+            }
+        }
+        anyhow::bail!("no {what}; saw {seen:?}")
+    };
+    for round in 1..=2u32 {
+        let procs = env.proc_pids("w", "pm");
+        let victim = hostmesh_e2e::find_pids(|e| {
+            e.get("RANK").map(String::as_str) == Some("3")
+                && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+        })
+        .into_iter()
+        .find(|p| procs.contains(p))
+        .expect("rank 3's proc");
+        hostmesh_e2e::signal(victim, "KILL")?;
+        let ended = next(&format!("rank 3's end #{round}"), &|e| {
+            matches!(e, MeshEvent::ProcEnded { rank: 3, .. })
+        })
+        .await?;
+        match &ended {
+            // Killed, or already Starting again when the client read it:
+            // the signal is the agent's either way.
+            MeshEvent::ProcEnded { signal, reason, .. } => {
+                assert!(
+                    *signal == Some(9)
+                        || reason.as_deref().is_some_and(|r| r.contains("restarted")),
+                    "{ended:?}"
+                );
+            }
+            other => unreachable!("{other:?}"),
+        }
+        // Host 0's ranks answer while rank 3 is away.
+        let host0 = mesh.range("host", 0..1)?;
+        assert_eq!(
+            answers(host0.call_all(client.proc(), &hi, timeout).await?),
+            ["0:hi", "1:hi"]
+        );
+        let back = next(&format!("rank 3's rejoin #{round}"), &|e| {
+            matches!(e, MeshEvent::ProcRejoined { rank: 3, .. })
+        })
+        .await?;
+        assert_eq!(
+            back,
+            MeshEvent::ProcRejoined {
+                rank: 3,
+                incarnation: round
+            }
+        );
+        let before = mesh.ids().to_vec();
+        mesh = client.respawn(&mesh, "echo", &()).await?;
+        assert_ne!(
+            mesh.ids()[3],
+            before[3],
+            "rank 3's actor is on its new proc"
+        );
+        assert_eq!(mesh.ids()[..3], before[..3], "the others are kept");
+        assert_eq!(
+            answers(mesh.call_all(client.proc(), &hi, timeout).await?),
+            ["0:hi", "1:hi", "2:hi", "3:hi"],
+            "round {round}: every rank answers again"
+        );
+    }
+    let pm = env
+        .wait_for("ProcMesh", "pm", "two restarts", |s| s["restarts"] == 2)
+        .await?;
+    assert_eq!(pm["running"], 4, "{pm:#}");
+    Ok(())
+}
+
 /// Issue 29: the actor-mesh example (`examples/actors`) against its own
 /// manifest: a reply from every rank, the slice `host=0`, and the end of
 /// the last rank's proc (exit 3, asked through its actor) as an event.

@@ -6,8 +6,9 @@
 //! Invariants:
 //! 1. Only a runtime-aware mesh has one; it is owned by the ProcMesh, so it
 //!    goes with it.
-//! 2. It lists, one line `<rank> <address> <proc name>` each in rank
-//!    order (the address and name make the proc's runtime id), every rank
+//! 2. It lists, one line `<rank> <address> <proc name> <incarnation>` each
+//!    in rank order (the address and name make the proc's runtime id; the
+//!    incarnation tells a client which restart of the rank it is), every rank
 //!    whose current incarnation runs with the address its agent reported
 //!    at check-in: a restarted rank, or one on a replaced host, is listed
 //!    once its new proc checked in, and not before.
@@ -66,11 +67,11 @@ pub fn data(
             continue;
         }
         let name = crate::hub::proc_name(mesh_id, *rank);
-        if lines.len() + addr.len() + name.len() + 24 > MAX_BYTES {
+        if lines.len() + addr.len() + name.len() + 34 > MAX_BYTES {
             left_out += 1;
             continue;
         }
-        let _ = writeln!(lines, "{rank} {addr} {name}");
+        let _ = writeln!(lines, "{rank} {addr} {name} {}", o.incarnation);
     }
     let mut out = BTreeMap::from([
         (ADDRESSES.to_string(), lines),
@@ -185,7 +186,7 @@ mod tests {
         );
         assert_eq!(
             d[ADDRESSES],
-            "0 tcp:10.0.0.1:4000 m.0\n1 tcp:10.0.0.1:4001 m.1\n"
+            "0 tcp:10.0.0.1:4000 m.0 0\n1 tcp:10.0.0.1:4001 m.1 0\n"
         );
         assert_eq!(d[EXTENT], "host=3,gpu=2");
         assert_eq!(d[CREDENTIALS], "w-runtime");
