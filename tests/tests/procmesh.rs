@@ -379,7 +379,8 @@ async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<
 /// rejoins the client's actor mesh: the client hears the end (rank, signal)
 /// and then the rejoin, the rest of the mesh answers meanwhile, `respawn`
 /// puts the actor on the new proc and every rank answers again; a second
-/// kill of the same rank is a second event.
+/// kill of the same rank is a second event. The client holds only the RBAC
+/// docs/api.md names.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()> {
     use hostmesh_agent::echo::Echo;
@@ -392,12 +393,22 @@ async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()>
         "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm}\nspec:\n  world: w\n  perHost: [{name: gpu, size: 2}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 0s}\n",
     )
     .await?;
+    // The client runs as a service account with only what docs/api.md
+    // says a client needs, by name.
+    env.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: mesh-user}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: mesh-user}}\nrules:\n- {{apiGroups: [hostmesh.dev], resources: [procmeshes], resourceNames: [pm], verbs: [get, list, watch]}}\n- {{apiGroups: [''], resources: [configmaps], resourceNames: [pm-runtime], verbs: [get, list, watch]}}\n- {{apiGroups: [''], resources: [secrets], resourceNames: [w-runtime], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: mesh-user}}\nsubjects: [{{kind: ServiceAccount, name: mesh-user, namespace: {ns}}}]\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: mesh-user}}\n",
+        ns = env.namespace
+    ))
+    .await?;
+    let token =
+        hostmesh_e2e::service_account_token(&env.client, &env.namespace, "mesh-user").await?;
+    let as_user = hostmesh_e2e::client_with_token(&env.kubeconfig, &token).await?;
     let options = ClientOptions {
         ready_timeout: hostmesh_e2e::WAIT,
         keepalive: Duration::from_secs(10),
         ..Default::default()
     };
-    let client = MeshClient::connect(env.client.clone(), &env.namespace, "pm", options).await?;
+    let client = MeshClient::connect(as_user, &env.namespace, "pm", options).await?;
     let timeout = Duration::from_secs(20);
     let mut mesh = client.spawn::<Echo>("echo", &()).await?;
     let hi = "hi".to_string();
