@@ -3,9 +3,9 @@
 //! `hostmesh echo-proc`) on the in-process cluster in a box.
 //!
 //! - `client_cast_gather_64_p50` / `_p99` (ms): `call_all` of one `Echo`
-//!   actor per rank. Baseline: the same gather over 64 actors in 4 procs
-//!   the bench starts itself on loopback (the runtime alone: no pods, no
-//!   per-pod network).
+//!   actor per rank. Baseline: the same gather over one actor in each of
+//!   64 procs the bench starts itself on loopback (the runtime alone: as
+//!   many processes, no pods, no per-pod network).
 //! - `client_kill_to_event_p50_s` / `_p99_s`: a rank's proc SIGKILLed
 //!   until the client's `MeshEvent::ProcEnded` for it. Baseline: the same
 //!   kills until the rank's failure is in ProcMesh status (polled every
@@ -90,19 +90,18 @@ async fn suite(env: &DevEnv) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The same gather over 64 actors in 4 procs started on loopback.
+/// The same gather over one actor in each of 64 procs started on
+/// loopback.
 async fn runtime_alone(iters: usize) -> anyhow::Result<(f64, f64)> {
-    let peers = (0..4)
-        .map(|_| start_peer(16))
+    let peers = (0..RANKS)
+        .map(|_| start_peer(1))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let c = crate::runtime::client().await?;
-    let mut ids = Vec::new();
-    for p in &peers {
-        for i in 0..16 {
-            ids.push(p.proc.actor(format!("t{i}"), 0)?);
-        }
-    }
-    let region: Region = "proc=4,actor=16".parse()?;
+    let ids = peers
+        .iter()
+        .map(|p| p.proc.actor("t0", 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let region: Region = format!("proc={RANKS}").parse()?;
     let mesh = ActorMesh::<TestActor>::attest("bench", region, ids)?;
     let msg = EchoText("x".into());
     for _ in 0..quick(20) {

@@ -186,6 +186,15 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
                 if let Some(reason) = &t.failure {
                     failure(scenario.name(), run, reason);
                     out.failures.push((run, reason.clone()));
+                } else {
+                    // A series cut short still leaves its runs on record.
+                    crate::report::progress(&format!(
+                        "{} run {run} ok: detect {:?} s, recover {:?} s, {:?}",
+                        scenario.name(),
+                        t.detect,
+                        t.recover,
+                        t.figures
+                    ));
                 }
                 out.timings.push(t);
             }
