@@ -44,6 +44,7 @@ fn agents(n: Rank, timeout: Duration) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"bench-secret-0123456789"[..]),
         health_timeout: timeout,
+        heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         epochs: Default::default(),
         hosts: (0..n)
             .map(|r| {

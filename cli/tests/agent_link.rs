@@ -61,6 +61,7 @@ fn agents(secret: &[u8], addr: SocketAddr) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(secret),
         health_timeout: Duration::from_secs(5),
+        heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         hosts: BTreeMap::from([(0, ("pod-0".to_string(), addr))]),
         epochs: BTreeMap::new(),
     }

@@ -70,7 +70,12 @@ pub struct WorldTimings {
     pub backoff: Duration,
     /// `spec.failurePolicy.maxBackoff`.
     pub max_backoff: Duration,
+    /// `spec.agent.heartbeatInterval`.
+    pub heartbeat_interval: Duration,
 }
+
+/// Default `spec.agent.heartbeatInterval`.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Validates a World named `name`; returns its parsed timings when valid.
 pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldError>> {
@@ -305,6 +310,11 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
                 fp.max_backoff.as_deref(),
                 Duration::from_secs(300),
             )?,
+            heartbeat_interval: duration::parse_or(
+                "spec.agent.heartbeatInterval",
+                spec.agent.heartbeat_interval.as_deref(),
+                DEFAULT_HEARTBEAT_INTERVAL,
+            )?,
         })
     })();
     match timings {
@@ -314,6 +324,24 @@ pub fn world(name: &str, spec: &WorldSpec) -> Result<WorldTimings, Vec<FieldErro
                     "spec.healthTimeout",
                     "is shorter than 1s, below the agents' heartbeat interval; use at least \"1s\" (default \"10s\")",
                 )]);
+            }
+            let beat = t.heartbeat_interval;
+            if spec.agent.heartbeat_interval.is_some() {
+                if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&beat) {
+                    return Err(vec![FieldError::new(
+                        "spec.agent.heartbeatInterval",
+                        "is outside 100ms..60s; use about one second per 2,000 hosts (default \"1s\")",
+                    )]);
+                }
+                if t.health_timeout < beat * 2 {
+                    return Err(vec![FieldError::new(
+                        "spec.healthTimeout",
+                        format!(
+                            "is shorter than twice spec.agent.heartbeatInterval ({beat:?}): a host would expire between two heartbeats; raise healthTimeout to at least {:?} or shorten the interval",
+                            beat * 2
+                        ),
+                    )]);
+                }
             }
             Ok(t)
         }
@@ -772,6 +800,27 @@ mod tests {
         let t = world("trainer", &world_spec(OK_WORLD)).unwrap();
         assert_eq!(t.health_timeout, Duration::from_secs(10));
         assert_eq!(t.eviction_timeout, Duration::from_secs(60));
+        assert_eq!(t.heartbeat_interval, DEFAULT_HEARTBEAT_INTERVAL);
+    }
+
+    /// A large World's slower heartbeat needs a `healthTimeout` of at
+    /// least twice it; each error names the field and the fix.
+    #[test]
+    fn a_heartbeat_interval_needs_a_health_timeout_twice_as_long() {
+        let with = |extra: &str| world("trainer", &world_spec(&format!("{OK_WORLD}{extra}")));
+        let t = with("agent: {heartbeatInterval: 5s}\nhealthTimeout: 30s\n").unwrap();
+        assert_eq!(t.heartbeat_interval, Duration::from_secs(5));
+        // The default healthTimeout (10s) fits 5s, not 6s.
+        assert!(with("agent: {heartbeatInterval: 5s}\n").is_ok());
+        let e = with("agent: {heartbeatInterval: 6s}\n").unwrap_err();
+        assert_eq!(e[0].field, "spec.healthTimeout");
+        assert!(e[0].message.contains("at least 12s"), "{}", e[0].message);
+        let e = with("agent: {heartbeatInterval: 2m}\nhealthTimeout: 10m\n").unwrap_err();
+        assert_eq!(e[0].field, "spec.agent.heartbeatInterval");
+        let e = with("agent: {heartbeatInterval: 50ms}\n").unwrap_err();
+        assert_eq!(e[0].field, "spec.agent.heartbeatInterval");
+        let e = with("agent: {heartbeatInterval: often}\n").unwrap_err();
+        assert_eq!(e[0].field, "spec.agent.heartbeatInterval");
     }
 
     #[test]

@@ -356,6 +356,15 @@ pub struct AgentSpec {
     /// container is added.
     #[serde(default)]
     pub image_has_agent: bool,
+    /// How often each agent sends the operator a heartbeat. Default `1s`:
+    /// about 2,000 heartbeats a second are the operator's budget, so a
+    /// World of more than 2,000 hosts sets about one second per 2,000
+    /// hosts (`5s` at 10,000) and a `healthTimeout` of at least twice it.
+    /// A proc's exit is pushed at once whatever the interval; only a host
+    /// that goes silent is noticed later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub heartbeat_interval: Option<String>,
 }
 
 /// What the operator does when a host fails.

@@ -43,6 +43,7 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         WorldAgents {
             secret: Arc::from(&b"secret"[..]),
             health_timeout: Duration::from_secs(10),
+            heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
             hosts,
             epochs: BTreeMap::new(),
         },

@@ -3,7 +3,8 @@
 //! when the World is deleted before the operator reconciled it; an
 //! operator frozen and thawed blames no agent for its own pause; a host
 //! silent for less than `evictionTimeout` costs its ranks nothing; a
-//! kubelet restart is one counted restart in its own incident.
+//! kubelet restart is one counted restart in its own incident; a large
+//! World's slower heartbeat keeps it Ready without resubscribing.
 
 use std::path::Path;
 use std::time::Duration;
@@ -461,5 +462,41 @@ async fn a_kubelet_restart_is_one_counted_restart_in_its_own_incident() -> anyho
     assert_eq!(incidents.len(), 2, "a second incident: {pm:#}");
     assert_eq!(incidents[1]["rank"], 3, "rooted at the killed rank: {pm:#}");
     assert!(!incidents[1]["decidedAt"].is_null(), "{pm:#}");
+    Ok(())
+}
+
+/// Issue 25: a World sized for many hosts sends fewer heartbeats
+/// (`spec.agent.heartbeatInterval`); its agents send them that often and
+/// the operator expects no more: with 6 s between heartbeats (more than the
+/// link's default 5 s bound) the World stays Ready and no link
+/// resubscribes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_heartbeat_keeps_a_world_ready_without_resubscribing() -> anyhow::Result<()> {
+    let env = Env::start("slow-heartbeat").await?;
+    env.apply(&world_yaml(
+        "w",
+        &[("host", 2)],
+        "  agent: {heartbeatInterval: 6s}\n  healthTimeout: 20s\n",
+    ))
+    .await?;
+    env.wait_for("World", "w", "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let worlds = env.hostmesh_api("World");
+    always_for(
+        "the World stays Ready between heartbeats",
+        Duration::from_secs(20),
+        async || {
+            let s = worlds.get("w").await?.data["status"].clone();
+            Ok((!condition_true(&s, "Ready")).then(|| s.to_string()))
+        },
+    )
+    .await?;
+    // The link's own silence bound (a start-up race, an agent not
+    // listening yet, is logged too, and is not this).
+    let log = env.log("operator");
+    assert!(
+        !log.contains("no heartbeat for"),
+        "a link gave up between two heartbeats:\n{log}"
+    );
     Ok(())
 }

@@ -31,9 +31,21 @@ const WARMUP_MESH: &str = "scale-warmup-procs";
 /// Longest wait for anything but the World's and ProcMesh's first Ready.
 const WAIT: Duration = Duration::from_secs(600);
 
+/// A World of `hosts` busybox hosts, sized as docs/operations.md
+/// ("Sizing") says: above 2,000 hosts a heartbeat every second per 2,000
+/// hosts and a `healthTimeout` of six of them.
 fn world_yaml(name: &str, hosts: usize) -> String {
+    let sizing = if hosts > 2_000 {
+        let beat = hosts.div_ceil(2_000);
+        format!(
+            "  agent: {{heartbeatInterval: {beat}s}}\n  healthTimeout: {}s\n",
+            (beat * 6).max(10)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}}}\nspec:\n  shape: [{{name: host, size: {hosts}}}]\n  template:\n    spec:\n      containers:\n      - {{name: host, image: busybox}}\n"
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: World\nmetadata: {{name: {name}}}\nspec:\n  shape: [{{name: host, size: {hosts}}}]\n{sizing}  template:\n    spec:\n      containers:\n      - {{name: host, image: busybox}}\n"
     )
 }
 

@@ -241,11 +241,18 @@ impl Inner {
                 .and_then(|e| e.parse().ok())
                 .unwrap_or(0);
             let secret = self.secret_of(&pod).await?;
+            let heartbeat = hostmesh_crds::duration::parse_or(
+                "HOSTMESH_HEARTBEAT_INTERVAL",
+                env_of(&pod, "HOSTMESH_HEARTBEAT_INTERVAL"),
+                hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
+            )
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             let agent = SimAgent::start(
                 SocketAddr::new(IpAddr::V4(ip), port),
                 rank,
                 epoch,
                 &secret,
+                heartbeat,
                 self.counters.clone(),
             )
             .await

@@ -54,6 +54,8 @@ pub(crate) struct SimAgent {
 
 struct Shared {
     host_rank: usize,
+    /// The heartbeat interval its pod asks for (`HOSTMESH_HEARTBEAT_INTERVAL`).
+    heartbeat: Duration,
     addr: SocketAddr,
     epoch: u64,
     table: Mutex<Table>,
@@ -125,6 +127,7 @@ impl SimAgent {
         host_rank: usize,
         epoch: u64,
         secret: &[u8],
+        heartbeat: Duration,
         counters: Arc<SimCounters>,
     ) -> anyhow::Result<SimAgent> {
         // Pushes to a subscriber that went away bounce back to the proc;
@@ -143,6 +146,7 @@ impl SimAgent {
         let (changes, _) = broadcast::channel(256);
         let shared = Arc::new(Shared {
             host_rank,
+            heartbeat,
             addr,
             epoch,
             table: Mutex::new(Table {
@@ -403,9 +407,6 @@ impl Handler<Renew> for HostActor {
     }
 }
 
-/// Heartbeat period of a simulated agent (the real agent's default).
-const HEARTBEAT: Duration = Duration::from_secs(1);
-
 impl Handler<Subscribe> for HostActor {
     type Reply = Result<(), String>;
     async fn handle(
@@ -427,7 +428,7 @@ impl Handler<Subscribe> for HostActor {
             old.store(false, Ordering::SeqCst);
         }
         // One pusher per subscription: a Snapshot, then every change and a
-        // heartbeat each second, until a push cannot be sent (the
+        // heartbeat each interval, until a push cannot be sent (the
         // subscriber is gone). A resubscription over the same port gets
         // its own Snapshot; the old pusher ends with its subscriber.
         tokio::spawn(async move {
@@ -439,8 +440,8 @@ impl Handler<Subscribe> for HostActor {
             if port.send(&proc, &snapshot).await.is_err() {
                 return;
             }
-            let mut beat =
-                tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+            let every = shared.heartbeat;
+            let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let push = tokio::select! {

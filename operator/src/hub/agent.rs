@@ -48,6 +48,18 @@ pub struct AgentTarget {
     /// The pod's rank epoch: pushes from an agent of an older one are
     /// refused.
     pub epoch: u64,
+    /// Silence on the agent's subscription after which the link
+    /// resubscribes ([`silence_bound`]).
+    pub silence: Duration,
+}
+
+/// The silence after which a subscription to agents that send a heartbeat
+/// every `interval` counts as lost: three missed heartbeats, and never less
+/// than the client's default (5 s, which fits the default 1 s interval).
+pub fn silence_bound(interval: Duration) -> Duration {
+    hostmesh_agent::ClientConfig::default()
+        .heartbeat_timeout
+        .max(interval.saturating_mul(3))
 }
 
 impl std::fmt::Debug for AgentTarget {

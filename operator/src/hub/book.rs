@@ -218,6 +218,7 @@ mod tests {
         WorldAgents {
             secret: Arc::from(&b"0123456789abcdef"[..]),
             health_timeout: Duration::from_secs(10),
+            heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
             hosts: hosts
                 .iter()
                 .map(|(r, ip, _)| {

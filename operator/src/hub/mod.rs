@@ -110,6 +110,8 @@ pub struct WorldAgents {
     pub secret: Arc<[u8]>,
     /// No heartbeat for this long: Expired.
     pub health_timeout: Duration,
+    /// How often its agents send heartbeats (`spec.agent.heartbeatInterval`).
+    pub heartbeat_interval: Duration,
     /// Hosts with a pod IP: rank to (pod UID, agent address).
     pub hosts: BTreeMap<Rank, (String, SocketAddr)>,
     /// Rank epochs of those pods (`hostmesh.dev/epoch`; absent: 0).
@@ -815,6 +817,7 @@ impl Hub {
                         addr: *addr,
                         secret: agents.secret.clone(),
                         epoch,
+                        silence: agent::silence_bound(agents.heartbeat_interval),
                     });
                 }
             }

@@ -47,6 +47,8 @@ type Uids = Arc<Mutex<HashMap<usize, Dialed>>>;
 
 struct WorldClient {
     secret: Arc<[u8]>,
+    /// Its subscriptions' silence bound (`AgentTarget::silence`).
+    silence: Duration,
     client: AgentClient,
     uids: Uids,
 }
@@ -128,7 +130,7 @@ impl RuntimeConnector {
     fn existing(&self, target: &AgentTarget) -> Option<(AgentClient, Uids)> {
         self.lock()
             .get(&target.host.world)
-            .filter(|w| w.secret == target.secret)
+            .filter(|w| w.secret == target.secret && w.silence == target.silence)
             .map(|w| (w.client.clone(), w.uids.clone()))
     }
 
@@ -141,13 +143,19 @@ impl RuntimeConnector {
             return Ok(found);
         }
         let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-        let client =
-            AgentClient::new(CLIENT_NAME, &target.secret, ClientConfig::default(), tx).await?;
+        let config = ClientConfig {
+            heartbeat_timeout: target.silence,
+            ..ClientConfig::default()
+        };
+        let client = AgentClient::new(CLIENT_NAME, &target.secret, config, tx).await?;
         let world = target.host.world.clone();
         let mut worlds = self.lock();
         // Another dial of this World made its client meanwhile: use that one
         // (ours is dropped, which shuts its proc down).
-        if let Some(w) = worlds.get(&world).filter(|w| w.secret == target.secret) {
+        if let Some(w) = worlds
+            .get(&world)
+            .filter(|w| w.secret == target.secret && w.silence == target.silence)
+        {
             return Ok((w.client.clone(), w.uids.clone()));
         }
         let uids: Uids = Arc::default();
@@ -165,6 +173,7 @@ impl RuntimeConnector {
             world,
             WorldClient {
                 secret: target.secret.clone(),
+                silence: target.silence,
                 client: client.clone(),
                 uids: uids.clone(),
             },

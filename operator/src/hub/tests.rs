@@ -24,6 +24,7 @@ fn agents(n: Rank, uid: &str) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"secret"[..]),
         health_timeout: Duration::from_secs(10),
+        heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         epochs: BTreeMap::new(),
         hosts: (0..n)
             .map(|r| {

@@ -284,6 +284,7 @@ impl<'a> HubView<'a> {
                 WorldAgents {
                     secret: secret.to_vec().into(),
                     health_timeout: timings.health_timeout,
+                    heartbeat_interval: timings.heartbeat_interval,
                     hosts,
                     epochs: pods
                         .iter()

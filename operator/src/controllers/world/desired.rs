@@ -451,6 +451,10 @@ pub fn pod(
             }),
         },
     ]);
+    // Only when set: other Worlds' pods stay as they were.
+    if let Some(beat) = &world.spec.agent.heartbeat_interval {
+        envs.push(env(contract::env::HEARTBEAT_INTERVAL, beat.clone()));
+    }
     let ports = host.ports.get_or_insert_with(Vec::new);
     ports.retain(|p| {
         p.container_port != i32::from(port) && p.container_port != i32::from(HEALTH_PORT)
@@ -560,6 +564,34 @@ spec:
         };
         assert!(mounts_shm(&spec.containers[1]), "the host container");
         assert!(!mounts_shm(&spec.containers[0]), "not the sidecar");
+    }
+
+    /// `spec.agent.heartbeatInterval` reaches the agent as
+    /// `HOSTMESH_HEARTBEAT_INTERVAL`, only when set: a World without it
+    /// keeps its pods and their hash.
+    #[test]
+    fn a_heartbeat_interval_reaches_the_agent_only_when_set() {
+        let mut w = mk_world(WORLD);
+        let before = template_hash(&w, "agent:1");
+        let beat = |w: &World| {
+            let spec = pod(w, 0, "agent:1", "h", None).unwrap().spec.unwrap();
+            spec.containers[1]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == contract::env::HEARTBEAT_INTERVAL)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(beat(&w), None);
+        w.spec.agent.heartbeat_interval = Some("5s".into());
+        assert_eq!(beat(&w).as_deref(), Some("5s"));
+        assert_ne!(
+            template_hash(&w, "agent:1"),
+            before,
+            "a change rolls the pods"
+        );
+        w.spec.agent.heartbeat_interval = None;
+        assert_eq!(template_hash(&w, "agent:1"), before);
     }
 
     /// Kueue invariant 4: the flavors' labels join (and win over) the
