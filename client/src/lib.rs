@@ -118,6 +118,9 @@ pub enum MeshEvent {
         signal: Option<i32>,
         /// The reason status gives.
         reason: Option<String>,
+        /// Every rank whose proc is down now, this one included, in rank
+        /// order: the rest of the mesh is usable (slice around these).
+        down: Vec<Rank>,
     },
     /// A restarted rank's new proc runs and checked in: the client uses it
     /// from now on; [`MeshClient::respawn`] puts actors on it.
@@ -538,6 +541,13 @@ struct Tracker {
 }
 
 impl Tracker {
+    /// Ranks whose proc ended and has not rejoined.
+    fn down(&self) -> Vec<Rank> {
+        (0..self.reported.len())
+            .filter(|r| self.reported[*r])
+            .collect()
+    }
+
     /// Reports ends and rejoins that `st` and `published` show; `false`
     /// once the client is gone.
     async fn update(
@@ -575,6 +585,7 @@ impl Tracker {
                     } else {
                         s.reason.clone()
                     },
+                    down: self.down(),
                 };
                 if self.tx.send(ev).await.is_err() {
                     return false;

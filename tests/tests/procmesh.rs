@@ -449,12 +449,18 @@ async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()>
         match &ended {
             // Killed, or already Starting again when the client read it:
             // the signal is the agent's either way.
-            MeshEvent::ProcEnded { signal, reason, .. } => {
+            MeshEvent::ProcEnded {
+                signal,
+                reason,
+                down,
+                ..
+            } => {
                 assert!(
                     *signal == Some(9)
                         || reason.as_deref().is_some_and(|r| r.contains("restarted")),
                     "{ended:?}"
                 );
+                assert_eq!(down, &[3], "the rest of the mesh is usable: {ended:?}");
             }
             other => unreachable!("{other:?}"),
         }
