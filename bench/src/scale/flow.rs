@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 
 use super::cluster::Cluster;
-use super::sim::SimKubelet;
+use super::shards::SimFleet;
 use super::sim_agent::SimCounters;
 use super::{KILLS, STEADY, ScaleArgs};
 use crate::report::emit;
@@ -158,7 +158,17 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
         .await?;
     let counters = Arc::new(SimCounters::default());
     let sim = if args.simulate {
-        Some(SimKubelet::start(client.clone(), NS, counters.clone()).await?)
+        Some(
+            SimFleet::start(
+                client.clone(),
+                &cluster.kubeconfig,
+                NS,
+                counters.clone(),
+                hosts,
+                args.shards,
+            )
+            .await?,
+        )
     } else {
         let nodes = args.nodes.unwrap_or(hosts.div_ceil(100)).max(1);
         cluster.start_kubelets(nodes).await?;
@@ -362,10 +372,11 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
     }
     emit(&name("operator_cpu_cores"), op_cpu, "cores", None);
     emit(&name("status_bytes_max"), status_max as f64, "B", None);
-    if sim.is_some() {
+    if let Some(sim) = &sim {
+        // This process's shard counts its own agents' entries.
         emit(
             &name("book_entries_per_agent_per_host"),
-            books as f64 / (hosts * hosts) as f64,
+            books as f64 / (sim.local_agents().max(1) * hosts) as f64,
             "entries",
             None,
         );
@@ -379,7 +390,7 @@ pub(crate) async fn run(args: &ScaleArgs, bin: PathBuf, dir: PathBuf) -> anyhow:
 /// ProcMesh's incidents show it; then waits until every rank runs again.
 async fn kill_proc(
     client: &kube::Client,
-    sim: Option<&SimKubelet>,
+    sim: Option<&SimFleet>,
     host: usize,
     rank: usize,
     ranks: usize,

@@ -47,6 +47,7 @@
 
 mod cluster;
 mod flow;
+mod shards;
 mod sim;
 mod sim_agent;
 
@@ -69,6 +70,10 @@ pub(crate) struct ScaleArgs {
     /// instead of real ones.
     #[arg(long)]
     pub(crate) simulate: bool,
+    /// Processes the simulated kubelets and agents run in (default: one
+    /// per 4,000 hosts; each holds two file descriptors per agent).
+    #[arg(long)]
+    pub(crate) shards: Option<usize>,
     /// Longest wait for the World (and later the ProcMesh) to be Ready.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub(crate) ready_timeout: Duration,
@@ -85,6 +90,9 @@ pub(crate) const STEADY: Duration = Duration::from_secs(10);
 
 /// Runs the suite.
 pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
+    if let Ok(spec) = std::env::var(shards::SHARD_ENV) {
+        return shards::serve(&spec);
+    }
     anyhow::ensure!(args.hosts >= 2, "--hosts must be at least 2");
     anyhow::ensure!(
         args.procs_per_host >= 1,

@@ -23,6 +23,30 @@ use super::sim_agent::{SimAgent, SimCounters};
 
 /// The Node simulated pods are bound to.
 pub(crate) const NODE: &str = "scale-sim-node";
+/// Loopback addresses reserved for each shard's pods.
+const SHARD_IPS: usize = 1 << 21;
+
+/// Which pods a simulated kubelet serves: host ranks `index` modulo
+/// `count`, and (shard 0 alone) every pod that is not a host. Shards are
+/// separate processes where one would need more file descriptors than it
+/// may open (two per agent: its listener and the operator's connection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shard {
+    /// This shard.
+    pub(crate) index: usize,
+    /// How many there are.
+    pub(crate) count: usize,
+}
+
+impl Shard {
+    /// Whether host `rank` (`None`: not a host pod) is this shard's.
+    pub(crate) fn owns(&self, rank: Option<usize>) -> bool {
+        match rank {
+            Some(r) => r % self.count.max(1) == self.index,
+            None => self.index == 0,
+        }
+    }
+}
 /// Pods handled at once (binding, agent start, status).
 const CONCURRENCY: usize = 64;
 
@@ -36,6 +60,7 @@ struct Host {
 struct Inner {
     client: kube::Client,
     namespace: String,
+    shard: Shard,
     hosts: Mutex<HashMap<String, Host>>,
     next_ip: AtomicUsize,
     counters: Arc<SimCounters>,
@@ -87,21 +112,28 @@ impl SimKubelet {
         client: kube::Client,
         namespace: &str,
         counters: Arc<SimCounters>,
+        shard: Shard,
     ) -> anyhow::Result<SimKubelet> {
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": NODE},
             "status": {"conditions": [{"type": "Ready", "status": "True"}],
                        "capacity": {"pods": "1000000"}, "allocatable": {"pods": "1000000"}},
         }))?;
-        Api::<Node>::all(client.clone())
+        match Api::<Node>::all(client.clone())
             .create(&PostParams::default(), &node)
             .await
-            .context("registering the simulated Node")?;
+        {
+            Ok(_) => {}
+            // Another shard registered it.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e).context("registering the simulated Node"),
+        }
         let inner = Arc::new(Inner {
             client: client.clone(),
             namespace: namespace.to_owned(),
+            shard,
             hosts: Mutex::default(),
-            next_ip: AtomicUsize::new(0),
+            next_ip: AtomicUsize::new(shard.index * SHARD_IPS),
             counters,
             limit: Semaphore::new(CONCURRENCY),
             secrets: Mutex::default(),
@@ -128,6 +160,17 @@ impl SimKubelet {
             }
         });
         Ok(SimKubelet { inner, task })
+    }
+
+    /// Host agents this shard runs.
+    pub(crate) fn agents(&self) -> usize {
+        self.inner
+            .hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|h| h.agent.is_some())
+            .count()
     }
 
     /// Kills the agent of host `rank`: it goes silent and its pod fails
@@ -177,6 +220,10 @@ impl SimKubelet {
 
 impl Inner {
     async fn on_pod(self: &Arc<Self>, pod: Pod) -> anyhow::Result<()> {
+        let host_rank = env_of(&pod, "HOSTMESH_HOST_RANK").and_then(|r| r.parse().ok());
+        if !self.shard.owns(host_rank) {
+            return Ok(());
+        }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
@@ -209,9 +256,7 @@ impl Inner {
             if hosts.contains_key(&uid) {
                 return Ok(());
             }
-            let rank = env_of(&pod, "HOSTMESH_HOST_RANK")
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(usize::MAX);
+            let rank = host_rank.unwrap_or(usize::MAX);
             hosts.insert(
                 uid.clone(),
                 Host {
