@@ -3,10 +3,13 @@
 //! process as on a cluster ([`cluster`]): `hostmesh apiserver`,
 //! `hostmesh controller-manager`, `--nodes` process kubelets with host
 //! networking, one `hostmesh operator`, real agents and real procs.
-//! With `--simulate`, the kubelets and agents are simulated in this process
-//! ([`sim`], [`sim_agent`]: the real agent protocol over TCP, one loopback
-//! address per host), so the operator's and the API server's own cost can
-//! be measured at 10,000 hosts; its figures are named `scale_sim_*`.
+//! With `--simulate`, the kubelets and agents are simulated ([`sim`],
+//! [`sim_agent`]: the real agent protocol over TCP, one loopback address
+//! per host), in this process and, beyond 4,000 hosts, in child processes
+//! ([`shards`]), so the operator's and the API server's own cost can be
+//! measured at 10,000 hosts; its figures are named `scale_sim_*`. A World
+//! of more than 2,000 hosts is sized as docs/operations.md says (a slower
+//! `spec.agent.heartbeatInterval`).
 //!
 //! Figures (JSON lines, DESIGN.md "Benchmarks"):
 //! - `scale_world_ready_s`: apply to the World's Ready condition. Baseline:
