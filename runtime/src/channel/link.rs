@@ -34,8 +34,9 @@ const ACK_EVERY: u64 = 1024;
 const ACK_DELAY: Duration = Duration::from_millis(2);
 /// A write batch stops growing at this many bytes.
 const BATCH_BYTES: usize = 256 * 1024;
-/// A connection's write buffer when it is idle.
-const WRITE_MIN: usize = 4 * 1024;
+/// A connection's write buffer when it is idle (a kilobyte: most of a
+/// supervisor's connections carry a heartbeat now and then).
+const WRITE_MIN: usize = 1024;
 /// State shared by a connection's reader and writer.
 pub(super) struct ConnShared {
     /// Envelopes received on this connection (what we ack).

@@ -20,9 +20,10 @@ use super::link::{BoxRead, ConnShared};
 use super::transport::Inbound;
 
 /// Smallest and largest read step: a connection that carries a heartbeat
-/// a second keeps a page-sized buffer, one that streams reads 64 KiB at a
-/// time (a supervisor holds a connection per agent: thousands of them).
-const READ_MIN: usize = 4 * 1024;
+/// now and then keeps a kilobyte (a sealed heartbeat is a few hundred
+/// bytes), one that streams reads 64 KiB at a time (a supervisor holds two
+/// connections per agent: tens of thousands of them at 10,000 hosts).
+const READ_MIN: usize = 1024;
 const READ_MAX: usize = 64 * 1024;
 /// At most this many envelopes are handed to an actor in one batch.
 const MAX_BATCH: usize = 1024;
