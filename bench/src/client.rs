@@ -129,11 +129,7 @@ async fn kill_one(
     while client.next_event(Duration::ZERO).await.is_some() {}
     let before = incarnation(&status_of(kube, "ProcMesh", "actors").await?, rank);
     let start = Instant::now();
-    let st = std::process::Command::new("kill")
-        .arg("-KILL")
-        .arg(pid.to_string())
-        .status()?;
-    anyhow::ensure!(st.success(), "kill -KILL {pid} failed");
+    hostmesh_e2e::signal(pid, "KILL")?;
     let status = async {
         loop {
             let s = status_of(kube, "ProcMesh", "actors").await?;

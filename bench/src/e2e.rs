@@ -294,11 +294,7 @@ async fn proc_kill_to_status(client: &kube::Client, world: &str) -> anyhow::Resu
     wait_ready(client, "ProcMesh", &victim).await?;
     let pid = find_proc(world, &victim).context("the victim proc is not running")?;
     let start = Instant::now();
-    let st = std::process::Command::new("kill")
-        .arg("-KILL")
-        .arg(pid.to_string())
-        .status()?;
-    anyhow::ensure!(st.success(), "kill -KILL {pid} failed");
+    hostmesh_e2e::signal(pid, "KILL")?;
     loop {
         let s = status_of(client, "ProcMesh", &victim).await?;
         let killed = s["ranks"]
