@@ -249,7 +249,7 @@ impl Env {
         };
         let mut env = Env {
             client,
-            namespace: format!("e2e-{}-{}", sanitize(test), std::process::id()),
+            namespace: namespace_for(test),
             kubeconfig,
             node: node.clone(),
             real_cluster,
@@ -847,6 +847,39 @@ impl Drop for Env {
         if let Some(mut a) = self.apiserver.take() {
             let _ = a.kill();
             let _ = a.wait();
+        }
+        self.keep_logs();
+    }
+}
+
+/// Where [`Env`] copies its components' logs when it ends (the chaos suite
+/// keeps a failed run's logs this way): `<dir>/<namespace>/`.
+pub const KEEP_LOGS_ENV: &str = "HOSTMESH_E2E_KEEP_LOGS";
+
+/// The namespace of test `test`'s [`Env`] in this process.
+pub fn namespace_for(test: &str) -> String {
+    format!("e2e-{}-{}", sanitize(test), std::process::id())
+}
+
+impl Env {
+    /// Copies the `*.log` files of this Env's folder to
+    /// `$HOSTMESH_E2E_KEEP_LOGS/<namespace>/`, when that is set.
+    fn keep_logs(&self) {
+        let Some(root) = std::env::var_os(KEEP_LOGS_ENV) else {
+            return;
+        };
+        let to = PathBuf::from(root).join(&self.namespace);
+        if std::fs::create_dir_all(&to).is_err() {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.dir.path()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "log") {
+                let _ = std::fs::copy(&path, to.join(e.file_name()));
+            }
         }
     }
 }

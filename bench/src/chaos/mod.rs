@@ -187,6 +187,7 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
                     failure(scenario.name(), run, reason);
                     out.failures.push((run, reason.clone()));
                 } else {
+                    forget_logs(&name);
                     // A series cut short still leaves its runs on record.
                     crate::report::progress(&format!(
                         "{} run {run} ok: detect {:?} s, recover {:?} s, {:?}",
@@ -211,6 +212,15 @@ pub async fn run_scenario(scenario: Scenario, runs: usize) -> Outcome {
         }
     }
     out
+}
+
+/// Removes a passing run's logs that the Env kept
+/// ([`hostmesh_e2e::KEEP_LOGS_ENV`]): only failed runs' stay.
+fn forget_logs(run: &str) {
+    if let Some(root) = std::env::var_os(hostmesh_e2e::KEEP_LOGS_ENV) {
+        let dir = std::path::PathBuf::from(root).join(hostmesh_e2e::namespace_for(run));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 async fn run_once(scenario: Scenario, name: &str, index: usize) -> anyhow::Result<Timing> {
