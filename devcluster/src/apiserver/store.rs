@@ -226,6 +226,9 @@ pub(crate) struct StoreState {
     /// How long an event stays in the history.
     window: std::time::Duration,
     dirty: bool,
+    /// The journal every change goes to first, with a data directory
+    /// (`persist` invariant 1).
+    journal: Option<super::persist::Journal>,
     /// The RBAC index; dropped by every write to an RBAC resource and
     /// rebuilt by the next request that needs it.
     rbac: Option<Arc<rbac::Index>>,
@@ -369,6 +372,15 @@ impl StoreState {
         };
         Self::record(r, limit, WatchEvent::new(type_, rv, obj.clone(), previous));
         self.dirty = true;
+        if let Some(j) = &mut self.journal {
+            j.append(&super::persist::Entry {
+                rv,
+                key: key.to_string(),
+                obj: Some((*obj).clone()),
+                ns: None,
+                name: None,
+            });
+        }
         if key == CRD_KEY {
             self.rebuild_registry();
             super::aggregator::sync(self);
@@ -397,6 +409,15 @@ impl StoreState {
             WatchEvent::new(EventType::Deleted, rv, obj.clone(), Some(previous)),
         );
         self.dirty = true;
+        if let Some(j) = &mut self.journal {
+            j.append(&super::persist::Entry {
+                rv,
+                key: key.to_string(),
+                obj: None,
+                ns: Some(ns.to_string()),
+                name: Some(name.to_string()),
+            });
+        }
         if key == CRD_KEY {
             self.rebuild_registry();
             super::aggregator::sync(self);
@@ -548,6 +569,7 @@ impl Store {
                 history_limit: history_limit.max(1),
                 window,
                 dirty: false,
+                journal: None,
                 rbac: None,
                 rbac_writes: 0,
             }),
@@ -597,13 +619,67 @@ impl Store {
         st.rbac = None;
     }
 
-    /// A snapshot when something changed since the last one.
-    pub(crate) fn snapshot_if_dirty(&self) -> Option<Snapshot> {
+    /// Applies one journalled change past the store's resourceVersion
+    /// (startup only; `persist` invariant 3). Returns whether it applied.
+    pub(crate) fn replay(&self, e: super::persist::Entry) -> bool {
+        let mut st = self.lock();
+        if e.rv <= st.rv {
+            return false;
+        }
+        st.rv = e.rv;
+        let rv = st.rv;
+        let r = st
+            .resources
+            .entry(e.key)
+            .or_insert_with(|| ResourceState::new(rv));
+        match e.obj {
+            Some(o) => {
+                let at = |p: &str| {
+                    o.pointer(p)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let k = (at("/metadata/namespace"), at("/metadata/name"));
+                r.objects.insert(k, Arc::new(o));
+            }
+            None => {
+                r.objects
+                    .remove(&(e.ns.unwrap_or_default(), e.name.unwrap_or_default()));
+            }
+        }
+        st.dirty = true;
+        true
+    }
+
+    /// Ends a restore: no history before the restored resourceVersion,
+    /// the registry and RBAC index from the restored objects.
+    pub(crate) fn finish_restore(&self) {
+        let mut st = self.lock();
+        st.floor = st.rv;
+        let rv = st.rv;
+        for r in st.resources.values_mut() {
+            r.compacted = r.compacted.max(rv);
+        }
+        st.rebuild_registry();
+        st.rbac = None;
+    }
+
+    /// Sends every change from now on to `journal` first.
+    pub(crate) fn set_journal(&self, journal: super::persist::Journal) {
+        self.lock().journal = Some(journal);
+    }
+
+    /// A snapshot when something changed since the last one, and the
+    /// journal generation below which the snapshot covers every journal
+    /// (`persist` invariant 2).
+    pub(crate) fn snapshot_if_dirty(&self) -> Option<(Snapshot, u64)> {
         let mut st = self.lock();
         if !st.dirty {
             return None;
         }
         st.dirty = false;
+        let upto = st.journal.as_mut().map_or(0, |j| j.rotate());
         let resources = st
             .resources
             .iter()
@@ -615,10 +691,13 @@ impl Store {
                 )
             })
             .collect();
-        Some(Snapshot {
-            rv: st.rv,
-            resources,
-        })
+        Some((
+            Snapshot {
+                rv: st.rv,
+                resources,
+            },
+            upto,
+        ))
     }
 
     /// Notifies the background tasks after a write.
