@@ -36,6 +36,13 @@ pub const ENV_SERVICE_PROC_RANK: &str = "MONARCH_SERVICE_PROC_RANK";
 /// Container env: the JSON list of service proc ids (set by a provisioning
 /// client; passed through untouched).
 pub const ENV_SERVICE_PROC_IDS: &str = "MONARCH_SERVICE_PROC_IDS";
+/// Container env: `tls` when the worker serves Monarch's TLS transport
+/// (`spec.monarch.transport: Tls`); read by the default worker bootstrap.
+pub const ENV_TRANSPORT: &str = "HOSTMESH_MONARCH_TRANSPORT";
+/// Where Monarch's TLS transport reads its certificate, key and CA by
+/// default (`HYPERACTOR_TLS_CERT`, `_KEY`, `_CA`), and where a host pod
+/// of a `Tls` World mounts its Secret.
+pub const TLS_DIR: &str = "/etc/hyperactor/tls";
 /// Container env: the pod's uid (downward API `metadata.uid`), from which
 /// Monarch 0.8 derives a worker's service identity when no
 /// [`ENV_SERVICE_PROC_IDS`] is declared.
@@ -73,12 +80,51 @@ pub struct MonarchSpec {
     /// changes only the policy, never the host pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_selector: Option<LabelSelector>,
+    /// The transport of Monarch's own channels to and from the workers.
+    /// `Tcp` (the default) is what Monarch's `KubernetesJob` dials: it
+    /// builds `tcp://` worker addresses itself, in 0.7 and 0.8 alike, and
+    /// any peer that reaches the port is trusted. `Tls`: every worker
+    /// serves mutual TLS 1.3 on `tls://<its FQDN>:<port>`, verified against
+    /// a CA of this World's own; each host gets its certificate in the
+    /// Secret `<world>-host-<rank>-tls` (mounted at `/etc/hyperactor/tls`),
+    /// and clients get theirs, with the CA, in `<world>-monarch-client`
+    /// (named in `status.monarch.clientSecret`). A peer without a
+    /// certificate of this World's CA is refused (docs/monarch.md, "TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<MonarchTransport>,
+}
+
+/// What a client of a Monarch World's TLS transport needs (World
+/// `status.monarch`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MonarchStatus {
+    /// The `kubernetes.io/tls` Secret holding a client certificate
+    /// (`tls.crt`, `tls.key`) and the World's CA (`ca.crt`): mount it at
+    /// `/etc/hyperactor/tls` in a client pod, or point
+    /// `HYPERACTOR_TLS_CERT`, `_KEY` and `_CA` at its keys.
+    pub client_secret: String,
+}
+
+/// How Monarch's channels reach the workers (`spec.monarch.transport`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum MonarchTransport {
+    /// Plain TCP, what `KubernetesJob` dials (the default).
+    #[default]
+    Tcp,
+    /// Mutual TLS 1.3 verified against the World's own CA.
+    Tls,
 }
 
 impl MonarchSpec {
     /// The worker port, defaulted.
     pub fn port(&self) -> u16 {
         self.port.unwrap_or(DEFAULT_MONARCH_PORT)
+    }
+
+    /// Whether the workers serve verified TLS.
+    pub fn tls(&self) -> bool {
+        self.transport == Some(MonarchTransport::Tls)
     }
 
     /// The mesh name, defaulted to the World's name.

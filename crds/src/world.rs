@@ -583,6 +583,10 @@ pub struct WorldStatus {
     /// recreated).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stale_hosts: Rank,
+    /// What Monarch clients of a `spec.monarch.transport: Tls` World
+    /// mount: the Secret with their certificate and the World's CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monarch: Option<crate::monarch::MonarchStatus>,
 }
 
 fn is_zero(n: &Rank) -> bool {

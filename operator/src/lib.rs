@@ -114,6 +114,9 @@ pub enum OperatorError {
     /// Serializing an object failed.
     #[error("serialization: {0}")]
     Serde(#[from] serde_json::Error),
+    /// Making or reading a certificate of a Monarch World's TLS failed.
+    #[error("Monarch TLS: {0}")]
+    Tls(String),
 }
 
 impl OperatorError {
@@ -169,6 +172,7 @@ impl OperatorError {
             OperatorError::MissingField(_) => "missing_field",
             OperatorError::Pending(_) => "waiting",
             OperatorError::Serde(_) => "serde",
+            OperatorError::Tls(_) => "tls",
         }
     }
 }

@@ -69,6 +69,31 @@ pub fn client_pod(
     script: &Path,
     args: &[String],
 ) -> anyhow::Result<String> {
+    client_pod_with(env, name, python, script, args, &ClientExtras::default())
+}
+
+/// What a client pod has beyond [`client_pod`]'s.
+#[derive(Debug, Clone, Default)]
+pub struct ClientExtras {
+    /// The image placeholder ([`Env::image`]); default `monarch-client`.
+    pub image: Option<&'static str>,
+    /// A `kubernetes.io/tls` Secret mounted at `/etc/hyperactor/tls`,
+    /// with `HYPERACTOR_TLS_CERT`, `_KEY` and `_CA` naming its files.
+    pub tls_secret: Option<String>,
+    /// `hostAliases`: an IP and the names it has (the clusters the suite
+    /// runs on have no cluster DNS).
+    pub host_aliases: Vec<(String, Vec<String>)>,
+}
+
+/// [`client_pod`] with `extras`.
+pub fn client_pod_with(
+    env: &Env,
+    name: &str,
+    python: &Path,
+    script: &Path,
+    args: &[String],
+    extras: &ClientExtras,
+) -> anyhow::Result<String> {
     let ns = &env.namespace;
     let placement = if env.placement == Placement::ProcessKubelet {
         format!(
@@ -93,7 +118,35 @@ pub fn client_pod(
         file,
         std::fs::read_to_string(script)?,
     )]))?;
-    let image = env.image("monarch-client")?;
+    let image = env.image(extras.image.unwrap_or("monarch-client"))?;
+    let mut mounts =
+        vec![serde_json::json!({"name": "script", "mountPath": "/e2e", "readOnly": true})];
+    let mut volumes = vec![
+        serde_json::json!({"name": "script", "configMap": {"name": format!("{name}-script")}}),
+    ];
+    let mut tls_env = Vec::new();
+    if let Some(secret) = &extras.tls_secret {
+        mounts.push(serde_json::json!({"name": "tls", "mountPath": "/etc/hyperactor/tls", "readOnly": true}));
+        volumes.push(serde_json::json!({"name": "tls", "secret": {"secretName": secret}}));
+        for (var, file) in [
+            ("HYPERACTOR_TLS_CERT", "tls.crt"),
+            ("HYPERACTOR_TLS_KEY", "tls.key"),
+            ("HYPERACTOR_TLS_CA", "ca.crt"),
+        ] {
+            tls_env.push(
+                serde_json::json!({"name": var, "value": format!("/etc/hyperactor/tls/{file}")}),
+            );
+        }
+    }
+    let aliases: Vec<serde_json::Value> = extras
+        .host_aliases
+        .iter()
+        .map(|(ip, names)| serde_json::json!({"ip": ip, "hostnames": names}))
+        .collect();
+    let mounts = serde_json::Value::from(mounts);
+    let volumes = serde_json::Value::from(volumes);
+    let tls_env = serde_json::Value::from(tls_env);
+    let aliases = serde_json::Value::from(aliases);
     Ok(format!(
         r#"apiVersion: v1
 kind: ServiceAccount
@@ -122,14 +175,16 @@ metadata: {{name: {name}, namespace: {ns}}}
 spec:
   serviceAccountName: {name}
   restartPolicy: Never
+  hostAliases: {aliases}
 {placement}  containers:
   - name: client
     image: {image}
     imagePullPolicy: IfNotPresent
     workingDir: /tmp
     command: {command}
-    volumeMounts: [{{name: script, mountPath: /e2e, readOnly: true}}]
-  volumes: [{{name: script, configMap: {{name: {name}-script}}}}]
+    env: {tls_env}
+    volumeMounts: {mounts}
+  volumes: {volumes}
 "#
     ))
 }

@@ -257,6 +257,145 @@ async fn outside_attach(which: Monarch, test: &str) -> anyhow::Result<()> {
     })
 }
 
+fn tls_client_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("monarch_tls_client.py")
+}
+
+/// `spec.monarch.transport: Tls` with Monarch 0.7 (docs/monarch.md, "TLS"):
+/// the workers serve mutual TLS with a certificate per host from the
+/// World's own CA; a client holding the World's client Secret spawns and
+/// calls actors on both hosts; one whose certificate comes from another CA
+/// is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_monarch_world_serves_clients_of_its_ca_and_refuses_others() -> anyhow::Result<()> {
+    tls_attach(Monarch::Release, "monarch-tls").await
+}
+
+/// The same with Monarch 0.8, whose workers also carry the service
+/// identity derived from their pod's uid.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_next_monarch_client_calls_tls_workers_and_another_ca_is_refused() -> anyhow::Result<()> {
+    tls_attach(Monarch::Next, "monarch-next-tls").await
+}
+
+async fn tls_attach(which: Monarch, test: &str) -> anyhow::Result<()> {
+    use hostmesh_e2e::monarch::{ClientExtras, client_pod_with};
+    use hostmesh_operator::controllers::world::monarch_tls;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use kube::api::{Api, PostParams};
+
+    let python = tokio::task::spawn_blocking(move || which.python()).await?;
+    let env = Env::start(test).await?;
+    let world = monarch::world_of(which, MESH, HOSTS, &python, "")
+        .replace("monarch: {}", "monarch: {transport: Tls}");
+    anyhow::ensure!(world.contains("transport: Tls"), "{world}");
+    env.apply(&world).await?;
+    let status = env
+        .wait_for("World", MESH, "Ready", |s| condition_true(s, "Ready"))
+        .await?;
+    let client_secret = format!("{MESH}-monarch-client");
+    assert_eq!(status["monarch"]["clientSecret"], client_secret.as_str());
+
+    // The Secrets: the CA stays with the operator; hosts and clients get
+    // their own certificate and the CA's certificate.
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let ca = secrets.get(&monarch_tls::ca_name(MESH)).await?;
+    let ca_crt = ca.data.unwrap_or_default()["ca.crt"].clone();
+    let client = secrets.get(&client_secret).await?;
+    assert_eq!(client.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = client.data.unwrap_or_default();
+    assert!(data.contains_key("tls.crt") && data.contains_key("tls.key"));
+    assert_eq!(data["ca.crt"], ca_crt, "the client trusts the World's CA");
+    assert!(!data.contains_key("ca.key"));
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let (mut workers, mut uids, mut aliases) = (Vec::new(), Vec::new(), Vec::new());
+    for rank in 0..HOSTS as usize {
+        let pod = pods.get(&format!("{MESH}-host-{rank}")).await?;
+        let mounted: Vec<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .collect();
+        assert_eq!(
+            mounted,
+            [monarch_tls::host_name(MESH, rank)],
+            "host {rank} mounts its own certificate and nothing else"
+        );
+        let host = secrets.get(&monarch_tls::host_name(MESH, rank)).await?;
+        assert_eq!(host.type_.as_deref(), Some("kubernetes.io/tls"));
+        assert_eq!(host.data.unwrap_or_default()["ca.crt"], ca_crt);
+        let ip = pod
+            .status
+            .and_then(|s| s.pod_ip)
+            .context("a Ready host pod has an IP")?;
+        let fqdn = monarch_tls::host_dns_names(MESH, &env.namespace, rank)[0].clone();
+        workers.push(format!("tls://{fqdn}:26600"));
+        uids.push(pod.metadata.uid.unwrap_or_default());
+        aliases.push((ip, vec![fqdn]));
+    }
+
+    // A client certificate of another CA, beside this World's own CA
+    // certificate (public to anyone who can read a host's files): the
+    // client trusts the workers, so it is the workers that must refuse it.
+    let (foreign, _) = monarch_tls::Ca::generate(&env.namespace, "elsewhere")?;
+    let (crt, key) = foreign.issue(monarch_tls::CLIENT_NAME, &[])?;
+    let world_ca = String::from_utf8(ca_crt.0.clone())?;
+    let rogue: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "rogue-tls"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": crt, "tls.key": key, "ca.crt": world_ca},
+    }))?;
+    secrets.create(&PostParams::default(), &rogue).await?;
+
+    let args = [workers.join(","), uids.join(",")];
+    let image = match which {
+        Monarch::Release => "monarch-client",
+        Monarch::Next => "monarch-next",
+    };
+    for (name, secret) in [
+        ("tls-client", client_secret.as_str()),
+        ("rogue-client", "rogue-tls"),
+    ] {
+        let extras = ClientExtras {
+            image: Some(image),
+            tls_secret: Some(secret.to_string()),
+            host_aliases: aliases.clone(),
+        };
+        env.kubectl_apply(
+            name,
+            &client_pod_with(&env, name, &python, &tls_client_script(), &args, &extras)?,
+        )?;
+    }
+    let ended = |pod: &str| matches!(env.pod_phase(pod).as_str(), "Succeeded" | "Failed");
+    eventually("both clients to end", || {
+        ended("tls-client") && ended("rogue-client")
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "client:\n{}\nrogue:\n{}",
+            tail(&env.pod_logs("tls-client"), 40),
+            tail(&env.pod_logs("rogue-client"), 40)
+        )
+    })?;
+    let out = env.pod_logs("tls-client");
+    assert_eq!(env.pod_phase("tls-client"), "Succeeded", "{out}");
+    let ok = out
+        .lines()
+        .find(|l| l.starts_with("TLS OK"))
+        .with_context(|| format!("no TLS OK line:\n{out}"))?;
+    for (_, names) in &aliases {
+        assert!(ok.contains(&names[0]), "every host answered: {ok}");
+    }
+    let rogue_out = env.pod_logs("rogue-client");
+    assert_eq!(env.pod_phase("rogue-client"), "Failed", "{rogue_out}");
+    // Monarch reports a refused handshake only as its attach timing out.
+    assert!(rogue_out.contains("TLS FAILED"), "{rogue_out}");
+    assert!(!rogue_out.contains("TLS OK"), "{rogue_out}");
+    Ok(())
+}
+
 /// A worker that never listens (here: a command that only sleeps) leaves
 /// its pod not Ready, and the World says which rank waits and why.
 #[tokio::test(flavor = "multi_thread")]

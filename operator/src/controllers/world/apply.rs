@@ -30,7 +30,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt as _};
 use tracing::{debug, info, warn};
 
-use super::{desired, fencing, gang, kueue, netpol, observe, plan, secret};
+use super::{desired, fencing, gang, kueue, monarch_tls, netpol, observe, plan, secret};
 use crate::controllers::shared::ControllerContext;
 use crate::controllers::shared::events::{self, PlannedEvent, Severity};
 use crate::controllers::shared::writes::write_status;
@@ -65,6 +65,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         ctx.hub.world_secret(&key).map(|k| k.to_vec()),
     )
     .await?;
+    let tls_ca = monarch_tls::ensure(world, ctx).await?;
     let gang_problem = super::ensure_gang_group(world, ctx).await?;
     let netpol_problem = netpol::ensure(world, ctx).await?;
 
@@ -119,10 +120,12 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         placement: gate.placement.as_ref(),
         timings: &timings,
         key: &key,
+        tls_ca: tls_ca.as_ref(),
     };
     let refused = create_pods(world, ctx, &plan.create, &created).await?;
 
     let mut status = plan.status.clone();
+    status.monarch = monarch_tls::status(world);
     report_refusal(world, ctx, &mut status, refused).await;
     netpol::report(world, ctx, &mut status, netpol_problem).await;
     if let Some(g) = gang::spec(world)
@@ -486,6 +489,8 @@ struct Creation<'a> {
     placement: Option<&'a kueue::workload::Placement>,
     timings: &'a Timings,
     key: &'a WorldKey,
+    /// The World's CA when its Monarch workers serve TLS.
+    tls_ca: Option<&'a monarch_tls::Ca>,
 }
 
 /// Pods created at once: a 1,000-host World's pods go out in a few dozen
@@ -512,6 +517,9 @@ async fn create_pods(
         let name = &name;
         let raw_pods = &raw_pods;
         async move {
+            if let Some(ca) = with.tls_ca {
+                monarch_tls::ensure_host(world, ctx, ca, rank).await?;
+            }
             let mut pod = desired::pod(
                 world,
                 rank,

@@ -488,6 +488,7 @@ pub fn pod(
     }
     if let Some(m) = &world.spec.monarch {
         super::monarch::configure_host(m, rank, host);
+        super::monarch::tls_volume(m, &world_name, rank, volumes_of(&mut spec.volumes));
         meta.labels
             .get_or_insert_with(BTreeMap::new)
             .extend(super::monarch::labels(m, &world_name, rank));

@@ -33,6 +33,7 @@ pub mod fencing;
 pub mod gang;
 pub mod kueue;
 pub mod monarch;
+pub mod monarch_tls;
 pub mod netpol;
 pub mod observe;
 pub mod plan;

@@ -450,6 +450,7 @@ impl<'i, 'a> Working<'i, 'a> {
             ready_time: None,
             rule_fired: self.rule_fired,
             stale_hosts: 0,
+            monarch: None,
         };
         self.out
     }
@@ -1121,6 +1122,7 @@ impl<'i, 'a> Working<'i, 'a> {
             ready_time: self.ready_time,
             rule_fired: self.rule_fired,
             stale_hosts: self.stale,
+            monarch: None,
         };
         self.out
     }

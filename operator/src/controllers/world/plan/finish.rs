@@ -284,6 +284,7 @@ impl Working<'_, '_> {
             ready_time: self.ready_time.clone(),
             rule_fired: self.rule_fired.clone(),
             stale_hosts: 0,
+            monarch: None,
         };
         self.out
     }
