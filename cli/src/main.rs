@@ -223,8 +223,9 @@ fn print_crds(monarch_mesh: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves the embedded API server until Ctrl-C, then shuts it down
-/// gracefully (persisting state when a data directory is given).
+/// Serves the embedded API server until Ctrl-C or SIGTERM (what a
+/// process manager or the kubelet sends, as to kube-apiserver), then shuts
+/// it down gracefully (persisting state when a data directory is given).
 fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow::Result<()> {
     use hostmesh_devcluster::apiserver::ApiServer;
     tracing_subscriber::fmt()
@@ -241,7 +242,12 @@ fn run_apiserver(args: hostmesh_devcluster::apiserver::ApiServerArgs) -> anyhow:
             kubeconfig = %server.kubeconfig_path().map(|p| p.display().to_string()).unwrap_or_default(),
             "API server ready; export KUBECONFIG to use it"
         );
-        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot wait for SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        }
         server.shutdown().await;
         Ok(())
     })
