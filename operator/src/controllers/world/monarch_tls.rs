@@ -301,13 +301,35 @@ pub async fn ensure_host(
 mod tests {
     use super::*;
     use rustls::client::danger::ServerCertVerifier as _;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use std::sync::Arc;
 
-    fn der(pem: &str) -> Vec<u8> {
+    fn der(pem: &str) -> CertificateDer<'static> {
         use base64::Engine as _;
         let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-        base64::engine::general_purpose::STANDARD
+        let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
+            .unwrap();
+        CertificateDer::from(bytes)
+    }
+
+    fn roots(ca_pem: &str) -> Arc<rustls::RootCertStore> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(ca_pem)).unwrap();
+        Arc::new(roots)
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// Whether an acceptor trusting `ca_pem` admits `crt` as a client.
+    fn admits_client(ca_pem: &str, crt: &str) -> bool {
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca_pem), provider())
+            .build()
             .unwrap()
+            .verify_client_cert(&der(crt), &[], UnixTime::now())
+            .is_ok()
     }
 
     /// Invariants 2 and 4: a host certificate verifies against the CA as
@@ -321,46 +343,28 @@ mod tests {
         assert_eq!(dns.last().unwrap(), "w-host-1");
         // Issued by the reloaded CA: the same subject and key.
         let (crt, _) = again.issue(&dns[0], &dns).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(der(&ca.pem).into()).unwrap();
-        let roots = std::sync::Arc::new(roots);
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let server = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            roots.clone(),
-            provider.clone(),
-        )
-        .build()
-        .unwrap();
-        let leaf = rustls::pki_types::CertificateDer::from(der(&crt));
-        let now = rustls::pki_types::UnixTime::now();
+        let server =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca.pem), provider())
+                .build()
+                .unwrap();
+        let leaf = der(&crt);
+        let now = UnixTime::now();
         for name in &dns {
-            let sn = rustls::pki_types::ServerName::try_from(name.clone()).unwrap();
+            let sn = ServerName::try_from(name.clone()).unwrap();
             server
                 .verify_server_cert(&leaf, &[], &sn, &[], now)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        let other =
-            rustls::pki_types::ServerName::try_from("w-host-2.w.ml.svc.cluster.local").unwrap();
+        let other = ServerName::try_from("w-host-2.w.ml.svc.cluster.local").unwrap();
         assert!(
             server
                 .verify_server_cert(&leaf, &[], &other, &[], now)
                 .is_err()
         );
-        let client = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
-            .build()
-            .unwrap();
-        client.verify_client_cert(&leaf, &[], now).unwrap();
+        assert!(admits_client(&ca.pem, &crt));
         // Another World's CA does not admit it.
         let (foreign, _) = Ca::generate("ml", "other").unwrap();
-        let mut theirs = rustls::RootCertStore::empty();
-        theirs.add(der(&foreign.pem).into()).unwrap();
-        let client = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            std::sync::Arc::new(theirs),
-            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
-        )
-        .build()
-        .unwrap();
-        assert!(client.verify_client_cert(&leaf, &[], now).is_err());
+        assert!(!admits_client(&foreign.pem, &crt));
     }
 
     /// Invariant 3: the clients' certificate names no host and is admitted
@@ -370,17 +374,6 @@ mod tests {
         let (ca, _) = Ca::generate("ml", "w").unwrap();
         let (crt, key) = ca.issue(CLIENT_NAME, &[]).unwrap();
         assert!(key.contains("PRIVATE KEY"));
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(der(&ca.pem).into()).unwrap();
-        let client = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            std::sync::Arc::new(roots),
-            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
-        )
-        .build()
-        .unwrap();
-        let leaf = rustls::pki_types::CertificateDer::from(der(&crt));
-        client
-            .verify_client_cert(&leaf, &[], rustls::pki_types::UnixTime::now())
-            .unwrap();
+        assert!(admits_client(&ca.pem, &crt));
     }
 }
