@@ -19,6 +19,7 @@
 //!    resourceVersion is past the store's; a torn last line (a kill in
 //!    mid-write) ends the replay of its file.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,17 +41,18 @@ pub(crate) fn state_file(dir: &Path) -> PathBuf {
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(5);
 
 /// One journalled change (invariant 2): `obj` for a create or update, else
-/// the deleted object's namespace and name.
+/// the deleted object's namespace and name. Borrowed when written (no copy
+/// of the object under the store's lock), owned when read back.
 #[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct Entry {
+pub(crate) struct Entry<'a> {
     pub(crate) rv: u64,
-    pub(crate) key: String,
+    pub(crate) key: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) obj: Option<Value>,
+    pub(crate) obj: Option<Cow<'a, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) ns: Option<String>,
+    pub(crate) ns: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
+    pub(crate) name: Option<Cow<'a, str>>,
 }
 
 /// The open journal (invariants 1 and 2).
@@ -102,7 +104,7 @@ impl Journal {
     }
 
     /// Appends one change (invariant 1).
-    pub(crate) fn append(&mut self, entry: &Entry) {
+    pub(crate) fn append(&mut self, entry: &Entry<'_>) {
         use std::io::Write as _;
         let mut line = match serde_json::to_vec(entry) {
             Ok(l) => l,

@@ -375,8 +375,8 @@ impl StoreState {
         if let Some(j) = &mut self.journal {
             j.append(&super::persist::Entry {
                 rv,
-                key: key.to_string(),
-                obj: Some((*obj).clone()),
+                key: key.into(),
+                obj: Some(std::borrow::Cow::Borrowed(&*obj)),
                 ns: None,
                 name: None,
             });
@@ -412,10 +412,10 @@ impl StoreState {
         if let Some(j) = &mut self.journal {
             j.append(&super::persist::Entry {
                 rv,
-                key: key.to_string(),
+                key: key.into(),
                 obj: None,
-                ns: Some(ns.to_string()),
-                name: Some(name.to_string()),
+                ns: Some(ns.into()),
+                name: Some(name.into()),
             });
         }
         if key == CRD_KEY {
@@ -621,7 +621,7 @@ impl Store {
 
     /// Applies one journalled change past the store's resourceVersion
     /// (startup only; `persist` invariant 3). Returns whether it applied.
-    pub(crate) fn replay(&self, e: super::persist::Entry) -> bool {
+    pub(crate) fn replay(&self, e: super::persist::Entry<'_>) -> bool {
         let mut st = self.lock();
         if e.rv <= st.rv {
             return false;
@@ -630,9 +630,9 @@ impl Store {
         let rv = st.rv;
         let r = st
             .resources
-            .entry(e.key)
+            .entry(e.key.into_owned())
             .or_insert_with(|| ResourceState::new(rv));
-        match e.obj {
+        match e.obj.map(std::borrow::Cow::into_owned) {
             Some(o) => {
                 let at = |p: &str| {
                     o.pointer(p)
@@ -644,8 +644,9 @@ impl Store {
                 r.objects.insert(k, Arc::new(o));
             }
             None => {
-                r.objects
-                    .remove(&(e.ns.unwrap_or_default(), e.name.unwrap_or_default()));
+                let owned =
+                    |c: Option<std::borrow::Cow<'_, str>>| c.unwrap_or_default().into_owned();
+                r.objects.remove(&(owned(e.ns), owned(e.name)));
             }
         }
         st.dirty = true;
