@@ -270,6 +270,24 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
     Ok(())
 }
 
+/// The runtime-aware ProcMesh `pm` the client tests drive: the agent
+/// binary's example proc (every host pod has it), 2 per host of World `w`,
+/// with `restart` as its restartPolicy.
+fn echo_mesh(restart: &str) -> String {
+    format!(
+        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {{name: pm}}\nspec:\n  world: w\n  perHost: [{{name: gpu, size: 2}}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {restart}\n"
+    )
+}
+
+/// The client tests' options: the e2e wait for Ready, a 10 s keepalive.
+fn client_options() -> hostmesh_client::ClientOptions {
+    hostmesh_client::ClientOptions {
+        ready_timeout: hostmesh_e2e::WAIT,
+        keepalive: std::time::Duration::from_secs(10),
+        ..Default::default()
+    }
+}
+
 /// Issue 29: a client holding only what the operator publishes for
 /// clients (ConfigMap `<procmesh>-runtime`, Secret `<world>-runtime`)
 /// drives actors on a runtime-aware ProcMesh's procs: an `Echo` on every
@@ -280,27 +298,15 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<()> {
     use hostmesh_agent::echo::{Echo, Fail};
-    use hostmesh_client::{ClientOptions, MeshClient, MeshEvent};
+    use hostmesh_client::{MeshClient, MeshEvent};
     use std::time::Duration;
 
     let env = Env::start("procmesh-client").await?;
     env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
     // The example proc is in the agent binary every host pod has.
-    env.apply(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm}\nspec:\n  world: w\n  perHost: [{name: gpu, size: 2}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {policy: Never}\n",
-    )
-    .await?;
-    let client = MeshClient::connect(
-        env.client.clone(),
-        &env.namespace,
-        "pm",
-        ClientOptions {
-            ready_timeout: hostmesh_e2e::WAIT,
-            keepalive: Duration::from_secs(10),
-            ..Default::default()
-        },
-    )
-    .await?;
+    env.apply(&echo_mesh("{policy: Never}")).await?;
+    let client =
+        MeshClient::connect(env.client.clone(), &env.namespace, "pm", client_options()).await?;
     let timeout = Duration::from_secs(20);
     let mesh = client.spawn::<Echo>("echo", &()).await?;
     let replies = mesh
@@ -384,14 +390,14 @@ async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()> {
     use hostmesh_agent::echo::Echo;
-    use hostmesh_client::{ClientOptions, MeshClient, MeshEvent};
+    use hostmesh_client::{MeshClient, MeshEvent};
     use std::time::Duration;
 
     let env = Env::start("procmesh-rejoin").await?;
     env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
-    env.apply(
-        "apiVersion: hostmesh.dev/v1alpha1\nkind: ProcMesh\nmetadata: {name: pm}\nspec:\n  world: w\n  perHost: [{name: gpu, size: 2}]\n  command: [/hostmesh/bin/hostmesh, echo-proc]\n  runtimeAware: true\n  restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 0s}\n",
-    )
+    env.apply(&echo_mesh(
+        "{policy: OnFailure, maxRestarts: 5, backoff: 0s}",
+    ))
     .await?;
     // The client runs as a service account with only what docs/api.md
     // says a client needs, by name.
@@ -403,12 +409,7 @@ async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()>
     let token =
         hostmesh_e2e::service_account_token(&env.client, &env.namespace, "mesh-user").await?;
     let as_user = hostmesh_e2e::client_with_token(&env.kubeconfig, &token).await?;
-    let options = ClientOptions {
-        ready_timeout: hostmesh_e2e::WAIT,
-        keepalive: Duration::from_secs(10),
-        ..Default::default()
-    };
-    let client = MeshClient::connect(as_user, &env.namespace, "pm", options).await?;
+    let client = MeshClient::connect(as_user, &env.namespace, "pm", client_options()).await?;
     let timeout = Duration::from_secs(20);
     let mut mesh = client.spawn::<Echo>("echo", &()).await?;
     let hi = "hi".to_string();
