@@ -124,13 +124,15 @@ async fn a_stall_under_gang_restarts_every_rank_and_keeps_a_stacks_configmap() {
         "{}",
         data["summary"]
     );
-    let events = c.api::<Event>().list(&ListParams::default()).await.unwrap();
-    assert!(
+    // The Event is published after the ConfigMap is written: wait for it.
+    eventually_async("a Stalled Event", || async {
+        let events = c.api::<Event>().list(&ListParams::default()).await.ok()?;
         events
             .items
             .iter()
-            .any(|e| e.reason.as_deref() == Some("Stalled")),
-        "a Stalled Event"
-    );
+            .any(|e| e.reason.as_deref() == Some("Stalled"))
+            .then_some(())
+    })
+    .await;
     c.shutdown().await;
 }
