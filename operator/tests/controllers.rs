@@ -719,3 +719,66 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     assert_eq!(s.restarts, 0, "a deliberate replacement is not a restart");
     c.shutdown().await;
 }
+
+/// Monarch TLS (`world::monarch_tls`): the CA, the clients' Secret and a
+/// certificate Secret per host (made before its pod, which mounts it) are
+/// there, and `status.monarch` names the clients' Secret; a deleted CA
+/// comes back as a new CA, and the Secrets the old one signed are named
+/// in `TlsStale` Events (they cannot be rewritten with `get` and `create`).
+#[tokio::test]
+async fn a_tls_monarch_world_gets_its_ca_and_certificates_and_a_lost_ca_is_named_stale() {
+    let c = Cluster::start().await;
+    c.apply_yaml(&WORLD.replace(
+        "spec:\n  shape:",
+        "spec:\n  monarch: {transport: Tls}\n  shape:",
+    ))
+    .await;
+    let secrets = c.api::<Secret>();
+    let pods = c.api::<Pod>();
+    let ca_of = |s: &Secret| s.data.as_ref().unwrap()["ca.crt"].0.clone();
+    let ca = eventually_async("the CA", || async {
+        secrets.get_opt("w-monarch-ca").await.ok()?
+    })
+    .await;
+    assert!(ca.data.as_ref().unwrap().contains_key("ca.key"));
+    for rank in 0..2 {
+        let pod = eventually_async("a host pod", || async {
+            pods.get_opt(&format!("w-host-{rank}")).await.ok()?
+        })
+        .await;
+        let mounted: Vec<String> = pod
+            .spec
+            .unwrap()
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| v.secret?.secret_name)
+            .collect();
+        assert_eq!(mounted, [format!("w-host-{rank}-tls")]);
+        let host = secrets.get(&format!("w-host-{rank}-tls")).await.unwrap();
+        assert_eq!(host.type_.as_deref(), Some("kubernetes.io/tls"));
+        assert_eq!(ca_of(&host), ca_of(&ca));
+        assert!(!host.data.as_ref().unwrap().contains_key("ca.key"));
+    }
+    let client = secrets.get("w-monarch-client").await.unwrap();
+    assert_eq!(ca_of(&client), ca_of(&ca));
+    let worlds = c.api::<World>();
+    eventually_async("status.monarch.clientSecret", || async {
+        let s = worlds.get("w").await.ok()?.status?;
+        (s.monarch?.client_secret == "w-monarch-client").then_some(())
+    })
+    .await;
+
+    secrets
+        .delete("w-monarch-ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    nudge(&c, 1).await;
+    let again = eventually_async("a new CA", || async {
+        secrets.get_opt("w-monarch-ca").await.ok()?
+    })
+    .await;
+    assert_ne!(ca_of(&again), ca_of(&ca), "a new CA");
+    event_seen(&c.api(), "TlsStale").await;
+    c.shutdown().await;
+}
