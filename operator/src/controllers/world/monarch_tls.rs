@@ -41,6 +41,7 @@ use rcgen::{
 };
 
 use super::desired;
+use super::secret::create;
 use crate::OperatorError;
 use crate::controllers::shared::ControllerContext;
 
@@ -195,14 +196,6 @@ fn data(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, ByteString
 fn text(s: &Secret, key: &str) -> Option<String> {
     let b = s.data.as_ref()?.get(key)?;
     String::from_utf8(b.0.clone()).ok()
-}
-
-async fn create(api: &Api<Secret>, s: &Secret) -> Result<(), OperatorError> {
-    match api.create(&PostParams::default(), s).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 fn owned(world: &World, name: String, tls: bool) -> Result<Secret, OperatorError> {

@@ -67,7 +67,9 @@ fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, Opera
     Ok(s)
 }
 
-async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), OperatorError> {
+/// Creates `secret`; one that exists already (another pass made it) is
+/// left as it is: Secrets are never rewritten (invariant 3).
+pub(super) async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), OperatorError> {
     match api.create(&PostParams::default(), secret).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
