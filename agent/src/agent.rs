@@ -89,7 +89,7 @@ impl Agent {
         // Fence invariant 5: the proc claims this host's epoch and checks
         // peers against the table the fence keeps.
         let peers = hostmesh_runtime::channel::epoch::EpochTable::default();
-        let proc = host_proc(&config, config.listen, &secret, &peers);
+        let proc = host_proc(&config, config.listen, &peers).secret(secret.bytes().to_vec());
         let proc = proc.build().await.map_err(|e| {
             HostError::Runtime(format!(
                 "cannot serve the agent protocol on {} (--listen / --pod-ip / --port): {e}",
@@ -102,7 +102,9 @@ impl Agent {
         };
         // Desk invariant 2: the agent's IP, a port of the system's choice,
         // the same epoch claim and table.
-        let desk = host_proc(&config, SocketAddr::new(addr.ip(), 0), &runtime_key, &peers);
+        let issuer = hostmesh_runtime::Issuer::from_runtime_key(runtime_key.bytes());
+        let desk =
+            host_proc(&config, SocketAddr::new(addr.ip(), 0), &peers).issued_by(issuer.clone());
         let desk = desk.build().await.map_err(|e| {
             HostError::Runtime(format!("cannot serve the proc desk on {}: {e}", addr.ip()))
         })?;
@@ -119,7 +121,7 @@ impl Agent {
             host_rank: config.host_rank,
             addr,
             desk: desk_addr,
-            runtime_key,
+            issuer,
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
         desk.spawn(
@@ -202,7 +204,7 @@ impl Agent {
     }
 
     /// The agent's proc desk (`desk.rs`): where runtime-aware procs
-    /// check in, keyed with the World's runtime key.
+    /// check in, with a credential of the World's proc issuer.
     pub fn desk(&self) -> &Proc {
         &self.desk
     }
@@ -282,18 +284,17 @@ pub async fn run_agent(args: AgentArgs) -> Result<(), HostError> {
 /// captures): bounded like the workers, whatever the node's size.
 const MAX_BLOCKING_THREADS: usize = 16;
 
-/// A proc of this host named `agent` listening at `listen`, keyed with
-/// `key`, checking peers against `peers` and claiming the host's epoch
-/// when it has one (fence invariant 5): the agent's own proc and its desk.
+/// A proc of this host named `agent` listening at `listen`, checking peers
+/// against `peers` and claiming the host's epoch when it has one (fence
+/// invariant 5): the agent's own proc (keyed with the World secret) and
+/// its desk (with a credential of the World's issuer).
 fn host_proc(
     config: &AgentConfig,
     listen: SocketAddr,
-    key: &Secret,
     peers: &hostmesh_runtime::channel::epoch::EpochTable,
 ) -> hostmesh_runtime::ProcBuilder {
     let builder = Proc::builder(AGENT_PROC_NAME)
         .listen(ChannelAddr::Tcp(listen))
-        .secret(key.bytes().to_vec())
         .epoch_table(peers.clone());
     if config.fence.epoch == 0 {
         return builder;

@@ -7,7 +7,7 @@
 //! Start it through a ProcMesh with `spec.runtimeAware: true` and `command:
 //! [/hostmesh/bin/hostmesh, echo-proc]` (or `ProcSpec::runtime_aware`); the
 //! agent gives it the environment it needs
-//! (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_RUNTIME_KEY`,
+//! (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`, `HOSTMESH_PROC_CREDENTIAL`,
 //! `RANK`, ...). Spawn an `Echo` on it with `hostmesh_agent::SpawnFor`
 //! sent to its `mesh` actor, then `call` it with a `String`.
 

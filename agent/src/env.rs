@@ -20,14 +20,15 @@ pub struct AgentIdentity {
     pub addr: SocketAddr,
     /// The agent's proc desk: where runtime-aware procs check in.
     pub desk: SocketAddr,
-    /// The World's runtime key, given to runtime-aware procs only
-    /// (`keys.rs`).
-    pub runtime_key: super::agent::Secret,
+    /// The World's proc issuer (derived from its runtime key, `keys.rs`):
+    /// each runtime-aware proc gets a credential of its own from it.
+    pub issuer: hostmesh_runtime::Issuer,
 }
 
-/// A runtime-aware proc's credential: the World's runtime key in hex
-/// (`keys.rs`). Plain procs do not get it.
-pub const RUNTIME_KEY_VAR: &str = "HOSTMESH_RUNTIME_KEY";
+/// A runtime-aware proc's credential: a certificate for its own name and
+/// its host's epoch, and its own key, in hex
+/// (`hostmesh_runtime::channel::credential`). Plain procs get none.
+pub const PROC_CREDENTIAL_VAR: &str = "HOSTMESH_PROC_CREDENTIAL";
 
 /// Default `MASTER_PORT`.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -149,10 +150,14 @@ pub fn coordinates(spec: &ProcSpec, rank: Rank) -> Vec<usize> {
 }
 
 /// The environment of a proc, contract variables first, then the spec's own.
+///
+/// `claim` is the host's epoch claim, which a runtime-aware proc's
+/// credential carries.
 pub(crate) fn proc_env(
     agent: &AgentIdentity,
     address_book: &[String],
     req: &CreateOrUpdate,
+    claim: Option<hostmesh_runtime::channel::epoch::EpochClaim>,
 ) -> Result<Vec<(String, String)>, HostError> {
     let spec = &req.spec;
     let local = spec.local_world_size();
@@ -191,10 +196,11 @@ pub(crate) fn proc_env(
         ("HOSTMESH_AGENT_ADDR".to_owned(), agent.desk.to_string()),
     ];
     if spec.runtime_aware {
-        env.push((
-            RUNTIME_KEY_VAR.to_owned(),
-            super::keys::to_hex(agent.runtime_key.bytes()),
-        ));
+        let credential = agent
+            .issuer
+            .issue(&req.name, claim)
+            .map_err(|e| HostError::Runtime(format!("cannot issue a proc credential: {e}")))?;
+        env.push((PROC_CREDENTIAL_VAR.to_owned(), credential.to_text()));
     }
     for (d, c) in spec.extent.iter().zip(coordinates(spec, req.rank)) {
         let suffix = env_suffix(&d.name);
@@ -269,7 +275,9 @@ mod tests {
             host_rank,
             addr: "127.0.0.9:26602".parse().unwrap(),
             desk: "127.0.0.9:40000".parse().unwrap(),
-            runtime_key: crate::keys::runtime_key(b"0123456789abcdef"),
+            issuer: hostmesh_runtime::Issuer::from_runtime_key(
+                crate::keys::runtime_key(b"0123456789abcdef").bytes(),
+            ),
         }
     }
 
@@ -278,7 +286,7 @@ mod tests {
         let r = req(5 * 8 + 3);
         validate(&r, 5).unwrap();
         let book = vec!["127.0.0.2:26602".to_owned()];
-        let env: std::collections::HashMap<_, _> = proc_env(&agent(5), &book, &r)
+        let env: std::collections::HashMap<_, _> = proc_env(&agent(5), &book, &r, None)
             .unwrap()
             .into_iter()
             .collect();
@@ -302,7 +310,7 @@ mod tests {
             assert_eq!(env[&format!("MONARCH_SIZE_{dim}")], size.to_string());
         }
         assert_eq!(env["HOSTMESH_AGENT_ADDR"], "127.0.0.9:40000");
-        // A plain proc gets no key; a runtime-aware one the runtime key.
+        // A plain proc gets no key or credential.
         assert!(
             !env.keys()
                 .any(|k| k.contains("SECRET") || k.contains("KEY"))
@@ -312,19 +320,25 @@ mod tests {
     }
 
     #[test]
-    fn only_a_runtime_aware_proc_gets_the_runtime_key() {
+    fn only_a_runtime_aware_proc_gets_a_credential_of_its_own() {
         let mut r = req(5 * 8 + 3);
         r.spec.runtime_aware = true;
         let a = agent(5);
-        let env: std::collections::HashMap<_, _> = proc_env(&a, &["127.0.0.2:1".into()], &r)
+        let claim = Some(hostmesh_runtime::channel::epoch::EpochClaim { rank: 5, epoch: 2 });
+        let env: std::collections::HashMap<_, _> = proc_env(&a, &["127.0.0.2:1".into()], &r, claim)
             .unwrap()
             .into_iter()
             .collect();
-        assert_eq!(
-            env[RUNTIME_KEY_VAR],
-            crate::keys::to_hex(a.runtime_key.bytes())
+        let c = hostmesh_runtime::Credential::from_text(&env[PROC_CREDENTIAL_VAR]).unwrap();
+        assert_eq!(c.certificate().name, "train-43");
+        assert_eq!(c.certificate().claim, claim);
+        c.certificate().verify(&a.issuer.public()).unwrap();
+        assert_eq!(c.issuer(), &a.issuer.public());
+        assert!(
+            !env.keys()
+                .any(|k| k.contains("SECRET") || k.contains("KEY")),
+            "{env:?}"
         );
-        assert!(!env.keys().any(|k| k.contains("SECRET")), "{env:?}");
     }
 
     #[test]
@@ -337,13 +351,20 @@ mod tests {
 
     #[test]
     fn master_addr_needs_address_book_off_rank_zero() {
-        let e = proc_env(&agent(1), &[], &req(9)).unwrap_err().to_string();
-        assert!(e.contains("SetAddressBook"), "{e}");
-        let e = proc_env(&agent(1), &[String::new(), "127.0.0.3:1".into()], &req(9))
+        let e = proc_env(&agent(1), &[], &req(9), None)
             .unwrap_err()
             .to_string();
+        assert!(e.contains("SetAddressBook"), "{e}");
+        let e = proc_env(
+            &agent(1),
+            &[String::new(), "127.0.0.3:1".into()],
+            &req(9),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("host 0"), "{e}");
-        let env = proc_env(&agent(0), &[], &req(1)).unwrap();
+        let env = proc_env(&agent(0), &[], &req(1), None).unwrap();
         assert!(env.contains(&("MASTER_ADDR".into(), "127.0.0.9".into())));
     }
 

@@ -1,11 +1,17 @@
 //! Who holds which key on a host: the World secret stays with the agent
-//! (and the operator); runtime-aware procs get only the World's runtime
-//! key, derived from it one way; plain procs get nothing.
+//! (and the operator); the World's runtime key, derived from it one way,
+//! stays with the agent too (and clients of actors, through the Secret
+//! `<world>-runtime`): it is the seed of the World's proc issuer
+//! (`hostmesh_runtime::Issuer`), from which each runtime-aware proc gets a
+//! credential of its own, for its own name and its host's epoch; plain
+//! procs get nothing.
 //!
 //! Invariants:
 //! 1. The runtime key is HKDF-SHA256 of the World secret under a fixed
-//!    label: every agent of a World derives the same one, and nothing that
-//!    holds only the runtime key can compute the World secret.
+//!    label: every agent of a World derives the same one (and so the same
+//!    issuer), and nothing that holds only the runtime key can compute the
+//!    World secret; nothing that holds only a proc credential can compute
+//!    either.
 //! 2. The agent takes the World secret out of its environment
 //!    ([`SECRET_ENV`]) before any thread starts, so no child inherits it.
 //! 3. The agent process is not dumpable: without `CAP_SYS_PTRACE` (which
@@ -28,9 +34,9 @@ const RUNTIME_LABEL: &[u8] = b"hostmesh runtime key v1";
 /// Fewest bytes a World secret has.
 pub const MIN_SECRET_LEN: usize = 16;
 
-/// The World's runtime key: what runtime-aware procs (and clients of
-/// their actors) authenticate with to each other and to the agent's
-/// proc desk. It cannot dial the agent itself.
+/// The World's runtime key: what the World's proc issuer is derived from
+/// (agents issue their procs' credentials with it; clients of actors issue
+/// their own). It cannot dial the agent itself.
 pub fn runtime_key(world_secret: &[u8]) -> Secret {
     struct Len;
     impl hkdf::KeyType for Len {

@@ -73,7 +73,7 @@ pub use config::{
 pub use descendants::become_subreaper;
 pub use desk::{ProcDesk, desk_ref};
 pub use env::{
-    AgentIdentity, DEFAULT_MASTER_PORT, PROGRESS_FILE_VAR, RUNTIME_KEY_VAR, coordinates,
+    AgentIdentity, DEFAULT_MASTER_PORT, PROC_CREDENTIAL_VAR, PROGRESS_FILE_VAR, coordinates,
 };
 pub use error::HostError;
 pub use fence::{

@@ -192,7 +192,8 @@ impl ProcManager {
             }
         };
         let mut env = if contract_env {
-            env::proc_env(&self.inner.identity, &table.address_book, &req)?
+            let claim = self.inner.fence.claim();
+            env::proc_env(&self.inner.identity, &table.address_book, &req, claim)?
         } else {
             req.spec.env.clone()
         };

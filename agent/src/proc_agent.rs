@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::desk::{ProcDesk, desk_ref};
-use super::env::RUNTIME_KEY_VAR;
+use super::env::PROC_CREDENTIAL_VAR;
 use super::error::HostError;
 use super::protocol::{ActorFailed, CheckIn};
 use hostmesh_runtime::{
@@ -317,7 +317,7 @@ fn env(name: &'static str) -> Result<String, HostError> {
 
 /// Joins the host this proc was started on, from the proc environment
 /// (`HOSTMESH_PROC_NAME`, `HOSTMESH_AGENT_ADDR`: the agent's proc desk,
-/// `HOSTMESH_RUNTIME_KEY`: the World's runtime key, and
+/// `HOSTMESH_PROC_CREDENTIAL`: this proc's own credential, and
 /// `HOSTMESH_RANK_EPOCH(S)` when the host has an epoch):
 /// builds the proc with `configure` (register actor types there), listening
 /// on the agent's IP, starts the `mesh` actor and checks in (invariant 1).
@@ -331,11 +331,12 @@ pub async fn join_host(
             format!("not an ip:port address ({e})"),
         )
     })?;
-    let secret = super::keys::from_hex(RUNTIME_KEY_VAR, &env(RUNTIME_KEY_VAR)?)?;
+    let credential = hostmesh_runtime::Credential::from_text(&env(PROC_CREDENTIAL_VAR)?)
+        .map_err(|e| HostError::config(PROC_CREDENTIAL_VAR, e.to_string()))?;
     let listen = SocketAddr::new(agent_addr.ip(), 0);
     let mut builder = Proc::builder(name.clone())
         .listen(ChannelAddr::Tcp(listen))
-        .secret(secret);
+        .credential(credential);
     // The host copy's epoch: peers that know a newer one refuse this proc,
     // and it refuses peers older than the epochs known at its start.
     let epochs = super::fence::proc_epochs(

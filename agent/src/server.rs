@@ -6,7 +6,7 @@
 //! 1. Only peers that passed the runtime handshake (HMAC with the World
 //!    secret) can reach these handlers: the agent's proc is built with the
 //!    secret, and the transport refuses and logs any other peer. Procs
-//!    hold only the runtime key, so they cannot: they check in at the
+//!    hold only a proc credential, so they cannot: they check in at the
 //!    agent's proc desk (`desk.rs`).
 //! 2. Handlers never wait for a process: stops and shutdowns run as tasks,
 //!    so the agent keeps answering while procs wind down; and no handler

@@ -53,12 +53,17 @@ fn config() -> ClientConfig {
     }
 }
 
-/// A client proc that holds only the World's runtime key, as a
-/// runtime-aware proc does.
+/// The World's proc issuer, as the agents and clients of actors derive it.
+fn issuer() -> hostmesh_runtime::Issuer {
+    hostmesh_runtime::Issuer::from_runtime_key(
+        hostmesh_agent::keys::runtime_key(SECRET.as_bytes()).bytes(),
+    )
+}
+
+/// A client of actors: a proc with a credential it issued itself.
 async fn runtime_client(name: &str) -> Proc {
-    let key = hostmesh_agent::keys::runtime_key(SECRET.as_bytes());
     Proc::builder(name)
-        .secret(key.bytes().to_vec())
+        .issued_by(issuer())
         .build()
         .await
         .unwrap()
@@ -488,8 +493,8 @@ async fn runtime_aware_proc_checks_in_hosts_actors_and_obeys_keepalive() {
     };
     let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-2").unwrap();
     let mesh = mesh_ref(&proc_id).unwrap();
-    // The proc admits peers with the runtime key only: the World secret
-    // (the operator's) is not what its runtime takes.
+    // The proc admits peers with a credential of the World's issuer only:
+    // the World secret (the operator's) is not what its runtime takes.
     let rt = runtime_client("operator-rt").await;
     let timeout = Duration::from_secs(10);
     let spawn = SpawnFor {
@@ -809,11 +814,12 @@ async fn capture_stacks_uses_py_spy_on_the_procs_path() {
 
 /// Least privilege (agent `keys.rs`, `desk.rs`): an agent given the World
 /// secret through `HOSTMESH_SECRET` passes it to no proc; a runtime-aware
-/// proc gets the runtime key and a plain one nothing; the runtime key
-/// opens the agent's proc desk (check-in) but not the agent itself, and
-/// another World's runtime key opens neither.
+/// proc gets a credential for its own name (not the runtime key) and a
+/// plain one nothing; the credential opens the agent's proc desk (check-in
+/// of itself only) but not the agent itself, it serves no other proc
+/// name, and another World's credential opens neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent() {
+async fn procs_hold_no_world_secret_and_a_proc_credential_cannot_command_the_agent() {
     let agent = ChildAgent::start(
         &[("HOSTMESH_SECRET_FILE", ""), ("HOSTMESH_SECRET", SECRET)],
         &[],
@@ -855,19 +861,42 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
             "{name} holds the World secret:\n{text}"
         );
         assert!(!text.contains("HOSTMESH_SECRET"), "{name}:\n{text}");
+        assert!(
+            !text.contains(&hex),
+            "{name} holds the runtime key:\n{text}"
+        );
     }
     assert_eq!(plain["HOSTMESH_PROC_NAME"], "plain", "a real dump");
     assert!(
-        !plain.contains_key(hostmesh_agent::RUNTIME_KEY_VAR),
+        !plain.contains_key(hostmesh_agent::PROC_CREDENTIAL_VAR),
         "{plain_text}"
     );
-    assert_eq!(aware[hostmesh_agent::RUNTIME_KEY_VAR], hex);
+    let credential =
+        hostmesh_runtime::Credential::from_text(&aware[hostmesh_agent::PROC_CREDENTIAL_VAR])
+            .unwrap();
+    assert_eq!(credential.certificate().name, "aware", "its own name");
+    credential.certificate().verify(&issuer().public()).unwrap();
     let desk: SocketAddr = aware["HOSTMESH_AGENT_ADDR"].parse().unwrap();
     assert_ne!(desk, addr, "procs are sent to the desk, not the agent");
 
     let timeout = Duration::from_secs(10);
-    let rt = runtime_client("aware-rt").await;
-    // The runtime key cannot command the agent: the handshake refuses it.
+    // The proc's credential, in a proc named as it is.
+    let as_aware = |name: &str| {
+        Proc::builder(name)
+            .listen("tcp:127.0.0.1:0".parse().unwrap())
+            .credential(credential.clone())
+            .build()
+    };
+    let e = as_aware("plain")
+        .await
+        .err()
+        .expect("another name is refused");
+    assert!(
+        e.to_string().contains("valid only for the proc name"),
+        "{e}"
+    );
+    let rt = as_aware("aware").await.unwrap();
+    // It cannot command the agent: the handshake refuses it.
     let refused = hostmesh_agent::agent_ref(addr)
         .unwrap()
         .call(
@@ -878,36 +907,56 @@ async fn procs_hold_no_world_secret_and_the_runtime_key_cannot_command_the_agent
             timeout,
         )
         .await;
-    assert!(refused.is_err(), "the agent answered a runtime-key peer");
+    assert!(refused.is_err(), "the agent answered a proc credential");
     agent.err_line("handshake failed");
-    // It does open the desk: the aware proc's check-in makes it Ready.
+    // It does open the desk, for itself only: a check-in of "aware" at
+    // another proc's address is refused (the desk dials it back)...
+    let other_proc = Proc::builder("someone")
+        .listen("tcp:127.0.0.1:0".parse().unwrap())
+        .issued_by(issuer())
+        .build()
+        .await
+        .unwrap();
+    let desk_ref = hostmesh_agent::desk_ref(desk).unwrap();
+    let posing = hostmesh_agent::protocol::CheckIn {
+        name: "aware".into(),
+        addr: other_proc.id().addr().to_string(),
+    };
+    let why = desk_ref
+        .call(&rt, &posing, timeout)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(why.contains("checks in only itself"), "{why}");
+    // ...and its own check-in makes it Ready at its own address.
     let check_in = hostmesh_agent::protocol::CheckIn {
         name: "aware".into(),
-        addr: "127.0.0.1:1".into(),
+        addr: rt.id().addr().to_string(),
     };
-    hostmesh_agent::desk_ref(desk)
-        .unwrap()
+    desk_ref
         .call(&rt, &check_in, timeout)
         .await
         .unwrap()
         .unwrap();
-    poll_state(&c, addr, "aware", |s| {
+    let st = poll_state(&c, addr, "aware", |s| {
         matches!(s.status, ProcPhase::Ready { .. })
     })
     .await;
-    // Another World's runtime key opens neither.
+    assert!(
+        matches!(&st.status, ProcPhase::Ready { addr: Some(a), .. } if *a == check_in.addr),
+        "{st:?}"
+    );
+    // Another World's credential opens neither.
     let other = Proc::builder("other-world")
-        .secret(
-            hostmesh_agent::keys::runtime_key(b"another-world-secret-0123456789")
-                .bytes()
-                .to_vec(),
-        )
+        .issued_by(hostmesh_runtime::Issuer::from_runtime_key(
+            hostmesh_agent::keys::runtime_key(b"another-world-secret-0123456789").bytes(),
+        ))
         .build()
         .await
         .unwrap();
-    let at_desk = hostmesh_agent::desk_ref(desk)
-        .unwrap()
-        .call(&other, &check_in, timeout)
-        .await;
-    assert!(at_desk.is_err(), "the desk admitted another World's key");
+    let at_desk = desk_ref.call(&other, &check_in, timeout).await;
+    assert!(
+        at_desk.is_err(),
+        "the desk admitted another World's credential"
+    );
 }

@@ -74,6 +74,7 @@ async fn peer(actors: usize, plaintext: bool) -> anyhow::Result<()> {
         name: format!("bench{}", std::process::id()),
         listen: "tcp:127.0.0.1:0".parse()?,
         secret: Some(SECRET.as_bytes().to_vec()),
+        issue_from_secret: true,
         max_frame_len: 64 << 20,
         actors,
     };
@@ -161,7 +162,7 @@ async fn plaintext_server(config: &ServerConfig) -> anyhow::Result<Proc> {
         .listen(config.listen.clone())
         .config(pc)
         .register::<TestActor>()
-        .secret(SECRET)
+        .issued_by(issuer())
         .plaintext_benchmark_baseline()
         .build()
         .await?;
@@ -230,14 +231,20 @@ pub(crate) fn summarize(mut samples: Vec<f64>) -> (f64, f64) {
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
 }
 
+/// The bench World's proc issuer: procs join with credentials, as
+/// runtime-aware procs and clients of actors do.
+fn issuer() -> hostmesh_runtime::Issuer {
+    hostmesh_runtime::Issuer::from_runtime_key(SECRET.as_bytes())
+}
+
 pub(crate) async fn client() -> anyhow::Result<Proc> {
-    Ok(Proc::builder("bench").secret(SECRET).build().await?)
+    Ok(Proc::builder("bench").issued_by(issuer()).build().await?)
 }
 
 /// The baseline's client: authenticated, frames in the clear.
 async fn plaintext_client() -> anyhow::Result<Proc> {
     Ok(Proc::builder("bench")
-        .secret(SECRET)
+        .issued_by(issuer())
         .plaintext_benchmark_baseline()
         .build()
         .await?)

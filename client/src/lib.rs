@@ -1,14 +1,16 @@
 //! A client of a runtime-aware ProcMesh's procs: it waits until the mesh
 //! runs, reads what the operator publishes for clients (the addresses in
 //! ConfigMap `<procmesh>-runtime` and the runtime key in the Secret it
-//! names), joins the World's runtime with that key (never the agents'), and
+//! names), joins the World's runtime with a credential it issues itself
+//! from that key (never the agents' secret), and
 //! spawns actor meshes of a registered type on every rank, which the
 //! runtime's [`ActorMesh`] slices, casts to and gathers from. Its actors
 //! live while the client sends keepalives; the client's [`MeshEvent`]s say
 //! when an actor failed or a proc ended.
 //!
 //! Invariants:
-//! 1. The client authenticates with the runtime key only: it can drive
+//! 1. The client authenticates with a credential from the runtime key
+//!    only: it can drive
 //!    actors on the procs and nothing on the agents.
 //! 2. [`MeshClient::connect`] returns once the ProcMesh is `Running` and
 //!    every rank is listed with an address, or fails naming what it
@@ -303,8 +305,10 @@ impl MeshClient {
             .map(|l| l.incarnation)
             .collect();
         let id = format!("client-{name}-{:016x}", rand::random::<u64>());
+        // The runtime key is the World's issuer: the client issues itself
+        // a credential for its own name, as the agents' desks do.
         let proc = Proc::builder(id.clone())
-            .secret(key)
+            .issued_by(hostmesh_runtime::Issuer::from_runtime_key(&key))
             .build()
             .await
             .map_err(|e| MeshClientError::Runtime(format!("cannot start the client proc: {e}")))?;

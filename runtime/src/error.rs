@@ -35,6 +35,9 @@ pub enum RuntimeError {
     /// A mesh could not be built or sliced.
     #[error(transparent)]
     Mesh(#[from] MeshError),
+    /// The proc's credential cannot be used.
+    #[error(transparent)]
+    Credential(#[from] crate::channel::credential::CredentialError),
     /// The proc could not listen on its address.
     #[error("cannot listen on {addr}: {source} (is the address in use or not local?)")]
     Listen {

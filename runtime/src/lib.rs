@@ -62,6 +62,7 @@ pub mod supervision;
 pub mod testing;
 
 pub use actor::{Actor, ActorRef, Context, Handler, Handlers, RemoteSpawn};
+pub use channel::credential::{Credential, Issuer};
 pub use channel::{ChannelConfig, batched};
 pub use error::{ActorError, RuntimeError, StartError};
 pub use id::{ActorId, ChannelAddr, PortId, ProcId};

@@ -180,6 +180,10 @@ pub struct ServerConfig {
     pub listen: ChannelAddr,
     /// Shared secret, if any.
     pub secret: Option<Vec<u8>>,
+    /// `secret` is a World's runtime key: the proc issues itself a proc
+    /// credential from it (what runtime-aware procs join with) instead of
+    /// taking it as a shared secret.
+    pub issue_from_secret: bool,
     /// Largest frame accepted.
     pub max_frame_len: usize,
     /// Test actors to spawn at start, named `<prefix>0..n`.
@@ -195,8 +199,12 @@ pub async fn start_server(config: &ServerConfig) -> Result<Proc, RuntimeError> {
         .listen(config.listen.clone())
         .config(pc)
         .register::<TestActor>();
-    if let Some(s) = &config.secret {
-        b = b.secret(s.clone());
+    match &config.secret {
+        Some(s) if config.issue_from_secret => {
+            b = b.issued_by(crate::Issuer::from_runtime_key(s));
+        }
+        Some(s) => b = b.secret(s.clone()),
+        None => {}
     }
     let proc = b.build().await?;
     for i in 0..config.actors {

@@ -235,8 +235,8 @@ async fn a_proc_finds_no_world_secret_in_its_environment_or_files() -> anyhow::R
         );
         assert!(!dump.contains("HOSTMESH_SECRET"), "rank {rank}:\n{dump}");
         assert!(
-            !dump.contains("HOSTMESH_RUNTIME_KEY"),
-            "a plain proc gets no runtime key either:\n{dump}"
+            !dump.contains("HOSTMESH_RUNTIME_KEY") && !dump.contains("HOSTMESH_PROC_CREDENTIAL"),
+            "a plain proc gets no runtime key or credential either:\n{dump}"
         );
         let mounts = dump
             .split("\n== mounts\n")

@@ -52,10 +52,13 @@ async fn echo_proc_joins_its_host_and_echoes() {
     .await;
 
     let proc_id = ProcId::new(proc_addr.parse::<ChannelAddr>().unwrap(), "echo-1").unwrap();
-    // The proc's runtime admits the World's runtime key (what its agent
-    // gave it), not the World secret the agent client holds.
+    // The proc's runtime admits credentials of the World's issuer (its
+    // agent gave it one; a client issues its own from the runtime key),
+    // not the World secret the agent client holds.
     let rt = Proc::builder("test-rt")
-        .secret(hostmesh_agent::keys::runtime_key(SECRET).bytes().to_vec())
+        .issued_by(hostmesh_runtime::Issuer::from_runtime_key(
+            hostmesh_agent::keys::runtime_key(SECRET).bytes(),
+        ))
         .build()
         .await
         .unwrap();

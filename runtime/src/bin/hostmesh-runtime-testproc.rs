@@ -47,6 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         name: args.name,
         listen: args.listen.parse()?,
         secret: args.secret.map(String::into_bytes),
+        issue_from_secret: false,
         max_frame_len: args.max_frame,
         actors: args.actors,
     };

@@ -1,5 +1,8 @@
-//! Connection handshake: exchanges proc ids and, when a shared secret is
-//! configured, authenticates both sides with HMAC-SHA256 challenge-response.
+//! Connection handshake: exchanges proc ids and authenticates both sides,
+//! in one of two modes chosen by what the proc holds ([`Keys`]).
+//!
+//! **Shared secret** (an agent's own proc and whoever speaks to it: the
+//! operator): HMAC-SHA256 challenge-response over the secret both hold.
 //!
 //! ```text
 //! dialer   -> acceptor  Open      { dialer proc id, nonce_d, claim_d }
@@ -10,30 +13,57 @@
 //! mac_d = HMAC(secret, "hostmesh/1 dialer"   | dialer id | acceptor id | nonce_d | nonce_a | claim_d | claim_a)
 //! ```
 //!
+//! **Proc credential** (runtime-aware procs, the agent's proc desk,
+//! clients of actors; [`super::credential`]): each side signs the
+//! transcript with the key of a certificate its World's issuer signed for
+//! its own proc name and epoch claim, and the session keys come from an
+//! ephemeral X25519 exchange.
+//!
+//! ```text
+//! dialer   -> acceptor  SignedOpen      { dialer proc id, nonce_d, claim_d, share_d }
+//! acceptor -> dialer    SignedChallenge { acceptor proc id, nonce_a, claim_a, share_a, cert_a, sig_a }
+//! dialer   -> acceptor  SignedProof     { cert_d, sig_d }
+//! acceptor -> dialer    Welcome | Reject { reason }
+//! sig_x = Ed25519(key of cert_x, label_x | dialer id | acceptor id | nonce_d | nonce_a | claim_d | claim_a | share_d | share_a)
+//! ```
+//!
 //! `claim` is the optional rank epoch of each side ([`super::epoch`]).
 //!
 //! Invariants:
-//! 1. The secret never crosses the wire; only MACs over fresh nonces do.
+//! 1. No secret crosses the wire; only MACs or signatures over fresh
+//!    nonces (and, signed, fresh key shares) do.
 //! 2. MACs are checked with `ring::hmac::verify` (constant time).
-//! 3. Different labels per direction, so a MAC cannot be reflected back.
-//! 4. A side with a secret refuses a peer without one, and vice versa.
-//! 5. Once the MAC checks out, each side refuses a peer whose epoch claim
-//!    is older than the epoch its table knows for that rank.
+//! 3. Different labels per direction, so a MAC or signature cannot be
+//!    reflected back.
+//! 4. A side with a secret refuses a peer without one, and vice versa; a
+//!    side with a credential refuses a peer in the shared-secret mode, and
+//!    vice versa, each with a `Reject` naming what the other must hold.
+//! 5. Once the MAC or signature checks out, each side refuses a peer whose
+//!    epoch claim is older than the epoch its table knows for that rank.
 //! 6. A dialer of another wire protocol version ([`frame::VERSION`]) is
 //!    refused before anything else, with a `Reject` framed in its own
 //!    version: `Reject` is the fifth variant with one string in every
-//!    version, so the older or newer peer reads why.
-//! 7. With a shared secret, both sides derive the connection's session
-//!    keys from it and both nonces once the peer proved it holds the
-//!    secret, and every byte after `Welcome` is sealed ([`super::seal`]).
+//!    version, so the older or newer peer reads why. New variants go
+//!    after it.
+//! 7. Both sides derive the connection's session keys once the peer proved
+//!    itself, and every byte after `Welcome` is sealed ([`super::seal`]):
+//!    from the shared secret and both nonces, or from the X25519 shared
+//!    secret (forward secret: a key learned later opens no recorded
+//!    connection) and both nonces.
+//! 8. A signed peer is admitted only with a certificate that verifies
+//!    under this proc's issuer, names the peer's own proc name and its
+//!    own epoch claim, and whose key signed this connection's transcript:
+//!    a proc holding its credential can join only as itself.
 
 use bytes::BytesMut;
+use ring::agreement::{self, EphemeralPrivateKey, X25519};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ChannelError;
+use super::credential::{Certificate, Credential};
 use super::epoch::{EpochClaim, Epochs};
 use super::frame::{self, Frame};
 use super::seal::{Role, Session};
@@ -41,20 +71,49 @@ use crate::id::ProcId;
 
 /// What a transport authenticates (and seals) its connections with.
 pub(crate) struct Keys {
-    mac: hmac::Key,
-    secret: Vec<u8>,
+    auth: Auth,
     /// Whether connections are sealed (false only for the benchmark
     /// baseline, see [`super::seal`] invariant 6).
     seal: bool,
+}
+
+/// The two modes of the module doc.
+enum Auth {
+    Shared { mac: hmac::Key, secret: Vec<u8> },
+    Signed(Credential),
 }
 
 impl Keys {
     /// Keys from the shared secret; `seal`: encrypt connections.
     pub(crate) fn new(secret: &[u8], seal: bool) -> Self {
         Keys {
-            mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
-            secret: secret.to_vec(),
+            auth: Auth::Shared {
+                mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
+                secret: secret.to_vec(),
+            },
             seal,
+        }
+    }
+
+    /// Keys from a proc credential; `seal`: encrypt connections.
+    pub(crate) fn signed(credential: Credential, seal: bool) -> Self {
+        Keys {
+            auth: Auth::Signed(credential),
+            seal,
+        }
+    }
+
+    fn mac(&self) -> Option<&hmac::Key> {
+        match &self.auth {
+            Auth::Shared { mac, .. } => Some(mac),
+            Auth::Signed(_) => None,
+        }
+    }
+
+    fn credential(&self) -> Option<&Credential> {
+        match &self.auth {
+            Auth::Signed(c) => Some(c),
+            Auth::Shared { .. } => None,
         }
     }
 }
@@ -68,7 +127,8 @@ pub(crate) struct Established {
     pub(crate) session: Option<Session>,
 }
 
-/// The session of a connection authenticated with `keys` (invariant 7).
+/// The session of a connection authenticated with a shared secret
+/// (invariant 7).
 fn session(
     keys: Option<&Keys>,
     dialer: &ProcId,
@@ -81,15 +141,19 @@ fn session(
     let Some(k) = keys.filter(|k| k.seal) else {
         return Ok(None);
     };
+    let Auth::Shared { secret, .. } = &k.auth else {
+        return Ok(None);
+    };
     let t = transcript(SESSION, dialer, acceptor, nd, na, claims);
-    Session::derive(&k.secret, nd, na, &t, role).map(Some)
+    Session::derive(secret, nd, na, &t, role).map(Some)
 }
 
 /// Largest handshake frame accepted.
 const MAX_HELLO: usize = 16 * 1024;
 
 /// Handshake messages. Invariant 6: `Reject` stays the fifth variant
-/// with a single string, in this and every later version.
+/// with a single string, in this and every later version; new variants
+/// go after it.
 #[derive(Serialize, Deserialize)]
 enum Hello {
     Open {
@@ -109,6 +173,24 @@ enum Hello {
     Welcome,
     Reject {
         reason: String,
+    },
+    SignedOpen {
+        proc: ProcId,
+        nonce: [u8; 32],
+        claim: Option<EpochClaim>,
+        share: [u8; 32],
+    },
+    SignedChallenge {
+        proc: ProcId,
+        nonce: [u8; 32],
+        claim: Option<EpochClaim>,
+        share: [u8; 32],
+        cert: Certificate,
+        signature: Vec<u8>,
+    },
+    SignedProof {
+        cert: Certificate,
+        signature: Vec<u8>,
     },
 }
 
@@ -131,7 +213,7 @@ fn transcript(
     na: &[u8; 32],
     claims: EpochClaims,
 ) -> Vec<u8> {
-    let mut t = Vec::with_capacity(160);
+    let mut t = Vec::with_capacity(224);
     for part in [label.to_string(), dialer.to_string(), acceptor.to_string()] {
         t.extend_from_slice(&(part.len() as u32).to_be_bytes());
         t.extend_from_slice(part.as_bytes());
@@ -154,6 +236,117 @@ fn transcript(
 const ACCEPTOR: &str = "hostmesh/1 acceptor";
 const DIALER: &str = "hostmesh/1 dialer";
 const SESSION: &str = "hostmesh/4 session";
+const SIGNED_ACCEPTOR: &str = "hostmesh/5 signed acceptor";
+const SIGNED_DIALER: &str = "hostmesh/5 signed dialer";
+const SIGNED_SESSION: &str = "hostmesh/5 signed session";
+
+/// What a signed side's `Reject` says to a shared-secret peer, and the
+/// reverse (invariant 4).
+const WANTS_CREDENTIAL: &str = "this proc admits only procs holding a proc credential of its World (runtime-aware procs get one from their agent in HOSTMESH_PROC_CREDENTIAL; clients issue one from the World's runtime key)";
+const WANTS_SECRET: &str = "this proc admits only peers holding its World's shared secret (the operator's link to an agent), not a proc credential";
+
+/// One signed side's handshake state: its ephemeral key and share.
+struct Signer<'a> {
+    credential: &'a Credential,
+    ephemeral: EphemeralPrivateKey,
+    share: [u8; 32],
+}
+
+impl<'a> Signer<'a> {
+    fn new(credential: &'a Credential) -> Result<Self, ChannelError> {
+        let no_rng = |_| ChannelError::Auth("no system randomness available".into());
+        let ephemeral =
+            EphemeralPrivateKey::generate(&X25519, &SystemRandom::new()).map_err(no_rng)?;
+        let public = ephemeral.compute_public_key().map_err(no_rng)?;
+        let mut share = [0u8; 32];
+        share.copy_from_slice(public.as_ref());
+        Ok(Signer {
+            credential,
+            ephemeral,
+            share,
+        })
+    }
+
+    /// The session from the X25519 exchange with `peer_share` (invariant 7).
+    fn session(
+        self,
+        seal: bool,
+        peer_share: &[u8; 32],
+        nd: &[u8; 32],
+        na: &[u8; 32],
+        t: &[u8],
+        role: Role,
+    ) -> Result<Option<Session>, ChannelError> {
+        if !seal {
+            return Ok(None);
+        }
+        agreement::agree_ephemeral(
+            self.ephemeral,
+            &agreement::UnparsedPublicKey::new(&X25519, peer_share),
+            |shared| Session::derive(shared, nd, na, t, role),
+        )
+        .map_err(|_| ChannelError::Auth("the peer's key share is not an X25519 key".into()))?
+        .map(Some)
+    }
+}
+
+/// The signed transcript: the shared-secret one plus both key shares.
+#[allow(clippy::too_many_arguments)]
+fn signed_transcript(
+    label: &str,
+    dialer: &ProcId,
+    acceptor: &ProcId,
+    nd: &[u8; 32],
+    na: &[u8; 32],
+    claims: EpochClaims,
+    share_d: &[u8; 32],
+    share_a: &[u8; 32],
+) -> Vec<u8> {
+    let mut t = transcript(label, dialer, acceptor, nd, na, claims);
+    t.extend_from_slice(share_d);
+    t.extend_from_slice(share_a);
+    t
+}
+
+/// Invariant 8: `peer`, claiming `claim`, proved itself with `cert` and
+/// `signature` over `t`.
+fn check_signed_peer(
+    ours: &Credential,
+    peer: &ProcId,
+    claim: Option<EpochClaim>,
+    cert: &Certificate,
+    t: &[u8],
+    signature: &[u8],
+) -> Result<(), String> {
+    if cert.verify(ours.issuer()).is_err() {
+        return Err(format!(
+            "{peer} presents a proc certificate not issued by this World (another World's, or one from before its secret changed)"
+        ));
+    }
+    if cert.name != peer.name() {
+        return Err(format!(
+            "{peer} presents the certificate of proc {:?}: a proc may join only as itself",
+            cert.name
+        ));
+    }
+    if cert.claim != claim {
+        let show = |c: Option<EpochClaim>| {
+            c.map(|c| format!("rank {} epoch {}", c.rank, c.epoch))
+                .unwrap_or_else(|| "no epoch".into())
+        };
+        return Err(format!(
+            "{peer} claims {} but its certificate is for {}",
+            show(claim),
+            show(cert.claim)
+        ));
+    }
+    if !cert.verify_signature(t, signature) {
+        return Err(format!(
+            "{peer} failed authentication: it does not hold its certificate's key"
+        ));
+    }
+    Ok(())
+}
 
 async fn send<S: AsyncWrite + Unpin>(s: &mut S, msg: &Hello) -> Result<(), ChannelError> {
     let mut buf = BytesMut::new();
@@ -184,8 +377,21 @@ async fn recv<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Hel
     }
 }
 
+/// Best effort: tell the peer why, then fail with it.
+async fn refuse<S: AsyncWrite + Unpin, T>(s: &mut S, reason: String) -> Result<T, ChannelError> {
+    let _ = send(
+        s,
+        &Hello::Reject {
+            reason: reason.clone(),
+        },
+    )
+    .await;
+    Err(ChannelError::Auth(reason))
+}
+
 fn mac(keys: Option<&Keys>, t: &[u8]) -> Vec<u8> {
-    keys.map(|k| hmac::sign(&k.mac, t).as_ref().to_vec())
+    keys.and_then(Keys::mac)
+        .map(|k| hmac::sign(k, t).as_ref().to_vec())
         .unwrap_or_default()
 }
 
@@ -196,6 +402,11 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
     keys: Option<&Keys>,
     epochs: &Epochs,
 ) -> Result<Established, ChannelError> {
+    if let Some(k) = keys
+        && let Some(c) = k.credential()
+    {
+        return dial_signed(s, local, c, k.seal, epochs).await;
+    }
     let mut buf = BytesMut::with_capacity(4096);
     let nd = nonce()?;
     send(
@@ -219,10 +430,10 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         }
         _ => return Err(ChannelError::Protocol("expected a challenge".into())),
     };
-    match keys {
+    match keys.and_then(Keys::mac) {
         Some(k) => {
             let t = transcript(ACCEPTOR, local, &peer, &nd, &na, (epochs.own, claim_a));
-            hmac::verify(&k.mac, &t, &mac_a).map_err(|_| {
+            hmac::verify(k, &t, &mac_a).map_err(|_| {
                 ChannelError::Auth(format!(
                     "{peer} failed authentication: it does not hold our shared secret"
                 ))
@@ -260,6 +471,100 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Dialer side, signed.
+async fn dial_signed<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    local: &ProcId,
+    credential: &Credential,
+    seal: bool,
+    epochs: &Epochs,
+) -> Result<Established, ChannelError> {
+    let mut buf = BytesMut::with_capacity(4096);
+    let nd = nonce()?;
+    let signer = Signer::new(credential)?;
+    send(
+        s,
+        &Hello::SignedOpen {
+            proc: local.clone(),
+            nonce: nd,
+            claim: epochs.own,
+            share: signer.share,
+        },
+    )
+    .await?;
+    let (peer, na, claim_a, share_a, cert_a, sig_a) = match recv(s, &mut buf).await? {
+        Hello::SignedChallenge {
+            proc,
+            nonce,
+            claim,
+            share,
+            cert,
+            signature,
+        } => (proc, nonce, claim, share, cert, signature),
+        Hello::Reject { reason } => {
+            return Err(ChannelError::Auth(format!("peer refused: {reason}")));
+        }
+        Hello::Challenge { proc, .. } => {
+            return Err(ChannelError::Auth(format!(
+                "{proc} authenticates with a shared secret, not proc credentials: it is not a proc of this World's runtime"
+            )));
+        }
+        _ => return Err(ChannelError::Protocol("expected a challenge".into())),
+    };
+    let claims = (epochs.own, claim_a);
+    let t = |label| {
+        signed_transcript(
+            label,
+            local,
+            &peer,
+            &nd,
+            &na,
+            claims,
+            &signer.share,
+            &share_a,
+        )
+    };
+    let verdict = check_signed_peer(
+        credential,
+        &peer,
+        claim_a,
+        &cert_a,
+        &t(SIGNED_ACCEPTOR),
+        &sig_a,
+    )
+    // Invariant 5.
+    .and_then(|()| {
+        epochs
+            .table
+            .admit(claim_a.as_ref())
+            .map_err(|why| format!("{peer} refused: {why}"))
+    });
+    if let Err(reason) = verdict {
+        return refuse(s, reason).await;
+    }
+    send(
+        s,
+        &Hello::SignedProof {
+            cert: credential.certificate().clone(),
+            signature: signer.credential.sign(&t(SIGNED_DIALER)),
+        },
+    )
+    .await?;
+    match recv(s, &mut buf).await? {
+        Hello::Welcome => {
+            let session_t = t(SIGNED_SESSION);
+            let session = signer.session(seal, &share_a, &nd, &na, &session_t, Role::Dialer)?;
+            Ok(Established {
+                peer,
+                left: buf,
+                session,
+            })
+        }
+        Hello::Reject { reason } => Err(ChannelError::Auth(format!("{peer} refused: {reason}"))),
+        _ => Err(ChannelError::Protocol("expected welcome or reject".into())),
+    }
+}
+
 /// Acceptor side.
 pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
@@ -284,8 +589,33 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         }
         r => r?,
     };
-    let (peer, nd, claim_d) = match open {
-        Hello::Open { proc, nonce, claim } => (proc, nonce, claim),
+    let credential = keys.and_then(Keys::credential);
+    let (peer, nd, claim_d) = match (open, credential) {
+        (
+            Hello::SignedOpen {
+                proc,
+                nonce,
+                claim,
+                share,
+            },
+            Some(c),
+        ) => {
+            let seal = keys.is_some_and(|k| k.seal);
+            let open = SignedOpen {
+                peer: proc,
+                nd: nonce,
+                claim_d: claim,
+                share_d: share,
+            };
+            return accept_signed(s, buf, local, c, seal, epochs, open).await;
+        }
+        (Hello::SignedOpen { proc, .. }, None) => {
+            return refuse(s, format!("{proc} refused: {WANTS_SECRET}")).await;
+        }
+        (Hello::Open { proc, .. }, Some(_)) => {
+            return refuse(s, format!("{proc} refused: {WANTS_CREDENTIAL}")).await;
+        }
+        (Hello::Open { proc, nonce, claim }, None) => (proc, nonce, claim),
         _ => return Err(ChannelError::Protocol("expected an open message".into())),
     };
     let na = nonce()?;
@@ -305,9 +635,9 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         Hello::Proof { mac } => mac,
         _ => return Err(ChannelError::Protocol("expected a proof".into())),
     };
-    let verdict = match keys {
+    let verdict = match keys.and_then(Keys::mac) {
         Some(k) => hmac::verify(
-            &k.mac,
+            k,
             &transcript(DIALER, &peer, local, &nd, &na, claims),
             &proof,
         )
@@ -329,17 +659,92 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 session,
             })
         }
-        Err(reason) => {
-            // Best effort: tell the peer why, then fail.
-            let _ = send(
-                s,
-                &Hello::Reject {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            Err(ChannelError::Auth(reason))
+        Err(reason) => refuse(s, reason).await,
+    }
+}
+
+/// A dialer's `SignedOpen`, as the acceptor read it.
+struct SignedOpen {
+    peer: ProcId,
+    nd: [u8; 32],
+    claim_d: Option<EpochClaim>,
+    share_d: [u8; 32],
+}
+
+/// Acceptor side, signed, after the dialer's `SignedOpen`.
+async fn accept_signed<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    mut buf: BytesMut,
+    local: &ProcId,
+    credential: &Credential,
+    seal: bool,
+    epochs: &Epochs,
+    open: SignedOpen,
+) -> Result<Established, ChannelError> {
+    let SignedOpen {
+        peer,
+        nd,
+        claim_d,
+        share_d,
+    } = open;
+    let na = nonce()?;
+    let signer = Signer::new(credential)?;
+    let claims = (claim_d, epochs.own);
+    let t = |label| {
+        signed_transcript(
+            label,
+            &peer,
+            local,
+            &nd,
+            &na,
+            claims,
+            &share_d,
+            &signer.share,
+        )
+    };
+    send(
+        s,
+        &Hello::SignedChallenge {
+            proc: local.clone(),
+            nonce: na,
+            claim: epochs.own,
+            share: signer.share,
+            cert: credential.certificate().clone(),
+            signature: credential.sign(&t(SIGNED_ACCEPTOR)),
+        },
+    )
+    .await?;
+    let (cert_d, sig_d) = match recv(s, &mut buf).await? {
+        Hello::SignedProof { cert, signature } => (cert, signature),
+        Hello::Reject { reason } => {
+            return Err(ChannelError::Auth(format!(
+                "{peer} refused this proc: {reason}"
+            )));
         }
+        _ => return Err(ChannelError::Protocol("expected a signed proof".into())),
+    };
+    let verdict = check_signed_peer(
+        credential,
+        &peer,
+        claim_d,
+        &cert_d,
+        &t(SIGNED_DIALER),
+        &sig_d,
+    )
+    // Invariant 5.
+    .and_then(|()| epochs.table.admit(claim_d.as_ref()));
+    match verdict {
+        Ok(()) => {
+            let session_t = t(SIGNED_SESSION);
+            let session = signer.session(seal, &share_d, &nd, &na, &session_t, Role::Acceptor)?;
+            send(s, &Hello::Welcome).await?;
+            Ok(Established {
+                peer,
+                left: buf,
+                session,
+            })
+        }
+        Err(reason) => refuse(s, reason).await,
     }
 }
 
@@ -538,5 +943,202 @@ mod tests {
         assert!(d.is_ok() && a.is_ok(), "{d:?} {a:?}");
         let (d, a) = run_with(k, k, Epochs::default(), knows).await;
         assert!(d.is_ok() && a.is_ok(), "{d:?} {a:?}");
+    }
+
+    use super::super::credential::Issuer;
+
+    fn issuer(world: &str) -> Issuer {
+        Issuer::from_runtime_key(format!("runtime key of {world}").as_bytes())
+    }
+
+    /// Dials `acc` as `d` with the given keys and claims.
+    async fn signed(
+        d: (&str, Keys, Epochs),
+        acc: (&str, Keys, Epochs),
+    ) -> (
+        Result<Established, ChannelError>,
+        Result<Established, ChannelError>,
+    ) {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let (did, aid) = (id(d.0), id(acc.0));
+        tokio::join!(
+            async move { dial(&mut a, &did, Some(&d.1), &d.2).await },
+            async move { accept(&mut b, &aid, Some(&acc.1), &acc.2).await }
+        )
+    }
+
+    fn cred(world: &str, name: &str, claim: Option<EpochClaim>) -> Keys {
+        Keys::signed(issuer(world).issue(name, claim).unwrap(), true)
+    }
+
+    /// Invariants 7 and 8: procs holding credentials of one World for
+    /// their own names and claims are admitted, and their connection is
+    /// sealed under keys of that connection alone.
+    #[tokio::test]
+    async fn credentials_of_one_world_admit_each_proc_as_itself() {
+        let claim = Some(EpochClaim { rank: 1, epoch: 4 });
+        let (d, a) = signed(
+            (
+                "tcp:10.0.0.1:5/train-1",
+                cred("w", "train-1", claim),
+                claiming(1, 4),
+            ),
+            (
+                "tcp:10.0.0.2:6/train-2",
+                cred("w", "train-2", None),
+                Epochs::default(),
+            ),
+        )
+        .await;
+        let (d, a) = (d.unwrap(), a.unwrap());
+        assert_eq!(d.peer, id("tcp:10.0.0.2:6/train-2"));
+        assert_eq!(a.peer, id("tcp:10.0.0.1:5/train-1"));
+        let (mut ds, mut as_) = (d.session.unwrap(), a.session.unwrap());
+        let mut wire = Vec::new();
+        let mut frames = BytesMut::from(&b"to the acceptor"[..]);
+        ds.sealer.write(&mut wire, &mut frames, None).await.unwrap();
+        assert!(!wire.windows(6).any(|w| w == b"accept"), "sealed");
+        let (_, other) = signed(
+            (
+                "tcp:10.0.0.1:5/train-1",
+                cred("w", "train-1", None),
+                Epochs::default(),
+            ),
+            (
+                "tcp:10.0.0.2:6/train-2",
+                cred("w", "train-2", None),
+                Epochs::default(),
+            ),
+        )
+        .await;
+        let mut other = other.unwrap().session.unwrap();
+        assert!(
+            other.opener.open(BytesMut::from(&wire[..])).is_err(),
+            "fresh keys"
+        );
+        assert_eq!(
+            &as_.opener.open(BytesMut::from(&wire[..])).unwrap()[..],
+            b"to the acceptor"
+        );
+        // The benchmark baseline: authenticated, not sealed.
+        let plain = |name| Keys::signed(issuer("w").issue(name, None).unwrap(), false);
+        let (d, a) = signed(
+            ("unbound:1/c", plain("c"), Epochs::default()),
+            ("tcp:10.0.0.2:6/s", plain("s"), Epochs::default()),
+        )
+        .await;
+        assert!(d.unwrap().session.is_none() && a.unwrap().session.is_none());
+    }
+
+    /// Invariant 8: another World's credential, a credential for another
+    /// proc's name or epoch, and a copied certificate without its key are
+    /// each refused, by whichever side checks them.
+    #[tokio::test]
+    async fn a_proc_cannot_join_as_another_or_from_another_world() {
+        let none = Epochs::default;
+        let reason = |r: Result<Established, ChannelError>| match r {
+            Err(ChannelError::Auth(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        // Another World's dialer: the acceptor refuses it.
+        let (d, a) = signed(
+            ("unbound:1/train-1", cred("other", "train-1", None), none()),
+            ("tcp:10.0.0.2:6/train-2", cred("w", "train-2", None), none()),
+        )
+        .await;
+        // (Each side checks the other's first: the dialer refuses the
+        // acceptor, and tells it why.)
+        assert!(reason(d).contains("not issued by this World"));
+        assert!(reason(a).contains("not issued by this World"));
+        // A dialer posing as train-3 with train-1's credential.
+        let (d, a) = signed(
+            ("unbound:1/train-3", cred("w", "train-1", None), none()),
+            ("tcp:10.0.0.2:6/train-2", cred("w", "train-2", None), none()),
+        )
+        .await;
+        let m = reason(a);
+        assert!(m.contains("certificate of proc \"train-1\""), "{m}");
+        assert!(reason(d).contains("join only as itself"));
+        // An acceptor posing as train-2 with train-5's credential: the
+        // dialer refuses it before it proves anything itself.
+        let (d, a) = signed(
+            ("unbound:1/train-1", cred("w", "train-1", None), none()),
+            ("tcp:10.0.0.2:6/train-2", cred("w", "train-5", None), none()),
+        )
+        .await;
+        assert!(reason(d).contains("join only as itself"));
+        assert!(reason(a).contains("join only as itself"), "told why");
+        // A claim the certificate does not carry.
+        let (d, a) = signed(
+            (
+                "unbound:1/train-1",
+                cred("w", "train-1", None),
+                claiming(0, 9),
+            ),
+            ("tcp:10.0.0.2:6/train-2", cred("w", "train-2", None), none()),
+        )
+        .await;
+        let m = reason(a);
+        assert!(
+            m.contains("claims rank 0 epoch 9 but its certificate is for no epoch"),
+            "{m}"
+        );
+        assert!(d.is_err());
+        // train-2's certificate copied, without train-2's key.
+        let mine = issuer("w").issue("train-1", None).unwrap();
+        let theirs = issuer("w").issue("train-2", None).unwrap();
+        let (d, a) = signed(
+            (
+                "unbound:1/train-2",
+                Keys::signed(mine.with_certificate_of(&theirs), true),
+                none(),
+            ),
+            ("tcp:10.0.0.2:6/train-3", cred("w", "train-3", None), none()),
+        )
+        .await;
+        assert!(reason(a).contains("does not hold its certificate's key"));
+        assert!(d.is_err());
+    }
+
+    /// Invariant 4 across the modes: each side names what the other must
+    /// hold.
+    #[tokio::test]
+    async fn a_credential_and_the_shared_secret_do_not_mix() {
+        let (d, a) = signed(
+            (
+                "unbound:1/train-1",
+                cred("w", "train-1", None),
+                Epochs::default(),
+            ),
+            (
+                "tcp:10.0.0.2:6/agent",
+                Keys::new(b"world secret", true),
+                Epochs::default(),
+            ),
+        )
+        .await;
+        assert!(
+            matches!(&d, Err(ChannelError::Auth(m)) if m.contains("shared secret")),
+            "{d:?}"
+        );
+        assert!(a.is_err());
+        let (d, a) = signed(
+            (
+                "unbound:1/operator",
+                Keys::new(b"world secret", true),
+                Epochs::default(),
+            ),
+            (
+                "tcp:10.0.0.2:6/train-2",
+                cred("w", "train-2", None),
+                Epochs::default(),
+            ),
+        )
+        .await;
+        assert!(
+            matches!(&d, Err(ChannelError::Auth(m)) if m.contains("HOSTMESH_PROC_CREDENTIAL")),
+            "{d:?}"
+        );
+        assert!(a.is_err());
     }
 }

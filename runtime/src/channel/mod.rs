@@ -47,6 +47,7 @@
 //!    `reconnect_timeout`, before queued envelopes become undeliverable.
 
 mod admit;
+pub mod credential;
 pub mod epoch;
 pub(crate) mod frame;
 pub(crate) mod handshake;

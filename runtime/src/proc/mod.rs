@@ -26,6 +26,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error, warn};
 
 use crate::actor::{self, Actor, ActorRef, Handlers, Mailbox, RemoteSpawn, Signal};
+use crate::channel::credential::{Credential, CredentialError, Issuer};
+use crate::channel::handshake::Keys;
 use crate::channel::{Arrivals, ChannelConfig, Envelope, Inbound, Listener, Transport};
 use crate::error::RuntimeError;
 use crate::id::{ActorId, ChannelAddr, PortId, ProcId};
@@ -90,11 +92,18 @@ type SpawnFn = Arc<
         + Sync,
 >;
 
+/// How a proc authenticates its connections.
+enum Auth {
+    Secret(Vec<u8>),
+    Credential(Credential),
+    Issuer(Issuer),
+}
+
 /// Builds a [`Proc`].
 pub struct ProcBuilder {
     name: String,
     listen: Option<ChannelAddr>,
-    secret: Option<Vec<u8>>,
+    auth: Option<Auth>,
     /// Frames in the clear although a secret is set (benchmark baseline).
     plaintext: bool,
     epochs: crate::channel::epoch::Epochs,
@@ -118,7 +127,27 @@ impl ProcBuilder {
     /// for that connection (`channel::seal`). Without one, connections are
     /// neither authenticated nor encrypted.
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.secret = Some(secret.into());
+        self.auth = Some(Auth::Secret(secret.into()));
+        self
+    }
+
+    /// Joins its World's runtime with its own proc credential
+    /// ([`crate::channel::credential`]): every connection is authenticated
+    /// by certificates of the credential's issuer, binding each side to its
+    /// own proc name and epoch claim, and sealed under keys of an ephemeral
+    /// key exchange. The credential must be issued for this proc's name and
+    /// epoch claim ([`ProcBuilder::build`] fails otherwise).
+    pub fn credential(mut self, credential: Credential) -> Self {
+        self.auth = Some(Auth::Credential(credential));
+        self
+    }
+
+    /// Like [`ProcBuilder::credential`], with a credential `issuer` issues
+    /// this proc when it is built (for this proc's name and epoch claim):
+    /// for those that hold the World's runtime key (an agent's proc desk,
+    /// clients of actors).
+    pub fn issued_by(mut self, issuer: Issuer) -> Self {
+        self.auth = Some(Auth::Issuer(issuer));
         self
     }
 
@@ -217,12 +246,33 @@ impl ProcBuilder {
         };
         let id = ProcId::new(addr, self.name)?;
         let system_id = id.actor(SYSTEM_ACTOR, 0)?;
+        let seal = !self.plaintext;
+        let keys = match self.auth {
+            None => None,
+            Some(Auth::Secret(s)) => Some(Keys::new(&s, seal)),
+            Some(Auth::Issuer(issuer)) => Some(Keys::signed(
+                issuer.issue(id.name(), self.epochs.own)?,
+                seal,
+            )),
+            Some(Auth::Credential(c)) => {
+                let cert = c.certificate();
+                if cert.name != id.name() || cert.claim != self.epochs.own {
+                    return Err(CredentialError::NotThisProc(format!(
+                        "the credential is for proc {:?} claiming {:?}, this proc is {:?} claiming {:?}",
+                        cert.name,
+                        cert.claim,
+                        id.name(),
+                        self.epochs.own
+                    ))
+                    .into());
+                }
+                Some(Keys::signed(c, seal))
+            }
+        };
         let transport = Arc::new(Transport::new(
             id.clone(),
             self.config.channel.clone(),
-            self.secret
-                .as_deref()
-                .map(|s| crate::channel::handshake::Keys::new(s, !self.plaintext)),
+            keys,
             self.epochs,
         ));
         let sink = self.sink.unwrap_or_else(|| {
@@ -285,7 +335,7 @@ impl Proc {
         ProcBuilder {
             name: name.into(),
             listen: None,
-            secret: None,
+            auth: None,
             plaintext: false,
             epochs: Default::default(),
             config: ProcConfig::default(),

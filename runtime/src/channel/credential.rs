@@ -1,0 +1,322 @@
+//! Proc credentials: what binds a runtime-aware proc to its own name (and
+//! its host's epoch) in the handshake, so that a proc of a World cannot
+//! pose as another proc of it.
+//!
+//! A World's [`Issuer`] is an Ed25519 key derived from the World's runtime
+//! key. It signs a [`Certificate`] per proc: the proc's name, its epoch
+//! claim and a public key whose private half only that proc holds (a
+//! fresh one per certificate). The proc gets a [`Credential`]: its
+//! certificate, its private key and the issuer's public key, nothing
+//! that lets it sign another certificate.
+//!
+//! Invariants:
+//! 1. The issuer's signing key is a one-way function of the runtime key
+//!    (HKDF-SHA256 under a fixed label): whoever holds the runtime key
+//!    (agents, clients of actors) can issue; whoever holds a credential
+//!    cannot.
+//! 2. A certificate's signature covers a length-prefixed encoding of
+//!    every field under a fixed label, so no field can be moved into
+//!    another or reused by another kind of signature.
+//! 3. [`Credential`]'s `Debug` and [`Issuer`]'s hide their keys; the text
+//!    form of a credential ([`Credential::to_text`]) is for the proc's
+//!    environment only and never logged.
+//! 4. A credential is checked when it is read: its certificate must carry
+//!    its own public key and verify under the issuer it names.
+
+use ring::hkdf;
+use ring::rand::{SecureRandom, SystemRandom};
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use serde::{Deserialize, Serialize};
+
+use super::epoch::EpochClaim;
+
+/// The HKDF label of the issuer's seed (invariant 1).
+const ISSUER_LABEL: &[u8] = b"hostmesh proc issuer v1";
+/// The label a certificate's signature covers (invariant 2).
+const CERT_LABEL: &str = "hostmesh proc certificate v1";
+
+/// Why a credential cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialError {
+    /// The text is not a credential (bad hex or encoding).
+    #[error("not a hostmesh proc credential ({0}): it is written by the hostmesh agent")]
+    Malformed(String),
+    /// The certificate does not verify (invariant 4).
+    #[error("the proc credential does not verify: {0}")]
+    Invalid(&'static str),
+    /// A proc was given a credential issued for another proc or epoch.
+    #[error("{0}: a proc credential is valid only for the proc name and epoch it was issued for")]
+    NotThisProc(String),
+    /// No system randomness for a fresh key.
+    #[error("no system randomness available for a proc key")]
+    Random,
+}
+
+/// Signs proc certificates for one World (invariant 1).
+#[derive(Clone)]
+pub struct Issuer {
+    key: std::sync::Arc<Ed25519KeyPair>,
+}
+
+impl std::fmt::Debug for Issuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issuer")
+            .field("public", &hex(&self.public()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Issuer {
+    /// The issuer of the World whose runtime key is `runtime_key`.
+    pub fn from_runtime_key(runtime_key: &[u8]) -> Self {
+        struct Len;
+        impl hkdf::KeyType for Len {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, ISSUER_LABEL).extract(runtime_key);
+        let mut seed = [0u8; 32];
+        // `expand` fails only for lengths above 255 * 32 bytes.
+        if let Ok(okm) = prk.expand(&[ISSUER_LABEL], Len) {
+            let _ = okm.fill(&mut seed);
+        }
+        let key = Ed25519KeyPair::from_seed_unchecked(&seed)
+            .unwrap_or_else(|_| unreachable!("every 32-byte seed is an Ed25519 key"));
+        Issuer {
+            key: std::sync::Arc::new(key),
+        }
+    }
+
+    /// The public key certificates verify under.
+    pub fn public(&self) -> [u8; 32] {
+        let mut p = [0u8; 32];
+        p.copy_from_slice(self.key.public_key().as_ref());
+        p
+    }
+
+    /// A credential for the proc named `name` claiming `claim`, with a
+    /// fresh key pair.
+    pub fn issue(
+        &self,
+        name: &str,
+        claim: Option<EpochClaim>,
+    ) -> Result<Credential, CredentialError> {
+        let mut seed = [0u8; 32];
+        SystemRandom::new()
+            .fill(&mut seed)
+            .map_err(|_| CredentialError::Random)?;
+        let own = Ed25519KeyPair::from_seed_unchecked(&seed)
+            .unwrap_or_else(|_| unreachable!("every 32-byte seed is an Ed25519 key"));
+        let mut key = [0u8; 32];
+        key.copy_from_slice(own.public_key().as_ref());
+        let mut cert = Certificate {
+            name: name.to_owned(),
+            claim,
+            key,
+            signature: Vec::new(),
+        };
+        cert.signature = self.key.sign(&cert.signed_bytes()).as_ref().to_vec();
+        Ok(Credential {
+            seed,
+            cert,
+            issuer: self.public(),
+        })
+    }
+}
+
+/// What an issuer vouches for: a proc name, its epoch claim and its
+/// public key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Certificate {
+    /// The proc's name (the name part of its `ProcId`).
+    pub name: String,
+    /// The host rank and epoch the proc claims in its handshakes.
+    pub claim: Option<EpochClaim>,
+    key: [u8; 32],
+    signature: Vec<u8>,
+}
+
+impl Certificate {
+    /// What the issuer signs (invariant 2).
+    fn signed_bytes(&self) -> Vec<u8> {
+        let mut t = Vec::with_capacity(96 + self.name.len());
+        for part in [CERT_LABEL, self.name.as_str()] {
+            t.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            t.extend_from_slice(part.as_bytes());
+        }
+        match self.claim {
+            None => t.push(0),
+            Some(c) => {
+                t.push(1);
+                t.extend_from_slice(&(c.rank as u64).to_be_bytes());
+                t.extend_from_slice(&c.epoch.to_be_bytes());
+            }
+        }
+        t.extend_from_slice(&self.key);
+        t
+    }
+
+    /// Whether `issuer` signed this certificate.
+    pub fn verify(&self, issuer: &[u8; 32]) -> Result<(), CredentialError> {
+        UnparsedPublicKey::new(&ED25519, issuer)
+            .verify(&self.signed_bytes(), &self.signature)
+            .map_err(|_| CredentialError::Invalid("its certificate is not signed by its issuer"))
+    }
+
+    /// Whether the holder of this certificate's key signed `message`.
+    pub(crate) fn verify_signature(&self, message: &[u8], signature: &[u8]) -> bool {
+        UnparsedPublicKey::new(&ED25519, &self.key)
+            .verify(message, signature)
+            .is_ok()
+    }
+}
+
+/// A proc's own credential: its certificate, its private key and the
+/// public key of the issuer it trusts.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Credential {
+    seed: [u8; 32],
+    cert: Certificate,
+    issuer: [u8; 32],
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("name", &self.cert.name)
+            .field("claim", &self.cert.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credential {
+    /// The certificate this credential presents.
+    pub fn certificate(&self) -> &Certificate {
+        &self.cert
+    }
+
+    /// The issuer's public key, which peers' certificates must verify under.
+    pub fn issuer(&self) -> &[u8; 32] {
+        &self.issuer
+    }
+
+    /// Signs `message` with the proc's own key.
+    pub(crate) fn sign(&self, message: &[u8]) -> Vec<u8> {
+        Ed25519KeyPair::from_seed_unchecked(&self.seed)
+            .unwrap_or_else(|_| unreachable!("every 32-byte seed is an Ed25519 key"))
+            .sign(message)
+            .as_ref()
+            .to_vec()
+    }
+
+    /// The credential as a proc's environment carries it: lowercase hex.
+    pub fn to_text(&self) -> String {
+        postcard::to_stdvec(self)
+            .map(|b| hex(&b))
+            .unwrap_or_default()
+    }
+
+    /// A credential from its text, checked (invariant 4).
+    pub fn from_text(text: &str) -> Result<Self, CredentialError> {
+        let text = text.trim();
+        if !text.len().is_multiple_of(2) {
+            return Err(CredentialError::Malformed(
+                "odd number of hex digits".into(),
+            ));
+        }
+        let bytes = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| CredentialError::Malformed("not hex".into()))?;
+        let cred: Credential =
+            postcard::from_bytes(&bytes).map_err(|e| CredentialError::Malformed(e.to_string()))?;
+        cred.check()?;
+        Ok(cred)
+    }
+
+    /// This credential's key with `other`'s certificate: what a proc that
+    /// copied another's certificate (but not its key) would present.
+    #[cfg(test)]
+    pub(crate) fn with_certificate_of(&self, other: &Credential) -> Credential {
+        Credential {
+            seed: self.seed,
+            cert: other.cert.clone(),
+            issuer: self.issuer,
+        }
+    }
+
+    /// Invariant 4.
+    fn check(&self) -> Result<(), CredentialError> {
+        let own = Ed25519KeyPair::from_seed_unchecked(&self.seed)
+            .map_err(|_| CredentialError::Invalid("its private key is not an Ed25519 seed"))?;
+        if own.public_key().as_ref() != self.cert.key {
+            return Err(CredentialError::Invalid(
+                "its certificate is for another key than its own",
+            ));
+        }
+        self.cert.verify(&self.issuer)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_issued_credential_verifies_under_its_issuer_only() {
+        let world = Issuer::from_runtime_key(b"runtime key of world a.........");
+        let again = Issuer::from_runtime_key(b"runtime key of world a.........");
+        let other = Issuer::from_runtime_key(b"runtime key of world b.........");
+        assert_eq!(world.public(), again.public(), "fixed per runtime key");
+        assert_ne!(world.public(), other.public());
+        let claim = Some(EpochClaim { rank: 3, epoch: 7 });
+        let c = world.issue("train-5", claim).unwrap();
+        assert_eq!(c.certificate().name, "train-5");
+        assert_eq!(c.certificate().claim, claim);
+        c.certificate().verify(&world.public()).unwrap();
+        assert!(c.certificate().verify(&other.public()).is_err());
+        let round = Credential::from_text(&c.to_text()).unwrap();
+        assert_eq!(round.certificate(), c.certificate());
+        let msg = b"a transcript";
+        assert!(c.certificate().verify_signature(msg, &round.sign(msg)));
+        let d = world.issue("train-5", claim).unwrap();
+        assert!(
+            !c.certificate().verify_signature(msg, &d.sign(msg)),
+            "a fresh key per certificate"
+        );
+    }
+
+    /// Invariant 2 and 4: a certificate whose name or claim was changed,
+    /// or a credential holding another proc's certificate, does not verify.
+    #[test]
+    fn an_altered_certificate_or_a_borrowed_one_is_refused() {
+        let world = Issuer::from_runtime_key(b"runtime key of world a.........");
+        let c = world.issue("train-5", None).unwrap();
+        let mut renamed = c.cert.clone();
+        renamed.name = "train-6".into();
+        assert!(renamed.verify(&world.public()).is_err());
+        let mut reclaimed = c.cert.clone();
+        reclaimed.claim = Some(EpochClaim { rank: 0, epoch: 1 });
+        assert!(reclaimed.verify(&world.public()).is_err());
+        let other = world.issue("train-6", None).unwrap();
+        let borrowed = Credential {
+            seed: c.seed,
+            cert: other.cert.clone(),
+            issuer: c.issuer,
+        };
+        let e = Credential::from_text(&borrowed.to_text()).unwrap_err();
+        assert!(e.to_string().contains("another key"), "{e}");
+        for bad in ["", "abc", "zz", "00"] {
+            assert!(Credential::from_text(bad).is_err(), "{bad:?}");
+        }
+        let shown = format!("{c:?} {world:?}");
+        assert!(!shown.contains(&hex(&c.seed)), "{shown}");
+        assert!(shown.contains("train-5"), "{shown}");
+    }
+}
