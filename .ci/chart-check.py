@@ -33,7 +33,7 @@ MANAGER_RULES = {
     ("hostmesh.dev", "worlds/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"create", "patch"},
-    ("", "secrets"): {"get", "create"},
+    ("", "secrets"): {"get", "create", "update"},
     ("", "configmaps"): {"get", "create", "update"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch"},

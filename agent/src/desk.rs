@@ -15,10 +15,11 @@
 //!    incarnation are refused at the handshake as they are there.
 //! 3. No handler returns an error (which would stop the actor): refusals
 //!    are replies, as on the agent's proc.
-//! 4. A check-in is admitted only once the desk has dialed the address it
-//!    names and the proc there proved, with its credential, to be the proc
-//!    the check-in names: the address the agent publishes for a proc is
-//!    served by that proc.
+//! 4. A proc checks in and reports actor failures only for itself: the
+//!    desk admits a [`CheckIn`] or [`ActorFailed`] only from the proc it
+//!    names (the sender's proc name, which the proc proved with its
+//!    credential in the handshake, runtime `reader` invariant 1), and a
+//!    check-in only at the sender's own address.
 
 use hostmesh_runtime::{
     Actor, ActorError, ActorRef, ChannelAddr, Context, Handler, Handlers, ProcId,
@@ -42,7 +43,7 @@ impl ProcDesk {
 
 impl Actor for ProcDesk {
     fn register(h: &mut Handlers<Self>) {
-        h.handle::<CheckIn>().handle::<ActorFailed>();
+        h.handle_sent::<CheckIn>().handle_sent::<ActorFailed>();
     }
 
     async fn handle_undeliverable(
@@ -60,7 +61,7 @@ impl Handler<CheckIn> for ProcDesk {
     type Reply = Result<(), String>;
     async fn handle(&mut self, cx: &Context<Self>, m: CheckIn) -> Result<Self::Reply, ActorError> {
         // Invariant 4.
-        if let Err(why) = confirm(cx, &m).await {
+        if let Err(why) = from_itself(cx, &m.name, Some(&m.addr)) {
             tracing::warn!(proc = %m.name, addr = %m.addr, %why, "check-in refused");
             return Ok(Err(why));
         }
@@ -72,23 +73,25 @@ impl Handler<CheckIn> for ProcDesk {
     }
 }
 
-/// Invariant 4: the proc at `m.addr` is the proc named `m.name`.
-async fn confirm(cx: &Context<ProcDesk>, m: &CheckIn) -> Result<(), String> {
-    let addr: ChannelAddr = m
-        .addr
-        .parse()
-        .map_err(|e| format!("check-in address {:?} is not a proc address: {e}", m.addr))?;
-    let reached = cx
-        .proc_ref()
-        .connect(&addr)
-        .await
-        .map_err(|e| format!("cannot reach {} to confirm the check-in: {e}", m.addr))?;
-    if reached.name() != m.name {
+/// Invariant 4: the message came from the proc named `name` (listening
+/// at `addr`, when given).
+fn from_itself(cx: &Context<ProcDesk>, name: &str, addr: Option<&str>) -> Result<(), String> {
+    let Some(sender) = cx.sender() else {
+        return Err("the desk cannot tell who sent this".into());
+    };
+    let from = sender.proc();
+    if from.name() != name {
         return Err(format!(
-            "{} is served by proc {:?}, not {:?}: a proc checks in only itself",
-            m.addr,
-            reached.name(),
-            m.name
+            "proc {:?} sent this for proc {name:?}: a proc checks in and reports only for itself",
+            from.name()
+        ));
+    }
+    if let Some(addr) = addr
+        && from.addr().to_string() != addr
+    {
+        return Err(format!(
+            "proc {name:?} listens at {}, not {addr}: a proc checks in only itself, at its own address",
+            from.addr()
         ));
     }
     Ok(())
@@ -98,9 +101,14 @@ impl Handler<ActorFailed> for ProcDesk {
     type Reply = Result<(), String>;
     async fn handle(
         &mut self,
-        _cx: &Context<Self>,
+        cx: &Context<Self>,
         m: ActorFailed,
     ) -> Result<Self::Reply, ActorError> {
+        // Invariant 4.
+        if let Err(why) = from_itself(cx, &m.name, None) {
+            tracing::warn!(proc = %m.name, actor = %m.actor, %why, "actor failure report refused");
+            return Ok(Err(why));
+        }
         Ok(self
             .manager
             .actor_failed(&m.name, m.actor, &m.reason)

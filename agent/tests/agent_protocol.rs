@@ -910,7 +910,7 @@ async fn procs_hold_no_world_secret_and_a_proc_credential_cannot_command_the_age
     assert!(refused.is_err(), "the agent answered a proc credential");
     agent.err_line("handshake failed");
     // It does open the desk, for itself only: a check-in of "aware" at
-    // another proc's address is refused (the desk dials it back)...
+    // another proc's address is refused, as is one by another proc...
     let other_proc = Proc::builder("someone")
         .listen("tcp:127.0.0.1:0".parse().unwrap())
         .issued_by(issuer())
@@ -928,6 +928,23 @@ async fn procs_hold_no_world_secret_and_a_proc_credential_cannot_command_the_age
         .unwrap()
         .unwrap_err();
     assert!(why.contains("checks in only itself"), "{why}");
+    let why = desk_ref
+        .call(&other_proc, &posing, timeout)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(why.contains("reports only for itself"), "{why}");
+    let failed = hostmesh_agent::protocol::ActorFailed {
+        name: "aware".into(),
+        actor: format!("{}/mesh[0]", rt.id()),
+        reason: "a forged failure".into(),
+    };
+    let why = desk_ref
+        .call(&other_proc, &failed, timeout)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(why.contains("reports only for itself"), "{why}");
     // ...and its own check-in makes it Ready at its own address.
     let check_in = hostmesh_agent::protocol::CheckIn {
         name: "aware".into(),

@@ -53,9 +53,27 @@ pub struct OperatorArgs {
     /// A NetworkPolicy per World (`--network-policy`).
     #[command(flatten)]
     pub network_policy: controllers::world::netpol::NetworkPolicyArgs,
+    /// How long the Monarch TLS certificates the operator issues
+    /// (`spec.monarch.transport: Tls`) are valid, in seconds (at least an
+    /// hour); each is renewed in place with a third of it left.
+    #[arg(
+        long,
+        env = "HOSTMESH_MONARCH_CERT_VALIDITY_SECS",
+        default_value_t = DEFAULT_MONARCH_CERT_VALIDITY_SECS,
+        value_parser = clap::value_parser!(u64).range(3600..)
+    )]
+    pub monarch_cert_validity_secs: u64,
 }
 
+/// The default of `--monarch-cert-validity-secs`: a year.
+pub const DEFAULT_MONARCH_CERT_VALIDITY_SECS: u64 = 365 * 86_400;
+
 impl OperatorArgs {
+    /// `--monarch-cert-validity-secs` as a duration.
+    pub fn monarch_cert_validity(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.monarch_cert_validity_secs)
+    }
+
     /// The namespaces to watch: `[None]` for all, else one entry each.
     pub fn namespaces(&self) -> Vec<Option<String>> {
         let mut list: Vec<String> = self

@@ -722,12 +722,14 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
 
 /// Monarch TLS (`world::monarch_tls`): the CA, the clients' Secret and a
 /// certificate Secret per host (made before its pod, which mounts it) are
-/// there, and `status.monarch` names the clients' Secret; a deleted CA
-/// comes back as a new CA, and the Secrets the old one signed are named
-/// in `TlsStale` Events (they cannot be rewritten with `get` and `create`).
+/// there, and `status.monarch` names the clients' Secret. Renewal and
+/// rotation, in place: a host certificate due for renewal is issued anew
+/// (the other host's is not), a CA certificate due for renewal is signed
+/// anew with its key and every Secret gets it, and a deleted CA comes back
+/// as a new CA whose certificates every Secret gets.
 #[tokio::test]
-async fn a_tls_monarch_world_gets_its_ca_and_certificates_and_a_lost_ca_is_named_stale() {
-    let c = Cluster::start().await;
+async fn a_tls_monarch_world_gets_its_ca_and_certificates_renewed_and_rotated_in_place() {
+    let mut c = Cluster::start().await;
     c.apply_yaml(&WORLD.replace(
         "spec:\n  shape:",
         "spec:\n  monarch: {transport: Tls}\n  shape:",
@@ -769,16 +771,104 @@ async fn a_tls_monarch_world_gets_its_ca_and_certificates_and_a_lost_ca_is_named
     })
     .await;
 
+    let crt_of = |s: &Secret| s.data.as_ref().unwrap()["tls.crt"].0.clone();
+    let host = |rank: u32| {
+        let secrets = secrets.clone();
+        async move { secrets.get(&format!("w-host-{rank}-tls")).await.unwrap() }
+    };
+    let all_on = |pem: Vec<u8>| {
+        let secrets = secrets.clone();
+        async move {
+            for name in ["w-host-0-tls", "w-host-1-tls", "w-monarch-client"] {
+                let s = secrets.get_opt(name).await.ok()??;
+                if ca_of(&s) != pem {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    let events = c.api::<k8s_openapi::api::events::v1::Event>();
+
+    // Host 1's certificate is due when an operator starts (it records
+    // what it wrote, and reads a Secret once after it starts): issued anew
+    // in place, host 0's kept.
+    c.stop_operator().await;
+    let (h0, h1) = (host(0).await, host(1).await);
+    let soon = (std::time::SystemTime::now() + Duration::from_secs(60))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        hostmesh_operator::controllers::world::monarch_tls::NOT_AFTER_ANNOTATION: soon.to_string()
+    }}});
+    secrets
+        .patch(
+            "w-host-1-tls",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    c.start_operator();
+    nudge(&c, 1).await;
+    eventually_async("host 1's certificate issued anew", || async {
+        (crt_of(&host(1).await) != crt_of(&h1)).then_some(())
+    })
+    .await;
+    assert_eq!(crt_of(&host(0).await), crt_of(&h0), "not due: kept");
+    assert_eq!(ca_of(&host(1).await), ca_of(&ca), "the same CA");
+    event_seen(&events, "TlsRenewed").await;
+
+    // The CA certificate is due (one of a day, where the operator issues
+    // for a year): signed anew with the same key, and every Secret gets it.
+    let key = String::from_utf8(ca.data.as_ref().unwrap()["ca.key"].0.clone()).unwrap();
+    let short = hostmesh_operator::controllers::world::monarch_tls::Ca::from_key(
+        NS,
+        "w",
+        &key,
+        Duration::from_secs(86_400),
+    )
+    .unwrap();
+    let mut due = secrets.get("w-monarch-ca").await.unwrap();
+    due.data.as_mut().unwrap().insert(
+        "ca.crt".into(),
+        k8s_openapi::ByteString(short.pem.clone().into_bytes()),
+    );
+    secrets
+        .replace("w-monarch-ca", &Default::default(), &due)
+        .await
+        .unwrap();
+    nudge(&c, 2).await;
+    let renewed = eventually_async("the CA renewed", || async {
+        let s = secrets.get_opt("w-monarch-ca").await.ok()??;
+        let pem = ca_of(&s);
+        (pem != short.pem.as_bytes() && pem != ca_of(&ca)).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        renewed.data.as_ref().unwrap()["ca.key"].0,
+        key.as_bytes(),
+        "the same key"
+    );
+    eventually_async("every Secret on the renewed CA", || all_on(ca_of(&renewed))).await;
+
+    // Rotation: a deleted CA is a new CA, and every Secret is issued by it.
     secrets
         .delete("w-monarch-ca", &DeleteParams::default())
         .await
         .unwrap();
-    nudge(&c, 1).await;
+    nudge(&c, 3).await;
     let again = eventually_async("a new CA", || async {
         secrets.get_opt("w-monarch-ca").await.ok()?
     })
     .await;
-    assert_ne!(ca_of(&again), ca_of(&ca), "a new CA");
-    event_seen(&c.api(), "TlsStale").await;
+    assert_ne!(ca_of(&again), ca_of(&renewed), "a new CA");
+    assert_ne!(
+        again.data.as_ref().unwrap()["ca.key"].0,
+        key.as_bytes(),
+        "a new key"
+    );
+    eventually_async("every Secret on the new CA", || all_on(ca_of(&again))).await;
     c.shutdown().await;
 }

@@ -39,6 +39,7 @@ pub fn operator_args(namespace: &str, instance: &str) -> OperatorArgs {
         instance: instance.into(),
         serve_monarch_mesh: false,
         network_policy: Default::default(),
+        monarch_cert_validity_secs: hostmesh_operator::DEFAULT_MONARCH_CERT_VALIDITY_SECS,
     }
 }
 

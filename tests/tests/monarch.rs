@@ -347,8 +347,9 @@ async fn tls_attach(which: Monarch, test: &str) -> anyhow::Result<()> {
     // A client certificate of another CA, beside this World's own CA
     // certificate (public to anyone who can read a host's files): the
     // client trusts the workers, so it is the workers that must refuse it.
-    let (foreign, _) = monarch_tls::Ca::generate(&env.namespace, "elsewhere")?;
-    let (crt, key) = foreign.issue(monarch_tls::CLIENT_NAME, &[])?;
+    let (foreign, _) =
+        monarch_tls::Ca::generate(&env.namespace, "elsewhere", monarch_tls::VALIDITY)?;
+    let monarch_tls::Leaf { crt, key, .. } = foreign.issue(monarch_tls::CLIENT_NAME, &[])?;
     let world_ca = String::from_utf8(ca_crt.0.clone())?;
     let rogue: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "rogue-tls"},

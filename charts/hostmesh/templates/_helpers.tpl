@@ -92,11 +92,13 @@ Role in each watched namespace. Every rule says why it is needed.
   verbs: ["create", "patch"]
 # The per-World agent Secret: created once, then read by name to authenticate
 # to the agents; its recovery copy; and <world>-runtime, the runtime key for
-# clients of the procs' actors. No list or watch: the operator never
+# clients of the procs' actors. A Monarch TLS World's CA, host and client
+# certificates: update renews them in place before they expire (and issues
+# them anew under a new CA). No list or watch: the operator never
 # enumerates Secrets.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "update"]
 # The stacks a stall captured, in ConfigMap <procmesh>-stacks, and a
 # runtime-aware mesh's proc addresses, in <procmesh>-runtime (both owned by
 # the ProcMesh): read by name, created once, replaced on a new stall or when

@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use super::mailbox::MailboxRx;
 use super::{Actor, Context, Handler};
 use crate::error::ActorError;
+use crate::id::ActorId;
 use crate::payload::Src;
 use crate::port::{Message, handler_port};
 
@@ -24,11 +25,13 @@ pub(crate) enum HandlerFailure {
     Encode(String),
 }
 
-/// Decodes the message (at once) and returns the handler's future.
+/// Decodes the message (at once) and returns the handler's future; the
+/// message's sender comes along for [`Handlers::handle_sent`].
 type Dispatch<A> =
     for<'a, 'b> fn(
         &'a mut A,
         &'a Context<A>,
+        &ActorId,
         Src<'b>,
         bool,
     )
@@ -42,6 +45,7 @@ type Dispatch<A> =
 type DispatchRun<A> = for<'a> fn(
     &'a mut A,
     &'a Context<A>,
+    &ActorId,
     &'a mut Bytes,
     std::ops::Range<usize>,
     &'a mut MailboxRx,
@@ -74,6 +78,7 @@ pub struct Handlers<A: Actor> {
 fn dispatch<'a, A, M>(
     actor: &'a mut A,
     cx: &'a Context<A>,
+    _sender: &ActorId,
     src: Src<'_>,
     want_reply: bool,
 ) -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>
@@ -101,6 +106,7 @@ where
 fn dispatch_run<'a, A, M>(
     actor: &'a mut A,
     cx: &'a Context<A>,
+    _sender: &ActorId,
     block: &'a mut Bytes,
     first: std::ops::Range<usize>,
     rx: &'a mut MailboxRx,
@@ -130,6 +136,55 @@ where
     })
 }
 
+/// [`dispatch`] with the sender in the context while the handler runs
+/// (and only then: a panic leaves it set, but the actor stops with it).
+fn dispatch_sent<'a, A, M>(
+    actor: &'a mut A,
+    cx: &'a Context<A>,
+    sender: &ActorId,
+    src: Src<'_>,
+    want_reply: bool,
+) -> Result<BoxFuture<'a, Result<Option<Bytes>, HandlerFailure>>, HandlerFailure>
+where
+    A: Handler<M>,
+    M: Message,
+{
+    cx.set_sender(Some(sender.clone()));
+    match dispatch::<A, M>(actor, cx, sender, src, want_reply) {
+        Ok(fut) => Ok(Box::pin(async move {
+            let r = fut.await;
+            cx.set_sender(None);
+            r
+        })),
+        Err(e) => {
+            cx.set_sender(None);
+            Err(e)
+        }
+    }
+}
+
+/// [`dispatch_run`] with the run's sender in the context.
+fn dispatch_run_sent<'a, A, M>(
+    actor: &'a mut A,
+    cx: &'a Context<A>,
+    sender: &ActorId,
+    block: &'a mut Bytes,
+    first: std::ops::Range<usize>,
+    rx: &'a mut MailboxRx,
+) -> BoxFuture<'a, Result<(), HandlerFailure>>
+where
+    A: Handler<M>,
+    M: Message,
+{
+    cx.set_sender(Some(sender.clone()));
+    let run = dispatch_run::<A, M>(actor, cx, sender, block, first, rx);
+    Box::pin(async move {
+        let r = run.await;
+        cx.set_sender(None);
+        r
+    })
+}
+
 impl<A: Actor> Handlers<A> {
     pub(crate) fn build() -> Self {
         let mut h = Handlers {
@@ -147,6 +202,21 @@ impl<A: Actor> Handlers<A> {
         self.map.insert(
             handler_port::<M>(),
             (dispatch::<A, M>, dispatch_run::<A, M>),
+        );
+        self
+    }
+
+    /// Declares that the actor handles `M` and reads each one's sender
+    /// with [`Context::sender`] (a message that came over a connection
+    /// authenticated with a proc credential names a sender of the peer
+    /// proc only, `channel::reader`).
+    pub fn handle_sent<M: Message>(&mut self) -> &mut Self
+    where
+        A: Handler<M>,
+    {
+        self.map.insert(
+            handler_port::<M>(),
+            (dispatch_sent::<A, M>, dispatch_run_sent::<A, M>),
         );
         self
     }

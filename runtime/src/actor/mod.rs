@@ -129,6 +129,9 @@ pub struct Context<A: Actor> {
     /// Set with `stop`, so the message loop checks it without the lock.
     stopping: std::sync::atomic::AtomicBool,
     children: Mutex<Vec<Mailbox>>,
+    /// The sender of the message being handled, for types registered with
+    /// [`Handlers::handle_sent`] (their dispatch sets it).
+    sender: Mutex<Option<ActorId>>,
     _a: PhantomData<fn() -> A>,
 }
 
@@ -136,6 +139,22 @@ impl<A: Actor> Context<A> {
     /// This actor's id.
     pub fn actor_id(&self) -> &ActorId {
         &self.id
+    }
+
+    /// The sender of the message being handled, for message types the
+    /// actor registered with [`Handlers::handle_sent`] (`None` for others).
+    /// A message that came over a connection authenticated with a proc
+    /// credential names a sender of that connection's peer proc only, so
+    /// the sender's proc name is the one its certificate names.
+    pub fn sender(&self) -> Option<ActorId> {
+        self.sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_sender(&self, sender: Option<ActorId>) {
+        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = sender;
     }
 
     /// The proc running this actor.

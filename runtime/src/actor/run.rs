@@ -80,6 +80,7 @@ pub(crate) async fn start<A: Actor>(
         stop: Mutex::new(None),
         stopping: std::sync::atomic::AtomicBool::new(false),
         children: Mutex::new(Vec::new()),
+        sender: Mutex::new(None),
         _a: PhantomData,
     };
     let (init_tx, init_rx) = oneshot::channel();
@@ -153,7 +154,7 @@ async fn message_loop<A: Actor>(
                 {
                     // The rest of the run in one future (no allocation per
                     // message); a failure is the failing message's.
-                    let r = AssertUnwindSafe(run(actor, cx, &mut block, range, rx))
+                    let r = AssertUnwindSafe(run(actor, cx, &header.sender, &mut block, range, rx))
                         .catch_unwind()
                         .await;
                     match r {
@@ -240,7 +241,7 @@ async fn handle_message<A: Actor>(
     // The message is decoded at once (the payload goes to the handler; what
     // follows needs only the header).
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(move || {
-        handler(actor, cx, src, want_reply)
+        handler(actor, cx, &header.sender, src, want_reply)
     })) {
         Ok(Ok(fut)) => fut,
         Ok(Err(failure)) => {

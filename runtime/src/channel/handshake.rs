@@ -119,12 +119,14 @@ impl Keys {
 }
 
 /// An established connection: the peer, any bytes read past the
-/// handshake, and the record layer (`None`: frames in the clear).
+/// handshake, the record layer (`None`: frames in the clear), and whether
+/// the peer proved its proc name with a proc credential (invariant 8).
 #[derive(Debug)]
 pub(crate) struct Established {
     pub(crate) peer: ProcId,
     pub(crate) left: BytesMut,
     pub(crate) session: Option<Session>,
+    pub(crate) attested: bool,
 }
 
 /// The session of a connection authenticated with a shared secret
@@ -464,6 +466,7 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
                 peer,
                 left: buf,
                 session,
+                attested: false,
             })
         }
         Hello::Reject { reason } => Err(ChannelError::Auth(format!("{peer} refused: {reason}"))),
@@ -558,6 +561,7 @@ async fn dial_signed<S: AsyncRead + AsyncWrite + Unpin>(
                 peer,
                 left: buf,
                 session,
+                attested: true,
             })
         }
         Hello::Reject { reason } => Err(ChannelError::Auth(format!("{peer} refused: {reason}"))),
@@ -657,6 +661,7 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 peer,
                 left: buf,
                 session,
+                attested: false,
             })
         }
         Err(reason) => refuse(s, reason).await,
@@ -742,6 +747,7 @@ async fn accept_signed<S: AsyncRead + AsyncWrite + Unpin>(
                 peer,
                 left: buf,
                 session,
+                attested: true,
             })
         }
         Err(reason) => refuse(s, reason).await,

@@ -2,6 +2,12 @@
 //! frames into buffers of their own size), opened in place when the
 //! connection is sealed (large records likewise), acknowledgements
 //! counted, and envelopes handed to the proc in batches per actor.
+//!
+//! Invariant 1: on a connection whose peer proved its proc name with a
+//! proc credential (`handshake` invariant 8), every envelope but a return
+//! names a sender of that peer proc; one that names another closes the
+//! connection. So a handler that reads its message's sender
+//! ([`crate::Context::sender`]) reads who sent it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -33,6 +39,9 @@ pub(super) struct Reader<I: Inbound> {
     pub(super) inbound: Weak<I>,
     pub(super) local: ProcId,
     pub(super) peer: ProcId,
+    /// The peer proved its proc name with a proc credential: every message
+    /// it sends must name a sender of its own proc (invariant 1).
+    pub(super) attested: bool,
     pub(super) max_frame: usize,
     pub(super) shared: Arc<ConnShared>,
 }
@@ -245,6 +254,14 @@ impl<I: Inbound> Reader<I> {
         match frame {
             Frame::Envelope(env) => {
                 *template = None;
+                // Invariant 1. (A return, an error envelope, names the
+                // destination it could not reach as its sender.)
+                if self.attested && env.error.is_none() && env.sender.proc() != &self.peer {
+                    return Err(format!(
+                        "{} sent a message as {}: a proc sends only as itself",
+                        self.peer, env.sender
+                    ));
+                }
                 if env.dest.actor().proc() != &self.local {
                     let Some(inbound) = self.inbound.upgrade() else {
                         return Err("proc dropped".into());
@@ -334,4 +351,79 @@ struct Batch {
     runs: Vec<Arrivals>,
     /// Envelopes in `runs`.
     len: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::port::handler_port;
+    use crate::{Actor, ActorError, Context, Handler, Handlers, Issuer, Proc, ProcId};
+
+    /// Answers with the message, the sender's proc name and how many
+    /// messages it handled.
+    #[derive(Default)]
+    struct Who(u32);
+    impl Actor for Who {
+        fn register(h: &mut Handlers<Self>) {
+            h.handle_sent::<String>();
+        }
+    }
+    impl Handler<String> for Who {
+        type Reply = String;
+        async fn handle(&mut self, cx: &Context<Self>, m: String) -> Result<String, ActorError> {
+            self.0 += 1;
+            let from = cx.sender().map(|s| s.proc().name().to_owned());
+            Ok(format!("{m} from {} #{}", from.unwrap_or_default(), self.0))
+        }
+    }
+
+    /// Invariant 1: the handler reads the real sender, and a message naming
+    /// another proc as its sender closes the connection undelivered.
+    #[tokio::test]
+    async fn a_signed_peer_sends_only_as_itself() {
+        let issuer = Issuer::from_runtime_key(b"runtime key of the reader test..");
+        let server = Proc::builder("server")
+            .listen("tcp:127.0.0.1:0".parse().unwrap())
+            .issued_by(issuer.clone())
+            .build()
+            .await
+            .unwrap();
+        let who = server.spawn("who", Who::default()).await.unwrap();
+        let client = Proc::builder("client")
+            .issued_by(issuer)
+            .build()
+            .await
+            .unwrap();
+        let t = Duration::from_secs(5);
+        let hi = who.call(&client, &"hi".to_string(), t).await.unwrap();
+        assert_eq!(hi, "hi from client #1");
+        let forged = ProcId::new("tcp:10.0.0.9:1".parse().unwrap(), "admin")
+            .unwrap()
+            .actor("root", 0)
+            .unwrap();
+        let payload = postcard::to_allocvec(&"forged".to_string()).unwrap();
+        client
+            .post(
+                &forged,
+                who.id().port(handler_port::<String>()),
+                None,
+                payload.into(),
+            )
+            .await;
+        // The next call goes after the forged message (one link, in order):
+        // once it is answered, the forged one was read, and not handled.
+        let mut again = None;
+        for _ in 0..50 {
+            match who.call(&client, &"again".to_string(), t).await {
+                Ok(r) => {
+                    again = Some(r);
+                    break;
+                }
+                // The connection the forged message closed.
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        assert_eq!(again.as_deref(), Some("again from client #2"));
+    }
 }

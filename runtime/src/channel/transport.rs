@@ -440,6 +440,7 @@ impl<I: Inbound> Transport<I> {
             peer,
             left,
             session,
+            attested,
         } = est;
         let (sealer, opener) = match session {
             Some(s) => {
@@ -460,6 +461,7 @@ impl<I: Inbound> Transport<I> {
             inbound: self.inbound.get().cloned().unwrap_or_default(),
             local: self.local.clone(),
             peer,
+            attested,
             max_frame: self.config.max_frame_len,
             shared: shared.clone(),
         };

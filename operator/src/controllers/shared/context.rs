@@ -36,6 +36,9 @@ pub struct ControllerContext {
     /// The NetworkPolicies this operator last applied, per World
     /// (`world::netpol` invariant 1).
     pub applied_policies: crate::controllers::world::netpol::Applied,
+    /// The Monarch certificate Secrets this operator wrote or read
+    /// (`world::monarch_tls` invariant 5).
+    pub tls_leaves: crate::controllers::world::monarch_tls::Leaves,
 }
 
 /// The reflector stores of host pods (`managedFields` dropped), one per
@@ -109,6 +112,7 @@ impl ControllerContext {
             deleted_worlds: Default::default(),
             host_pods: HostPods::default(),
             applied_policies: Default::default(),
+            tls_leaves: Default::default(),
         })
     }
 

@@ -66,6 +66,9 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
     )
     .await?;
     let tls_ca = monarch_tls::ensure(world, ctx).await?;
+    if let Some(ca) = &tls_ca {
+        monarch_tls::renew_hosts(world, ctx, ca).await?;
+    }
     let gang_problem = super::ensure_gang_group(world, ctx).await?;
     let netpol_problem = netpol::ensure(world, ctx).await?;
 

@@ -21,11 +21,18 @@
 //!    the CA to verify the workers with. `status.monarch.clientSecret`
 //!    names it.
 //! 4. Every certificate may serve and dial (a Monarch worker does both)
-//!    and is valid for [`VALIDITY`] from a few minutes back (clock skew).
-//! 5. With only `get` and `create` on Secrets, a Secret that exists is
-//!    never rewritten: a deleted one is made anew at the next reconcile
-//!    (a deleted CA is a new CA: the Secrets it signed must then be
-//!    deleted too, which `TlsStale` Warning Events say).
+//!    and is valid for the operator's `--monarch-cert-validity` (a year by
+//!    default) from a few minutes back (clock skew).
+//! 5. Renewal: a certificate with less than a third of its validity left
+//!    is issued anew in place (`update` on its Secret), the CA's with the
+//!    same key (so what it signed still chains to it). A host or client
+//!    Secret whose CA is not the stored one (the CA Secret was deleted: a
+//!    new CA, which is how a CA is rotated) is issued anew too. Each leaf
+//!    Secret records its CA's fingerprint and its expiry in annotations
+//!    ([`ISSUER_ANNOTATION`], [`NOT_AFTER_ANNOTATION`]), so a pass lists the
+//!    World's Secrets' metadata only; one without them is issued anew once.
+//!    Mounted Secrets reach running pods without a restart (the kubelet
+//!    refreshes Secret volumes) and Monarch reads the files per connection.
 
 use std::time::Duration;
 
@@ -45,9 +52,14 @@ use super::secret::create;
 use crate::OperatorError;
 use crate::controllers::shared::ControllerContext;
 
-/// How long a certificate is valid. Rotation and renewal are not done
-/// yet (docs/monarch.md says so); a year outlives any training job.
+/// How long a certificate is valid by default (invariant 4).
 pub const VALIDITY: Duration = Duration::from_secs(365 * 86_400);
+/// Annotation of a leaf Secret: the fingerprint of the CA that issued it
+/// (invariant 5).
+pub const ISSUER_ANNOTATION: &str = "hostmesh.dev/tls-issuer";
+/// Annotation of a leaf Secret: its certificate's expiry, Unix seconds
+/// (invariant 5).
+pub const NOT_AFTER_ANNOTATION: &str = "hostmesh.dev/tls-not-after";
 /// How far back validity starts.
 const BACKDATE: Duration = Duration::from_secs(300);
 /// The cluster domain of the FQDN a host pod's `/etc/hosts` gives it.
@@ -102,6 +114,8 @@ pub struct Ca {
     /// The CA certificate, PEM.
     pub pem: String,
     issuer: Issuer<'static, KeyPair>,
+    /// How long what it issues is valid.
+    validity: Duration,
 }
 
 fn tls_error(what: &str, e: rcgen::Error) -> OperatorError {
@@ -110,7 +124,11 @@ fn tls_error(what: &str, e: rcgen::Error) -> OperatorError {
 
 /// The CA's parameters; the same for a World each time, so that a stored
 /// key signs with the subject its certificate names.
-fn ca_params(ns: &str, world: &str) -> Result<CertificateParams, OperatorError> {
+fn ca_params(
+    ns: &str,
+    world: &str,
+    validity: Duration,
+) -> Result<CertificateParams, OperatorError> {
     let mut p = CertificateParams::new(Vec::<String>::new()).map_err(|e| tls_error("CA", e))?;
     let mut dn = DistinguishedName::new();
     dn.push(
@@ -120,46 +138,120 @@ fn ca_params(ns: &str, world: &str) -> Result<CertificateParams, OperatorError> 
     p.distinguished_name = dn;
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut p);
+    valid_for(&mut p, validity);
     Ok(p)
 }
 
-fn validity(p: &mut CertificateParams) {
+/// Sets `p`'s validity (invariant 4); returns its expiry, Unix seconds.
+fn valid_for(p: &mut CertificateParams, validity: Duration) -> u64 {
     let now = std::time::SystemTime::now();
     p.not_before = (now - BACKDATE).into();
-    p.not_after = (now + VALIDITY).into();
+    let until = now + validity;
+    p.not_after = until.into();
+    unix(until)
+}
+
+fn unix(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Whether a certificate valid for `validity` and expiring at `not_after`
+/// (Unix seconds) is due for renewal: less than a third left (invariant 5).
+pub fn due(not_after: u64, validity: Duration) -> bool {
+    unix(std::time::SystemTime::now()) + validity.as_secs() / 3 >= not_after
+}
+
+/// The expiry of a PEM certificate, Unix seconds.
+fn not_after_of(pem: &str) -> Result<u64, OperatorError> {
+    let bad = |e: String| {
+        OperatorError::Tls(format!(
+            "stored CA certificate: {e}: delete its Secret and the operator makes a new CA"
+        ))
+    };
+    let (_, p) =
+        x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| bad(e.to_string()))?;
+    let cert = p.parse_x509().map_err(|e| bad(e.to_string()))?;
+    Ok(u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0))
 }
 
 impl Ca {
     /// A new CA for `world` in `ns`; also returns its key (PEM).
-    pub fn generate(ns: &str, world: &str) -> Result<(Self, String), OperatorError> {
+    pub fn generate(
+        ns: &str,
+        world: &str,
+        validity: Duration,
+    ) -> Result<(Self, String), OperatorError> {
         let key = KeyPair::generate().map_err(|e| tls_error("CA key", e))?;
         let key_pem = key.serialize_pem();
-        let params = ca_params(ns, world)?;
+        Ok((Self::signed(ns, world, key, validity)?, key_pem))
+    }
+
+    /// A CA certificate for `key`, valid for `validity` from now: a new CA,
+    /// or a renewed one (the same key and subject, so what the earlier
+    /// certificate signed chains to this one too).
+    fn signed(
+        ns: &str,
+        world: &str,
+        key: KeyPair,
+        validity: Duration,
+    ) -> Result<Self, OperatorError> {
+        let params = ca_params(ns, world, validity)?;
         let cert = params
             .self_signed(&key)
             .map_err(|e| tls_error("CA certificate", e))?;
-        Ok((
-            Ca {
-                pem: cert.pem(),
-                issuer: Issuer::new(params, key),
-            },
-            key_pem,
-        ))
-    }
-
-    /// The CA stored for `world` (its certificate and key, PEM).
-    pub fn load(ns: &str, world: &str, pem: &str, key_pem: &str) -> Result<Self, OperatorError> {
-        let key = KeyPair::from_pem(key_pem).map_err(|e| tls_error("stored CA key", e))?;
         Ok(Ca {
-            pem: pem.to_string(),
-            issuer: Issuer::new(ca_params(ns, world)?, key),
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+            validity,
         })
     }
 
+    /// A certificate for the CA key `key_pem` of `world`, valid for
+    /// `validity` from now: what renewal writes (the same key and subject).
+    pub fn from_key(
+        ns: &str,
+        world: &str,
+        key_pem: &str,
+        validity: Duration,
+    ) -> Result<Self, OperatorError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|e| tls_error("stored CA key", e))?;
+        Self::signed(ns, world, key, validity)
+    }
+
+    /// The CA stored for `world` (its certificate and key, PEM); renewed
+    /// (`true`) when its certificate is due (invariant 5).
+    pub fn load(
+        ns: &str,
+        world: &str,
+        pem: &str,
+        key_pem: &str,
+        validity: Duration,
+    ) -> Result<(Self, bool), OperatorError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|e| tls_error("stored CA key", e))?;
+        if due(not_after_of(pem)?, validity) {
+            return Ok((Self::signed(ns, world, key, validity)?, true));
+        }
+        Ok((
+            Ca {
+                pem: pem.to_string(),
+                issuer: Issuer::new(ca_params(ns, world, validity)?, key),
+                validity,
+            },
+            false,
+        ))
+    }
+
+    /// A short fingerprint of the CA certificate (invariant 5).
+    pub fn fingerprint(&self) -> String {
+        let d = ring::digest::digest(&ring::digest::SHA256, self.pem.as_bytes());
+        d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// A leaf certificate and key (PEM) with common name `cn` and DNS
-    /// names `dns` (invariant 4).
-    pub fn issue(&self, cn: &str, dns: &[String]) -> Result<(String, String), OperatorError> {
+    /// names `dns` (invariant 4), and its expiry (Unix seconds).
+    pub fn issue(&self, cn: &str, dns: &[String]) -> Result<Leaf, OperatorError> {
         let key = KeyPair::generate().map_err(|e| tls_error("key", e))?;
         let mut p = CertificateParams::new(Vec::<String>::new()).map_err(|e| tls_error(cn, e))?;
         p.distinguished_name.push(DnType::CommonName, cn);
@@ -178,12 +270,112 @@ impl Ca {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        validity(&mut p);
+        let not_after = valid_for(&mut p, self.validity);
         let cert = p
             .signed_by(&key, &self.issuer)
             .map_err(|e| tls_error(cn, e))?;
-        Ok((cert.pem(), key.serialize_pem()))
+        Ok(Leaf {
+            crt: cert.pem(),
+            key: key.serialize_pem(),
+            not_after,
+        })
     }
+
+    /// Why a leaf Secret with `annotations` must be issued anew, if it must
+    /// (invariant 5).
+    fn reissue_reason(
+        &self,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<&'static str> {
+        self.reissue_reason_of(&LeafRecord::of(annotations))
+    }
+
+    fn reissue_reason_of(&self, r: &LeafRecord) -> Option<&'static str> {
+        match (&r.issuer, r.not_after) {
+            (None, _) | (_, None) => Some("it carries no record of its CA and expiry"),
+            (Some(fp), _) if *fp != self.fingerprint() => {
+                Some("it was issued by an earlier CA of this World")
+            }
+            (_, Some(t)) if due(t, self.validity) => {
+                Some("it expires within a third of its validity")
+            }
+            _ => None,
+        }
+    }
+
+    /// The Secret `name` of `world` holding `leaf` (invariants 2, 3, 5).
+    fn leaf_secret(
+        &self,
+        world: &World,
+        name: String,
+        leaf: &Leaf,
+    ) -> Result<Secret, OperatorError> {
+        let mut s = owned(world, name, true)?;
+        s.data = Some(data(&[
+            (CRT, &leaf.crt),
+            (KEY, &leaf.key),
+            (CA_CRT, &self.pem),
+        ]));
+        s.metadata.annotations = Some(
+            [
+                (ISSUER_ANNOTATION.to_string(), self.fingerprint()),
+                (NOT_AFTER_ANNOTATION.to_string(), leaf.not_after.to_string()),
+            ]
+            .into(),
+        );
+        Ok(s)
+    }
+}
+
+/// What a leaf Secret's annotations record (invariant 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LeafRecord {
+    issuer: Option<String>,
+    not_after: Option<u64>,
+}
+
+impl LeafRecord {
+    fn of(annotations: Option<&std::collections::BTreeMap<String, String>>) -> Self {
+        let get = |k: &str| annotations.and_then(|a| a.get(k));
+        LeafRecord {
+            issuer: get(ISSUER_ANNOTATION).cloned(),
+            not_after: get(NOT_AFTER_ANNOTATION).and_then(|t| t.parse().ok()),
+        }
+    }
+}
+
+/// The records of the leaf Secrets this operator wrote or read, by
+/// `<namespace>/<name>`: a pass checks running hosts' certificates in
+/// memory, and reads a Secret once after the operator starts (no list or
+/// watch on Secrets).
+#[derive(Default)]
+pub struct Leaves(std::sync::Mutex<std::collections::HashMap<String, LeafRecord>>);
+
+impl Leaves {
+    fn get(&self, key: &str) -> Option<LeafRecord> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn put(&self, key: String, r: LeafRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, r);
+    }
+}
+
+/// A leaf certificate, its key (PEM both) and its expiry (Unix seconds).
+pub struct Leaf {
+    /// The certificate.
+    pub crt: String,
+    /// Its key.
+    pub key: String,
+    /// Its expiry.
+    pub not_after: u64,
 }
 
 fn data(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, ByteString> {
@@ -205,27 +397,41 @@ fn owned(world: &World, name: String, tls: bool) -> Result<Secret, OperatorError
     Ok(s)
 }
 
-/// The World's CA, made and stored when there is none (invariant 1), and
-/// the client Secret (invariant 3). `None` for a World without TLS.
+/// The World's CA, made and stored when there is none (invariant 1) and
+/// renewed when due, and the client Secret (invariants 3 and 5). `None`
+/// for a World without TLS.
 pub async fn ensure(world: &World, ctx: &ControllerContext) -> Result<Option<Ca>, OperatorError> {
     if !world.spec.monarch.as_ref().is_some_and(|m| m.tls()) {
         return Ok(None);
     }
+    let validity = ctx.args.monarch_cert_validity();
     let name = world.name_any();
     let ns = world.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let ca_secret = ca_name(&name);
     let ca = match api.get_opt(&ca_secret).await? {
-        Some(s) => {
+        Some(mut s) => {
             let (Some(pem), Some(key)) = (text(&s, CA_CRT), text(&s, CA_KEY)) else {
                 return Err(OperatorError::Tls(format!(
                     "Secret {ca_secret} lacks {CA_CRT} or {CA_KEY}: delete it and the operator makes a new CA"
                 )));
             };
-            Ca::load(&ns, &name, &pem, &key)?
+            let (ca, renewed) = Ca::load(&ns, &name, &pem, &key, validity)?;
+            if renewed {
+                s.data = Some(data(&[(CA_CRT, &ca.pem), (CA_KEY, &key)]));
+                replace(&api, &s).await?;
+                ctx.event(
+                    world,
+                    false,
+                    "TlsRenewed",
+                    format!("renewed the CA certificate in Secret {ca_secret} (same key): it expired within a third of its validity"),
+                )
+                .await;
+            }
+            ca
         }
         None => {
-            let (ca, key) = Ca::generate(&ns, &name)?;
+            let (ca, key) = Ca::generate(&ns, &name, validity)?;
             let mut s = owned(world, ca_secret.clone(), false)?;
             s.data = Some(data(&[(CA_CRT, &ca.pem), (CA_KEY, &key)]));
             match api.create(&PostParams::default(), &s).await {
@@ -239,36 +445,100 @@ pub async fn ensure(world: &World, ctx: &ControllerContext) -> Result<Option<Ca>
         }
     };
     let client = client_name(&name);
-    match api.get_opt(&client).await? {
-        Some(s) => stale_check(world, ctx, &s, &ca).await,
-        None => {
-            let (crt, key) = ca.issue(CLIENT_NAME, &[])?;
-            let mut s = owned(world, client, true)?;
-            s.data = Some(data(&[(CRT, &crt), (KEY, &key), (CA_CRT, &ca.pem)]));
-            create(&api, &s).await?;
-        }
-    }
+    // Read every pass: a deleted client Secret is made anew at once.
+    let found = api.get_opt(&client).await?.map(|s| s.metadata);
+    leaf(world, ctx, &api, &ca, client, found, || {
+        ca.issue(CLIENT_NAME, &[])
+    })
+    .await?;
     Ok(Some(ca))
 }
 
-/// Invariant 5: a Secret signed by another CA than the stored one.
-async fn stale_check(world: &World, ctx: &ControllerContext, s: &Secret, ca: &Ca) {
-    if text(s, CA_CRT).as_deref() != Some(ca.pem.as_str()) {
-        ctx.event(
-            world,
-            true,
-            "TlsStale",
-            format!(
-                "Secret {} was issued by an earlier CA of this World (its {} was deleted): delete it and the operator issues it anew",
-                s.name_any(),
-                ca_name(&world.name_any())
-            ),
-        )
-        .await;
+/// The metadata of leaf Secret `name`: from [`Leaves`] when this operator
+/// recorded it (annotations only, no `resourceVersion`: a replace then
+/// overwrites unconditionally), else read (`None`: it does not exist).
+async fn recorded_or_read(
+    ctx: &ControllerContext,
+    api: &Api<Secret>,
+    ns: &str,
+    name: &str,
+) -> Result<Option<kube::api::ObjectMeta>, OperatorError> {
+    if let Some(r) = ctx.tls_leaves.get(&format!("{ns}/{name}")) {
+        let mut notes = std::collections::BTreeMap::new();
+        if let Some(fp) = r.issuer {
+            notes.insert(ISSUER_ANNOTATION.to_string(), fp);
+        }
+        if let Some(t) = r.not_after {
+            notes.insert(NOT_AFTER_ANNOTATION.to_string(), t.to_string());
+        }
+        return Ok(Some(kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            annotations: Some(notes),
+            ..Default::default()
+        }));
+    }
+    Ok(api.get_opt(name).await?.map(|s| s.metadata))
+}
+
+/// Replaces `s` (its `resourceVersion` guards against a concurrent
+/// writer: a conflict is retried at the next pass).
+async fn replace(api: &Api<Secret>, s: &Secret) -> Result<(), OperatorError> {
+    match api.replace(&s.name_any(), &PostParams::default(), s).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            Err(crate::Pending::SecretCreating(s.name_any()).into())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
-/// Makes host `rank`'s certificate Secret unless it exists (invariant 2).
+/// Makes the leaf Secret `name` (`found`: its metadata, when it exists),
+/// or issues it anew when it must be (invariant 5). `true`: it was
+/// (re)issued.
+async fn leaf(
+    world: &World,
+    ctx: &ControllerContext,
+    api: &Api<Secret>,
+    ca: &Ca,
+    name: String,
+    found: Option<kube::api::ObjectMeta>,
+    issue: impl FnOnce() -> Result<Leaf, OperatorError>,
+) -> Result<bool, OperatorError> {
+    let key = format!("{}/{name}", world.namespace().unwrap_or_default());
+    let Some(meta) = found else {
+        let s = ca.leaf_secret(world, name, &issue()?)?;
+        create(api, &s).await?;
+        ctx.tls_leaves
+            .put(key, LeafRecord::of(s.metadata.annotations.as_ref()));
+        return Ok(true);
+    };
+    let record = LeafRecord::of(meta.annotations.as_ref());
+    let Some(why) = ca.reissue_reason_of(&record) else {
+        ctx.tls_leaves.put(key, record);
+        return Ok(false);
+    };
+    let mut s = ca.leaf_secret(world, name.clone(), &issue()?)?;
+    let written = LeafRecord::of(s.metadata.annotations.as_ref());
+    s.metadata.resource_version = meta.resource_version;
+    match api.replace(&name, &PostParams::default(), &s).await {
+        Ok(_) => {}
+        // Deleted since it was read: made anew.
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            s.metadata.resource_version = None;
+            create(api, &s).await?;
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            return Err(crate::Pending::SecretCreating(name).into());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    ctx.tls_leaves.put(key, written);
+    tracing::info!(world = %world.name_any(), secret = %name, reason = why, "Monarch certificate issued anew");
+    Ok(true)
+}
+
+/// Makes host `rank`'s certificate Secret unless it exists, or issues it
+/// anew when it must be (invariants 2 and 5).
 pub async fn ensure_host(
     world: &World,
     ctx: &ControllerContext,
@@ -279,15 +549,56 @@ pub async fn ensure_host(
     let ns = world.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let secret = host_name(&name, rank);
-    if let Some(s) = api.get_opt(&secret).await? {
-        stale_check(world, ctx, &s, ca).await;
-        return Ok(());
+    let found = api.get_opt(&secret).await?.map(|s| s.metadata);
+    leaf(world, ctx, &api, ca, secret, found, || {
+        let dns = host_dns_names(&name, &ns, rank);
+        ca.issue(&dns[0], &dns)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Invariant 5 for running hosts: checks each host certificate Secret's
+/// record ([`Leaves`]; read once when there is none) and issues anew each
+/// one that must be, with one Event per pass that did.
+pub async fn renew_hosts(
+    world: &World,
+    ctx: &ControllerContext,
+    ca: &Ca,
+) -> Result<(), OperatorError> {
+    let name = world.name_any();
+    let ns = world.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut renewed = Vec::new();
+    for rank in 0..world.spec.full_shape().num_ranks() {
+        let secret = host_name(&name, rank);
+        // A host whose Secret is not made yet gets it with its pod.
+        let Some(meta) = recorded_or_read(ctx, &api, &ns, &secret).await? else {
+            continue;
+        };
+        let reason = ca.reissue_reason(meta.annotations.as_ref());
+        let issue = || {
+            let dns = host_dns_names(&name, &ns, rank);
+            ca.issue(&dns[0], &dns)
+        };
+        if leaf(world, ctx, &api, ca, secret.clone(), Some(meta), issue).await? {
+            renewed.push((secret, reason.unwrap_or_default()));
+        }
     }
-    let dns = host_dns_names(&name, &ns, rank);
-    let (crt, key) = ca.issue(&dns[0], &dns)?;
-    let mut s = owned(world, secret, true)?;
-    s.data = Some(data(&[(CRT, &crt), (KEY, &key), (CA_CRT, &ca.pem)]));
-    create(&api, &s).await
+    if let Some((first, why)) = renewed.first() {
+        ctx.event(
+            world,
+            false,
+            "TlsRenewed",
+            format!(
+                "issued {} host certificate Secret(s) anew ({first}{}): {why}; running hosts read them without a restart",
+                renewed.len(),
+                if renewed.len() > 1 { ", ..." } else { "" }
+            ),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -329,13 +640,14 @@ mod tests {
     /// a server for the names the worker advertises, and as a client.
     #[test]
     fn a_host_certificate_chains_to_its_ca_for_its_names_only() {
-        let (ca, key) = Ca::generate("ml", "w").unwrap();
-        let again = Ca::load("ml", "w", &ca.pem, &key).unwrap();
+        let (ca, key) = Ca::generate("ml", "w", VALIDITY).unwrap();
+        let (again, renewed) = Ca::load("ml", "w", &ca.pem, &key, VALIDITY).unwrap();
+        assert!(!renewed, "a fresh CA is not due");
         let dns = host_dns_names("w", "ml", 1);
         assert_eq!(dns[0], "w-host-1.w.ml.svc.cluster.local");
         assert_eq!(dns.last().unwrap(), "w-host-1");
         // Issued by the reloaded CA: the same subject and key.
-        let (crt, _) = again.issue(&dns[0], &dns).unwrap();
+        let crt = again.issue(&dns[0], &dns).unwrap().crt;
         let server =
             rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&ca.pem), provider())
                 .build()
@@ -356,7 +668,7 @@ mod tests {
         );
         assert!(admits_client(&ca.pem, &crt));
         // Another World's CA does not admit it.
-        let (foreign, _) = Ca::generate("ml", "other").unwrap();
+        let (foreign, _) = Ca::generate("ml", "other", VALIDITY).unwrap();
         assert!(!admits_client(&foreign.pem, &crt));
     }
 
@@ -364,9 +676,59 @@ mod tests {
     /// as a client.
     #[test]
     fn the_client_certificate_is_a_client_of_the_ca() {
-        let (ca, _) = Ca::generate("ml", "w").unwrap();
-        let (crt, key) = ca.issue(CLIENT_NAME, &[]).unwrap();
-        assert!(key.contains("PRIVATE KEY"));
-        assert!(admits_client(&ca.pem, &crt));
+        let (ca, _) = Ca::generate("ml", "w", VALIDITY).unwrap();
+        let leaf = ca.issue(CLIENT_NAME, &[]).unwrap();
+        assert!(leaf.key.contains("PRIVATE KEY"));
+        assert!(admits_client(&ca.pem, &leaf.crt));
+    }
+
+    /// Invariant 5: a certificate is due with less than a third of its
+    /// validity left; a CA due for renewal is signed anew with its key, and
+    /// what the earlier certificate signed chains to the renewed one.
+    #[test]
+    fn a_due_ca_is_renewed_with_its_key_and_still_admits_what_it_signed() {
+        let now = unix(std::time::SystemTime::now());
+        let year = VALIDITY;
+        assert!(!due(now + year.as_secs(), year));
+        assert!(!due(now + year.as_secs() / 3 + 60, year));
+        assert!(due(now + year.as_secs() / 3 - 60, year));
+        assert!(due(now.saturating_sub(1), year));
+        // A CA certificate of a day, loaded by an operator issuing for a
+        // year: due, renewed with the same key.
+        let (short, key) = Ca::generate("ml", "w", Duration::from_secs(86_400)).unwrap();
+        let old_leaf = short.issue(CLIENT_NAME, &[]).unwrap();
+        let (renewed, was) = Ca::load("ml", "w", &short.pem, &key, year).unwrap();
+        assert!(was);
+        assert_ne!(renewed.pem, short.pem);
+        assert!(not_after_of(&renewed.pem).unwrap() > now + year.as_secs() - 3600);
+        assert!(
+            admits_client(&renewed.pem, &old_leaf.crt),
+            "same key and subject"
+        );
+        assert_ne!(renewed.fingerprint(), short.fingerprint());
+    }
+
+    /// Invariant 5: which leaf Secrets are issued anew, and why.
+    #[test]
+    fn a_leaf_is_issued_anew_when_due_or_of_another_ca_or_unrecorded() {
+        let (ca, _) = Ca::generate("ml", "w", VALIDITY).unwrap();
+        let now = unix(std::time::SystemTime::now());
+        let notes = |fp: &str, t: u64| {
+            std::collections::BTreeMap::from([
+                (ISSUER_ANNOTATION.to_string(), fp.to_string()),
+                (NOT_AFTER_ANNOTATION.to_string(), t.to_string()),
+            ])
+        };
+        let fresh = notes(&ca.fingerprint(), now + VALIDITY.as_secs());
+        assert_eq!(ca.reissue_reason(Some(&fresh)), None);
+        let why = |a: Option<&std::collections::BTreeMap<String, String>>| {
+            ca.reissue_reason(a).unwrap_or_default()
+        };
+        assert!(why(None).contains("no record"));
+        assert!(
+            why(Some(&notes("0011223344556677", now + VALIDITY.as_secs()))).contains("earlier CA")
+        );
+        assert!(why(Some(&notes(&ca.fingerprint(), now + 60))).contains("expires"));
+        assert!(why(Some(&notes(&ca.fingerprint(), 0))).contains("expires"));
     }
 }
