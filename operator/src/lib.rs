@@ -110,6 +110,9 @@ pub enum Pending {
     /// A ProcMesh being deleted waits for its procs to stop.
     #[error("procs of ProcMesh {0} still stopping")]
     ProcsStopping(String),
+    /// A Secret the operator rewrites changed (or went) since it was read.
+    #[error("Secret {0} changed while the operator rewrote it")]
+    SecretChanged(String),
 }
 
 /// Errors of the operator library. Each has a short [`OperatorError::label`] shared

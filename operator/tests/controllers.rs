@@ -675,15 +675,8 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     .await;
     assert_ne!(token_of(&fresh), token);
     event_seen(&events, "CredentialsReplaced").await;
-    // The runtime Secret still holds the old token's key: the operator
-    // may not rewrite it (get and create only) and says so; deleted, it
-    // comes back with the new one.
-    event_seen(&events, "RuntimeSecretStale").await;
-    secrets
-        .delete("w-runtime", &DeleteParams::default())
-        .await
-        .unwrap();
-    nudge(&c, 4).await;
+    // The runtime Secret held the old token's key: rewritten in place.
+    event_seen(&events, "RuntimeSecretRewritten").await;
     let want = runtime_of(&token_of(&fresh));
     eventually_async("the runtime Secret of the new token", || async {
         let s = secrets.get_opt("w-runtime").await.ok()??;

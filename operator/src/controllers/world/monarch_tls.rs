@@ -486,7 +486,7 @@ async fn replace(api: &Api<Secret>, s: &Secret) -> Result<(), OperatorError> {
     match api.replace(&s.name_any(), &PostParams::default(), s).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            Err(crate::Pending::SecretCreating(s.name_any()).into())
+            Err(crate::Pending::SecretChanged(s.name_any()).into())
         }
         Err(e) => Err(e.into()),
     }
@@ -528,7 +528,7 @@ async fn leaf(
             create(api, &s).await?;
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            return Err(crate::Pending::SecretCreating(name).into());
+            return Err(crate::Pending::SecretChanged(name).into());
         }
         Err(e) => return Err(e.into()),
     }

@@ -12,14 +12,16 @@
 //!    no operator held the token) is a new token made, and the caller
 //!    replaces the hosts deliberately ([`SecretOutcome::replaced`]); a World
 //!    that has no pods yet just starts with it.
-//! 3. Nothing here lists or watches Secrets: the operator needs only `get`
-//!    and `create` on them (a watch would need list and watch on every
-//!    Secret of the watched namespaces). A deletion is noticed at the next
+//! 3. Nothing here lists or watches Secrets: the operator needs only `get`,
+//!    `create` and `update` on them (a watch would need list and watch on
+//!    every Secret of the watched namespaces). A deletion is noticed at the next
 //!    reconcile (at most a minute in steady state).
 //! 4. The Secret `<world>-runtime` holds the World's runtime key (hex,
 //!    key `key`; agent `keys.rs`): the credential of clients of the
 //!    runtime-aware procs' actors, which opens no agent. It is derived from
-//!    the token, so a deleted one comes back the same.
+//!    the token, so a deleted one comes back the same; one that holds an
+//!    earlier token's key (the agent Secret and its copy were lost and a
+//!    new token made) is rewritten with the current one.
 
 use hostmesh_agent::contract;
 use k8s_openapi::ByteString;
@@ -176,8 +178,7 @@ pub const RUNTIME_KEY: &str = "key";
 /// Makes sure `<world>-runtime` exists (invariant 4): the World's runtime
 /// key, derived from `key`, in hex, owned by the World. One that holds
 /// another key (the agent Secret and its copy were deleted and a new
-/// token made) cannot be rewritten with `get` and `create` alone: a
-/// Warning Event says to delete it, and the next reconcile writes it anew.
+/// token made) is rewritten with the current key, and an Event says so.
 async fn ensure_runtime(
     api: &Api<Secret>,
     ctx: &ControllerContext,
@@ -193,12 +194,24 @@ async fn ensure_runtime(
             .and_then(|d| d.get(RUNTIME_KEY))
             .map(|b| b.0.trim_ascii().to_vec());
         if held.as_deref() != Some(hex.as_bytes()) {
+            let mut s = found;
+            s.data
+                .get_or_insert_with(Default::default)
+                .insert(RUNTIME_KEY.to_string(), ByteString(hex.into_bytes()));
+            match api.replace(&name, &PostParams::default(), &s).await {
+                Ok(_) => {}
+                // Changed or deleted since it was read: the next pass.
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                    return Err(crate::Pending::SecretChanged(name).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
             ctx.event(
                 world,
-                true,
-                "RuntimeSecretStale",
+                false,
+                "RuntimeSecretRewritten",
                 format!(
-                    "Secret {name} does not hold this World's runtime key (it was made for an earlier agent token); delete it and the operator writes the current one"
+                    "Secret {name} held the runtime key of an earlier agent token: rewritten with the current one (clients of the procs' actors must read it again)"
                 ),
             )
             .await;
