@@ -297,7 +297,7 @@ impl Ca {
                 Some("it was issued by an earlier CA of this World")
             }
             (_, Some(t)) if due(t, self.validity) => {
-                Some("it expires within a third of its validity")
+                Some("it has less than a third of its validity left")
             }
             _ => None,
         }
@@ -424,7 +424,7 @@ pub async fn ensure(world: &World, ctx: &ControllerContext) -> Result<Option<Ca>
                     world,
                     false,
                     "TlsRenewed",
-                    format!("renewed the CA certificate in Secret {ca_secret} (same key): it expired within a third of its validity"),
+                    format!("renewed the CA certificate in Secret {ca_secret} (same key): it had less than a third of its validity left"),
                 )
                 .await;
             }
@@ -728,7 +728,7 @@ mod tests {
         assert!(
             why(Some(&notes("0011223344556677", now + VALIDITY.as_secs()))).contains("earlier CA")
         );
-        assert!(why(Some(&notes(&ca.fingerprint(), now + 60))).contains("expires"));
-        assert!(why(Some(&notes(&ca.fingerprint(), 0))).contains("expires"));
+        assert!(why(Some(&notes(&ca.fingerprint(), now + 60))).contains("validity left"));
+        assert!(why(Some(&notes(&ca.fingerprint(), 0))).contains("validity left"));
     }
 }
