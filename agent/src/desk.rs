@@ -7,9 +7,9 @@
 //! Invariants:
 //! 1. The desk serves only [`CheckIn`] and [`ActorFailed`]: a
 //!    runtime-aware proc of the World (each holds a credential for its own
-//!    name) can check a proc of this host in or report an actor of it
-//!    failed, and nothing else: no spawn, stop, address book, renewal or
-//!    subscription.
+//!    name) can check itself in or report an actor of its own failed
+//!    (invariant 4), and nothing else: no spawn, stop, address book,
+//!    renewal or subscription.
 //! 2. The desk listens on the agent's IP, on a port the system picks, and
 //!    claims the host's epoch like the agent's proc, so procs of an older
 //!    incarnation are refused at the handshake as they are there.
