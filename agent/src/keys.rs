@@ -132,10 +132,8 @@ mod tests {
             "zz".repeat(16).as_str(),
             "ab".repeat(15).as_str(),
         ] {
-            let e = from_hex("HOSTMESH_RUNTIME_KEY", bad)
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("HOSTMESH_RUNTIME_KEY"), "{e}");
+            let e = from_hex("RUNTIME_SECRET_KEY", bad).unwrap_err().to_string();
+            assert!(e.contains("RUNTIME_SECRET_KEY"), "{e}");
         }
     }
 }
