@@ -281,16 +281,9 @@ impl Ca {
         })
     }
 
-    /// Why a leaf Secret with `annotations` must be issued anew, if it must
+    /// Why a leaf Secret with record `r` must be issued anew, if it must
     /// (invariant 5).
-    fn reissue_reason(
-        &self,
-        annotations: Option<&std::collections::BTreeMap<String, String>>,
-    ) -> Option<&'static str> {
-        self.reissue_reason_of(&LeafRecord::of(annotations))
-    }
-
-    fn reissue_reason_of(&self, r: &LeafRecord) -> Option<&'static str> {
+    fn reissue_reason(&self, r: &LeafRecord) -> Option<&'static str> {
         match (&r.issuer, r.not_after) {
             (None, _) | (_, None) => Some("it carries no record of its CA and expiry"),
             (Some(fp), _) if *fp != self.fingerprint() => {
@@ -340,6 +333,23 @@ impl LeafRecord {
         LeafRecord {
             issuer: get(ISSUER_ANNOTATION).cloned(),
             not_after: get(NOT_AFTER_ANNOTATION).and_then(|t| t.parse().ok()),
+        }
+    }
+}
+
+/// A leaf Secret that exists: its record and, when it was just read, its
+/// `resourceVersion` (`None`: from [`Leaves`], and a replace overwrites
+/// unconditionally).
+struct Found {
+    record: LeafRecord,
+    version: Option<String>,
+}
+
+impl Found {
+    fn read(meta: kube::api::ObjectMeta) -> Self {
+        Found {
+            record: LeafRecord::of(meta.annotations.as_ref()),
+            version: meta.resource_version,
         }
     }
 }
@@ -446,7 +456,7 @@ pub async fn ensure(world: &World, ctx: &ControllerContext) -> Result<Option<Ca>
     };
     let client = client_name(&name);
     // Read every pass: a deleted client Secret is made anew at once.
-    let found = api.get_opt(&client).await?.map(|s| s.metadata);
+    let found = api.get_opt(&client).await?.map(|s| Found::read(s.metadata));
     leaf(world, ctx, &api, &ca, client, found, || {
         ca.issue(CLIENT_NAME, &[])
     })
@@ -454,30 +464,21 @@ pub async fn ensure(world: &World, ctx: &ControllerContext) -> Result<Option<Ca>
     Ok(Some(ca))
 }
 
-/// The metadata of leaf Secret `name`: from [`Leaves`] when this operator
-/// recorded it (annotations only, no `resourceVersion`: a replace then
-/// overwrites unconditionally), else read (`None`: it does not exist).
+/// Leaf Secret `name`: from [`Leaves`] when this operator recorded it,
+/// else read (`None`: it does not exist).
 async fn recorded_or_read(
     ctx: &ControllerContext,
     api: &Api<Secret>,
     ns: &str,
     name: &str,
-) -> Result<Option<kube::api::ObjectMeta>, OperatorError> {
-    if let Some(r) = ctx.tls_leaves.get(&format!("{ns}/{name}")) {
-        let mut notes = std::collections::BTreeMap::new();
-        if let Some(fp) = r.issuer {
-            notes.insert(ISSUER_ANNOTATION.to_string(), fp);
-        }
-        if let Some(t) = r.not_after {
-            notes.insert(NOT_AFTER_ANNOTATION.to_string(), t.to_string());
-        }
-        return Ok(Some(kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            annotations: Some(notes),
-            ..Default::default()
+) -> Result<Option<Found>, OperatorError> {
+    if let Some(record) = ctx.tls_leaves.get(&format!("{ns}/{name}")) {
+        return Ok(Some(Found {
+            record,
+            version: None,
         }));
     }
-    Ok(api.get_opt(name).await?.map(|s| s.metadata))
+    Ok(api.get_opt(name).await?.map(|s| Found::read(s.metadata)))
 }
 
 /// Replaces `s` (its `resourceVersion` guards against a concurrent
@@ -492,34 +493,32 @@ async fn replace(api: &Api<Secret>, s: &Secret) -> Result<(), OperatorError> {
     }
 }
 
-/// Makes the leaf Secret `name` (`found`: its metadata, when it exists),
-/// or issues it anew when it must be (invariant 5). `true`: it was
-/// (re)issued.
+/// Makes the leaf Secret `name` (`found`: when it exists), or issues it
+/// anew when it must be (invariant 5). `Some(why)`: it was (re)issued.
 async fn leaf(
     world: &World,
     ctx: &ControllerContext,
     api: &Api<Secret>,
     ca: &Ca,
     name: String,
-    found: Option<kube::api::ObjectMeta>,
+    found: Option<Found>,
     issue: impl FnOnce() -> Result<Leaf, OperatorError>,
-) -> Result<bool, OperatorError> {
+) -> Result<Option<&'static str>, OperatorError> {
     let key = format!("{}/{name}", world.namespace().unwrap_or_default());
-    let Some(meta) = found else {
+    let Some(found) = found else {
         let s = ca.leaf_secret(world, name, &issue()?)?;
         create(api, &s).await?;
         ctx.tls_leaves
             .put(key, LeafRecord::of(s.metadata.annotations.as_ref()));
-        return Ok(true);
+        return Ok(Some("it did not exist"));
     };
-    let record = LeafRecord::of(meta.annotations.as_ref());
-    let Some(why) = ca.reissue_reason_of(&record) else {
-        ctx.tls_leaves.put(key, record);
-        return Ok(false);
+    let Some(why) = ca.reissue_reason(&found.record) else {
+        ctx.tls_leaves.put(key, found.record);
+        return Ok(None);
     };
     let mut s = ca.leaf_secret(world, name.clone(), &issue()?)?;
     let written = LeafRecord::of(s.metadata.annotations.as_ref());
-    s.metadata.resource_version = meta.resource_version;
+    s.metadata.resource_version = found.version;
     match api.replace(&name, &PostParams::default(), &s).await {
         Ok(_) => {}
         // Deleted since it was read: made anew.
@@ -534,7 +533,7 @@ async fn leaf(
     }
     ctx.tls_leaves.put(key, written);
     tracing::info!(world = %world.name_any(), secret = %name, reason = why, "Monarch certificate issued anew");
-    Ok(true)
+    Ok(Some(why))
 }
 
 /// Makes host `rank`'s certificate Secret unless it exists, or issues it
@@ -549,7 +548,7 @@ pub async fn ensure_host(
     let ns = world.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let secret = host_name(&name, rank);
-    let found = api.get_opt(&secret).await?.map(|s| s.metadata);
+    let found = api.get_opt(&secret).await?.map(|s| Found::read(s.metadata));
     leaf(world, ctx, &api, ca, secret, found, || {
         let dns = host_dns_names(&name, &ns, rank);
         ca.issue(&dns[0], &dns)
@@ -573,16 +572,15 @@ pub async fn renew_hosts(
     for rank in 0..world.spec.full_shape().num_ranks() {
         let secret = host_name(&name, rank);
         // A host whose Secret is not made yet gets it with its pod.
-        let Some(meta) = recorded_or_read(ctx, &api, &ns, &secret).await? else {
+        let Some(found) = recorded_or_read(ctx, &api, &ns, &secret).await? else {
             continue;
         };
-        let reason = ca.reissue_reason(meta.annotations.as_ref());
         let issue = || {
             let dns = host_dns_names(&name, &ns, rank);
             ca.issue(&dns[0], &dns)
         };
-        if leaf(world, ctx, &api, ca, secret.clone(), Some(meta), issue).await? {
-            renewed.push((secret, reason.unwrap_or_default()));
+        if let Some(why) = leaf(world, ctx, &api, ca, secret.clone(), Some(found), issue).await? {
+            renewed.push((secret, why));
         }
     }
     if let Some((first, why)) = renewed.first() {
@@ -720,9 +718,9 @@ mod tests {
             ])
         };
         let fresh = notes(&ca.fingerprint(), now + VALIDITY.as_secs());
-        assert_eq!(ca.reissue_reason(Some(&fresh)), None);
+        assert_eq!(ca.reissue_reason(&LeafRecord::of(Some(&fresh))), None);
         let why = |a: Option<&std::collections::BTreeMap<String, String>>| {
-            ca.reissue_reason(a).unwrap_or_default()
+            ca.reissue_reason(&LeafRecord::of(a)).unwrap_or_default()
         };
         assert!(why(None).contains("no record"));
         assert!(
