@@ -21,7 +21,18 @@
 //!    form of a credential ([`Credential::to_text`]) is for the proc's
 //!    environment only and never logged.
 //! 4. A credential is checked when it is read: its certificate must carry
-//!    its own public key and verify under the issuer it names.
+//!    its own public key and verify under the issuer it names, and its
+//!    lineage must lead to that issuer.
+//! 5. Succession ([`Lineage`]): when a World's secret is rotated, its old
+//!    issuer signs the new one's public key (an [`Endorsement`]), and
+//!    certificates of the new issuer carry the chain of such endorsements.
+//!    A proc admits a peer's certificate when its issuer, or any key of its
+//!    verified lineage, is a key the proc trusts: its own issuer or one of
+//!    its own lineage. So procs issued before a rotation and after it admit
+//!    each other (only a holder of a trusted issuer's key can endorse), and
+//!    trust in the old issuer ends when the lineage is dropped and the
+//!    procs that carry it are gone. A lineage keeps at most
+//!    [`MAX_LINEAGE`] endorsements, the newest.
 
 use ring::hkdf;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -34,6 +45,10 @@ use super::epoch::EpochClaim;
 const ISSUER_LABEL: &[u8] = b"hostmesh proc issuer v1";
 /// The label a certificate's signature covers (invariant 2).
 const CERT_LABEL: &str = "hostmesh proc certificate v1";
+/// The label an endorsement's signature covers (invariant 5).
+const SUCCESSION_LABEL: &str = "hostmesh issuer succession v1";
+/// Most endorsements a lineage keeps (invariant 5).
+pub const MAX_LINEAGE: usize = 16;
 
 /// Why a credential cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -56,12 +71,15 @@ pub enum CredentialError {
 #[derive(Clone)]
 pub struct Issuer {
     key: std::sync::Arc<Ed25519KeyPair>,
+    /// Endorsements leading to this issuer (invariant 5).
+    lineage: Lineage,
 }
 
 impl std::fmt::Debug for Issuer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Issuer")
             .field("public", &hex(&self.public()))
+            .field("lineage", &self.lineage.0.len())
             .finish_non_exhaustive()
     }
 }
@@ -85,7 +103,38 @@ impl Issuer {
             .unwrap_or_else(|_| unreachable!("every 32-byte seed is an Ed25519 key"));
         Issuer {
             key: std::sync::Arc::new(key),
+            lineage: Lineage::default(),
         }
+    }
+
+    /// This issuer, whose certificates carry `lineage` (invariant 5); the
+    /// lineage must lead to this issuer.
+    pub fn with_lineage(mut self, lineage: Lineage) -> Result<Self, CredentialError> {
+        lineage.check(&self.public())?;
+        self.lineage = lineage;
+        Ok(self)
+    }
+
+    /// The endorsements this issuer's certificates carry.
+    pub fn lineage(&self) -> &Lineage {
+        &self.lineage
+    }
+
+    /// The lineage of `next`, the issuer that succeeds this one: this
+    /// issuer's lineage and this issuer's endorsement of `next`, keeping
+    /// the newest [`MAX_LINEAGE`] (invariant 5).
+    pub fn endorse(&self, next: &Issuer) -> Lineage {
+        let to = next.public();
+        let mut chain = self.lineage.0.clone();
+        if to != self.public() {
+            chain.push(Endorsement {
+                by: self.public(),
+                signature: self.key.sign(&succession_bytes(&to)).as_ref().to_vec(),
+            });
+        }
+        let drop = chain.len().saturating_sub(MAX_LINEAGE);
+        chain.drain(..drop);
+        Lineage(chain)
     }
 
     /// The public key certificates verify under.
@@ -115,14 +164,82 @@ impl Issuer {
             claim,
             key,
             signature: Vec::new(),
+            issuer: self.public(),
+            lineage: self.lineage.0.clone(),
         };
         cert.signature = self.key.sign(&cert.signed_bytes()).as_ref().to_vec();
-        Ok(Credential {
-            seed,
-            cert,
-            issuer: self.public(),
-        })
+        Ok(Credential { seed, cert })
     }
+}
+
+/// What an endorsement signs: the successor's public key (invariant 5).
+fn succession_bytes(next: &[u8; 32]) -> Vec<u8> {
+    let mut t = Vec::with_capacity(68);
+    t.extend_from_slice(&(SUCCESSION_LABEL.len() as u32).to_be_bytes());
+    t.extend_from_slice(SUCCESSION_LABEL.as_bytes());
+    t.extend_from_slice(next);
+    t
+}
+
+/// One issuer's signature over the public key of the issuer after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endorsement {
+    /// The endorsing (older) issuer's public key.
+    by: [u8; 32],
+    signature: Vec<u8>,
+}
+
+/// A chain of endorsements, oldest first: each one's successor is the
+/// next one's `by`, and the last one's is the issuer the lineage leads to
+/// (invariant 5). Endorsements are signatures, not keys: a lineage is
+/// public.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage(Vec<Endorsement>);
+
+impl Lineage {
+    /// No endorsements: the issuer stands alone.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many endorsements it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Checks every signature, the last one over `issuer`.
+    pub fn check(&self, issuer: &[u8; 32]) -> Result<(), CredentialError> {
+        check_chain(&self.0, issuer)
+    }
+
+    /// The lineage as text (hex), as Secrets and messages carry it.
+    pub fn to_text(&self) -> String {
+        postcard::to_stdvec(self)
+            .map(|b| hex(&b))
+            .unwrap_or_default()
+    }
+
+    /// A lineage from its text (not yet checked against an issuer).
+    pub fn from_text(text: &str) -> Result<Self, CredentialError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(Lineage::default());
+        }
+        let bytes = from_hex(text)?;
+        postcard::from_bytes(&bytes).map_err(|e| CredentialError::Malformed(e.to_string()))
+    }
+}
+
+/// Invariant 5: each endorsement verifies over the next key, the last over
+/// `issuer`.
+fn check_chain(chain: &[Endorsement], issuer: &[u8; 32]) -> Result<(), CredentialError> {
+    for (i, e) in chain.iter().enumerate() {
+        let next = chain.get(i + 1).map(|n| &n.by).unwrap_or(issuer);
+        UnparsedPublicKey::new(&ED25519, &e.by)
+            .verify(&succession_bytes(next), &e.signature)
+            .map_err(|_| CredentialError::Invalid("its issuer lineage does not verify"))?;
+    }
+    Ok(())
 }
 
 /// What an issuer vouches for: a proc name, its epoch claim and its
@@ -135,6 +252,10 @@ pub struct Certificate {
     pub claim: Option<EpochClaim>,
     key: [u8; 32],
     signature: Vec<u8>,
+    /// The issuer that signed it.
+    issuer: [u8; 32],
+    /// The endorsements that lead to that issuer (invariant 5).
+    lineage: Vec<Endorsement>,
 }
 
 impl Certificate {
@@ -164,6 +285,25 @@ impl Certificate {
             .map_err(|_| CredentialError::Invalid("its certificate is not signed by its issuer"))
     }
 
+    /// Whether a proc holding `ours` admits this certificate (invariant 5):
+    /// it verifies under the issuer it names, its lineage leads to that
+    /// issuer, and that issuer or a key of its lineage is one `ours`
+    /// trusts.
+    pub fn admitted_by(&self, ours: &Credential) -> Result<(), CredentialError> {
+        self.verify(&self.issuer)?;
+        check_chain(&self.lineage, &self.issuer)?;
+        let trusted = std::iter::once(&self.issuer)
+            .chain(self.lineage.iter().map(|e| &e.by))
+            .any(|k| ours.trusts(k));
+        if trusted {
+            Ok(())
+        } else {
+            Err(CredentialError::Invalid(
+                "its issuer is not this World's, nor endorsed by it",
+            ))
+        }
+    }
+
     /// Whether the holder of this certificate's key signed `message`.
     pub(crate) fn verify_signature(&self, message: &[u8], signature: &[u8]) -> bool {
         UnparsedPublicKey::new(&ED25519, &self.key)
@@ -172,13 +312,12 @@ impl Certificate {
     }
 }
 
-/// A proc's own credential: its certificate, its private key and the
-/// public key of the issuer it trusts.
+/// A proc's own credential: its certificate (which names its issuer and
+/// that issuer's lineage, the keys it trusts) and its private key.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct Credential {
     seed: [u8; 32],
     cert: Certificate,
-    issuer: [u8; 32],
 }
 
 impl std::fmt::Debug for Credential {
@@ -196,9 +335,15 @@ impl Credential {
         &self.cert
     }
 
-    /// The issuer's public key, which peers' certificates must verify under.
+    /// The issuer's public key.
     pub fn issuer(&self) -> &[u8; 32] {
-        &self.issuer
+        &self.cert.issuer
+    }
+
+    /// Whether peers' certificates may lead to `key`: this credential's
+    /// issuer or a key of its lineage (invariant 5).
+    pub fn trusts(&self, key: &[u8; 32]) -> bool {
+        self.cert.issuer == *key || self.cert.lineage.iter().any(|e| e.by == *key)
     }
 
     /// Signs `message` with the proc's own key.
@@ -219,17 +364,7 @@ impl Credential {
 
     /// A credential from its text, checked (invariant 4).
     pub fn from_text(text: &str) -> Result<Self, CredentialError> {
-        let text = text.trim();
-        if !text.len().is_multiple_of(2) {
-            return Err(CredentialError::Malformed(
-                "odd number of hex digits".into(),
-            ));
-        }
-        let bytes = (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| CredentialError::Malformed("not hex".into()))?;
+        let bytes = from_hex(text.trim())?;
         let cred: Credential =
             postcard::from_bytes(&bytes).map_err(|e| CredentialError::Malformed(e.to_string()))?;
         cred.check()?;
@@ -243,7 +378,6 @@ impl Credential {
         Credential {
             seed: self.seed,
             cert: other.cert.clone(),
-            issuer: self.issuer,
         }
     }
 
@@ -256,12 +390,26 @@ impl Credential {
                 "its certificate is for another key than its own",
             ));
         }
-        self.cert.verify(&self.issuer)
+        self.cert.verify(&self.cert.issuer)?;
+        check_chain(&self.cert.lineage, &self.cert.issuer)
     }
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Result<Vec<u8>, CredentialError> {
+    if !text.len().is_multiple_of(2) {
+        return Err(CredentialError::Malformed(
+            "odd number of hex digits".into(),
+        ));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| CredentialError::Malformed("not hex".into()))
 }
 
 #[cfg(test)]
@@ -308,7 +456,6 @@ mod tests {
         let borrowed = Credential {
             seed: c.seed,
             cert: other.cert.clone(),
-            issuer: c.issuer,
         };
         let e = Credential::from_text(&borrowed.to_text()).unwrap_err();
         assert!(e.to_string().contains("another key"), "{e}");
@@ -318,5 +465,61 @@ mod tests {
         let shown = format!("{c:?} {world:?}");
         assert!(!shown.contains(&hex(&c.seed)), "{shown}");
         assert!(shown.contains("train-5"), "{shown}");
+    }
+
+    /// Invariant 5: procs issued before and after a rotation admit each
+    /// other through the lineage, across two rotations too; another
+    /// World's, or a lineage whose endorsement was forged, is refused.
+    #[test]
+    fn a_lineage_lets_procs_of_succeeding_issuers_admit_each_other() {
+        let a = Issuer::from_runtime_key(b"runtime key of world a, first..");
+        let b0 = Issuer::from_runtime_key(b"runtime key of world a, second.");
+        let c0 = Issuer::from_runtime_key(b"runtime key of world a, third..");
+        let b = b0.clone().with_lineage(a.endorse(&b0)).unwrap();
+        let c = c0.clone().with_lineage(b.endorse(&c0)).unwrap();
+        assert_eq!(c.lineage().len(), 2);
+        let (pa, pb, pc) = (
+            a.issue("p-0", None).unwrap(),
+            b.issue("p-1", None).unwrap(),
+            c.issue("p-2", None).unwrap(),
+        );
+        for x in [&pa, &pb, &pc] {
+            for y in [&pa, &pb, &pc] {
+                y.certificate().admitted_by(x).unwrap();
+            }
+        }
+        // Text round trip keeps the lineage, and it is checked on read.
+        let round = Credential::from_text(&pc.to_text()).unwrap();
+        pa.certificate().admitted_by(&round).unwrap();
+        let text = c.lineage().to_text();
+        assert_eq!(&Lineage::from_text(&text).unwrap(), c.lineage());
+        assert!(Lineage::from_text("").unwrap().is_empty());
+        // Not a lineage that leads elsewhere.
+        assert!(c0.clone().with_lineage(a.endorse(&b0)).is_err());
+        // Without the lineage, the old and new issuers do not mix.
+        let bare = c0.issue("p-3", None).unwrap();
+        assert!(bare.certificate().admitted_by(&pa).is_err());
+        assert!(pa.certificate().admitted_by(&bare).is_err());
+        // Another World is refused; so is a lineage another World's
+        // issuer signed in place of ours.
+        let other = Issuer::from_runtime_key(b"runtime key of world b.........");
+        let po = other.issue("p-0", None).unwrap();
+        assert!(po.certificate().admitted_by(&pc).is_err());
+        let mut forged = po.certificate().clone();
+        forged.lineage = other.endorse(&other).0;
+        forged.lineage.push(Endorsement {
+            by: a.public(),
+            signature: vec![0; 64],
+        });
+        let e = forged.admitted_by(&pa).unwrap_err();
+        assert!(e.to_string().contains("lineage"), "{e}");
+        // A lineage keeps the newest MAX_LINEAGE endorsements.
+        let mut last = a.clone();
+        for i in 0..MAX_LINEAGE + 3 {
+            let next = Issuer::from_runtime_key(format!("key {i} .........................").as_bytes());
+            let l = last.endorse(&next);
+            last = next.with_lineage(l).unwrap();
+        }
+        assert_eq!(last.lineage().len(), MAX_LINEAGE);
     }
 }

@@ -50,10 +50,16 @@
 //!    from the shared secret and both nonces, or from the X25519 shared
 //!    secret (forward secret: a key learned later opens no recorded
 //!    connection) and both nonces.
-//! 8. A signed peer is admitted only with a certificate that verifies
-//!    under this proc's issuer, names the peer's own proc name and its
+//! 8. A signed peer is admitted only with a certificate this proc's
+//!    credential admits (its issuer, or one its lineage links to:
+//!    [`super::credential`] invariant 5), that names the peer's own proc name and its
 //!    own epoch claim, and whose key signed this connection's transcript:
 //!    a proc holding its credential can join only as itself.
+//! 9. While a World's secret is rotated, a shared-secret dialer may hold
+//!    the previous secret besides the current one: the acceptor proves
+//!    itself first, so the dialer proves itself, and keys the session,
+//!    with whichever of its secrets the acceptor's MAC verifies under.
+//!    An acceptor uses only its current secret.
 
 use bytes::BytesMut;
 use ring::agreement::{self, EphemeralPrivateKey, X25519};
@@ -79,19 +85,55 @@ pub(crate) struct Keys {
 
 /// The two modes of the module doc.
 enum Auth {
-    Shared { mac: hmac::Key, secret: Vec<u8> },
+    /// The current secret first, then any previous one (invariant 9).
+    Shared(Vec<SharedKey>),
     Signed(Credential),
+}
+
+/// One shared secret and its MAC key.
+struct SharedKey {
+    mac: hmac::Key,
+    secret: Vec<u8>,
+}
+
+impl SharedKey {
+    fn new(secret: &[u8]) -> Self {
+        SharedKey {
+            mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            secret: secret.to_vec(),
+        }
+    }
 }
 
 impl Keys {
     /// Keys from the shared secret; `seal`: encrypt connections.
     pub(crate) fn new(secret: &[u8], seal: bool) -> Self {
+        Self::rotating(secret, None, seal)
+    }
+
+    /// Keys from the current shared secret and, while it is rotated, the
+    /// previous one a dialer may still meet (invariant 9).
+    pub(crate) fn rotating(secret: &[u8], previous: Option<&[u8]>, seal: bool) -> Self {
+        let keys = std::iter::once(secret)
+            .chain(previous.filter(|p| *p != secret))
+            .map(SharedKey::new)
+            .collect();
         Keys {
-            auth: Auth::Shared {
-                mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
-                secret: secret.to_vec(),
-            },
+            auth: Auth::Shared(keys),
             seal,
+        }
+    }
+
+    /// Whether connections are sealed.
+    pub(crate) fn seal(&self) -> bool {
+        self.seal
+    }
+
+    /// This side's shared keys, current first (none in the signed mode).
+    fn shared(&self) -> &[SharedKey] {
+        match &self.auth {
+            Auth::Shared(k) => k,
+            Auth::Signed(_) => &[],
         }
     }
 
@@ -103,17 +145,15 @@ impl Keys {
         }
     }
 
+    /// The current secret's MAC key (what an acceptor proves with).
     fn mac(&self) -> Option<&hmac::Key> {
-        match &self.auth {
-            Auth::Shared { mac, .. } => Some(mac),
-            Auth::Signed(_) => None,
-        }
+        self.shared().first().map(|k| &k.mac)
     }
 
     fn credential(&self) -> Option<&Credential> {
         match &self.auth {
             Auth::Signed(c) => Some(c),
-            Auth::Shared { .. } => None,
+            Auth::Shared(_) => None,
         }
     }
 }
@@ -129,10 +169,12 @@ pub(crate) struct Established {
     pub(crate) attested: bool,
 }
 
-/// The session of a connection authenticated with a shared secret
-/// (invariant 7).
+/// The session of a connection authenticated with the shared secret
+/// `key` (invariant 7).
+#[allow(clippy::too_many_arguments)]
 fn session(
     keys: Option<&Keys>,
+    key: Option<&SharedKey>,
     dialer: &ProcId,
     acceptor: &ProcId,
     nd: &[u8; 32],
@@ -140,14 +182,14 @@ fn session(
     claims: EpochClaims,
     role: Role,
 ) -> Result<Option<Session>, ChannelError> {
-    let Some(k) = keys.filter(|k| k.seal) else {
+    if !keys.is_some_and(|k| k.seal) {
         return Ok(None);
-    };
-    let Auth::Shared { secret, .. } = &k.auth else {
+    }
+    let Some(k) = key else {
         return Ok(None);
     };
     let t = transcript(SESSION, dialer, acceptor, nd, na, claims);
-    Session::derive(secret, nd, na, &t, role).map(Some)
+    Session::derive(&k.secret, nd, na, &t, role).map(Some)
 }
 
 /// Largest handshake frame accepted.
@@ -320,9 +362,9 @@ fn check_signed_peer(
     t: &[u8],
     signature: &[u8],
 ) -> Result<(), String> {
-    if cert.verify(ours.issuer()).is_err() {
+    if let Err(e) = cert.admitted_by(ours) {
         return Err(format!(
-            "{peer} presents a proc certificate not issued by this World (another World's, or one from before its secret changed)"
+            "{peer} presents a proc certificate not issued by this World (another World's, or one from before its secret changed without the lineage that links them): {e}"
         ));
     }
     if cert.name != peer.name() {
@@ -432,36 +474,42 @@ pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
         }
         _ => return Err(ChannelError::Protocol("expected a challenge".into())),
     };
-    match keys.and_then(Keys::mac) {
-        Some(k) => {
-            let t = transcript(ACCEPTOR, local, &peer, &nd, &na, (epochs.own, claim_a));
-            hmac::verify(k, &t, &mac_a).map_err(|_| {
-                ChannelError::Auth(format!(
-                    "{peer} failed authentication: it does not hold our shared secret"
-                ))
-            })?;
-        }
-        None if !mac_a.is_empty() => {
+    let ours = keys.map(Keys::shared).unwrap_or_default();
+    // Invariant 9: the secret the acceptor proved itself with.
+    let key = if ours.is_empty() {
+        if !mac_a.is_empty() {
             return Err(ChannelError::Auth(format!(
                 "{peer} requires authentication: configure the shared secret on this proc"
             )));
         }
-        None => {}
-    }
+        None
+    } else {
+        let t = transcript(ACCEPTOR, local, &peer, &nd, &na, (epochs.own, claim_a));
+        let found = ours
+            .iter()
+            .find(|k| hmac::verify(&k.mac, &t, &mac_a).is_ok());
+        Some(found.ok_or_else(|| {
+            ChannelError::Auth(format!(
+                "{peer} failed authentication: it does not hold our shared secret"
+            ))
+        })?)
+    };
     // Invariant 5.
     epochs
         .table
         .admit(claim_a.as_ref())
         .map_err(|why| ChannelError::Auth(format!("{peer} refused: {why}")))?;
-    let proof = mac(
-        keys,
-        &transcript(DIALER, local, &peer, &nd, &na, (epochs.own, claim_a)),
-    );
+    let proof = key
+        .map(|k| {
+            let t = transcript(DIALER, local, &peer, &nd, &na, (epochs.own, claim_a));
+            hmac::sign(&k.mac, &t).as_ref().to_vec()
+        })
+        .unwrap_or_default();
     send(s, &Hello::Proof { mac: proof }).await?;
     match recv(s, &mut buf).await? {
         Hello::Welcome => {
             let claims = (epochs.own, claim_a);
-            let session = session(keys, local, &peer, &nd, &na, claims, Role::Dialer)?;
+            let session = session(keys, key, local, &peer, &nd, &na, claims, Role::Dialer)?;
             Ok(Established {
                 peer,
                 left: buf,
@@ -655,7 +703,8 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     .and_then(|()| epochs.table.admit(claim_d.as_ref()));
     match verdict {
         Ok(()) => {
-            let session = session(keys, &peer, local, &nd, &na, claims, Role::Acceptor)?;
+            let current = keys.and_then(|k| k.shared().first());
+            let session = session(keys, current, &peer, local, &nd, &na, claims, Role::Acceptor)?;
             send(s, &Hello::Welcome).await?;
             Ok(Established {
                 peer,
@@ -814,6 +863,44 @@ mod tests {
             matches!(d, Err(ChannelError::Auth(_))),
             "dialer refuses an unauthenticated acceptor"
         );
+    }
+
+    /// Invariant 9: a dialer holding the current and the previous secret
+    /// reaches acceptors of either and keys the session with the one the
+    /// acceptor holds; an acceptor admits only its current secret.
+    #[tokio::test]
+    async fn a_rotating_dialer_answers_with_the_secret_its_acceptor_holds() {
+        for held in [&b"new secret"[..], b"old secret"] {
+            let (mut a, mut b) = tokio::io::duplex(1 << 16);
+            let dk = Keys::rotating(b"new secret", Some(b"old secret"), true);
+            let ak = Keys::new(held, true);
+            let (d, acc) = (id("unbound:1/client"), id("tcp:127.0.0.1:9/server"));
+            let e = Epochs::default();
+            let (r1, r2) = tokio::join!(
+                dial(&mut a, &d, Some(&dk), &e),
+                accept(&mut b, &acc, Some(&ak), &e)
+            );
+            let (r1, r2) = (r1.unwrap(), r2.unwrap());
+            // The sessions match: what one seals the other opens.
+            let (mut ds, mut as_) = (r1.session.unwrap(), r2.session.unwrap());
+            let mut wire = Vec::new();
+            let mut frames = BytesMut::from(&b"after the rotation"[..]);
+            ds.sealer.write(&mut wire, &mut frames, None).await.unwrap();
+            let opened = as_.opener.open(BytesMut::from(&wire[..])).unwrap();
+            assert_eq!(&opened[..], b"after the rotation");
+        }
+        // The acceptor uses only its current secret (each side owns its
+        // stream, so a side that gives up closes it).
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let dk = Keys::new(b"old secret", true);
+        let ak = Keys::rotating(b"new secret", Some(b"old secret"), true);
+        let (d, acc) = (id("unbound:1/client"), id("tcp:127.0.0.1:9/server"));
+        let (r1, r2) = tokio::join!(
+            async move { dial(&mut a, &d, Some(&dk), &Epochs::default()).await },
+            async move { accept(&mut b, &acc, Some(&ak), &Epochs::default()).await }
+        );
+        assert!(matches!(r1, Err(ChannelError::Auth(_))), "{r1:?}");
+        assert!(r2.is_err());
     }
 
     async fn established(keys: Option<Keys>) -> (Established, Established) {

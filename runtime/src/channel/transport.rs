@@ -92,9 +92,10 @@ pub(crate) struct Transport<I: Inbound> {
     uid: u64,
     pub(super) local: ProcId,
     pub(super) config: ChannelConfig,
-    /// The shared secret's keys (`None`: connections are neither
-    /// authenticated nor sealed).
-    keys: Option<Keys>,
+    /// The keys new connections are authenticated with (`None`: neither
+    /// authenticated nor sealed); replaced when the proc is rekeyed,
+    /// which leaves established connections as they are.
+    keys: std::sync::RwLock<Option<Arc<Keys>>>,
     /// This proc's epoch claim and the table peers are checked against.
     epochs: super::epoch::Epochs,
     inbound: OnceLock<Weak<I>>,
@@ -120,7 +121,7 @@ impl<I: Inbound> Transport<I> {
             uid: NEXT_TRANSPORT.fetch_add(1, Ordering::Relaxed),
             local,
             config,
-            keys,
+            keys: std::sync::RwLock::new(keys.map(Arc::new)),
             epochs,
             inbound: OnceLock::new(),
             links: Mutex::new(Links::default()),
@@ -129,6 +130,30 @@ impl<I: Inbound> Transport<I> {
             admission,
             warn: WarnLimiter::default(),
         }
+    }
+
+    /// The keys a new connection's handshake uses.
+    fn keys(&self) -> Option<Arc<Keys>> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The keys of connections made from now on; returns the old ones.
+    pub(crate) fn set_keys(&self, keys: Keys) -> Option<Arc<Keys>> {
+        self.keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Arc::new(keys))
+    }
+
+    /// Whether connections are sealed (a proc without keys: sealed once it
+    /// gets some).
+    pub(crate) fn keys_sealed(&self) -> bool {
+        self.keys().is_none_or(|k| k.seal())
+    }
+
+    /// This proc's epoch claim.
+    pub(crate) fn own_claim(&self) -> Option<super::epoch::EpochClaim> {
+        self.epochs.own
     }
 
     pub(crate) fn set_inbound(&self, inbound: Weak<I>) {
@@ -398,13 +423,14 @@ impl<I: Inbound> Transport<I> {
         if !addr.is_dialable() {
             return Err(ChannelError::NotDialable(addr.to_string()));
         }
+        let keys = self.keys();
         let fut = async {
             match addr {
                 ChannelAddr::Tcp(a) => {
                     let mut s = TcpStream::connect(a).await?;
                     s.set_nodelay(true)?;
                     let est =
-                        handshake::dial(&mut s, &self.local, self.keys.as_ref(), &self.epochs)
+                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs)
                             .await?;
                     let (r, w) = s.into_split();
                     Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
@@ -412,7 +438,7 @@ impl<I: Inbound> Transport<I> {
                 ChannelAddr::Unix(p) => {
                     let mut s = UnixStream::connect(p).await?;
                     let est =
-                        handshake::dial(&mut s, &self.local, self.keys.as_ref(), &self.epochs)
+                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs)
                             .await?;
                     let (r, w) = s.into_split();
                     Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
@@ -510,9 +536,10 @@ impl<I: Inbound> Transport<I> {
 
     async fn handshake_inbound(self: Arc<Self>, r: BoxRead, w: BoxWrite, from: String) {
         let mut stream = tokio::io::join(r, w);
+        let keys = self.keys();
         let res = tokio::time::timeout(
             self.config.handshake_timeout,
-            handshake::accept(&mut stream, &self.local, self.keys.as_ref(), &self.epochs),
+            handshake::accept(&mut stream, &self.local, keys.as_deref(), &self.epochs),
         )
         .await;
         match res {

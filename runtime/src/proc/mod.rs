@@ -94,7 +94,8 @@ type SpawnFn = Arc<
 
 /// How a proc authenticates its connections.
 enum Auth {
-    Secret(Vec<u8>),
+    /// The current secret and, while it is rotated, the previous one.
+    Secret(Vec<u8>, Option<Vec<u8>>),
     Credential(Credential),
     Issuer(Issuer),
 }
@@ -127,7 +128,19 @@ impl ProcBuilder {
     /// for that connection (`channel::seal`). Without one, connections are
     /// neither authenticated nor encrypted.
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.auth = Some(Auth::Secret(secret.into()));
+        self.auth = Some(Auth::Secret(secret.into(), None));
+        self
+    }
+
+    /// With [`ProcBuilder::secret`], while a World's secret is rotated: the
+    /// previous secret, which this proc still dials peers that hold only
+    /// it with (the peer proves itself first, so the dialer answers with
+    /// whichever secret the peer holds). It accepts connections with the
+    /// current secret only.
+    pub fn previous_secret(mut self, previous: impl Into<Vec<u8>>) -> Self {
+        if let Some(Auth::Secret(_, p)) = &mut self.auth {
+            *p = Some(previous.into());
+        }
         self
     }
 
@@ -249,7 +262,9 @@ impl ProcBuilder {
         let seal = !self.plaintext;
         let keys = match self.auth {
             None => None,
-            Some(Auth::Secret(s)) => Some(Keys::new(&s, seal)),
+            Some(Auth::Secret(s, previous)) => {
+                Some(Keys::rotating(&s, previous.as_deref(), seal))
+            }
             Some(Auth::Issuer(issuer)) => Some(Keys::signed(
                 issuer.issue(id.name(), self.epochs.own)?,
                 seal,
@@ -347,6 +362,28 @@ impl Proc {
     /// This proc's id (its address and name).
     pub fn id(&self) -> &ProcId {
         &self.inner.id
+    }
+
+    /// Authenticates connections made from now on with the shared secret
+    /// `secret` (a World's secret was rotated); connections already
+    /// established keep their session. Encryption stays as the proc was
+    /// built.
+    pub fn set_secret(&self, secret: &[u8]) {
+        let t = &self.inner.transport;
+        let seal = t.keys_sealed();
+        t.set_keys(Keys::new(secret, seal));
+    }
+
+    /// Joins connections made from now on with a credential `issuer`
+    /// issues this proc (its name and epoch claim), as
+    /// [`ProcBuilder::issued_by`] does; connections already established
+    /// keep their session.
+    pub fn reissue(&self, issuer: &Issuer) -> Result<(), RuntimeError> {
+        let t = &self.inner.transport;
+        let credential = issuer.issue(self.inner.id.name(), t.own_claim())?;
+        let seal = t.keys_sealed();
+        t.set_keys(Keys::signed(credential, seal));
+        Ok(())
     }
 
     /// This proc's settings.
