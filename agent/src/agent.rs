@@ -121,7 +121,7 @@ impl Agent {
             host_rank: config.host_rank,
             addr,
             desk: desk_addr,
-            issuer,
+            issuer: super::keys::IssuerCell::new(issuer),
         };
         let manager = ProcManager::with_std_output(identity, config.limits.clone())?;
         desk.spawn(
@@ -136,7 +136,12 @@ impl Agent {
         let agent = proc
             .spawn(
                 HOST_AGENT_ACTOR,
-                HostAgent::new(manager.clone(), config.heartbeat_interval, shutdown.clone()),
+                HostAgent::new(
+                    manager.clone(),
+                    config.heartbeat_interval,
+                    shutdown.clone(),
+                    desk.clone(),
+                ),
             )
             .await
             .map_err(|e| HostError::Runtime(format!("cannot start the host agent actor: {e}")))?;
@@ -214,7 +219,8 @@ impl Agent {
         self.health_addr
     }
 
-    /// The World's secret.
+    /// The World's secret the agent started with (a `Rekey` replaces it
+    /// for the agent's connections, not here).
     pub fn secret(&self) -> &Secret {
         &self.secret
     }

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{
-    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
+    AgentPush, CaptureStacks, CreateOrUpdate, Rekey, CreateOutcome, GetRankStatus, GetState,
     PatchAddressBook, ProcReport, ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop,
     Subscribe, duration_ms,
 };
@@ -191,7 +191,24 @@ impl AgentClient {
         config: ClientConfig,
         events: mpsc::Sender<AgentEvent>,
     ) -> Result<Self, ClientError> {
+        Self::rotating(name, secret, None, config, events).await
+    }
+
+    /// Like [`AgentClient::new`], while the World's secret is rotated: it
+    /// also dials agents that still hold the `previous` secret (runtime
+    /// handshake invariant 9), so it reaches every agent whether or not
+    /// it took the new secret yet.
+    pub async fn rotating(
+        name: &str,
+        secret: &[u8],
+        previous: Option<&[u8]>,
+        config: ClientConfig,
+        events: mpsc::Sender<AgentEvent>,
+    ) -> Result<Self, ClientError> {
         let mut builder = Proc::builder(name).secret(secret.to_vec());
+        if let Some(p) = previous {
+            builder = builder.previous_secret(p.to_vec());
+        }
         if let Some(addr) = config.listen {
             builder = builder.listen(ChannelAddr::Tcp(addr));
         }
@@ -277,6 +294,23 @@ impl AgentClient {
         req: CreateOrUpdate,
     ) -> Result<CreateOutcome, ClientError> {
         self.call(addr, &req)
+            .await?
+            .map_err(|message| ClientError::Refused { addr, message })
+    }
+
+    /// Hands the agent at `addr` the World's rotated secret and the new
+    /// issuer's lineage (`Rekey`); its connections from then on use them.
+    pub async fn rekey(
+        &self,
+        addr: SocketAddr,
+        secret: &[u8],
+        lineage: &str,
+    ) -> Result<(), ClientError> {
+        let m = Rekey {
+            secret: secret.to_vec(),
+            lineage: lineage.to_owned(),
+        };
+        self.call(addr, &m)
             .await?
             .map_err(|message| ClientError::Refused { addr, message })
     }

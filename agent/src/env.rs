@@ -22,7 +22,7 @@ pub struct AgentIdentity {
     pub desk: SocketAddr,
     /// The World's proc issuer (derived from its runtime key, `keys.rs`):
     /// each runtime-aware proc gets a credential of its own from it.
-    pub issuer: hostmesh_runtime::Issuer,
+    pub issuer: super::keys::IssuerCell,
 }
 
 /// A runtime-aware proc's credential: a certificate for its own name and
@@ -198,6 +198,7 @@ pub(crate) fn proc_env(
     if spec.runtime_aware {
         let credential = agent
             .issuer
+            .current()
             .issue(&req.name, claim)
             .map_err(|e| HostError::Runtime(format!("cannot issue a proc credential: {e}")))?;
         env.push((PROC_CREDENTIAL_VAR.to_owned(), credential.to_text()));
@@ -275,9 +276,9 @@ mod tests {
             host_rank,
             addr: "127.0.0.9:26602".parse().unwrap(),
             desk: "127.0.0.9:40000".parse().unwrap(),
-            issuer: hostmesh_runtime::Issuer::from_runtime_key(
+            issuer: crate::keys::IssuerCell::new(hostmesh_runtime::Issuer::from_runtime_key(
                 crate::keys::runtime_key(b"0123456789abcdef").bytes(),
-            ),
+            )),
         }
     }
 
@@ -332,8 +333,8 @@ mod tests {
         let c = hostmesh_runtime::Credential::from_text(&env[PROC_CREDENTIAL_VAR]).unwrap();
         assert_eq!(c.certificate().name, "train-43");
         assert_eq!(c.certificate().claim, claim);
-        c.certificate().verify(&a.issuer.public()).unwrap();
-        assert_eq!(c.issuer(), &a.issuer.public());
+        c.certificate().verify(&a.issuer.current().public()).unwrap();
+        assert_eq!(c.issuer(), &a.issuer.current().public());
         assert!(
             !env.keys()
                 .any(|k| k.contains("SECRET") || k.contains("KEY")),

@@ -20,7 +20,17 @@
 //!    `/proc/<pid>/environ` or memory, where the original environment
 //!    still lies. Procs are exec'd, which makes them dumpable again.
 //! 4. Neither key is ever printed: [`Secret`]'s `Debug` hides it.
+//! 5. A rotated World secret reaches a running agent over its operator's
+//!    link (`Rekey`, [`rekey`]): from then on the agent's proc accepts only
+//!    the new secret, its desk holds a credential of the new issuer, and
+//!    procs spawned later get theirs from it, with the lineage that links
+//!    the old issuer to the new one. Established connections keep their
+//!    sessions, so nothing running notices.
 
+use std::sync::{Arc, RwLock};
+
+use hostmesh_runtime::channel::credential::Lineage;
+use hostmesh_runtime::{Issuer, Proc};
 use ring::hkdf;
 
 use super::agent::Secret;
@@ -92,6 +102,59 @@ pub fn take_env_secret() -> Result<Option<Secret>, HostError> {
         ));
     }
     Ok(Some(Secret::new(key.to_vec())))
+}
+
+/// The World's proc issuer as the agent holds it now: replaced when the
+/// World's secret is rotated (invariant 5).
+#[derive(Clone, Debug)]
+pub struct IssuerCell(Arc<RwLock<Issuer>>);
+
+impl IssuerCell {
+    /// Holds `issuer`.
+    pub fn new(issuer: Issuer) -> Self {
+        IssuerCell(Arc::new(RwLock::new(issuer)))
+    }
+
+    /// The issuer procs spawned now get their credentials from.
+    pub fn current(&self) -> Issuer {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, issuer: Issuer) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = issuer;
+    }
+}
+
+/// Takes on a rotated World secret (invariant 5): `secret` for connections
+/// to the agent's proc from now on, and the proc issuer of its runtime key,
+/// with `lineage`, for the desk and for procs spawned from now on. Nothing
+/// changes when either is refused.
+pub fn rekey(
+    secret: &[u8],
+    lineage: &str,
+    agent: &Proc,
+    desk: &Proc,
+    issuer: &IssuerCell,
+) -> Result<(), HostError> {
+    if secret.len() < MIN_SECRET_LEN {
+        return Err(HostError::Runtime(format!(
+            "Rekey refused: the new World secret holds {} bytes, at least {MIN_SECRET_LEN} are needed",
+            secret.len()
+        )));
+    }
+    let refused = |e: hostmesh_runtime::channel::credential::CredentialError| {
+        HostError::Runtime(format!("Rekey refused: the lineage {e}"))
+    };
+    let lineage = Lineage::from_text(lineage).map_err(refused)?;
+    let next = Issuer::from_runtime_key(runtime_key(secret).bytes())
+        .with_lineage(lineage)
+        .map_err(refused)?;
+    desk.reissue(&next)
+        .map_err(|e| HostError::Runtime(format!("Rekey: cannot reissue the desk's credential: {e}")))?;
+    agent.set_secret(secret);
+    issuer.set(next);
+    tracing::info!("the World's secret was rotated: connections from now on use the new one");
+    Ok(())
 }
 
 /// Makes this process non-dumpable (invariant 3).

@@ -465,6 +465,32 @@ pub struct Renew {
     pub epoch: u64,
 }
 
+/// `Rekey {secret, lineage}`: the World's secret was rotated. The agent
+/// authenticates connections made from now on with `secret` (the key it
+/// derives from the `<world>-agent` Secret's new token), issues its procs'
+/// credentials from the proc issuer of the new runtime key with `lineage`
+/// (text of `hostmesh_runtime::channel::credential::Lineage`, leading to
+/// that issuer: procs issued before the rotation and after it admit each
+/// other), and reissues its desk's. Connections already established,
+/// this one included, keep their session. Idempotent. Answered with why
+/// not, when not.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rekey {
+    /// The World's new secret.
+    pub secret: Vec<u8>,
+    /// The new issuer's lineage, as text (empty: none).
+    pub lineage: String,
+}
+
+impl std::fmt::Debug for Rekey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret stays out of logs.
+        f.debug_struct("Rekey")
+            .field("lineage", &self.lineage.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// `Subscribe {port}`: push a snapshot, then every change and a heartbeat
 /// every interval, to `port`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -25,8 +25,8 @@ use tokio::sync::Notify;
 use super::manager::ProcManager;
 use super::protocol::{
     AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
-    PatchAddressBook, ProcReport, ProcStacks, RankReport, Renew, SetAddressBook, ShutdownHost,
-    Stop, Subscribe,
+    PatchAddressBook, ProcReport, ProcStacks, RankReport, Rekey, Renew, SetAddressBook,
+    ShutdownHost, Stop, Subscribe,
 };
 use super::subscription::Subscription;
 use hostmesh_runtime::{
@@ -46,17 +46,21 @@ pub struct HostAgent {
     heartbeat: Duration,
     subscribers: HashMap<PortId, Arc<AtomicBool>>,
     exit: Arc<Notify>,
+    /// The agent's proc desk (`desk.rs`), reissued on `Rekey`.
+    desk: Proc,
 }
 
 impl HostAgent {
     /// An agent actor over `manager`; `exit` is notified once a
-    /// `ShutdownHost` has stopped every proc.
-    pub fn new(manager: ProcManager, heartbeat: Duration, exit: Arc<Notify>) -> Self {
+    /// `ShutdownHost` has stopped every proc; `desk` is the agent's proc
+    /// desk.
+    pub fn new(manager: ProcManager, heartbeat: Duration, exit: Arc<Notify>, desk: Proc) -> Self {
         HostAgent {
             manager,
             heartbeat,
             subscribers: HashMap::new(),
             exit,
+            desk,
         }
     }
 }
@@ -71,6 +75,7 @@ impl Actor for HostAgent {
             .handle::<SetAddressBook>()
             .handle::<PatchAddressBook>()
             .handle::<Renew>()
+            .handle::<Rekey>()
             .handle::<Subscribe>()
             .handle::<CaptureStacks>();
     }
@@ -204,6 +209,17 @@ impl Handler<Renew> for HostAgent {
     type Reply = crate::EpochVerdict;
     async fn handle(&mut self, _cx: &Context<Self>, m: Renew) -> Result<Self::Reply, ActorError> {
         Ok(self.manager.fence().contact(m.epoch))
+    }
+}
+
+impl Handler<Rekey> for HostAgent {
+    type Reply = Result<(), String>;
+    async fn handle(&mut self, cx: &Context<Self>, m: Rekey) -> Result<Self::Reply, ActorError> {
+        let issuer = &self.manager.identity().issuer;
+        Ok(
+            super::keys::rekey(&m.secret, &m.lineage, cx.proc_ref(), &self.desk, issuer)
+                .map_err(|e| e.to_string()),
+        )
     }
 }
 

@@ -43,6 +43,8 @@ fn world_key(i: usize) -> WorldKey {
 fn agents(n: Rank, timeout: Duration) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"bench-secret-0123456789"[..]),
+        previous: None,
+        trust: None,
         health_timeout: timeout,
         heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         epochs: Default::default(),

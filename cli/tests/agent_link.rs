@@ -60,6 +60,8 @@ fn running_hub() -> (Arc<Hub>, tokio::sync::oneshot::Sender<()>) {
 fn agents(secret: &[u8], addr: SocketAddr) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(secret),
+        previous: None,
+        trust: None,
         health_timeout: Duration::from_secs(5),
         heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         hosts: BTreeMap::from([(0, ("pod-0".to_string(), addr))]),

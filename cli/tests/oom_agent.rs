@@ -154,6 +154,8 @@ async fn a_proc_killed_by_the_oom_killer_is_reported_oom_killed() {
     }));
     let agents = WorldAgents {
         secret: Arc::from(&secret[..]),
+        previous: None,
+        trust: None,
         health_timeout: Duration::from_secs(10),
         heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         hosts: BTreeMap::from([(0, ("pod-0".to_string(), addr))]),

@@ -42,6 +42,8 @@ async fn heartbeats_and_their_gaps_are_recorded() {
         &world,
         WorldAgents {
             secret: Arc::from(&b"secret"[..]),
+            previous: None,
+            trust: None,
             health_timeout: Duration::from_secs(10),
             heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
             hosts,

@@ -54,9 +54,9 @@ pub fn identity(host_rank: usize) -> AgentIdentity {
         host_rank,
         addr: "127.0.0.1:26602".parse().unwrap(),
         desk: "127.0.0.1:26603".parse().unwrap(),
-        issuer: hostmesh_runtime::Issuer::from_runtime_key(
+        issuer: hostmesh_agent::keys::IssuerCell::new(hostmesh_runtime::Issuer::from_runtime_key(
             hostmesh_agent::keys::runtime_key(b"0123456789abcdef").bytes(),
-        ),
+        )),
     }
 }
 

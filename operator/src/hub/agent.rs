@@ -45,6 +45,9 @@ pub struct AgentTarget {
     pub addr: SocketAddr,
     /// The World's secret.
     pub secret: Arc<[u8]>,
+    /// While the World's secret is rotated: the previous one, which
+    /// agents that did not take the new one yet still hold.
+    pub previous: Option<Arc<[u8]>>,
     /// The pod's rank epoch: pushes from an agent of an older one are
     /// refused.
     pub epoch: u64,
@@ -250,6 +253,12 @@ pub enum HostReport {
         /// Why.
         reason: String,
     },
+    /// The agent took the World's rotated token over its current link
+    /// ([`super::trust`]).
+    Rekeyed {
+        /// From.
+        host: HostKey,
+    },
     /// The connection dropped, or could not be made.
     Disconnected {
         /// From.
@@ -360,6 +369,12 @@ pub trait AgentLink: Send + Sync {
                 "this agent cannot capture stacks".into(),
             ))
         })
+    }
+    /// `Rekey {secret, lineage}`: the World's token was rotated; the
+    /// agent takes the new key and its issuer's lineage
+    /// ([`super::trust`]). The default (a simulated agent) takes anything.
+    fn rekey(&self, _secret: Arc<[u8]>, _lineage: Arc<str>) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(async { Ok(()) })
     }
     /// `Renew {epoch}`: this hub hears the agent, which should be of
     /// `epoch`; the default (a simulated agent) does nothing.

@@ -217,6 +217,8 @@ mod tests {
     fn agents(hosts: &[(Rank, u8, u64)]) -> WorldAgents {
         WorldAgents {
             secret: Arc::from(&b"0123456789abcdef"[..]),
+            previous: None,
+            trust: None,
             health_timeout: Duration::from_secs(10),
             heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
             hosts: hosts

@@ -67,6 +67,7 @@ mod procs;
 pub mod runtime_client;
 pub mod sim;
 mod stacks;
+pub mod trust;
 mod worker;
 
 pub use procs::{mesh_name, parse_proc_name, proc_name};
@@ -103,11 +104,31 @@ pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// A ProcMesh, by namespace and name.
 pub type MeshKey = WorldKey;
 
+impl std::fmt::Debug for WorldAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secrets stay out of logs.
+        f.debug_struct("WorldAgents")
+            .field("rotating", &self.previous.is_some())
+            .field("trust", &self.trust)
+            .field("health_timeout", &self.health_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("hosts", &self.hosts)
+            .field("epochs", &self.epochs)
+            .finish()
+    }
+}
+
 /// Desired agents of a World, as its controller sees them.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WorldAgents {
     /// The World's secret.
     pub secret: Arc<[u8]>,
+    /// While the World's secret is rotated: the previous one, which the
+    /// hub also dials agents with (those that did not take the new one).
+    pub previous: Option<Arc<[u8]>>,
+    /// Once the World's token was rotated in place: what every link to
+    /// its agents hands the agent ([`trust`]).
+    pub trust: Option<Arc<trust::Trust>>,
     /// No heartbeat for this long: Expired.
     pub health_timeout: Duration,
     /// How often its agents send heartbeats (`spec.agent.heartbeatInterval`).
@@ -142,6 +163,11 @@ struct HostEntry {
     /// Wakes the link's address book sender ([`book::sender`]) with the
     /// book's latest version; `None` while there is no link.
     book: Option<tokio::sync::watch::Sender<u64>>,
+    /// Hands the link's agent the World's latest trust ([`trust::sender`]);
+    /// `None` while there is no link.
+    trust: Option<tokio::sync::watch::Sender<Option<Arc<trust::Trust>>>>,
+    /// The trust version the current link's agent took (0: none).
+    trusted: Arc<std::sync::atomic::AtomicU64>,
     /// The pod's rank epoch.
     epoch: u64,
     /// Wakes the link's renewer ([`fence::renewer`]) on each heartbeat
@@ -569,8 +595,12 @@ impl Hub {
                     h.sent.clear();
                     h.stopping.clear();
                     h.book = None;
+                    h.trust = None;
                     h.renew = None;
                 }
+                st.world_triggers.mark(host.world, false, now);
+            }
+            HostReport::Rekeyed { host } => {
                 st.world_triggers.mark(host.world, false, now);
             }
             HostReport::Refused {
@@ -731,7 +761,30 @@ impl Hub {
             }
             let book_changed = book::lock(&entry.book).update(&agents);
             let book_version = book::lock(&entry.book).version();
+            // A rotated secret: every host is dialed again by a client
+            // with the new secrets (trust invariant 2).
+            let redial = entry.agents.secret != agents.secret
+                || entry.agents.previous != agents.previous;
+            let trust_changed = entry.agents.trust.as_ref().map(|t| t.version)
+                != agents.trust.as_ref().map(|t| t.version);
             entry.agents = agents.clone();
+            if redial {
+                for h in entry.hosts.values_mut() {
+                    h.link = None;
+                    h.sent.clear();
+                    h.stopping.clear();
+                    h.book = None;
+                    h.trust = None;
+                    h.renew = None;
+                }
+                self.connector.forget_world(world);
+            } else if trust_changed {
+                for h in entry.hosts.values() {
+                    if let Some(tx) = &h.trust {
+                        tx.send_replace(agents.trust.clone());
+                    }
+                }
+            }
             let gone: Vec<Rank> = entry
                 .hosts
                 .keys()
@@ -794,6 +847,8 @@ impl Hub {
                     sent: HashMap::new(),
                     stopping: HashSet::new(),
                     book: None,
+                    trust: None,
+                    trusted: Arc::default(),
                     epoch,
                     renew: None,
                     reported_at: None,
@@ -816,6 +871,7 @@ impl Hub {
                         pod_uid: uid.clone(),
                         addr: *addr,
                         secret: agents.secret.clone(),
+                        previous: agents.previous.clone(),
                         epoch,
                         silence: agent::silence_bound(agents.heartbeat_interval),
                     });
@@ -829,20 +885,26 @@ impl Hub {
     async fn connect(self: Arc<Self>, target: AgentTarget) {
         let host = target.host.clone();
         let uid = target.pod_uid.clone();
+        let secrets = (target.secret.clone(), target.previous.clone());
         let res = self.connector.connect(target, self.push_tx.clone()).await;
         let link = {
             let mut st = self.lock();
-            let Some(h) = st
-                .worlds
-                .get_mut(&host.world)
-                .and_then(|w| w.hosts.get_mut(&host.rank))
-            else {
+            let Some(w) = st.worlds.get_mut(&host.world) else {
+                return;
+            };
+            // Dialed with secrets the World rotated away meanwhile: the
+            // next sync dials again with the current ones.
+            let current = w.agents.secret == secrets.0 && w.agents.previous == secrets.1;
+            let Some(h) = w.hosts.get_mut(&host.rank) else {
                 return;
             };
             if h.pod_uid != uid {
                 return;
             }
             h.connecting = false;
+            if !current {
+                return;
+            }
             match res {
                 Ok(link) => {
                     h.link = Some(link.clone());
@@ -861,8 +923,17 @@ impl Hub {
             return;
         };
         let book = w.book.clone();
+        let trust = w.agents.trust.clone();
         if let Some(h) = w.hosts.get_mut(&host.rank).filter(|h| h.pod_uid == uid) {
             h.renew = Some(fence::renewer(link.clone(), h.epoch, host.clone()));
+            h.trusted = Arc::default();
+            h.trust = Some(trust::sender(
+                link.clone(),
+                trust,
+                host.clone(),
+                h.trusted.clone(),
+                self.push_tx.clone(),
+            ));
             h.book = Some(book::sender(link, book, host));
         }
     }
@@ -883,6 +954,24 @@ impl Hub {
         st.world_triggers.remove(world);
         drop(st);
         self.connector.forget_world(world);
+    }
+
+    /// Whether host `rank`'s agent in pod `pod_uid` took the World's
+    /// current trust over its current link (trust invariant 2); `true`
+    /// when the World has none to hand out.
+    pub fn rekeyed(&self, world: &WorldKey, rank: Rank, pod_uid: &str) -> bool {
+        let st = self.lock();
+        let Some(w) = st.worlds.get(world) else {
+            return false;
+        };
+        let Some(t) = &w.agents.trust else {
+            return true;
+        };
+        w.hosts.get(&rank).is_some_and(|h| {
+            h.pod_uid == pod_uid
+                && h.link.is_some()
+                && h.trusted.load(std::sync::atomic::Ordering::Acquire) == t.version
+        })
     }
 
     /// Whether every host in `ranks` of `world` has a live connection.

@@ -3,7 +3,8 @@
 //! secret), one watch per host, every agent event translated into a hub push.
 //!
 //! Invariants:
-//! 1. One client per World and secret; a changed secret gets a new client.
+//! 1. One client per World and secret (and previous secret, while it is
+//!    rotated); a changed secret gets a new client.
 //! 2. Each push carries the pod UID the host was last dialed for, so a
 //!    replaced pod's agent is never mistaken for its predecessor.
 //! 3. Requests go through the client with its call timeout; errors come back
@@ -47,10 +48,20 @@ type Uids = Arc<Mutex<HashMap<usize, Dialed>>>;
 
 struct WorldClient {
     secret: Arc<[u8]>,
+    previous: Option<Arc<[u8]>>,
     /// Its subscriptions' silence bound (`AgentTarget::silence`).
     silence: Duration,
     client: AgentClient,
     uids: Uids,
+}
+
+impl WorldClient {
+    /// Whether this client dials as `target` asks (invariant 1).
+    fn serves(&self, target: &AgentTarget) -> bool {
+        self.secret == target.secret
+            && self.previous == target.previous
+            && self.silence == target.silence
+    }
 }
 
 /// Dials agents with the runtime's agent client.
@@ -130,7 +141,7 @@ impl RuntimeConnector {
     fn existing(&self, target: &AgentTarget) -> Option<(AgentClient, Uids)> {
         self.lock()
             .get(&target.host.world)
-            .filter(|w| w.secret == target.secret && w.silence == target.silence)
+            .filter(|w| w.serves(target))
             .map(|w| (w.client.clone(), w.uids.clone()))
     }
 
@@ -147,14 +158,21 @@ impl RuntimeConnector {
             heartbeat_timeout: target.silence,
             ..ClientConfig::default()
         };
-        let client = AgentClient::new(CLIENT_NAME, &target.secret, config, tx).await?;
+        let client = AgentClient::rotating(
+            CLIENT_NAME,
+            &target.secret,
+            target.previous.as_deref(),
+            config,
+            tx,
+        )
+        .await?;
         let world = target.host.world.clone();
         let mut worlds = self.lock();
         // Another dial of this World made its client meanwhile: use that one
         // (ours is dropped, which shuts its proc down).
         if let Some(w) = worlds
             .get(&world)
-            .filter(|w| w.secret == target.secret && w.silence == target.silence)
+            .filter(|w| w.serves(target))
         {
             return Ok((w.client.clone(), w.uids.clone()));
         }
@@ -173,6 +191,7 @@ impl RuntimeConnector {
             world,
             WorldClient {
                 secret: target.secret.clone(),
+                previous: target.previous.clone(),
                 silence: target.silence,
                 client: client.clone(),
                 uids: uids.clone(),
@@ -242,6 +261,15 @@ impl AgentLink for RuntimeLink {
                 .create_or_update(self.addr, req)
                 .await
                 .map(|_| ())
+                .map_err(LinkError::from)
+        })
+    }
+
+    fn rekey(&self, secret: Arc<[u8]>, lineage: Arc<str>) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(async move {
+            self.client
+                .rekey(self.addr, &secret, &lineage)
+                .await
                 .map_err(LinkError::from)
         })
     }

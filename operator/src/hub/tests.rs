@@ -23,6 +23,8 @@ fn host(rank: Rank) -> HostKey {
 fn agents(n: Rank, uid: &str) -> WorldAgents {
     WorldAgents {
         secret: Arc::from(&b"secret"[..]),
+        previous: None,
+        trust: None,
         health_timeout: Duration::from_secs(10),
         heartbeat_interval: hostmesh_crds::validate::DEFAULT_HEARTBEAT_INTERVAL,
         epochs: BTreeMap::new(),

@@ -34,6 +34,7 @@ use super::{desired, fencing, gang, kueue, monarch_tls, netpol, observe, plan, s
 use crate::controllers::shared::ControllerContext;
 use crate::controllers::shared::events::{self, PlannedEvent, Severity};
 use crate::controllers::shared::writes::write_status;
+use crate::hub::trust::Trust;
 use crate::hub::{Liveness, WorldAgents, WorldKey};
 use crate::{FIELD_MANAGER, OperatorError};
 
@@ -74,11 +75,22 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let observed = observe_pods(world, ctx, &pods_api).await?;
-    let hub = HubView::sync(world, ctx, &key, &observed.pods, &secret.key, &timings).await;
+    let hub = HubView::sync(world, ctx, &key, &observed.pods, &secret, &timings).await;
     let secret_hash = desired::secret_hash(&secret.key);
     let gate = ask_kueue(world, ctx, &hash, observed.left).await?;
     let pod_hash = desired::placed_hash(&hash, gate.placement.as_ref());
     let (critical, meshes) = super::meshes_of(world, ctx, &ns).await?;
+    let hosts: Vec<(Rank, String)> = observed
+        .pods
+        .iter()
+        // A pod without an IP has no agent running yet: it starts with
+        // the Secret's current token.
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+        .filter(|(_, p)| observe::pod_ip(p).is_some())
+        .filter_map(|(r, p)| Some((*r, p.uid()?)))
+        .collect();
+    let rekeyed = |r: Rank, uid: &str| ctx.hub.rekeyed(&key, r, uid);
+    secret::advance(world, ctx, &ns, &secret, &hosts, rekeyed, meshes.oldest).await?;
     let liveness = |r: Rank| hub.liveness(r);
     let expired_since = |r: Rank| hub.expired_since(r);
     let watching_since = |r: Rank| hub.watching_since(r);
@@ -94,6 +106,7 @@ pub(super) async fn apply(world: &World, ctx: &ControllerContext) -> Result<Acti
         link_error: &link_error,
         watching_since: &watching_since,
         secret_hash: &secret_hash,
+        rotated_hashes: &secret.rotated_hashes,
         credentials_note: secret.replaced.clone(),
         hash: &pod_hash,
         critical_failure: critical,
@@ -269,7 +282,7 @@ impl<'a> HubView<'a> {
         ctx: &'a ControllerContext,
         key: &'a WorldKey,
         pods: &BTreeMap<Rank, Arc<Pod>>,
-        secret: &[u8],
+        secret: &secret::SecretOutcome,
         timings: &Timings,
     ) -> HubView<'a> {
         let hosts = pods
@@ -288,7 +301,11 @@ impl<'a> HubView<'a> {
             .sync_world(
                 key,
                 WorldAgents {
-                    secret: secret.to_vec().into(),
+                    secret: secret.key.as_slice().into(),
+                    previous: secret.previous.as_deref().map(Into::into),
+                    trust: secret
+                        .rotated
+                        .then(|| Arc::new(Trust::new(&secret.key, &secret.lineage))),
                     health_timeout: timings.health_timeout,
                     heartbeat_interval: timings.heartbeat_interval,
                     hosts,

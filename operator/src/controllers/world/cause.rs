@@ -174,7 +174,7 @@ fn deleted_from_outside(
             .map(String::as_str)
     };
     let current = annotation(ANNOTATION_TEMPLATE_HASH) == Some(input.hash)
-        && annotation(ANNOTATION_SECRET_HASH).is_none_or(|h| h == input.secret_hash);
+        && annotation(ANNOTATION_SECRET_HASH).is_none_or(|h| input.holds_current_token(h));
     let ours = pod
         .metadata
         .name

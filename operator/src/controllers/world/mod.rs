@@ -261,6 +261,9 @@ async fn meshes_of(
             continue;
         }
         meshes.total += 1;
+        if let Some(t) = pm.metadata.creation_timestamp.as_ref().map(|t| t.0) {
+            meshes.oldest = Some(meshes.oldest.map_or(t, |o| o.min(t)));
+        }
         match status.and_then(|s| s.phase) {
             Some(ProcMeshPhase::Succeeded) => meshes.succeeded.push(pm.name_any()),
             Some(ProcMeshPhase::Failed) => meshes.failed.push((pm.name_any(), why())),

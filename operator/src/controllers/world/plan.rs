@@ -40,7 +40,9 @@
 //!    that runs the World, so a World held since its creation has none, and
 //!    its first start (its first admission) is attempt 0, not a resume.
 //! 8. A host pod mounting another agent token than the Secret's (see its
-//!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart.
+//!    `hostmesh.dev/secret-hash`) is replaced, not counted as a restart,
+//!    unless that token was rotated in place (its agent took the new one
+//!    over the operator's link: `secret.rs` invariant 5).
 //! 9. A finished World (phase `Succeeded`, or `Failed` in this generation)
 //!    stays finished: nothing is created, suspends and Kueue holds are
 //!    ignored, and its host pods are deleted (a `Failed` one keeps them
@@ -100,6 +102,10 @@ pub struct PlanInput<'a> {
     /// Hash of the agent token the pods must mount
     /// ([`super::desired::secret_hash`]).
     pub secret_hash: &'a str,
+    /// Hashes of earlier tokens that were rotated in place
+    /// (`secret.rs` invariant 5): a pod made with one holds the current
+    /// token since its agent took the `Rekey`, and is not replaced for it.
+    pub rotated_hashes: &'a [String],
     /// Why the token changed, when the operator replaced a lost one.
     pub credentials_note: Option<String>,
     /// The desired template hash.
@@ -132,6 +138,10 @@ pub struct Meshes {
     pub succeeded: Vec<String>,
     /// Those that failed, with the message of their `Failed` condition.
     pub failed: Vec<(String, String)>,
+    /// When the oldest of them was made: the issuer lineage of a rotated
+    /// token is kept while one from before the rotation exists
+    /// (`secret.rs` invariant 6).
+    pub oldest: Option<Timestamp>,
 }
 
 /// Why the World is held suspended though `spec.suspend` is false.
@@ -214,6 +224,14 @@ fn ready_since(pod: &Pod) -> Option<Timestamp> {
         .iter()
         .find(|c| c.type_ == "Ready" && c.status == "True")?;
     Some(c.last_transition_time.as_ref()?.0)
+}
+
+impl PlanInput<'_> {
+    /// Whether a pod annotated with token hash `held` holds the World's
+    /// current agent token (made with it, or rotated to it in place).
+    pub fn holds_current_token(&self, held: &str) -> bool {
+        held == self.secret_hash || self.rotated_hashes.iter().any(|h| h == held)
+    }
 }
 
 /// Computes the plan (invariants 1-5), phase by phase: observe every host,
@@ -516,7 +534,7 @@ impl<'i, 'a> Working<'i, 'a> {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(super::desired::ANNOTATION_SECRET_HASH));
-            if held.is_some_and(|h| h != input.secret_hash)
+            if held.is_some_and(|h| !input.holds_current_token(h))
                 && p.metadata.deletion_timestamp.is_none()
                 && let Some(name) = &p.metadata.name
                 && !self.out.delete.contains(name)

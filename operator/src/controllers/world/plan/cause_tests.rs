@@ -13,6 +13,7 @@ static NO_MESHES: Meshes = Meshes {
     total: 0,
     succeeded: Vec::new(),
     failed: Vec::new(),
+    oldest: None,
 };
 
 fn input<'a>(
@@ -35,6 +36,7 @@ fn input<'a>(
         link_error: &|_| None,
         watching_since: &|_| None,
         secret_hash: "s1",
+        rotated_hashes: &[],
         credentials_note: None,
         hash: "h1",
         critical_failure: None,

@@ -39,6 +39,7 @@ fn input<'a>(w: &'a World, pods: &'a BTreeMap<Rank, Pod>, now: i64) -> PlanInput
         link_error: &|_| None,
         watching_since: &|_| None,
         secret_hash: "s1",
+        rotated_hashes: &[],
         credentials_note: None,
         hash: "h1",
         critical_failure: None,
@@ -54,6 +55,7 @@ static NO_MESHES: Meshes = Meshes {
     total: 0,
     succeeded: Vec::new(),
     failed: Vec::new(),
+    oldest: None,
 };
 
 fn pod(rank: Rank, status: &str, hash: &str) -> Pod {
@@ -729,6 +731,7 @@ fn meshes(succeeded: &[&str], failed: &[&str], running: usize) -> Meshes {
             .iter()
             .map(|s| (s.to_string(), format!("rank 0 of {s} exited with code 1")))
             .collect(),
+        oldest: None,
     }
 }
 
