@@ -977,3 +977,120 @@ async fn procs_hold_no_world_secret_and_a_proc_credential_cannot_command_the_age
         "the desk admitted another World's credential"
     );
 }
+
+/// Agent keys invariant 5: a rotated World secret reaches a running agent
+/// over its operator's link. The link it came over keeps working; from
+/// then on the agent admits only the new secret (a dialer that holds both
+/// reaches it); procs spawned before and after the rotation admit each
+/// other through the lineage, and the desk admits both. A short secret or
+/// a lineage that does not lead to the new issuer is refused, and changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_world_secret_reaches_a_running_agent_in_place() {
+    const NEW: &str = "the-rotated-world-secret-0123456789abcdef";
+    let agent = ChildAgent::start(
+        &[("HOSTMESH_SECRET_FILE", ""), ("HOSTMESH_SECRET", SECRET)],
+        &[],
+    );
+    let addr = agent.addr();
+    let (c, _ev) = client("operator", SECRET.as_bytes()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dump = |name: &str| dir.path().join(format!("{name}.env"));
+    let spawn = |name: &'static str, rank: usize| {
+        let script = format!(
+            "env > {p}.tmp && mv {p}.tmp {p}; exec sleep 60",
+            p = dump(name).display()
+        );
+        let mut req = sh(name, rank, &script);
+        req.spec.runtime_aware = true;
+        req
+    };
+    let credential_of = async |name: &str| {
+        let path = dump(name);
+        let text = eventually_async(&format!("{} written", path.display()), async || {
+            std::fs::read_to_string(&path).ok()
+        })
+        .await;
+        assert!(!text.contains(NEW) && !text.contains(SECRET), "{text}");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("HOSTMESH_PROC_CREDENTIAL="))
+            .expect("a credential");
+        hostmesh_runtime::Credential::from_text(line).unwrap()
+    };
+    c.create_or_update(addr, spawn("before", 0)).await.unwrap();
+    let before = credential_of("before").await;
+
+    let next = hostmesh_runtime::Issuer::from_runtime_key(
+        hostmesh_agent::keys::runtime_key(NEW.as_bytes()).bytes(),
+    );
+    let lineage = issuer().endorse(&next).to_text();
+    // Refusals change nothing.
+    let short = c.rekey(addr, b"too-short", &lineage).await.unwrap_err();
+    assert!(short.to_string().contains("at least 16"), "{short}");
+    let elsewhere = issuer()
+        .endorse(&hostmesh_runtime::Issuer::from_runtime_key(b"another runtime key....."))
+        .to_text();
+    let bad = c.rekey(addr, NEW.as_bytes(), &elsewhere).await.unwrap_err();
+    assert!(bad.to_string().contains("lineage"), "{bad}");
+    let (still, _e) = client("still-old", SECRET.as_bytes()).await;
+    still.get_state(addr, "before").await.unwrap();
+
+    c.rekey(addr, NEW.as_bytes(), &lineage).await.unwrap();
+    // The link the rotation came over keeps its session.
+    c.create_or_update(addr, spawn("after", 1)).await.unwrap();
+    let after = credential_of("after").await;
+    assert_eq!(after.issuer(), &next.public(), "issued by the new issuer");
+
+    // New connections: the old secret alone is refused, the new one or
+    // both (a rotating operator) are admitted.
+    let (old, _e) = client("old-only", SECRET.as_bytes()).await;
+    assert!(old.get_state(addr, "before").await.is_err());
+    let (new, _e) = client("new-only", NEW.as_bytes()).await;
+    new.get_state(addr, "before").await.unwrap();
+    let (tx, _rx) = mpsc::channel(16);
+    let both = AgentClient::rotating(
+        "rotating",
+        NEW.as_bytes(),
+        Some(SECRET.as_bytes()),
+        config(),
+        tx,
+    )
+    .await
+    .unwrap();
+    both.get_state(addr, "after").await.unwrap();
+
+    // Procs of both issuers admit each other, and the desk admits both.
+    let as_proc = async |name: &str, credential: &hostmesh_runtime::Credential| {
+        Proc::builder(name)
+            .listen("tcp:127.0.0.1:0".parse().unwrap())
+            .credential(credential.clone())
+            .build()
+            .await
+            .unwrap()
+    };
+    let (p_before, p_after) = (as_proc("before", &before).await, as_proc("after", &after).await);
+    p_before.connect(p_after.id().addr()).await.unwrap();
+    p_after.connect(p_before.id().addr()).await.unwrap();
+    let desk: SocketAddr = {
+        let text = std::fs::read_to_string(dump("after")).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("HOSTMESH_AGENT_ADDR="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let desk_ref = hostmesh_agent::desk_ref(desk).unwrap();
+    let timeout = Duration::from_secs(10);
+    for (p, name) in [(&p_before, "before"), (&p_after, "after")] {
+        let check_in = hostmesh_agent::protocol::CheckIn {
+            name: name.into(),
+            addr: p.id().addr().to_string(),
+        };
+        desk_ref.call(p, &check_in, timeout).await.unwrap().unwrap();
+        poll_state(&new, addr, name, |s| {
+            matches!(s.status, ProcPhase::Ready { .. })
+        })
+        .await;
+    }
+}
