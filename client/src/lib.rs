@@ -295,6 +295,22 @@ impl MeshClient {
             })?;
         let key = hostmesh_agent::keys::from_hex("key", &hex)
             .map_err(|e| mesh_err(format!("Secret {}: {e}", published.credentials)))?;
+        // After a rotation of the World's token, the lineage that links the
+        // issuer of procs spawned before it to the current one.
+        let lineage = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("lineage"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default();
+        let issuer = hostmesh_runtime::channel::credential::Lineage::from_text(&lineage)
+            .and_then(|l| hostmesh_runtime::Issuer::from_runtime_key(&key).with_lineage(l))
+            .map_err(|e| {
+                mesh_err(format!(
+                    "Secret {}: key `lineage`: {e}",
+                    published.credentials
+                ))
+            })?;
         let mut procs = Vec::with_capacity(published.addresses.len());
         for (rank, listed) in &published.addresses {
             procs.push(listed.proc_id(*rank).map_err(mesh_err)?);
@@ -308,7 +324,7 @@ impl MeshClient {
         // The runtime key is the World's issuer: the client issues itself
         // a credential for its own name, as the agents' desks do.
         let proc = Proc::builder(id.clone())
-            .issued_by(hostmesh_runtime::Issuer::from_runtime_key(&key))
+            .issued_by(issuer)
             .build()
             .await
             .map_err(|e| MeshClientError::Runtime(format!("cannot start the client proc: {e}")))?;

@@ -529,3 +529,154 @@ async fn the_actor_mesh_example_runs_against_its_manifest() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// Issue 28: a new token written into `<world>-agent` is rotated to in
+/// place, and costs a running job nothing. No host pod is replaced, the
+/// client's actor mesh keeps answering over the links it has, a rank
+/// restarted after the rotation (a proc of the new issuer) rejoins the
+/// mesh of the client that read the old runtime key, and a client that
+/// reads the rotated `<world>-runtime` (its new key and lineage) drives
+/// the procs issued before the rotation and after it. Once the ProcMesh
+/// from before the rotation is gone, the lineage is dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyhow::Result<()> {
+    use hostmesh_agent::echo::Echo;
+    use hostmesh_client::{MeshClient, MeshEvent};
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use kube::api::{Patch, PatchParams};
+    use std::time::Duration;
+
+    let env = Env::start("procmesh-rotate").await?;
+    env.apply(&world_yaml("w", &[("host", 2)], "")).await?;
+    env.apply(&echo_mesh(
+        "{policy: OnFailure, maxRestarts: 5, backoff: 0s}",
+    ))
+    .await?;
+    let old_client =
+        MeshClient::connect(env.client.clone(), &env.namespace, "pm", client_options()).await?;
+    let timeout = Duration::from_secs(20);
+    let mut mesh = old_client.spawn::<Echo>("echo", &()).await?;
+    let hi = "hi".to_string();
+    fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
+        v.iter().map(|(_, s)| s.clone()).collect()
+    }
+    let all = ["0:hi", "1:hi", "2:hi", "3:hi"];
+    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let uids = async || -> anyhow::Result<Vec<String>> {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await?;
+        let mut u: Vec<String> = l.items.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        u.sort();
+        Ok(u)
+    };
+    let hosts_before = uids().await?;
+    assert_eq!(hosts_before.len(), 2);
+
+    // Rotate: a new token in the Secret, and a touch of the World so the
+    // operator reads it now rather than at its next periodic pass.
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let token: String = (0..32)
+        .map(|i| format!("{:02x}", (i as u8).wrapping_mul(37) ^ 0x5a))
+        .collect();
+    let patch = Secret {
+        data: Some([("token".to_string(), ByteString(token.clone().into_bytes()))].into()),
+        ..Default::default()
+    };
+    secrets
+        .patch("w-agent", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    env.apply(&world_yaml("w", &[("host", 2)], "").replace(
+        "metadata:\n  name: w\n",
+        "metadata:\n  name: w\n  annotations: {e2e/rotated: \"1\"}\n",
+    ))
+    .await?;
+    let data = |s: &Secret, k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let copy = secrets.get_opt("w-agent-recovery").await?;
+        let done = copy.as_ref().is_some_and(|c| {
+            data(c, "token").as_deref() == Some(token.as_str()) && data(c, "previous").is_none()
+        });
+        if done {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "the rotation did not finish; the copy holds keys {:?}\n--- operator log (tail) ---\n{}",
+            copy.and_then(|c| c.data).map(|d| d.keys().cloned().collect::<Vec<_>>()),
+            hostmesh_e2e::tail(&env.log("operator"), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let runtime = secrets.get("w-runtime").await?;
+    let lineage = data(&runtime, "lineage").expect("the rotated runtime Secret's lineage");
+    assert!(!lineage.is_empty());
+    assert_eq!(uids().await?, hosts_before, "no host pod was replaced");
+    let w = env
+        .wait_for("World", "w", "Running", |s| s["phase"] == "Running")
+        .await?;
+    assert_eq!(w["restarts"], 0, "{w:#}");
+
+    // The established links keep answering.
+    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    // Rank 3 restarted after the rotation holds a credential of the new
+    // issuer: the old client's mesh takes it back.
+    let procs = env.proc_pids("w", "pm");
+    let victim = hostmesh_e2e::find_pids(|e| {
+        e.get("RANK").map(String::as_str) == Some("3")
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+    })
+    .into_iter()
+    .find(|p| procs.contains(p))
+    .expect("rank 3's proc");
+    hostmesh_e2e::signal(victim, "KILL")?;
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(MeshEvent::ProcRejoined { rank: 3, .. }) =
+            old_client.next_event(Duration::from_secs(1)).await
+        {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "rank 3 did not rejoin"
+        );
+    }
+    mesh = old_client.respawn(&mesh, "echo", &()).await?;
+    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    // A client of the rotated runtime Secret drives both kinds of procs.
+    let new_client =
+        MeshClient::connect(env.client.clone(), &env.namespace, "pm", client_options()).await?;
+    let fresh = new_client.spawn::<Echo>("echo-2", &()).await?;
+    assert_eq!(answers(fresh.call_all(new_client.proc(), &hi, timeout).await?), all);
+    assert_eq!(uids().await?, hosts_before, "no host pod was replaced");
+    let pm = env
+        .wait_for("ProcMesh", "pm", "one restart", |s| s["restarts"] == 1)
+        .await?;
+    assert_eq!(pm["running"], 4, "{pm:#}");
+
+    // The ProcMesh from before the rotation goes: the lineage is dropped.
+    env.delete("ProcMesh", "pm").await?;
+    env.apply(&world_yaml("w", &[("host", 2)], "").replace(
+        "metadata:\n  name: w\n",
+        "metadata:\n  name: w\n  annotations: {e2e/rotated: \"2\"}\n",
+    ))
+    .await?;
+    let start = std::time::Instant::now();
+    while data(&secrets.get("w-runtime").await?, "lineage").is_some() {
+        anyhow::ensure!(
+            start.elapsed() < hostmesh_e2e::WAIT,
+            "the lineage was not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
