@@ -28,9 +28,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{
-    AgentPush, CaptureStacks, CreateOrUpdate, Rekey, CreateOutcome, GetRankStatus, GetState,
-    PatchAddressBook, ProcReport, ProcStacks, RankReport, SetAddressBook, ShutdownHost, Stop,
-    Subscribe, duration_ms,
+    AgentPush, CaptureStacks, CreateOrUpdate, CreateOutcome, GetRankStatus, GetState,
+    PatchAddressBook, ProcReport, ProcStacks, RankReport, Rekey, SetAddressBook, ShutdownHost,
+    Stop, Subscribe, duration_ms,
 };
 use super::server::{AGENT_PROC_NAME, HOST_AGENT_ACTOR, HostAgent};
 use hostmesh_runtime::{

@@ -333,7 +333,9 @@ mod tests {
         let c = hostmesh_runtime::Credential::from_text(&env[PROC_CREDENTIAL_VAR]).unwrap();
         assert_eq!(c.certificate().name, "train-43");
         assert_eq!(c.certificate().claim, claim);
-        c.certificate().verify(&a.issuer.current().public()).unwrap();
+        c.certificate()
+            .verify(&a.issuer.current().public())
+            .unwrap();
         assert_eq!(c.issuer(), &a.issuer.current().public());
         assert!(
             !env.keys()

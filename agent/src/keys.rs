@@ -149,8 +149,9 @@ pub fn rekey(
     let next = Issuer::from_runtime_key(runtime_key(secret).bytes())
         .with_lineage(lineage)
         .map_err(refused)?;
-    desk.reissue(&next)
-        .map_err(|e| HostError::Runtime(format!("Rekey: cannot reissue the desk's credential: {e}")))?;
+    desk.reissue(&next).map_err(|e| {
+        HostError::Runtime(format!("Rekey: cannot reissue the desk's credential: {e}"))
+    })?;
     agent.set_secret(secret);
     issuer.set(next);
     tracing::info!("the World's secret was rotated: connections from now on use the new one");

@@ -1029,7 +1029,9 @@ async fn a_rotated_world_secret_reaches_a_running_agent_in_place() {
     let short = c.rekey(addr, b"too-short", &lineage).await.unwrap_err();
     assert!(short.to_string().contains("at least 16"), "{short}");
     let elsewhere = issuer()
-        .endorse(&hostmesh_runtime::Issuer::from_runtime_key(b"another runtime key....."))
+        .endorse(&hostmesh_runtime::Issuer::from_runtime_key(
+            b"another runtime key.....",
+        ))
         .to_text();
     let bad = c.rekey(addr, NEW.as_bytes(), &elsewhere).await.unwrap_err();
     assert!(bad.to_string().contains("lineage"), "{bad}");
@@ -1069,7 +1071,10 @@ async fn a_rotated_world_secret_reaches_a_running_agent_in_place() {
             .await
             .unwrap()
     };
-    let (p_before, p_after) = (as_proc("before", &before).await, as_proc("after", &after).await);
+    let (p_before, p_after) = (
+        as_proc("before", &before).await,
+        as_proc("after", &after).await,
+    );
     p_before.connect(p_after.id().addr()).await.unwrap();
     p_after.connect(p_before.id().addr()).await.unwrap();
     let desk: SocketAddr = {

@@ -713,6 +713,139 @@ async fn a_deleted_agent_secret_comes_back_with_the_token_the_agents_hold() {
     c.shutdown().await;
 }
 
+/// `world/secret.rs` invariants 5 and 6, against agents that admit only
+/// the token they hold (the simulated agents model the real one's
+/// `Rekey`): a new token in `<world>-agent` is handed to the running
+/// agents without replacing a pod. While one agent does not answer, the
+/// rotation stays open (the copy keeps the previous token, which the
+/// operator still dials with); an operator restarted meanwhile reads the
+/// copy and finishes it. Then the previous token is dropped, the runtime
+/// Secret holds the new key, and, no ProcMesh being older than the
+/// rotation, the lineage is dropped too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_agent_token_is_rotated_to_in_place_across_an_operator_restart() {
+    let mut c = Cluster::start().await;
+    running_world(&c).await;
+    let secrets = c.api::<Secret>();
+    let old = token_of(&secrets.get("w-agent").await.unwrap());
+    let host = |rank| HostKey {
+        world: WorldKey {
+            namespace: NS.into(),
+            name: "w".into(),
+        },
+        rank,
+    };
+    let sim = c.sim.clone();
+    let held_key = |rank| sim.keys.lock().unwrap().get(&host(rank)).cloned();
+    for r in 0..2 {
+        c.sim.keys.lock().unwrap().insert(host(r), old.clone());
+    }
+    let pods = c.api::<Pod>();
+    let uids = async || {
+        let l = pods
+            .list(&ListParams::default().labels("hostmesh.dev/world=w"))
+            .await
+            .unwrap();
+        let mut u: Vec<String> = l
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        u.sort();
+        u
+    };
+    let before = uids().await;
+    // Host 1's agent does not answer calls: it cannot take the token yet.
+    c.sim.hung.lock().unwrap().push(host(1));
+    let new = b"a-rotated-token-0123456789abcdef0123456789abcdef".to_vec();
+    let patch = Secret {
+        data: Some([("token".to_string(), k8s_openapi::ByteString(new.clone()))].into()),
+        ..Default::default()
+    };
+    secrets
+        .patch("w-agent", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    nudge(&c, 1).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = c.api();
+    event_seen(&events, "SecretRotating").await;
+    let data = |s: &Secret, k: &str| s.data.as_ref().unwrap().get(k).map(|b| b.0.clone());
+    eventually_async("host 0's agent took the new token", || async {
+        (held_key(0) == Some(new.clone())).then_some(())
+    })
+    .await;
+    let copy = secrets.get("w-agent-recovery").await.unwrap();
+    assert_eq!(token_of(&copy), new);
+    assert_eq!(data(&copy, "previous"), Some(old.clone()), "still rotating");
+    assert_eq!(held_key(1), Some(old.clone()));
+    assert_eq!(uids().await, before, "no host pod is replaced");
+
+    // A restarted operator reads the rotation from the copy, dials host
+    // 1 with the previous token and hands it the new one.
+    c.stop_operator().await;
+    c.sim.hung.lock().unwrap().clear();
+    c.start_operator();
+    nudge(&c, 2).await;
+    event_seen(&events, "SecretRotated").await;
+    assert_eq!(held_key(1), Some(new.clone()));
+    let copy = secrets.get("w-agent-recovery").await.unwrap();
+    assert_eq!(
+        data(&copy, "previous"),
+        None,
+        "the previous token opens nothing"
+    );
+    assert!(
+        c.sim
+            .requests_of(&host(1))
+            .iter()
+            .any(|r| matches!(r, SimRequest::Rekey(l) if !l.is_empty())),
+        "host 1 got the lineage"
+    );
+    // No ProcMesh from before the rotation: the lineage goes at once.
+    event_seen(&events, "IssuerLineageDropped").await;
+    let want = hostmesh_agent::keys::to_hex(hostmesh_agent::keys::runtime_key(&new).bytes());
+    eventually_async(
+        "the runtime Secret of the new token, without lineage",
+        || async {
+            let s = secrets.get_opt("w-runtime").await.ok()??;
+            (data(&s, "key") == Some(want.clone().into_bytes()) && data(&s, "lineage").is_none())
+                .then_some(())
+        },
+    )
+    .await;
+    eventually_async(
+        "every agent handed the token without the lineage",
+        || async {
+            let empty = |r| {
+                sim.requests_of(&host(r))
+                    .iter()
+                    .rev()
+                    .find_map(|q| match q {
+                        SimRequest::Rekey(l) => Some(l.is_empty()),
+                        _ => None,
+                    })
+                    .unwrap_or(false)
+            };
+            (empty(0) && empty(1)).then_some(())
+        },
+    )
+    .await;
+    let worlds = c.api::<World>();
+    let s = worlds.get("w").await.unwrap().status.unwrap();
+    assert_eq!(s.phase, Some(hostmesh_crds::world::WorldPhase::Running));
+    assert_eq!(s.restarts, 0);
+    assert_eq!(uids().await, before, "no host pod is replaced");
+    let replaced = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("CredentialsReplaced"));
+    assert!(!replaced, "a rotation replaces no host");
+    c.shutdown().await;
+}
+
 /// Monarch TLS (`world::monarch_tls`): the CA, the clients' Secret and a
 /// certificate Secret per host (made before its pod, which mounts it) are
 /// there, and `status.monarch` names the clients' Secret. Renewal and

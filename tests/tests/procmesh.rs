@@ -562,13 +562,20 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
         v.iter().map(|(_, s)| s.clone()).collect()
     }
     let all = ["0:hi", "1:hi", "2:hi", "3:hi"];
-    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    assert_eq!(
+        answers(mesh.call_all(old_client.proc(), &hi, timeout).await?),
+        all
+    );
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let uids = async || -> anyhow::Result<Vec<String>> {
         let l = pods
             .list(&ListParams::default().labels("hostmesh.dev/world=w"))
             .await?;
-        let mut u: Vec<String> = l.items.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let mut u: Vec<String> = l
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
         u.sort();
         Ok(u)
     };
@@ -611,7 +618,8 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
         anyhow::ensure!(
             start.elapsed() < hostmesh_e2e::WAIT,
             "the rotation did not finish; the copy holds keys {:?}\n--- operator log (tail) ---\n{}",
-            copy.and_then(|c| c.data).map(|d| d.keys().cloned().collect::<Vec<_>>()),
+            copy.and_then(|c| c.data)
+                .map(|d| d.keys().cloned().collect::<Vec<_>>()),
             hostmesh_e2e::tail(&env.log("operator"), 40)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -626,7 +634,10 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
     assert_eq!(w["restarts"], 0, "{w:#}");
 
     // The established links keep answering.
-    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    assert_eq!(
+        answers(mesh.call_all(old_client.proc(), &hi, timeout).await?),
+        all
+    );
     // Rank 3 restarted after the rotation holds a credential of the new
     // issuer: the old client's mesh takes it back.
     let procs = env.proc_pids("w", "pm");
@@ -651,12 +662,18 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
         );
     }
     mesh = old_client.respawn(&mesh, "echo", &()).await?;
-    assert_eq!(answers(mesh.call_all(old_client.proc(), &hi, timeout).await?), all);
+    assert_eq!(
+        answers(mesh.call_all(old_client.proc(), &hi, timeout).await?),
+        all
+    );
     // A client of the rotated runtime Secret drives both kinds of procs.
     let new_client =
         MeshClient::connect(env.client.clone(), &env.namespace, "pm", client_options()).await?;
     let fresh = new_client.spawn::<Echo>("echo-2", &()).await?;
-    assert_eq!(answers(fresh.call_all(new_client.proc(), &hi, timeout).await?), all);
+    assert_eq!(
+        answers(fresh.call_all(new_client.proc(), &hi, timeout).await?),
+        all
+    );
     assert_eq!(uids().await?, hosts_before, "no host pod was replaced");
     let pm = env
         .wait_for("ProcMesh", "pm", "one restart", |s| s["restarts"] == 1)

@@ -373,7 +373,11 @@ pub trait AgentLink: Send + Sync {
     /// `Rekey {secret, lineage}`: the World's token was rotated; the
     /// agent takes the new key and its issuer's lineage
     /// ([`super::trust`]). The default (a simulated agent) takes anything.
-    fn rekey(&self, _secret: Arc<[u8]>, _lineage: Arc<str>) -> BoxFuture<'_, Result<(), LinkError>> {
+    fn rekey(
+        &self,
+        _secret: Arc<[u8]>,
+        _lineage: Arc<str>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async { Ok(()) })
     }
     /// `Renew {epoch}`: this hub hears the agent, which should be of

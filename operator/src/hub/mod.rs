@@ -763,8 +763,8 @@ impl Hub {
             let book_version = book::lock(&entry.book).version();
             // A rotated secret: every host is dialed again by a client
             // with the new secrets (trust invariant 2).
-            let redial = entry.agents.secret != agents.secret
-                || entry.agents.previous != agents.previous;
+            let redial =
+                entry.agents.secret != agents.secret || entry.agents.previous != agents.previous;
             let trust_changed = entry.agents.trust.as_ref().map(|t| t.version)
                 != agents.trust.as_ref().map(|t| t.version);
             entry.agents = agents.clone();

@@ -170,10 +170,7 @@ impl RuntimeConnector {
         let mut worlds = self.lock();
         // Another dial of this World made its client meanwhile: use that one
         // (ours is dropped, which shuts its proc down).
-        if let Some(w) = worlds
-            .get(&world)
-            .filter(|w| w.serves(target))
-        {
+        if let Some(w) = worlds.get(&world).filter(|w| w.serves(target)) {
             return Ok((w.client.clone(), w.uids.clone()));
         }
         let uids: Uids = Arc::default();

@@ -28,6 +28,8 @@ pub enum SimRequest {
     /// An address book arrived: the whole book the agent holds after it
     /// (rank, address and epoch of each host).
     Book(Vec<(Rank, SocketAddr, u64)>),
+    /// A rotated World token arrived (`Rekey`), with its lineage.
+    Rekey(String),
 }
 
 /// An address book as a simulated agent holds it: its version, and each
@@ -64,6 +66,10 @@ pub struct SimConnector {
     pub book_traffic: Mutex<(u64, u64)>,
     /// The pod each host's agent was last dialed in (its pushes carry it).
     pub uids: Mutex<HashMap<HostKey, String>>,
+    /// The World secret each host's agent admits, as the real agent does:
+    /// a dial holding neither it as its secret nor as its previous one is
+    /// refused, and `Rekey` replaces it. A host not listed admits any.
+    pub keys: Mutex<HashMap<HostKey, Vec<u8>>>,
 }
 
 impl SimConnector {
@@ -269,6 +275,27 @@ impl SimLink {
 }
 
 impl AgentLink for SimLink {
+    fn rekey(&self, secret: Arc<[u8]>, lineage: Arc<str>) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(async move {
+            let hung = self
+                .sim
+                .hung
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&self.host);
+            if hung {
+                return futures::future::pending().await;
+            }
+            self.record(SimRequest::Rekey(lineage.to_string()));
+            self.sim
+                .keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.host.clone(), secret.to_vec());
+            Ok(())
+        })
+    }
+
     fn resync(&self) {
         self.sim
             .resyncs
@@ -423,6 +450,20 @@ impl AgentConnector for SimHandle {
                 return Err(LinkError::Connect {
                     addr: target.addr,
                     reason: "connection refused".to_string(),
+                });
+            }
+            let admitted = sim
+                .keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&target.host)
+                .is_none_or(|k| {
+                    **k == *target.secret || target.previous.as_deref() == Some(k.as_slice())
+                });
+            if !admitted {
+                return Err(LinkError::Connect {
+                    addr: target.addr,
+                    reason: "authentication failed: it does not hold our shared secret".into(),
                 });
             }
             sim.uids

@@ -516,7 +516,8 @@ mod tests {
         // A lineage keeps the newest MAX_LINEAGE endorsements.
         let mut last = a.clone();
         for i in 0..MAX_LINEAGE + 3 {
-            let next = Issuer::from_runtime_key(format!("key {i} .........................").as_bytes());
+            let next =
+                Issuer::from_runtime_key(format!("key {i} .........................").as_bytes());
             let l = last.endorse(&next);
             last = next.with_lineage(l).unwrap();
         }

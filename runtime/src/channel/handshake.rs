@@ -704,7 +704,16 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     match verdict {
         Ok(()) => {
             let current = keys.and_then(|k| k.shared().first());
-            let session = session(keys, current, &peer, local, &nd, &na, claims, Role::Acceptor)?;
+            let session = session(
+                keys,
+                current,
+                &peer,
+                local,
+                &nd,
+                &na,
+                claims,
+                Role::Acceptor,
+            )?;
             send(s, &Hello::Welcome).await?;
             Ok(Established {
                 peer,

@@ -430,16 +430,14 @@ impl<I: Inbound> Transport<I> {
                     let mut s = TcpStream::connect(a).await?;
                     s.set_nodelay(true)?;
                     let est =
-                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs)
-                            .await?;
+                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs).await?;
                     let (r, w) = s.into_split();
                     Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
                 }
                 ChannelAddr::Unix(p) => {
                     let mut s = UnixStream::connect(p).await?;
                     let est =
-                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs)
-                            .await?;
+                        handshake::dial(&mut s, &self.local, keys.as_deref(), &self.epochs).await?;
                     let (r, w) = s.into_split();
                     Ok((est, Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
                 }

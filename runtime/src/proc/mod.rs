@@ -262,9 +262,7 @@ impl ProcBuilder {
         let seal = !self.plaintext;
         let keys = match self.auth {
             None => None,
-            Some(Auth::Secret(s, previous)) => {
-                Some(Keys::rotating(&s, previous.as_deref(), seal))
-            }
+            Some(Auth::Secret(s, previous)) => Some(Keys::rotating(&s, previous.as_deref(), seal)),
             Some(Auth::Issuer(issuer)) => Some(Keys::signed(
                 issuer.issue(id.name(), self.epochs.own)?,
                 seal,

@@ -131,7 +131,10 @@ impl Journal {
             data.insert(PREVIOUS.to_string(), ByteString(p.clone()));
         }
         for (k, v) in [
-            (LINEAGE, Some(self.lineage.clone()).filter(|l| !l.is_empty())),
+            (
+                LINEAGE,
+                Some(self.lineage.clone()).filter(|l| !l.is_empty()),
+            ),
             (ROTATED_AT, self.rotated_at.clone()),
             (
                 ROTATED_FROM,
@@ -160,9 +163,8 @@ impl Journal {
     /// The journal of a rotation from this one's key to `key` (invariant
     /// 5): the old issuer endorses the new one.
     fn rotated_to(&self, key: Vec<u8>) -> Journal {
-        let issuer = |k: &[u8]| {
-            Issuer::from_runtime_key(hostmesh_agent::keys::runtime_key(k).bytes())
-        };
+        let issuer =
+            |k: &[u8]| Issuer::from_runtime_key(hostmesh_agent::keys::runtime_key(k).bytes());
         // A lineage that does not lead to the old issuer (edited by hand)
         // is left out: the old issuer's endorsement alone still links them.
         let from = Lineage::from_text(&self.lineage)
