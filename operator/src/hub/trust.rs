@@ -80,6 +80,8 @@ pub fn sender(
     let (tx, mut rx) = watch::channel(trust);
     tokio::spawn(async move {
         let mut backoff = RETRY_MIN;
+        // Warn once per link; later failures of it are debug.
+        let mut warned = false;
         loop {
             let wanted = rx.borrow_and_update().clone();
             let Some(t) = wanted.filter(|t| acked.load(Ordering::Acquire) != t.version) else {
@@ -98,7 +100,12 @@ pub fn sender(
                         .await;
                 }
                 Err(e) => {
-                    warn!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, error = %e, "cannot hand the agent the World's rotated token; retrying");
+                    if warned {
+                        debug!(world = %host.world.name, rank = host.rank, error = %e, "cannot hand the agent the World's rotated token; retrying");
+                    } else {
+                        warn!(world = %host.world.name, namespace = %host.world.namespace, rank = host.rank, error = %e, "cannot hand the agent the World's rotated token (an agent older than this operator refuses Rekey); retrying");
+                        warned = true;
+                    }
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         r = rx.changed() => if r.is_err() { return },

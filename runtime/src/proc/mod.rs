@@ -364,8 +364,8 @@ impl Proc {
 
     /// Authenticates connections made from now on with the shared secret
     /// `secret` (a World's secret was rotated); connections already
-    /// established keep their session. Encryption stays as the proc was
-    /// built.
+    /// established keep their session. Connections stay sealed unless the
+    /// proc was built as the benchmark baseline.
     pub fn set_secret(&self, secret: &[u8]) {
         let t = &self.inner.transport;
         let seal = t.keys_sealed();

@@ -350,6 +350,8 @@ async fn cleanup(world: &World, ctx: &ControllerContext) -> Result<Action, Opera
         kueue::sync::release_on_delete(&ctx.client, world).await?;
     }
     ctx.hub.forget_world(&key_of(world));
+    ctx.tls_leaves
+        .forget_world(&world.namespace().unwrap_or_default(), &name);
     ctx.applied_policies
         .forget(&world.uid().unwrap_or_default());
     ctx.pacer.forget(&writes::pacer_key::<World>(

@@ -376,6 +376,29 @@ impl Leaves {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, r);
     }
+
+    /// Drops the records of World `world` in `ns` (deleted): those of its
+    /// host certificate Secrets, `<world>-host-<rank>-tls`.
+    pub fn forget_world(&self, ns: &str, world: &str) {
+        let prefix = format!("{ns}/{world}-host-");
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| {
+                let rank = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix("-tls"));
+                !rank.is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+            });
+    }
+
+    /// How many records it holds.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A leaf certificate, its key (PEM both) and its expiry (Unix seconds).
@@ -728,5 +751,24 @@ mod tests {
         );
         assert!(why(Some(&notes(&ca.fingerprint(), now + 60))).contains("validity left"));
         assert!(why(Some(&notes(&ca.fingerprint(), 0))).contains("validity left"));
+    }
+
+    #[test]
+    fn a_deleted_worlds_leaf_records_go_and_no_others() {
+        let leaves = Leaves::default();
+        for key in [
+            "ns/a-host-0-tls",
+            "ns/a-host-12-tls",
+            "ns/a-host-host-0-tls",
+            "other/a-host-0-tls",
+        ] {
+            leaves.put(key.to_string(), LeafRecord::of(None));
+        }
+        leaves.forget_world("ns", "a");
+        let mut left: Vec<String> = leaves.0.lock().unwrap().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["ns/a-host-host-0-tls", "other/a-host-0-tls"]);
+        leaves.forget_world("ns", "a-host");
+        assert_eq!(leaves.len(), 1);
     }
 }
