@@ -279,6 +279,11 @@ fn echo_mesh(restart: &str) -> String {
     )
 }
 
+/// The replies of an actor mesh call, in rank order.
+fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
+    v.iter().map(|(_, s)| s.clone()).collect()
+}
+
 /// The client tests' options: the e2e wait for Ready, a 10 s keepalive.
 fn client_options() -> hostmesh_client::ClientOptions {
     hostmesh_client::ClientOptions {
@@ -413,9 +418,6 @@ async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()>
     let timeout = Duration::from_secs(20);
     let mut mesh = client.spawn::<Echo>("echo", &()).await?;
     let hi = "hi".to_string();
-    fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
-        v.iter().map(|(_, s)| s.clone()).collect()
-    }
     assert_eq!(
         answers(mesh.call_all(client.proc(), &hi, timeout).await?),
         ["0:hi", "1:hi", "2:hi", "3:hi"]
@@ -558,9 +560,6 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
     let timeout = Duration::from_secs(20);
     let mut mesh = old_client.spawn::<Echo>("echo", &()).await?;
     let hi = "hi".to_string();
-    fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
-        v.iter().map(|(_, s)| s.clone()).collect()
-    }
     let all = ["0:hi", "1:hi", "2:hi", "3:hi"];
     assert_eq!(
         answers(mesh.call_all(old_client.proc(), &hi, timeout).await?),

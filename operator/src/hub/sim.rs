@@ -259,6 +259,15 @@ struct SimLink {
 }
 
 impl SimLink {
+    /// Whether this host's agent is hung: calls to it never answer.
+    fn hung(&self) -> bool {
+        self.sim
+            .hung
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&self.host)
+    }
+
     fn record(&self, r: SimRequest) {
         let mut reqs = self.sim.requests.lock().unwrap_or_else(|e| e.into_inner());
         reqs.entry(self.host.clone()).or_default().push(r);
@@ -277,13 +286,7 @@ impl SimLink {
 impl AgentLink for SimLink {
     fn rekey(&self, secret: Arc<[u8]>, lineage: Arc<str>) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(async move {
-            let hung = self
-                .sim
-                .hung
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&self.host);
-            if hung {
+            if self.hung() {
                 return futures::future::pending().await;
             }
             self.record(SimRequest::Rekey(lineage.to_string()));
@@ -362,13 +365,7 @@ impl AgentLink for SimLink {
 
     fn send_book(&self, update: BookUpdate) -> BoxFuture<'_, Result<BookAck, LinkError>> {
         Box::pin(async move {
-            let hung = self
-                .sim
-                .hung
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&self.host);
-            if hung {
+            if self.hung() {
                 return futures::future::pending().await;
             }
             {

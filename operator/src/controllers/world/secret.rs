@@ -212,7 +212,7 @@ fn with_token(world: &World, name: String, token: &[u8]) -> Result<Secret, Opera
 }
 
 /// Creates `secret`; one that exists already (another pass made it) is
-/// left as it is: Secrets are never rewritten (invariant 3).
+/// left as it is.
 pub(super) async fn create(api: &Api<Secret>, secret: &Secret) -> Result<(), OperatorError> {
     match api.create(&PostParams::default(), secret).await {
         Ok(_) => Ok(()),
@@ -378,31 +378,34 @@ async fn update_copy(
     }
 }
 
-/// Reads the copy and applies `change` to its journal; `false` when there
-/// is nothing to change.
+/// Reads the copy and applies `change` to its journal; when it changed
+/// something, writes it back and records Event `reason` with `message`.
 async fn change_journal(
     world: &World,
     ctx: &ControllerContext,
     ns: &str,
     change: impl FnOnce(&mut Journal) -> bool,
-) -> Result<bool, OperatorError> {
+    (reason, message): (&str, String),
+) -> Result<(), OperatorError> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let Some(copy) = api.get_opt(&recovery_name(&world.name_any())).await? else {
-        return Ok(false);
+        return Ok(());
     };
     let Some(mut journal) = Journal::of(&copy) else {
-        return Ok(false);
+        return Ok(());
     };
     if !change(&mut journal) {
-        return Ok(false);
+        return Ok(());
     }
     update_copy(&api, copy, &journal).await?;
-    Ok(true)
+    ctx.event(world, false, reason, message).await;
+    Ok(())
 }
 
 /// Carries a rotation through (invariants 5 and 6): ends it once the agent
 /// of every host in `pods` (rank to pod UID; pods being deleted left out)
-/// took it over its current link (`rekeyed`), and drops the lineage once
+/// took it over its current link (`rekeyed`): the copy drops the previous
+/// token, and the hub dials with the new one only. Drops the lineage once
 /// no ProcMesh older than the last rotation (`oldest_mesh`) is left.
 pub async fn advance(
     world: &World,
@@ -413,9 +416,15 @@ pub async fn advance(
     rekeyed: impl Fn(hostmesh_crds::Rank, &str) -> bool,
     oldest_mesh: Option<Timestamp>,
 ) -> Result<(), OperatorError> {
+    let key = &outcome.key;
     if outcome.previous.is_some() {
         if pods.iter().all(|(r, uid)| rekeyed(*r, uid)) {
-            finish_rotation(world, ctx, ns, &outcome.key).await?;
+            let message = format!(
+                "every host's agent holds the new agent token of Secret {}: the previous token opens nothing any more",
+                desired::secret_name(&world.name_any())
+            );
+            let change = |j: &mut Journal| j.key == *key && j.previous.take().is_some();
+            change_journal(world, ctx, ns, change, ("SecretRotated", message)).await?;
         }
         return Ok(());
     }
@@ -424,58 +433,11 @@ pub async fn advance(
         _ => false,
     };
     if !outcome.lineage.is_empty() && !from_before {
-        forget_lineage(world, ctx, ns, &outcome.key).await?;
-    }
-    Ok(())
-}
-
-/// Ends a rotation every host's agent took (invariant 5): the copy drops
-/// the previous token, and the hub dials with the new one only.
-async fn finish_rotation(
-    world: &World,
-    ctx: &ControllerContext,
-    ns: &str,
-    key: &[u8],
-) -> Result<(), OperatorError> {
-    let done = change_journal(world, ctx, ns, |j| {
-        j.key == key && j.previous.take().is_some()
-    })
-    .await?;
-    if done {
-        ctx.event(
-            world,
-            false,
-            "SecretRotated",
-            format!(
-                "every host's agent holds the new agent token of Secret {}: the previous token opens nothing any more",
-                desired::secret_name(&world.name_any())
-            ),
-        )
-        .await;
-    }
-    Ok(())
-}
-
-/// Drops the lineage once no ProcMesh from before the last rotation is
-/// left (invariant 6).
-async fn forget_lineage(
-    world: &World,
-    ctx: &ControllerContext,
-    ns: &str,
-    key: &[u8],
-) -> Result<(), OperatorError> {
-    let done = change_journal(world, ctx, ns, |j| {
-        j.key == key && j.previous.is_none() && !std::mem::take(&mut j.lineage).is_empty()
-    })
-    .await?;
-    if done {
-        ctx.event(
-            world,
-            false,
-            "IssuerLineageDropped",
-            "no ProcMesh from before the last agent token rotation is left: procs issued from now on trust the new proc issuer only".to_string(),
-        )
-        .await;
+        let message = "no ProcMesh from before the last agent token rotation is left: procs issued from now on trust the new proc issuer only".to_string();
+        let change = |j: &mut Journal| {
+            j.key == *key && j.previous.is_none() && !std::mem::take(&mut j.lineage).is_empty()
+        };
+        change_journal(world, ctx, ns, change, ("IssuerLineageDropped", message)).await?;
     }
     Ok(())
 }
