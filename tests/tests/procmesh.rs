@@ -279,6 +279,19 @@ fn echo_mesh(restart: &str) -> String {
     )
 }
 
+/// SIGKILLs rank 3's proc of ProcMesh `pm` on World `w`.
+fn kill_rank_3(env: &Env) -> anyhow::Result<()> {
+    let procs = env.proc_pids("w", "pm");
+    let victim = hostmesh_e2e::find_pids(|e| {
+        e.get("RANK").map(String::as_str) == Some("3")
+            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
+    })
+    .into_iter()
+    .find(|p| procs.contains(p))
+    .expect("rank 3's proc");
+    hostmesh_e2e::signal(victim, "KILL")
+}
+
 /// The replies of an actor mesh call, in rank order.
 fn answers(v: hostmesh_mesh::ValueMesh<String>) -> Vec<String> {
     v.iter().map(|(_, s)| s.clone()).collect()
@@ -354,15 +367,7 @@ async fn a_client_drives_actors_on_a_runtime_aware_procmesh() -> anyhow::Result<
     .await?;
 
     // A killed proc: the client hears which rank and how.
-    let procs = env.proc_pids("w", "pm");
-    let victim = hostmesh_e2e::find_pids(|e| {
-        e.get("RANK").map(String::as_str) == Some("3")
-            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
-    })
-    .into_iter()
-    .find(|p| procs.contains(p))
-    .expect("rank 3's proc");
-    hostmesh_e2e::signal(victim, "KILL")?;
+    kill_rank_3(&env)?;
     let start = std::time::Instant::now();
     loop {
         match client.next_event(Duration::from_secs(1)).await {
@@ -436,15 +441,7 @@ async fn a_restarted_rank_rejoins_the_clients_actor_mesh() -> anyhow::Result<()>
         anyhow::bail!("no {what}; saw {seen:?}")
     };
     for round in 1..=2u32 {
-        let procs = env.proc_pids("w", "pm");
-        let victim = hostmesh_e2e::find_pids(|e| {
-            e.get("RANK").map(String::as_str) == Some("3")
-                && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
-        })
-        .into_iter()
-        .find(|p| procs.contains(p))
-        .expect("rank 3's proc");
-        hostmesh_e2e::signal(victim, "KILL")?;
+        kill_rank_3(&env)?;
         let ended = next(&format!("rank 3's end #{round}"), &|e| {
             matches!(e, MeshEvent::ProcEnded { rank: 3, .. })
         })
@@ -639,15 +636,7 @@ async fn rotating_the_world_token_in_place_costs_a_running_job_nothing() -> anyh
     );
     // Rank 3 restarted after the rotation holds a credential of the new
     // issuer: the old client's mesh takes it back.
-    let procs = env.proc_pids("w", "pm");
-    let victim = hostmesh_e2e::find_pids(|e| {
-        e.get("RANK").map(String::as_str) == Some("3")
-            && e.get("HOSTMESH_PROC_MESH").map(String::as_str) == Some("pm")
-    })
-    .into_iter()
-    .find(|p| procs.contains(p))
-    .expect("rank 3's proc");
-    hostmesh_e2e::signal(victim, "KILL")?;
+    kill_rank_3(&env)?;
     let start = std::time::Instant::now();
     loop {
         if let Some(MeshEvent::ProcRejoined { rank: 3, .. }) =
