@@ -43,7 +43,6 @@ pub struct Agent {
     readiness: Readiness,
     health_addr: SocketAddr,
     shutdown: Arc<Notify>,
-    secret: Secret,
 }
 
 impl std::fmt::Debug for Agent {
@@ -184,7 +183,6 @@ impl Agent {
             readiness,
             health_addr,
             shutdown,
-            secret,
         })
     }
 
@@ -217,12 +215,6 @@ impl Agent {
     /// The bound health endpoint.
     pub fn health_addr(&self) -> SocketAddr {
         self.health_addr
-    }
-
-    /// The World's secret the agent started with (a `Rekey` replaces it
-    /// for the agent's connections, not here).
-    pub fn secret(&self) -> &Secret {
-        &self.secret
     }
 
     /// Asks the agent to exit (after `ShutdownHost` has stopped the procs).

@@ -29,7 +29,6 @@
 
 use std::sync::{Arc, RwLock};
 
-use hostmesh_runtime::channel::credential::Lineage;
 use hostmesh_runtime::{Issuer, Proc};
 use ring::hkdf;
 
@@ -145,9 +144,8 @@ pub fn rekey(
     let refused = |e: hostmesh_runtime::channel::credential::CredentialError| {
         HostError::Runtime(format!("Rekey refused: the lineage {e}"))
     };
-    let lineage = Lineage::from_text(lineage).map_err(refused)?;
     let next = Issuer::from_runtime_key(runtime_key(secret).bytes())
-        .with_lineage(lineage)
+        .with_lineage_text(lineage)
         .map_err(refused)?;
     desk.reissue(&next).map_err(|e| {
         HostError::Runtime(format!("Rekey: cannot reissue the desk's credential: {e}"))

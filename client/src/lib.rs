@@ -303,8 +303,8 @@ impl MeshClient {
             .and_then(|d| d.get("lineage"))
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
             .unwrap_or_default();
-        let issuer = hostmesh_runtime::channel::credential::Lineage::from_text(&lineage)
-            .and_then(|l| hostmesh_runtime::Issuer::from_runtime_key(&key).with_lineage(l))
+        let issuer = hostmesh_runtime::Issuer::from_runtime_key(&key)
+            .with_lineage_text(&lineage)
             .map_err(|e| {
                 mesh_err(format!(
                     "Secret {}: key `lineage`: {e}",

@@ -191,6 +191,19 @@ struct HostEntry {
     worker: Option<protocol::ProcReport>,
 }
 
+impl HostEntry {
+    /// Forgets the current link and what was sent over it; its senders
+    /// (book, trust, renewals) end with it.
+    fn drop_link(&mut self) {
+        self.link = None;
+        self.sent.clear();
+        self.stopping.clear();
+        self.book = None;
+        self.trust = None;
+        self.renew = None;
+    }
+}
+
 struct WorldEntry {
     agents: WorldAgents,
     hosts: BTreeMap<Rank, HostEntry>,
@@ -590,13 +603,8 @@ impl Hub {
                 {
                     h.link_error = Some(reason);
                     debug!(world = %host.world.name, rank = host.rank, "agent connection dropped");
-                    h.link = None;
+                    h.drop_link();
                     h.digest_misses = 0;
-                    h.sent.clear();
-                    h.stopping.clear();
-                    h.book = None;
-                    h.trust = None;
-                    h.renew = None;
                 }
                 st.world_triggers.mark(host.world, false, now);
             }
@@ -769,14 +777,7 @@ impl Hub {
                 != agents.trust.as_ref().map(|t| t.version);
             entry.agents = agents.clone();
             if redial {
-                for h in entry.hosts.values_mut() {
-                    h.link = None;
-                    h.sent.clear();
-                    h.stopping.clear();
-                    h.book = None;
-                    h.trust = None;
-                    h.renew = None;
-                }
+                entry.hosts.values_mut().for_each(HostEntry::drop_link);
                 self.connector.forget_world(world);
             } else if trust_changed {
                 for h in entry.hosts.values() {

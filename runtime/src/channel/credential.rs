@@ -115,6 +115,12 @@ impl Issuer {
         Ok(self)
     }
 
+    /// This issuer with the lineage of text `text` (empty: none), as
+    /// Secrets and messages carry it ([`Lineage::to_text`]).
+    pub fn with_lineage_text(self, text: &str) -> Result<Self, CredentialError> {
+        self.with_lineage(Lineage::from_text(text)?)
+    }
+
     /// The endorsements this issuer's certificates carry.
     pub fn lineage(&self) -> &Lineage {
         &self.lineage
@@ -165,7 +171,7 @@ impl Issuer {
             key,
             signature: Vec::new(),
             issuer: self.public(),
-            lineage: self.lineage.0.clone(),
+            lineage: self.lineage.clone(),
         };
         cert.signature = self.key.sign(&cert.signed_bytes()).as_ref().to_vec();
         Ok(Credential { seed, cert })
@@ -207,9 +213,21 @@ impl Lineage {
         self.0.len()
     }
 
-    /// Checks every signature, the last one over `issuer`.
+    /// Checks every signature, each over the next endorser's key, the
+    /// last one over `issuer` (invariant 5).
     pub fn check(&self, issuer: &[u8; 32]) -> Result<(), CredentialError> {
-        check_chain(&self.0, issuer)
+        for (i, e) in self.0.iter().enumerate() {
+            let next = self.0.get(i + 1).map(|n| &n.by).unwrap_or(issuer);
+            UnparsedPublicKey::new(&ED25519, &e.by)
+                .verify(&succession_bytes(next), &e.signature)
+                .map_err(|_| CredentialError::Invalid("its issuer lineage does not verify"))?;
+        }
+        Ok(())
+    }
+
+    /// The keys of its endorsers, oldest first.
+    fn endorsers(&self) -> impl Iterator<Item = &[u8; 32]> {
+        self.0.iter().map(|e| &e.by)
     }
 
     /// The lineage as text (hex), as Secrets and messages carry it.
@@ -230,18 +248,6 @@ impl Lineage {
     }
 }
 
-/// Invariant 5: each endorsement verifies over the next key, the last over
-/// `issuer`.
-fn check_chain(chain: &[Endorsement], issuer: &[u8; 32]) -> Result<(), CredentialError> {
-    for (i, e) in chain.iter().enumerate() {
-        let next = chain.get(i + 1).map(|n| &n.by).unwrap_or(issuer);
-        UnparsedPublicKey::new(&ED25519, &e.by)
-            .verify(&succession_bytes(next), &e.signature)
-            .map_err(|_| CredentialError::Invalid("its issuer lineage does not verify"))?;
-    }
-    Ok(())
-}
-
 /// What an issuer vouches for: a proc name, its epoch claim and its
 /// public key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,7 +261,7 @@ pub struct Certificate {
     /// The issuer that signed it.
     issuer: [u8; 32],
     /// The endorsements that lead to that issuer (invariant 5).
-    lineage: Vec<Endorsement>,
+    lineage: Lineage,
 }
 
 impl Certificate {
@@ -291,9 +297,9 @@ impl Certificate {
     /// trusts.
     pub fn admitted_by(&self, ours: &Credential) -> Result<(), CredentialError> {
         self.verify(&self.issuer)?;
-        check_chain(&self.lineage, &self.issuer)?;
+        self.lineage.check(&self.issuer)?;
         let trusted = std::iter::once(&self.issuer)
-            .chain(self.lineage.iter().map(|e| &e.by))
+            .chain(self.lineage.endorsers())
             .any(|k| ours.trusts(k));
         if trusted {
             Ok(())
@@ -343,7 +349,7 @@ impl Credential {
     /// Whether peers' certificates may lead to `key`: this credential's
     /// issuer or a key of its lineage (invariant 5).
     pub fn trusts(&self, key: &[u8; 32]) -> bool {
-        self.cert.issuer == *key || self.cert.lineage.iter().any(|e| e.by == *key)
+        self.cert.issuer == *key || self.cert.lineage.endorsers().any(|k| k == key)
     }
 
     /// Signs `message` with the proc's own key.
@@ -391,7 +397,7 @@ impl Credential {
             ));
         }
         self.cert.verify(&self.cert.issuer)?;
-        check_chain(&self.cert.lineage, &self.cert.issuer)
+        self.cert.lineage.check(&self.cert.issuer)
     }
 }
 
@@ -506,8 +512,8 @@ mod tests {
         let po = other.issue("p-0", None).unwrap();
         assert!(po.certificate().admitted_by(&pc).is_err());
         let mut forged = po.certificate().clone();
-        forged.lineage = other.endorse(&other).0;
-        forged.lineage.push(Endorsement {
+        forged.lineage = other.endorse(&other);
+        forged.lineage.0.push(Endorsement {
             by: a.public(),
             signature: vec![0; 64],
         });

@@ -137,18 +137,13 @@ impl<I: Inbound> Transport<I> {
         self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The keys of connections made from now on; returns the old ones.
-    pub(crate) fn set_keys(&self, keys: Keys) -> Option<Arc<Keys>> {
-        self.keys
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Arc::new(keys))
-    }
-
-    /// Whether connections are sealed (a proc without keys: sealed once it
-    /// gets some).
-    pub(crate) fn keys_sealed(&self) -> bool {
-        self.keys().is_none_or(|k| k.seal())
+    /// Replaces the keys of connections made from now on with `make(seal)`,
+    /// `seal` being whether connections are sealed now (a proc without
+    /// keys: sealed once it gets some).
+    pub(crate) fn set_keys(&self, make: impl FnOnce(bool) -> Keys) {
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        let seal = keys.as_ref().is_none_or(|k| k.seal());
+        *keys = Some(Arc::new(make(seal)));
     }
 
     /// This proc's epoch claim.

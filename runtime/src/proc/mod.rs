@@ -367,9 +367,9 @@ impl Proc {
     /// established keep their session. Connections stay sealed unless the
     /// proc was built as the benchmark baseline.
     pub fn set_secret(&self, secret: &[u8]) {
-        let t = &self.inner.transport;
-        let seal = t.keys_sealed();
-        t.set_keys(Keys::new(secret, seal));
+        self.inner
+            .transport
+            .set_keys(|seal| Keys::new(secret, seal));
     }
 
     /// Joins connections made from now on with a credential `issuer`
@@ -379,8 +379,7 @@ impl Proc {
     pub fn reissue(&self, issuer: &Issuer) -> Result<(), RuntimeError> {
         let t = &self.inner.transport;
         let credential = issuer.issue(self.inner.id.name(), t.own_claim())?;
-        let seal = t.keys_sealed();
-        t.set_keys(Keys::signed(credential, seal));
+        t.set_keys(|seal| Keys::signed(credential, seal));
         Ok(())
     }
 

@@ -304,7 +304,7 @@ impl<'a> HubView<'a> {
                     secret: secret.key.as_slice().into(),
                     previous: secret.previous.as_deref().map(Into::into),
                     trust: secret
-                        .rotated
+                        .rotated()
                         .then(|| Arc::new(Trust::new(&secret.key, &secret.lineage))),
                     health_timeout: timings.health_timeout,
                     heartbeat_interval: timings.heartbeat_interval,

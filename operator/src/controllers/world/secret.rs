@@ -43,7 +43,6 @@
 
 use hostmesh_agent::contract;
 use hostmesh_runtime::Issuer;
-use hostmesh_runtime::channel::credential::Lineage;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -67,13 +66,19 @@ pub struct SecretOutcome {
     pub previous: Option<Vec<u8>>,
     /// The lineage of the current key's proc issuer, as text (invariant 6).
     pub lineage: String,
-    /// The World's token was ever rotated in place: each new link to an
-    /// agent gets the current key and lineage.
-    pub rotated: bool,
-    /// When the last rotation began.
+    /// When the last rotation began (`None`: the World's token was never
+    /// rotated in place).
     pub rotated_at: Option<Timestamp>,
     /// Hashes of the tokens rotated away in place (plan invariant 8).
     pub rotated_hashes: Vec<String>,
+}
+
+impl SecretOutcome {
+    /// The World's token was ever rotated in place: each new link to an
+    /// agent gets the current key and lineage.
+    pub fn rotated(&self) -> bool {
+        self.rotated_at.is_some()
+    }
 }
 
 /// Keys of the copy besides the token (invariant 5).
@@ -150,8 +155,10 @@ impl Journal {
 
     fn outcome(self) -> SecretOutcome {
         SecretOutcome {
-            rotated: self.rotated_at.is_some(),
-            rotated_at: self.rotated_at.as_deref().and_then(|t| t.parse().ok()),
+            // A time edited into something else: long ago.
+            rotated_at: self
+                .rotated_at
+                .map(|t| t.parse().unwrap_or(Timestamp::UNIX_EPOCH)),
             key: self.key,
             replaced: None,
             previous: self.previous,
@@ -167,10 +174,9 @@ impl Journal {
             |k: &[u8]| Issuer::from_runtime_key(hostmesh_agent::keys::runtime_key(k).bytes());
         // A lineage that does not lead to the old issuer (edited by hand)
         // is left out: the old issuer's endorsement alone still links them.
-        let from = Lineage::from_text(&self.lineage)
-            .ok()
-            .and_then(|l| issuer(&self.key).with_lineage(l).ok())
-            .unwrap_or_else(|| issuer(&self.key));
+        let from = issuer(&self.key)
+            .with_lineage_text(&self.lineage)
+            .unwrap_or_else(|_| issuer(&self.key));
         let mut rotated_from = self.rotated_from.clone();
         rotated_from.push(desired::secret_hash(&self.key));
         let drop = rotated_from.len().saturating_sub(MAX_ROTATED_FROM);
